@@ -1,0 +1,113 @@
+"""Native trace formats: detect what a file or folder is and read it into an opprof Trace.
+
+Each format module offers ``NAME`` and either ``claims_json(doc) -> bool`` with
+``from_docs([(path, doc), ...], meta) -> Trace`` (JSON formats), or ``claims_file(path,
+head) -> bool`` with ``from_files([path, ...], meta) -> Trace`` (binary formats).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+from opprof.normalizers import kineto
+
+from opprof.errors import OpprofError
+from opprof.trace import Trace
+
+JSON_FORMATS: list[Any] = [kineto]
+FILE_FORMATS: list[Any] = []
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_PARQUET_MAGIC = b"PAR1"
+_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".pb", ".sqlite", ".nvvp", ".nsys-rep")
+
+
+def head_bytes(path: Path, n: int = 64) -> bytes:
+    """The first n bytes of a file, with clear errors for missing or empty files."""
+    if not path.exists():
+        raise OpprofError(f"{path}: no such file or folder")
+    if path.is_dir():
+        raise OpprofError(f"{path}: is a folder")
+    with open(path, "rb") as f:
+        head = f.read(n)
+    if not head:
+        raise OpprofError(f"{path}: file is empty")
+    return head
+
+
+def read_json(path: Path) -> Any:
+    """Parse a plain or gzipped JSON file; any failure is one clear OpprofError line."""
+    head = head_bytes(path)
+    try:
+        if head.startswith(_GZIP_MAGIC):
+            with gzip.open(path, "rb") as f:
+                data = f.read()
+        else:
+            data = path.read_bytes()
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
+    if not data.strip():
+        raise OpprofError(f"{path}: file is empty")
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        what = "truncated JSON" if data.lstrip()[:1] in (b"{", b"[") else "not JSON"
+        raise OpprofError(f"{path}: {what} and not an opprof trace ({exc})") from None
+
+
+def expand(paths: list[Path]) -> list[Path]:
+    """Files to read: the paths themselves, or the trace files found inside folders."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*")
+                if f.is_file() and f.name.endswith(_CANDIDATE_SUFFIXES)
+            )
+            if not found:
+                raise OpprofError(
+                    f"{p}: folder holds no trace files ({', '.join(_CANDIDATE_SUFFIXES)})")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
+    """Read native trace files (all of one format, e.g. one per rank) into one Trace."""
+    files = expand([Path(p) for p in paths])
+    for fmt in FILE_FORMATS:
+        if all(fmt.claims_file(f, head_bytes(f)) for f in files):
+            return fmt.from_files(files, meta or {})
+    docs = []
+    fmt_of: dict[Path, Any] = {}
+    for f in files:
+        head = head_bytes(f)
+        if head.startswith(_PARQUET_MAGIC):
+            raise OpprofError(
+                f"{f}: an opprof trace or Parquet file cannot be mixed with native traces")
+        claimed = next((m for m in FILE_FORMATS if m.claims_file(f, head)), None)
+        if claimed is not None:
+            raise OpprofError(f"{f}: a {claimed.NAME} file cannot be mixed with other formats")
+        doc = read_json(f)
+        fmt = next((m for m in JSON_FORMATS if m.claims_json(doc)), None)
+        if fmt is None:
+            raise OpprofError(f"{f}: JSON but not a known trace format ({_describe(doc)})")
+        docs.append((f, doc))
+        fmt_of[f] = fmt
+    kinds = {m.NAME for m in fmt_of.values()}
+    if len(kinds) > 1:
+        raise OpprofError(f"mixed native formats in one import: {', '.join(sorted(kinds))}")
+    fmt = next(iter(fmt_of.values()))
+    return fmt.from_docs(docs, meta or {})
+
+
+def _describe(doc: Any) -> str:
+    if isinstance(doc, dict):
+        keys = ", ".join(list(doc)[:5]) or "none"
+        return f"top-level keys: {keys}"
+    return f"top level is a JSON {type(doc).__name__}"

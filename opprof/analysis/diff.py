@@ -1,0 +1,101 @@
+"""Diff two traces: per phase and per canonical op, A and B per step, ratio, delta, and the
+share of the step-time gap each explains, ordered by that share; then one plain sentence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.ops import op_table
+from opprof.trace import Trace
+
+
+@dataclass
+class Diff:
+    """The comparison of trace A with trace B (ratio = A / B, delta = A - B)."""
+
+    a_label: str
+    b_label: str
+    a_step_ns: float
+    b_step_ns: float
+    phases: pd.DataFrame
+    ops: pd.DataFrame
+    summary: str
+
+    @property
+    def step_ratio(self) -> float:
+        """A's step time over B's."""
+        return self.a_step_ns / self.b_step_ns if self.b_step_ns else float("inf")
+
+
+def label(trace: Trace, fallback: str) -> str:
+    """A short name for a trace: framework and model when known."""
+    parts = [str(trace.meta[k]) for k in ("framework", "model") if trace.meta.get(k)]
+    if trace.meta.get("workers", 1) and int(trace.meta.get("workers", 1)) > 1:
+        parts.append(f"x{trace.meta['workers']}")
+    return " ".join(parts) or fallback
+
+
+def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
+    df = pd.DataFrame({"a_ns_per_step": a, "b_ns_per_step": b}).fillna(0.0)
+    df["ratio"] = np.where(df["b_ns_per_step"] > 0,
+                           df["a_ns_per_step"] / df["b_ns_per_step"].where(df["b_ns_per_step"] > 0),
+                           np.inf)
+    df.loc[(df["a_ns_per_step"] == 0) & (df["b_ns_per_step"] == 0), "ratio"] = np.nan
+    df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
+    df["share_of_gap"] = df["delta_ns"] / gap if gap else np.nan
+    df = df.rename_axis(key).reset_index()
+    order = df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
+    return df.loc[order].reset_index(drop=True)
+
+
+def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
+    """Compare A with B per phase (wall time) and per canonical op (host operator time)."""
+    sa, sb = step_breakdown(a), step_breakdown(b)
+    a_step = float(sa["dur_ns"].mean()) if len(sa) else 0.0
+    b_step = float(sb["dur_ns"].mean()) if len(sb) else 0.0
+    gap = a_step - b_step
+    pa, pb = phase_summary(sa), phase_summary(sb)
+    phases = _compare(pa["ns_per_step"], pb["ns_per_step"], gap, "phase")
+    oa = op_table(a, n_steps=len(sa)).groupby("op")["ns_per_step"].sum()
+    ob = op_table(b, n_steps=len(sb)).groupby("op")["ns_per_step"].sum()
+    ops = _compare(oa, ob, gap, "op")
+    la, lb = label(a, a_name), label(b, b_name)
+    if la == lb:
+        la, lb = f"{la} (A)", f"{lb} (B)"
+    return Diff(la, lb, a_step, b_step, phases, ops, _sentence(la, lb, a_step, b_step, phases, ops))
+
+
+def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFrame,
+              ops: pd.DataFrame) -> str:
+    if not a_step or not b_step:
+        return "One of the traces has no steps, so there is no step-time gap to explain."
+    gap = a_step - b_step
+    ratio = a_step / b_step
+    faster, slower = (lb, la) if gap > 0 else (la, lb)
+    head = (f"{slower} takes {max(ratio, 1 / ratio):.2f}x {faster}'s step time "
+            f"({_ms(a_step)} vs {_ms(b_step)} per step)")
+    if abs(gap) < 1e-9 * max(a_step, 1):
+        return f"{la} and {lb} take the same step time ({_ms(a_step)})."
+    same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
+    if same_sign.empty:
+        return head + "."
+    top = same_sign.iloc[0]
+    ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
+    ph_text = ""
+    if not ph.empty:
+        p = ph.iloc[0]
+        ph_text = f"; the {p['phase']} phase accounts for {p['share_of_gap']:.0%} of the gap"
+    r = top["ratio"]
+    ratio_text = "only in " + la if not np.isfinite(r) else (
+        f"{r:.2f}x" if r >= 1 else f"{1 / r:.2f}x faster in {la}")
+    return (f"{head}; {top['op']} explains most of it ({top['share_of_gap']:.0%} of the gap, "
+            f"{ratio_text}: {_ms(top['a_ns_per_step'])} vs {_ms(top['b_ns_per_step'])} per step)"
+            f"{ph_text}.")
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.2f} ms"

@@ -1,0 +1,47 @@
+"""The `opprof` command line: one click group, one module per command in opprof/commands/."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from opprof import __version__
+from opprof.commands import diff, export, import_, record, report
+from opprof.errors import OpprofError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="opprof")
+def cli() -> None:
+    """Operator-level profiler and trace analyzer for distributed deep-learning training.
+
+    \b
+    opprof record --fw mxnet --model resnet18     train under the native profiler, report
+    opprof report run.trace --by op --top 15      per-operator table
+    opprof diff tf.trace mxnet.trace              what explains the step-time gap
+    """
+
+
+for _module in (record, import_, report, diff, export):
+    cli.add_command(_module.command)
+
+
+def main() -> None:
+    """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2."""
+    try:
+        cli.main(standalone_mode=False)
+    except OpprofError as exc:
+        click.echo(f"opprof: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("opprof: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("opprof: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)

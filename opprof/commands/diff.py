@@ -1,0 +1,29 @@
+"""`opprof diff`: which phases and operators explain the step-time gap between two traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from opprof.analysis.diff import diff
+from opprof.commands import echo_output, format_option, top_option
+from opprof.loader import load
+from opprof.render import renderer
+
+
+@click.command("diff")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@top_option
+@format_option
+def command(a: Path, b: Path, top: int | None, fmt: str) -> None:
+    """Compare trace A with trace B (ratio = A/B), operator by operator.
+
+    \b
+    Example:
+      opprof diff tf.trace mxnet.trace
+      opprof diff lenet5-torch.trace resnet18-torch.trace --format json
+    """
+    d = diff(load(a), load(b), a.name, b.name)
+    echo_output(renderer(fmt).diff(d, top=top if top is not None else 15), fmt)

@@ -1,0 +1,27 @@
+"""`opprof export`: write a trace for other tools (Perfetto UI, chrome://tracing, CSV)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from opprof.export import TARGETS, exporter
+from opprof.loader import load
+
+
+@click.command("export")
+@click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--to", "target", type=click.Choice(TARGETS), required=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True)
+def command(trace: tuple[Path, ...], target: str, output: Path) -> None:
+    """Export a TRACE (opprof .trace or native traces) to another tool's format.
+
+    \b
+    Example:
+      opprof export resnet18-torch.trace --to perfetto -o resnet18.pftrace
+      opprof export resnet18-torch.trace --to csv -o events.csv
+    """
+    tr = load(list(trace))
+    exporter(target).write(tr, output)
+    click.echo(f"wrote {output} ({len(tr.events):,} events, {target})")

@@ -1,0 +1,106 @@
+"""`opprof record`: train a model under a framework's native profiler, write a `.trace`,
+print the report."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from opprof import __version__
+from opprof.analysis.report import build_report
+from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig, collector
+from opprof.commands import echo_output, format_option, top_option
+from opprof.errors import OpprofError
+from opprof.normalizers import normalize
+from opprof.render import renderer
+from opprof.trace import save
+
+DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
+
+
+@click.command("record")
+@click.option("--fw", type=click.Choice(FRAMEWORKS), required=True, help="Framework to run.")
+@click.option("--model", type=click.Choice(MODELS), required=True, help="Built-in model.")
+@click.option("--dataset", default="synthetic-cifar10", show_default=True,
+              help="synthetic-cifar10, cifar10, cifar100 (local python batches) or a PATH.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Profiled steps.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Unprofiled warm-up steps.")
+@click.option("--timing-steps", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Unprofiled timed steps (the profiler's overhead is measured against them).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Parameter servers (ps modes).")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="Distributed mode (default: single for 1 worker, else the framework's usual).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds before a hung run is stopped.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="The .trace to write (default MODEL-FW.trace).")
+@top_option
+@format_option
+def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
+            timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
+            seed: int, timeout_s: float, output: Path | None, top: int | None,
+            fmt: str) -> None:
+    """Train MODEL with framework FW under its native profiler and report it.
+
+    Native traces are kept in OUTPUT's folder as OUTPUT-STEM.native/.
+
+    \b
+    Example:
+      opprof record --fw torch --model resnet18
+      opprof record --fw mxnet --model resnet18 --workers 3 --mode ps-sync
+    """
+    if mode is None:
+        mode = "single" if workers == 1 else DEFAULT_MODE[fw]
+    if workers > 1 and mode == "single":
+        raise OpprofError("--mode single runs one worker; pick allreduce, ps-sync or ps-async")
+    output = output or Path(f"{model}-{fw}.trace")
+    native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
+    if native_dir.exists():
+        shutil.rmtree(native_dir)
+    native_dir.mkdir(parents=True)
+    config = RecordConfig(
+        fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
+        warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
+        device=device, seed=seed, timeout_s=timeout_s,
+        command=shlex.join(["opprof", *sys.argv[1:]]),
+    )
+    module = collector(fw)
+    t0 = time.perf_counter()
+    with _progress() as progress:
+        tasks: dict[str, int] = {}
+
+        def report_progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(f"{fw} {model}: {stage}", total=total)
+            progress.update(tasks[stage], completed=done, total=total)
+
+        recording = module.record(config, native_dir, report_progress)
+    meta = dict(recording.meta)
+    meta.setdefault("command", config.command)
+    meta["opprof_version"] = __version__
+    meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
+    meta["native_dir"] = str(native_dir)
+    trace = normalize(recording.native, meta)
+    save(trace, output)
+    click.echo(f"wrote {output} ({len(trace.events):,} events; native traces in {native_dir})",
+               err=True)
+    echo_output(renderer(fmt).report(build_report(trace), by="phase", top=top), fmt)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=True)

@@ -1,0 +1,211 @@
+"""Turn a raw per-format event frame into the common events table.
+
+A normalizer produces a *raw* frame — rank, role, pid, tid, device, ts, dur, name, kind,
+bytes, detail and ``link`` (an id tying a device event to the host operator that launched
+it, -1 for none) — and calls :func:`finish`, which does what every format shares:
+
+1. classify each distinct native name with the format's mapping table;
+2. find, per lane (rank, pid, tid), each event's nesting depth and its outermost enclosing
+   operator event; nested events take that operator's op and phase and are not ``counted``
+   (``aten::conv2d > … > aten::mkldnn_convolution`` is one ``convolution``);
+3. give device events (kernels, memcpy, memset) the op and phase of the host operator that
+   launched them (via ``link``) unless their own name maps to an op (NCCL kernels → comm);
+4. resolve phases (intrinsic row phase > enclosing phase marker > row phase > other);
+5. find each rank's steps (step markers, else the optimizer step, else one step) and number
+   every event with the step it starts in.
+
+Everything is vectorized over events; only the mapping table runs per distinct name.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from opprof.taxonomy import INTRINSIC_PHASES, MappingTable
+from opprof.trace import Trace, conform
+
+#: Names of step markers; the group is the step number.
+STEP_PATTERN = r"(?:ProfilerStep|opprof\.step)#(\d+)"
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+RAW_COLUMNS = (
+    "rank", "role", "pid", "tid", "device", "ts", "dur", "name", "kind", "bytes", "detail", "link",
+)
+
+
+def finish(
+    raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN
+) -> Trace:
+    """Classify, nest, attribute and number the raw events; return the finished Trace."""
+    df = raw.reset_index(drop=True)
+    n = len(df)
+    names = pd.Categorical(df["name"].astype(object))
+    cls = table.classify(names.categories).reindex(names.categories)
+    codes = names.codes
+    row_op = cls["op"].to_numpy(dtype=object)[codes]
+    row_phase = cls["phase"].to_numpy(dtype=object)[codes]
+    row_kind = cls["kind"].to_numpy(dtype=object)[codes]
+    matched = cls["row"].to_numpy()[codes] >= 0
+
+    kind = np.where(row_kind != "", row_kind, df["kind"].astype(object).to_numpy())
+    rank = df["rank"].to_numpy(dtype=np.int64)
+    ts = df["ts"].to_numpy(dtype=np.int64)
+    dur = np.maximum(df["dur"].to_numpy(dtype=np.int64), 0)
+    end = ts + dur
+    on_host = df["device"].astype(object).to_numpy() == "cpu"
+    is_marker = (kind == "marker") | (row_op == "")
+
+    # Phase markers (host markers whose row names a phase) give a phase by time, per rank.
+    is_phase_marker = is_marker & on_host & (row_phase != "")
+    marker_phase = _cover_label(rank, ts, rank[is_phase_marker], ts[is_phase_marker],
+                                end[is_phase_marker], row_phase[is_phase_marker], default="")
+
+    own_phase = _resolve_phase(row_phase, marker_phase)
+    is_device_ev = np.isin(kind, DEVICE_KINDS) & ~on_host
+
+    lane = df.groupby(["rank", "pid", "tid"], sort=False, observed=True).ngroup().to_numpy()
+    depth, anc = _nesting(lane, ts, end, ~is_marker)
+    has_anc = anc >= 0
+    op = np.where(is_marker, None, row_op).astype(object)
+    phase = np.where(is_marker, np.where(row_phase != "", row_phase, None), own_phase)
+    op[has_anc] = op[anc[has_anc]]
+    phase = phase.astype(object)
+    phase[has_anc] = phase[anc[has_anc]]
+    counted = ~is_marker & (anc == np.arange(n))
+
+    # Device events take the op of the host operator that launched them (via ``link``)
+    # unless their own name maps, and its phase unless their row phase is intrinsic.
+    link = df["link"].to_numpy(dtype=np.int64)
+    intrinsic = np.isin(row_phase, list(INTRINSIC_PHASES))
+    phase[is_device_ev] = np.where(intrinsic[is_device_ev], row_phase[is_device_ev], "other")
+    inherit = is_device_ev & (link >= 0)
+    if inherit.any():
+        host = np.flatnonzero(~is_device_ev & ~is_marker & (link >= 0))
+        key_host = pd.Index(rank[host] * (1 << 40) + link[host])
+        keep = ~key_host.duplicated(keep="first")
+        key_host, src = key_host[keep], host[keep]
+        pos = key_host.get_indexer(rank[inherit] * (1 << 40) + link[inherit])
+        idx = np.flatnonzero(inherit)
+        ok = pos >= 0
+        take_op = ok & ~matched[idx]
+        op[idx[take_op]] = op[src[pos[take_op]]]
+        take_phase = ok & ~intrinsic[idx]
+        phase[idx[take_phase]] = phase[src[pos[take_phase]]]
+    counted |= is_device_ev
+
+    bounds = _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker,
+                          op, counted)
+    step = _cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
+                        bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
+
+    out = pd.DataFrame({
+        "rank": rank, "role": df["role"], "pid": df["pid"], "tid": df["tid"],
+        "device": df["device"], "ts": ts, "dur": dur, "name": names, "kind": kind,
+        "op": op, "phase": phase, "step": step.astype(np.int32),
+        "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
+        "bytes": df["bytes"], "detail": df["detail"],
+    })
+    meta = dict(meta)
+    meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
+    return Trace(conform(out), meta)
+
+
+def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:
+    """Intrinsic row phase > marker phase > row phase > other."""
+    intrinsic = np.isin(row_phase, list(INTRINSIC_PHASES))
+    out = np.where(marker_phase != "", marker_phase, row_phase)
+    out = np.where(intrinsic, row_phase, out)
+    return np.where(out == "", "other", out).astype(object)
+
+
+def _nesting(lane: np.ndarray, ts: np.ndarray, end: np.ndarray, is_op: np.ndarray):
+    """Per event: nesting depth on its lane, and the index of its outermost enclosing
+    operator event (itself when it is outermost; -1 when none encloses it)."""
+    n = len(ts)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    t0 = ts.min()
+    # Doubled coordinates; a zero-length event ends half a tick after it starts, so it
+    # nests inside an event starting at the same instant but encloses nothing.
+    s2 = 2 * (ts - t0)
+    e2 = 2 * (end - t0) + (end == ts)
+    width = int(e2.max()) + 2
+    if (int(lane.max()) + 1) * width >= np.iinfo(np.int64).max:
+        raise OverflowError("trace too long to nest in int64 coordinates")
+    ks = lane.astype(np.int64) * width + s2
+    ke = lane.astype(np.int64) * width + e2
+    order = np.lexsort((-ke, ks))
+    ks_o, ke_o, op_o = ks[order], ke[order], is_op[order]
+    closed = np.searchsorted(np.sort(ke_o), ks_o, side="right")
+    depth_o = np.arange(n) - closed
+    before_ops = np.cumsum(op_o) - op_o
+    op_closed = np.searchsorted(np.sort(ke_o[op_o]), ks_o, side="right")
+    top = op_o & (before_ops - op_closed == 0)
+    last_top = np.maximum.accumulate(np.where(top, np.arange(n), -1))
+    safe = np.maximum(last_top, 0)
+    encloses = (last_top >= 0) & ((ke_o[safe] > ks_o) | (last_top == np.arange(n)))
+    anc_o = np.where(encloses, order[safe], -1)
+    depth = np.empty(n, np.int64)
+    anc = np.empty(n, np.int64)
+    depth[order] = depth_o
+    anc[order] = anc_o
+    return depth, anc
+
+
+def _cover_label(rank, ts, i_rank, i_start, i_end, i_label, default):
+    """For each point (rank, ts): the label of the latest-starting interval of the same rank
+    that covers it, or ``default``. Intervals of one rank are assumed not to overlap."""
+    n = len(ts)
+    out = np.full(n, default, dtype=object if isinstance(default, str) else np.int64)
+    if len(i_start) == 0 or n == 0:
+        return out
+    t0 = min(ts.min(), i_start.min())
+    width = int(max((ts - t0).max(), (i_end - t0).max())) + 2
+    key_i = i_rank.astype(np.int64) * width + (i_start - t0)
+    order = np.argsort(key_i, kind="stable")
+    key_i = key_i[order]
+    end_i = i_rank[order].astype(np.int64) * width + (i_end[order] - t0)
+    key_p = rank.astype(np.int64) * width + (ts - t0)
+    pos = np.searchsorted(key_i, key_p, side="right") - 1
+    ok = pos >= 0
+    ok[ok] = end_i[pos[ok]] > key_p[ok]
+    out[ok] = np.asarray(i_label)[order][pos[ok]]
+    return out
+
+
+def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, op, counted):
+    """Per rank: step intervals from step markers, else from optimizer steps, else the
+    whole rank as step 0."""
+    cats = pd.Series(names.categories.astype(str))
+    num = cats.str.extract(f"^{step_pattern}$", flags=re.ASCII)[0]
+    step_no = pd.to_numeric(num, errors="coerce").to_numpy()[codes] if len(cats) else np.array([])
+    is_step = on_host & is_marker & ~np.isnan(step_no) if len(cats) else np.zeros(0, bool)
+    frames = []
+    ranks = np.unique(rank)
+    have = np.unique(rank[is_step])
+    if len(have):
+        frames.append(pd.DataFrame({"rank": rank[is_step], "step": step_no[is_step].astype(int),
+                                    "start": ts[is_step], "end": end[is_step]}))
+    rest = np.setdiff1d(ranks, have)
+    if len(rest):
+        upd = np.isin(rank, rest) & on_host & counted & (op == "weights_update")
+        first = pd.Series(ts[np.isin(rank, rest)]).groupby(rank[np.isin(rank, rest)]).min()
+        if upd.any():
+            u = pd.DataFrame({"rank": rank[upd], "end": end[upd]}).sort_values(["rank", "end"])
+            u["step"] = u.groupby("rank").cumcount()
+            u["start"] = u.groupby("rank")["end"].shift(1)
+            u["start"] = u["start"].fillna(u["rank"].map(first)).astype(np.int64)
+            frames.append(u[["rank", "step", "start", "end"]])
+            rest = np.setdiff1d(rest, u["rank"].unique())
+        if len(rest):
+            sel = np.isin(rank, rest)
+            g = pd.DataFrame({"rank": rank[sel], "ts": ts[sel], "end": end[sel]}).groupby("rank")
+            whole = pd.DataFrame({"start": g["ts"].min(), "end": g["end"].max()}).reset_index()
+            whole["step"] = 0
+            frames.append(whole[["rank", "step", "start", "end"]])
+    if not frames:
+        return pd.DataFrame({"rank": [], "step": [], "start": [], "end": []}, dtype=np.int64)
+    b = pd.concat(frames, ignore_index=True).astype(np.int64)
+    return b.sort_values(["rank", "start"]).drop_duplicates(["rank", "step"]).reset_index(drop=True)

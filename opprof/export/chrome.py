@@ -1,0 +1,44 @@
+"""Chrome trace JSON export (chrome://tracing, ui.perfetto.dev): one process per rank, one
+thread per lane, the canonical op and phase in each event's args."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from opprof.export import lanes
+from opprof.files import write_atomic
+from opprof.trace import Trace
+
+
+def document(trace: Trace) -> dict:
+    """The chrome-trace document as a dict."""
+    ev = lanes(trace.events)
+    t0 = int(ev["ts"].min()) if len(ev) else 0
+    out = []
+    meta_rows = ev.drop_duplicates("lane")[["rank", "role", "pid", "tid", "device", "lane"]]
+    for r in meta_rows.to_dict("records"):
+        out.append({"ph": "M", "name": "process_name", "pid": int(r["rank"]),
+                    "args": {"name": f"rank {r['rank']} ({r['role']})"}})
+        out.append({"ph": "M", "name": "thread_name", "pid": int(r["rank"]), "tid": int(r["lane"]),
+                    "args": {"name": f"{r['device']} pid {r['pid']} tid {r['tid']}"}})
+    frame = ev.assign(
+        ts_us=(ev["ts"].to_numpy(np.int64) - t0) / 1000.0,
+        dur_us=ev["dur"].to_numpy(np.int64) / 1000.0,
+    )
+    cols = ["rank", "lane", "name", "kind", "op", "phase", "step", "ts_us", "dur_us", "bytes"]
+    for r in frame[cols].astype(object).where(frame[cols].notna(), None).to_dict("records"):
+        out.append({"ph": "X", "pid": r["rank"], "tid": r["lane"], "name": r["name"],
+                    "cat": r["kind"], "ts": r["ts_us"], "dur": r["dur_us"],
+                    "args": {"op": r["op"], "phase": r["phase"], "step": r["step"],
+                             "bytes": r["bytes"]}})
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"opprof": {k: v for k, v in trace.meta.items() if k != "step_bounds"},
+                          "t0_ns": t0}}
+
+
+def write(trace: Trace, path: Path) -> Path:
+    """Write the chrome-trace JSON."""
+    return write_atomic(path, json.dumps(document(trace), default=str))

@@ -1,0 +1,34 @@
+"""Markdown output: a heading, the chosen table, and for diffs the summary sentence."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from opprof.analysis.diff import Diff
+from opprof.analysis.report import Report
+from opprof.render.tables import diff_table, report_table
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A DataFrame as a GitHub markdown table (no extra dependency)."""
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body])
+
+
+def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
+    """The chosen view as markdown."""
+    title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
+    return f"## opprof report {title} — by {by}\n\n{md_table(report_table(rep, by, top))}\n"
+
+
+def diff(d: Diff, top: int | None = None) -> str:
+    """The diff as markdown."""
+    return (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n"
+            f"{md_table(diff_table(d, top))}\n")

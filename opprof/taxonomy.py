@@ -1,0 +1,119 @@
+"""The common taxonomy: canonical operators, phases, event kinds, and native-name mapping tables.
+
+A mapping table is data (``normalizers/maps/<format>.csv``), one row per pattern, first match
+wins. Columns:
+
+- ``pattern``: a Python regular expression matched against the whole native name;
+- ``op``: the canonical operator, or empty for a marker (a step or phase annotation);
+- ``phase``: the phase the row implies, or empty to take the phase from the enclosing marker;
+- ``kind``: overrides the kind the normalizer derived from the native category, or empty;
+- ``example``: a native name this row must classify (each row is tested with it).
+
+Lines starting with ``"# "`` are comments.
+
+Phase resolution for one event: a row phase in ``INTRINSIC_PHASES`` (backward, update, comm,
+load, h2d) always wins; otherwise the phase of the enclosing phase marker; otherwise the row
+phase (``forward`` for forward operators); otherwise ``other``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+
+from opprof.errors import OpprofError
+
+BASE_OPS = (
+    "convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss",
+    "elementwise", "normalization", "embedding", "attention", "dropout", "memory",
+)
+CANONICAL_OPS = (
+    *BASE_OPS,
+    *(f"{op}_backward" for op in BASE_OPS),
+    "weights_update", "comm", "data_load", "h2d", "other",
+)
+PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
+INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
+KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io")
+ROLES = ("worker", "server", "scheduler")
+
+
+@dataclass(frozen=True)
+class MappingRow:
+    """One row of a mapping table."""
+
+    pattern: str
+    op: str
+    phase: str
+    kind: str
+    example: str
+
+
+@dataclass(frozen=True)
+class MappingTable:
+    """An ordered native-name → (op, phase, kind) table; the first matching row wins."""
+
+    name: str
+    rows: tuple[MappingRow, ...]
+
+    def classify(self, names: pd.Series | np.ndarray | list[str]) -> pd.DataFrame:
+        """Classify unique names: a frame indexed by name with columns op, phase, kind, row.
+
+        Unmatched names get op ``other`` and row -1. Work is per distinct name, vectorized
+        over names per row, so its cost does not grow with the number of events.
+        """
+        uniq = pd.Index(pd.unique(pd.Series(names, dtype=object).dropna().astype(str)))
+        s = pd.Series(uniq, index=uniq, dtype=object)
+        row = np.full(len(uniq), -1, dtype=np.int32)
+        for i, r in enumerate(self.rows):
+            free = row < 0
+            if not free.any():
+                break
+            hit = s[free].str.fullmatch(r.pattern).to_numpy(dtype=bool)
+            idx = np.flatnonzero(free)[hit]
+            row[idx] = i
+        ops = np.array([r.op for r in self.rows] + ["other"], dtype=object)
+        phases = np.array([r.phase for r in self.rows] + [""], dtype=object)
+        kinds = np.array([r.kind for r in self.rows] + [""], dtype=object)
+        return pd.DataFrame(
+            {"op": ops[row], "phase": phases[row], "kind": kinds[row], "row": row}, index=uniq
+        )
+
+    def lookup(self, name: str) -> MappingRow | None:
+        """The row that classifies one name (for tests and docs)."""
+        for r in self.rows:
+            if re.fullmatch(r.pattern, name):
+                return r
+        return None
+
+
+def _check_row(table: str, n: int, row: MappingRow) -> None:
+    if row.op and row.op not in CANONICAL_OPS:
+        raise OpprofError(f"mapping table {table} row {n}: unknown op {row.op!r}")
+    if row.phase and row.phase not in PHASES:
+        raise OpprofError(f"mapping table {table} row {n}: unknown phase {row.phase!r}")
+    if row.kind and row.kind not in KINDS:
+        raise OpprofError(f"mapping table {table} row {n}: unknown kind {row.kind!r}")
+    re.compile(row.pattern)
+
+
+@cache
+def mapping_table(name: str) -> MappingTable:
+    """Load the mapping table shipped as ``opprof/normalizers/maps/<name>.csv``."""
+    text = resources.files("opprof.normalizers").joinpath("maps", f"{name}.csv").read_text()
+    rows = []
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# ")]
+    for n, rec in enumerate(csv.DictReader(lines), start=2):
+        row = MappingRow(
+            pattern=rec["pattern"], op=rec["op"].strip(), phase=rec["phase"].strip(),
+            kind=rec["kind"].strip(), example=rec["example"],
+        )
+        _check_row(name, n, row)
+        rows.append(row)
+    return MappingTable(name, tuple(rows))
