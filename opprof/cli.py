@@ -31,9 +31,15 @@ def main() -> None:
     """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2."""
     try:
         cli.main(standalone_mode=False)
+    except BrokenPipeError:
+        sys.exit(0)
     except OpprofError as exc:
         click.echo(f"opprof: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"opprof: error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(2)
     except click.exceptions.Abort:
         click.echo("opprof: aborted", err=True)
         sys.exit(130)
@@ -43,5 +49,3 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("opprof: interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)

@@ -66,14 +66,18 @@ def finish(
     is_device_ev = np.isin(kind, DEVICE_KINDS) & ~on_host
 
     lane = df.groupby(["rank", "pid", "tid"], sort=False, observed=True).ngroup().to_numpy()
-    depth, anc = _nesting(lane, ts, end, ~is_marker)
+    # On device lanes only kernels, copies and sets are operators (a GPU-side "Stream Sync"
+    # span is not, and must not swallow the copies inside it).
+    is_op = ~is_marker & (on_host | is_device_ev)
+    depth, anc = _nesting(lane, ts, end, is_op)
+    anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
     op = np.where(is_marker, None, row_op).astype(object)
     phase = np.where(is_marker, np.where(row_phase != "", row_phase, None), own_phase)
     op[has_anc] = op[anc[has_anc]]
     phase = phase.astype(object)
     phase[has_anc] = phase[anc[has_anc]]
-    counted = ~is_marker & (anc == np.arange(n))
+    counted = is_op & (anc == np.arange(n))
 
     # Device events take the op of the host operator that launched them (via ``link``)
     # unless their own name maps, and its phase unless their row phase is intrinsic.

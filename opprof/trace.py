@@ -78,7 +78,11 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
         if isinstance(dtype, pd.CategoricalDtype):
             out[col] = pd.Categorical(out[col].astype(object), categories=dtype.categories)
         elif dtype == "category":
-            out[col] = out[col].astype("category")
+            c = out[col]
+            if not isinstance(c.dtype, pd.CategoricalDtype):
+                c = c.astype(object).astype("category")
+            out[col] = pd.Categorical.from_codes(
+                c.cat.codes, categories=c.cat.categories.astype("str"))
         else:
             out[col] = out[col].astype(dtype)
     return out

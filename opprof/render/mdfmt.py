@@ -13,7 +13,11 @@ def md_table(df: pd.DataFrame) -> str:
     """A DataFrame as a GitHub markdown table (no extra dependency)."""
     def cell(v: object) -> str:
         if isinstance(v, float):
-            return f"{v:.4g}"
+            if v != v:
+                return ""
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+        if v is None:
+            return ""
         return str(v)
 
     head = "| " + " | ".join(map(str, df.columns)) + " |"

@@ -1,0 +1,5 @@
+"""`python -m opprof` runs the command line."""
+
+from opprof.cli import main
+
+main()

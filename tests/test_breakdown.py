@@ -1,0 +1,45 @@
+"""The wall-time phase breakdown: phases sum to each step exactly; busy time and overlap."""
+
+from __future__ import annotations
+
+import pytest
+
+from opprof import load
+from opprof.analysis.breakdown import PRIORITY, comm_overlap_ratio, phase_summary, step_breakdown
+from opprof.taxonomy import PHASES
+from tests.conftest import shared_trace
+from tests.test_kineto import SHARED
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_phases_sum_to_step_time_exactly(name: str) -> None:
+    steps = step_breakdown(load(shared_trace(name)))
+    assert len(steps) > 0
+    assert (steps[list(PHASES)].sum(axis=1) == steps["dur_ns"]).all()
+    assert (steps[list(PHASES)] >= 0).all().all()
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_wall_time_never_exceeds_busy_time(name: str) -> None:
+    steps = step_breakdown(load(shared_trace(name)))
+    for p in PRIORITY:
+        assert (steps[p] <= steps[f"busy_{p}"]).all(), p
+        assert (steps[f"busy_{p}"] <= steps["dur_ns"]).all(), p
+    assert (steps["comm_overlap_ns"] <= steps["busy_comm"]).all()
+
+
+def test_ddp_trace_has_forward_backward_update_and_mostly_hidden_comm() -> None:
+    steps = step_breakdown(load(shared_trace("nccl-2rank-rank0.json.gz")))
+    s = phase_summary(steps)
+    assert s.loc["forward", "share"] > 0.2 and s.loc["backward", "share"] > 0.2
+    assert s.loc["update", "ns_per_step"] > 0
+    assert s.loc["comm", "busy_ns_per_step"] > s.loc["comm", "ns_per_step"] > 0
+    ratio = comm_overlap_ratio(steps)
+    assert ratio is not None and 0.5 < ratio <= 1.0
+    assert s["share"].sum() == pytest.approx(1.0)
+
+
+def test_cpu_gloo_trace_is_all_communication() -> None:
+    steps = step_breakdown(load(shared_trace("cpu-only-gloo-rank34.json.gz")))
+    assert steps["comm"].sum() > 0.5 * steps["dur_ns"].sum()
+    assert comm_overlap_ratio(steps) == 0.0
