@@ -33,7 +33,8 @@ def native_x_events(path: Path) -> list[dict]:
     return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess:
     """Run the installed `opprof` command line as a user would."""
-    return subprocess.run([sys.executable, "-m", "opprof", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "opprof", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
