@@ -7,6 +7,7 @@ head) -> bool`` with ``from_files([path, ...], meta) -> Trace`` (binary formats)
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import zlib
@@ -50,13 +51,18 @@ def read_json(path: Path) -> Any:
             data = path.read_bytes()
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
-    if not data.strip():
+    if not data[:4096].strip() and not data.strip():
         raise OpprofError(f"{path}: file is empty")
+    gc_was_on = gc.isenabled()
+    gc.disable()  # parsed JSON has no reference cycles; collecting during the parse is waste
     try:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         what = "truncated JSON" if data.lstrip()[:1] in (b"{", b"[") else "not JSON"
         raise OpprofError(f"{path}: {what} and not an opprof trace ({exc})") from None
+    finally:
+        if gc_was_on:
+            gc.enable()
 
 
 def expand(paths: list[Path]) -> list[Path]:

@@ -56,7 +56,9 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
         if rank in ranks:
             rank = max(ranks) + 1
         ranks.append(rank)
-        frames.append(_raw_events(doc, rank, path))
+        # Plain object strings: pandas 3's Arrow strings cost more than they save here.
+        with pd.option_context("future.infer_string", False):
+            frames.append(_raw_events(doc, rank, path))
         devices.extend(d.get("name", "") for d in doc.get("deviceProperties", []) or [])
         if doc.get("distributedInfo"):
             dist[str(rank)] = doc["distributedInfo"]
