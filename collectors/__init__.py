@@ -12,7 +12,10 @@ forward / backward / update.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,3 +75,19 @@ def collector(fw: str) -> Any:
             f"--fw {fw} needs {exc.name}, which is not installed: "
             f"pip install -e '.[{fw}]' -c constraints.txt"
         ) from None
+
+
+@contextmanager
+def native_stderr_to(log: Path) -> Iterator[None]:
+    """Send what native libraries write to file descriptor 2 (profiler start/stop banners,
+    runtime logs) to ``log`` instead of the user's terminal, for the duration of the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(log, "ab") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from opprof.errors import OpprofError
 
-from . import Progress, RecordConfig, Recording, no_progress
+from . import Progress, RecordConfig, Recording, native_stderr_to, no_progress
 from .datasets import channel_stats, load_images, resize_nearest
 from .torch_models import INPUT_SIZE, build, canonical_name, layer_counts
 
@@ -122,7 +122,8 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     plan = schedule(wait=0, warmup=1, active=config.steps, repeat=1)
     progress("profile", 0, config.steps)
     t0 = t1 = 0
-    with profile(activities=activities, record_shapes=True, schedule=plan) as prof:
+    with native_stderr_to(workdir / "profiler.log"), \
+            profile(activities=activities, record_shapes=True, schedule=plan) as prof:
         for i in range(config.steps + 1):
             if i == 1:
                 t0 = time.perf_counter_ns()

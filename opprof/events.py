@@ -7,7 +7,8 @@ it, -1 for none) — and calls :func:`finish`, which does what every format shar
 1. classify each distinct native name with the format's mapping table;
 2. find, per lane (rank, pid, tid), each event's nesting depth and its outermost enclosing
    operator event; nested events take that operator's op and phase and are not ``counted``
-   (``aten::conv2d > … > aten::mkldnn_convolution`` is one ``convolution``);
+   (``aten::conv2d > … > aten::mkldnn_convolution`` is one ``convolution``); the one
+   exception is communication, which stays ``comm`` (and is counted) wherever it is issued;
 3. give device events (kernels, memcpy, memset) the op and phase of the host operator that
    launched them (via ``link``) unless their own name maps to an op (NCCL kernels → comm);
 4. resolve phases (intrinsic row phase > enclosing phase marker > row phase > other);
@@ -78,6 +79,17 @@ def finish(
     phase = phase.astype(object)
     phase[has_anc] = phase[anc[has_anc]]
     counted = is_op & (anc == np.arange(n))
+
+    # Communication stays communication wherever it is issued: the outermost comm event
+    # inside a compute operator (DDP's all-reduce in a backward hook) is counted as comm;
+    # the enclosing operator's total still includes it.
+    own_comm = is_op & on_host & (row_op == "comm")
+    if own_comm.any():
+        _, comm_anc = _nesting(lane, ts, end, own_comm)
+        in_comm = comm_anc >= 0
+        op[in_comm] = "comm"
+        phase[in_comm] = "comm"
+        counted |= in_comm & (comm_anc == np.arange(n))
 
     # Device events take the op of the host operator that launched them (via ``link``)
     # unless their own name maps, and its phase unless their row phase is intrinsic.

@@ -116,3 +116,12 @@ def test_events_are_stepped_and_timestamps_are_ns_since_epoch() -> None:
     assert sorted(tr.step_bounds()["step"]) == [4, 5, 6]
     assert (ev["step"] >= 0).mean() > 0.9
     assert np.issubdtype(ev["ts"].dtype, np.int64)
+
+
+def test_allreduce_issued_inside_a_backward_hook_stays_comm() -> None:
+    ev = load(shared_trace("nccl-2rank-rank0.json.gz")).events
+    ar = ev[(ev["name"] == "c10d::allreduce_")]
+    assert len(ar) > 0 and (ar["depth"] > 0).all()
+    assert (ar["op"] == "comm").all() and (ar["phase"] == "comm").all() and ar["counted"].all()
+    inner = ev[(ev["name"] == "record_param_comms") & (ev["device"] == "cpu")]
+    assert (inner["op"] == "comm").all()

@@ -74,27 +74,26 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
     if not a_step or not b_step:
         return "One of the traces has no steps, so there is no step-time gap to explain."
     gap = a_step - b_step
-    ratio = a_step / b_step
-    faster, slower = (lb, la) if gap > 0 else (la, lb)
-    head = (f"{slower} takes {max(ratio, 1 / ratio):.2f}x {faster}'s step time "
-            f"({_ms(a_step)} vs {_ms(b_step)} per step)")
     if abs(gap) < 1e-9 * max(a_step, 1):
         return f"{la} and {lb} take the same step time ({_ms(a_step)})."
+    slow_is_a = gap > 0
+    slower, faster = (la, lb) if slow_is_a else (lb, la)
+    s_step, f_step = (a_step, b_step) if slow_is_a else (b_step, a_step)
+    head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s step time "
+            f"({_ms(s_step)} vs {_ms(f_step)} per step)")
     same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
     if same_sign.empty:
         return head + "."
     top = same_sign.iloc[0]
+    s_op, f_op = ((top["a_ns_per_step"], top["b_ns_per_step"]) if slow_is_a
+                  else (top["b_ns_per_step"], top["a_ns_per_step"]))
+    times = f"{s_op / f_op:.2f}x" if f_op else f"only in {slower}"
+    text = (f"{head}; {top['op']} explains most of it: {_ms(s_op)} vs {_ms(f_op)} per step "
+            f"({times}), {top['share_of_gap']:.0%} of the gap")
     ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
-    ph_text = ""
     if not ph.empty:
-        p = ph.iloc[0]
-        ph_text = f"; the {p['phase']} phase accounts for {p['share_of_gap']:.0%} of the gap"
-    r = top["ratio"]
-    ratio_text = "only in " + la if not np.isfinite(r) else (
-        f"{r:.2f}x" if r >= 1 else f"{1 / r:.2f}x faster in {la}")
-    return (f"{head}; {top['op']} explains most of it ({top['share_of_gap']:.0%} of the gap, "
-            f"{ratio_text}: {_ms(top['a_ns_per_step'])} vs {_ms(top['b_ns_per_step'])} per step)"
-            f"{ph_text}.")
+        text += f"; the {ph.iloc[0]['phase']} phase accounts for {ph.iloc[0]['share_of_gap']:.0%}"
+    return text + "."
 
 
 def _ms(ns: float) -> str:
