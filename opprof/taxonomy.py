@@ -117,3 +117,32 @@ def mapping_table(name: str) -> MappingTable:
         _check_row(name, n, row)
         rows.append(row)
     return MappingTable(name, tuple(rows))
+
+
+def tables_markdown() -> str:
+    """Every shipped mapping table as markdown (docs/taxonomy.md is this, kept in sync by a
+    test)."""
+    from importlib import resources as res
+
+    names = sorted(p.name.removesuffix(".csv")
+                   for p in res.files("opprof.normalizers").joinpath("maps").iterdir()
+                   if p.name.endswith(".csv"))
+    out = ["# Taxonomy: native names → canonical operators", "",
+           "Generated from `normalizers/maps/*.csv` by `python docs/make_taxonomy.py`; "
+           "do not edit by hand.", "",
+           "Canonical operators: " + ", ".join(f"`{o}`" for o in CANONICAL_OPS) + ".", "",
+           "Phases: " + ", ".join(f"`{p}`" for p in PHASES) + ".", "",
+           "In each table the first row whose pattern (a Python regular expression) matches the "
+           "whole native name wins; an empty op marks a marker (a step or phase annotation); an "
+           "empty phase takes the phase of the enclosing phase marker. Names no row matches are "
+           "`other`.", ""]
+    for name in names:
+        out += [f"## {name}", "", "| pattern | op | phase | kind | example |",
+                "|---|---|---|---|---|"]
+        for r in mapping_table(name).rows:
+            cells = [r.pattern, r.op or "(marker)", r.phase, r.kind, r.example]
+            out.append("| " + " | ".join(f"`{c}`" if c else "" for c in
+                                         (c.replace("|", "\\|") for c in cells)) + " |")
+        out.append("")
+    return "\n".join(out)
+

@@ -49,3 +49,11 @@ def test_canonical_ops_have_backward_twins() -> None:
     for op in ("convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss"):
         assert f"{op}_backward" in CANONICAL_OPS
     assert {"weights_update", "comm", "data_load", "h2d", "other"} <= set(CANONICAL_OPS)
+
+
+def test_docs_list_every_mapping_table_as_shipped() -> None:
+    from opprof.taxonomy import tables_markdown
+    from tests.conftest import REPO
+
+    doc = (REPO / "docs" / "taxonomy.md").read_text()
+    assert doc == tables_markdown(), "regenerate: python docs/make_taxonomy.py"
