@@ -101,8 +101,12 @@ def _raw_events(doc: dict, rank: int, path: Path) -> pd.DataFrame:
     if np.isnan(ts_us).any():
         raise OpprofError(f"{path}: Kineto events without a numeric timestamp")
     cat = ev["cat"].astype(object).fillna("").astype(str).str.lower()
+    arg_dicts = ev["args"].to_numpy(dtype=object)
+    no_args = pd.isna(ev["args"]).to_numpy()
+    if no_args.any():
+        arg_dicts[no_args] = [{}] * int(no_args.sum())
     args = pd.DataFrame.from_records(
-        [a if isinstance(a, dict) else {} for a in ev["args"]],
+        arg_dicts,
         columns=["correlation", "device", "bytes", "Input Dims", "Input type",
                  "In msg nelems", "Out msg nelems", "dtype"],
     )
