@@ -121,7 +121,7 @@ def finish(
         "device": df["device"], "ts": ts, "dur": dur, "name": names, "kind": kind,
         "op": op, "phase": phase, "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
-        "bytes": df["bytes"], "detail": df["detail"],
+        "bytes": df["bytes"], "detail": df["detail"], "link": link,
     })
     meta = dict(meta)
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()

@@ -23,6 +23,8 @@ META_KEY = b"opprof"
 #: The events table's columns and their pandas dtypes, in file order. ``counted`` is the
 #: flag DESIGN.md's "nested events are counted once" implies: True for the outermost
 #: operator event on its lane (and every device event); operator totals sum only those.
+#: ``link`` is the native correlation id tying a GPU kernel/copy to the runtime call that
+#: launched it (the same id on both), -1 where there is none.
 COLUMNS: dict[str, Any] = {
     "rank": "int32",
     "role": pd.CategoricalDtype(list(ROLES)),
@@ -40,6 +42,7 @@ COLUMNS: dict[str, Any] = {
     "counted": "bool",
     "bytes": "int64",
     "detail": "string",
+    "link": "int64",
 }
 
 
@@ -131,6 +134,8 @@ def read_parquet(path: Path) -> Trace:
         )
     try:
         events = pf.read().to_pandas()
+        if "link" not in events:
+            events["link"] = -1
     except (pa.ArrowInvalid, OSError) as exc:
         raise OpprofError(f"{path}: damaged opprof trace ({_first_line(exc)})") from None
     return Trace(conform(events), meta)

@@ -35,6 +35,8 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     bounds = trace.step_bounds()
     ev = trace.events
     workers = ev["role"] == "worker"
+    # Steps are a worker notion: servers and schedulers serve them and get no rows.
+    bounds = bounds[bounds["rank"].isin(ev.loc[workers, "rank"].unique())]
     ops = ev[workers & ev["counted"] & ev["phase"].isin(PRIORITY)]
     markers = ev[workers & (ev["kind"] == "marker") & (ev["device"] == "cpu")
                  & ev["phase"].isin(PRIORITY)]
