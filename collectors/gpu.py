@@ -1,0 +1,76 @@
+"""GPU checks shared by the collectors: does a framework see a CUDA GPU, is nsys there.
+
+``require_cuda(fw)`` is called before a ``--device cuda`` recording starts, so a machine
+without a GPU (or a CPU-only framework build) gets one clear line and exit code 2 instead of
+a framework traceback half-way through. ``nsys_wrap(cmd)`` builds the command line that runs
+``cmd`` under NVIDIA Nsight Systems with the traces opprof reads (CUDA, NVTX, OS runtime)
+and a SQLite export next to the report.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from pathlib import Path
+
+from opprof.errors import OpprofError
+
+_MODULE = {"torch": "torch", "tf": "tensorflow", "mxnet": "mxnet"}
+
+
+def require_cuda(fw: str) -> list[str]:
+    """The names of the CUDA GPUs framework ``fw`` sees; an OpprofError when it sees none."""
+    if fw not in _MODULE:
+        raise OpprofError(f"unknown framework {fw!r}; choose from {', '.join(_MODULE)}")
+    try:
+        if fw == "mxnet":
+            from opprof.collectors._mxnet_shim import import_mxnet
+
+            mod = import_mxnet()
+        else:
+            mod = importlib.import_module(_MODULE[fw])
+    except ModuleNotFoundError as exc:
+        raise OpprofError(
+            f"--fw {fw} needs {exc.name}, which is not installed: "
+            f"pip install -e '.[{fw}]' -c constraints.txt") from None
+    version = getattr(mod, "__version__", "")
+    names, why = _gpus(fw, mod)
+    if not names:
+        raise OpprofError(f"--device cuda but {fw} {version} sees no CUDA GPU ({why}); "
+                          "use --device cpu")
+    return names
+
+
+def _gpus(fw: str, mod) -> tuple[list[str], str]:
+    """(GPU names, why there are none) as the framework itself reports them."""
+    if fw == "torch":
+        if getattr(mod.version, "cuda", None) is None:
+            return [], "CPU-only build"
+        if not mod.cuda.is_available():
+            return [], "no GPU or driver visible"
+        return [mod.cuda.get_device_name(i) for i in range(mod.cuda.device_count())], ""
+    if fw == "tf":
+        if not mod.test.is_built_with_cuda():
+            return [], "CPU-only build"
+        gpus = mod.config.list_physical_devices("GPU")
+        return [d.name for d in gpus], "no GPU or driver visible"
+    try:
+        if not mod.runtime.Features().is_enabled("CUDA"):
+            return [], "CPU-only build"
+        count = int(mod.context.num_gpus())
+    except Exception as exc:  # noqa: BLE001  (mxnet raises its own MXNetError without CUDA)
+        return [], f"CPU-only build or no driver: {str(exc).strip().splitlines()[0]}"
+    return [f"gpu({i})" for i in range(count)], "no GPU or driver visible"
+
+
+def nsys_wrap(cmd: list[str], output: Path | str = "opprof-nsys") -> list[str]:
+    """``cmd`` run under ``nsys profile`` (CUDA + NVTX + OS runtime traces, no CPU sampling),
+    writing ``OUTPUT.nsys-rep`` and its SQLite export ``OUTPUT.sqlite``. Raises an
+    OpprofError when nsys is not on PATH."""
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise OpprofError("--nsys needs nsys on PATH (the NVIDIA Nsight Systems CLI); "
+                          "install it or leave out --nsys")
+    return [nsys, "profile", "--trace=cuda,nvtx,osrt", "--sample=none",
+            "--cpuctxsw=none", "--force-overwrite=true", "--export=sqlite",
+            f"--output={output}", *cmd]

@@ -1,0 +1,350 @@
+"""NVIDIA Nsight Systems (``nsys export --type sqlite``) → the common events table.
+
+Reads a report's SQLite export (``.sqlite``), or a ``.nsys-rep`` / ``.qdrep`` report by
+running ``nsys export --type sqlite`` first (nsys must be on PATH). Tables read:
+
+- ``CUPTI_ACTIVITY_KIND_KERNEL`` (start, end, deviceId, streamId, correlationId, globalPid,
+  demangledName / shortName → ``StringIds``): kernels on ``cuda:<deviceId>``, lane
+  (pid = deviceId, tid = streamId) as in Kineto traces, named by ``demangledName`` (the
+  name torch.profiler shows) and by ``shortName`` where that is missing;
+- ``CUPTI_ACTIVITY_KIND_MEMCPY`` (copyKind, srcKind, dstKind, bytes) and
+  ``CUPTI_ACTIVITY_KIND_MEMSET`` (memKind, bytes), named as Kineto names them
+  (``Memcpy HtoD (Pageable -> Device)``: copyKind 1 = HtoD is op ``h2d``, phase ``h2d``);
+- ``CUPTI_ACTIVITY_KIND_RUNTIME`` (globalTid, correlationId, nameId): CUDA API calls on the
+  host thread that made them (``runtime`` events);
+- ``NVTX_EVENTS`` (eventType 59 push/pop and 60 start/end ranges, 34 marks; text or
+  textId → ``StringIds``; globalTid): host ranges. torch's ``emit_nvtx`` names ops
+  ``aten::conv2d, seq = 12[, op_id = …][, sizes = […]]``; the suffix moves into ``detail``
+  and the name keeps the operator. A range is an operator when torch marked it so (suffix),
+  when it is ``aten::…``, or when the mapping table knows it as one; every other range is a
+  marker (phase and step markers such as ``opprof.forward`` / ``ProfilerStep#3`` work as
+  in Kineto traces);
+- ``TARGET_INFO_GPU`` + ``TARGET_INFO_CUDA_DEVICE`` (or ``TARGET_INFO_CUDA_GPU`` in reports
+  from early 2021 and before) for GPU names; ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``,
+  when present, turns session-relative timestamps into UTC nanoseconds (the clock
+  Kineto uses); ``META_DATA_EXPORT`` for the nsys version.
+
+``globalTid`` / ``globalPid`` are serialized ids: pid = (id >> 24) & 0xFFFFFF, tid = id &
+0xFFFFFF. Each process with CUDA activity is one rank (ordered by the lowest device it
+uses, then pid; further files continue the numbering); when no process has CUDA activity,
+each process with NVTX ranges is one. Events of other processes (a launcher, a data-loader
+worker beside CUDA processes) are left out and counted in ``meta["nsys_skipped_events"]``.
+A kernel row without ``globalPid`` belongs to the file's first rank.
+
+Kernels are tied to the API call that launched them by ``correlationId`` (the ``link``
+column) and so to the operator range around that call; a kernel whose correlation matches
+no call, or whose call is outside every operator range, is op ``other`` — never dropped.
+NCCL kernels (``ncclDevKernel_*``, ``ncclKernel_*``) are ``comm`` by name.
+
+Schema followed: the SQLite export of Nsight Systems 2024.6 (EXPORT_SCHEMA_VERSION 3.16.1),
+whose table comments NVIDIA documents in the user guide's "Exporter SQLite schema". Version
+differences handled: ``NVTX_EVENTS.text`` holds unregistered strings and ``textId``
+(registered strings, since the 2021 releases; absent in older exports) points into
+``StringIds`` — either may be NULL; ``NVTX_EVENTS.end`` is NULL for marks and unfinished
+ranges (kept with zero duration); kernel ``demangledName`` and ``shortName`` are both
+``StringIds`` ids (``mangledName`` was added in 2023 and is not used); ``greenContextId``
+(2024) is ignored; copies and memsets lack ``globalPid`` in some older exports (then the
+first rank); GPU names come from ``TARGET_INFO_GPU`` keyed by ``id`` via
+``TARGET_INFO_CUDA_DEVICE`` (pid, cudaId → gpuId) since mid-2021, from
+``TARGET_INFO_CUDA_GPU`` keyed by ``deviceId`` before.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from opprof.errors import OpprofError
+from opprof.events import finish
+from opprof.normalizers.cupti import (
+    NSYS_MEM_KIND,
+    connect,
+    copy_names,
+    cupti_table,
+    int_col,
+    is_sqlite,
+    memset_names,
+    nvtx_kinds,
+    read_table,
+    split_nvtx,
+    sqlite_tables,
+    tables,
+)
+from opprof.trace import Trace
+
+NAME = "nsys"
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange (ENUM_NSYS_EVENT_TYPE)
+NVTX_MARK = 34
+_NSYS_TABLES = ("StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+                "NVTX_EVENTS")
+_EXPORT_TIMEOUT_S = 1800
+
+
+def claims_file(path: Path, head: bytes) -> bool:
+    """An nsys report (by suffix) or a SQLite export with nsys's tables."""
+    if path.name.endswith(REPORT_SUFFIXES):
+        return True
+    if not is_sqlite(head):
+        return False
+    names = sqlite_tables(path)
+    return "StringIds" in names and any(t in names for t in _NSYS_TABLES[1:])
+
+
+def from_files(paths: list[Path], meta: dict) -> Trace:
+    """Normalize nsys SQLite exports (or reports, exported on the fly) into one Trace."""
+    frames, info = [], _Info()
+    with tempfile.TemporaryDirectory(prefix="opprof-nsys-") as tmp:
+        for path in paths:
+            db = _export(path, Path(tmp)) if path.name.endswith(REPORT_SUFFIXES) else path
+            frames.append(_read(db, path, info))
+    raw = pd.concat(frames, ignore_index=True)
+    if raw.empty:
+        raise OpprofError(f"{paths[0]}: nsys export with no kernels, CUDA calls or NVTX ranges")
+    has_gpu = raw["kind"].isin(["kernel", "memcpy", "memset"]).any()
+    torch_like = raw["name"].astype(str).str.startswith("aten::").any()
+    out = {
+        "source_formats": [NAME],
+        "sources": [str(p) for p in paths],
+        "workers": len(info.ranks),
+        "device": "cuda" if has_gpu else "cpu",
+        "gpus": sorted(set(info.gpus)),
+        "clock_offsets_ns": {str(r): 0 for r in info.ranks},
+        "nsys_processes": info.processes,
+        "nsys_skipped_events": info.skipped,
+    }
+    if torch_like:
+        out["framework"] = "torch"
+    if info.versions:
+        out["nsys_version"] = sorted(set(info.versions))
+    out.update(meta)
+    return finish(raw, cupti_table(), out)
+
+
+class _Info:
+    """What reading the files found, for the trace's metadata."""
+
+    def __init__(self) -> None:
+        self.ranks: list[int] = []
+        self.gpus: list[str] = []
+        self.processes: dict[str, str] = {}
+        self.skipped = 0
+        self.versions: list[str] = []
+
+
+def _export(report: Path, tmp: Path) -> Path:
+    """Run ``nsys export --type sqlite`` on a report; clear errors when that cannot work."""
+    if not report.exists():
+        raise OpprofError(f"{report}: no such file or folder")
+    nsys = shutil.which("nsys")
+    if nsys is None:
+        raise OpprofError(
+            f"{report}: reading an Nsight Systems report needs nsys on PATH to run "
+            "`nsys export --type sqlite`; export it where nsys is installed and import the "
+            ".sqlite file")
+    out = tmp / (report.name.rsplit(".", 1)[0] + ".sqlite")
+    cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
+           "--output", str(out), str(report)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise OpprofError(f"{report}: nsys export ran past {_EXPORT_TIMEOUT_S}s") from None
+    if done.returncode != 0 or not out.exists():
+        msg = (done.stderr or done.stdout or "").strip().splitlines()
+        raise OpprofError(f"{report}: nsys export failed ({msg[-1] if msg else done.returncode})")
+    return out
+
+
+def _read(db: Path, source: Path, info: _Info) -> pd.DataFrame:
+    con = connect(db)
+    try:
+        names = tables(con)
+        if "StringIds" not in names or not any(t in names for t in _NSYS_TABLES[1:]):
+            shown = ", ".join(sorted(names)[:6]) or "none"
+            raise OpprofError(f"{source}: SQLite file but not an nsys export (tables: {shown})")
+        strings = _strings(con)
+        parts = {
+            "kernel": _kernels(con, strings) if "CUPTI_ACTIVITY_KIND_KERNEL" in names else None,
+            "memcpy": _memcpy(con) if "CUPTI_ACTIVITY_KIND_MEMCPY" in names else None,
+            "memset": _memset(con) if "CUPTI_ACTIVITY_KIND_MEMSET" in names else None,
+            "runtime": _runtime(con, strings) if "CUPTI_ACTIVITY_KIND_RUNTIME" in names else None,
+            "nvtx": _nvtx(con, strings) if "NVTX_EVENTS" in names else None,
+        }
+        frames = [f for f in parts.values() if f is not None and len(f)]
+        if not frames:
+            return pd.DataFrame(columns=["rank", "role", "pid", "tid", "device", "ts", "dur",
+                                         "name", "kind", "bytes", "detail", "link"])
+        ev = pd.concat(frames, ignore_index=True)
+        base = max(info.ranks) + 1 if info.ranks else 0
+        rank_of = _ranks(ev, base)
+        if not rank_of:
+            rank_of = {int(ev["proc"].max()): base}
+        first = min(rank_of.values())
+        proc = ev["proc"].to_numpy()
+        rank = pd.Series(proc).map(rank_of)
+        rank = rank.where(proc >= 0, first)  # rows that name no process
+        keep = rank.notna().to_numpy()
+        info.skipped += int((~keep).sum())
+        ev = ev[keep].reset_index(drop=True)
+        ev["rank"] = rank[keep].astype(np.int64).to_numpy()
+        info.ranks.extend(sorted(set(rank_of.values())))
+        info.processes.update({str(r): f"{source.name}:{p}" for p, r in rank_of.items()})
+        info.gpus.extend(_gpu_names(con, names, ev, rank_of))
+        info.versions.extend(_version(con, names))
+        ev["ts"] = ev["ts"] + _epoch_offset(con, names)
+        ev["role"] = "worker"
+        return ev.drop(columns=["proc"])
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+        raise OpprofError(f"{source}: damaged nsys export ({exc})") from None
+    finally:
+        con.close()
+
+
+def _strings(con: sqlite3.Connection) -> pd.Series:
+    s = pd.read_sql_query('SELECT id, value FROM "StringIds"', con)
+    return pd.Series(s["value"].to_numpy(dtype=object), index=s["id"].to_numpy(dtype=np.int64))
+
+
+def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
+    """Strings for id columns (missing ids give None), via one indexer."""
+    idx = int_col(ids)
+    pos = strings.index.get_indexer(idx)
+    out = np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], None)
+    return pd.Series(out, dtype=object)
+
+
+def _pid(global_id: pd.Series) -> np.ndarray:
+    g = int_col(global_id)
+    return np.where(g >= 0, (g >> 24) & 0xFFFFFF, -1)
+
+
+def _tid(global_id: pd.Series) -> np.ndarray:
+    g = int_col(global_id)
+    return np.where(g >= 0, g & 0xFFFFFF, -1)
+
+
+def _device_frame(df: pd.DataFrame, names, kind: str, nbytes) -> pd.DataFrame:
+    start, end = int_col(df["start"], 0), int_col(df["end"], 0)
+    dev = int_col(df["deviceId"], 0)
+    return pd.DataFrame({
+        "proc": _pid(df["globalPid"]), "pid": dev, "tid": int_col(df["streamId"], 0),
+        "device": pd.Series(dev).map({d: f"cuda:{d}" for d in np.unique(dev).tolist()}),
+        "ts": start, "dur": np.maximum(end - start, 0), "name": names, "kind": kind,
+        "bytes": nbytes, "detail": None, "link": int_col(df["correlationId"]),
+    })
+
+
+def _kernels(con: sqlite3.Connection, strings: pd.Series) -> pd.DataFrame:
+    df = read_table(con, "CUPTI_ACTIVITY_KIND_KERNEL",
+                    ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                     "demangledName", "shortName"])
+    name = _lookup(strings, df["demangledName"])
+    name = name.where(name.notna() & (name != ""), _lookup(strings, df["shortName"]))
+    name = name.fillna("unnamed kernel").to_numpy(dtype=object)
+    return _device_frame(df, name, "kernel", 0)
+
+
+def _memcpy(con: sqlite3.Connection) -> pd.DataFrame:
+    df = read_table(con, "CUPTI_ACTIVITY_KIND_MEMCPY",
+                    ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                     "bytes", "copyKind", "srcKind", "dstKind"])
+    names = copy_names(df["copyKind"], df["srcKind"], df["dstKind"], NSYS_MEM_KIND)
+    return _device_frame(df, names, "memcpy", int_col(df["bytes"], 0))
+
+
+def _memset(con: sqlite3.Connection) -> pd.DataFrame:
+    df = read_table(con, "CUPTI_ACTIVITY_KIND_MEMSET",
+                    ["start", "end", "deviceId", "streamId", "correlationId", "globalPid",
+                     "bytes", "memKind"])
+    return _device_frame(df, memset_names(df["memKind"], NSYS_MEM_KIND), "memset",
+                         int_col(df["bytes"], 0))
+
+
+def _runtime(con: sqlite3.Connection, strings: pd.Series) -> pd.DataFrame:
+    df = read_table(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
+                    ["start", "end", "globalTid", "correlationId", "nameId"])
+    start, end = int_col(df["start"], 0), int_col(df["end"], 0)
+    pid = _pid(df["globalTid"])
+    return pd.DataFrame({
+        "proc": pid, "pid": pid, "tid": _tid(df["globalTid"]), "device": "cpu",
+        "ts": start, "dur": np.maximum(end - start, 0),
+        "name": _lookup(strings, df["nameId"]).fillna("CUDA API").to_numpy(dtype=object),
+        "kind": "runtime", "bytes": 0, "detail": None, "link": int_col(df["correlationId"]),
+    })
+
+
+def _nvtx(con: sqlite3.Connection, strings: pd.Series) -> pd.DataFrame:
+    df = read_table(con, "NVTX_EVENTS", ["start", "end", "eventType", "text", "textId",
+                                         "globalTid"], raw=("text",))
+    etype = int_col(df["eventType"], NVTX_RANGE_TYPES[0])
+    df = df[np.isin(etype, (*NVTX_RANGE_TYPES, NVTX_MARK))].reset_index(drop=True)
+    text = df["text"].astype(object)
+    text = text.where(text.notna(), _lookup(strings, df["textId"]))
+    name, detail, torch_op = split_nvtx(text.fillna(""))
+    start = int_col(df["start"], 0)
+    end = int_col(df["end"])
+    end = np.where(end >= start, end, start)  # marks and unfinished ranges: zero length
+    pid = _pid(df["globalTid"])
+    return pd.DataFrame({
+        "proc": pid, "pid": pid, "tid": _tid(df["globalTid"]), "device": "cpu",
+        "ts": start, "dur": end - start, "name": name,
+        "kind": nvtx_kinds(name, torch_op, cupti_table()), "bytes": 0,
+        "detail": detail, "link": -1,
+    })
+
+
+def _ranks(ev: pd.DataFrame, base: int) -> dict[int, int]:
+    """Process → rank: processes with CUDA activity (else with NVTX ranges), ordered by the
+    lowest device they use, then pid."""
+    proc = ev["proc"].to_numpy()
+    cuda = ev["kind"].isin(["kernel", "memcpy", "memset", "runtime"]).to_numpy() & (proc >= 0)
+    cand = np.unique(proc[cuda]) if cuda.any() else np.unique(proc[proc >= 0])
+    on_dev = ev["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy() & (proc >= 0)
+    low = pd.Series(ev["pid"].to_numpy()[on_dev]).groupby(proc[on_dev]).min()
+    order = sorted(cand.tolist(), key=lambda p: (int(low.get(p, 1 << 30)), p))
+    return {int(p): base + i for i, p in enumerate(order)}
+
+
+def _gpu_names(con: sqlite3.Connection, names: set[str], ev: pd.DataFrame,
+               rank_of: dict[int, int]) -> list[str]:
+    """Names of the GPUs the kept processes ran on."""
+    used = ev.loc[ev["kind"].isin(["kernel", "memcpy", "memset"]), "pid"].unique().tolist()
+    if "TARGET_INFO_GPU" in names:
+        gpu = read_table(con, "TARGET_INFO_GPU", ["id", "name"], raw=("name",))
+        by_id = dict(zip(int_col(gpu["id"]).tolist(), gpu["name"].astype(str), strict=True))
+        if "TARGET_INFO_CUDA_DEVICE" in names:
+            cd = read_table(con, "TARGET_INFO_CUDA_DEVICE", ["gpuId", "cudaId", "pid"])
+            cd = cd[pd.Series(int_col(cd["pid"])).isin(list(rank_of)).to_numpy()
+                    & pd.Series(int_col(cd["cudaId"])).isin(used).to_numpy()]
+            ids = int_col(cd["gpuId"]).tolist()
+            if ids:
+                return [by_id[i] for i in ids if i in by_id]
+        return [by_id[d] for d in used if d in by_id]
+    if "TARGET_INFO_CUDA_GPU" in names:
+        gpu = read_table(con, "TARGET_INFO_CUDA_GPU", ["deviceId", "name"], raw=("name",))
+        by_id = dict(zip(int_col(gpu["deviceId"]).tolist(), gpu["name"].astype(str),
+                         strict=True))
+        return [by_id[d] for d in used if d in by_id]
+    return []
+
+
+def _version(con: sqlite3.Connection, names: set[str]) -> list[str]:
+    if "META_DATA_EXPORT" not in names:
+        return []
+    rows = con.execute("SELECT value FROM META_DATA_EXPORT "
+                       "WHERE name = 'EXPORT_PRODUCT_VERSION'").fetchall()
+    return [str(r[0]) for r in rows if r[0]]
+
+
+def _epoch_offset(con: sqlite3.Connection, names: set[str]) -> int:
+    """UTC ns of the session start, when the export records it (timestamps are relative)."""
+    if "TARGET_INFO_SESSION_START_TIME" not in names:
+        return 0
+    row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+    return int(row[0]) if row and row[0] else 0

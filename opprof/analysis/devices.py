@@ -1,0 +1,152 @@
+"""GPU timeline per device: compute / communication / memcpy / idle, summing to the span.
+
+Per (rank, device) — every device other than ``cpu`` that ran kernels, copies or memsets —
+the *span* runs from the first device event's start to the last one's end, the convention
+of Holistic Trace Analysis' temporal breakdown, so the two can be compared. Every instant
+of the span goes to exactly one category, by priority:
+
+1. ``comm``: a communication kernel runs (kernel whose op is ``comm``: NCCL/RCCL kernels by
+   name, or kernels launched by a collective);
+2. ``compute``: any other kernel runs;
+3. ``memcpy``: a memcpy or memset runs (copies and sets; ``memcpy_ns`` includes memsets);
+4. ``idle``: nothing runs on the device.
+
+So ``compute_ns + comm_ns + memcpy_ns + idle_ns == span_ns`` exactly. Beside it:
+``busy_<category>_ns`` is each category's own union (they overlap when streams run
+concurrently), ``sum_<category>_ns`` the plain sum of event durations (what per-kernel
+tables add up), ``comm_overlap_ns`` the time communication and compute kernels ran at the
+same time (on separate streams), and ``comm_overlap`` that over ``busy_comm_ns``.
+
+Idle time is split by what the device waited for, where the trace allows: each idle gap
+(a maximal stretch with nothing running) ends when the next device event starts. When the
+host call that launched that event (matched by ``link``) *started after the gap began*, the
+device was waiting on the host (``idle_host_ns``): the work had not even been requested.
+When the call started before the gap — the work was queued yet did not run — the device
+waited on something else (a stream or event dependency, another kernel, another GPU:
+``idle_other_ns``). Gaps whose next event has no known launching call (no ``link`` column
+in the events table, or a kernel without a recorded API call) are ``idle_unattributed_ns``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from opprof.trace import Trace
+
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+CATEGORIES = ("comm", "compute", "memcpy")  # priority order; idle is the rest
+COLUMNS = [
+    "rank", "device", "span_ns", "compute_ns", "comm_ns", "memcpy_ns", "idle_ns",
+    "compute_share", "comm_share", "memcpy_share", "idle_share",
+    "busy_compute_ns", "busy_comm_ns", "busy_memcpy_ns",
+    "sum_compute_ns", "sum_comm_ns", "sum_memcpy_ns",
+    "comm_overlap_ns", "comm_overlap", "idle_host_ns", "idle_other_ns", "idle_unattributed_ns",
+    "idle_gaps", "kernels", "memcpys", "memsets", "streams", "start", "end",
+]
+
+
+def device_breakdown(trace: Trace) -> pd.DataFrame:
+    """One row per (rank, device) with the GPU time split (``COLUMNS``)."""
+    ev = trace.events
+    dev = ev[ev["kind"].isin(DEVICE_KINDS) & (ev["device"].astype(str) != "cpu")]
+    if dev.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    launch_ts = _launch_times(ev, dev)
+    cat = np.where(dev["kind"].to_numpy() != "kernel", 2,
+                   np.where(dev["op"].astype(object).to_numpy() == "comm", 0, 1))
+    rows = []
+    keys = pd.DataFrame({"rank": dev["rank"].to_numpy(), "device": dev["device"].astype(str)})
+    for (rank, device), idx in keys.groupby(["rank", "device"], sort=True).indices.items():
+        sub = dev.iloc[idx]
+        row = _one_device(sub["ts"].to_numpy(np.int64), sub["dur"].to_numpy(np.int64),
+                          cat[idx], launch_ts[idx])
+        kinds = sub["kind"].astype(str).to_numpy()
+        row.update(rank=int(rank), device=device, kernels=int((kinds == "kernel").sum()),
+                   memcpys=int((kinds == "memcpy").sum()),
+                   memsets=int((kinds == "memset").sum()),
+                   streams=int(sub["tid"].nunique()))
+        rows.append(row)
+    return pd.DataFrame(rows)[COLUMNS]
+
+
+def _launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
+    """Start of the host call that launched each device event (-1 when unknown)."""
+    out = np.full(len(dev), -1, dtype=np.int64)
+    if "link" not in ev.columns:
+        return out
+    host = ev[(ev["device"].astype(str) == "cpu") & (ev["link"] >= 0)]
+    if host.empty:
+        return out
+    key_h = pd.Index(host["rank"].to_numpy(np.int64) * (1 << 40)
+                     + host["link"].to_numpy(np.int64))
+    first = ~key_h.duplicated(keep="first")
+    key_h, ts_h = key_h[first], host["ts"].to_numpy(np.int64)[first]
+    link = dev["link"].to_numpy(np.int64)
+    pos = key_h.get_indexer(dev["rank"].to_numpy(np.int64) * (1 << 40) + link)
+    ok = (pos >= 0) & (link >= 0)
+    out[ok] = ts_h[pos[ok]]
+    return out
+
+
+def _one_device(ts: np.ndarray, dur: np.ndarray, cat: np.ndarray, launch: np.ndarray) -> dict:
+    end = ts + dur
+    start_all, end_all = int(ts.min()), int(end.max())
+    pts = np.unique(np.concatenate([ts, end]))
+    seg = np.diff(pts)
+
+    def cover(mask: np.ndarray) -> np.ndarray:
+        if not mask.any() or len(seg) == 0:
+            return np.zeros(len(seg), bool)
+        a = np.searchsorted(pts, ts[mask])
+        z = np.searchsorted(pts, end[mask])
+        delta = np.bincount(a, minlength=len(pts)) - np.bincount(z, minlength=len(pts))
+        return np.cumsum(delta)[:-1] > 0
+
+    cov = {c: cover(cat == i) for i, c in enumerate(CATEGORIES)}
+    taken = np.zeros(len(seg), bool)
+    out: dict = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
+    for c in CATEGORIES:
+        mine = cov[c] & ~taken
+        out[f"{c}_ns"] = int(seg[mine].sum())
+        taken |= mine
+        out[f"busy_{c}_ns"] = int(seg[cov[c]].sum())
+        out[f"sum_{c}_ns"] = int(dur[cat == CATEGORIES.index(c)].sum())
+    idle = ~taken
+    out["idle_ns"] = int(seg[idle].sum())
+    span = max(out["span_ns"], 1)
+    for c in (*CATEGORIES, "idle"):
+        out[f"{c}_share"] = out[f"{c}_ns"] / span
+    out["comm_overlap_ns"] = int(seg[cov["comm"] & cov["compute"]].sum())
+    out["comm_overlap"] = (out["comm_overlap_ns"] / out["busy_comm_ns"]
+                           if out["busy_comm_ns"] else None)
+    out.update(_idle_causes(pts, seg, idle, ts, dur, launch))
+    return out
+
+
+def _idle_causes(pts, seg, idle, ts, dur, launch) -> dict:
+    """Split idle gaps into host / other / unattributed by the next event's launch time."""
+    res = {"idle_host_ns": 0, "idle_other_ns": 0, "idle_unattributed_ns": 0, "idle_gaps": 0}
+    if not idle.any():
+        return res
+    # maximal idle runs: consecutive idle segments (zero-length events may split a run)
+    starts = idle & ~np.concatenate([[False], idle[:-1]])
+    run = np.cumsum(starts)[idle] - 1
+    g0 = pts[:-1][starts]
+    g1 = np.zeros(len(g0), np.int64)
+    np.maximum.at(g1, run, pts[1:][idle])
+    length = np.bincount(run, weights=seg[idle], minlength=len(g0)).astype(np.int64)
+    # next event with a duration that starts at or after the gap's end
+    real = dur > 0
+    order = np.argsort(ts[real], kind="stable")
+    ts_sorted, launch_sorted = ts[real][order], launch[real][order]
+    nxt = np.searchsorted(ts_sorted, g1, side="left")
+    has = nxt < len(ts_sorted)
+    lt = np.where(has, launch_sorted[np.minimum(nxt, len(ts_sorted) - 1)], -1)
+    known = lt >= 0
+    host = known & (lt >= g0)
+    res["idle_host_ns"] = int(length[host].sum())
+    res["idle_other_ns"] = int(length[known & ~host].sum())
+    res["idle_unattributed_ns"] = int(length[~known].sum())
+    res["idle_gaps"] = int(len(g0))
+    return res

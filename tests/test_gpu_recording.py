@@ -1,0 +1,63 @@
+"""Asking to record on a GPU where there is none, or under nsys without nsys, is one clear
+line and exit code 2, before anything is run or written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from opprof.collectors.gpu import nsys_wrap, require_cuda
+from opprof.errors import OpprofError
+from tests.conftest import run_cli
+
+
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _no_cuda(), reason="this machine has a CUDA GPU")
+def test_device_cuda_without_a_gpu_is_a_clear_error(tmp_path: Path) -> None:
+    out = tmp_path / "run.trace"
+    res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--device", "cuda",
+                  "-o", str(out))
+    assert res.returncode == 2
+    assert "--device cuda but torch" in res.stderr and "sees no CUDA GPU" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "run.native").exists()
+    with pytest.raises(OpprofError, match="use --device cpu"):
+        require_cuda("torch")
+
+
+@pytest.mark.skipif(shutil.which("nsys") is not None, reason="nsys is installed here")
+def test_nsys_flag_without_nsys_is_a_clear_error(tmp_path: Path) -> None:
+    res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--nsys",
+                  "-o", str(tmp_path / "run.trace"))
+    assert res.returncode == 2
+    assert "--nsys needs nsys on PATH" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "run.native").exists()
+    with pytest.raises(OpprofError, match="--nsys needs nsys on PATH"):
+        nsys_wrap(["python", "train.py"])
+
+
+def test_nsys_command_traces_cuda_and_nvtx_and_exports_sqlite(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    tool = tmp_path / "bin" / "nsys"  # stands in for the CLI only to be found on PATH
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    cmd = nsys_wrap(["python", "train.py"], output=tmp_path / "run")
+    assert cmd[0] == str(tool) and cmd[1] == "profile"
+    assert "--trace=cuda,nvtx,osrt" in cmd and "--export=sqlite" in cmd
+    assert f"--output={tmp_path / 'run'}" in cmd and cmd[-2:] == ["python", "train.py"]
+
+
+def test_unknown_framework_is_refused() -> None:
+    with pytest.raises(OpprofError, match="unknown framework"):
+        require_cuda("jax")
