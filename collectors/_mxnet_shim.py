@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from types import ModuleType
 
 
@@ -15,6 +16,9 @@ def import_mxnet() -> ModuleType:
 
     if "bool" not in np.__dict__:
         np.bool = bool  # type: ignore[attr-defined]
-    import mxnet
+    with warnings.catch_warnings():
+        # mxnet.numpy aliases numpy functions removed long ago (NEP 32) and says so on import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import mxnet
 
     return mxnet

@@ -1,0 +1,175 @@
+"""The four benchmark models in MXNet Gluon, layer for layer the CIFAR forms of torch_models.
+
+The architectures, input sizes and parameter counts are those documented in
+:mod:`opprof.collectors.torch_models` (the reference); tests/test_model_parity.py checks that
+both frameworks build the same conv / fc / batchnorm layers and parameter counts. Every layer
+is given its input size up front (``in_channels`` / ``in_units``), so shapes and parameter
+counts are known before the first forward pass. Differences that do not change the network:
+Gluon's BatchNorm ``momentum=0.9`` is torch's ``momentum=0.1`` (the weight of the running
+average); ``Dense`` flattens its input itself; the weight initializer is chosen to match
+torch's default (uniform in ±1/sqrt(fan_in)).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from opprof.collectors._mxnet_shim import import_mxnet
+from opprof.collectors.torch_models import INPUT_SIZE, canonical_name
+
+mx = import_mxnet()
+nn = mx.gluon.nn
+
+__all__ = ["INPUT_SIZE", "build", "canonical_name", "initializer", "layer_counts"]
+
+
+def initializer() -> Any:
+    """Weights uniform in ±1/sqrt(fan_in), as torch initializes conv and linear weights."""
+    return mx.init.Xavier(rnd_type="uniform", factor_type="in", magnitude=1)
+
+
+def _relu() -> Any:
+    return nn.Activation("relu")
+
+
+def lenet5(num_classes: int = 10) -> Any:
+    """LeNet-5 for 32×32×3 input, with ReLU and max pooling."""
+    net = nn.HybridSequential(prefix="lenet5_")
+    with net.name_scope():
+        net.add(
+            nn.Conv2D(6, 5, in_channels=3), _relu(), nn.MaxPool2D(2, 2),
+            nn.Conv2D(16, 5, in_channels=6), _relu(), nn.MaxPool2D(2, 2),
+            nn.Dense(120, in_units=16 * 5 * 5), _relu(),
+            nn.Dense(84, in_units=120), _relu(),
+            nn.Dense(num_classes, in_units=84),
+        )
+    return net
+
+
+def alexnet(num_classes: int = 10) -> Any:
+    """CIFAR-style AlexNet for 64×64×3 input: 5 conv + 3 fc, no BatchNorm."""
+    net = nn.HybridSequential(prefix="alexnet_")
+    with net.name_scope():
+        net.add(
+            nn.Conv2D(64, 5, strides=2, padding=2, in_channels=3), _relu(), nn.MaxPool2D(3, 2),
+            nn.Conv2D(192, 5, padding=2, in_channels=64), _relu(), nn.MaxPool2D(3, 2),
+            nn.Conv2D(384, 3, padding=1, in_channels=192), _relu(),
+            nn.Conv2D(256, 3, padding=1, in_channels=384), _relu(),
+            nn.Conv2D(256, 3, padding=1, in_channels=256), _relu(),
+            nn.MaxPool2D(3, 2),
+            nn.Dropout(0.5), nn.Dense(1024, in_units=256 * 3 * 3), _relu(),
+            nn.Dropout(0.5), nn.Dense(1024, in_units=1024), _relu(),
+            nn.Dense(num_classes, in_units=1024),
+        )
+    return net
+
+
+def _bn(channels: int) -> Any:
+    return nn.BatchNorm(momentum=0.9, epsilon=1e-5, in_channels=channels)
+
+
+def _conv(channels: int, kernel: int, stride: int, in_channels: int) -> Any:
+    return nn.Conv2D(channels, kernel, strides=stride, padding=kernel // 2,
+                     in_channels=in_channels, use_bias=False)
+
+
+def _shortcut(in_planes: int, out_planes: int, stride: int) -> Any:
+    if stride == 1 and in_planes == out_planes:
+        return None
+    block = nn.HybridSequential(prefix="shortcut_")
+    with block.name_scope():
+        block.add(_conv(out_planes, 1, stride, in_planes), _bn(out_planes))
+    return block
+
+
+class BasicBlock(nn.HybridBlock):
+    """ResNet basic block: two 3×3 convs with BatchNorm, identity or 1×1-conv shortcut."""
+
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv1 = _conv(planes, 3, stride, in_planes)
+            self.bn1 = _bn(planes)
+            self.conv2 = _conv(planes, 3, 1, planes)
+            self.bn2 = _bn(planes)
+            self.shortcut = _shortcut(in_planes, planes, stride)
+
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+        out = F.Activation(self.bn1(self.conv1(x)), act_type="relu")
+        out = self.bn2(self.conv2(out))
+        short = x if self.shortcut is None else self.shortcut(x)
+        return F.Activation(out + short, act_type="relu")
+
+
+class Bottleneck(nn.HybridBlock):
+    """ResNet bottleneck block (1×1, 3×3 with the stride, 1×1 ×4), BatchNorm after each."""
+
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv1 = _conv(planes, 1, 1, in_planes)
+            self.bn1 = _bn(planes)
+            self.conv2 = _conv(planes, 3, stride, planes)
+            self.bn2 = _bn(planes)
+            self.conv3 = _conv(planes * 4, 1, 1, planes)
+            self.bn3 = _bn(planes * 4)
+            self.shortcut = _shortcut(in_planes, planes * 4, stride)
+
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+        out = F.Activation(self.bn1(self.conv1(x)), act_type="relu")
+        out = F.Activation(self.bn2(self.conv2(out)), act_type="relu")
+        out = self.bn3(self.conv3(out))
+        short = x if self.shortcut is None else self.shortcut(x)
+        return F.Activation(out + short, act_type="relu")
+
+
+def resnet(block: type, blocks: list[int], num_classes: int = 10, prefix: str = "resnet_") -> Any:
+    """CIFAR ResNet: 3×3 stem (stride 1, no max pool), four stages, global average pool, fc."""
+    net = nn.HybridSequential(prefix=prefix)
+    with net.name_scope():
+        net.add(_conv(64, 3, 1, 3), _bn(64), _relu())
+        in_planes = 64
+        for planes, count, stride in zip((64, 128, 256, 512), blocks, (1, 2, 2, 2), strict=True):
+            for i in range(count):
+                net.add(block(in_planes, planes, stride if i == 0 else 1))
+                in_planes = planes * block.expansion
+        net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes, in_units=in_planes))
+    return net
+
+
+def build(name: str, num_classes: int) -> Any:
+    """An uninitialized Gluon network (call ``net.initialize(initializer())``)."""
+    key = canonical_name(name)
+    if key == "lenet5":
+        return lenet5(num_classes)
+    if key == "alexnet":
+        return alexnet(num_classes)
+    if key == "resnet18":
+        return resnet(BasicBlock, [2, 2, 2, 2], num_classes, prefix="resnet18_")
+    return resnet(Bottleneck, [3, 4, 6, 3], num_classes, prefix="resnet50_")
+
+
+def _blocks(block: Any) -> list[Any]:
+    out = [block]
+    for child in block._children.values():
+        out.extend(_blocks(child))
+    return out
+
+
+def layer_counts(net: Any) -> dict[str, int]:
+    """Number of conv, fc and batchnorm layers, and trainable parameters (BatchNorm's running
+    statistics, ``grad_req='null'``, are not counted — as torch's buffers are not)."""
+    blocks = _blocks(net)
+    params = net.collect_params().values()
+    return {
+        "conv": sum(isinstance(b, nn.Conv2D) for b in blocks),
+        "fc": sum(isinstance(b, nn.Dense) for b in blocks),
+        "batchnorm": sum(isinstance(b, nn.BatchNorm) for b in blocks),
+        "params": int(sum(np.prod(p.shape) for p in params if p.grad_req != "null")),
+    }

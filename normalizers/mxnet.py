@@ -1,0 +1,392 @@
+"""MXNet profiler chrome-trace JSON → the common events table; and MXNet's aggregate table.
+
+What MXNet 1.x writes (``mx.profiler.set_config(profile_all=True)`` then ``dump()``):
+
+* no ``X`` events: every duration is a begin/end pair, ``B``/``E`` for operators and
+  ``event``s, ``b``/``e`` (with an ``id``) for Tasks and the C API, ``(``/``)`` for Frames.
+  MXNet writes both halves when the duration ends, so pairs are matched in file order per
+  (category, pid, tid, id, name) — vectorized, by numbering begins and ends per key;
+* category ``operator``: engine operators (``Convolution``, ``_backward_Convolution``,
+  ``KVStoreDistDefaultStoragePushPull``, ``sgd_mom_update`` …) as ``B``/``E`` pairs on the
+  device's pid (``process_name`` ``cpu/0``, ``gpu/0`` …) and the engine thread's tid — and
+  every one a second time as a ``b``/``e`` pair in the ``operator`` domain, up to a
+  microsecond off; those copies are dropped;
+* ``MXNET_C_API``: the Python front end's C API calls (host runtime time, not counted);
+* ``Device Storage`` and C API counters (``C``): memory and call counts, not kept;
+* any other category is a user domain: Tasks (cat = domain), Frames (``domain,frame``),
+  Markers (``domain,instant_marker``, instants) and Events (``event``) → markers.
+
+Timestamps are integer microseconds on the host's clock (all ranks on one host share it).
+pid and tid are 64-bit hashes: a rank's pid becomes its OS process id when the recording's
+metadata has it (``rank_pids``), else -1, and tid the thread's ordinal in the file. MXNet's
+async engine operators (kvstore push/pull, op ``comm``) run concurrently on one thread: they
+go to a lane of their own (tid + 2**40), where each group of overlapping ones nests inside
+one ``opprof.comm_window`` event that the normalizer adds (the only event it adds), so that
+communication is counted once per instant — MXNet's aggregate sums them, 62 concurrent
+ResNet-18 pushes making 62 times the wait. Other operators that overlap without nesting get
+sub-lanes (tid + 65536·k); operators contained in another nest under it, counted once.
+
+The collector's ``rankR_worker.meta`` beside a trace, when present, gives the run's model,
+batch size, mode, the rank's process id and the bytes a PS worker moves per step (which the
+comm windows then carry). Role and rank come from the file name:
+``rankR_worker.json`` (worker R) and ``rankK_server.json`` (server K, what MXNet names a
+server's trace), numbered after the workers; other names are workers numbered in order.
+Servers have no steps of their own: their events are numbered with the step of the lowest
+worker rank running at that instant.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opprof.errors import OpprofError
+from opprof.events import _cover_label, finish
+from opprof.taxonomy import mapping_table
+from opprof.trace import Trace
+
+NAME = "mxnet"
+_BEGIN = {"B": "B", "b": "b", "(": "("}
+_END = {"E": "B", "e": "b", ")": "("}  # end phase → the begin phase it closes
+_INSTANT = {"n", "i", "I"}
+_DROP_CATS = {"Device Storage"}
+_MX_PROCESS = re.compile(r"(?:cpu|gpu|cpu pinned|cpu shared)/\d*|MXNET_C_API|Device Storage")
+_KINETO_KEYS = ("schemaVersion", "distributedInfo", "deviceProperties", "baseTimeNanoseconds")
+_FILE_ROLE = re.compile(r"rank(\d+)_(worker|server)")
+_SUBLANE = 1 << 16
+_ASYNC = 1 << 40
+COMM_WINDOW = "opprof.comm_window"
+
+
+def _is_comm(names: pd.Series) -> np.ndarray:
+    """Which names the mapping table classifies as communication."""
+    cls = mapping_table(NAME).classify(names.unique())
+    return names.map(cls["op"]).eq("comm").to_numpy()
+
+
+def claims_json(doc: Any) -> bool:
+    """An MXNet profiler dump: chrome-trace events with MXNet's process names or categories."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return False
+    if any(k in doc for k in _KINETO_KEYS):
+        return False
+    for e in doc["traceEvents"][:2000]:
+        if not isinstance(e, dict):
+            continue
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            if _MX_PROCESS.fullmatch(str((e.get("args") or {}).get("name", ""))):
+                return True
+        elif e.get("cat") in ("MXNET_C_API", "Device Storage") or (
+                e.get("cat") == "operator" and e.get("ph") in ("B", "E")):
+            return True
+    return False
+
+
+def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
+    """Normalize MXNet dumps (one per worker, and per server of a PS job) into one Trace."""
+    roles = _roles([p for p, _ in docs])
+    meta = {**_sidecar_meta([p for p, _ in docs], roles), **meta}
+    pids = {int(k): int(v) for k, v in (meta.get("rank_pids") or {}).items()}
+    frames = [_raw_events(doc, rank, role, path, pids.get(rank, -1))
+              for (path, doc), (rank, role) in zip(docs, roles, strict=True)]
+    raw = pd.concat(frames, ignore_index=True)
+    workers = sorted(r for r, role in roles if role == "worker")
+    servers = sorted(r for r, role in roles if role == "server")
+    info = {
+        "source_formats": [NAME],
+        "sources": [str(p) for p, _ in docs],
+        "framework": "mxnet",
+        "workers": len(workers),
+        "servers": len(servers),
+        "device": "cuda" if raw["device"].astype(str).str.startswith("cuda").any() else "cpu",
+        "roles": {str(r): role for r, role in roles},
+        "clock_offsets_ns": {str(r): 0 for r, _ in roles},
+    }
+    info.update(meta)
+    trace = _server_steps(finish(raw, mapping_table(NAME), info), set(workers))
+    return _window_bytes(trace, info.get("comm_bytes_per_step") or {})
+
+
+def _window_bytes(trace: Trace, per_step: dict[str, int]) -> Trace:
+    """Give each worker's comm windows their payload: a PS worker pushes every gradient and
+    pulls every weight once a step (``comm_bytes_per_step``, from the collector), shared over
+    that step's windows by how many kvstore operators each holds (exact for the usual one
+    window per step). MXNet's trace itself does not say which array an operator moved."""
+    ev = trace.events
+    win = (ev["name"] == COMM_WINDOW) & (ev["role"] == "worker") & (ev["step"] >= 0)
+    if not per_step or not win.any():
+        return trace
+    w = ev.loc[win, ["rank", "step"]].copy()
+    w["n"] = ev.loc[win, "detail"].str.split().str[0].astype(np.int64)
+    share = w["n"] / w.groupby(["rank", "step"])["n"].transform("sum")
+    total = w["rank"].astype(str).map({str(k): v for k, v in per_step.items()})
+    ev = ev.copy()
+    ev.loc[win, "bytes"] = np.rint(share * total.fillna(0)).astype(np.int64).to_numpy()
+    return Trace(ev, trace.meta)
+
+
+_SIDECAR_KEYS = ("framework_version", "model", "dataset", "batch_size", "mode",
+                 "profiled_steps")
+
+
+def _sidecar_meta(paths: list[Path], roles: list[tuple[int, str]]) -> dict[str, Any]:
+    """What the collector's ``rankR_worker.meta`` files beside the traces say about the run
+    (model, batch size, mode, each rank's process id), for folders imported after the fact."""
+    out: dict[str, Any] = {}
+    pids, comm = {}, {}
+    for path, (rank, role) in zip(paths, roles, strict=True):
+        side = path.with_name(path.name.split(".json")[0] + ".meta")
+        if role != "worker" or not side.is_file():
+            continue
+        try:
+            facts = json.loads(side.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(facts, dict):
+            for k in _SIDECAR_KEYS:
+                out.setdefault(k, facts.get(k))
+            if "pid" in facts:
+                pids[str(rank)] = facts["pid"]
+            if facts.get("kvstore") and "param_bytes" in facts:
+                comm[str(rank)] = 2 * int(facts["param_bytes"])
+    if pids:
+        out["rank_pids"] = pids
+    if comm:
+        out["comm_bytes_per_step"] = comm
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _roles(paths: list[Path]) -> list[tuple[int, str]]:
+    """(rank, role) per file: workers keep the rank in their name, servers follow them."""
+    named = [_FILE_ROLE.search(p.name) for p in paths]
+    taken: set[int] = set()
+    out: list[tuple[int, str] | None] = [None] * len(paths)
+    for i, m in enumerate(named):
+        if m and m.group(2) == "worker" and int(m.group(1)) not in taken:
+            out[i] = (int(m.group(1)), "worker")
+            taken.add(int(m.group(1)))
+    for i, m in enumerate(named):
+        if out[i] is None and not (m and m.group(2) == "server"):
+            rank = next(r for r in range(len(paths) + len(taken) + 1) if r not in taken)
+            out[i] = (rank, "worker")
+            taken.add(rank)
+    base = max(taken) + 1 if taken else 0
+    servers = sorted((int(m.group(1)), i) for i, m in enumerate(named)
+                     if out[i] is None and m)
+    for n, (_, i) in enumerate(servers):
+        out[i] = (base + n, "server")
+    return [r for r in out if r is not None]
+
+
+def _u64(events: list, key: str) -> np.ndarray:
+    """A 64-bit id field (pid, tid, id: MXNet writes unsigned hashes) exactly, as int64."""
+    try:
+        vals = np.fromiter((e.get(key) or 0 for e in events), dtype=np.uint64, count=len(events))
+    except (OverflowError, TypeError, ValueError):
+        vals = pd.to_numeric(pd.Series([e.get(key) for e in events], dtype=object),
+                             errors="coerce").fillna(0).astype(np.int64).to_numpy()
+        return vals
+    return vals.view(np.int64)
+
+
+def _raw_events(doc: dict, rank: int, role: str, path: Path, os_pid: int) -> pd.DataFrame:
+    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+    ev = pd.DataFrame.from_records(events, columns=["ph", "cat", "name", "ts", "dur", "args"])
+    ev["pid"], ev["tid"], ev["id"] = (_u64(events, k) for k in ("pid", "tid", "id"))
+    ph = ev["ph"].astype(object).fillna("").astype(str)
+    meta = ev[(ph == "M") & (ev["name"] == "process_name")]
+    proc = dict(zip(meta["pid"], meta["args"].map(lambda a: (a or {}).get("name", "")),
+                    strict=True))
+    cat = ev["cat"].astype(object).fillna("").astype(str)
+    keep = (ph.isin([*_BEGIN, *_END, *_INSTANT, "X"]) & ~cat.isin(_DROP_CATS)).to_numpy()
+    ev, ph, cat = ev[keep].reset_index(drop=True), ph[keep].to_numpy(), cat[keep].to_numpy()
+    ts = pd.to_numeric(ev["ts"], errors="coerce")
+    if ts.isna().any():
+        raise OpprofError(f"{path}: MXNet events without a numeric timestamp")
+    ev["ts"] = _us_to_ns(ts.to_numpy(np.float64))
+    ev["name"] = ev["name"].astype(object).fillna("").astype(str)
+    ev["cat"] = cat
+
+    spans = _pair(ev, ph)
+    if spans.empty:
+        raise OpprofError(f"{path}: MXNet trace with no complete events")
+    spans = _drop_domain_copies(spans)
+    kind = np.select([spans["cat"] == "operator", spans["cat"] == "MXNET_C_API"],
+                     ["cpu_op", "runtime"], "marker")
+    pname = spans["pid"].map(proc).fillna("").astype(str)
+    gpu = pname.str.extract(r"^gpu/(\d+)$")[0]
+    device = np.where(gpu.notna() & (spans["cat"] == "operator"), "cuda:" + gpu.fillna(""),
+                      "cpu")
+    tid = pd.factorize(spans["tid"])[0].astype(np.int64)
+    # Operators of one engine thread nest; async ones (kvstore push/pull: op comm) run
+    # concurrently on it: they go to a lane of their own, inside comm windows.
+    comm = (kind == "cpu_op") & _is_comm(spans["name"])
+    sync = (kind == "cpu_op") & ~comm
+    start, stop = spans["ts"].to_numpy(np.int64), (spans["ts"] + spans["dur"]).to_numpy(np.int64)
+    tid[sync] += _SUBLANE * _sublanes(tid[sync], start[sync], stop[sync])
+    tid[comm] += _ASYNC
+    args = spans["args"]
+    has_args = args.map(lambda a: isinstance(a, dict) and bool(a)) if len(args) else args
+    detail = pd.Series(None, index=spans.index, dtype=object)
+    if has_args.any():
+        detail[has_args] = args[has_args].map(_detail)
+    raw = pd.DataFrame({
+        "rank": rank, "role": role, "pid": os_pid, "tid": tid, "device": device,
+        "ts": start, "dur": spans["dur"].to_numpy(np.int64),
+        "name": spans["name"].to_numpy(object), "kind": kind, "bytes": np.int64(0),
+        "detail": detail.to_numpy(object), "link": np.int64(-1),
+    })
+    return pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True)
+
+
+def _comm_windows(comm: pd.DataFrame) -> pd.DataFrame:
+    """One ``opprof.comm_window`` event per group of overlapping communication operators of a
+    lane, from the first one's start to the last one's end. The operators nest inside it, so
+    communication is counted once per instant (a step's 62 concurrent pushes of ResNet-18
+    weigh what the step waited for them, not 62 times that) while every native event stays."""
+    if comm.empty:
+        return comm.iloc[0:0]
+    c = comm.sort_values(["tid", "ts"], kind="stable")
+    end = c["ts"] + c["dur"]
+    prev = end.groupby(c["tid"]).cummax().groupby(c["tid"]).shift(1)
+    window = (prev.isna() | (c["ts"] >= prev)).cumsum()
+    w = c.assign(end=end).groupby(window.to_numpy(), sort=False).agg(
+        rank=("rank", "first"), role=("role", "first"), pid=("pid", "first"),
+        tid=("tid", "first"), device=("device", "first"), ts=("ts", "min"),
+        end=("end", "max"), n=("ts", "size"))
+    return pd.DataFrame({
+        "rank": w["rank"], "role": w["role"], "pid": w["pid"], "tid": w["tid"],
+        "device": w["device"], "ts": w["ts"], "dur": w["end"] - w["ts"], "name": COMM_WINDOW,
+        "kind": "comm", "bytes": np.int64(0),
+        "detail": w["n"].astype(str) + " overlapping kvstore operators",
+        "link": np.int64(-1)}).reset_index(drop=True)
+
+
+def _us_to_ns(us: np.ndarray) -> np.ndarray:
+    """Microseconds since the epoch (float64, exact below 2**53) → int64 nanoseconds, without
+    the rounding that multiplying by 1000 in float64 would bring."""
+    whole = np.floor(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+
+
+def _pair(ev: pd.DataFrame, ph: np.ndarray) -> pd.DataFrame:
+    """Begin/end pairs → spans (ts, dur); complete and instant events pass through."""
+    begin = np.isin(ph, list(_BEGIN))
+    end = np.isin(ph, list(_END))
+    opener = pd.Series(ph).map({**_BEGIN, **_END}).fillna("").to_numpy()
+    key = pd.DataFrame({"o": opener, "c": ev["cat"], "p": ev["pid"], "t": ev["tid"],
+                        "i": np.where(opener == "b", ev["id"], 0), "n": ev["name"]})
+    gid = key.groupby(list(key.columns), sort=False).ngroup().to_numpy()
+    cols = ["cat", "name", "pid", "tid", "ts", "args"]
+    b = ev.loc[begin, cols].assign(g=gid[begin], o=opener[begin])
+    e = ev.loc[end, ["ts", "args"]].assign(g=gid[end])
+    b["nth"] = b.groupby("g").cumcount()
+    e["nth"] = e.groupby("g").cumcount()
+    pairs = b.merge(e, on=["g", "nth"], suffixes=("", "_end"))
+    pairs["dur"] = np.maximum(pairs["ts_end"] - pairs["ts"], 0)
+    pairs["args"] = pairs["args"].where(pairs["args"].notna(), pairs["args_end"])
+    pairs["async"] = pairs["o"] == "b"
+    single = ~begin & ~end
+    x = ev.loc[single, cols + ["dur"]].copy()
+    x["dur"] = _us_to_ns(pd.to_numeric(x["dur"], errors="coerce").fillna(0).to_numpy(np.float64))
+    x["async"] = False
+    return pd.concat([pairs[cols + ["dur", "async"]], x], ignore_index=True)
+
+
+def _drop_domain_copies(spans: pd.DataFrame) -> pd.DataFrame:
+    """Drop the ``operator``-domain b/e copies: MXNet writes every operator both as a B/E pair
+    and as a b/e copy that may start or end a microsecond off, so where an operator name has
+    B/E pairs on a thread its b/e spans there are the copies."""
+    op = (spans["cat"] == "operator").to_numpy()
+    is_async = spans["async"].to_numpy(bool)
+    key = ["name", "tid"]
+    have = pd.MultiIndex.from_frame(spans.loc[op & ~is_async, key])
+    copies = np.flatnonzero(op & is_async)
+    dup = np.zeros(len(spans), bool)
+    dup[copies] = pd.MultiIndex.from_frame(spans.iloc[copies][key]).isin(have)
+    return spans[~dup].reset_index(drop=True)
+
+
+def _sublanes(lane: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per operator, a sub-lane such that operators of one lane nest properly: one that starts
+    inside an earlier one and ends after it goes to the next sub-lane of its overlapping
+    group; one contained in an earlier one (a DeleteVariable freed inside a FullyConnected)
+    stays with it, to be nested and counted once."""
+    n = len(ts)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    order = np.lexsort((-end, ts, lane))
+    ln, s, e = lane[order], ts[order], end[order]
+    prev_max = pd.Series(e).groupby(ln, sort=False).cummax().groupby(ln, sort=False).shift(1)
+    first = prev_max.isna().to_numpy()
+    prev = prev_max.fillna(0).to_numpy(np.int64)
+    contained = ~first & (e <= prev) & (s < prev)
+    own = ~contained
+    group = np.cumsum((first | (s >= prev)) & own)
+    sub = np.zeros(n, np.int64)
+    sub[own] = pd.Series(group[own]).groupby(group[own]).cumcount().to_numpy()
+    if contained.any():
+        # the container is the latest earlier operator that set a new latest end on the lane
+        setter = pd.Series(np.where(own, np.arange(n), np.nan)).groupby(ln, sort=False).ffill()
+        sub[contained] = sub[setter.to_numpy()[contained].astype(np.int64)]
+    out = np.empty(n, np.int64)
+    out[order] = sub
+    return out
+
+
+def _detail(args: dict) -> str:
+    """An operator's arguments as native detail (``act_type`` alone when that is all)."""
+    if set(args) == {"act_type"}:
+        return str(args["act_type"])
+    return json.dumps(args, sort_keys=True, default=str)
+
+
+def _server_steps(trace: Trace, workers: set[int]) -> Trace:
+    """Give server events the step of the lowest worker rank; keep only worker step bounds."""
+    ev = trace.events
+    bounds = trace.step_bounds()
+    on_server = (~ev["rank"].isin(workers)).to_numpy()
+    if not on_server.any() or not workers:
+        return trace
+    worker_bounds = bounds[bounds["rank"].isin(workers)]
+    ref = worker_bounds[worker_bounds["rank"] == min(workers)]
+    ts = ev["ts"].to_numpy(np.int64)[on_server]
+    step = _cover_label(np.zeros(len(ts), np.int64), ts, np.zeros(len(ref), np.int64),
+                        ref["start"].to_numpy(np.int64), ref["end"].to_numpy(np.int64),
+                        ref["step"].to_numpy(np.int64), default=-1)
+    ev = ev.copy()
+    ev.loc[on_server, "step"] = step.astype(np.int32)
+    meta = dict(trace.meta)
+    meta["step_bounds"] = worker_bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
+    return Trace(ev, meta)
+
+
+def parse_aggregate(text: str) -> pd.DataFrame:
+    """MXNet's aggregate table (``mx.profiler.dumps()``, table format) as a frame: section
+    (``operator``, ``MXNET_C_API``, a domain …), name, count, total_ns, min_ns, max_ns,
+    avg_ns. Sections without times (``Device Storage``, in kB) are left out."""
+    rows = []
+    section, timed = "", False
+    lines = text.splitlines()
+    row = re.compile(r"^(?P<name>.*\S)\s+(?P<count>\d+)\s+(?P<total>-?[\d.]+)\s+"
+                     r"(?P<min>-?[\d.]+)\s+(?P<max>-?[\d.]+)\s+(?P<avg>-?[\d.]+)\s*$")
+    for i, line in enumerate(lines):
+        if line.startswith("====") and i > 0:
+            section, timed = lines[i - 1].strip(), False
+            continue
+        if line.startswith("Name") and "Total Count" in line:
+            timed = "Time (ms)" in line
+            continue
+        if not section or not timed or line.startswith("----") or not line.strip():
+            continue
+        m = row.match(line)
+        if m:
+            rows.append((section, m["name"], int(m["count"]),
+                         *(float(m[k]) * 1e6 for k in ("total", "min", "max", "avg"))))
+    return pd.DataFrame(rows, columns=["section", "name", "count", "total_ns", "min_ns",
+                                       "max_ns", "avg_ns"])

@@ -1,0 +1,95 @@
+"""A parameter-server job whose worker dies, or hangs, ends with one clear OpprofError within
+its time limit, keeps the traces already written and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("opprof.collectors.mxnet")  # MXNet is imported through its shim
+
+from opprof.collectors import RecordConfig, collector  # noqa: E402
+from opprof.errors import OpprofError  # noqa: E402
+
+
+def job_processes(workdir: Path) -> list[tuple[int, str]]:
+    """(pid, DMLC role) of every live process of the job run in ``workdir`` (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            args = [c.decode(errors="replace") for c in (d / "cmdline").read_bytes().split(b"\0")]
+            if "opprof.collectors.mxnet_ps" not in args or os.readlink(d / "cwd") != str(workdir):
+                continue
+            if (d / "stat").read_text().rsplit(") ", 1)[-1].startswith("Z"):
+                continue  # exited, not yet reaped
+            env = dict(v.split(b"=", 1) for v in (d / "environ").read_bytes().split(b"\0")
+                       if b"=" in v)
+        except OSError:
+            continue
+        out.append((int(d.name), env.get(b"DMLC_ROLE", b"").decode()))
+    return out
+
+
+def run_in_thread(workdir: Path, timeout_s: float) -> tuple[threading.Thread, dict]:
+    config = RecordConfig(fw="mxnet", model="lenet5", batch_size=8, steps=2, warmup=1,
+                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=timeout_s)
+    out: dict = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            collector("mxnet").record(config, workdir)
+        except OpprofError as exc:
+            out["error"] = str(exc)
+        out["seconds"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def wait_for(predicate, limit: float = 60.0):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting")
+
+
+def test_a_dead_worker_ends_the_job_at_once(tmp_path: Path) -> None:
+    thread, out = run_in_thread(tmp_path, timeout_s=120)
+    workers = wait_for(lambda: [p for p, role in job_processes(tmp_path) if role == "worker"])
+    os.kill(workers[0], signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert "worker process" in out["error"] and "SIGKILL" in out["error"]
+    assert str(tmp_path) in out["error"]
+    assert out["seconds"] < 60
+    assert job_processes(tmp_path) == []
+
+
+def test_a_hung_job_stops_at_its_time_limit_and_keeps_its_traces(tmp_path: Path) -> None:
+    thread, out = run_in_thread(tmp_path, timeout_s=45)
+    # Freeze the scheduler during the first profiled step: the workers still finish their
+    # steps with the server and write their traces, then wait for the scheduler forever.
+    progress = tmp_path / "progress.log"
+    wait_for(lambda: progress.is_file() and "profile 1 2" in progress.read_text(), limit=60)
+    scheduler = [p for p, role in job_processes(tmp_path) if role == "scheduler"]
+    assert len(scheduler) == 1
+    os.kill(scheduler[0], signal.SIGSTOP)
+    thread.join(90)
+    assert not thread.is_alive()
+    assert "did not finish within 45s" in out["error"], out
+    assert out["seconds"] < 45 + 15
+    assert sorted(p.name for p in tmp_path.glob("rank*_worker.json")) == [
+        "rank0_worker.json", "rank1_worker.json"]
+    assert job_processes(tmp_path) == []
