@@ -1,0 +1,395 @@
+"""TensorFlow profiler XPlane files (``<host>.xplane.pb``) → the common events table, read
+through xprof's own converters (never by parsing the protobuf here).
+
+Each file is one profiled process ("host" in xprof's words). xprof's ``trace_viewer`` tool
+turns it into a chrome trace (one file per call; events in µs from the start of that
+profile); every complete event becomes a row. What each row is:
+
+* **TF ops** carry ``args.long_name = "<full op name>:<op type>"``. ``name`` keeps the op type
+  exactly as the trace viewer names it (``_MklNativeConv2DBackpropInput`` under oneDNN,
+  ``Conv2DBackpropInput`` without); ``detail`` keeps the full op name. They are classified by
+  the whole ``long_name``, so scope decides what the type alone cannot: ``MatMul`` under
+  ``gradients/`` or ``gradient_tape/`` is ``fully_connected_backward``; Keras 3's unfused
+  BatchNormalization (``Mean``, ``SquaredDifference``, ``Rsqrt`` … under
+  ``batch_normalization*/``) is ``batch_norm``; optimizer scopes (``sgd/`` …) are
+  ``weights_update``.
+* **Async kernels** (``ExecutorState::ProcessAsync::Start``/``Done``, with ``kernel_type`` and
+  ``name`` args: ``_Recv``, ``IteratorGetNext``, collectives) are classified as
+  ``"<name>:<kernel_type>"``.
+* **Steps**: any event with a ``step_num`` argument (``tf.profiler.experimental.Trace("train",
+  step_num=N)``, shown as ``train N``) is step marker N. A process without step markers
+  (a ParameterServerStrategy worker, which only executes functions the chief schedules) gets
+  one step per execution of its main remote function (``EagerLocalExecute: __inference_F_N``
+  of the function F with the most time), numbered in time order.
+* **Thread-pool work is not counted twice**: ``ThreadpoolListener::Region`` (Eigen and
+  inter-op pool work items), ``ExecutorState::Process``, ``ParallelFor`` and the eager runtime
+  wrappers (``EagerExecute``, ``KernelAndDeviceFunc::Run``, the Python-side ``tf.function``
+  call …) are markers: they enclose or mirror ops that are already counted on their own
+  threads (an op that shards work onto Eigen threads is counted once, with its full wall
+  duration, on the thread that ran it).
+* **Input pipeline**: every event on a ``tf_data_*`` thread is classified as
+  ``"tf.data: <key>"`` → ``data_load`` (after the wrapper rows), as are ``Iterator::*`` and
+  ``IteratorGetNext`` ops; ``opprof.load`` is a ``data_load`` operator like Kineto's.
+* **Receives** (``_Recv``, parameter-server pulls) are asynchronous: the union of their
+  posted→arrived intervals becomes synthesized ``_Recv`` comm events on a lane of their own
+  (tid -1), and their Start/Done halves become markers. These intervals overlap compute; the
+  wall-time breakdown counts as ``comm`` only the part no compute op hides.
+
+xprof's trace viewer keeps only the first ``TF_PROFILER_TRACE_VIEWER_MAX_EVENTS`` (default
+1,000,000) events of a file; the limit is lifted while opprof converts, so nothing is cut.
+Per TF op type, the totals here equal xprof's ``framework_op_stats`` (count and time; its
+``Dataset`` type is the ``Iterator::*`` events); framework_op_stats has no row for what is not
+a TF op (runtime events, annotations, async-kernel halves) and adds a host ``IDLE`` row.
+
+Ranks and clock: the opprof collector emits one ``opprof.clock`` marker per process with its
+role, task index, rank and the epoch time at that instant, which places the file on the epoch
+clock (``ts`` is then ns since the epoch, common to all ranks). Without it (any other logdir)
+the role and index come from the path (``worker1/``, ``ps0/``, ``chief0/``) or file order, and
+times stay relative to each profile's start (meta ``clock = "profile-relative"``).
+Servers (ps) and the chief (scheduler) keep their events but get no steps (step -1): only
+workers have training steps.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opprof.errors import OpprofError
+from opprof.events import finish
+from opprof.taxonomy import mapping_table
+from opprof.trace import Trace, conform
+
+NAME = "xplane"
+TABLE = "tf"
+SUFFIX = ".xplane.pb"
+_RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
+             "framework_version"]
+_ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
+         "epoch_ns", "role", "task", "rank", *_RUN_ARGS]
+_RECV_KERNELS = ("_Recv", "_HostRecv")
+_MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
+_MAX_EVENTS = 2_000_000_000
+RECV_WAIT_TID = -1
+_TASK_DIR = re.compile(r"(worker|ps|chief|master|evaluator)[_-]?(\d+)$")
+_ROLE_OF_DIR = {"worker": "worker", "ps": "server", "chief": "scheduler", "master": "scheduler",
+                "evaluator": "scheduler"}
+_REMOTE_FN = re.compile(r"EagerLocalExecute: __inference_(\w+?)_\d+")
+_ASYNC = ("ExecutorState::ProcessAsync::Start", "ExecutorState::ProcessAsync::Done")
+
+
+def claims_file(path: Path, head: bytes) -> bool:
+    """An XPlane file written by the TensorFlow/JAX profiler."""
+    return Path(path).name.endswith(SUFFIX)
+
+
+def from_files(paths: list[Path], meta: dict) -> Trace:
+    """Normalize one XPlane file per profiled process into one Trace."""
+    hosts = [_host_events(Path(p)) for p in paths]
+    _assign_ranks(hosts)
+    raw = pd.concat([h["raw"] for h in hosts], ignore_index=True)
+    display = raw.pop("display")
+    clocked = all(h["epoch_offset"] is not None for h in hosts)
+    workers = sorted(h["rank"] for h in hosts if h["role"] == "worker")
+    info = {
+        "source_formats": [NAME],
+        "sources": [str(p) for p in paths],
+        "framework": "tf",
+        "workers": len(workers),
+        "servers": sum(h["role"] == "server" for h in hosts),
+        "device": "cpu",
+        "clock": "epoch" if clocked else "profile-relative",
+        "clock_offsets_ns": {str(h["rank"]): int(h["epoch_offset"] or 0) for h in hosts},
+        "ranks": [{"rank": h["rank"], "role": h["role"], "source": str(h["path"])}
+                  for h in hosts],
+    }
+    # What the run was (model, mode, batch size …) as the collector stamped it on its clock
+    # marker; explicit metadata from the caller wins.
+    for h in hosts:
+        for k, v in h["run"].items():
+            info.setdefault(k, v)
+    info.update(meta)
+    trace = finish(raw, mapping_table(TABLE), info)
+    ev = trace.events
+    ev["name"] = display.to_numpy(dtype=object)
+    # Only workers train: servers and the scheduler carry no steps.
+    not_worker = (ev["role"] != "worker").to_numpy()
+    ev.loc[not_worker, "step"] = -1
+    trace.meta["step_bounds"] = [b for b in trace.meta["step_bounds"] if b[0] in workers]
+    trace.events = conform(ev)
+    return trace
+
+
+# --------------------------------------------------------------------------- xprof
+
+
+def _xprof() -> Any:
+    try:
+        from xprof.convert import raw_to_tool_data
+    except ImportError:
+        raise OpprofError(
+            "reading .xplane.pb files needs xprof: pip install -e '.[tf]' -c constraints.txt"
+        ) from None
+    return raw_to_tool_data
+
+
+@contextmanager
+def _native_stderr_quiet() -> Iterator[None]:
+    """xprof's C++ code logs to file descriptor 2 (absl banners, info lines); keep that off the
+    user's terminal while it runs (our own errors say what went wrong)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _tool(path: Path, tool: str) -> Any:
+    """Run one xprof tool on one XPlane file; return its parsed JSON."""
+    if not path.exists():
+        raise OpprofError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise OpprofError(f"{path}: file is empty")
+    convert = _xprof()
+    # The trace viewer silently keeps only the first 1,000,000 events unless told otherwise.
+    saved = os.environ.get(_MAX_EVENTS_ENV)
+    os.environ[_MAX_EVENTS_ENV] = str(_MAX_EVENTS)
+    try:
+        with _native_stderr_quiet():
+            out = convert.xspace_to_tool_data([str(path)], tool, {"use_saved_result": False})
+    except Exception as exc:  # xprof raises plain exceptions for unreadable files
+        raise OpprofError(f"{path}: not a readable XPlane (truncated, or not written by the "
+                          f"TensorFlow profiler); xprof says: {_first_line(exc)}") from None
+    finally:
+        if saved is None:
+            os.environ.pop(_MAX_EVENTS_ENV, None)
+        else:
+            os.environ[_MAX_EVENTS_ENV] = saved
+    data = out[0] if isinstance(out, tuple) else out
+    if data is None:
+        raise OpprofError(f"{path}: xprof's {tool} converter failed: not a readable XPlane "
+                          "(truncated, or not written by the TensorFlow profiler)")
+    if isinstance(data, (bytes, bytearray)):
+        data = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+        data = data.decode("utf-8", "replace")
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise OpprofError(f"{path}: xprof's {tool} output is not JSON ({exc})") from None
+
+
+def trace_viewer(path: Path) -> dict:
+    """xprof's trace viewer document (chrome trace JSON) for one XPlane file."""
+    doc = _tool(Path(path), "trace_viewer")
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise OpprofError(f"{path}: xprof's trace viewer output has no traceEvents")
+    return doc
+
+
+def framework_op_stats(path: Path) -> pd.DataFrame:
+    """xprof's own per-op aggregate (the TF Stats table, IDLE excluded) for one XPlane file:
+    one row per op with host_or_device, type, operation, occurrences, total_us, self_us."""
+    tables = _tool(Path(path), "framework_op_stats")
+    table = tables[-1] if isinstance(tables, list) else tables
+    ids = [c["id"] for c in table["cols"]]
+    rows = [[cell.get("v") if isinstance(cell, dict) else cell for cell in r["c"]]
+            for r in table["rows"]]
+    df = pd.DataFrame(rows, columns=ids)
+    df = df[df["type"] != "IDLE"]
+    return pd.DataFrame({
+        "host_or_device": df["host_or_device"], "type": df["type"],
+        "operation": df["operation"], "occurrences": df["occurrences"].astype(np.int64),
+        "total_us": df["total_time"].astype(float), "self_us": df["total_self_time"].astype(float),
+    }).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- one host
+
+
+def _host_events(path: Path) -> dict[str, Any]:
+    doc = trace_viewer(path)
+    events = doc["traceEvents"]
+    frame = pd.DataFrame.from_records(
+        events, columns=["ph", "pid", "tid", "name", "ts", "dur", "args"])
+    meta_ev = frame[frame["ph"] == "M"]
+    threads = {(int(r.pid), int(r.tid)): str(r.args.get("name", ""))
+               for r in meta_ev[meta_ev["name"] == "thread_name"].itertuples()
+               if isinstance(r.args, dict)}
+    ev = frame[frame["ph"] == "X"].reset_index(drop=True)
+    if ev.empty:
+        raise OpprofError(f"{path}: XPlane with no complete events (was anything profiled?)")
+    args = pd.DataFrame.from_records([a if isinstance(a, dict) else {} for a in ev["args"]],
+                                     columns=_ARGS)
+    name = ev["name"].astype(object).fillna("").astype(str)
+    pid = pd.to_numeric(ev["pid"], errors="coerce").fillna(-1).astype(np.int64)
+    tid = pd.to_numeric(ev["tid"], errors="coerce").fillna(-1).astype(np.int64)
+    ts = np.rint(pd.to_numeric(ev["ts"], errors="coerce").to_numpy(np.float64) * 1000)
+    if np.isnan(ts).any():
+        raise OpprofError(f"{path}: trace viewer events without a numeric timestamp")
+    dur = np.rint(pd.to_numeric(ev["dur"], errors="coerce").fillna(0).to_numpy(np.float64)
+                  * 1000)
+
+    long_name = _text(args["long_name"])
+    is_op = long_name.str.fullmatch(r"[^:]+:\w+")
+    op_name = long_name.str.rsplit(":", n=1).str[0]
+    key = name.where(~is_op, long_name)
+    # TF ops: the full op name; other events with a long name (tf.data iterators): that.
+    detail = pd.Series(np.where(is_op, op_name, np.where(long_name != "", long_name, None)),
+                       dtype=object)
+    root = name.str.startswith("Iterator::") & detail.isna()  # Iterator::Root has no long name
+    detail = detail.where(~root, name)
+
+    is_async = name.isin(_ASYNC) & args["kernel_type"].notna()
+    async_op = _text(args["name"])
+    key = key.where(~is_async, async_op + ":" + _text(args["kernel_type"]))
+    detail = detail.where(~is_async, async_op)
+
+    step_no = pd.to_numeric(args["step_num"], errors="coerce")
+    is_step = step_no.notna()
+    key = key.where(~is_step, "opprof.step#" + step_no.fillna(0).astype(np.int64).astype(str))
+    detail = detail.where(~is_step, name)
+
+    thread = pd.Series([threads.get(k, "") for k in zip(pid, tid, strict=True)], dtype=object)
+    on_data_thread = thread.str.startswith("tf_data").to_numpy()
+    key = key.where(~on_data_thread, "tf.data: " + key)
+
+    kind = np.where(args["tf_function_call"].notna() | is_step, "marker", "cpu_op")
+    if not is_step.any():
+        key = _remote_function_steps(key, name, ts)
+
+    waits, paired = _recv_waits(name, args, ts, dur, pid)
+    key = key.where(~paired, name)
+
+    clock = ev.index[name == "opprof.clock"]
+    offset = role = rank = task = None
+    run: dict[str, Any] = {}
+    if len(clock):
+        c = args.loc[clock[0]]
+        epoch = pd.to_numeric(pd.Series([c["epoch_ns"]]), errors="coerce").iloc[0]
+        if pd.notna(epoch):
+            offset = int(epoch) - int(ts[clock[0]])
+        role = c["role"] if isinstance(c["role"], str) else None
+        rank = int(c["rank"]) if pd.notna(pd.to_numeric(c["rank"], errors="coerce")) else None
+        task = int(c["task"]) if pd.notna(pd.to_numeric(c["task"], errors="coerce")) else None
+        run = {k: c[k] for k in _RUN_ARGS if isinstance(c[k], str)}
+        for k in ("batch_size", "workers", "servers"):
+            if k in run and run[k].isdigit():
+                run[k] = int(run[k])
+    raw = pd.DataFrame({
+        "rank": 0, "role": "worker", "pid": pid, "tid": tid, "device": "cpu",
+        "ts": ts.astype(np.int64) + (offset or 0), "dur": dur.astype(np.int64),
+        "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
+        "link": np.full(len(ev), -1, np.int64), "display": name,
+    })
+    if len(waits):
+        waits["ts"] += offset or 0
+        raw = pd.concat([raw, waits], ignore_index=True)
+    return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
+            "task": task, "run": run}
+
+
+def _recv_waits(name: pd.Series, args: pd.DataFrame, ts: np.ndarray, dur: np.ndarray,
+                pid: pd.Series) -> tuple[pd.DataFrame, pd.Series]:
+    """Receives are asynchronous: a ``_Recv`` kernel starts (``ProcessAsync::Start``), the
+    thread moves on, and a ``ProcessAsync::Done`` fires when the tensor arrives. The time in
+    between is communication no event spans. Pair each Start with its Done (same step_id and
+    op name), take the union of the [start, done] intervals of the process, and return one
+    synthesized ``_Recv`` comm event per disjoint interval on a lane of its own (tid -1);
+    the paired Start/Done events become plain markers so nothing is counted twice."""
+    is_recv = name.isin(_ASYNC) & args["kernel_type"].isin(_RECV_KERNELS)
+    none = pd.Series(np.zeros(len(name), bool))
+    if not is_recv.any():
+        return pd.DataFrame(), none
+    sel = pd.DataFrame({"i": np.flatnonzero(is_recv), "start": name[is_recv] == _ASYNC[0],
+                        "step": _text(args["step_id"])[is_recv], "op": _text(args["name"])[is_recv],
+                        "ts": ts[is_recv], "end": ts[is_recv] + dur[is_recv]})
+    pairs = sel[sel["start"]].merge(sel[~sel["start"]], on=["step", "op"], suffixes=("", "_d"))
+    pairs = pairs[pairs["end_d"] >= pairs["ts"]]
+    pairs = pairs.sort_values("end_d").drop_duplicates("i", keep="first")
+    pairs = pairs.drop_duplicates("i_d", keep="first").sort_values("ts")
+    if pairs.empty:
+        return pd.DataFrame(), none
+    paired = none.copy()
+    paired.iloc[np.concatenate([pairs["i"].to_numpy(), pairs["i_d"].to_numpy()])] = True
+    lo, hi = pairs["ts"].to_numpy(), pairs["end_d"].to_numpy()
+    reach = np.maximum.accumulate(hi)
+    group = np.concatenate([[0], np.cumsum(lo[1:] > reach[:-1])])
+    g = pd.DataFrame({"g": group, "lo": lo, "hi": hi, "op": pairs["op"].to_numpy()})
+    agg = g.groupby("g").agg(lo=("lo", "min"), hi=("hi", "max"), n=("op", "size"),
+                             first=("op", "first"), ops=("op", lambda o: ", ".join(o[:5])))
+    n = len(agg)
+    waits = pd.DataFrame({
+        "rank": 0, "role": "worker", "pid": int(pid.iloc[0]), "tid": RECV_WAIT_TID,
+        "device": "cpu", "ts": agg["lo"].to_numpy(np.int64),
+        "dur": (agg["hi"] - agg["lo"]).to_numpy(np.int64),
+        "name": (agg["first"] + ":_Recv").to_numpy(object), "kind": "comm",
+        "bytes": np.zeros(n, np.int64),
+        "detail": ("waiting for " + agg["n"].astype(str) + " _Recv: " + agg["ops"]).to_numpy(
+            object),
+        "link": np.full(n, -1, np.int64), "display": "_Recv",
+    })
+    return waits, paired
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _text(col: pd.Series) -> pd.Series:
+    """A column of strings, missing values as empty strings."""
+    return col.astype(object).where(col.notna(), "").astype(str)
+
+
+def _remote_function_steps(key: pd.Series, name: pd.Series, ts: np.ndarray) -> pd.Series:
+    """On a process without step markers, each execution of its main remotely scheduled
+    function (``EagerLocalExecute: __inference_F_N``) becomes step marker k (time order)."""
+    fn = name.str.extract(f"^{_REMOTE_FN.pattern}$")[0]
+    if fn.isna().all():
+        return key
+    counts = fn.value_counts()
+    main = counts.index[0]
+    sel = np.flatnonzero((fn == main).to_numpy())
+    order = sel[np.argsort(ts[sel], kind="stable")]
+    key = key.copy()
+    key.iloc[order] = [f"opprof.step#{k}" for k in range(len(order))]
+    return key
+
+
+def _assign_ranks(hosts: list[dict[str, Any]]) -> None:
+    """Role and rank per host: from its opprof.clock marker, else its path, else file order."""
+    for h in hosts:
+        if h["role"] is None:
+            m = next((_TASK_DIR.search(part) for part in reversed(h["path"].parts)
+                      if _TASK_DIR.search(part)), None)
+            h["role"] = _ROLE_OF_DIR[m.group(1)] if m else "worker"
+            h["task"] = int(m.group(2)) if m else None
+    workers = [h for h in hosts if h["role"] == "worker"]
+    others = [h for h in hosts if h["role"] != "worker"]
+    taken: set[int] = set()
+    for group in (workers, others):
+        for h in group:
+            want = h["rank"] if h["rank"] is not None else (
+                h["task"] if group is workers and h["task"] is not None else None)
+            if want is None or want in taken:
+                want = max(taken, default=-1) + 1
+            h["rank"] = want
+            taken.add(want)
+    for h in hosts:
+        h["raw"]["rank"] = h["rank"]
+        h["raw"]["role"] = h["role"]
