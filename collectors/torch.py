@@ -4,6 +4,12 @@ One training step is four ``record_function`` markers, ``opprof.load`` (next bat
 DataLoader, copy to the device), ``opprof.forward`` (model + loss), ``opprof.backward``
 (``loss.backward()``) and ``opprof.update`` (``optimizer.step()`` + ``zero_grad()``); the
 step markers are torch's own ``ProfilerStep#N`` from ``prof.step()``.
+
+``--mode single`` trains in this process. ``--mode allreduce`` runs one process per rank with
+torch.distributed (see :mod:`opprof.collectors.torch_ddp`); every rank builds its training
+with :func:`build_training` (its shard of the data, the model wrapped in
+DistributedDataParallel) and runs the same protocol, :func:`run_protocol`, writing
+``rank{R}.pt.trace.json``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from opprof.errors import OpprofError
 
@@ -27,9 +34,22 @@ from . import Progress, RecordConfig, Recording, native_stderr_to, no_progress
 from .datasets import channel_stats, load_images, resize_nearest
 from .torch_models import INPUT_SIZE, build, canonical_name, layer_counts
 
-TRACE_NAME = "rank0.pt.trace.json"
-KEY_AVERAGES_NAME = "rank0.key_averages.json"
 PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
+SUPPORTED_MODES = ("single", "allreduce")
+
+
+def trace_name(rank: int) -> str:
+    """The chrome trace of ``rank``."""
+    return f"rank{rank}.pt.trace.json"
+
+
+def key_averages_name(rank: int) -> str:
+    """torch's own aggregate (``key_averages()``) of ``rank``."""
+    return f"rank{rank}.key_averages.json"
+
+
+TRACE_NAME = trace_name(0)
+KEY_AVERAGES_NAME = key_averages_name(0)
 
 
 class ImageDataset(Dataset):
@@ -60,33 +80,116 @@ class ImageDataset(Dataset):
         return x, int(self.labels[index])
 
 
+@dataclass
+class Training:
+    """One rank's training set-up: ``step()`` runs one marked training step."""
+
+    step: Callable[[], None]
+    model: nn.Module
+    model_key: str
+    input_size: int
+    num_classes: int
+
+
+@dataclass
+class ProtocolRun:
+    """What :func:`run_protocol` measured and wrote."""
+
+    trace: Path
+    unprofiled_step_ns: int | None
+    profiled_wall_ns: int
+
+
 def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress) -> Recording:
-    """Train ``config.model`` under torch.profiler; write the chrome trace into ``workdir``."""
-    _check(config)
+    """Train ``config.model`` under torch.profiler; write the chrome trace(s) into ``workdir``."""
+    check(config)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    if config.mode == "allreduce":
+        from .torch_ddp import record as record_ddp
+
+        return record_ddp(config, workdir, progress)
     device = torch.device(config.device)
     deadline = time.monotonic() + config.timeout_s
+    training = build_training(config, device)
+    run = run_protocol(config, training.step, device, workdir, progress, deadline=deadline)
+    meta = rank_meta(config, training, run, device)
+    meta.update({"workers": 1, "servers": 0, "mode": "single",
+                 "hosts": [socket.gethostname()], "command": config.command,
+                 "samples_per_s": (config.batch_size / (run.unprofiled_step_ns / 1e9)
+                                   if run.unprofiled_step_ns else None)})
+    return Recording(native=[run.trace], meta=meta)
 
+
+def check(config: RecordConfig) -> None:
+    """Reject what this collector cannot record, with one clear line."""
+    if config.mode not in SUPPORTED_MODES:
+        raise OpprofError(
+            f"torch has no --mode {config.mode} (no parameter-server mode: torch's own "
+            "distributed training is all-reduce, DistributedDataParallel); use --mode allreduce")
+    if config.mode == "single" and config.workers != 1:
+        raise OpprofError("--mode single runs one worker; use --mode allreduce")
+    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
+        raise OpprofError(f"unknown device {config.device!r}; choose cpu or cuda")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise OpprofError(
+            f"--device cuda but torch {torch.__version__} sees no CUDA GPU "
+            "(CPU-only build or no driver); use --device cpu"
+        )
+    for name, value, low in (("batch_size", config.batch_size, 1), ("steps", config.steps, 1),
+                             ("warmup", config.warmup, 0), ("workers", config.workers, 1),
+                             ("timing_steps", config.timing_steps, 0)):
+        if value < low:
+            raise OpprofError(f"{name} must be at least {low}, got {value}")
+
+
+def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
+                   world: int = 1) -> Training:
+    """Data loader (shard ``rank`` of ``world``), model (in DistributedDataParallel when
+    ``world > 1``; the process group must be initialised), loss and optimizer."""
     torch.manual_seed(config.seed)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
-    images, labels, classes = load_images(
-        config.dataset, n=max(config.batch_size * 8, 256), seed=config.seed
-    )
-    loader = DataLoader(
-        ImageDataset(images, labels, size=size, seed=config.seed),
-        batch_size=config.batch_size,
-        shuffle=True,
-        drop_last=True,
-        num_workers=0,
-        pin_memory=device.type == "cuda",
-        generator=torch.Generator().manual_seed(config.seed),
-    )
+    per_rank = max(config.batch_size * 8, 256)
+    images, labels, classes = load_images(config.dataset, n=per_rank * world, seed=config.seed)
+    dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
+    if world > 1:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                     seed=config.seed, drop_last=True)
+        loader = DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
+                            drop_last=True, num_workers=0, pin_memory=device.type == "cuda")
+    else:
+        loader = DataLoader(
+            dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
+            num_workers=0, pin_memory=device.type == "cuda",
+            generator=torch.Generator().manual_seed(config.seed),
+        )
     model = build(key, classes).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    step = _stepper(_cycle(loader), model, nn.CrossEntropyLoss(), optimizer, device)
+    trained: nn.Module = model
+    if world > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        trained = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    step = _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device)
+    return Training(step, model, key, size, classes)
+
+
+def run_protocol(
+    config: RecordConfig,
+    step: Callable[[], None],
+    device: torch.device,
+    workdir: Path,
+    progress: Progress = no_progress,
+    *,
+    rank: int = 0,
+    deadline: float | None = None,
+    before_profile: Callable[[], None] | None = None,
+) -> ProtocolRun:
+    """Warm-up, unprofiled timed steps, then ``config.steps`` profiled steps; writes
+    ``rank{R}.pt.trace.json`` and ``rank{R}.key_averages.json`` into ``workdir``.
+    ``before_profile`` runs just before the profiler starts (e.g. a barrier)."""
+    deadline = deadline if deadline is not None else time.monotonic() + config.timeout_s
 
     def check_time(stage: str, done: int) -> None:
         if time.monotonic() > deadline:
@@ -113,6 +216,8 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
         check_time("timing", i + 1)
     step_ns = int(sum(times) / len(times)) if times else None
 
+    if before_profile is not None:
+        before_profile()
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -136,72 +241,55 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
                 progress("profile", i, config.steps)
             check_time("profile", i)
 
-    trace_path = workdir / TRACE_NAME
+    trace_path = workdir / trace_name(rank)
     prof.export_chrome_trace(str(trace_path))
     averages = _key_averages(prof, device)
-    (workdir / KEY_AVERAGES_NAME).write_text(json.dumps(averages, indent=1) + "\n")
+    (workdir / key_averages_name(rank)).write_text(json.dumps(averages, indent=1) + "\n")
     markers = sum(a["count"] for a in averages if a["name"].startswith("ProfilerStep"))
     if markers != config.steps:
         raise OpprofError(
             f"torch.profiler {torch.__version__} recorded {markers} ProfilerStep markers "
             f"instead of {config.steps}; this torch version's schedule is not supported"
         )
+    return ProtocolRun(trace_path, step_ns, t1 - t0)
 
-    counts = layer_counts(model)
+
+def rank_meta(config: RecordConfig, training: Training, run: ProtocolRun,
+              device: torch.device) -> dict[str, Any]:
+    """The run's facts as one rank saw them (the job-level keys are added by the caller)."""
+    counts = layer_counts(training.model)
     meta: dict[str, Any] = {
         "framework": "torch",
         "framework_version": torch.__version__,
-        "model": key,
+        "model": training.model_key,
         "dataset": config.dataset,
         "batch_size": config.batch_size,
-        "workers": 1,
-        "servers": 0,
-        "mode": "single",
         "device": device.type,
-        "hosts": [socket.gethostname()],
         "warmup_steps": config.warmup,
         "timing_steps": config.timing_steps,
         "profiled_steps": config.steps,
-        "unprofiled_step_ns": step_ns,
-        "samples_per_s": config.batch_size / (step_ns / 1e9) if step_ns else None,
+        "unprofiled_step_ns": run.unprofiled_step_ns,
         "params": counts["params"],
         "layers": {k: v for k, v in counts.items() if k != "params"},
-        "input_size": size,
-        "num_classes": classes,
+        "input_size": training.input_size,
+        "num_classes": training.num_classes,
         "seed": config.seed,
         "threads": torch.get_num_threads(),
-        "profiled_wall_ns": t1 - t0,
-        "command": config.command,
+        "profiled_wall_ns": run.profiled_wall_ns,
     }
     if device.type == "cuda":
         meta["gpus"] = [torch.cuda.get_device_name(device)]
-    return Recording(native=[trace_path], meta=meta)
-
-
-def _check(config: RecordConfig) -> None:
-    if config.workers > 1 or config.mode != "single":
-        raise OpprofError(
-            "torch multi-worker recording is not implemented yet "
-            f"(--workers {config.workers} --mode {config.mode}); use --workers 1 --mode single"
-        )
-    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
-        raise OpprofError(f"unknown device {config.device!r}; choose cpu or cuda")
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise OpprofError(
-            f"--device cuda but torch {torch.__version__} sees no CUDA GPU "
-            "(CPU-only build or no driver); use --device cpu"
-        )
-    for name, value, low in (("batch_size", config.batch_size, 1), ("steps", config.steps, 1),
-                             ("warmup", config.warmup, 0),
-                             ("timing_steps", config.timing_steps, 0)):
-        if value < low:
-            raise OpprofError(f"{name} must be at least {low}, got {value}")
+    return meta
 
 
 def _cycle(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches from ``loader`` forever, one epoch after another."""
+    """Batches from ``loader`` forever, one epoch after another (a new shuffle each epoch)."""
+    epoch = 0
     while True:
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(epoch)
         yield from loader
+        epoch += 1
 
 
 def _stepper(

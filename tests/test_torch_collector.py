@@ -83,10 +83,13 @@ def test_meta(recorded) -> None:
     assert ("warmup", 1, 1) in seen and ("timing", 1, 1) in seen and ("profile", 2, 2) in seen
 
 
-@pytest.mark.parametrize("changes", [{"workers": 2}, {"mode": "allreduce"}])
-def test_multi_worker_not_implemented(tmp_path: Path, changes: dict) -> None:
+@pytest.mark.parametrize("changes, message", [
+    ({"workers": 2}, "single runs one worker"),
+    ({"workers": 2, "mode": "ps-sync"}, "no parameter-server mode"),
+])
+def test_unsupported_modes(tmp_path: Path, changes: dict, message: str) -> None:
     config = RecordConfig(fw="torch", model="lenet5", **changes)
-    with pytest.raises(OpprofError, match="multi-worker recording is not implemented"):
+    with pytest.raises(OpprofError, match=message):
         collector("torch").record(config, tmp_path)
 
 

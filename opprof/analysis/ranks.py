@@ -1,0 +1,278 @@
+"""Multi-rank analysis (any framework): per-rank breakdown, stragglers, waiting vs transfer
+in communication, comm/compute overlap, bytes and bandwidth.
+
+Definitions (worker ranks only; times on the common clock the normalizer aligned):
+
+- **Collectives of a rank** — the events that show a collective *executing* on it: its
+  device communication kernels/copies (NCCL) if it has any; else its host events named
+  ``backend:op`` (``gloo:all_reduce``, ``nccl:all_reduce``: the backend's own span); else its
+  counted host ``comm`` events (MXNet push/pull, TF collectives, torch's ``c10d::*``).
+- **Bytes** of a rank: its ``backend:op`` spans' payloads if they carry any; else, per
+  communication call (a counted host comm event), the largest payload among the call and the
+  comm events nested in it (torch's ``record_param_comms`` inside ``c10d::allreduce_``);
+  else its device comm events' bytes. Never two levels at once, so nothing is counted twice.
+- **Matching** — within a step, the k-th collective of a given name on one rank is the same
+  collective as the k-th of that name on every other rank; it is *matched* when every rank
+  that has the step has it.
+- **Wait vs transfer** (synchronous modes; not for ``ps-async``): a collective cannot finish
+  on any rank before the last rank has entered it, so for a matched collective the time
+  rank r spends in it from its own start until the last rank starts it, clipped to its
+  duration, is *waiting for the slowest rank*; the rest of its duration is *transfer*
+  (moving and reducing data). Per rank and step, ``comm_ns`` is the union of its collectives'
+  time, ``transfer_ns`` the union of their transfer parts, and ``wait_ns = comm_ns -
+  transfer_ns``: time inside some collective while transferring in none. Unmatched
+  collectives (and every collective in ``ps-async``) count as transfer. The split is exact
+  up to the ranks' clock error (``meta["clock_error_ns"]``: 0 on one machine); with only some
+  ranks of a job traced, "the last rank" is the last traced one, so waits are lower bounds.
+- **Own time** of a rank in a step: step time minus its wait, i.e. what it spent that the
+  others did not make it spend. The **straggler** of a step is the rank with the largest
+  own time; ``excess_ns`` is how much it exceeds the median own time of the ranks.
+- **Overlap**: collective time during which the rank also ran a compute
+  (forward/backward/update) operator; a compute operator is not counted as running while
+  it is blocked in a communication call it issued on its own thread (DDP's all-reduce from
+  a backward hook). ``overlap`` = overlap / comm.
+- **Bandwidth** = payload bytes / transfer time, over the profiled steps: the algorithm
+  bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
+
+All times are per step (means over the rank's steps) unless named ``total``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.breakdown import COMPUTE, step_breakdown
+from opprof.taxonomy import PHASES
+from opprof.trace import Trace
+
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+#: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
+BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
+ASYNC_MODES = ("ps-async",)
+RANK_COLUMNS = ["rank", "steps", "dur_ns", *PHASES, "own_ns", "collectives", "comm_ns",
+                "wait_ns", "transfer_ns", "wait_share", "overlap_ns", "overlap", "bytes",
+                "bandwidth_Bps"]
+STRAGGLER_COLUMNS = ["step", "ranks", "slowest_rank", "own_ns", "median_own_ns", "excess_ns",
+                     "excess_share", "dur_ns", "wait_ns"]
+
+
+@dataclass
+class RankAnalysis:
+    """Per-rank rows, the straggler of each step, and every collective with its split."""
+
+    ranks: pd.DataFrame
+    per_step: pd.DataFrame
+    stragglers: pd.DataFrame
+    collectives: pd.DataFrame
+    synchronous: bool
+
+
+def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(timing events: rank, step, pid, tid, name, ts, dur, end, bytes; payload: rank, step,
+    bytes) of every worker rank, per the rules above."""
+    ev = trace.events
+    base = (ev["role"] == "worker") & (ev["step"] >= 0) & (ev["op"] == "comm")
+    on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
+    host = ev["device"] == "cpu"
+    is_span = _name_matches(ev, BACKEND_SPAN)
+    device, spans = base & on_device, base & host & is_span
+    calls = base & host & ev["counted"]
+    cols = ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes"]
+
+    def first_per_rank(options: list[pd.DataFrame]) -> pd.DataFrame:
+        done: set[int] = set()
+        parts = []
+        for df in options:
+            take = df[~df["rank"].isin(done)]
+            parts.append(take)
+            done |= set(take["rank"].unique())
+        return pd.concat(parts)
+
+    timing = first_per_rank([ev.loc[m, cols] for m in (device, spans, calls)])
+    timing["name"] = timing["name"].astype(str)
+    timing["end"] = timing["ts"] + timing["dur"]
+    timing = timing.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
+
+    # A call's payload: the largest byte count among it and the comm events nested in it.
+    outer = ev.loc[calls, ["rank", "step", "pid", "tid", "ts", "dur", "bytes"]]
+    inner = ev.loc[base & host & ~ev["counted"], ["rank", "pid", "tid", "ts", "dur",
+                                                         "bytes"]]
+    pos = _container(inner, outer)
+    call_bytes = outer["bytes"].to_numpy().copy()
+    if (pos >= 0).any():
+        np.maximum.at(call_bytes, pos[pos >= 0], inner["bytes"].to_numpy()[pos >= 0])
+    outer = outer.assign(bytes=call_bytes)
+    pay_cols = ["rank", "step", "bytes"]
+    payload = first_per_rank([df.loc[df["bytes"] > 0, pay_cols] for df in
+                              (ev.loc[spans], outer, ev.loc[device])])
+    return timing, payload.reset_index(drop=True)
+
+
+def _name_matches(ev: pd.DataFrame, pattern: str) -> np.ndarray:
+    """Per event: does its name fully match ``pattern`` (evaluated once per distinct name)."""
+    names = ev["name"].cat.categories.astype(str)
+    hit = pd.Series(names).str.match(pattern).to_numpy()
+    codes = ev["name"].cat.codes.to_numpy()
+    return np.where(codes >= 0, hit[np.maximum(codes, 0)], False) if len(hit) else \
+        np.zeros(len(ev), bool)
+
+
+def match(coll: pd.DataFrame, bounds: pd.DataFrame, synchronous: bool) -> pd.DataFrame:
+    """Add ``seq`` (k-th of its name in its rank's step), ``matched``, ``last_enter``,
+    ``wait_ns`` and ``transfer_ns`` to each collective."""
+    c = coll.copy()
+    c["seq"] = c.groupby(["rank", "step", "name"], sort=False).cumcount()
+    c["matched"] = False
+    c["last_enter"] = c["ts"]
+    if synchronous and len(c):
+        ranks_in_step = bounds.groupby("step")["rank"].nunique()
+        g = c.groupby(["step", "name", "seq"], sort=False)
+        n = g["rank"].transform("nunique")
+        need = c["step"].map(ranks_in_step).fillna(0).astype(int)
+        c["matched"] = (n == need) & (need >= 2)
+        c["last_enter"] = np.where(c["matched"], g["ts"].transform("max"), c["ts"])
+    wait_end = np.minimum(np.maximum(c["last_enter"], c["ts"]), c["end"])
+    c["wait_ns"] = (wait_end - c["ts"]).astype(np.int64)
+    c["transfer_ns"] = (c["dur"] - c["wait_ns"]).astype(np.int64)
+    return c
+
+
+def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalysis:
+    """Everything above for one trace (``steps``: its step_breakdown, if already made)."""
+    steps = step_breakdown(trace) if steps is None else steps
+    synchronous = str(trace.meta.get("mode", "")) not in ASYNC_MODES
+    timing, payload = collectives(trace)
+    bounds = steps[["rank", "step", "start", "end"]]
+    coll = match(timing, bounds, synchronous)
+    per_step = _per_step(trace, steps, coll, payload)
+    return RankAnalysis(_rank_rows(per_step), per_step, _stragglers(per_step), coll,
+                        synchronous)
+
+
+def _per_step(trace: Trace, steps: pd.DataFrame, coll: pd.DataFrame,
+              payload: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, step): the step breakdown plus comm, wait, transfer, overlap,
+    collectives and bytes."""
+    ev = trace.events
+    compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
+    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & (ev["op"] == "comm")
+                   & (ev["device"] == "cpu")]
+    blocked = host_comm[_container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
+    frames = []
+    for rank, b in steps.groupby("rank", sort=True):
+        c = coll[coll["rank"] == rank]
+        comp = compute[compute["rank"] == rank]
+        blk = blocked[blocked["rank"] == rank]
+        frames.append(_rank_steps(b.sort_values("start"), c, comp, blk))
+    cols = ["rank", "step", "comm_ns", "transfer_ns", "overlap_ns"]
+    timed = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    out = steps.merge(timed, on=["rank", "step"], how="left")
+    out["wait_ns"] = out["comm_ns"] - out["transfer_ns"]
+    n = coll.groupby(["rank", "step"]).size().rename("collectives")
+    nbytes = payload.groupby(["rank", "step"])["bytes"].sum().rename("bytes")
+    out = out.join(n, on=["rank", "step"]).join(nbytes, on=["rank", "step"])
+    for col in ("collectives", "bytes", "comm_ns", "transfer_ns", "overlap_ns", "wait_ns"):
+        out[col] = out[col].fillna(0).astype(np.int64)
+    out["own_ns"] = out["dur_ns"] - out["wait_ns"]
+    return out
+
+
+def _container(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
+    """Per ``inner`` event: the position in ``outer`` of the event of the same lane (rank,
+    pid, tid) that contains it, or -1. Outer events of one lane must not overlap (counted,
+    outermost operators do not)."""
+    if inner.empty or outer.empty:
+        return np.full(len(inner), -1, np.int64)
+    lanes = pd.concat([inner[["rank", "pid", "tid"]], outer[["rank", "pid", "tid"]]])
+    lane_id = lanes.groupby(["rank", "pid", "tid"], sort=False).ngroup().to_numpy()
+    li, lo = lane_id[:len(inner)], lane_id[len(inner):]
+    i_ts, o_ts = inner["ts"].to_numpy(np.int64), outer["ts"].to_numpy(np.int64)
+    i_end = i_ts + inner["dur"].to_numpy(np.int64)
+    o_end = o_ts + outer["dur"].to_numpy(np.int64)
+    t0 = min(i_ts.min(), o_ts.min())
+    width = int(max(i_end.max(), o_end.max()) - t0) + 2
+    ko = lo.astype(np.int64) * width + (o_ts - t0)
+    order = np.argsort(ko, kind="stable")
+    pos = np.searchsorted(ko[order], li.astype(np.int64) * width + (i_ts - t0),
+                          side="right") - 1
+    cand = order[np.maximum(pos, 0)]
+    inside = (pos >= 0) & (lo[cand] == li) & (o_end[cand] >= i_end)
+    return np.where(inside, cand, -1)
+
+
+def _rank_steps(b: pd.DataFrame, c: pd.DataFrame, comp: pd.DataFrame,
+                blk: pd.DataFrame) -> pd.DataFrame:
+    """comm, transfer and overlap ns per step of one rank, as unions of intervals inside the
+    step bounds (one sweep over the rank's interval boundaries)."""
+    s_start = b["start"].to_numpy(np.int64)
+    s_end = b["end"].to_numpy(np.int64)
+    c_ts, c_end = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
+    x_ts = c_ts + c["wait_ns"].to_numpy(np.int64)
+    p_ts = comp["ts"].to_numpy(np.int64)
+    p_end = p_ts + comp["dur"].to_numpy(np.int64)
+    k_ts = blk["ts"].to_numpy(np.int64)
+    k_end = k_ts + blk["dur"].to_numpy(np.int64)
+    pts = np.unique(np.concatenate([s_start, s_end, c_ts, c_end, x_ts, p_ts, p_end, k_ts,
+                                    k_end]))
+    seg = np.diff(pts)
+    idx = np.searchsorted(s_start, pts[:-1], side="right") - 1
+    in_step = (idx >= 0) & (pts[:-1] < s_end[np.maximum(idx, 0)])
+    step_i = np.where(in_step, idx, len(b))
+
+    def cover(starts: np.ndarray, ends: np.ndarray, weight: int = 1) -> np.ndarray:
+        a = np.searchsorted(pts, starts)
+        z = np.searchsorted(pts, ends)
+        return weight * (np.bincount(a, minlength=len(pts)) - np.bincount(z, minlength=len(pts)))
+
+    comm = np.cumsum(cover(c_ts, c_end))[:-1] > 0
+    xfer = np.cumsum(cover(x_ts, c_end))[:-1] > 0
+    busy = np.cumsum(cover(p_ts, p_end) - cover(k_ts, k_end))[:-1] > 0
+
+    def per_step(mask: np.ndarray) -> np.ndarray:
+        tot = np.bincount(step_i[mask], weights=seg[mask], minlength=len(b) + 1)[:len(b)]
+        return np.rint(tot).astype(np.int64)
+
+    return pd.DataFrame({"rank": b["rank"].to_numpy(), "step": b["step"].to_numpy(),
+                         "comm_ns": per_step(comm), "transfer_ns": per_step(xfer),
+                         "overlap_ns": per_step(comm & busy)})
+
+
+def _rank_rows(per_step: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: means per step, shares and bandwidth over all its steps."""
+    if per_step.empty:
+        return pd.DataFrame(columns=RANK_COLUMNS)
+    g = per_step.groupby("rank")
+    mean_cols = ["dur_ns", *PHASES, "own_ns", "collectives", "comm_ns", "wait_ns",
+                 "transfer_ns", "overlap_ns", "bytes"]
+    out = g[mean_cols].mean()
+    out.insert(0, "steps", g.size())
+    tot = g[["comm_ns", "wait_ns", "transfer_ns", "overlap_ns", "bytes"]].sum()
+    comm = tot["comm_ns"].where(tot["comm_ns"] > 0)
+    out["wait_share"] = tot["wait_ns"] / comm
+    out["overlap"] = tot["overlap_ns"] / comm
+    xfer = tot["transfer_ns"].where(tot["transfer_ns"] > 0)
+    out["bandwidth_Bps"] = (tot["bytes"] / (xfer / 1e9)).where(tot["bytes"] > 0)
+    return out.reset_index()[RANK_COLUMNS]
+
+
+def _stragglers(per_step: pd.DataFrame) -> pd.DataFrame:
+    """Per step with at least two ranks: the rank with the largest own time and its excess
+    over the median."""
+    if per_step.empty:
+        return pd.DataFrame(columns=STRAGGLER_COLUMNS)
+    ps = per_step[per_step.groupby("step")["rank"].transform("nunique") >= 2]
+    if ps.empty:
+        return pd.DataFrame(columns=STRAGGLER_COLUMNS)
+    g = ps.groupby("step")
+    top = ps.loc[g["own_ns"].idxmax()].set_index("step")
+    med = g["own_ns"].median()
+    out = pd.DataFrame({
+        "ranks": g["rank"].nunique(), "slowest_rank": top["rank"], "own_ns": top["own_ns"],
+        "median_own_ns": med, "excess_ns": top["own_ns"] - med,
+        "excess_share": (top["own_ns"] - med) / med.where(med > 0),
+        "dur_ns": top["dur_ns"], "wait_ns": top["wait_ns"],
+    })
+    return out.reset_index()[STRAGGLER_COLUMNS]

@@ -1,0 +1,395 @@
+"""`opprof bench`: record a matrix of frameworks × models × workers × modes and compare them.
+
+Every valid combination is recorded exactly as `opprof record` records it
+(:func:`opprof.commands.record.record_trace`), each in its own subprocess so a framework that
+crashes cannot take the matrix down; a failed run is a row with its error line. Combinations
+a framework does not support (torch has no parameter server; 1 worker is ``single`` mode), and
+frameworks whose collector does not import, are skipped with the reason. The comparison:
+samples/s and step time per run, the phase breakdown, scaling efficiency
+``throughput_N / (N × throughput_1)`` against the same framework and model on one worker,
+and the canonical operators with the largest cross-framework time ratios for the same model,
+batch size and worker count (the research's "convolution_backward 7.67x" table).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import pandas as pd
+from rich.table import Table
+from rich.text import Text
+
+from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.ops import op_table
+from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
+from opprof.errors import OpprofError
+from opprof.files import write_atomic
+from opprof.render.console import PHASE_STYLE, _render, ms, pct
+from opprof.render.mdfmt import md_table
+from opprof.taxonomy import PHASES
+from opprof.trace import Trace, read_parquet
+
+#: Modes per framework when its collector module does not say (``SUPPORTED_MODES``).
+KNOWN_MODES = {"torch": ("single", "allreduce"), "tf": ("single", "allreduce", "ps-async"),
+               "mxnet": ("single", "ps-sync", "ps-async")}
+#: An operator enters the cross-framework table when it takes at least this share of the
+#: slower run's step time (tiny operators give huge, meaningless ratios).
+MIN_OP_SHARE = 0.01
+PROBE_TIMEOUT_S = 300
+RUN_MARGIN_S = 180  # start-up and normalization on top of the recording's own --timeout
+
+
+@dataclass
+class Run:
+    """One combination of the matrix and what became of it."""
+
+    fw: str
+    model: str
+    workers: int
+    mode: str
+    status: str = "planned"  # ok / resumed / failed / skipped
+    reason: str = ""
+    wall_s: float | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """File stem of the run's trace."""
+        return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+
+
+def _csv(kind: str, choices: tuple[str, ...] | None = None):
+    def parse(ctx: click.Context, param: click.Parameter, value: str) -> list[Any]:
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        if not items:
+            raise click.BadParameter("give at least one value")
+        if kind == "int":
+            try:
+                out = [int(v) for v in items]
+            except ValueError:
+                raise click.BadParameter(f"{value!r}: comma-separated integers") from None
+            if min(out) < 1:
+                raise click.BadParameter("workers must be at least 1")
+            return list(dict.fromkeys(out))
+        bad = [v for v in items if choices and v not in choices]
+        if bad:
+            raise click.BadParameter(f"{', '.join(bad)}: choose from {', '.join(choices)}")
+        return list(dict.fromkeys(items))
+    return parse
+
+
+@click.command("bench")
+@click.option("--fw", "fws", default="torch,tf,mxnet", show_default=True,
+              callback=_csv("str", FRAMEWORKS), help="Frameworks, comma-separated.")
+@click.option("--model", "models", default="lenet5", show_default=True,
+              callback=_csv("str", MODELS), help="Models, comma-separated.")
+@click.option("--workers", "workers", default="1", show_default=True, callback=_csv("int"),
+              help="Worker counts, comma-separated (1 = single mode).")
+@click.option("--mode", "modes", default="allreduce,ps-sync,ps-async", show_default=True,
+              callback=_csv("str", tuple(m for m in MODES if m != "single")),
+              help="Distributed modes for worker counts above 1, comma-separated.")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--timing-steps", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Parameter servers (ps modes).")
+@click.option("--dataset", default="synthetic-cifar10", show_default=True)
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds each recording may take.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench"),
+              show_default=True, help="Folder for the traces and bench.md/.csv/.json.")
+@click.option("--resume", is_flag=True,
+              help="Keep runs whose .trace already exists and loads; record the rest.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Rows of the cross-framework operator table.")
+def command(fws: list[str], models: list[str], workers: list[int], modes: list[str],
+            steps: int, batch_size: int, warmup: int, timing_steps: int, servers: int,
+            dataset: str, timeout_s: float, output: Path, resume: bool, top: int) -> None:
+    """Record every valid combination and compare them (samples/s, phases, scaling,
+    the operators with the largest cross-framework ratios).
+
+    \b
+    Example:
+      opprof bench --fw torch,tf,mxnet --model lenet5,resnet18 --workers 1,3 --steps 20
+      opprof bench --fw torch,mxnet --model lenet5 --workers 1,2 --steps 3 -o bench --resume
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    base = RecordConfig(fw="", model="", dataset=dataset, batch_size=batch_size, steps=steps,
+                        warmup=warmup, timing_steps=timing_steps, servers=servers,
+                        timeout_s=timeout_s)
+    def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
+        return KNOWN_MODES.get(fw, ("single",)), ""
+
+    # Import each framework's collector (in a subprocess, seconds) only where there is
+    # something to record: a resumed matrix that is complete needs none.
+    guess = plan(fws, models, workers, modes, {fw: known(fw) for fw in fws})
+    kept = {r.name for r in guess if resume and r.status == "planned"
+            and _loadable(output / f"{r.name}.trace")}
+    needed = {r.fw for r in guess if r.status == "planned" and r.name not in kept}
+    runs = plan(fws, models, workers, modes,
+                {fw: probe(fw) if fw in needed else known(fw) for fw in fws})
+    todo = [r for r in runs if r.status == "planned"]
+    for i, run in enumerate(todo, 1):
+        path = output / f"{run.name}.trace"
+        head = f"[{i}/{len(todo)}] {run.fw} {run.model} x{run.workers} {run.mode}"
+        if run.name in kept:
+            run.status = "resumed"
+            click.echo(f"{head}: kept {path}", err=True)
+            continue
+        click.echo(f"{head}: recording …", err=True)
+        execute(run, base, output)
+        click.echo(f"{head}: {run.status} in {run.wall_s:.1f} s"
+                   + (f" — {run.reason}" if run.reason else ""), err=True)
+    for run in runs:
+        if run.status in ("ok", "resumed"):
+            try:
+                run.summary = summarize(read_parquet(output / f"{run.name}.trace"))
+            except OpprofError as exc:
+                run.status, run.reason = "failed", str(exc)
+    table, ratios = compare(runs, top)
+    config = {k: v for k, v in asdict(base).items() if k not in ("fw", "model", "extra")}
+    write_outputs(output, runs, table, ratios, config)
+    click.echo(_render(*console_tables(table, ratios)).rstrip("\n"))
+    click.echo(f"wrote {output}/bench.md, bench.csv, bench.json and "
+               f"{sum(r.status in ('ok', 'resumed') for r in runs)} trace(s)", err=True)
+
+
+def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
+    """(modes the framework's collector records, why not when None): the collector module is
+    imported in a subprocess, so a broken framework install cannot crash the bench."""
+    name = f"opprof.collectors.{fw}"
+    if importlib.util.find_spec(name) is None:
+        return None, f"no collector {name} yet"
+    code = (f"import importlib, json; m = importlib.import_module({name!r}); "
+            f"print(json.dumps(getattr(m, 'SUPPORTED_MODES', None)))")
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"importing {name} took over {PROBE_TIMEOUT_S} s"
+    if res.returncode != 0:
+        return None, f"{name} does not import: {_last_line(res.stderr)}"
+    declared = json.loads(res.stdout.strip().splitlines()[-1] or "null")
+    return tuple(declared or KNOWN_MODES.get(fw, ("single",))), ""
+
+
+def plan(fws: list[str], models: list[str], workers: list[int], modes: list[str],
+         support: dict[str, tuple[tuple[str, ...] | None, str]]) -> list[Run]:
+    """Every combination in order; a worker count of 1 is one ``single`` run; unsupported
+    ones are ``skipped`` with the reason."""
+    runs: list[Run] = []
+    for fw, model, n in itertools.product(fws, models, workers):
+        supported, why = support[fw]
+        for mode in (["single"] if n == 1 else modes):
+            run = Run(fw, model, n, mode)
+            if supported is None:
+                run.status, run.reason = "skipped", why
+            elif mode not in supported:
+                run.status = "skipped"
+                run.reason = (f"{fw} has no {mode} mode (it records "
+                              f"{', '.join(m for m in supported)})")
+            runs.append(run)
+    return runs
+
+
+def execute(run: Run, base: RecordConfig, folder: Path) -> None:
+    """Record one run in a subprocess (``python -m opprof.commands.bench``); its output goes
+    to ``logs/NAME.log``, its error line into ``run.reason``."""
+    config = RecordConfig(**{**asdict(base), "fw": run.fw, "model": run.model,
+                             "workers": run.workers, "mode": run.mode,
+                             "command": f"opprof bench ({run.name})"})
+    trace = folder / f"{run.name}.trace"
+    trace.unlink(missing_ok=True)
+    log = folder / "logs" / f"{run.name}.log"
+    log.parent.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "opprof.commands.bench", json.dumps(asdict(config)),
+           str(trace)]
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = proc.wait(timeout=base.timeout_s + RUN_MARGIN_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = None
+    run.wall_s = time.monotonic() - t0
+    if code == 0 and _loadable(trace):
+        run.status = "ok"
+        return
+    run.status = "failed"
+    if code is None:
+        run.reason = f"no result within {base.timeout_s + RUN_MARGIN_S:g} s; stopped"
+    else:
+        text = log.read_text(errors="replace")
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        run.reason = f"{_error_line(text) or how} (log: {log})"
+
+
+def _loadable(path: Path) -> bool:
+    try:
+        read_parquet(path)
+        return True
+    except (OpprofError, OSError):
+        return False
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _error_line(text: str) -> str:
+    mine = [ln for ln in text.splitlines() if ln.startswith("opprof: error: ")]
+    return mine[-1].removeprefix("opprof: error: ") if mine else _last_line(text)
+
+
+def summarize(trace: Trace) -> dict[str, Any]:
+    """What the comparison needs from one run's trace."""
+    steps = step_breakdown(trace)
+    phases = phase_summary(steps)
+    ops = op_table(trace, n_steps=len(steps))
+    m = trace.meta
+    return {
+        "samples_per_s": m.get("samples_per_s"),
+        "unprofiled_step_ns": m.get("unprofiled_step_ns"),
+        "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
+        "phases": {p: float(phases.loc[p, "ns_per_step"]) for p in PHASES},
+        "ops": ops.groupby("op")["ns_per_step"].sum().to_dict(),
+        "batch_size": m.get("batch_size"),
+        "framework_version": m.get("framework_version"),
+    }
+
+
+def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per run: status, samples/s, step times, phases, scaling efficiency;
+    the operators with the largest cross-framework ratios)."""
+    rows = []
+    for r in runs:
+        s = r.summary
+        row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
+               "status": r.status, "samples_per_s": s.get("samples_per_s"),
+               "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
+               **{p: s.get("phases", {}).get(p) for p in PHASES},
+               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason}
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
+              if r.mode == "single" and r.summary.get("samples_per_s")}
+    for i, r in enumerate(runs):
+        one, n_thr = single.get((r.fw, r.model)), r.summary.get("samples_per_s")
+        if one and n_thr:
+            table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
+    return table, op_ratios(runs, top)
+
+
+def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
+    """For every two runs of different frameworks with the same model, batch size and worker
+    count: per canonical op (host time per rank-step), slower / faster; the largest first."""
+    cols = ["model", "batch_size", "workers", "op", "slower", "faster", "slower_ns_per_step",
+            "faster_ns_per_step", "ratio"]
+    done = [r for r in runs if r.status in ("ok", "resumed") and r.summary]
+    out = []
+    for a, b in itertools.combinations(done, 2):
+        if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \
+                a.summary["batch_size"] != b.summary["batch_size"]:
+            continue
+        for op in sorted(set(a.summary["ops"]) & set(b.summary["ops"]) - {"other"}):
+            ta, tb = a.summary["ops"][op], b.summary["ops"][op]
+            if ta <= 0 or tb <= 0:
+                continue
+            slow, fast, ts, tf = (a, b, ta, tb) if ta >= tb else (b, a, tb, ta)
+            if ts < MIN_OP_SHARE * (slow.summary["step_ns"] or 0):
+                continue
+            out.append({"model": a.model, "batch_size": a.summary["batch_size"],
+                        "workers": a.workers, "op": op, "slower": f"{slow.fw} {slow.mode}",
+                        "faster": f"{fast.fw} {fast.mode}", "slower_ns_per_step": ts,
+                        "faster_ns_per_step": tf, "ratio": ts / tf})
+    if not out:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(out)[cols]
+    return df.sort_values("ratio", ascending=False, kind="stable").head(top).reset_index(
+        drop=True)
+
+
+def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd.DataFrame,
+                  config: dict[str, Any]) -> None:
+    """bench.json (everything), bench.csv (one row per run), bench.md (both tables)."""
+    from opprof.render.jsonfmt import records
+
+    doc = {"config": config, "runs": records(table), "op_ratios": records(ratios)}
+    write_atomic(folder / "bench.json", json.dumps(doc, indent=2, default=str) + "\n")
+    write_atomic(folder / "bench.csv", table.to_csv(index=False))
+    md = ["## opprof bench", "", "### Runs (times in ns per step)", "", md_table(table), "",
+          "### Operators with the largest cross-framework ratios", "",
+          md_table(ratios) if len(ratios) else "(needs two frameworks recorded with the same "
+          "model, batch size and workers)", ""]
+    write_atomic(folder / "bench.md", "\n".join(md))
+
+
+def console_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
+    """Runs, their phase breakdown, and the operator-ratio table for a terminal."""
+    t = Table(title="opprof bench — runs", title_justify="left")
+    p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
+              title_justify="left")
+    key = ["fw", "model", "workers", "mode"]
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling"]:
+        t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
+    for c in [*key, *PHASES, "step"]:
+        p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
+                     style=PHASE_STYLE.get(c, ""))
+    notes = []
+    for r in table.to_dict("records"):
+        ok = r["status"] in ("ok", "resumed")
+        sps, eff = r["samples_per_s"], r["scaling_efficiency"]
+        head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
+        style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
+        t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
+                  ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
+                  pct(eff) if eff is not None and eff == eff else "-")
+        if ok:
+            p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
+        if r["reason"]:
+            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
+    t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
+                           "1 worker)", *notes])
+    o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
+              title_justify="left")
+    for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
+        o.add_column(c, justify="right" if c.endswith(("ms", "ratio", "workers")) else "left")
+    for r in ratios.to_dict("records"):
+        o.add_row(r["model"], str(r["workers"]), r["op"], r["slower"], r["faster"],
+                  ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
+    if ratios.empty:
+        o.caption = "needs two frameworks recorded with the same model, batch size and workers"
+    return [t, p, o]
+
+
+def _run_one(argv: list[str]) -> None:
+    """Subprocess entry: record one combination through `opprof record`'s code path."""
+    from opprof.commands.record import record_trace
+
+    config = RecordConfig(**json.loads(argv[0]))
+    try:
+        trace = record_trace(config, Path(argv[1]))
+    except OpprofError as exc:
+        print(f"opprof: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    print(f"wrote {argv[1]} ({len(trace.events):,} events)", flush=True)
+
+
+if __name__ == "__main__":
+    _run_one(sys.argv[1:])
