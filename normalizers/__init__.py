@@ -14,17 +14,16 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from opprof.normalizers import kineto
-
 from opprof.errors import OpprofError
+from opprof.normalizers import kineto, mxnet, nsys, nvprof, xplane
 from opprof.trace import Trace
 
-JSON_FORMATS: list[Any] = [kineto]
-FILE_FORMATS: list[Any] = []
+JSON_FORMATS: list[Any] = [kineto, mxnet]
+FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _PARQUET_MAGIC = b"PAR1"
-_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".pb", ".sqlite", ".nvvp", ".nsys-rep")
+_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep")
 
 
 def head_bytes(path: Path, n: int = 64) -> bytes:

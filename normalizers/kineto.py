@@ -35,7 +35,7 @@ _KINETO_CATS = {"cpu_op", "kernel", "cuda_runtime", "user_annotation", "python_f
                 "gpu_memcpy", "cuda_driver"}
 _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8,
                 "int": 4, "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8,
-                "Int": 4, "signed char": 1, "unsigned char": 1, "bool": 1}
+                "Int": 4, "signed char": 1, "unsigned char": 1, "bool": 1, "long": 8}
 
 
 def claims_json(doc: Any) -> bool:
@@ -51,6 +51,7 @@ def claims_json(doc: Any) -> bool:
 def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     """Normalize one Kineto document per rank into one Trace."""
     frames, ranks, devices, dist = [], [], [], {}
+    offsets, errors = {}, {}
     for path, doc in docs:
         rank = _rank_of(doc, path, len(ranks))
         if rank in ranks:
@@ -59,6 +60,12 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
         # Plain object strings: pandas 3's Arrow strings cost more than they save here.
         with pd.option_context("future.infer_string", False):
             frames.append(_raw_events(doc, rank, path))
+        # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
+        clock = doc.get("opprofClock") or {}
+        offsets[str(rank)] = int((meta.get("clock_offsets_ns") or {}).get(
+            str(rank), clock.get("offset_ns", 0)))
+        errors[str(rank)] = int(clock.get("error_ns", 0))
+        frames[-1]["ts"] += offsets[str(rank)]
         devices.extend(d.get("name", "") for d in doc.get("deviceProperties", []) or [])
         if doc.get("distributedInfo"):
             dist[str(rank)] = doc["distributedInfo"]
@@ -71,11 +78,12 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
         "workers": len(ranks),
         "device": "cuda" if has_gpu else "cpu",
         "gpus": sorted(set(devices)),
-        "clock_offsets_ns": {str(r): 0 for r in ranks},
+        "clock_error_ns": errors,
     }
     if dist:
         info["distributed"] = dist
     info.update(meta)
+    info["clock_offsets_ns"] = offsets  # as applied (the meta may name only some ranks)
     return finish(raw, mapping_table(NAME), info)
 
 

@@ -7,7 +7,7 @@ import sys
 import click
 
 from opprof import __version__
-from opprof.commands import diff, export, import_, record, report
+from opprof.commands import bench, diff, export, import_, record, report
 from opprof.errors import OpprofError
 
 
@@ -23,7 +23,7 @@ def cli() -> None:
     """
 
 
-for _module in (record, import_, report, diff, export):
+for _module in (record, import_, report, diff, export, bench):
     cli.add_command(_module.command)
 
 

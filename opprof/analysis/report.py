@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
+from opprof.analysis.devices import device_breakdown
 from opprof.analysis.ops import op_table
-from opprof.taxonomy import PHASES
+from opprof.analysis.ranks import rank_analysis
 from opprof.trace import Trace
 
 
@@ -23,28 +24,23 @@ class Report:
     device_ops: pd.DataFrame
     ranks: pd.DataFrame
     comm_overlap: float | None
-
-
-def rank_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: steps, mean step time and mean wall ns per phase."""
-    if steps.empty:
-        return pd.DataFrame(columns=["rank", "steps", "dur_ns", *PHASES])
-    g = steps.groupby("rank")
-    out = g[["dur_ns", *PHASES]].mean()
-    out.insert(0, "steps", g.size())
-    return out.reset_index()
+    devices: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stragglers: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def build_report(trace: Trace) -> Report:
     """Analyze a trace for `opprof report`."""
     steps = step_breakdown(trace)
     n = len(steps)
+    ranks = rank_analysis(trace, steps)
     return Report(
         meta=trace.meta,
         steps=steps,
         phases=phase_summary(steps),
         ops=op_table(trace, "host", n_steps=n),
         device_ops=op_table(trace, "device", n_steps=n),
-        ranks=rank_table(steps),
+        ranks=ranks.ranks,
         comm_overlap=comm_overlap_ratio(steps),
+        devices=device_breakdown(trace),
+        stragglers=ranks.stragglers,
     )

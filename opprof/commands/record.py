@@ -15,12 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from opprof import __version__
 from opprof.analysis.report import build_report
-from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig, collector
+from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig, collector, no_progress
+from opprof.collectors import Progress as ProgressFn
+from opprof.collectors.gpu import nsys_wrap, require_cuda
 from opprof.commands import echo_output, format_option, top_option
 from opprof.errors import OpprofError
 from opprof.normalizers import normalize
 from opprof.render import renderer
-from opprof.trace import save
+from opprof.trace import Trace, save
 
 DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
 
@@ -43,17 +45,28 @@ DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
 @click.option("--mode", type=click.Choice(MODES), default=None,
               help="Distributed mode (default: single for 1 worker, else the framework's usual).")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--nsys", is_flag=True,
+              help="Also record under NVIDIA Nsight Systems (needs nsys on PATH).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="The .trace to write (default MODEL-FW.trace).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=None,
+              help="Hosts in a multi-host job (run the same command on each).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="This host's index in a multi-host job.")
+@click.option("--master-addr", default=None, help="Rendezvous host (default 127.0.0.1).")
+@click.option("--master-port", type=click.IntRange(0, 65535), default=None,
+              help="Rendezvous port (default: a free one; needed with --nnodes > 1).")
 @top_option
 @format_option
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
-            seed: int, timeout_s: float, output: Path | None, top: int | None,
-            fmt: str) -> None:
+            nsys: bool,
+            seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
+            node_rank: int | None, master_addr: str | None, master_port: int | None,
+            top: int | None, fmt: str) -> None:
     """Train MODEL with framework FW under its native profiler and report it.
 
     Native traces are kept in OUTPUT's folder as OUTPUT-STEM.native/.
@@ -63,23 +76,28 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
       opprof record --fw torch --model resnet18
       opprof record --fw mxnet --model resnet18 --workers 3 --mode ps-sync
     """
+    if nsys:
+        nsys_wrap([])  # a clear error when nsys is not on PATH
+    if device == "cuda":
+        require_cuda(fw)
+    if nsys:
+        raise OpprofError("--nsys: running the collector under Nsight Systems is not wired "
+                          "yet; run your script under `nsys profile -t cuda,nvtx` and "
+                          "`opprof import report.nsys-rep`")
     if mode is None:
         mode = "single" if workers == 1 else DEFAULT_MODE[fw]
     if workers > 1 and mode == "single":
         raise OpprofError("--mode single runs one worker; pick allreduce, ps-sync or ps-async")
     output = output or Path(f"{model}-{fw}.trace")
-    native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
-    if native_dir.exists():
-        shutil.rmtree(native_dir)
-    native_dir.mkdir(parents=True)
+    rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
+                  "master_port": master_port}
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
         device=device, seed=seed, timeout_s=timeout_s,
         command=shlex.join(["opprof", *sys.argv[1:]]),
+        extra={k: v for k, v in rendezvous.items() if v is not None},
     )
-    module = collector(fw)
-    t0 = time.perf_counter()
     with _progress() as progress:
         tasks: dict[str, int] = {}
 
@@ -88,7 +106,24 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
                 tasks[stage] = progress.add_task(f"{fw} {model}: {stage}", total=total)
             progress.update(tasks[stage], completed=done, total=total)
 
-        recording = module.record(config, native_dir, report_progress)
+        trace = record_trace(config, output, report_progress)
+    click.echo(f"wrote {output} ({len(trace.events):,} events; native traces in "
+               f"{trace.meta['native_dir']})", err=True)
+    echo_output(renderer(fmt).report(build_report(trace), by="phase", top=top), fmt)
+
+
+def record_trace(config: RecordConfig, output: Path,
+                 progress: ProgressFn = no_progress) -> Trace:
+    """Record one run (what `opprof record` and `opprof bench` both do): the collector writes
+    native traces into OUTPUT-STEM.native/, they are normalized, saved to ``output`` and the
+    Trace is returned."""
+    native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
+    if native_dir.exists():
+        shutil.rmtree(native_dir)
+    native_dir.mkdir(parents=True)
+    module = collector(config.fw)
+    t0 = time.perf_counter()
+    recording = module.record(config, native_dir, progress)
     meta = dict(recording.meta)
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
@@ -96,9 +131,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     meta["native_dir"] = str(native_dir)
     trace = normalize(recording.native, meta)
     save(trace, output)
-    click.echo(f"wrote {output} ({len(trace.events):,} events; native traces in {native_dir})",
-               err=True)
-    echo_output(renderer(fmt).report(build_report(trace), by="phase", top=top), fmt)
+    return trace
 
 
 def _progress() -> Progress:

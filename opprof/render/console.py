@@ -90,16 +90,89 @@ def op_table(ops: pd.DataFrame, top: int | None, title: str) -> Table:
 
 def rank_table(rep: Report) -> Table:
     """Mean wall ms per phase, one row per rank."""
-    t = Table(title="Per rank (mean ms/step)", title_justify="left")
+    t = Table(title="Per rank (mean ms/step; the phases sum to the step)", title_justify="left")
     t.add_column("rank", justify="right")
     t.add_column("steps", justify="right")
     t.add_column("step", justify="right")
     for p in PHASES:
         t.add_column(p, justify="right", style=PHASE_STYLE[p])
+    t.add_column("own", justify="right")
     for r in rep.ranks.to_dict("records"):
         t.add_row(str(int(r["rank"])), str(int(r["steps"])), ms(r["dur_ns"]),
-                  *(ms(r[p]) for p in PHASES))
+                  *(ms(r[p]) for p in PHASES), ms(r.get("own_ns")))
+    t.caption = "own = step − waiting for other ranks in collectives"
     return t
+
+
+def _size(n: float | None, unit: str = "B") -> str:
+    if n is None or n != n or n == 0:
+        return "-"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {prefix}{unit}"
+    return f"{n:,.0f} {unit}"
+
+
+def rank_comm_tables(rep: Report) -> list[Table]:
+    """Communication per rank (wait vs transfer, overlap, bytes, bandwidth) and the
+    straggler of each step."""
+    t = Table(title="Communication per rank (mean per step)", title_justify="left")
+    for c in ["rank", "collectives", "comm ms", "wait ms", "transfer ms", "wait share",
+              "hidden", "bytes", "bandwidth"]:
+        t.add_column(c, justify="right")
+    for r in rep.ranks.to_dict("records"):
+        t.add_row(str(int(r["rank"])), f"{r['collectives']:,.1f}", ms(r["comm_ns"]),
+                  ms(r["wait_ns"]), ms(r["transfer_ns"]), pct(r["wait_share"]),
+                  pct(r["overlap"]), _size(r["bytes"]), _size(r["bandwidth_Bps"], "B/s"))
+    t.caption = ("wait = in a collective before the last rank entered it; transfer = the rest; "
+                 "hidden = comm while computing; bandwidth = bytes / transfer time")
+    s = Table(title="Straggler per step (the rank with the most own time)",
+              title_justify="left")
+    for c in ["step", "ranks", "slowest rank", "own ms", "median own ms", "excess ms",
+              "excess"]:
+        s.add_column(c, justify="right")
+    for r in rep.stragglers.to_dict("records"):
+        s.add_row(str(int(r["step"])), str(int(r["ranks"])), str(int(r["slowest_rank"])),
+                  ms(r["own_ns"]), ms(r["median_own_ns"]), ms(r["excess_ns"]),
+                  pct(r["excess_share"]))
+    if rep.stragglers.empty:
+        s.caption = "needs the same steps on at least two ranks"
+    return [t, s]
+
+
+DEVICE_STYLE = {"compute": "green", "comm": "red", "memcpy": "bright_cyan", "idle": "grey50"}
+
+
+def device_tables(rep: Report) -> list[Table]:
+    """Per GPU: wall time split into compute / comm / memcpy / idle (summing to the span,
+    with bars), busy and summed time per category, overlap and what idle time waited for."""
+    if rep.devices.empty:
+        return [Table(title="GPU time per device: no GPU kernels, copies or memsets in this "
+                            "trace", title_justify="left")]
+    tables = []
+    for r in rep.devices.to_dict("records"):
+        span = r["span_ns"] or 1
+        t = Table(title=f"GPU time — rank {int(r['rank'])} {r['device']}: span {ms(span)} ms, "
+                        f"{int(r['kernels']):,} kernels, {int(r['memcpys']):,} copies, "
+                        f"{int(r['memsets']):,} sets on {int(r['streams'])} stream(s)",
+                  title_justify="left")
+        for col, just in [("category", "left"), ("ms", "right"), ("share", "right"),
+                          ("", "left"), ("busy ms", "right"), ("sum ms", "right")]:
+            t.add_column(col, justify=just)
+        for c in ("compute", "comm", "memcpy", "idle"):
+            t.add_row(Text(c, style=DEVICE_STYLE[c]), ms(r[f"{c}_ns"]), pct(r[f"{c}_ns"] / span),
+                      bar(r[f"{c}_ns"] / span, DEVICE_STYLE[c]),
+                      ms(r.get(f"busy_{c}_ns")) if c != "idle" else "",
+                      ms(r.get(f"sum_{c}_ns")) if c != "idle" else "")
+        t.add_row(Text("span", style="bold"), ms(span), "100.0%", "", "", "")
+        overlap = r["comm_overlap"]
+        hidden = "" if overlap is None or overlap != overlap else f" ({pct(overlap)} of comm)"
+        t.caption = (f"comm ∩ compute on separate streams: {ms(r['comm_overlap_ns'])} ms{hidden}"
+                     f"; idle waiting on the host {ms(r['idle_host_ns'])} ms, on other work "
+                     f"{ms(r['idle_other_ns'])} ms, unattributed "
+                     f"{ms(r['idle_unattributed_ns'])} ms ({int(r['idle_gaps']):,} gaps)")
+        tables.append(t)
+    return tables
 
 
 def step_table(rep: Report) -> Table:
@@ -127,9 +200,11 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         items.append(op_table(rep.ops, top, "Host operators"))
     elif by == "rank":
         items.append(rank_table(rep))
+        items.extend(rank_comm_tables(rep))
     elif by == "step":
         items.append(step_table(rep))
     elif by == "device":
+        items.extend(device_tables(rep))
         items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator"))
     else:
         items.append(phase_table(rep))

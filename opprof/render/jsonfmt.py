@@ -44,7 +44,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
     dev = rep.device_ops if top is None else rep.device_ops.head(top)
     return {"meta": rep.meta, "steps": steps, "phases": phases,
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
-            "device_ops": records(dev), "ranks": records(rep.ranks)}
+            "device_ops": records(dev), "ranks": records(rep.ranks),
+            "devices": records(rep.devices), "stragglers": records(rep.stragglers)}
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:

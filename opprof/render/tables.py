@@ -17,7 +17,7 @@ def report_table(rep: Report, by: str, top: int | None) -> pd.DataFrame:
     if by == "rank":
         return rep.ranks
     if by == "device":
-        return rep.device_ops if top is None else rep.device_ops.head(top)
+        return rep.devices
     return rep.phases.reset_index()
 
 
