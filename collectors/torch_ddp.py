@@ -417,9 +417,7 @@ def stamp_clock(trace: Path, clock: dict[str, Any]) -> None:
     data = trace.read_bytes()
     i = data.index(b"{")
     head = b'{"opprofClock": ' + json.dumps(clock).encode() + b","
-    mode = trace.stat().st_mode & 0o777
     write_atomic(trace, head + data[i + 1:])
-    trace.chmod(mode)
 
 
 def run_rank(config: RecordConfig, rank: int, local_rank: int, world: int, master: str,

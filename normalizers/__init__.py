@@ -64,9 +64,10 @@ def read_json(path: Path) -> Any:
             gc.enable()
 
 
-def expand(paths: list[Path]) -> list[Path]:
-    """Files to read: the paths themselves, or the trace files found inside folders."""
-    out: list[Path] = []
+def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
+    """Files to read, each with whether the user named it: the paths themselves, or the
+    candidate trace files found inside folders."""
+    out: list[tuple[Path, bool]] = []
     for p in paths:
         if p.is_dir():
             found = sorted(
@@ -76,21 +77,26 @@ def expand(paths: list[Path]) -> list[Path]:
             if not found:
                 raise OpprofError(
                     f"{p}: folder holds no trace files ({', '.join(_CANDIDATE_SUFFIXES)})")
-            out.extend(found)
+            out.extend((f, False) for f in found)
         else:
-            out.append(p)
+            out.append((p, True))
     return out
 
 
 def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
-    """Read native trace files (all of one format, e.g. one per rank) into one Trace."""
-    files = expand([Path(p) for p in paths])
+    """Read native trace files (all of one format, e.g. one per rank) into one Trace.
+
+    A file the user named must be a trace; a JSON file found inside a folder that no format
+    claims (a collector's sidecar, e.g. ``rank0.key_averages.json``) is skipped."""
+    listed = expand([Path(p) for p in paths])
+    files = [f for f, _ in listed]
     for fmt in FILE_FORMATS:
         if all(fmt.claims_file(f, head_bytes(f)) for f in files):
             return fmt.from_files(files, meta or {})
     docs = []
     fmt_of: dict[Path, Any] = {}
-    for f in files:
+    skipped: list[str] = []
+    for f, named in listed:
         head = head_bytes(f)
         if head.startswith(_PARQUET_MAGIC):
             raise OpprofError(
@@ -101,14 +107,22 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
         doc = read_json(f)
         fmt = next((m for m in JSON_FORMATS if m.claims_json(doc)), None)
         if fmt is None:
+            if not named:
+                skipped.append(str(f))
+                continue
             raise OpprofError(f"{f}: JSON but not a known trace format ({_describe(doc)})")
         docs.append((f, doc))
         fmt_of[f] = fmt
+    if not docs:
+        raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
     kinds = {m.NAME for m in fmt_of.values()}
     if len(kinds) > 1:
         raise OpprofError(f"mixed native formats in one import: {', '.join(sorted(kinds))}")
     fmt = next(iter(fmt_of.values()))
-    return fmt.from_docs(docs, meta or {})
+    trace = fmt.from_docs(docs, meta or {})
+    if skipped:
+        trace.meta["skipped_files"] = skipped
+    return trace
 
 
 def _describe(doc: Any) -> str:

@@ -70,3 +70,16 @@ def test_export_to_unwritable_place_is_clear(tmp_path: Path) -> None:
     res = run_cli("export", str(good), "--to", "csv", "-o", str(blocker / "sub" / "out.csv"))
     assert res.returncode != 0
     assert "Traceback" not in res.stderr
+
+
+def test_a_folder_of_native_traces_skips_sidecar_files(tmp_path: Path) -> None:
+    from tests.conftest import FIXTURES
+
+    native = tmp_path / "run.native"
+    native.mkdir()
+    for name in ("lenet5-cpu-2steps.pt.trace.json.gz", "lenet5-cpu-2steps.key_averages.json"):
+        (native / name).write_bytes((FIXTURES / "torch" / name).read_bytes())
+    res = run_cli("import", str(native), "-o", str(tmp_path / "run.trace"))
+    assert res.returncode == 0, res.stderr
+    named = run_cli("report", str(native / "lenet5-cpu-2steps.key_averages.json"))
+    assert named.returncode == 2 and "not a known trace format" in named.stderr

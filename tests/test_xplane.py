@@ -69,7 +69,7 @@ def test_a_folder_holds_only_xplane_files_for_the_taker(tmp_path: Path) -> None:
     # xprof caches its own tool results as .pb files beside the XPlane: never taken.
     for f in xplanes(logdir):
         (f.parent / "ALL_HOSTS.op_stats_v2.pb").write_bytes(b"\x08\x01")
-    files = expand([logdir])
+    files = [f for f, _ in expand([logdir])]
     assert files == xplanes(logdir)
     assert all(xplane.claims_file(f, b"") for f in files)
     assert not xplane.claims_file(Path("ALL_HOSTS.op_stats_v2.pb"), b"")
