@@ -43,3 +43,16 @@ def test_cpu_gloo_trace_is_all_communication() -> None:
     steps = step_breakdown(load(shared_trace("cpu-only-gloo-rank34.json.gz")))
     assert steps["comm"].sum() > 0.5 * steps["dur_ns"].sum()
     assert comm_overlap_ratio(steps) == 0.0
+
+
+def test_allreduce_blocking_a_backward_hook_is_not_compute() -> None:
+    from opprof.analysis.breakdown import blocked_in_comm
+
+    tr = load(shared_trace("nccl-2rank-rank0.json.gz"))
+    ev = tr.events
+    ops = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(PRIORITY)]
+    blocked = blocked_in_comm(ops)
+    assert set(blocked["name"].astype(str)) == {"c10d::allreduce_"}
+    assert (blocked["phase"] == "backward").all()
+    steps = step_breakdown(tr)
+    assert (steps[list(PHASES)].sum(axis=1) == steps["dur_ns"]).all()

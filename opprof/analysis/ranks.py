@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.breakdown import COMPUTE, step_breakdown
+from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
@@ -100,7 +100,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     outer = ev.loc[calls, ["rank", "step", "pid", "tid", "ts", "dur", "bytes"]]
     inner = ev.loc[base & host & ~ev["counted"], ["rank", "pid", "tid", "ts", "dur",
                                                          "bytes"]]
-    pos = _container(inner, outer)
+    pos = container(inner, outer)
     call_bytes = outer["bytes"].to_numpy().copy()
     if (pos >= 0).any():
         np.maximum.at(call_bytes, pos[pos >= 0], inner["bytes"].to_numpy()[pos >= 0])
@@ -160,7 +160,7 @@ def _per_step(trace: Trace, steps: pd.DataFrame, coll: pd.DataFrame,
     compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
     host_comm = ev[(ev["role"] == "worker") & ev["counted"] & (ev["op"] == "comm")
                    & (ev["device"] == "cpu")]
-    blocked = host_comm[_container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
+    blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
     frames = []
     for rank, b in steps.groupby("rank", sort=True):
         c = coll[coll["rank"] == rank]
@@ -178,29 +178,6 @@ def _per_step(trace: Trace, steps: pd.DataFrame, coll: pd.DataFrame,
         out[col] = out[col].fillna(0).astype(np.int64)
     out["own_ns"] = out["dur_ns"] - out["wait_ns"]
     return out
-
-
-def _container(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
-    """Per ``inner`` event: the position in ``outer`` of the event of the same lane (rank,
-    pid, tid) that contains it, or -1. Outer events of one lane must not overlap (counted,
-    outermost operators do not)."""
-    if inner.empty or outer.empty:
-        return np.full(len(inner), -1, np.int64)
-    lanes = pd.concat([inner[["rank", "pid", "tid"]], outer[["rank", "pid", "tid"]]])
-    lane_id = lanes.groupby(["rank", "pid", "tid"], sort=False).ngroup().to_numpy()
-    li, lo = lane_id[:len(inner)], lane_id[len(inner):]
-    i_ts, o_ts = inner["ts"].to_numpy(np.int64), outer["ts"].to_numpy(np.int64)
-    i_end = i_ts + inner["dur"].to_numpy(np.int64)
-    o_end = o_ts + outer["dur"].to_numpy(np.int64)
-    t0 = min(i_ts.min(), o_ts.min())
-    width = int(max(i_end.max(), o_end.max()) - t0) + 2
-    ko = lo.astype(np.int64) * width + (o_ts - t0)
-    order = np.argsort(ko, kind="stable")
-    pos = np.searchsorted(ko[order], li.astype(np.int64) * width + (i_ts - t0),
-                          side="right") - 1
-    cand = order[np.maximum(pos, 0)]
-    inside = (pos >= 0) & (lo[cand] == li) & (o_end[cand] >= i_end)
-    return np.where(inside, cand, -1)
 
 
 def _rank_steps(b: pd.DataFrame, c: pd.DataFrame, comp: pd.DataFrame,
