@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
-from opprof.events import _cover_label, finish
+from opprof.events import cover_label, finish
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace
 
@@ -356,7 +356,7 @@ def _server_steps(trace: Trace, workers: set[int]) -> Trace:
     worker_bounds = bounds[bounds["rank"].isin(workers)]
     ref = worker_bounds[worker_bounds["rank"] == min(workers)]
     ts = ev["ts"].to_numpy(np.int64)[on_server]
-    step = _cover_label(np.zeros(len(ts), np.int64), ts, np.zeros(len(ref), np.int64),
+    step = cover_label(np.zeros(len(ts), np.int64), ts, np.zeros(len(ref), np.int64),
                         ref["start"].to_numpy(np.int64), ref["end"].to_numpy(np.int64),
                         ref["step"].to_numpy(np.int64), default=-1)
     ev = ev.copy()

@@ -60,7 +60,7 @@ def finish(
 
     # Phase markers (host markers whose row names a phase) give a phase by time, per rank.
     is_phase_marker = is_marker & on_host & (row_phase != "")
-    marker_phase = _cover_label(rank, ts, rank[is_phase_marker], ts[is_phase_marker],
+    marker_phase = cover_label(rank, ts, rank[is_phase_marker], ts[is_phase_marker],
                                 end[is_phase_marker], row_phase[is_phase_marker], default="")
 
     own_phase = _resolve_phase(row_phase, marker_phase)
@@ -113,7 +113,7 @@ def finish(
 
     bounds = _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker,
                           op, counted)
-    step = _cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
+    step = cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
                         bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
 
     out = pd.DataFrame({
@@ -170,7 +170,8 @@ def _nesting(lane: np.ndarray, ts: np.ndarray, end: np.ndarray, is_op: np.ndarra
     return depth, anc
 
 
-def _cover_label(rank, ts, i_rank, i_start, i_end, i_label, default):
+def cover_label(rank: np.ndarray, ts: np.ndarray, i_rank: np.ndarray, i_start: np.ndarray,
+                i_end: np.ndarray, i_label: np.ndarray, default: str | int) -> np.ndarray:
     """For each point (rank, ts): the label of the latest-starting interval of the same rank
     that covers it, or ``default``. Intervals of one rank are assumed not to overlap."""
     n = len(ts)

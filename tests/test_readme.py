@@ -43,5 +43,6 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
             assert {"meta", "steps", "phases", "ops"} <= set(json.loads(res.stdout))
         if line.startswith("opprof diff"):
             assert "explains most of it" in " ".join(res.stdout.split())
-    for name in ("resnet18-torch.trace", "lenet5-torch.trace", "nccl.trace"):
+    for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
+                 "nccl.trace", "resnet18.pftrace"):
         assert (tmp_path / name).exists(), name
