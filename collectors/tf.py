@@ -113,8 +113,8 @@ def _check(config: RecordConfig) -> None:
     if int(extra.get("nnodes") or 1) > 1 and not extra.get("cluster"):
         raise OpprofError(
             "--fw tf on several hosts needs every worker's address (TF_CONFIG lists them all): "
-            "pass the cluster as RecordConfig.extra['cluster'] = ['host:port', ...] with "
-            "extra['task_index'] (or --node-rank) for this host")
+            "pass --cluster HOST:PORT,HOST:PORT,... (every worker, in task order) and "
+            "--node-rank (this host's task index)")
     if config.mode == "single" and config.workers != 1:
         raise OpprofError("--mode single runs one worker; pick allreduce or ps-async")
     if config.mode == "ps-async" and config.servers < 1:

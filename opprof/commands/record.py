@@ -59,6 +59,9 @@ DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
 @click.option("--master-addr", default=None, help="Rendezvous host (default 127.0.0.1).")
 @click.option("--master-port", type=click.IntRange(0, 65535), default=None,
               help="Rendezvous port (default: a free one; needed with --nnodes > 1).")
+@click.option("--cluster", default=None,
+              help="Every worker's HOST:PORT, comma-separated (TensorFlow on several hosts; "
+                   "--node-rank is this host's task index).")
 @top_option
 @format_option
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
@@ -66,7 +69,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
             nsys: bool,
             seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
-            top: int | None, fmt: str) -> None:
+            cluster: str | None, top: int | None, fmt: str) -> None:
     """Train MODEL with framework FW under its native profiler and report it.
 
     Native traces are kept in OUTPUT's folder as OUTPUT-STEM.native/.
@@ -90,7 +93,9 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
         raise OpprofError("--mode single runs one worker; pick allreduce, ps-sync or ps-async")
     output = output or Path(f"{model}-{fw}.trace")
     rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
-                  "master_port": master_port}
+                  "master_port": master_port,
+                  "cluster": [h.strip() for h in cluster.split(",") if h.strip()]
+                  if cluster else None}
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
@@ -120,10 +125,15 @@ def record_trace(config: RecordConfig, output: Path,
     native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native_dir.exists():
         shutil.rmtree(native_dir)
-    native_dir.mkdir(parents=True)
     module = collector(config.fw)
+    native_dir.mkdir(parents=True)
     t0 = time.perf_counter()
-    recording = module.record(config, native_dir, progress)
+    try:
+        recording = module.record(config, native_dir, progress)
+    except BaseException:
+        if not any(native_dir.iterdir()):  # refused before writing anything: leave no trace
+            native_dir.rmdir()
+        raise
     meta = dict(recording.meta)
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
