@@ -35,7 +35,11 @@ else:
     steps = step_breakdown(tr)
     n = len(tr.events)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+try:  # VmHWM is this process's own peak; ru_maxrss survives exec from a big parent
+    status = Path("/proc/self/status").read_text()
+    peak = int(next(l for l in status.splitlines() if l.startswith("VmHWM")).split()[1]) * 1024
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_bytes": peak, "events": n}))
 """
 
