@@ -2,16 +2,13 @@
 
 ``require_cuda(fw)`` is called before a ``--device cuda`` recording starts, so a machine
 without a GPU (or a CPU-only framework build) gets one clear line and exit code 2 instead of
-a framework traceback half-way through. ``nsys_wrap(cmd)`` builds the command line that runs
-``cmd`` under NVIDIA Nsight Systems with the traces opprof reads (CUDA, NVTX, OS runtime)
-and a SQLite export next to the report.
+a framework traceback half-way through; ``require_nsys()`` does the same for ``--nsys``.
 """
 
 from __future__ import annotations
 
 import importlib
 import shutil
-from pathlib import Path
 
 from opprof.errors import OpprofError
 
@@ -63,14 +60,10 @@ def _gpus(fw: str, mod) -> tuple[list[str], str]:
     return [f"gpu({i})" for i in range(count)], "no GPU or driver visible"
 
 
-def nsys_wrap(cmd: list[str], output: Path | str = "opprof-nsys") -> list[str]:
-    """``cmd`` run under ``nsys profile`` (CUDA + NVTX + OS runtime traces, no CPU sampling),
-    writing ``OUTPUT.nsys-rep`` and its SQLite export ``OUTPUT.sqlite``. Raises an
-    OpprofError when nsys is not on PATH."""
+def require_nsys() -> str:
+    """The path of the nsys CLI; an OpprofError when it is not on PATH."""
     nsys = shutil.which("nsys")
     if nsys is None:
         raise OpprofError("--nsys needs nsys on PATH (the NVIDIA Nsight Systems CLI); "
                           "install it or leave out --nsys")
-    return [nsys, "profile", "--trace=cuda,nvtx,osrt", "--sample=none",
-            "--cpuctxsw=none", "--force-overwrite=true", "--export=sqlite",
-            f"--output={output}", *cmd]
+    return nsys

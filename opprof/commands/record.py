@@ -17,7 +17,7 @@ from opprof import __version__
 from opprof.analysis.report import build_report
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig, collector, no_progress
 from opprof.collectors import Progress as ProgressFn
-from opprof.collectors.gpu import nsys_wrap, require_cuda
+from opprof.collectors.gpu import require_cuda, require_nsys
 from opprof.commands import echo_output, format_option, top_option
 from opprof.errors import OpprofError
 from opprof.normalizers import normalize
@@ -80,7 +80,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
       opprof record --fw mxnet --model resnet18 --workers 3 --mode ps-sync
     """
     if nsys:
-        nsys_wrap([])  # a clear error when nsys is not on PATH
+        require_nsys()
     if device == "cuda":
         require_cuda(fw)
     if nsys:
