@@ -21,52 +21,26 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 import pandas as pd
-from rich.table import Table
-from rich.text import Text
 
-from opprof.analysis.breakdown import phase_summary, step_breakdown
-from opprof.analysis.ops import op_table
+from opprof.analysis.matrix import Run, compare, summarize
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
-from opprof.render.console import PHASE_STYLE, _render, ms, pct
+from opprof.render.console import bench_tables, render
 from opprof.render.mdfmt import md_table
-from opprof.taxonomy import PHASES
-from opprof.trace import Trace, read_parquet
+from opprof.trace import read_parquet
 
 #: Modes per framework when its collector module does not say (``SUPPORTED_MODES``).
 KNOWN_MODES = {"torch": ("single", "allreduce"), "tf": ("single", "allreduce", "ps-async"),
                "mxnet": ("single", "ps-sync", "ps-async")}
-#: An operator enters the cross-framework table when it takes at least this share of the
-#: slower run's step time (tiny operators give huge, meaningless ratios).
-MIN_OP_SHARE = 0.01
 PROBE_TIMEOUT_S = 300
 RUN_MARGIN_S = 180  # start-up and normalization on top of the recording's own --timeout
-
-
-@dataclass
-class Run:
-    """One combination of the matrix and what became of it."""
-
-    fw: str
-    model: str
-    workers: int
-    mode: str
-    status: str = "planned"  # ok / resumed / failed / skipped
-    reason: str = ""
-    wall_s: float | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        """File stem of the run's trace."""
-        return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
 
 
 def _csv(kind: str, choices: tuple[str, ...] | None = None):
@@ -161,7 +135,7 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     table, ratios = compare(runs, top)
     config = {k: v for k, v in asdict(base).items() if k not in ("fw", "model", "extra")}
     write_outputs(output, runs, table, ratios, config)
-    click.echo(_render(*console_tables(table, ratios)).rstrip("\n"))
+    click.echo(render(*bench_tables(table, ratios)).rstrip("\n"))
     click.echo(f"wrote {output}/bench.md, bench.csv, bench.json and "
                f"{sum(r.status in ('ok', 'resumed') for r in runs)} trace(s)", err=True)
 
@@ -257,74 +231,6 @@ def _error_line(text: str) -> str:
     return mine[-1].removeprefix("opprof: error: ") if mine else _last_line(text)
 
 
-def summarize(trace: Trace) -> dict[str, Any]:
-    """What the comparison needs from one run's trace."""
-    steps = step_breakdown(trace)
-    phases = phase_summary(steps)
-    ops = op_table(trace, n_steps=len(steps))
-    m = trace.meta
-    return {
-        "samples_per_s": m.get("samples_per_s"),
-        "unprofiled_step_ns": m.get("unprofiled_step_ns"),
-        "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
-        "phases": {p: float(phases.loc[p, "ns_per_step"]) for p in PHASES},
-        "ops": ops.groupby("op")["ns_per_step"].sum().to_dict(),
-        "batch_size": m.get("batch_size"),
-        "framework_version": m.get("framework_version"),
-    }
-
-
-def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(one row per run: status, samples/s, step times, phases, scaling efficiency;
-    the operators with the largest cross-framework ratios)."""
-    rows = []
-    for r in runs:
-        s = r.summary
-        row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
-               "status": r.status, "samples_per_s": s.get("samples_per_s"),
-               "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
-               **{p: s.get("phases", {}).get(p) for p in PHASES},
-               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason}
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
-              if r.mode == "single" and r.summary.get("samples_per_s")}
-    for i, r in enumerate(runs):
-        one, n_thr = single.get((r.fw, r.model)), r.summary.get("samples_per_s")
-        if one and n_thr:
-            table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
-    return table, op_ratios(runs, top)
-
-
-def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
-    """For every two runs of different frameworks with the same model, batch size and worker
-    count: per canonical op (host time per rank-step), slower / faster; the largest first."""
-    cols = ["model", "batch_size", "workers", "op", "slower", "faster", "slower_ns_per_step",
-            "faster_ns_per_step", "ratio"]
-    done = [r for r in runs if r.status in ("ok", "resumed") and r.summary]
-    out = []
-    for a, b in itertools.combinations(done, 2):
-        if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \
-                a.summary["batch_size"] != b.summary["batch_size"]:
-            continue
-        for op in sorted(set(a.summary["ops"]) & set(b.summary["ops"]) - {"other"}):
-            ta, tb = a.summary["ops"][op], b.summary["ops"][op]
-            if ta <= 0 or tb <= 0:
-                continue
-            slow, fast, ts, tf = (a, b, ta, tb) if ta >= tb else (b, a, tb, ta)
-            if ts < MIN_OP_SHARE * (slow.summary["step_ns"] or 0):
-                continue
-            out.append({"model": a.model, "batch_size": a.summary["batch_size"],
-                        "workers": a.workers, "op": op, "slower": f"{slow.fw} {slow.mode}",
-                        "faster": f"{fast.fw} {fast.mode}", "slower_ns_per_step": ts,
-                        "faster_ns_per_step": tf, "ratio": ts / tf})
-    if not out:
-        return pd.DataFrame(columns=cols)
-    df = pd.DataFrame(out)[cols]
-    return df.sort_values("ratio", ascending=False, kind="stable").head(top).reset_index(
-        drop=True)
-
-
 def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd.DataFrame,
                   config: dict[str, Any]) -> None:
     """bench.json (everything), bench.csv (one row per run), bench.md (both tables)."""
@@ -338,44 +244,6 @@ def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd
           md_table(ratios) if len(ratios) else "(needs two frameworks recorded with the same "
           "model, batch size and workers)", ""]
     write_atomic(folder / "bench.md", "\n".join(md))
-
-
-def console_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
-    """Runs, their phase breakdown, and the operator-ratio table for a terminal."""
-    t = Table(title="opprof bench — runs", title_justify="left")
-    p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
-              title_justify="left")
-    key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling"]:
-        t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
-    for c in [*key, *PHASES, "step"]:
-        p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
-                     style=PHASE_STYLE.get(c, ""))
-    notes = []
-    for r in table.to_dict("records"):
-        ok = r["status"] in ("ok", "resumed")
-        sps, eff = r["samples_per_s"], r["scaling_efficiency"]
-        head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
-        style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
-        t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
-                  ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
-                  pct(eff) if eff is not None and eff == eff else "-")
-        if ok:
-            p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
-        if r["reason"]:
-            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
-    t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker)", *notes])
-    o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
-              title_justify="left")
-    for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
-        o.add_column(c, justify="right" if c.endswith(("ms", "ratio", "workers")) else "left")
-    for r in ratios.to_dict("records"):
-        o.add_row(r["model"], str(r["workers"]), r["op"], r["slower"], r["faster"],
-                  ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
-    if ratios.empty:
-        o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    return [t, p, o]
 
 
 def _run_one(argv: list[str]) -> None:

@@ -186,7 +186,7 @@ def step_table(rep: Report) -> Table:
     return t
 
 
-def _render(*items: object, width: int = 120) -> str:
+def render(*items: object, width: int = 120) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     console.print(Group(*items))
@@ -212,7 +212,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         if not rep.device_ops.empty:
             items.append(op_table(rep.device_ops, 10 if top is None else top,
                                   "Top GPU operators (kernels, copies)"))
-    return _render(*items)
+    return render(*items)
 
 
 def diff(d: Diff, top: int | None = None) -> str:
@@ -233,4 +233,42 @@ def diff(d: Diff, top: int | None = None) -> str:
             t.add_row(str(r[key]), ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]), rtxt,
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    return _render(head, *tables, Text(d.summary, style="bold"))
+    return render(head, *tables, Text(d.summary, style="bold"))
+
+
+def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
+    """Runs, their phase breakdown, and the operator-ratio table for a terminal."""
+    t = Table(title="opprof bench — runs", title_justify="left")
+    p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
+              title_justify="left")
+    key = ["fw", "model", "workers", "mode"]
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling"]:
+        t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
+    for c in [*key, *PHASES, "step"]:
+        p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
+                     style=PHASE_STYLE.get(c, ""))
+    notes = []
+    for r in table.to_dict("records"):
+        ok = r["status"] in ("ok", "resumed")
+        sps, eff = r["samples_per_s"], r["scaling_efficiency"]
+        head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
+        style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
+        t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
+                  ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
+                  pct(eff) if eff is not None and eff == eff else "-")
+        if ok:
+            p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
+        if r["reason"]:
+            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
+    t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
+                           "1 worker)", *notes])
+    o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
+              title_justify="left")
+    for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
+        o.add_column(c, justify="right" if c.endswith(("ms", "ratio", "workers")) else "left")
+    for r in ratios.to_dict("records"):
+        o.add_row(r["model"], str(r["workers"]), r["op"], r["slower"], r["faster"],
+                  ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
+    if ratios.empty:
+        o.caption = "needs two frameworks recorded with the same model, batch size and workers"
+    return [t, p, o]

@@ -1,0 +1,107 @@
+"""The benchmark matrix comparison: per run samples/s, step time, phases and scaling
+efficiency, and the canonical operators with the largest cross-framework ratios (the
+research's "convolution_backward 7.67x" table). Pure functions over recorded runs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.ops import op_table
+from opprof.taxonomy import PHASES
+from opprof.trace import Trace
+
+#: An operator enters the cross-framework table when it takes at least this share of the
+#: slower run's step time (tiny operators give huge, meaningless ratios).
+MIN_OP_SHARE = 0.01
+
+
+@dataclass
+class Run:
+    """One combination of the matrix and what became of it."""
+
+    fw: str
+    model: str
+    workers: int
+    mode: str
+    status: str = "planned"  # ok / resumed / failed / skipped
+    reason: str = ""
+    wall_s: float | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """File stem of the run's trace."""
+        return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+
+
+def summarize(trace: Trace) -> dict[str, Any]:
+    """What the comparison needs from one run's trace."""
+    steps = step_breakdown(trace)
+    phases = phase_summary(steps)
+    ops = op_table(trace, n_steps=len(steps))
+    m = trace.meta
+    return {
+        "samples_per_s": m.get("samples_per_s"),
+        "unprofiled_step_ns": m.get("unprofiled_step_ns"),
+        "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
+        "phases": {p: float(phases.loc[p, "ns_per_step"]) for p in PHASES},
+        "ops": ops.groupby("op")["ns_per_step"].sum().to_dict(),
+        "batch_size": m.get("batch_size"),
+        "framework_version": m.get("framework_version"),
+    }
+
+
+def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per run: status, samples/s, step times, phases, scaling efficiency;
+    the operators with the largest cross-framework ratios)."""
+    rows = []
+    for r in runs:
+        s = r.summary
+        row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
+               "status": r.status, "samples_per_s": s.get("samples_per_s"),
+               "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
+               **{p: s.get("phases", {}).get(p) for p in PHASES},
+               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason}
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
+              if r.mode == "single" and r.summary.get("samples_per_s")}
+    for i, r in enumerate(runs):
+        one, n_thr = single.get((r.fw, r.model)), r.summary.get("samples_per_s")
+        if one and n_thr:
+            table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
+    return table, op_ratios(runs, top)
+
+
+def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
+    """For every two runs of different frameworks with the same model, batch size and worker
+    count: per canonical op (host time per rank-step), slower / faster; the largest first."""
+    cols = ["model", "batch_size", "workers", "op", "slower", "faster", "slower_ns_per_step",
+            "faster_ns_per_step", "ratio"]
+    done = [r for r in runs if r.status in ("ok", "resumed") and r.summary]
+    out = []
+    for a, b in itertools.combinations(done, 2):
+        if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \
+                a.summary["batch_size"] != b.summary["batch_size"]:
+            continue
+        for op in sorted(set(a.summary["ops"]) & set(b.summary["ops"]) - {"other"}):
+            ta, tb = a.summary["ops"][op], b.summary["ops"][op]
+            if ta <= 0 or tb <= 0:
+                continue
+            slow, fast, ts, tf = (a, b, ta, tb) if ta >= tb else (b, a, tb, ta)
+            if ts < MIN_OP_SHARE * (slow.summary["step_ns"] or 0):
+                continue
+            out.append({"model": a.model, "batch_size": a.summary["batch_size"],
+                        "workers": a.workers, "op": op, "slower": f"{slow.fw} {slow.mode}",
+                        "faster": f"{fast.fw} {fast.mode}", "slower_ns_per_step": ts,
+                        "faster_ns_per_step": tf, "ratio": ts / tf})
+    if not out:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(out)[cols]
+    return df.sort_values("ratio", ascending=False, kind="stable").head(top).reset_index(
+        drop=True)
