@@ -27,12 +27,9 @@ keeping whatever traces were already written. Logs are ``<role><i>.log`` in the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opprof.collectors import Progress, RecordConfig, Recording, no_progress
+from opprof.collectors.launch import describe_exit, die_with_parent, free_port, last_line, stop
 from opprof.errors import OpprofError
 
 PROGRESS_FILE = "progress.log"
@@ -62,13 +60,6 @@ class Node:
     def label(self) -> str:
         """``worker process 1``, ``server process 0``, ``scheduler``."""
         return self.role if self.role == "scheduler" else f"{self.role} process {self.index}"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress) -> Recording:
@@ -123,11 +114,11 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
                 proc = subprocess.Popen(cmd, env={**env, "DMLC_ROLE": role}, cwd=workdir,
                                         stdin=subprocess.DEVNULL, stdout=fh,
                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=die_with_parent)
             nodes.append(Node(role, i, proc, log))
         _wait(nodes, config, workdir, t0, progress)
     finally:
-        stop(nodes)
+        stop(n.proc for n in nodes)
 
     results = []
     for path in sorted(workdir.glob("rank*_worker.meta")):
@@ -160,17 +151,17 @@ def _wait(nodes: list[Node], config: RecordConfig, workdir: Path, t0: float,
         codes = [n.proc.poll() for n in nodes]
         for node, code in zip(nodes, codes, strict=True):
             if code not in (None, 0):
-                stop(nodes)
+                stop(n.proc for n in nodes)
                 raise OpprofError(
-                    f"mxnet {config.mode}: {node.label} {_how(code)} after "
-                    f"{time.monotonic() - t0:.1f}s ({_last_line(node.log)}); stopped the "
+                    f"mxnet {config.mode}: {node.label} {describe_exit(code)} after "
+                    f"{time.monotonic() - t0:.1f}s ({_log_tail(node.log)}); stopped the "
                     f"other processes; traces written so far are kept in {workdir}")
         if all(c == 0 for c in codes):
             _relay_progress(workdir / PROGRESS_FILE, offset, progress)
             return
         if time.monotonic() > deadline:
             running = [n.label for n, c in zip(nodes, codes, strict=True) if c is None]
-            stop(nodes)
+            stop(n.proc for n in nodes)
             raise OpprofError(
                 f"mxnet {config.mode}: the job did not finish within {config.timeout_s:g}s "
                 f"(still running: {', '.join(running)}); stopped all its processes; traces "
@@ -178,42 +169,10 @@ def _wait(nodes: list[Node], config: RecordConfig, workdir: Path, t0: float,
         time.sleep(_POLL_S)
 
 
-def stop(nodes: list[Node]) -> None:
-    """Kill every node's process group (the node and anything it started) and reap it."""
-    for node in nodes:
-        if node.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(node.proc.pid, signal.SIGKILL)
-    for node in nodes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.proc.wait(timeout=10)
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: on Linux, be killed when the launching process dies, so a
-    killed ``opprof record`` leaves no PS processes behind."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _how(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        lines = []
-    return f"last log line: {lines[-1][:300]}" if lines else f"no output in {log.name}"
+def _log_tail(log: Path) -> str:
+    """``last log line: ...`` or ``no output in <log>``."""
+    line = last_line(log)
+    return f"last log line: {line}" if line else f"no output in {log.name}"
 
 
 def _relay_progress(path: Path, offset: int, progress: Progress) -> int:

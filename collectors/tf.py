@@ -46,7 +46,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -65,6 +64,7 @@ from opprof.collectors import (
     no_progress,
 )
 from opprof.collectors.datasets import channel_stats, load_images
+from opprof.collectors.launch import die_with_parent, free_ports, last_line, stop
 from opprof.collectors.torch_models import INPUT_SIZE, canonical_name
 from opprof.errors import OpprofError
 
@@ -535,9 +535,7 @@ class _Task:
         errors = [ln for ln in lines if ln.startswith(MESSAGE) and '"error"' in ln]
         if errors:
             return json.loads(errors[-1][len(MESSAGE):]).get("message", "")
-        useful = [ln for ln in lines if ln.strip() and not ln.startswith((MESSAGE, "I0000",
-                                                                         "W0000", "WARNING"))]
-        return useful[-1].strip()[:300] if useful else "no output"
+        return last_line(self.log, skip=(MESSAGE, "I0000", "W0000", "WARNING")) or "no output"
 
 
 class _Launcher:
@@ -581,11 +579,11 @@ class _Launcher:
             return [TaskSpec(base, "worker", index, index, str(self.workdir / f"worker{index}"),
                              {"worker": hosts})]
         if c.mode == "allreduce":
-            ports = _free_ports(c.workers)
+            ports = free_ports(c.workers, _LOCAL)
             cluster = {"worker": [f"{_LOCAL}:{p}" for p in ports]}
             return [TaskSpec(base, "worker", i, i, str(self.workdir / f"worker{i}"), cluster)
                     for i in range(c.workers)]
-        ports = _free_ports(1 + c.workers + c.servers)
+        ports = free_ports(1 + c.workers + c.servers, _LOCAL)
         cluster = {"chief": [f"{_LOCAL}:{ports[0]}"],
                    "worker": [f"{_LOCAL}:{p}" for p in ports[1:1 + c.workers]],
                    "ps": [f"{_LOCAL}:{p}" for p in ports[1 + c.workers:]]}
@@ -611,7 +609,7 @@ class _Launcher:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "opprof.collectors.tf", str(spec_path)],
                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, text=True, cwd=str(folder))
+                start_new_session=True, preexec_fn=die_with_parent, text=True, cwd=str(folder))
         return _Task(spec, proc, log)
 
     # -- waiting
@@ -652,17 +650,7 @@ class _Launcher:
 
     def _stop_all(self) -> None:
         """End every task's process group: SIGTERM, then SIGKILL after a short grace."""
-        # A leader that has not been reaped keeps its pid, so its group id is still ours.
-        live = [t for t in self.tasks if t.proc.poll() is None]
-        for t in live:
-            _signal_group(t.proc.pid, signal.SIGTERM)
-        end = time.monotonic() + 3
-        for t in live:
-            try:
-                t.proc.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(t.proc.pid, signal.SIGKILL)
-                t.proc.wait()
+        stop((t.proc for t in self.tasks), grace_s=3.0)
         for t in self.tasks:
             if t.proc.stdin:
                 try:
@@ -701,27 +689,6 @@ class _Launcher:
                             "xplanes": stopped["xplanes"], "host": stopped.get("host")})
         results.append(chief.has("result"))
         return results
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (bound, read, released together)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((_LOCAL, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _xplanes(folder: Path) -> list[Path]:

@@ -43,7 +43,6 @@ import argparse
 import ipaddress
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from opprof.errors import OpprofError
 from opprof.files import write_atomic
 
 from . import Progress, RecordConfig, Recording, native_stderr_to, no_progress
+from .launch import describe_exit, die_with_parent, last_line, stop
 
 CLOCK_ROUNDS = 10
 CLOCK_METHOD = (f"NTP-style: {CLOCK_ROUNDS} ping rounds from each rank to rank 0 over gloo "
@@ -135,12 +135,12 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
             with open(workdir / rank_log(r), "wb") as log:
                 procs[r] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env,
-                                            start_new_session=True, preexec_fn=_die_with_parent)
+                                            start_new_session=True, preexec_fn=die_with_parent)
         _watch(procs, store, workdir, deadline, config.timeout_s, progress)
         if rv["node_rank"] == 0 and rv["nnodes"] > 1:
             _await_other_nodes(store, world, deadline, config.timeout_s)
     finally:
-        _stop(procs)
+        stop(procs.values(), grace_s=3.0)
         del store
     metas = [json.loads((workdir / rank_meta_name(r)).read_text()) for r in ranks]
     return Recording(native=[Path(m.pop("trace")) for m in metas],
@@ -182,20 +182,6 @@ def _store(rv: dict[str, Any], timeout_s: float, workdir: Path) -> Any:
         raise
     listener.detach()  # the store owns the socket now and closes it when it goes
     return store
-
-
-try:  # loaded here, not in the forked child, where taking the import lock could deadlock
-    import ctypes
-
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (ImportError, OSError, AttributeError):  # not Linux
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the rank gets SIGKILL if the recording process dies, so none is orphaned."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _progress_of(store: Any, rank: int) -> tuple[str, int, int]:
@@ -276,9 +262,8 @@ def _failure(failed: list[int], codes: dict[int, int | None], store: Any,
 
     r = min(failed, key=suspicion)
     code = codes[r] or 0
-    how = (f"was killed by {signal.Signals(-code).name}" if code < 0
-           else f"exited with code {code}")
-    why = own[r] if own[r] is not None else _last_line(workdir / rank_log(r))
+    how = describe_exit(code)
+    why = own[r] if own[r] is not None else last_line(workdir / rank_log(r))
     return (f"torch DDP: rank {r} {how} during {_fmt(_progress_of(store, r))}"
             + (f": {why}" if why else "")
             + f"; stopped the other ranks (log: {workdir / rank_log(r)})")
@@ -292,41 +277,6 @@ def _own_error(log: Path) -> str | None:
         return None
     mine = [ln[len(ERROR_PREFIX):].strip() for ln in text if ln.startswith(ERROR_PREFIX)]
     return mine[-1] if mine else None
-
-
-def _last_line(log: Path) -> str:
-    try:
-        text = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    rest = [ln.strip() for ln in text if ln.strip() and not ln.startswith("USDT:")]
-    return rest[-1][:300] if rest else ""
-
-
-def _stop(procs: dict[int, subprocess.Popen], grace_s: float = 3.0) -> None:
-    """Stop every rank still running (its whole process group) and reap them all."""
-    alive = [p for p in procs.values() if p.poll() is None]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        end = time.monotonic() + grace_s
-        while alive and time.monotonic() < end:
-            alive = [p for p in alive if p.poll() is None]
-            time.sleep(_POLL_S)
-        if not alive:
-            break
-    for p in procs.values():
-        try:
-            p.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        try:  # the rank's own children (none normally) share its process group
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def job_meta(config: RecordConfig, rv: dict[str, Any], port: int,
