@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opprof.errors import OpprofError
+from opprof.errors import OpprofError, first_line
 from opprof.events import finish
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
@@ -174,7 +174,7 @@ def _tool(path: Path, tool: str) -> Any:
             out = convert.xspace_to_tool_data([str(path)], tool, {"use_saved_result": False})
     except Exception as exc:  # xprof raises plain exceptions for unreadable files
         raise OpprofError(f"{path}: not a readable XPlane (truncated, or not written by the "
-                          f"TensorFlow profiler); xprof says: {_first_line(exc)}") from None
+                          f"TensorFlow profiler); xprof says: {first_line(exc)}") from None
     finally:
         if saved is None:
             os.environ.pop(_MAX_EVENTS_ENV, None)
@@ -344,11 +344,6 @@ def _recv_waits(name: pd.Series, args: pd.DataFrame, ts: np.ndarray, dur: np.nda
         "link": np.full(n, -1, np.int64), "display": "_Recv",
     })
     return waits, paired
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
 
 
 def _text(col: pd.Series) -> pd.Series:

@@ -25,12 +25,11 @@ import re
 import numpy as np
 import pandas as pd
 
-from opprof.taxonomy import INTRINSIC_PHASES, MappingTable
+from opprof.taxonomy import DEVICE_KINDS, INTRINSIC_PHASES, MappingTable
 from opprof.trace import Trace, conform
 
 #: Names of step markers; the group is the step number.
 STEP_PATTERN = r"(?:ProfilerStep|opprof\.step)#(\d+)"
-DEVICE_KINDS = ("kernel", "memcpy", "memset")
 RAW_COLUMNS = (
     "rank", "role", "pid", "tid", "device", "ts", "dur", "name", "kind", "bytes", "detail", "link",
 )

@@ -41,6 +41,8 @@ CANONICAL_OPS = (
 PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
 KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io")
+#: The kinds that run on a device (GPU kernels and copies), not a host thread.
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
 ROLES = ("worker", "server", "scheduler")
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from opprof.errors import OpprofError
+from opprof.errors import OpprofError, first_line
 from opprof.files import write_atomic
 from opprof.taxonomy import CANONICAL_OPS, KINDS, PHASES, ROLES
 
@@ -119,7 +119,7 @@ def read_parquet(path: Path) -> Trace:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise OpprofError(f"{path}: unreadable Parquet file ({_first_line(exc)})") from None
+        raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
     meta_raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
     if meta_raw is None:
         cols = ", ".join(pf.schema_arrow.names[:6])
@@ -137,10 +137,5 @@ def read_parquet(path: Path) -> Trace:
         if "link" not in events:
             events["link"] = -1
     except (pa.ArrowInvalid, OSError) as exc:
-        raise OpprofError(f"{path}: damaged opprof trace ({_first_line(exc)})") from None
+        raise OpprofError(f"{path}: damaged opprof trace ({first_line(exc)})") from None
     return Trace(conform(events), meta)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -17,6 +17,7 @@ from opprof.analysis.devices import device_breakdown
 from opprof.events import finish
 from opprof.loader import load
 from opprof.normalizers.cupti import cupti_table
+from opprof.taxonomy import DEVICE_KINDS
 from opprof.trace import Trace
 from tests.conftest import run_cli, shared_trace
 from tests.nvidia_sqlite import torch_job, write_nsys
@@ -24,7 +25,6 @@ from tests.nvidia_sqlite import torch_job, write_nsys
 GPU_TRACES = ["nccl-2rank-rank0.json.gz", "alexnet-1gpu.json.gz",
               "amd-mi250-toy-train.json.gz", "sampled-128rank-rank0.json.gz",
               "sampled-128rank-rank1.json.gz"]
-DEVICE_KINDS = ["kernel", "memcpy", "memset"]
 
 
 def _union(starts: np.ndarray, ends: np.ndarray) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ pytest.importorskip("torch")
 from opprof.analysis.ops import native_totals  # noqa: E402
 from opprof.analysis.ranks import rank_analysis  # noqa: E402
 from opprof.collectors import RecordConfig, collector  # noqa: E402
+from opprof.collectors.launch import free_port  # noqa: E402
 from opprof.collectors.torch_ddp import rendezvous  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
 from opprof.loader import load  # noqa: E402
@@ -114,15 +114,9 @@ def test_each_rank_agrees_with_its_key_averages(ddp) -> None:
         assert "gloo:all_reduce" in counts and "c10d::allreduce_" in counts
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_loopback(tmp_path: Path) -> None:
     """The multi-host path: the same command per node with --nnodes/--node-rank."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = [subprocess.Popen(
         [sys.executable, "-m", "opprof", "record", "--fw", "torch", *TINY, "--workers", "2",
          "--mode", "allreduce", "--nnodes", "2", "--node-rank", str(node), "--master-addr",

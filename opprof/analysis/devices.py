@@ -32,9 +32,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opprof.taxonomy import DEVICE_KINDS
 from opprof.trace import Trace
 
-DEVICE_KINDS = ("kernel", "memcpy", "memset")
 CATEGORIES = ("comm", "compute", "memcpy")  # priority order; idle is the rest
 COLUMNS = [
     "rank", "device", "span_ns", "compute_ns", "comm_ns", "memcpy_ns", "idle_ns",

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from opprof.taxonomy import DEVICE_KINDS
 from opprof.trace import Trace
-
-DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
 def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:

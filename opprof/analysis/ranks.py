@@ -45,10 +45,9 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
-from opprof.taxonomy import PHASES
+from opprof.taxonomy import DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
-DEVICE_KINDS = ("kernel", "memcpy", "memset")
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
 BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
 ASYNC_MODES = ("ps-async",)
