@@ -122,7 +122,10 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     info.update(meta)
     trace = finish(raw, mapping_table(TABLE), info)
     ev = trace.events
-    ev["name"] = display.to_numpy(dtype=object)
+    # xprof's names for the native events; what opprof adds after them keeps its own.
+    names = ev["name"].astype(object).to_numpy().copy()
+    names[:len(display)] = display.to_numpy(dtype=object)
+    ev["name"] = names
     # Only workers train: servers and the scheduler carry no steps.
     not_worker = (ev["role"] != "worker").to_numpy()
     ev.loc[not_worker, "step"] = -1
@@ -268,9 +271,12 @@ def _host_events(path: Path) -> dict[str, Any]:
     on_data_thread = thread.str.startswith("tf_data").to_numpy()
     key = key.where(~on_data_thread, "tf.data: " + key)
 
-    kind = np.where(args["tf_function_call"].notna() | is_step, "marker", "cpu_op")
+    is_call = args["tf_function_call"].notna()
+    kind = np.where(is_call | is_step, "marker", "cpu_op")
+    closes_step = np.zeros(len(ev), bool)
     if not is_step.any():
-        key = _remote_function_steps(key, name, ts)
+        key, closes_step = _function_steps(key, name, ts, dur, tid.to_numpy(),
+                                           is_call.to_numpy())
 
     waits, paired = _recv_waits(name, args, ts, dur, pid)
     key = key.where(~paired, name)
@@ -294,7 +300,7 @@ def _host_events(path: Path) -> dict[str, Any]:
         "rank": 0, "role": "worker", "pid": pid, "tid": tid, "device": "cpu",
         "ts": ts.astype(np.int64) + (offset or 0), "dur": dur.astype(np.int64),
         "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
-        "link": np.full(len(ev), -1, np.int64), "display": name,
+        "link": np.full(len(ev), -1, np.int64), "closes_step": closes_step, "display": name,
     })
     if len(waits):
         waits["ts"] += offset or 0
@@ -351,19 +357,53 @@ def _text(col: pd.Series) -> pd.Series:
     return col.astype(object).where(col.notna(), "").astype(str)
 
 
-def _remote_function_steps(key: pd.Series, name: pd.Series, ts: np.ndarray) -> pd.Series:
-    """On a process without step markers, each execution of its main remotely scheduled
-    function (``EagerLocalExecute: __inference_F_N``) becomes step marker k (time order)."""
+def _function_steps(key: pd.Series, name: pd.Series, ts: np.ndarray, dur: np.ndarray,
+                    tid: np.ndarray, is_call: np.ndarray) -> tuple[pd.Series, np.ndarray]:
+    """Steps of a process without step markers, from its main training function: the
+    ``tf.function`` executed most often (``EagerLocalExecute: __inference_F_N``; ties go to
+    the one with more time).
+
+    * Called from Python in this process (a custom loop's ``train_step``, Keras ``fit``'s
+      ``multi_step_on_iterator``): the Python call event (``tf_function_call``) around each
+      execution closes a step (returned as ``closes_step``); the step reaches back to the
+      previous one's end, so it holds the loop's own work between calls: fetching the batch
+      (``IteratorGetNext``), callbacks.
+    * Executed remotely (a ParameterServerStrategy worker runs what the chief schedules, and
+      idles in between): each execution is step marker k (time order)."""
+    closes = np.zeros(len(key), bool)
     fn = name.str.extract(f"^{_REMOTE_FN.pattern}$")[0]
     if fn.isna().all():
-        return key
-    counts = fn.value_counts()
-    main = counts.index[0]
+        return key, closes
+    stats = pd.DataFrame({"fn": fn, "dur": dur}).dropna().groupby("fn")["dur"].agg(
+        ["size", "sum"])
+    main = stats.sort_values(["size", "sum"], ascending=False).index[0]
     sel = np.flatnonzero((fn == main).to_numpy())
     order = sel[np.argsort(ts[sel], kind="stable")]
+    call = _enclosing_call(ts[order], ts[order] + dur[order], tid[order], ts, dur, tid,
+                           is_call)
+    if (call >= 0).all():
+        closes[call] = True
+        return key, closes
     key = key.copy()
     key.iloc[order] = [f"opprof.step#{k}" for k in range(len(order))]
-    return key
+    return key, closes
+
+
+def _enclosing_call(start: np.ndarray, end: np.ndarray, lane: np.ndarray, ts: np.ndarray,
+                    dur: np.ndarray, tid: np.ndarray, is_call: np.ndarray) -> np.ndarray:
+    """Per execution [start, end) on thread ``lane``: the index of the Python
+    ``tf.function`` call event on that thread that encloses it, else -1."""
+    calls = pd.DataFrame({"ts": ts[is_call], "end": ts[is_call] + dur[is_call],
+                          "tid": tid[is_call], "i": np.flatnonzero(is_call)})
+    if calls.empty:
+        return np.full(len(start), -1, np.int64)
+    ex = pd.DataFrame({"ts": start, "end_x": end, "tid": lane, "n": np.arange(len(start))})
+    m = pd.merge_asof(ex.sort_values("ts"), calls.sort_values("ts"), on="ts", by="tid",
+                      direction="backward")
+    # merge_asof keys on the execution's start: the latest call starting at or before it
+    m = m.sort_values("n")
+    ok = m["i"].notna() & (m["end"] >= m["end_x"])
+    return np.where(ok, m["i"].fillna(-1), -1).astype(np.int64)
 
 
 def _assign_ranks(hosts: list[dict[str, Any]]) -> None:

@@ -2,7 +2,9 @@
 
 A normalizer produces a *raw* frame — rank, role, pid, tid, device, ts, dur, name, kind,
 bytes, detail and ``link`` (an id tying a device event to the host operator that launched
-it, -1 for none) — and calls :func:`finish`, which does what every format shares:
+it, -1 for none), and optionally ``closes_step`` (True for the events whose end closes a
+training step on a rank without step markers, such as TensorFlow's call of the training
+function) — and calls :func:`finish`, which does what every format shares:
 
 1. classify each distinct native name with the format's mapping table;
 2. find, per lane (rank, pid, tid), each event's nesting depth and its outermost enclosing
@@ -14,6 +16,36 @@ it, -1 for none) — and calls :func:`finish`, which does what every format shar
 4. resolve phases (intrinsic row phase > enclosing phase marker > row phase > other);
 5. find each rank's steps (step markers, else the optimizer step, else one step) and number
    every event with the step it starts in.
+
+**Phase inference** (a worker rank with no phase marker: a user's own trace). The phases a
+step runs through show in its operators (``ConvolutionBackward0`` is backward,
+``Optimizer.step`` or ``ResourceApplyAdam`` update, ``IteratorGetNext`` load), but the time
+between them — the Python and framework dispatch around every operator — and the operators
+no row gives a phase (``aten::add_``, ``ReadVariableOp``, ``DeleteVariable``) would be
+``other``. So on such a rank the outermost host operators whose row gives a phase (load,
+h2d, forward, backward, update) are taken in start order and grouped into *runs* of one
+phase; each run spans from where the previous run ended (the rank's first event for the
+first run) to its own last end. Host time before an operator is thus spent on the way to
+it: the gap between two forward operators is forward, the one before ``loss.backward()``'s
+first operator backward, the one before the optimizer's first operator update, and the one
+before the next batch is fetched load. Each span is a marker event
+``opprof.inferred.<phase>`` on a lane of its own (tid ``INFERRED_TID``), which gives its
+phase to the time nothing covers (the breakdown's marker tier) and to the operators inside
+it that have none of their own; an operator's own row phase always wins over the span, and
+communication is never a run (it keeps its own ``comm`` operators, and the gaps around it go
+to the compute or load run that follows). ``meta["inferred_phases"]`` lists the ranks.
+
+**Steps without step markers**: where the normalizer flags events that close a step
+(``closes_step``), each one ends a step. Otherwise the optimizer does: a step ends where
+the optimizer has updated every weight — at the latest end of the ``weights_update``
+operators that run between one forward pass and the next — and the next step starts there
+(the first at the rank's first operator of a phase, so that setting up before the loop is
+no step). One ``Optimizer.step`` per step (torch) and many per-weight update operators
+interleaved with the backward pass (MXNet's ``multi_sgd_mom_update`` per group of weights
+as their gradients are ready) give one step either way. A worker whose weights are updated
+elsewhere (a parameter-server worker with ``update_on_kvstore``) has no update operators:
+its communication closes the step in the same way (the last pull before the next forward
+pass).
 
 Everything is vectorized over events; only the mapping table runs per distinct name.
 """
@@ -33,6 +65,12 @@ STEP_PATTERN = r"(?:ProfilerStep|opprof\.step)#(\d+)"
 RAW_COLUMNS = (
     "rank", "role", "pid", "tid", "device", "ts", "dur", "name", "kind", "bytes", "detail", "link",
 )
+#: Phases whose operators show where a step runs through them (phase inference).
+INFER_PHASES = ("load", "h2d", "forward", "backward", "update")
+#: The lane (tid) of the phase spans inferred on a rank without phase markers.
+INFERRED_TID = -2
+#: Name of an inferred phase span: this prefix and the phase.
+INFERRED_PREFIX = "opprof.inferred."
 
 
 def finish(
@@ -70,6 +108,20 @@ def finish(
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
     depth, anc = _nesting(lane, ts, end, is_op)
+
+    # Workers without phase markers: infer phase spans from their operators' own phases.
+    role = df["role"].astype(object).to_numpy()
+    unmarked = (role == "worker") & ~np.isin(rank, np.unique(rank[is_phase_marker]))
+    spans = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
+    if unmarked.any():
+        top = unmarked & is_op & on_host & (anc == np.arange(n)) & np.isin(row_phase,
+                                                                           INFER_PHASES)
+        origin = pd.Series(ts[unmarked]).groupby(rank[unmarked]).min()
+        spans = infer_phase_spans(rank[top], ts[top], end[top], row_phase[top], origin)
+        inferred = cover_label(rank, ts, spans["rank"].to_numpy(), spans["start"].to_numpy(),
+                               spans["end"].to_numpy(), spans["phase"].to_numpy(), default="")
+        fill = unmarked & (row_phase == "") & (inferred != "")
+        own_phase = np.where(fill, inferred, own_phase).astype(object)
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
     op = np.where(is_marker, None, row_op).astype(object)
@@ -108,10 +160,17 @@ def finish(
         op[idx[take_op]] = op[src[pos[take_op]]]
         take_phase = ok & ~intrinsic[idx]
         phase[idx[take_phase]] = phase[src[pos[take_phase]]]
+        if unmarked.any():
+            _launchers_of_copies(phase, anc, unmarked, row_phase, is_device_ev,
+                                 src[pos[ok]], idx[ok])
     counted |= is_device_ev
 
+    is_forward = on_host & counted & (row_phase == "forward")
+    phased = on_host & counted & np.isin(row_phase, INFER_PHASES)
+    closes_step = (df["closes_step"].to_numpy(bool) if "closes_step" in df
+                   else np.zeros(n, bool))
     bounds = _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker,
-                          op, counted)
+                          op, counted, is_forward, phased, closes_step)
     step = cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
                         bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
 
@@ -123,8 +182,78 @@ def finish(
         "bytes": df["bytes"], "detail": df["detail"], "link": link,
     })
     meta = dict(meta)
+    if len(spans):
+        out = pd.concat([out, _span_events(spans, df, rank, on_host, bounds)],
+                        ignore_index=True)
+        meta["inferred_phases"] = sorted(int(r) for r in spans["rank"].unique())
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
     return Trace(conform(out), meta)
+
+
+def _launchers_of_copies(phase: np.ndarray, anc: np.ndarray, unmarked: np.ndarray,
+                         row_phase: np.ndarray, is_device_ev: np.ndarray, launch: np.ndarray,
+                         device: np.ndarray) -> None:
+    """On ranks with inferred phases, a host operator with no phase of its own that launched
+    a host-to-device copy (``aten::to(cuda)`` around ``cudaMemcpyAsync``) is h2d, with what
+    it encloses, rather than the phase of the span it runs in (in place)."""
+    copies = row_phase[device] == "h2d"
+    launcher = anc[launch[copies]]
+    launcher = launcher[launcher >= 0]
+    launcher = np.unique(launcher[unmarked[launcher] & (row_phase[launcher] == "")])
+    if len(launcher):
+        phase[np.isin(anc, launcher) & ~is_device_ev] = "h2d"
+
+
+def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray, phase: np.ndarray,
+                      origin: pd.Series) -> pd.DataFrame:
+    """Phase spans of ranks without phase markers, from their phased operators.
+
+    Per rank, the operators (start, end, phase) are taken in start order and grouped into
+    runs of one phase; a run's span reaches from the end of the previous span (``origin``,
+    the rank's first instant, for the first) to the latest end of its operators so far. The
+    spans of a rank do not overlap; empty ones are dropped. Returns rank, start, end, phase.
+    """
+    if len(ts) == 0:
+        return pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
+    order = np.lexsort((ts, rank))
+    r, s, e, p = rank[order], ts[order], end[order], np.asarray(phase, dtype=object)[order]
+    reach = pd.Series(e).groupby(r, sort=False).cummax().to_numpy()
+    first = np.r_[True, r[1:] != r[:-1]]
+    new_run = first | np.r_[True, p[1:] != p[:-1]]
+    last = np.r_[new_run[1:], True]
+    run_rank, run_phase, run_end = r[new_run], p[new_run], reach[last]
+    run_first = first[new_run]
+    start = np.r_[0, run_end[:-1]]
+    lead = np.minimum(origin.reindex(run_rank[run_first]).to_numpy(np.int64), s[first])
+    start[run_first] = lead
+    keep = run_end > start
+    return pd.DataFrame({"rank": run_rank[keep], "start": start[keep], "end": run_end[keep],
+                         "phase": run_phase[keep]})
+
+
+def _span_events(spans: pd.DataFrame, df: pd.DataFrame, rank: np.ndarray, on_host: np.ndarray,
+                 bounds: pd.DataFrame) -> pd.DataFrame:
+    """The inferred phase spans as marker events on their rank's lane ``INFERRED_TID``."""
+    r = spans["rank"].to_numpy(np.int64)
+    host = pd.DataFrame({"rank": rank[on_host], "pid": df["pid"].to_numpy()[on_host],
+                         "role": df["role"].astype(object).to_numpy()[on_host]})
+    main = host.groupby("rank").agg(pid=("pid", lambda x: x.mode().iloc[0]),
+                                    role=("role", "first"))
+    start = spans["start"].to_numpy(np.int64)
+    step = cover_label(r, start, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
+                       bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
+    n = len(spans)
+    return pd.DataFrame({
+        "rank": r, "role": main["role"].reindex(r).to_numpy(),
+        "pid": main["pid"].reindex(r).to_numpy(np.int64), "tid": np.full(n, INFERRED_TID),
+        "device": "cpu", "ts": start, "dur": spans["end"].to_numpy(np.int64) - start,
+        "name": INFERRED_PREFIX + spans["phase"].astype(str).to_numpy(object),
+        "kind": "marker", "op": None, "phase": spans["phase"].to_numpy(object),
+        "step": step.astype(np.int32), "depth": np.zeros(n, np.int16),
+        "counted": np.zeros(n, bool), "bytes": np.zeros(n, np.int64),
+        "detail": "inferred from the operators' phases (no phase markers)",
+        "link": np.full(n, -1, np.int64),
+    })
 
 
 def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:
@@ -191,9 +320,11 @@ def cover_label(rank: np.ndarray, ts: np.ndarray, i_rank: np.ndarray, i_start: n
     return out
 
 
-def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, op, counted):
-    """Per rank: step intervals from step markers, else from optimizer steps, else the
-    whole rank as step 0."""
+def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, op, counted,
+                 is_forward, phased, closes_step):
+    """Per rank: step intervals from step markers, else from the events the normalizer says
+    close a step, else from optimizer steps (see :func:`optimizer_steps`), else the whole
+    rank as step 0."""
     cats = pd.Series(names.categories.astype(str))
     num = cats.str.extract(f"^{step_pattern}$", flags=re.ASCII)[0]
     step_no = pd.to_numeric(num, errors="coerce").to_numpy()[codes] if len(cats) else np.array([])
@@ -206,14 +337,23 @@ def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, 
                                     "start": ts[is_step], "end": end[is_step]}))
     rest = np.setdiff1d(ranks, have)
     if len(rest):
-        upd = np.isin(rank, rest) & on_host & counted & (op == "weights_update")
-        first = pd.Series(ts[np.isin(rank, rest)]).groupby(rank[np.isin(rank, rest)]).min()
-        if upd.any():
-            u = pd.DataFrame({"rank": rank[upd], "end": end[upd]}).sort_values(["rank", "end"])
-            u["step"] = u.groupby("rank").cumcount()
-            u["start"] = u.groupby("rank")["end"].shift(1)
-            u["start"] = u["start"].fillna(u["rank"].map(first)).astype(np.int64)
-            frames.append(u[["rank", "step", "start", "end"]])
+        in_rest = np.isin(rank, rest)
+        # The first step starts at the rank's first phased operator (what ran before it,
+        # such as building the model under an early-started profiler, is no step), else at
+        # its first event.
+        first = pd.Series(ts[in_rest]).groupby(rank[in_rest]).min()
+        lead = in_rest & phased
+        first = pd.Series(ts[lead]).groupby(rank[lead]).min().combine_first(first)
+        flagged = in_rest & closes_step
+        host_op = in_rest & on_host & counted & ~np.isin(rank, np.unique(rank[flagged]))
+        upd = host_op & (op == "weights_update")
+        # A worker updated elsewhere (parameter server): its communication closes the step.
+        comm = host_op & (op == "comm") & ~np.isin(rank, np.unique(rank[upd]))
+        closing = flagged | upd | comm
+        if closing.any():
+            u = optimizer_steps(rank, ts, end, closing, is_forward & in_rest, first,
+                                alone=flagged)
+            frames.append(u)
             rest = np.setdiff1d(rest, u["rank"].unique())
         if len(rest):
             sel = np.isin(rank, rest)
@@ -225,3 +365,26 @@ def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, 
         return pd.DataFrame({"rank": [], "step": [], "start": [], "end": []}, dtype=np.int64)
     b = pd.concat(frames, ignore_index=True).astype(np.int64)
     return b.sort_values(["rank", "start"]).drop_duplicates(["rank", "step"]).reset_index(drop=True)
+
+
+def optimizer_steps(rank: np.ndarray, ts: np.ndarray, end: np.ndarray, closing: np.ndarray,
+                    forward: np.ndarray, first: pd.Series,
+                    alone: np.ndarray | None = None) -> pd.DataFrame:
+    """Steps of ranks without step markers: each group of ``closing`` events (weights
+    updates) between two forward operators ends a step at its latest end (an ``alone``
+    closing event is a group of its own); the next step starts there, the first at the
+    rank's ``first`` instant. Returns rank, step, start, end."""
+    alone = np.zeros(len(ts), bool) if alone is None else alone
+    sel = closing | forward
+    r, s, e, c, a = rank[sel], ts[sel], end[sel], closing[sel], alone[sel]
+    order = np.lexsort((s, r))
+    r, e, c, a = r[order], e[order], c[order], a[order]
+    # a group: the closing operators after a forward operator (or the rank's start)
+    group = np.cumsum(np.r_[True, r[1:] != r[:-1]] | ~c | a)
+    g = pd.DataFrame({"rank": r[c], "group": group[c], "end": e[c]})
+    steps = g.groupby(["rank", "group"], sort=True)["end"].max().reset_index()
+    steps = steps.sort_values(["rank", "end"], kind="stable").reset_index(drop=True)
+    steps["step"] = steps.groupby("rank").cumcount()
+    steps["start"] = steps.groupby("rank")["end"].shift(1)
+    steps["start"] = steps["start"].fillna(steps["rank"].map(first)).astype(np.int64)
+    return steps[["rank", "step", "start", "end"]].astype(np.int64)
