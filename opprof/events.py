@@ -109,19 +109,16 @@ def finish(
     is_op = ~is_marker & (on_host | is_device_ev)
     depth, anc = _nesting(lane, ts, end, is_op)
 
-    # Workers without phase markers: infer phase spans from their operators' own phases.
+    # Workers without phase markers: infer phases from their operators' own phases.
     role = df["role"].astype(object).to_numpy()
     unmarked = (role == "worker") & ~np.isin(rank, np.unique(rank[is_phase_marker]))
     spans = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
     if unmarked.any():
-        top = unmarked & is_op & on_host & (anc == np.arange(n)) & np.isin(row_phase,
-                                                                           INFER_PHASES)
-        origin = pd.Series(ts[unmarked]).groupby(rank[unmarked]).min()
-        spans = infer_phase_spans(rank[top], ts[top], end[top], row_phase[top], origin)
-        inferred = cover_label(rank, ts, spans["rank"].to_numpy(), spans["start"].to_numpy(),
-                               spans["end"].to_numpy(), spans["phase"].to_numpy(), default="")
-        fill = unmarked & (row_phase == "") & (inferred != "")
-        own_phase = np.where(fill, inferred, own_phase).astype(object)
+        outer = unmarked & is_op & on_host & (anc == np.arange(n))
+        top = outer & np.isin(row_phase, INFER_PHASES)
+        spans = infer_phase_spans(rank[top], ts[top], end[top], row_phase[top])
+        bare = np.flatnonzero(outer & (row_phase == ""))
+        own_phase[bare] = next_phase(rank[bare], ts[bare], rank[top], ts[top], row_phase[top])
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
     op = np.where(is_marker, None, row_op).astype(object)
@@ -204,31 +201,54 @@ def _launchers_of_copies(phase: np.ndarray, anc: np.ndarray, unmarked: np.ndarra
         phase[np.isin(anc, launcher) & ~is_device_ev] = "h2d"
 
 
-def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray, phase: np.ndarray,
-                      origin: pd.Series) -> pd.DataFrame:
+def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                      phase: np.ndarray) -> pd.DataFrame:
     """Phase spans of ranks without phase markers, from their phased operators.
 
-    Per rank, the operators (start, end, phase) are taken in start order and grouped into
-    runs of one phase; a run's span reaches from the end of the previous span (``origin``,
-    the rank's first instant, for the first) to the latest end of its operators so far. The
-    spans of a rank do not overlap; empty ones are dropped. Returns rank, start, end, phase.
-    """
+    Per rank, a *gap* is an interval no operator covers (on any thread); it takes the phase
+    of the operator that starts at its end. Consecutive gaps of one phase make one span,
+    from the first gap's start to the last one's end (the operators in between run in that
+    phase, or win their instants by their own). The spans of a rank do not overlap.
+    Returns rank, start, end, phase."""
     if len(ts) == 0:
         return pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
-    order = np.lexsort((ts, rank))
+    order = np.lexsort((-end, ts, rank))
     r, s, e, p = rank[order], ts[order], end[order], np.asarray(phase, dtype=object)[order]
-    reach = pd.Series(e).groupby(r, sort=False).cummax().to_numpy()
-    first = np.r_[True, r[1:] != r[:-1]]
-    new_run = first | np.r_[True, p[1:] != p[:-1]]
-    last = np.r_[new_run[1:], True]
-    run_rank, run_phase, run_end = r[new_run], p[new_run], reach[last]
-    run_first = first[new_run]
-    start = np.r_[0, run_end[:-1]]
-    lead = np.minimum(origin.reindex(run_rank[run_first]).to_numpy(np.int64), s[first])
-    start[run_first] = lead
-    keep = run_end > start
-    return pd.DataFrame({"rank": run_rank[keep], "start": start[keep], "end": run_end[keep],
-                         "phase": run_phase[keep]})
+    reach = pd.Series(e).groupby(r, sort=False).cummax().groupby(r, sort=False).shift(1)
+    first = reach.isna().to_numpy()
+    reach = reach.fillna(0).to_numpy(np.int64)
+    gap = ~first & (s > reach)
+    g_rank, g_start, g_end, g_phase = r[gap], reach[gap], s[gap], p[gap]
+    if not gap.any():
+        return pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
+    run = np.cumsum(np.r_[True, (g_rank[1:] != g_rank[:-1]) | (g_phase[1:] != g_phase[:-1])])
+    g = pd.DataFrame({"run": run, "rank": g_rank, "start": g_start, "end": g_end,
+                      "phase": g_phase})
+    return g.groupby("run", sort=True).agg(rank=("rank", "first"), start=("start", "min"),
+                                          end=("end", "max"), phase=("phase", "first")
+                                          ).reset_index(drop=True)
+
+
+def next_phase(rank: np.ndarray, ts: np.ndarray, p_rank: np.ndarray, p_ts: np.ndarray,
+               p_phase: np.ndarray) -> np.ndarray:
+    """Per point (rank, ts): the phase of the first phased operator of the rank that starts
+    at or after it, else of the last one before it, else ``other``."""
+    out = np.full(len(ts), "other", dtype=object)
+    if len(ts) == 0 or len(p_ts) == 0:
+        return out
+    t0 = min(ts.min(), p_ts.min())
+    width = int(max(ts.max(), p_ts.max()) - t0) + 2
+    key_p = p_rank.astype(np.int64) * width + (p_ts - t0)
+    order = np.argsort(key_p, kind="stable")
+    key_p, r_p, ph = key_p[order], p_rank[order], np.asarray(p_phase, dtype=object)[order]
+    pos = np.searchsorted(key_p, rank.astype(np.int64) * width + (ts - t0), side="left")
+    nxt = np.minimum(pos, len(key_p) - 1)
+    ok = (pos < len(key_p)) & (r_p[nxt] == rank)
+    out[ok] = ph[nxt[ok]]
+    prv = np.maximum(pos - 1, 0)
+    back = ~ok & (pos > 0) & (r_p[prv] == rank)
+    out[back] = ph[prv[back]]
+    return out
 
 
 def _span_events(spans: pd.DataFrame, df: pd.DataFrame, rank: np.ndarray, on_host: np.ndarray,
