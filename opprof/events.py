@@ -109,35 +109,49 @@ def finish(
     is_op = ~is_marker & (on_host | is_device_ev)
     depth, anc = _nesting(lane, ts, end, is_op)
 
+    anc = np.where(is_device_ev, np.arange(n), anc)
+    has_anc = anc >= 0
+    op = np.where(is_marker, None, row_op).astype(object)
+    op[has_anc] = op[anc[has_anc]]
+    counted = is_op & (anc == np.arange(n))
+    # Communication stays communication wherever it is issued: the outermost comm event
+    # inside a compute operator (DDP's all-reduce in a backward hook) is counted as comm;
+    # the enclosing operator's total still includes it.
+    own_comm = is_op & on_host & (row_op == "comm")
+    in_comm = np.zeros(n, bool)
+    if own_comm.any():
+        _, comm_anc = _nesting(lane, ts, end, own_comm)
+        in_comm = comm_anc >= 0
+        op[in_comm] = "comm"
+        counted |= in_comm & (comm_anc == np.arange(n))
+
+    # Steps, from step markers, the events the normalizer flags, or the optimizer.
+    outer = is_op & on_host & (anc == np.arange(n))
+    phased = outer & np.isin(row_phase, INFER_PHASES)
+    closes_step = (df["closes_step"].to_numpy(bool) if "closes_step" in df
+                   else np.zeros(n, bool))
+    bounds = _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker,
+                          op, counted, outer & (row_phase == "forward"), phased, closes_step)
+    step = cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
+                        bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
+
     # Workers without phase markers: infer phases from their operators' own phases.
     role = df["role"].astype(object).to_numpy()
     unmarked = (role == "worker") & ~np.isin(rank, np.unique(rank[is_phase_marker]))
     spans = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
     if unmarked.any():
-        outer = unmarked & is_op & on_host & (anc == np.arange(n))
-        top = outer & np.isin(row_phase, INFER_PHASES)
-        spans = infer_phase_spans(rank[top], ts[top], end[top], row_phase[top])
-        bare = np.flatnonzero(outer & (row_phase == ""))
-        own_phase[bare] = next_phase(rank[bare], ts[bare], rank[top], ts[top], row_phase[top])
-    anc = np.where(is_device_ev, np.arange(n), anc)
-    has_anc = anc >= 0
-    op = np.where(is_marker, None, row_op).astype(object)
+        top = np.flatnonzero(unmarked & phased)
+        lead = top[_leads(rank[top], ts[top], step[top], row_phase[top])]
+        spans = infer_phase_spans(rank[top], ts[top], end[top],
+                                  (rank[lead], ts[lead], row_phase[lead]),
+                                  bounds.groupby("rank")["end"].max())
+        bare = np.flatnonzero(unmarked & outer & (row_phase == ""))
+        own_phase[bare] = next_phase(rank[bare], ts[bare], rank[lead], ts[lead],
+                                     row_phase[lead])
     phase = np.where(is_marker, np.where(row_phase != "", row_phase, None), own_phase)
-    op[has_anc] = op[anc[has_anc]]
     phase = phase.astype(object)
     phase[has_anc] = phase[anc[has_anc]]
-    counted = is_op & (anc == np.arange(n))
-
-    # Communication stays communication wherever it is issued: the outermost comm event
-    # inside a compute operator (DDP's all-reduce in a backward hook) is counted as comm;
-    # the enclosing operator's total still includes it.
-    own_comm = is_op & on_host & (row_op == "comm")
-    if own_comm.any():
-        _, comm_anc = _nesting(lane, ts, end, own_comm)
-        in_comm = comm_anc >= 0
-        op[in_comm] = "comm"
-        phase[in_comm] = "comm"
-        counted |= in_comm & (comm_anc == np.arange(n))
+    phase[in_comm] = "comm"
 
     # Device events take the op of the host operator that launched them (via ``link``)
     # unless their own name maps, and its phase unless their row phase is intrinsic.
@@ -161,15 +175,6 @@ def finish(
             _launchers_of_copies(phase, anc, unmarked, row_phase, is_device_ev,
                                  src[pos[ok]], idx[ok])
     counted |= is_device_ev
-
-    is_forward = on_host & counted & (row_phase == "forward")
-    phased = on_host & counted & np.isin(row_phase, INFER_PHASES)
-    closes_step = (df["closes_step"].to_numpy(bool) if "closes_step" in df
-                   else np.zeros(n, bool))
-    bounds = _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker,
-                          op, counted, is_forward, phased, closes_step)
-    step = cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
-                        bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
 
     out = pd.DataFrame({
         "rank": rank, "role": df["role"], "pid": df["pid"], "tid": df["tid"],
@@ -201,26 +206,54 @@ def _launchers_of_copies(phase: np.ndarray, anc: np.ndarray, unmarked: np.ndarra
         phase[np.isin(anc, launcher) & ~is_device_ev] = "h2d"
 
 
+def _leads(rank: np.ndarray, ts: np.ndarray, step: np.ndarray,
+           phase: np.ndarray) -> np.ndarray:
+    """Which phased operators lead the way (give their phase to the time before them): all
+    but the update operators that start before their step's first backward operator — the
+    optimizer's work that needs no gradient (Keras computing its learning rate and momentum
+    terms as the training function starts, torch's ``zero_grad``) runs early but is not
+    where the step is heading."""
+    bwd = phase == "backward"
+    key = pd.Series(rank * (1 << 24) + step)
+    first_bwd = pd.Series(ts[bwd]).groupby(key[bwd].to_numpy()).min()
+    start = key.map(first_bwd).to_numpy(dtype=float)
+    early = (phase == "update") & (step >= 0) & ~np.isnan(start) & (ts < start)
+    return ~early
+
+
 def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray,
-                      phase: np.ndarray) -> pd.DataFrame:
+                      leads: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      until: pd.Series) -> pd.DataFrame:
     """Phase spans of ranks without phase markers, from their phased operators.
 
-    Per rank, a *gap* is an interval no operator covers (on any thread); it takes the phase
-    of the operator that starts at its end. Consecutive gaps of one phase make one span,
+    Per rank, a *gap* is an interval no phased operator covers (on any thread); it takes
+    the phase of the first operator in ``leads`` (rank, start, phase) that starts at or
+    after its end (the last one's, for the gap after the rank's last operator up to
+    ``until[rank]``, its last step's end). Consecutive gaps of one phase make one span,
     from the first gap's start to the last one's end (the operators in between run in that
     phase, or win their instants by their own). The spans of a rank do not overlap.
     Returns rank, start, end, phase."""
+    none = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
     if len(ts) == 0:
-        return pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
+        return none
     order = np.lexsort((-end, ts, rank))
-    r, s, e, p = rank[order], ts[order], end[order], np.asarray(phase, dtype=object)[order]
-    reach = pd.Series(e).groupby(r, sort=False).cummax().groupby(r, sort=False).shift(1)
+    r, s, e = rank[order], ts[order], end[order]
+    reach = pd.Series(e).groupby(r, sort=False).cummax()
+    last = reach.groupby(r, sort=False).max()
+    reach = reach.groupby(r, sort=False).shift(1)
     first = reach.isna().to_numpy()
     reach = reach.fillna(0).to_numpy(np.int64)
     gap = ~first & (s > reach)
-    g_rank, g_start, g_end, g_phase = r[gap], reach[gap], s[gap], p[gap]
-    if not gap.any():
-        return pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
+    tail = until.reindex(last.index).to_numpy(dtype=float)
+    has_tail = ~np.isnan(tail) & (tail > last.to_numpy())
+    g_rank = np.r_[r[gap], last.index.to_numpy(np.int64)[has_tail]]
+    g_start = np.r_[reach[gap], last.to_numpy(np.int64)[has_tail]]
+    g_end = np.r_[s[gap], tail[has_tail].astype(np.int64)]
+    if not len(g_rank):
+        return none
+    order = np.lexsort((g_start, g_rank))
+    g_rank, g_start, g_end = g_rank[order], g_start[order], g_end[order]
+    g_phase = next_phase(g_rank, g_end, *leads)
     run = np.cumsum(np.r_[True, (g_rank[1:] != g_rank[:-1]) | (g_phase[1:] != g_phase[:-1])])
     g = pd.DataFrame({"run": run, "rank": g_rank, "start": g_start, "end": g_end,
                       "phase": g_phase})

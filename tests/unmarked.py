@@ -227,22 +227,25 @@ def _mxnet(out: Path, warmup: int):
     import mxnet as mx
     from mxnet import gluon
 
-    rank = int(os.environ.get("DMLC_WORKER_ID", "0"))
-    trace = out / f"rank{rank}_worker.json"
-    done = [0]
+    state = {"steps": 0, "trace": None, "rank": 0}
 
-    def start() -> None:
+    def start(trainer=None) -> None:
+        # A dist kvstore numbers the workers once the trainer has made it (the first step).
+        kv = getattr(trainer, "_kvstore", None)
+        state["rank"] = kv.rank if kv is not None and "dist" in kv.type else 0
+        state["trace"] = out / f"rank{state['rank']}_worker.json"
         mx.nd.waitall()
-        mx.profiler.set_config(profile_all=True, aggregate_stats=True, filename=str(trace))
+        mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                               filename=str(state["trace"]))
         mx.profiler.set_state("run")
 
     step = gluon.Trainer.step
 
     def counted_step(self, *args, **kwargs):
         result = step(self, *args, **kwargs)
-        done[0] += 1
-        if done[0] == warmup:
-            start()
+        state["steps"] += 1
+        if state["steps"] == warmup:
+            start(self)
         return result
 
     gluon.Trainer.step = counted_step
@@ -252,7 +255,8 @@ def _mxnet(out: Path, warmup: int):
     def stop() -> None:
         mx.nd.waitall()
         mx.profiler.set_state("stop")
-        (out / f"rank{rank}_worker.dumps.txt").write_text(mx.profiler.dumps())
+        trace = state["trace"]
+        (out / f"rank{state['rank']}_worker.dumps.txt").write_text(mx.profiler.dumps())
         mx.profiler.dump()
         with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb", compresslevel=9) as dst:
             shutil.copyfileobj(src, dst)
