@@ -396,7 +396,8 @@ def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, 
         # its first event.
         first = pd.Series(ts[in_rest]).groupby(rank[in_rest]).min()
         lead = in_rest & phased
-        first = pd.Series(ts[lead]).groupby(rank[lead]).min().combine_first(first)
+        first_op = pd.Series(ts[lead]).groupby(rank[lead]).min()
+        first.loc[first_op.index] = first_op  # int64 kept (no NaN, no float)
         flagged = in_rest & closes_step
         host_op = in_rest & on_host & counted & ~np.isin(rank, np.unique(rank[flagged]))
         upd = host_op & (op == "weights_update")
@@ -437,7 +438,10 @@ def optimizer_steps(rank: np.ndarray, ts: np.ndarray, end: np.ndarray, closing: 
     g = pd.DataFrame({"rank": r[c], "group": group[c], "end": e[c]})
     steps = g.groupby(["rank", "group"], sort=True)["end"].max().reset_index()
     steps = steps.sort_values(["rank", "end"], kind="stable").reset_index(drop=True)
-    steps["step"] = steps.groupby("rank").cumcount()
-    steps["start"] = steps.groupby("rank")["end"].shift(1)
-    steps["start"] = steps["start"].fillna(steps["rank"].map(first)).astype(np.int64)
-    return steps[["rank", "step", "start", "end"]].astype(np.int64)
+    sr, se = steps["rank"].to_numpy(np.int64), steps["end"].to_numpy(np.int64)
+    new_rank = np.r_[True, sr[1:] != sr[:-1]]
+    # integers throughout: epoch nanoseconds do not survive a trip through float64
+    start = np.r_[np.int64(0), se[:-1]]
+    start[new_rank] = first.reindex(sr[new_rank]).to_numpy(np.int64)
+    return pd.DataFrame({"rank": sr, "step": steps.groupby("rank").cumcount().to_numpy(),
+                         "start": start, "end": se}).astype(np.int64)
