@@ -13,11 +13,13 @@ from tests.conftest import REPO, SHARED_TRACES, run_cli
 
 
 def quick_start_commands() -> list[str]:
-    """The command lines of the README block marked as tested."""
+    """The command lines of the README blocks marked as tested, in order."""
     text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- tested:.*?-->\s*```\n(.*?)```\s*<!-- end tested -->", text, re.S)
-    assert block, "README has no tested quick-start block"
-    return [ln.strip() for ln in block.group(1).splitlines() if ln.strip().startswith("opprof ")]
+    blocks = re.findall(r"<!-- tested:.*?-->\s*```\n(.*?)```\s*<!-- end tested -->", text,
+                        re.S)
+    assert blocks, "README has no tested quick-start block"
+    return [ln.strip() for block in blocks for ln in block.splitlines()
+            if ln.strip().startswith("opprof ")]
 
 
 def test_readme_has_the_two_setup_commands() -> None:
@@ -36,6 +38,7 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert any(c.startswith("opprof record") for c in commands)
     for line in commands:
         line = line.replace("../shared/traces", str(SHARED_TRACES))
+        line = re.sub(r"(?<![\w./])fixtures/", f"{REPO / 'fixtures'}/", line)
         res = run_cli(*shlex.split(line)[1:], cwd=tmp_path, timeout=900)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
         assert "Traceback" not in res.stderr
