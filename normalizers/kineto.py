@@ -6,6 +6,12 @@ memcpy and memset. Timestamps are microseconds, relative to ``baseTimeNanosecond
 the file has it, else absolute; they become int64 nanoseconds since the epoch. The rank is
 ``distributedInfo.rank``. Device events are tied to the runtime call that launched them by
 ``args.correlation`` and so to the operator around that call.
+
+A trace of a user's own job (no ``opprof.*`` or ``## phase ##`` markers) gets its phases from
+the operators torch records anyway — autograd's ``…Backward0`` functions backward,
+``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
+``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
+``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.events``).
 """
 
 from __future__ import annotations

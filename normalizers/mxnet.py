@@ -26,6 +26,18 @@ communication is counted once per instant — MXNet's aggregate sums them, 62 co
 ResNet-18 pushes making 62 times the wait. Other operators that overlap without nesting get
 sub-lanes (tid + 65536·k); operators contained in another nest under it, counted once.
 
+Without opprof's step frames and phase tasks (a user's own ``mx.profiler`` dump), phases come
+from the operators (``_backward_*`` backward, ``*_update`` update, kvstore comm, the rest of
+an ``autograd.record`` forward by operator) and the batch copy into MXNet: a Gluon
+``DataLoader`` batch reaches MXNet through ``nd.array`` (the ``MXNDArraySyncCopyFromCPU`` C
+API call, with a ``WaitForVar`` engine operator) or, with worker processes, from shared memory
+(``MXNDArrayCreateFromSharedMem``) — the loader's own Python work has no event — so those calls
+are ``data_load``. Steps end when the optimizer has updated every weight: the per-weight
+update operators run interleaved with the backward pass as gradients are ready, so a step
+ends with the last of them before the next forward operator (``opprof.events``); a
+``dist_sync`` worker whose weights the servers update ends its step with its last kvstore
+pull.
+
 The collector's ``rankR_worker.meta`` beside a trace, when present, gives the run's model,
 batch size, mode, the rank's process id and the bytes a PS worker moves per step (which the
 comm windows then carry). Role and rank come from the file name:

@@ -17,10 +17,21 @@ profile); every complete event becomes a row. What each row is:
   ``name`` args: ``_Recv``, ``IteratorGetNext``, collectives) are classified as
   ``"<name>:<kernel_type>"``.
 * **Steps**: any event with a ``step_num`` argument (``tf.profiler.experimental.Trace("train",
-  step_num=N)``, shown as ``train N``) is step marker N. A process without step markers
-  (a ParameterServerStrategy worker, which only executes functions the chief schedules) gets
-  one step per execution of its main remote function (``EagerLocalExecute: __inference_F_N``
-  of the function F with the most time), numbered in time order.
+  step_num=N)``, shown as ``train N``) is step marker N. A process without step markers has
+  its steps from its main training function (the ``tf.function`` executed most often,
+  ``EagerLocalExecute: __inference_F_N``): called from Python in the process (a custom loop's
+  ``train_step``, Keras 3 ``fit``'s ``multi_step_on_iterator``), each Python call event
+  (``tf_function_call``) closes a step that reaches back to the previous call's end, so it
+  holds fetching the batch (``closes_step`` in the raw frame); executed remotely (a
+  ParameterServerStrategy worker runs what the chief schedules, and idles in between), each
+  execution is step marker k, in time order. (xprof groups such a trace the same way: its
+  ``group_id`` numbers the executions of the function.)
+* **Phases without opprof markers** (a user's own logdir): the scope says it — ops under
+  ``gradient_tape/`` or ``gradients/`` are backward, under the optimizer's name scope (or
+  ``*Apply*`` kernels) update, ``IteratorGetNext``/``Iterator::*``/``tf.data`` threads load,
+  and the table gives every other op of a training graph (memory, elementwise, a Keras
+  LSTM's ``while`` loop …) the forward phase; time between ops follows
+  ``opprof.events`` (it goes to the op that starts next).
 * **Thread-pool work is not counted twice**: ``ThreadpoolListener::Region`` (Eigen and
   inter-op pool work items), ``ExecutorState::Process``, ``ParallelFor`` and the eager runtime
   wrappers (``EagerExecute``, ``KernelAndDeviceFunc::Run``, the Python-side ``tf.function``

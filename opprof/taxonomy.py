@@ -13,7 +13,8 @@ Lines starting with ``"# "`` are comments.
 
 Phase resolution for one event: a row phase in ``INTRINSIC_PHASES`` (backward, update, comm,
 load, h2d) always wins; otherwise the phase of the enclosing phase marker; otherwise the row
-phase (``forward`` for forward operators); otherwise ``other``.
+phase (``forward`` for forward operators); otherwise, on a worker rank with no phase marker,
+the phase inferred from the operators around it (``opprof.events``); otherwise ``other``.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def tables_markdown() -> str:
            "Phases: " + ", ".join(f"`{p}`" for p in PHASES) + ".", "",
            "In each table the first row whose pattern (a Python regular expression) matches the "
            "whole native name wins; an empty op marks a marker (a step or phase annotation); an "
-           "empty phase takes the phase of the enclosing phase marker. Names no row matches are "
-           "`other`.", ""]
+           "empty phase takes the phase of the enclosing phase marker (on a worker without phase "
+           "markers, the phase inferred from the operators around it: see the README's "
+           "*Traces without opprof markers*). Names no row matches are `other`.", ""]
     for name in names:
         out += [f"## {name}", "", "| pattern | op | phase | kind | example |",
                 "|---|---|---|---|---|"]
