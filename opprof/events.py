@@ -21,19 +21,32 @@ function) — and calls :func:`finish`, which does what every format shares:
 step runs through show in its operators (``ConvolutionBackward0`` is backward,
 ``Optimizer.step`` or ``ResourceApplyAdam`` update, ``IteratorGetNext`` load), but the time
 between them — the Python and framework dispatch around every operator — and the operators
-no row gives a phase (``aten::add_``, ``ReadVariableOp``, ``DeleteVariable``) would be
-``other``. So on such a rank the outermost host operators whose row gives a phase (load,
-h2d, forward, backward, update) are taken in start order and grouped into *runs* of one
-phase; each run spans from where the previous run ended (the rank's first event for the
-first run) to its own last end. Host time before an operator is thus spent on the way to
-it: the gap between two forward operators is forward, the one before ``loss.backward()``'s
-first operator backward, the one before the optimizer's first operator update, and the one
-before the next batch is fetched load. Each span is a marker event
-``opprof.inferred.<phase>`` on a lane of its own (tid ``INFERRED_TID``), which gives its
-phase to the time nothing covers (the breakdown's marker tier) and to the operators inside
-it that have none of their own; an operator's own row phase always wins over the span, and
-communication is never a run (it keeps its own ``comm`` operators, and the gaps around it go
-to the compute or load run that follows). ``meta["inferred_phases"]`` lists the ranks.
+no row gives a phase (``aten::add_``, ``DeleteVariable``) would be ``other``. On such a rank,
+after its steps are found:
+
+* the *phased* operators are the outermost host operators whose row gives a phase (load,
+  h2d, forward, backward, update); the ones that *lead* are all of them but the update
+  operators that start before their step's first backward operator (optimizer work that
+  needs no gradient, such as Keras computing its learning-rate terms as the training
+  function starts: it stays update, but the step is not heading there);
+* a *gap* is an interval no phased operator covers, on any thread (and the tail from the
+  rank's last one to its last step's end); it takes the phase of the first leading operator
+  that starts at or after its end (the last one's, for the tail). Host time before an
+  operator is thus spent on the way to it: the gap between two forward operators is forward,
+  the one before ``loss.backward()``'s first operator backward, the one before the next
+  batch is fetched load. A long operator on another thread (MXNet's Python thread blocked
+  in a batch copy while the engine computes) covers its time and leaves no gap there;
+* consecutive gaps of one phase make one span, a marker event ``opprof.inferred.<phase>`` on
+  a lane of its own (tid ``INFERRED_TID``): it gives its phase to the time no operator
+  covers (the breakdown's marker tier) and counts in that phase's busy time;
+* an outermost host operator without a phase of its own takes the phase of the first
+  leading operator that starts at or after it (of the last one before it at the end), and
+  what it encloses follows; one that launched a host-to-device copy (``aten::to(cuda)``) is
+  h2d. An operator's own row phase always wins, and communication keeps ``comm`` (it leads
+  no gap: the gaps around it go to the compute or load that follows).
+
+``meta["inferred_phases"]`` lists the ranks inferred. Ranks with phase markers, servers and
+schedulers are left as they were.
 
 **Steps without step markers**: where the normalizer flags events that close a step
 (``closes_step``), each one ends a step. Otherwise the optimizer does: a step ends where
