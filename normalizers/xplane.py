@@ -24,8 +24,10 @@ profile); every complete event becomes a row. What each row is:
   (``tf_function_call``) closes a step that reaches back to the previous call's end, so it
   holds fetching the batch (``closes_step`` in the raw frame); executed remotely (a
   ParameterServerStrategy worker runs what the chief schedules, and idles in between), each
-  execution is step marker k, in time order. (xprof groups such a trace the same way: its
-  ``group_id`` numbers the executions of the function.)
+  execution is step marker k, in time order. (xprof's own grouping, the ``group_id`` it
+  gives events, numbers the same executions for Keras ``fit``, but makes every iteration of
+  a ``while`` loop a group of its own — 21 "steps" per call of an LSTM's training step —
+  which is why steps come from the calls here.)
 * **Phases without opprof markers** (a user's own logdir): the scope says it — ops under
   ``gradient_tape/`` or ``gradients/`` are backward, under the optimizer's name scope (or
   ``*Apply*`` kernels) update, ``IteratorGetNext``/``Iterator::*``/``tf.data`` threads load,

@@ -152,7 +152,8 @@ def finish(
     role = df["role"].astype(object).to_numpy()
     unmarked = (role == "worker") & ~np.isin(rank, np.unique(rank[is_phase_marker]))
     spans = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
-    if unmarked.any():
+    inferred = np.unique(rank[unmarked & phased])
+    if len(inferred):
         top = np.flatnonzero(unmarked & phased)
         lead = top[_leads(rank[top], ts[top], step[top], row_phase[top])]
         spans = infer_phase_spans(rank[top], ts[top], end[top],
@@ -184,8 +185,8 @@ def finish(
         op[idx[take_op]] = op[src[pos[take_op]]]
         take_phase = ok & ~intrinsic[idx]
         phase[idx[take_phase]] = phase[src[pos[take_phase]]]
-        if unmarked.any():
-            _launchers_of_copies(phase, anc, unmarked, row_phase, is_device_ev,
+        if len(inferred):
+            _launchers_of_copies(phase, anc, np.isin(rank, inferred), row_phase, is_device_ev,
                                  src[pos[ok]], idx[ok])
     counted |= is_device_ev
 
@@ -200,7 +201,8 @@ def finish(
     if len(spans):
         out = pd.concat([out, _span_events(spans, df, rank, on_host, bounds)],
                         ignore_index=True)
-        meta["inferred_phases"] = sorted(int(r) for r in spans["rank"].unique())
+    if len(inferred):
+        meta["inferred_phases"] = [int(r) for r in inferred]
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
     return Trace(conform(out), meta)
 
