@@ -186,8 +186,12 @@ def _tool(path: Path, tool: str) -> Any:
     saved = os.environ.get(_MAX_EVENTS_ENV)
     os.environ[_MAX_EVENTS_ENV] = str(_MAX_EVENTS)
     try:
-        with _native_stderr_quiet():
-            out = convert.xspace_to_tool_data([str(path)], tool, {"use_saved_result": False})
+        # xprof caches tool results (ALL_HOSTS.op_stats_v2.pb) beside the file it reads: give
+        # it a link in a scratch folder so that reading never writes into the user's logdir.
+        with _native_stderr_quiet(), tempfile.TemporaryDirectory(prefix="opprof-xprof-") as tmp:
+            link = Path(tmp) / path.name
+            link.symlink_to(path.resolve())
+            out = convert.xspace_to_tool_data([str(link)], tool, {"use_saved_result": False})
     except Exception as exc:  # xprof raises plain exceptions for unreadable files
         raise OpprofError(f"{path}: not a readable XPlane (truncated, or not written by the "
                           f"TensorFlow profiler); xprof says: {first_line(exc)}") from None
