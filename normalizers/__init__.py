@@ -7,21 +7,18 @@ head) -> bool`` with ``from_files([path, ...], meta) -> Trace`` (binary formats)
 
 from __future__ import annotations
 
-import gc
-import gzip
-import json
-import zlib
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from opprof.errors import OpprofError
-from opprof.normalizers import kineto, mxnet, nsys, nvprof, xplane
+from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, xplane
 from opprof.trace import Trace
 
 JSON_FORMATS: list[Any] = [kineto, mxnet]
 FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _PARQUET_MAGIC = b"PAR1"
 _CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep")
 
@@ -40,28 +37,26 @@ def head_bytes(path: Path, n: int = 64) -> bytes:
 
 
 def read_json(path: Path) -> Any:
-    """Parse a plain or gzipped JSON file; any failure is one clear OpprofError line."""
-    head = head_bytes(path)
-    try:
-        if head.startswith(_GZIP_MAGIC):
-            with gzip.open(path, "rb") as f:
-                data = f.read()
-        else:
-            data = path.read_bytes()
-    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-        raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
-    if not data[:4096].strip() and not data.strip():
-        raise OpprofError(f"{path}: file is empty")
-    gc_was_on = gc.isenabled()
-    gc.disable()  # parsed JSON has no reference cycles; collecting during the parse is waste
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        what = "truncated JSON" if data.lstrip()[:1] in (b"{", b"[") else "not JSON"
-        raise OpprofError(f"{path}: {what} and not an opprof trace ({exc})") from None
-    finally:
-        if gc_was_on:
-            gc.enable()
+    """Parse a plain or gzipped JSON file into plain Python objects (dicts and lists); any
+    failure is one clear OpprofError line. (The importers decode typed, see chrome.py.)"""
+    data = chrome.read_bytes(path, head_bytes(path))
+    return chrome.decode(data, path, _PLAIN_JSON, "JSON document")
+
+
+_PLAIN_JSON = msgspec.json.Decoder()
+
+
+def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
+    """(format module, decoded document) of a JSON trace file; (None, description) when it
+    is JSON of no known format."""
+    data = chrome.read_bytes(path, head)
+    doc = kineto.decode(data, path)
+    if doc is None:
+        return None, chrome.describe(data)
+    for fmt in JSON_FORMATS:
+        if fmt.claims_json(doc):
+            return fmt, (doc if fmt is kineto else fmt.decode(data, path))
+    return None, f"chrome-trace events of no known profiler ({len(doc.traceEvents)} events)"
 
 
 def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
@@ -104,13 +99,12 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
         claimed = next((m for m in FILE_FORMATS if m.claims_file(f, head)), None)
         if claimed is not None:
             raise OpprofError(f"{f}: a {claimed.NAME} file cannot be mixed with other formats")
-        doc = read_json(f)
-        fmt = next((m for m in JSON_FORMATS if m.claims_json(doc)), None)
+        fmt, doc = read_doc(f, head)
         if fmt is None:
             if not named:
                 skipped.append(str(f))
                 continue
-            raise OpprofError(f"{f}: JSON but not a known trace format ({_describe(doc)})")
+            raise OpprofError(f"{f}: JSON but not a known trace format ({doc})")
         docs.append((f, doc))
         fmt_of[f] = fmt
     if not docs:
@@ -123,10 +117,3 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
     if skipped:
         trace.meta["skipped_files"] = skipped
     return trace
-
-
-def _describe(doc: Any) -> str:
-    if isinstance(doc, dict):
-        keys = ", ".join(list(doc)[:5]) or "none"
-        return f"top-level keys: {keys}"
-    return f"top level is a JSON {type(doc).__name__}"

@@ -42,11 +42,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import cover_label, finish
+from opprof.normalizers import chrome
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace
 
@@ -69,22 +71,43 @@ def _is_comm(names: pd.Series) -> np.ndarray:
     return names.map(cls["op"]).eq("comm").to_numpy()
 
 
+def _field(obj: Any, key: str) -> Any:
+    """A field of a decoded document or event, typed struct or plain dict alike."""
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
 def claims_json(doc: Any) -> bool:
     """An MXNet profiler dump: chrome-trace events with MXNet's process names or categories."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+    events = _field(doc, "traceEvents") if not isinstance(doc, list) else None
+    if not isinstance(events, list):
         return False
-    if any(k in doc for k in _KINETO_KEYS):
+    if isinstance(doc, dict):
+        if any(k in doc for k in _KINETO_KEYS):
+            return False
+    elif any(_field(doc, k) is not None for k in _KINETO_KEYS):
         return False
-    for e in doc["traceEvents"][:2000]:
-        if not isinstance(e, dict):
+    for e in events[:2000]:
+        if not isinstance(e, dict) and not hasattr(e, "ph"):
             continue
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            if _MX_PROCESS.fullmatch(str((e.get("args") or {}).get("name", ""))):
+        ph, cat = _field(e, "ph"), _field(e, "cat")
+        if ph == "M" and _field(e, "name") == "process_name":
+            args = _field(e, "args")
+            if _MX_PROCESS.fullmatch(str(_field(args, "name") or "")):
                 return True
-        elif e.get("cat") in ("MXNET_C_API", "Device Storage") or (
-                e.get("cat") == "operator" and e.get("ph") in ("B", "E")):
+        elif cat in ("MXNET_C_API", "Device Storage") or (
+                cat == "operator" and ph in ("B", "E")):
             return True
     return False
+
+
+def decode(data: bytes, path: Path) -> dict:
+    """Decode an MXNet dump for :func:`from_docs`."""
+    return chrome.decode(data, path, _PLAIN, "MXNet profiler dump")
+
+
+_PLAIN = msgspec.json.Decoder()
 
 
 def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:

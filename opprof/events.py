@@ -25,7 +25,14 @@ import re
 import numpy as np
 import pandas as pd
 
-from opprof.taxonomy import DEVICE_KINDS, INTRINSIC_PHASES, MappingTable
+from opprof.taxonomy import (
+    CANONICAL_OPS,
+    DEVICE_KINDS,
+    INTRINSIC_PHASES,
+    KINDS,
+    PHASES,
+    MappingTable,
+)
 from opprof.trace import Trace, conform
 
 #: Names of step markers; the group is the step number.
@@ -35,66 +42,104 @@ RAW_COLUMNS = (
 )
 
 
+_OPS = np.array(CANONICAL_OPS, dtype=object)
+_OP = {o: i for i, o in enumerate(CANONICAL_OPS)}
+_PHASE = {p: i for i, p in enumerate(PHASES)}
+_KIND = {k: i for i, k in enumerate(KINDS)}
+_COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
+_OTHER_PHASE, _COMM_PHASE = _PHASE["other"], _PHASE["comm"]
+_MARKER_KIND = _KIND["marker"]
+_DEVICE_KIND_CODES = [_KIND[k] for k in DEVICE_KINDS]
+_INTRINSIC_CODES = [_PHASE[p] for p in INTRINSIC_PHASES]
+
+
+def _codes(values: pd.Series | np.ndarray, index: dict[str, int]) -> np.ndarray:
+    """Codes of a string column in a closed set (``index``); -1 for empty, missing or unknown.
+    Categorical input is recoded per category, anything else per distinct value."""
+    cat = values if isinstance(values, pd.Categorical) else (
+        values.array if isinstance(values, pd.Series)
+        and isinstance(values.dtype, pd.CategoricalDtype) else None)
+    if cat is None:
+        codes, uniq = pd.factorize(np.asarray(values, dtype=object))
+        table = np.array([index.get(u, -1) if isinstance(u, str) else -1 for u in uniq]
+                         + [-1], dtype=np.int64)
+        return table[codes]
+    table = np.array([index.get(str(u), -1) for u in cat.categories] + [-1], dtype=np.int64)
+    return table[np.asarray(cat.codes, dtype=np.int64)]
+
+
 def finish(
     raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN
 ) -> Trace:
-    """Classify, nest, attribute and number the raw events; return the finished Trace."""
+    """Classify, nest, attribute and number the raw events; return the finished Trace.
+
+    Operators, phases and kinds are carried as integer codes into the closed sets of the
+    taxonomy (-1 for none), so that no per-event string is compared or hashed."""
     df = raw.reset_index(drop=True)
     n = len(df)
-    names = pd.Categorical(df["name"].astype(object))
+    names = df["name"]
+    names = (names.array if isinstance(names.dtype, pd.CategoricalDtype)
+             else pd.Categorical(names.astype(object)))
+    if not names.categories.is_monotonic_increasing:
+        names = names.reorder_categories(sorted(names.categories))
     cls = table.classify(names.categories).reindex(names.categories)
-    codes = names.codes
-    row_op = cls["op"].to_numpy(dtype=object)[codes]
-    row_phase = cls["phase"].to_numpy(dtype=object)[codes]
-    row_kind = cls["kind"].to_numpy(dtype=object)[codes]
-    matched = cls["row"].to_numpy()[codes] >= 0
+    codes = np.asarray(names.codes, dtype=np.int64)
+    u_op = cls["op"].to_numpy(dtype=object)
+    u_empty_op = np.append(u_op == "", False)
+    u_op = np.append(np.array([_OP.get(o, -1) for o in u_op], dtype=np.int64), -1)
+    u_phase = np.append(np.array([_PHASE.get(p, -1) for p in cls["phase"]], np.int64), -1)
+    u_kind = np.append(np.array([_KIND.get(k, -1) for k in cls["kind"]], np.int64), -1)
+    u_matched = np.append(cls["row"].to_numpy() >= 0, False)
+    row_op, row_phase, row_kind = u_op[codes], u_phase[codes], u_kind[codes]
+    matched = u_matched[codes]
 
-    kind = np.where(row_kind != "", row_kind, df["kind"].astype(object).to_numpy())
+    kind = np.where(row_kind >= 0, row_kind, _codes(df["kind"], _KIND))
     rank = df["rank"].to_numpy(dtype=np.int64)
     ts = df["ts"].to_numpy(dtype=np.int64)
     dur = np.maximum(df["dur"].to_numpy(dtype=np.int64), 0)
     end = ts + dur
-    on_host = df["device"].astype(object).to_numpy() == "cpu"
-    is_marker = (kind == "marker") | (row_op == "")
+    device = df["device"]
+    on_host = (_codes(device, {"cpu": 0}) == 0)
+    is_marker = (kind == _MARKER_KIND) | u_empty_op[codes]
 
     # Phase markers (host markers whose row names a phase) give a phase by time, per rank.
-    is_phase_marker = is_marker & on_host & (row_phase != "")
+    is_phase_marker = is_marker & on_host & (row_phase >= 0)
     marker_phase = cover_label(rank, ts, rank[is_phase_marker], ts[is_phase_marker],
-                                end[is_phase_marker], row_phase[is_phase_marker], default="")
+                                end[is_phase_marker], row_phase[is_phase_marker], default=-1)
 
     own_phase = _resolve_phase(row_phase, marker_phase)
-    is_device_ev = np.isin(kind, DEVICE_KINDS) & ~on_host
+    is_device_ev = np.isin(kind, _DEVICE_KIND_CODES) & ~on_host
 
-    lane = df.groupby(["rank", "pid", "tid"], sort=False, observed=True).ngroup().to_numpy()
+    lane = lane_ids(rank, df["pid"].to_numpy(np.int64), df["tid"].to_numpy(np.int64))
     # On device lanes only kernels, copies and sets are operators (a GPU-side "Stream Sync"
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
     depth, anc = _nesting(lane, ts, end, is_op)
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
-    op = np.where(is_marker, None, row_op).astype(object)
-    phase = np.where(is_marker, np.where(row_phase != "", row_phase, None), own_phase)
+    op = np.where(is_marker, -1, row_op)
+    phase = np.where(is_marker, row_phase, own_phase)
     op[has_anc] = op[anc[has_anc]]
-    phase = phase.astype(object)
     phase[has_anc] = phase[anc[has_anc]]
     counted = is_op & (anc == np.arange(n))
 
     # Communication stays communication wherever it is issued: the outermost comm event
     # inside a compute operator (DDP's all-reduce in a backward hook) is counted as comm;
     # the enclosing operator's total still includes it.
-    own_comm = is_op & on_host & (row_op == "comm")
+    own_comm = is_op & on_host & (row_op == _COMM_OP)
     if own_comm.any():
         _, comm_anc = _nesting(lane, ts, end, own_comm)
         in_comm = comm_anc >= 0
-        op[in_comm] = "comm"
-        phase[in_comm] = "comm"
+        op[in_comm] = _COMM_OP
+        phase[in_comm] = _COMM_PHASE
         counted |= in_comm & (comm_anc == np.arange(n))
 
     # Device events take the op of the host operator that launched them (via ``link``)
     # unless their own name maps, and its phase unless their row phase is intrinsic.
     link = df["link"].to_numpy(dtype=np.int64)
-    intrinsic = np.isin(row_phase, list(INTRINSIC_PHASES))
-    phase[is_device_ev] = np.where(intrinsic[is_device_ev], row_phase[is_device_ev], "other")
+    intrinsic = np.isin(row_phase, _INTRINSIC_CODES)
+    phase[is_device_ev] = np.where(intrinsic[is_device_ev], row_phase[is_device_ev],
+                                   _OTHER_PHASE)
     inherit = is_device_ev & (link >= 0)
     if inherit.any():
         host = np.flatnonzero(~is_device_ev & ~is_marker & (link >= 0))
@@ -117,8 +162,11 @@ def finish(
 
     out = pd.DataFrame({
         "rank": rank, "role": df["role"], "pid": df["pid"], "tid": df["tid"],
-        "device": df["device"], "ts": ts, "dur": dur, "name": names, "kind": kind,
-        "op": op, "phase": phase, "step": step.astype(np.int32),
+        "device": device, "ts": ts, "dur": dur, "name": names,
+        "kind": pd.Categorical.from_codes(kind, categories=KINDS),
+        "op": pd.Categorical.from_codes(op, categories=CANONICAL_OPS),
+        "phase": pd.Categorical.from_codes(phase, categories=PHASES),
+        "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
         "bytes": df["bytes"], "detail": df["detail"], "link": link,
     })
@@ -127,12 +175,21 @@ def finish(
     return Trace(conform(out), meta)
 
 
+def lane_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One integer per distinct (rank, pid, tid), numbered in order of first appearance
+    (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
+    if len(rank) == 0:
+        return np.zeros(0, np.int64)
+    keys = pd.MultiIndex.from_arrays([rank, pid, tid])
+    return pd.factorize(keys)[0].astype(np.int64)
+
+
 def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:
-    """Intrinsic row phase > marker phase > row phase > other."""
-    intrinsic = np.isin(row_phase, list(INTRINSIC_PHASES))
-    out = np.where(marker_phase != "", marker_phase, row_phase)
+    """Intrinsic row phase > marker phase > row phase > other (phase codes; -1 for none)."""
+    intrinsic = np.isin(row_phase, _INTRINSIC_CODES)
+    out = np.where(marker_phase >= 0, marker_phase, row_phase)
     out = np.where(intrinsic, row_phase, out)
-    return np.where(out == "", "other", out).astype(object)
+    return np.where(out < 0, _OTHER_PHASE, out)
 
 
 def _nesting(lane: np.ndarray, ts: np.ndarray, end: np.ndarray, is_op: np.ndarray):
@@ -206,7 +263,7 @@ def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, 
                                     "start": ts[is_step], "end": end[is_step]}))
     rest = np.setdiff1d(ranks, have)
     if len(rest):
-        upd = np.isin(rank, rest) & on_host & counted & (op == "weights_update")
+        upd = np.isin(rank, rest) & on_host & counted & (op == _UPDATE_OP)
         first = pd.Series(ts[np.isin(rank, rest)]).groupby(rank[np.isin(rank, rest)]).min()
         if upd.any():
             u = pd.DataFrame({"rank": rank[upd], "end": end[upd]}).sort_values(["rank", "end"])

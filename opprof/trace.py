@@ -72,23 +72,38 @@ def empty_events() -> pd.DataFrame:
 
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
-    """Return df with exactly COLUMNS in order and their dtypes."""
+    """Return df with exactly COLUMNS in order and their dtypes. Categorical columns that
+    already have the right categories are kept as they are (no per-row work); the free
+    categories of ``device`` and ``name`` are text, sorted (so a table read back from many
+    row groups or ranks is the same as one made at once)."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"events table lacks columns {missing}")
-    out = df[list(COLUMNS)].copy()
+    cols = {}
+    n = len(df)
     for col, dtype in COLUMNS.items():
+        c = df[col]
         if isinstance(dtype, pd.CategoricalDtype):
-            out[col] = pd.Categorical(out[col].astype(object), categories=dtype.categories)
+            if isinstance(c.dtype, pd.CategoricalDtype) and c.dtype == dtype:
+                cols[col] = c.array.copy()
+            else:
+                cols[col] = pd.Categorical(np.asarray(c, dtype=object) if isinstance(
+                    c.dtype, pd.CategoricalDtype) else c.astype(object),
+                    categories=dtype.categories)
         elif dtype == "category":
-            c = out[col]
-            if not isinstance(c.dtype, pd.CategoricalDtype):
-                c = c.astype(object).astype("category")
-            out[col] = pd.Categorical.from_codes(
-                c.cat.codes, categories=c.cat.categories.astype("str"))
+            cat = c.array if isinstance(c.dtype, pd.CategoricalDtype) else pd.Categorical(
+                c.astype(object))
+            text = pd.Index(cat.categories.astype("str"))
+            if text.has_duplicates or not text.is_monotonic_increasing:
+                cat = pd.Categorical(np.asarray(cat, dtype=object).astype(str)) if \
+                    text.has_duplicates else pd.Categorical.from_codes(cat.codes, text)
+                if not cat.categories.is_monotonic_increasing:
+                    cat = cat.reorder_categories(sorted(cat.categories))
+                text = pd.Index(cat.categories.astype("str"))
+            cols[col] = pd.Categorical.from_codes(cat.codes, categories=text)
         else:
-            out[col] = out[col].astype(dtype)
-    return out
+            cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(dtype)
+    return pd.DataFrame(cols, index=pd.RangeIndex(n))
 
 
 def save(trace: Trace, path: str | os.PathLike) -> Path:
