@@ -25,6 +25,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from opprof.intervals import label_points, nest
 from opprof.taxonomy import (
     CANONICAL_OPS,
     DEVICE_KINDS,
@@ -114,7 +115,7 @@ def finish(
     # On device lanes only kernels, copies and sets are operators (a GPU-side "Stream Sync"
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
-    depth, anc = _nesting(lane, ts, end, is_op)
+    depth, anc = nest(lane, ts, end, is_op)
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
     op = np.where(is_marker, -1, row_op)
@@ -128,7 +129,7 @@ def finish(
     # the enclosing operator's total still includes it.
     own_comm = is_op & on_host & (row_op == _COMM_OP)
     if own_comm.any():
-        _, comm_anc = _nesting(lane, ts, end, own_comm)
+        _, comm_anc = nest(lane, ts, end, own_comm)
         in_comm = comm_anc >= 0
         op[in_comm] = _COMM_OP
         phase[in_comm] = _COMM_PHASE
@@ -180,8 +181,12 @@ def lane_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
     (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
     if len(rank) == 0:
         return np.zeros(0, np.int64)
-    keys = pd.MultiIndex.from_arrays([rank, pid, tid])
-    return pd.factorize(keys)[0].astype(np.int64)
+    key = np.zeros(len(rank), np.int64)
+    for part in (rank, pid, tid):
+        codes, uniq = pd.factorize(part)
+        key = key * len(uniq) + codes  # distinct combinations stay distinct
+        key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
+    return key
 
 
 def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:
@@ -192,60 +197,11 @@ def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarra
     return np.where(out < 0, _OTHER_PHASE, out)
 
 
-def _nesting(lane: np.ndarray, ts: np.ndarray, end: np.ndarray, is_op: np.ndarray):
-    """Per event: nesting depth on its lane, and the index of its outermost enclosing
-    operator event (itself when it is outermost; -1 when none encloses it)."""
-    n = len(ts)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    t0 = ts.min()
-    # Doubled coordinates; a zero-length event ends half a tick after it starts, so it
-    # nests inside an event starting at the same instant but encloses nothing.
-    s2 = 2 * (ts - t0)
-    e2 = 2 * (end - t0) + (end == ts)
-    width = int(e2.max()) + 2
-    if (int(lane.max()) + 1) * width >= np.iinfo(np.int64).max:
-        raise OverflowError("trace too long to nest in int64 coordinates")
-    ks = lane.astype(np.int64) * width + s2
-    ke = lane.astype(np.int64) * width + e2
-    order = np.lexsort((-ke, ks))
-    ks_o, ke_o, op_o = ks[order], ke[order], is_op[order]
-    closed = np.searchsorted(np.sort(ke_o), ks_o, side="right")
-    depth_o = np.arange(n) - closed
-    before_ops = np.cumsum(op_o) - op_o
-    op_closed = np.searchsorted(np.sort(ke_o[op_o]), ks_o, side="right")
-    top = op_o & (before_ops - op_closed == 0)
-    last_top = np.maximum.accumulate(np.where(top, np.arange(n), -1))
-    safe = np.maximum(last_top, 0)
-    encloses = (last_top >= 0) & ((ke_o[safe] > ks_o) | (last_top == np.arange(n)))
-    anc_o = np.where(encloses, order[safe], -1)
-    depth = np.empty(n, np.int64)
-    anc = np.empty(n, np.int64)
-    depth[order] = depth_o
-    anc[order] = anc_o
-    return depth, anc
-
-
 def cover_label(rank: np.ndarray, ts: np.ndarray, i_rank: np.ndarray, i_start: np.ndarray,
                 i_end: np.ndarray, i_label: np.ndarray, default: str | int) -> np.ndarray:
     """For each point (rank, ts): the label of the latest-starting interval of the same rank
-    that covers it, or ``default``. Intervals of one rank are assumed not to overlap."""
-    n = len(ts)
-    out = np.full(n, default, dtype=object if isinstance(default, str) else np.int64)
-    if len(i_start) == 0 or n == 0:
-        return out
-    t0 = min(ts.min(), i_start.min())
-    width = int(max((ts - t0).max(), (i_end - t0).max())) + 2
-    key_i = i_rank.astype(np.int64) * width + (i_start - t0)
-    order = np.argsort(key_i, kind="stable")
-    key_i = key_i[order]
-    end_i = i_rank[order].astype(np.int64) * width + (i_end[order] - t0)
-    key_p = rank.astype(np.int64) * width + (ts - t0)
-    pos = np.searchsorted(key_i, key_p, side="right") - 1
-    ok = pos >= 0
-    ok[ok] = end_i[pos[ok]] > key_p[ok]
-    out[ok] = np.asarray(i_label)[order][pos[ok]]
-    return out
+    that covers it, or ``default`` (:func:`opprof.intervals.label_points`)."""
+    return label_points(rank, ts, i_rank, i_start, i_end, i_label, default)
 
 
 def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, op, counted):

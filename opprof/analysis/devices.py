@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opprof.intervals import Sweep
 from opprof.taxonomy import DEVICE_KINDS
 from opprof.trace import Trace
 
@@ -92,18 +93,9 @@ def _launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
 def _one_device(ts: np.ndarray, dur: np.ndarray, cat: np.ndarray, launch: np.ndarray) -> dict:
     end = ts + dur
     start_all, end_all = int(ts.min()), int(end.max())
-    pts = np.unique(np.concatenate([ts, end]))
-    seg = np.diff(pts)
-
-    def cover(mask: np.ndarray) -> np.ndarray:
-        if not mask.any() or len(seg) == 0:
-            return np.zeros(len(seg), bool)
-        a = np.searchsorted(pts, ts[mask])
-        z = np.searchsorted(pts, end[mask])
-        delta = np.bincount(a, minlength=len(pts)) - np.bincount(z, minlength=len(pts))
-        return np.cumsum(delta)[:-1] > 0
-
-    cov = {c: cover(cat == i) for i, c in enumerate(CATEGORIES)}
+    sweep = Sweep(ts, end)
+    pts, seg = sweep.points, sweep.length
+    cov = {c: sweep.covered(ts[cat == i], end[cat == i]) for i, c in enumerate(CATEGORIES)}
     taken = np.zeros(len(seg), bool)
     out: dict = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
     for c in CATEGORIES:

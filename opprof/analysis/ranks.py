@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
+from opprof.intervals import Sweep
 from opprof.taxonomy import DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
@@ -191,29 +192,16 @@ def _rank_steps(b: pd.DataFrame, c: pd.DataFrame, comp: pd.DataFrame,
     p_end = p_ts + comp["dur"].to_numpy(np.int64)
     k_ts = blk["ts"].to_numpy(np.int64)
     k_end = k_ts + blk["dur"].to_numpy(np.int64)
-    pts = np.unique(np.concatenate([s_start, s_end, c_ts, c_end, x_ts, p_ts, p_end, k_ts,
-                                    k_end]))
-    seg = np.diff(pts)
-    idx = np.searchsorted(s_start, pts[:-1], side="right") - 1
-    in_step = (idx >= 0) & (pts[:-1] < s_end[np.maximum(idx, 0)])
-    step_i = np.where(in_step, idx, len(b))
-
-    def cover(starts: np.ndarray, ends: np.ndarray, weight: int = 1) -> np.ndarray:
-        a = np.searchsorted(pts, starts)
-        z = np.searchsorted(pts, ends)
-        return weight * (np.bincount(a, minlength=len(pts)) - np.bincount(z, minlength=len(pts)))
-
-    comm = np.cumsum(cover(c_ts, c_end))[:-1] > 0
-    xfer = np.cumsum(cover(x_ts, c_end))[:-1] > 0
-    busy = np.cumsum(cover(p_ts, p_end) - cover(k_ts, k_end))[:-1] > 0
-
-    def per_step(mask: np.ndarray) -> np.ndarray:
-        tot = np.bincount(step_i[mask], weights=seg[mask], minlength=len(b) + 1)[:len(b)]
-        return np.rint(tot).astype(np.int64)
-
+    sweep = Sweep(s_start, s_end, c_ts, c_end, x_ts, p_ts, p_end, k_ts, k_end)
+    step_i = sweep.bins(s_start, s_end)
+    comm = sweep.covered(c_ts, c_end)
+    xfer = sweep.covered(x_ts, c_end)
+    busy = sweep.covered(p_ts, p_end, (k_ts, k_end))
+    n = len(b)
     return pd.DataFrame({"rank": b["rank"].to_numpy(), "step": b["step"].to_numpy(),
-                         "comm_ns": per_step(comm), "transfer_ns": per_step(xfer),
-                         "overlap_ns": per_step(comm & busy)})
+                         "comm_ns": sweep.total(comm, step_i, n),
+                         "transfer_ns": sweep.total(xfer, step_i, n),
+                         "overlap_ns": sweep.total(comm & busy, step_i, n)})
 
 
 def _rank_rows(per_step: pd.DataFrame) -> pd.DataFrame:
