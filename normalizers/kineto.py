@@ -22,7 +22,7 @@ from opprof.errors import OpprofError
 from opprof.events import finish
 from opprof.normalizers import chrome
 from opprof.taxonomy import mapping_table
-from opprof.trace import Trace
+from opprof.trace import Trace, concat_traces
 
 NAME = "kineto"
 _KIND_OF_CAT = {
@@ -129,42 +129,73 @@ def claims_json(doc: Any) -> bool:
 
 def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
     """Normalize one Kineto document per rank into one Trace."""
-    frames, ranks, devices, dist = [], [], [], {}
-    offsets, errors = {}, {}
-    for path, doc in docs:
-        rank = _rank_of(doc, path, len(ranks))
-        if rank in ranks:
-            rank = max(ranks) + 1
-        ranks.append(rank)
-        # Plain object strings: pandas 3's Arrow strings cost more than they save here.
-        with pd.option_context("future.infer_string", False):
-            frames.append(_raw_events(doc, rank, path))
-        # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
-        clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
-        offsets[str(rank)] = _int((meta.get("clock_offsets_ns") or {}).get(
-            str(rank), clock.get("offset_ns", 0)))
-        errors[str(rank)] = _int(clock.get("error_ns", 0))
-        frames[-1]["ts"] += offsets[str(rank)]
-        props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
-        devices.extend(str(d.get("name", "")) for d in props if isinstance(d, dict))
-        if doc.distributedInfo:
-            dist[str(rank)] = doc.distributedInfo
-    raw = pd.concat(frames, ignore_index=True)
-    has_gpu = raw["kind"].isin(["kernel", "memcpy", "memset"]).any()
+    ranks = assign_ranks([declared_rank(doc, i) for i, (_, doc) in enumerate(docs)])
+    parts = [rank_trace(path, doc, rank, meta) for (path, doc), rank in
+             zip(docs, ranks, strict=True)]
+    return concat_traces([t for t, _ in parts], merge_meta([i for _, i in parts], meta))
+
+
+def declared_rank(doc: Document, index: int) -> int:
+    """The rank a document says it is (``distributedInfo.rank``), else its position."""
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    return _int(info.get("rank", index), index)
+
+
+def assign_ranks(declared: list[int]) -> list[int]:
+    """Final ranks, in file order: the declared rank, or one past the largest so far when
+    an earlier file already has it (two traces of one rank stay apart)."""
+    out: list[int] = []
+    for r in declared:
+        out.append(max(out) + 1 if r in out else r)
+    return out
+
+
+def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace, dict]:
+    """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
+    import), and the facts about it that :func:`merge_meta` combines across ranks."""
+    # Plain object strings: pandas 3's Arrow strings cost more than they save here.
+    with pd.option_context("future.infer_string", False):
+        raw = _raw_events(doc, rank, path)
+    # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
+    clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
+    offset = _int((meta.get("clock_offsets_ns") or {}).get(str(rank),
+                                                           clock.get("offset_ns", 0)))
+    raw["ts"] += offset
+    props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
     info = {
-        "source_formats": [NAME],
-        "sources": [str(p) for p, _ in docs],
-        "framework": meta.get("framework", "torch"),
-        "workers": len(ranks),
-        "device": "cuda" if has_gpu else "cpu",
-        "gpus": sorted(set(devices)),
-        "clock_error_ns": errors,
+        "rank": rank, "source": str(path), "offset": offset,
+        "error": _int(clock.get("error_ns", 0)),
+        "has_gpu": bool(np.isin(raw["kind"].to_numpy(object),
+                                ["kernel", "memcpy", "memset"]).any()),
+        "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
+        "distributed": doc.distributedInfo or None,
     }
+    trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
+    info["step_bounds"] = trace.meta["step_bounds"]
+    return trace, info
+
+
+def merge_meta(infos: list[dict], meta: dict) -> dict:
+    """The metadata of a job from its ranks' facts (``rank_trace``), in file order."""
+    info: dict[str, Any] = {
+        "source_formats": [NAME],
+        "sources": [i["source"] for i in infos],
+        "framework": meta.get("framework", "torch"),
+        "workers": len(infos),
+        "device": "cuda" if any(i["has_gpu"] for i in infos) else "cpu",
+        "gpus": sorted({g for i in infos for g in i["gpus"]}),
+        "clock_error_ns": {str(i["rank"]): i["error"] for i in infos},
+    }
+    dist = {str(i["rank"]): i["distributed"] for i in infos if i["distributed"]}
     if dist:
         info["distributed"] = dist
     info.update(meta)
-    info["clock_offsets_ns"] = offsets  # as applied (the meta may name only some ranks)
-    return finish(raw, mapping_table(NAME), info)
+    info["clock_offsets_ns"] = {str(i["rank"]): i["offset"] for i in infos}  # as applied
+    if all("step_bounds" in i for i in infos):
+        bounds = sorted((b for i in infos for b in i["step_bounds"]),
+                        key=lambda b: (b[0], b[2]))
+        info["step_bounds"] = bounds
+    return info
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -173,11 +204,6 @@ def _int(value: Any, default: int = 0) -> int:
         return int(value)
     except (TypeError, ValueError, OverflowError):
         return default
-
-
-def _rank_of(doc: Document, path: Path, default: int) -> int:
-    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
-    return _int(info.get("rank", default), default)
 
 
 def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:

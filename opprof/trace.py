@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pandas.api.types import union_categoricals
 
 from opprof.errors import OpprofError, first_line
 from opprof.files import write_atomic
@@ -66,6 +67,26 @@ class Trace:
         rows = self.meta.get("step_bounds", [])
         df = pd.DataFrame(rows, columns=["rank", "step", "start", "end"])
         return df.astype({"rank": "int32", "step": "int32", "start": "int64", "end": "int64"})
+
+
+def concat_traces(traces: list[Trace], meta: dict[str, Any]) -> Trace:
+    """Several traces' events as one table (in the order given) with ``meta``; categorical
+    columns are joined by their categories, never row by row."""
+    if len(traces) == 1:
+        return Trace(traces[0].events, meta)
+    frames = [conform(t.events) for t in traces]
+    cols = {}
+    for col, dtype in COLUMNS.items():
+        if dtype == "category":
+            cols[col] = union_categoricals([f[col].array for f in frames])
+        elif isinstance(dtype, pd.CategoricalDtype):
+            cols[col] = pd.Categorical.from_codes(
+                np.concatenate([f[col].cat.codes.to_numpy() for f in frames]), dtype=dtype)
+        elif dtype == "string":
+            cols[col] = pd.concat([f[col] for f in frames], ignore_index=True)
+        else:
+            cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
+    return Trace(conform(pd.DataFrame(cols)), meta)
 
 
 def empty_events() -> pd.DataFrame:
