@@ -14,7 +14,7 @@ import msgspec
 
 from opprof.errors import OpprofError
 from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, xplane
-from opprof.trace import Trace
+from opprof.trace import Trace, concat_traces
 
 JSON_FORMATS: list[Any] = [kineto, mxnet]
 FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
@@ -89,6 +89,8 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
         if all(fmt.claims_file(f, head_bytes(f)) for f in files):
             return fmt.from_files(files, meta or {})
     docs = []
+    parts: list[tuple[Trace, dict]] = []
+    ranks: list[int] = []
     fmt_of: dict[Path, Any] = {}
     skipped: list[str] = []
     for f, named in listed:
@@ -105,15 +107,25 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
                 skipped.append(str(f))
                 continue
             raise OpprofError(f"{f}: JSON but not a known trace format ({doc})")
-        docs.append((f, doc))
         fmt_of[f] = fmt
-    if not docs:
+        if fmt is kineto:  # normalized at once, so only one decoded document is held
+            rank = kineto.assign_ranks([*ranks, kineto.declared_rank(doc, len(ranks))])[-1]
+            ranks.append(rank)
+            parts.append(kineto.rank_trace(f, doc, rank, meta or {}))
+            del doc
+        else:
+            docs.append((f, doc))
+    if not fmt_of:
         raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
     kinds = {m.NAME for m in fmt_of.values()}
     if len(kinds) > 1:
         raise OpprofError(f"mixed native formats in one import: {', '.join(sorted(kinds))}")
     fmt = next(iter(fmt_of.values()))
-    trace = fmt.from_docs(docs, meta or {})
+    if fmt is kineto:
+        trace = concat_traces([t for t, _ in parts],
+                              kineto.merge_meta([i for _, i in parts], meta or {}))
+    else:
+        trace = fmt.from_docs(docs, meta or {})
     if skipped:
         trace.meta["skipped_files"] = skipped
     return trace

@@ -207,15 +207,24 @@ def _int(value: Any, default: int = 0) -> int:
 
 
 def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
-    """The complete (``X``) events of one document as raw columns (see events.finish)."""
+    """The complete (``X``) events of one document as raw columns (see events.finish).
+    The document's events are consumed (``doc.traceEvents`` is emptied once its columns are
+    taken), so the decoded structs do not outlive the columns made from them."""
     x = [e for e in doc.traceEvents if e.ph == "X"]
+    doc.traceEvents = []
+    n = len(x)
     if not x:
         raise OpprofError(f"{path}: Kineto trace with no complete events")
     cat_v, name_v, pid_v, tid_v, ts_v, dur_v, args_v = chrome.columns(
         x, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
+    del x
     args_v = [a if a is not None else _NO_ARGS for a in args_v]
     corr_v, dev_v, bytes_v, dims_v = chrome.columns(
         args_v, ("correlation", "device", "bytes", "input_dims"))
+    names = chrome.strings(name_v)
+    del name_v
+    comm_bytes = _comm_bytes(names, args_v)
+    del args_v
     base_ns = _int(doc.baseTimeNanoseconds or 0)
     ts_us = chrome.numbers(ts_v)
     dur_us = chrome.numbers(dur_v, fill=0.0)
@@ -233,18 +242,16 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     dev_no = chrome.numbers(dev_v)
     dev_no = np.where(np.isnan(dev_no), pid, dev_no)
     dev_no = np.where(np.isnan(dev_no), 0, dev_no).astype(np.int64)
-    device = np.full(len(x), "cpu", dtype=object)
+    device = np.full(n, "cpu", dtype=object)
     if on_device.any():
         uniq, inv = np.unique(dev_no[on_device], return_inverse=True)
         device[on_device] = np.array([f"cuda:{d}" for d in uniq], dtype=object)[inv]
-    names = chrome.strings(name_v)
     nbytes = chrome.numbers(bytes_v, fill=0.0)
-    comm_bytes = _comm_bytes(names, args_v)
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
-    has_dims = np.fromiter((d is not None for d in dims_v), bool, len(x))
+    has_dims = np.fromiter((d is not None for d in dims_v), bool, n)
     detail = None
     if has_dims.any():
-        detail = np.full(len(x), None, dtype=object)
+        detail = np.full(n, None, dtype=object)
         detail[has_dims] = [d if type(d) is str else str(d)
                             for d, h in zip(dims_v, has_dims, strict=True) if h]
     return pd.DataFrame({
