@@ -71,7 +71,6 @@ class Plan:
 def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     """Decide how to read the job at ``paths`` (validating them as ``opprof.load`` does)."""
     from opprof.loader import is_opprof_trace
-    from opprof.normalizers import FILE_FORMATS, expand, head_bytes
 
     files = [Path(p) for p in paths]
     if not files:
@@ -90,6 +89,8 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
         return Plan(files, tasks, False, tf.meta, size)
     if any(is_opprof_trace(f) for f in files):
         raise OpprofError("give one opprof .trace, or native traces to normalize, not both")
+    from opprof.normalizers import FILE_FORMATS, expand, head_bytes
+
     listed = expand(files)
     tasks: list[Task] = []
     size = 0

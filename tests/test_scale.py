@@ -208,3 +208,17 @@ def test_a_dask_cluster_gives_the_local_results(job_dir: Path, tmp_path: Path,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     pd.testing.assert_frame_equal(load(out).events, load(job_dir).events)
+
+
+def test_report_import_and_diff_never_import_a_framework(tmp_path: Path) -> None:
+    src = shared_trace("alexnet-1gpu.json.gz")
+    out = tmp_path / "a.trace"
+    heavy = ("torch", "tensorflow", "mxnet", "xprof", "dask", "distributed")
+    for args in (["import", str(src), "-o", str(out)], ["report", str(out)],
+                 ["report", str(src), "--by", "device"], ["diff", str(out), str(src)]):
+        res = subprocess.run([sys.executable, "-X", "importtime", "-m", "opprof", *args],
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines()
+                    if line.startswith("import time:")}
+        assert not imported & set(heavy), (args, imported & set(heavy))
