@@ -96,19 +96,19 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     size = 0
     for i, (f, named) in enumerate(listed):
         head = head_bytes(f)
-        size += f.stat().st_size
+        size += f.stat().st_size * (10 if head.startswith(b"\x1f\x8b") else 1)
         if head.startswith(_PARQUET_MAGIC) or any(m.claims_file(f, head) for m in FILE_FORMATS):
             return Plan(files, [], True, meta or {}, size)
         tasks.append(Task("json", str(f), i, None, named, meta or {}))
     return Plan(files, tasks, False, meta or {}, size)
 
 
-def read_task(task: Task) -> tuple[list, Outcome]:
+def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     """(per-rank Traces, outcome facts) of one task, in whichever process runs it."""
     if task.kind == "trace":
         from opprof.trace import TraceFile
 
-        tr = TraceFile(task.path).read_rank(int(task.rank))  # type: ignore[arg-type]
+        tr = TraceFile(task.path).read_rank(int(task.rank), detail)  # type: ignore[arg-type]
         return [tr], Outcome(rank=task.rank, events=len(tr.events))
     from opprof.normalizers import chrome, head_bytes, kineto
 
@@ -134,7 +134,7 @@ def analyze_task(args: tuple[Task, str]) -> Outcome:
     from opprof.analysis.report import analyze
 
     task, device_span = args
-    traces, out = read_task(task)
+    traces, out = read_task(task, detail=False)
     out.parts = [analyze(t, device_span) for t in traces]
     return out
 

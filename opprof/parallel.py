@@ -27,8 +27,9 @@ from opprof.errors import OpprofError, first_line
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 JOBS_ENV = "OPPROF_JOBS"
-#: Below this much input (bytes on disk) the pool's start-up costs more than it saves.
-TINY_INPUT = 16 << 20
+#: Below this much input (bytes, gzip counted at 10x) the pool's start-up (a second or so:
+#: each worker imports pandas and pyarrow) costs more than it saves.
+TINY_INPUT = 64 << 20
 #: Tasks queued per worker beyond the one it runs.
 AHEAD = 1
 

@@ -308,15 +308,18 @@ class TraceFile:
         """Whether one rank can be read without the others."""
         return self.row_groups is not None
 
-    def _read(self, groups: list[int] | None) -> pd.DataFrame:
+    def _read(self, groups: list[int] | None, detail: bool = True) -> pd.DataFrame:
+        cols = None if detail else [c for c in self._pf.schema_arrow.names if c != "detail"]
         try:
-            table = (self._pf.read() if groups is None
-                     else self._pf.read_row_groups(groups))
+            table = (self._pf.read(columns=cols) if groups is None
+                     else self._pf.read_row_groups(groups, columns=cols))
             events = table.to_pandas()
         except (pa.ArrowInvalid, OSError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
         if "link" not in events:
             events["link"] = -1
+        if "detail" not in events:
+            events["detail"] = None
         return events
 
     def read(self) -> Trace:
@@ -326,13 +329,14 @@ class TraceFile:
         except (ValueError, TypeError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
 
-    def read_rank(self, rank: int) -> Trace:
-        """One rank's events (with the file's metadata)."""
+    def read_rank(self, rank: int, detail: bool = True) -> Trace:
+        """One rank's events (with the file's metadata); ``detail=False`` leaves the native
+        detail column empty (the analyses do not read it)."""
         if self.row_groups is None:
             ev = self.read().events
             return Trace(ev[ev["rank"] == rank].reset_index(drop=True), self.meta)
         try:
-            return Trace(conform(self._read(self.row_groups[rank])), self.meta)
+            return Trace(conform(self._read(self.row_groups[rank], detail)), self.meta)
         except (ValueError, TypeError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
 

@@ -53,6 +53,8 @@ class RankPart:
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
+    if "detail" in trace.events:  # no analysis reads it; every filter would copy it
+        trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     steps = step_breakdown(trace)
     return RankPart(
         ranks=[int(r) for r in pd.unique(trace.events["rank"])],
