@@ -89,6 +89,9 @@ def decode(data: bytes, path: Path, decoder: msgspec.json.Decoder, what: str) ->
         raise OpprofError(f"{path}: not JSON and not an opprof trace ({text})") from None
     except RecursionError:
         raise OpprofError(f"{path}: JSON nested too deeply to be a trace") from None
+    except UnicodeDecodeError as exc:
+        raise OpprofError(f"{path}: JSON with text that is not UTF-8 ({exc.reason} at byte "
+                          f"{exc.start})") from None
 
 
 def describe(data: bytes) -> str:
@@ -97,7 +100,7 @@ def describe(data: bytes) -> str:
         with no_gc():
             top = msgspec.json.decode(data, type=dict[str, msgspec.Raw] | list[msgspec.Raw]
                                       | str | int | float | bool | None)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError):
         return "unreadable top level"
     if isinstance(top, dict):
         return f"top-level keys: {', '.join(list(top)[:5]) or 'none'}"

@@ -92,12 +92,14 @@ def decode(data: bytes, path: Path) -> Document | None:
         with chrome.no_gc():
             return _DECODER.decode(data)
     except msgspec.ValidationError as exc:
-        if "missing required field `traceEvents`" in str(exc) or str(exc).startswith(
-                "Expected `object`"):
+        msg = str(exc)
+        top = " - at `$" not in msg  # the document itself is not an object
+        if "missing required field `traceEvents`" in msg or (
+                top and msg.startswith("Expected `object`")):
             chrome.decode(data, path, _ANY_JSON, "JSON document")  # malformed? say so
             return None
-        raise OpprofError(f"{path}: not a valid chrome trace ({exc})") from None
-    except (msgspec.DecodeError, RecursionError):
+        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
 
