@@ -122,13 +122,19 @@ def _as_objects(values: Sequence[Any]) -> np.ndarray:
 
 def _number(v: Any) -> float:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:
+            return np.nan
     if isinstance(v, str):
         try:
             return float(v)
         except ValueError:
             return np.nan
     return np.nan
+
+
+_NUMBER_TYPES = (int, float)
 
 
 def numbers(values: Sequence[Any], fill: float = np.nan) -> np.ndarray:
@@ -139,10 +145,15 @@ def numbers(values: Sequence[Any], fill: float = np.nan) -> np.ndarray:
         if out.ndim != 1:
             raise ValueError("nested")
     except (TypeError, ValueError, OverflowError):
-        try:  # mixed numbers and text (Kineto's "Spans" pid): pandas' C conversion
-            out = pd.to_numeric(_as_objects(values), errors="coerce").astype(np.float64)
-        except (TypeError, ValueError):  # lists or objects where a number belongs
-            out = np.array([_number(v) for v in values], dtype=np.float64)
+        # a few odd values (Kineto's "Spans" pid): convert those alone, the rest at once
+        fixed = list(values)
+        for i, v in enumerate(values):
+            if type(v) not in _NUMBER_TYPES and v is not None:
+                fixed[i] = _number(v)
+        try:
+            out = np.array(fixed, dtype=np.float64)
+        except OverflowError:  # integers beyond float64
+            out = np.array([_number(v) for v in fixed], dtype=np.float64)
     if not np.isnan(fill):
         out[np.isnan(out)] = fill
     return out
