@@ -154,7 +154,7 @@ def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine) -> list[Outcome]
     ranks are assigned as a whole-job import assigns them)."""
     from opprof.normalizers import kineto
 
-    outs = list(parallel.run_ordered(engine, fn, args))
+    outs = list(progress(parallel.run_ordered(engine, fn, args), len(args), engine))
     kept = [i for i, o in enumerate(outs) if not o.skipped]
     p.skipped = [p.tasks[i].path for i, o in enumerate(outs) if o.skipped]
     outs, args = [outs[i] for i in kept], [args[i] for i in kept]
@@ -166,6 +166,22 @@ def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine) -> list[Outcome]
             for i, o in zip(redo, parallel.run_ordered(engine, fn, fixed), strict=True):
                 outs[i] = o
     return outs
+
+
+def progress(results: Any, total: int, engine: parallel.Engine) -> Any:
+    """Pass results through, showing ``rank k/N`` on stderr when it is a terminal and the
+    job has a few ranks."""
+    import sys
+
+    show = total >= 4 and sys.stderr.isatty()
+    for k, r in enumerate(results, 1):
+        if show:
+            sys.stderr.write(f"\ropprof: {k}/{total} ranks ({engine.describe()})")
+            sys.stderr.flush()
+        yield r
+    if show:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
 
 
 def _with_rank(arg: Any, rank: int) -> Any:
@@ -258,7 +274,8 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
                     o.tables = []
                     yield o
 
-            outs = list(spill(parallel.run_ordered(engine, import_task, p.tasks)))
+            outs = list(spill(progress(parallel.run_ordered(engine, import_task, p.tasks),
+                                       len(p.tasks), engine)))
             tasks = [t for t, o in zip(p.tasks, outs, strict=True) if not o.skipped]
             p.skipped = [t.path for t, o in zip(p.tasks, outs, strict=True) if o.skipped]
             outs = [o for o in outs if not o.skipped]
