@@ -149,23 +149,30 @@ def import_task(task: Task) -> Outcome:
     return out
 
 
-def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine) -> list[Outcome]:
+def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine,
+         take: Any = None) -> list[Outcome]:
     """Run the tasks, then re-run the JSON files whose rank another file already took (so
-    ranks are assigned as a whole-job import assigns them)."""
+    ranks are assigned as a whole-job import assigns them). ``take(i, outcome)``, if given,
+    sees each outcome of task ``i`` as it arrives (a re-run's replaces the first)."""
     from opprof.normalizers import kineto
 
-    outs = list(progress(parallel.run_ordered(engine, fn, args), len(args), engine))
+    def arrived(i: int, o: Outcome) -> Outcome:
+        if take is not None and not o.skipped and not o.other_format:
+            take(i, o)
+        return o
+
+    outs = [arrived(i, o) for i, o in enumerate(
+        progress(parallel.run_ordered(engine, fn, args), len(args), engine))]
     kept = [i for i, o in enumerate(outs) if not o.skipped]
     p.skipped = [p.tasks[i].path for i, o in enumerate(outs) if o.skipped]
-    outs, args = [outs[i] for i in kept], [args[i] for i in kept]
     if p.tasks and p.tasks[0].kind == "json" and not any(o.other_format for o in outs):
-        final = kineto.assign_ranks([o.declared for o in outs])  # type: ignore[misc]
-        redo = [i for i, o in enumerate(outs) if o.rank != final[i]]
-        if redo:
-            fixed = [_with_rank(args[i], final[i]) for i in redo]
-            for i, o in zip(redo, parallel.run_ordered(engine, fn, fixed), strict=True):
-                outs[i] = o
-    return outs
+        final = kineto.assign_ranks([outs[i].declared for i in kept])  # type: ignore[misc]
+        redo = [i for i, r in zip(kept, final, strict=True) if outs[i].rank != r]
+        fixed = [_with_rank(args[i], r) for i, r in zip(kept, final, strict=True)
+                 if outs[i].rank != r]
+        for i, o in zip(redo, parallel.run_ordered(engine, fn, fixed), strict=True):
+            outs[i] = arrived(i, o)
+    return [outs[i] for i in kept]
 
 
 def progress(results: Any, total: int, engine: parallel.Engine) -> Any:
@@ -256,58 +263,34 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
         output.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
-            spilled: list[tuple[int, Path]] = []
-            n_events = 0
+            spilled: dict[int, list[tuple[int, Path, int]]] = {}  # task → (rank, file, rows)
 
-            def spill(outs: Any) -> Any:
-                nonlocal n_events
-                for o in outs:
-                    if o.other_format:
-                        yield o
-                        continue
-                    for rank, table in o.tables:
-                        f = Path(tmp) / f"{len(spilled)}.arrow"
-                        with pa.OSFile(str(f), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
-                            w.write_table(table)
-                        spilled.append((rank, f))
-                        n_events += table.num_rows
-                    o.tables = []
-                    yield o
+            def spill(i: int, o: Outcome) -> None:
+                spilled[i] = []
+                for k, (rank, table) in enumerate(o.tables):
+                    f = Path(tmp) / f"{i}.{k}.arrow"
+                    with pa.OSFile(str(f), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
+                        w.write_table(table)
+                    spilled[i].append((rank, f, table.num_rows))
+                o.tables = []
 
-            outs = list(spill(progress(parallel.run_ordered(engine, import_task, p.tasks),
-                                       len(p.tasks), engine)))
-            tasks = [t for t, o in zip(p.tasks, outs, strict=True) if not o.skipped]
-            p.skipped = [t.path for t, o in zip(p.tasks, outs, strict=True) if o.skipped]
-            outs = [o for o in outs if not o.skipped]
+            outs = _run(p, import_task, p.tasks, engine, take=spill)
             if not any(o.other_format for o in outs):
-                from opprof.normalizers import kineto
-
-                final = kineto.assign_ranks([o.declared for o in outs])  # type: ignore[misc]
-                redo = [i for i, o in enumerate(outs) if o.rank != final[i]]
-                if redo:
-                    fixed = [_with_rank(tasks[i], final[i]) for i in redo]
-                    before = len(spilled)
-                    for i, o in zip(redo, spill(parallel.run_ordered(engine, import_task, fixed)),
-                                    strict=True):
-                        outs[i] = o
-                    # the re-run files' tables replace their first spills, in file order
-                    fresh = spilled[before:]
-                    del spilled[before:]
-                    for i, new in zip(redo, fresh, strict=True):
-                        spilled[i] = new
                 meta = _job_meta(p, outs)
+                ranks = [x for i in sorted(spilled) for x in spilled[i]]
                 # the row-group map goes in the schema's metadata, so it is known first
                 groups: dict[str, list[int]] = {}
                 k = 0
-                for rank, f in spilled:
-                    m = max(1, -(-_rows(f) // ROW_GROUP_ROWS))
+                for rank, _, rows in ranks:
+                    m = max(1, -(-rows // ROW_GROUP_ROWS))
                     groups.setdefault(str(rank), []).extend(range(k, k + m))
                     k += m
                 meta["row_groups"] = groups
                 with atomic_path(output) as out_tmp, TraceWriter(out_tmp, meta) as w:
-                    for rank, f in spilled:
+                    for rank, f, _ in ranks:
                         w.write(rank, pa.ipc.open_file(pa.memory_map(str(f))).read_all())
-                return Imported(output, n_events, len(spilled),
+                n_events = sum(rows for _, _, rows in ranks)
+                return Imported(output, n_events, len(ranks),
                                 len(meta.get("step_bounds", [])), meta["source_formats"])
     from opprof.loader import load
 
@@ -317,10 +300,3 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     return Imported(output, len(ev), int(ev["rank"].nunique()),
                     len(trace.meta.get("step_bounds", [])),
                     list(trace.meta.get("source_formats", [])))
-
-
-def _rows(f: Path) -> int:
-    import pyarrow as pa
-
-    reader = pa.ipc.open_file(pa.memory_map(str(f)))
-    return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
