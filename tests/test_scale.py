@@ -238,3 +238,18 @@ def test_readme_scale_examples_run_as_written(job_dir: Path, tmp_path: Path) -> 
         res = run_cli(*shlex.split(line.replace("JOB_DIR", str(job_dir)))[1:], cwd=tmp_path)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
     assert json.loads(res.stdout)["ranks"][5]["rank"] == 5
+
+
+def test_two_files_of_one_rank_get_ranks_as_a_whole_import_gives(tmp_path: Path) -> None:
+    src = shared_trace("sampled-128rank-rank0.json.gz")
+    other = shared_trace("sampled-128rank-rank1.json.gz")
+    folder = tmp_path / "dup"
+    folder.mkdir()
+    for name, f in (("a", src), ("b", src), ("c", other)):  # ranks 0, 0, 1
+        (folder / f"{name}.json.gz").write_bytes(f.read_bytes())
+    whole = load(folder)
+    assert sorted(whole.events["rank"].unique()) == [0, 1, 2]
+    out = tmp_path / "dup.trace"
+    job.import_([folder], out, jobs=2)
+    pd.testing.assert_frame_equal(load(out).events, whole.events)
+    assert_same_report(job.report([folder], jobs=2), build_report(whole))
