@@ -1,4 +1,10 @@
-"""The `.trace` file: one Parquet events table for all ranks plus JSON metadata."""
+"""The `.trace` file: one Parquet events table for all ranks plus JSON metadata.
+
+One file, one row group per rank (``meta["row_groups"]`` maps ranks to row groups), so a
+rank is read without the others (:class:`TraceFile`); categorical columns are
+dictionary<int32, string>, the metadata is JSON under the schema's ``opprof`` key. Files
+from before the per-rank layout (all ranks in one row group) read as they always did.
+"""
 
 from __future__ import annotations
 
