@@ -21,7 +21,7 @@ import pandas as pd
 from opprof.errors import OpprofError
 from opprof.events import finish
 from opprof.normalizers import chrome
-from opprof.taxonomy import mapping_table
+from opprof.taxonomy import KINDS, ROLES, mapping_table
 from opprof.trace import Trace, concat_traces
 
 NAME = "kineto"
@@ -239,15 +239,21 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     cat_lower = pd.Index(cat.categories.astype(str)).str.lower()
     codes = cat.codes
     on_device = np.isin(cat_lower, list(_DEVICE_CATS))[codes]
-    kind = pd.Series(cat_lower).map(_KIND_OF_CAT).fillna("cpu_op").to_numpy(object)[codes]
+    kind_of_cat = pd.Series(cat_lower).map(_KIND_OF_CAT).fillna("cpu_op").to_numpy(object)
+    kind = pd.Categorical.from_codes(  # per category, not per event
+        np.array([KINDS.index(k) for k in kind_of_cat] + [-1], np.int64)[codes],
+        categories=KINDS)
     pid = chrome.numbers(pid_v)
     dev_no = chrome.numbers(dev_v)
     dev_no = np.where(np.isnan(dev_no), pid, dev_no)
     dev_no = np.where(np.isnan(dev_no), 0, dev_no).astype(np.int64)
-    device = np.full(n, "cpu", dtype=object)
+    device_code = np.zeros(n, np.int64)  # "cpu"
+    uniq = np.zeros(0, np.int64)
     if on_device.any():
         uniq, inv = np.unique(dev_no[on_device], return_inverse=True)
-        device[on_device] = np.array([f"cuda:{d}" for d in uniq], dtype=object)[inv]
+        device_code[on_device] = inv + 1
+    device = pd.Categorical.from_codes(
+        device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
     nbytes = chrome.numbers(bytes_v, fill=0.0)
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
     has_dims = np.fromiter((d is not None for d in dims_v), bool, n)
@@ -258,7 +264,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
                             for d, h in zip(dims_v, has_dims, strict=True) if h]
     return pd.DataFrame({
         "rank": rank,
-        "role": "worker",
+        "role": pd.Categorical.from_codes(np.zeros(n, np.int8), categories=ROLES),
         "pid": np.where(np.isnan(pid), -1, pid).astype(np.int64),
         "tid": chrome.integers(tid_v),
         "device": device,
