@@ -3,25 +3,28 @@
 Each format module offers ``NAME`` and either ``claims_json(doc) -> bool`` with
 ``from_docs([(path, doc), ...], meta) -> Trace`` (JSON formats), or ``claims_file(path,
 head) -> bool`` with ``from_files([path, ...], meta) -> Trace`` (binary formats).
+
+JSON is decoded typed (``chrome.py``): a file is decoded once as a Kineto
+:class:`~opprof.normalizers.kineto.Document` (only the fields Kineto needs), which also
+answers MXNet's ``claims_json``; an MXNet dump is then decoded with MXNet's own type. Kineto
+files are normalized one at a time (``kineto.rank_trace``), so a job's decoded documents are
+never all in memory; ``opprof.job`` does the same in worker processes.
 """
 
 from __future__ import annotations
 
-import gc
-import gzip
-import json
-import zlib
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from opprof.errors import OpprofError
-from opprof.normalizers import kineto, mxnet, nsys, nvprof, xplane
-from opprof.trace import Trace
+from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, xplane
+from opprof.trace import Trace, concat_traces
 
 JSON_FORMATS: list[Any] = [kineto, mxnet]
 FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
 
-_GZIP_MAGIC = b"\x1f\x8b"
 _PARQUET_MAGIC = b"PAR1"
 _CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep")
 
@@ -40,28 +43,26 @@ def head_bytes(path: Path, n: int = 64) -> bytes:
 
 
 def read_json(path: Path) -> Any:
-    """Parse a plain or gzipped JSON file; any failure is one clear OpprofError line."""
-    head = head_bytes(path)
-    try:
-        if head.startswith(_GZIP_MAGIC):
-            with gzip.open(path, "rb") as f:
-                data = f.read()
-        else:
-            data = path.read_bytes()
-    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-        raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
-    if not data[:4096].strip() and not data.strip():
-        raise OpprofError(f"{path}: file is empty")
-    gc_was_on = gc.isenabled()
-    gc.disable()  # parsed JSON has no reference cycles; collecting during the parse is waste
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        what = "truncated JSON" if data.lstrip()[:1] in (b"{", b"[") else "not JSON"
-        raise OpprofError(f"{path}: {what} and not an opprof trace ({exc})") from None
-    finally:
-        if gc_was_on:
-            gc.enable()
+    """Parse a plain or gzipped JSON file into plain Python objects (dicts and lists); any
+    failure is one clear OpprofError line. (The importers decode typed, see chrome.py.)"""
+    data = chrome.read_bytes(path, head_bytes(path))
+    return chrome.decode(data, path, _PLAIN_JSON, "JSON document")
+
+
+_PLAIN_JSON = msgspec.json.Decoder()
+
+
+def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
+    """(format module, decoded document) of a JSON trace file; (None, description) when it
+    is JSON of no known format."""
+    data = chrome.read_bytes(path, head)
+    doc = kineto.decode(data, path)
+    if doc is None:
+        return None, chrome.describe(data)
+    for fmt in JSON_FORMATS:
+        if fmt.claims_json(doc):
+            return fmt, (doc if fmt is kineto else fmt.decode(data, path))
+    return None, f"chrome-trace events of no known profiler ({len(doc.traceEvents)} events)"
 
 
 def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
@@ -94,6 +95,8 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
         if all(fmt.claims_file(f, head_bytes(f)) for f in files):
             return fmt.from_files(files, meta or {})
     docs = []
+    parts: list[tuple[Trace, dict]] = []
+    ranks: list[int] = []
     fmt_of: dict[Path, Any] = {}
     skipped: list[str] = []
     for f, named in listed:
@@ -104,29 +107,31 @@ def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
         claimed = next((m for m in FILE_FORMATS if m.claims_file(f, head)), None)
         if claimed is not None:
             raise OpprofError(f"{f}: a {claimed.NAME} file cannot be mixed with other formats")
-        doc = read_json(f)
-        fmt = next((m for m in JSON_FORMATS if m.claims_json(doc)), None)
+        fmt, doc = read_doc(f, head)
         if fmt is None:
             if not named:
                 skipped.append(str(f))
                 continue
-            raise OpprofError(f"{f}: JSON but not a known trace format ({_describe(doc)})")
-        docs.append((f, doc))
+            raise OpprofError(f"{f}: JSON but not a known trace format ({doc})")
         fmt_of[f] = fmt
-    if not docs:
+        if fmt is kineto:  # normalized at once, so only one decoded document is held
+            rank = kineto.assign_ranks([*ranks, kineto.declared_rank(doc, len(ranks))])[-1]
+            ranks.append(rank)
+            parts.append(kineto.rank_trace(f, doc, rank, meta or {}))
+            del doc
+        else:
+            docs.append((f, doc))
+    if not fmt_of:
         raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
     kinds = {m.NAME for m in fmt_of.values()}
     if len(kinds) > 1:
         raise OpprofError(f"mixed native formats in one import: {', '.join(sorted(kinds))}")
     fmt = next(iter(fmt_of.values()))
-    trace = fmt.from_docs(docs, meta or {})
+    if fmt is kineto:
+        trace = concat_traces([t for t, _ in parts],
+                              kineto.merge_meta([i for _, i in parts], meta or {}))
+    else:
+        trace = fmt.from_docs(docs, meta or {})
     if skipped:
         trace.meta["skipped_files"] = skipped
     return trace
-
-
-def _describe(doc: Any) -> str:
-    if isinstance(doc, dict):
-        keys = ", ".join(list(doc)[:5]) or "none"
-        return f"top-level keys: {keys}"
-    return f"top level is a JSON {type(doc).__name__}"

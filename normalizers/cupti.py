@@ -95,7 +95,10 @@ def read_table(con: sqlite3.Connection, table: str, wanted: list[str],
     if cols:
         sql = "SELECT " + ", ".join(f'"{c}"' if c in raw else f'COALESCE("{c}", -1) AS "{c}"'
                                     for c in cols) + f' FROM "{table}"'
-        df = pd.read_sql_query(sql, con)
+        rows = con.execute(sql).fetchall()
+        # rows to columns once, each column to one array (no per-row pandas inference)
+        columns = list(zip(*rows, strict=True)) if rows else [() for _ in cols]
+        df = pd.DataFrame({c: _column(v, c in raw) for c, v in zip(cols, columns, strict=True)})
     else:
         n = con.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0]
         df = pd.DataFrame(index=range(n))
@@ -103,6 +106,19 @@ def read_table(con: sqlite3.Connection, table: str, wanted: list[str],
         if c not in df.columns:
             df[c] = np.nan
     return df[wanted]
+
+
+def _column(values: tuple, raw: bool) -> np.ndarray:
+    """One SQL result column as an array: int64 when every value is an integer (the
+    COALESCEd id and time columns), else objects (text, blobs, mixed)."""
+    if not raw:
+        try:
+            return np.fromiter(values, dtype=np.int64, count=len(values))
+        except (TypeError, ValueError, OverflowError):
+            pass
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
 
 
 def int_col(s: pd.Series, fill: int = -1) -> np.ndarray:

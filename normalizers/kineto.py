@@ -16,16 +16,19 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import finish
-from opprof.taxonomy import mapping_table
-from opprof.trace import Trace
+from opprof.normalizers import chrome
+from opprof.taxonomy import KINDS, ROLES, mapping_table
+from opprof.trace import Trace, concat_traces
 
 NAME = "kineto"
 _KIND_OF_CAT = {
@@ -44,131 +47,273 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "lo
                 "Int": 4, "signed char": 1, "unsigned char": 1, "bool": 1, "long": 8}
 
 
+_COMM_NAME = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::")
+
+
+class Args(msgspec.Struct, gc=False):
+    """The ``args`` fields opprof reads (every other one is skipped unread)."""
+
+    correlation: Any = None
+    device: Any = None
+    bytes: Any = None
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dtype: Any = None
+    name: Any = None  # process_name / thread_name metadata (format detection)
+
+
+class Event(msgspec.Struct, gc=False):
+    """One chrome-trace event, as far as opprof reads it."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: Args | None = None
+
+
+class Document(msgspec.Struct, gc=False):
+    """A chrome-trace document: its events and Kineto's top-level fields."""
+
+    traceEvents: list[Event]
+    schemaVersion: Any = None
+    distributedInfo: Any = None
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    opprofClock: Any = None
+
+
+_DECODER = msgspec.json.Decoder(Document)
+_NO_ARGS = Args()
+
+
+def decode(data: bytes, path: Path) -> Document | None:
+    """Decode chrome-trace JSON into a :class:`Document` (None: JSON, but no ``traceEvents``
+    object at the top); malformed input is one OpprofError line."""
+    try:
+        with chrome.no_gc():
+            return _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        top = " - at `$" not in msg  # the document itself is not an object
+        if "missing required field `traceEvents`" in msg or (
+                top and msg.startswith("Expected `object`")):
+            chrome.decode(data, path, _ANY_JSON, "JSON document")  # malformed? say so
+            return None
+        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
+        raise
+
+
+_ANY_JSON = msgspec.json.Decoder()
+
+
+def _field(obj: Any, key: str) -> Any:
+    """A field of a decoded document or event, typed struct or plain dict alike."""
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
 def claims_json(doc: Any) -> bool:
     """A Kineto trace: a dict of traceEvents with Kineto's schema or categories."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+    events = _field(doc, "traceEvents") if isinstance(doc, (dict, Document)) else None
+    if not isinstance(events, list):
         return False
-    if "schemaVersion" in doc or "distributedInfo" in doc or "deviceProperties" in doc:
+    if isinstance(doc, Document):
+        if (doc.schemaVersion is not None or doc.distributedInfo is not None
+                or doc.deviceProperties is not None):
+            return True
+    elif "schemaVersion" in doc or "distributedInfo" in doc or "deviceProperties" in doc:
         return True
-    return any(isinstance(e, dict) and e.get("cat") in _KINETO_CATS
-               for e in doc["traceEvents"][:500])
+    return any(isinstance(e, (dict, Event)) and _field(e, "cat") in _KINETO_CATS
+               for e in events[:500])
 
 
-def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
+def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
     """Normalize one Kineto document per rank into one Trace."""
-    frames, ranks, devices, dist = [], [], [], {}
-    offsets, errors = {}, {}
-    for path, doc in docs:
-        rank = _rank_of(doc, path, len(ranks))
-        if rank in ranks:
-            rank = max(ranks) + 1
-        ranks.append(rank)
-        # Plain object strings: pandas 3's Arrow strings cost more than they save here.
-        with pd.option_context("future.infer_string", False):
-            frames.append(_raw_events(doc, rank, path))
-        # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
-        clock = doc.get("opprofClock") or {}
-        offsets[str(rank)] = int((meta.get("clock_offsets_ns") or {}).get(
-            str(rank), clock.get("offset_ns", 0)))
-        errors[str(rank)] = int(clock.get("error_ns", 0))
-        frames[-1]["ts"] += offsets[str(rank)]
-        devices.extend(d.get("name", "") for d in doc.get("deviceProperties", []) or [])
-        if doc.get("distributedInfo"):
-            dist[str(rank)] = doc["distributedInfo"]
-    raw = pd.concat(frames, ignore_index=True)
-    has_gpu = raw["kind"].isin(["kernel", "memcpy", "memset"]).any()
+    ranks = assign_ranks([declared_rank(doc, i) for i, (_, doc) in enumerate(docs)])
+    parts = [rank_trace(path, doc, rank, meta) for (path, doc), rank in
+             zip(docs, ranks, strict=True)]
+    return concat_traces([t for t, _ in parts], merge_meta([i for _, i in parts], meta))
+
+
+def declared_rank(doc: Document, index: int) -> int:
+    """The rank a document says it is (``distributedInfo.rank``), else its position."""
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    return _int(info.get("rank", index), index)
+
+
+def assign_ranks(declared: list[int]) -> list[int]:
+    """Final ranks, in file order: the declared rank, or one past the largest so far when
+    an earlier file already has it (two traces of one rank stay apart)."""
+    out: list[int] = []
+    for r in declared:
+        out.append(max(out) + 1 if r in out else r)
+    return out
+
+
+def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace, dict]:
+    """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
+    import), and the facts about it that :func:`merge_meta` combines across ranks."""
+    # Plain object strings: pandas 3's Arrow strings cost more than they save here.
+    with pd.option_context("future.infer_string", False):
+        raw = _raw_events(doc, rank, path)
+    # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
+    clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
+    offset = _int((meta.get("clock_offsets_ns") or {}).get(str(rank),
+                                                           clock.get("offset_ns", 0)))
+    raw["ts"] += offset
+    props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
     info = {
-        "source_formats": [NAME],
-        "sources": [str(p) for p, _ in docs],
-        "framework": meta.get("framework", "torch"),
-        "workers": len(ranks),
-        "device": "cuda" if has_gpu else "cpu",
-        "gpus": sorted(set(devices)),
-        "clock_error_ns": errors,
+        "rank": rank, "source": str(path), "offset": offset,
+        "error": _int(clock.get("error_ns", 0)),
+        "has_gpu": bool(np.isin(raw["kind"].to_numpy(object),
+                                ["kernel", "memcpy", "memset"]).any()),
+        "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
+        "distributed": doc.distributedInfo or None,
     }
+    trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
+    info["step_bounds"] = trace.meta["step_bounds"]
+    info["inferred_phases"] = trace.meta.get("inferred_phases", [])
+    return trace, info
+
+
+def merge_meta(infos: list[dict], meta: dict) -> dict:
+    """The metadata of a job from its ranks' facts (``rank_trace``), in file order."""
+    info: dict[str, Any] = {
+        "source_formats": [NAME],
+        "sources": [i["source"] for i in infos],
+        "framework": meta.get("framework", "torch"),
+        "workers": len(infos),
+        "device": "cuda" if any(i["has_gpu"] for i in infos) else "cpu",
+        "gpus": sorted({g for i in infos for g in i["gpus"]}),
+        "clock_error_ns": {str(i["rank"]): i["error"] for i in infos},
+    }
+    dist = {str(i["rank"]): i["distributed"] for i in infos if i["distributed"]}
     if dist:
         info["distributed"] = dist
     info.update(meta)
-    info["clock_offsets_ns"] = offsets  # as applied (the meta may name only some ranks)
-    return finish(raw, mapping_table(NAME), info)
+    info["clock_offsets_ns"] = {str(i["rank"]): i["offset"] for i in infos}  # as applied
+    if all("step_bounds" in i for i in infos):
+        bounds = sorted((b for i in infos for b in i["step_bounds"]),
+                        key=lambda b: (b[0], b[2]))
+        info["step_bounds"] = bounds
+    inferred = sorted({r for i in infos for r in i.get("inferred_phases", [])})
+    if inferred:
+        info["inferred_phases"] = inferred
+    return info
 
 
-def _rank_of(doc: dict, path: Path, default: int) -> int:
-    info = doc.get("distributedInfo") or {}
+def _int(value: Any, default: int = 0) -> int:
+    """An integer field of a hostile file: ``default`` when it is not one."""
     try:
-        return int(info.get("rank", default))
-    except (TypeError, ValueError):
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
 
 
-def _raw_events(doc: dict, rank: int, path: Path) -> pd.DataFrame:
-    events = doc["traceEvents"]
-    ev = pd.DataFrame.from_records(
-        events, columns=["ph", "cat", "name", "pid", "tid", "ts", "dur", "args"]
-    )
-    ev = ev[ev["ph"] == "X"].reset_index(drop=True)
-    if ev.empty:
+def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
+    """The complete (``X``) events of one document as raw columns (see events.finish).
+    The document's events are consumed (``doc.traceEvents`` is emptied once its columns are
+    taken), so the decoded structs do not outlive the columns made from them."""
+    x = [e for e in doc.traceEvents if e.ph == "X"]
+    doc.traceEvents = []
+    n = len(x)
+    if not x:
         raise OpprofError(f"{path}: Kineto trace with no complete events")
-    base_ns = int(doc.get("baseTimeNanoseconds", 0) or 0)
-    ts_us = pd.to_numeric(ev["ts"], errors="coerce").to_numpy(dtype=np.float64)
-    dur_us = pd.to_numeric(ev["dur"], errors="coerce").fillna(0).to_numpy(dtype=np.float64)
+    cat_v, name_v, pid_v, tid_v, ts_v, dur_v, args_v = chrome.columns(
+        x, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
+    del x
+    args_v = [a if a is not None else _NO_ARGS for a in args_v]
+    corr_v, dev_v, bytes_v, dims_v = chrome.columns(
+        args_v, ("correlation", "device", "bytes", "input_dims"))
+    names = chrome.strings(name_v)
+    del name_v
+    comm_bytes = _comm_bytes(names, args_v)
+    del args_v
+    base_ns = _int(doc.baseTimeNanoseconds or 0)
+    ts_us = chrome.numbers(ts_v)
+    dur_us = chrome.numbers(dur_v, fill=0.0)
     if np.isnan(ts_us).any():
         raise OpprofError(f"{path}: Kineto events without a numeric timestamp")
-    cat = ev["cat"].astype(object).fillna("").astype(str).str.lower()
-    arg_dicts = ev["args"].to_numpy(dtype=object)
-    no_args = pd.isna(ev["args"]).to_numpy()
-    if no_args.any():
-        arg_dicts[no_args] = [{}] * int(no_args.sum())
-    args = pd.DataFrame.from_records(
-        arg_dicts,
-        columns=["correlation", "device", "bytes", "Input Dims", "Input type",
-                 "In msg nelems", "Out msg nelems", "dtype"],
-    )
-    on_device = cat.isin(_DEVICE_CATS).to_numpy()
-    dev_no = pd.to_numeric(args["device"], errors="coerce")
-    pid = pd.to_numeric(ev["pid"], errors="coerce")
-    dev_no = dev_no.fillna(pid).fillna(0).astype(np.int64)
-    device = np.where(on_device, "cuda:" + dev_no.astype(str), "cpu")
-    kind = cat.map(_KIND_OF_CAT).fillna("cpu_op").to_numpy(dtype=object)
-    nbytes = pd.to_numeric(args["bytes"], errors="coerce").fillna(0).astype(np.int64)
-    comm_bytes = _comm_bytes(ev["name"], args)
-    nbytes = nbytes.where(comm_bytes.isna(), comm_bytes).astype(np.int64)
-    detail = args["Input Dims"].where(args["Input Dims"].notna())
-    detail = detail.astype(str).where(detail.notna(), None) if detail.notna().any() else None
+    if not (np.isfinite(ts_us).all() and np.isfinite(dur_us).all()
+            and np.abs(ts_us).max() < 2**62 / 1000 and np.abs(dur_us).max() < 2**62 / 1000):
+        raise OpprofError(f"{path}: Kineto event times out of range")
+    cat = chrome.strings(cat_v)
+    cat_lower = pd.Index(cat.categories.astype(str)).str.lower()
+    codes = cat.codes
+    on_device = np.isin(cat_lower, list(_DEVICE_CATS))[codes]
+    kind_of_cat = pd.Series(cat_lower).map(_KIND_OF_CAT).fillna("cpu_op").to_numpy(object)
+    kind = pd.Categorical.from_codes(  # per category, not per event
+        np.array([KINDS.index(k) for k in kind_of_cat] + [-1], np.int64)[codes],
+        categories=KINDS)
+    pid = chrome.numbers(pid_v)
+    dev_no = chrome.numbers(dev_v)
+    dev_no = np.where(np.isnan(dev_no), pid, dev_no)
+    dev_no = np.where(np.isnan(dev_no), 0, dev_no).astype(np.int64)
+    device_code = np.zeros(n, np.int64)  # "cpu"
+    uniq = np.zeros(0, np.int64)
+    if on_device.any():
+        uniq, inv = np.unique(dev_no[on_device], return_inverse=True)
+        device_code[on_device] = inv + 1
+    device = pd.Categorical.from_codes(
+        device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
+    nbytes = chrome.numbers(bytes_v, fill=0.0)
+    nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
+    has_dims = np.fromiter((d is not None for d in dims_v), bool, n)
+    detail = None
+    if has_dims.any():
+        detail = np.full(n, None, dtype=object)
+        detail[has_dims] = [d if type(d) is str else str(d)
+                            for d, h in zip(dims_v, has_dims, strict=True) if h]
     return pd.DataFrame({
         "rank": rank,
-        "role": "worker",
-        "pid": pid.fillna(-1).astype(np.int64),
-        "tid": pd.to_numeric(ev["tid"], errors="coerce").fillna(-1).astype(np.int64),
+        "role": pd.Categorical.from_codes(np.zeros(n, np.int8), categories=ROLES),
+        "pid": np.where(np.isnan(pid), -1, pid).astype(np.int64),
+        "tid": chrome.integers(tid_v),
         "device": device,
         "ts": base_ns + np.rint(ts_us * 1000).astype(np.int64),
         "dur": np.rint(dur_us * 1000).astype(np.int64),
-        "name": ev["name"].astype(object).fillna("").astype(str),
+        "name": names,
         "kind": kind,
         "bytes": nbytes,
         "detail": detail,
-        "link": pd.to_numeric(args["correlation"], errors="coerce").fillna(-1).astype(np.int64),
+        "link": chrome.integers(corr_v),
     })
 
 
-def _comm_bytes(names: pd.Series, args: pd.DataFrame) -> pd.Series:
-    """Payload of collectives: message elements x dtype size, else the first input's size."""
-    out = pd.Series(np.nan, index=names.index)
-    is_comm = names.astype(str).str.match(r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::")
-    if not is_comm.any():
-        return out
-    sub = args[is_comm.to_numpy()]
-    size = sub["dtype"].map(_DTYPE_BYTES)
-    nel = pd.to_numeric(sub["In msg nelems"], errors="coerce")
-    first_dims = sub["Input Dims"].map(_first_numel)
-    first_type = sub["Input type"].map(
-        lambda t: _DTYPE_BYTES.get(t[0]) if isinstance(t, list) and t else None)
-    val = (nel * size).where(nel.notna() & size.notna(), first_dims * first_type)
-    out[is_comm.to_numpy()] = val.to_numpy(dtype=float)
+def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:
+    """Payload of collectives: message elements x dtype size, else the first input's size
+    (NaN for every other event). The name test runs once per distinct name."""
+    out = np.full(len(names), np.nan)
+    is_comm_name = np.array([bool(_COMM_NAME.match(n)) for n in names.categories], bool)
+    idx = np.flatnonzero(is_comm_name[names.codes]) if len(is_comm_name) else []
+    for i in idx:
+        a = args[i]
+        size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
+        nel = chrome.numbers([a.in_nelems])[0]
+        if size is not None and not np.isnan(nel):
+            out[i] = nel * size
+            continue
+        numel = _first_numel(a.input_dims)
+        t = a.input_type
+        first = _DTYPE_BYTES.get(t[0]) if isinstance(t, list) and t and isinstance(
+            t[0], str) else None
+        if first is not None:
+            out[i] = numel * first
     return out
 
 
 def _first_numel(dims: Any) -> float:
     if isinstance(dims, list) and dims and isinstance(dims[0], list):
-        return float(np.prod(dims[0])) if dims[0] else np.nan
+        try:
+            return float(np.prod(np.array(dims[0], dtype=np.float64))) if dims[0] else np.nan
+        except (TypeError, ValueError):
+            return np.nan
     return np.nan

@@ -54,11 +54,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import cover_label, finish
+from opprof.normalizers import chrome
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace
 
@@ -81,22 +83,79 @@ def _is_comm(names: pd.Series) -> np.ndarray:
     return names.map(cls["op"]).eq("comm").to_numpy()
 
 
+def _field(obj: Any, key: str) -> Any:
+    """A field of a decoded document or event, typed struct or plain dict alike."""
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
 def claims_json(doc: Any) -> bool:
     """An MXNet profiler dump: chrome-trace events with MXNet's process names or categories."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+    events = _field(doc, "traceEvents") if not isinstance(doc, list) else None
+    if not isinstance(events, list):
         return False
-    if any(k in doc for k in _KINETO_KEYS):
+    if isinstance(doc, dict):
+        if any(k in doc for k in _KINETO_KEYS):
+            return False
+    elif any(_field(doc, k) is not None for k in _KINETO_KEYS):
         return False
-    for e in doc["traceEvents"][:2000]:
-        if not isinstance(e, dict):
+    for e in events[:2000]:
+        if not isinstance(e, dict) and not hasattr(e, "ph"):
             continue
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            if _MX_PROCESS.fullmatch(str((e.get("args") or {}).get("name", ""))):
+        ph, cat = _field(e, "ph"), _field(e, "cat")
+        if ph == "M" and _field(e, "name") == "process_name":
+            args = _field(e, "args")
+            if _MX_PROCESS.fullmatch(str(_field(args, "name") or "")):
                 return True
-        elif e.get("cat") in ("MXNET_C_API", "Device Storage") or (
-                e.get("cat") == "operator" and e.get("ph") in ("B", "E")):
+        elif cat in ("MXNET_C_API", "Device Storage") or (
+                cat == "operator" and ph in ("B", "E")):
             return True
     return False
+
+
+class Event(msgspec.Struct, gc=False):
+    """One MXNet chrome-trace event, as far as opprof reads it (other fields are skipped)."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    id: Any = None
+    args: Any = None
+
+
+class Document(msgspec.Struct, gc=False):
+    """An MXNet profiler dump."""
+
+    traceEvents: list[Event]
+
+
+_DECODER = msgspec.json.Decoder(Document)
+
+
+def decode(data: bytes, path: Path) -> Document:
+    """Decode an MXNet dump for :func:`from_docs` (typed: unread fields are skipped)."""
+    return chrome.decode(data, path, _DECODER, "MXNet profiler dump")
+
+
+def _events_frame(doc: Document | dict) -> pd.DataFrame:
+    """The events' fields as columns (ph, cat, name, ts, dur, args, pid, tid, id); a plain
+    dict document (``json.load``) is read too."""
+    cols = ("ph", "cat", "name", "ts", "dur", "args")
+    if isinstance(doc, dict):
+        events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+        ev = pd.DataFrame.from_records(events, columns=list(cols))
+        ev["pid"], ev["tid"], ev["id"] = (_u64([e.get(k) for e in events])
+                                          for k in ("pid", "tid", "id"))
+        return ev
+    values = chrome.columns(doc.traceEvents, (*cols, "pid", "tid", "id"))
+    ev = pd.DataFrame({c: chrome._as_objects(v) for c, v in zip(cols, values, strict=False)})
+    ev["pid"], ev["tid"], ev["id"] = (_u64(v) for v in values[len(cols):])
+    return ev
 
 
 def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
@@ -195,21 +254,20 @@ def _roles(paths: list[Path]) -> list[tuple[int, str]]:
     return [r for r in out if r is not None]
 
 
-def _u64(events: list, key: str) -> np.ndarray:
+def _u64(values: list) -> np.ndarray:
     """A 64-bit id field (pid, tid, id: MXNet writes unsigned hashes) exactly, as int64."""
     try:
-        vals = np.fromiter((e.get(key) or 0 for e in events), dtype=np.uint64, count=len(events))
+        vals = np.fromiter((v or 0 for v in values), dtype=np.uint64, count=len(values))
     except (OverflowError, TypeError, ValueError):
-        vals = pd.to_numeric(pd.Series([e.get(key) for e in events], dtype=object),
+        vals = pd.to_numeric(pd.Series(values, dtype=object),
                              errors="coerce").fillna(0).astype(np.int64).to_numpy()
         return vals
     return vals.view(np.int64)
 
 
-def _raw_events(doc: dict, rank: int, role: str, path: Path, os_pid: int) -> pd.DataFrame:
-    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
-    ev = pd.DataFrame.from_records(events, columns=["ph", "cat", "name", "ts", "dur", "args"])
-    ev["pid"], ev["tid"], ev["id"] = (_u64(events, k) for k in ("pid", "tid", "id"))
+def _raw_events(doc: Document | dict, rank: int, role: str, path: Path,
+                os_pid: int) -> pd.DataFrame:
+    ev = _events_frame(doc)
     ph = ev["ph"].astype(object).fillna("").astype(str)
     meta = ev[(ph == "M") & (ev["name"] == "process_name")]
     proc = dict(zip(meta["pid"], meta["args"].map(lambda a: (a or {}).get("name", "")),

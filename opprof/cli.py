@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from opprof import __version__
-from opprof.commands import bench, diff, export, import_, record, report
 from opprof.errors import OpprofError
 
+#: Command name → the module under opprof.commands defining it. A command's module (and
+#: what it needs: pandas, the frameworks for ``record``) is imported only when that command
+#: runs, so ``opprof report`` never imports torch, TensorFlow or MXNet.
+COMMANDS = {"record": "record", "import": "import_", "report": "report", "diff": "diff",
+            "export": "export", "bench": "bench"}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A click group that imports a command's module when the command is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        return importlib.import_module(f"opprof.commands.{module}").command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="opprof")
 def cli() -> None:
     """Operator-level profiler and trace analyzer for distributed deep-learning training.
@@ -22,9 +41,6 @@ def cli() -> None:
     opprof diff tf.trace mxnet.trace              what explains the step-time gap
     """
 
-
-for _module in (record, import_, report, diff, export, bench):
-    cli.add_command(_module.command)
 
 
 def main() -> None:

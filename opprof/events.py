@@ -70,7 +70,15 @@ import re
 import numpy as np
 import pandas as pd
 
-from opprof.taxonomy import DEVICE_KINDS, INTRINSIC_PHASES, MappingTable
+from opprof.intervals import label_points, nest
+from opprof.taxonomy import (
+    CANONICAL_OPS,
+    DEVICE_KINDS,
+    INTRINSIC_PHASES,
+    KINDS,
+    PHASES,
+    MappingTable,
+)
 from opprof.trace import Trace, conform
 
 #: Names of step markers; the group is the step number.
@@ -86,65 +94,105 @@ INFERRED_TID = -2
 INFERRED_PREFIX = "opprof.inferred."
 
 
+_OPS = np.array(CANONICAL_OPS, dtype=object)
+_OP = {o: i for i, o in enumerate(CANONICAL_OPS)}
+_PHASE = {p: i for i, p in enumerate(PHASES)}
+_PHASE_NAMES = np.array(PHASES, dtype=object)
+_KIND = {k: i for i, k in enumerate(KINDS)}
+_COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
+_OTHER_PHASE, _COMM_PHASE = _PHASE["other"], _PHASE["comm"]
+_MARKER_KIND = _KIND["marker"]
+_DEVICE_KIND_CODES = [_KIND[k] for k in DEVICE_KINDS]
+_INTRINSIC_CODES = [_PHASE[p] for p in INTRINSIC_PHASES]
+_INFER_CODES = [_PHASE[p] for p in INFER_PHASES]
+
+
+def _codes(values: pd.Series | np.ndarray, index: dict[str, int]) -> np.ndarray:
+    """Codes of a string column in a closed set (``index``); -1 for empty, missing or unknown.
+    Categorical input is recoded per category, anything else per distinct value."""
+    cat = values if isinstance(values, pd.Categorical) else (
+        values.array if isinstance(values, pd.Series)
+        and isinstance(values.dtype, pd.CategoricalDtype) else None)
+    if cat is None:
+        codes, uniq = pd.factorize(np.asarray(values, dtype=object))
+        table = np.array([index.get(u, -1) if isinstance(u, str) else -1 for u in uniq]
+                         + [-1], dtype=np.int64)
+        return table[codes]
+    table = np.array([index.get(str(u), -1) for u in cat.categories] + [-1], dtype=np.int64)
+    return table[np.asarray(cat.codes, dtype=np.int64)]
+
+
 def finish(
     raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN
 ) -> Trace:
-    """Classify, nest, attribute and number the raw events; return the finished Trace."""
+    """Classify, nest, attribute and number the raw events; return the finished Trace.
+
+    Operators, phases and kinds are carried as integer codes into the closed sets of the
+    taxonomy (-1 for none), so that no per-event string is compared or hashed."""
     df = raw.reset_index(drop=True)
     n = len(df)
-    names = pd.Categorical(df["name"].astype(object))
+    names = df["name"]
+    names = (names.array if isinstance(names.dtype, pd.CategoricalDtype)
+             else pd.Categorical(names.astype(object)))
+    if not names.categories.is_monotonic_increasing:
+        names = names.reorder_categories(sorted(names.categories))
     cls = table.classify(names.categories).reindex(names.categories)
-    codes = names.codes
-    row_op = cls["op"].to_numpy(dtype=object)[codes]
-    row_phase = cls["phase"].to_numpy(dtype=object)[codes]
-    row_kind = cls["kind"].to_numpy(dtype=object)[codes]
-    matched = cls["row"].to_numpy()[codes] >= 0
+    codes = np.asarray(names.codes, dtype=np.int64)
+    u_op = cls["op"].to_numpy(dtype=object)
+    u_empty_op = np.append(u_op == "", False)
+    u_op = np.append(np.array([_OP.get(o, -1) for o in u_op], dtype=np.int64), -1)
+    u_phase = np.append(np.array([_PHASE.get(p, -1) for p in cls["phase"]], np.int64), -1)
+    u_kind = np.append(np.array([_KIND.get(k, -1) for k in cls["kind"]], np.int64), -1)
+    u_matched = np.append(cls["row"].to_numpy() >= 0, False)
+    row_op, row_phase, row_kind = u_op[codes], u_phase[codes], u_kind[codes]
+    matched = u_matched[codes]
 
-    kind = np.where(row_kind != "", row_kind, df["kind"].astype(object).to_numpy())
+    kind = np.where(row_kind >= 0, row_kind, _codes(df["kind"], _KIND))
     rank = df["rank"].to_numpy(dtype=np.int64)
     ts = df["ts"].to_numpy(dtype=np.int64)
     dur = np.maximum(df["dur"].to_numpy(dtype=np.int64), 0)
     end = ts + dur
-    on_host = df["device"].astype(object).to_numpy() == "cpu"
-    is_marker = (kind == "marker") | (row_op == "")
+    device = df["device"]
+    on_host = (_codes(device, {"cpu": 0}) == 0)
+    is_marker = (kind == _MARKER_KIND) | u_empty_op[codes]
 
     # Phase markers (host markers whose row names a phase) give a phase by time, per rank.
-    is_phase_marker = is_marker & on_host & (row_phase != "")
+    is_phase_marker = is_marker & on_host & (row_phase >= 0)
     marker_phase = cover_label(rank, ts, rank[is_phase_marker], ts[is_phase_marker],
-                                end[is_phase_marker], row_phase[is_phase_marker], default="")
+                                end[is_phase_marker], row_phase[is_phase_marker], default=-1)
 
     own_phase = _resolve_phase(row_phase, marker_phase)
-    is_device_ev = np.isin(kind, DEVICE_KINDS) & ~on_host
+    is_device_ev = np.isin(kind, _DEVICE_KIND_CODES) & ~on_host
 
-    lane = df.groupby(["rank", "pid", "tid"], sort=False, observed=True).ngroup().to_numpy()
+    lane = lane_ids(rank, df["pid"].to_numpy(np.int64), df["tid"].to_numpy(np.int64))
     # On device lanes only kernels, copies and sets are operators (a GPU-side "Stream Sync"
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
-    depth, anc = _nesting(lane, ts, end, is_op)
-
+    depth, anc = nest(lane, ts, end, is_op)
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
-    op = np.where(is_marker, None, row_op).astype(object)
+    op = np.where(is_marker, -1, row_op)
     op[has_anc] = op[anc[has_anc]]
     counted = is_op & (anc == np.arange(n))
     # Communication stays communication wherever it is issued: the outermost comm event
     # inside a compute operator (DDP's all-reduce in a backward hook) is counted as comm;
     # the enclosing operator's total still includes it.
-    own_comm = is_op & on_host & (row_op == "comm")
+    own_comm = is_op & on_host & (row_op == _COMM_OP)
     in_comm = np.zeros(n, bool)
     if own_comm.any():
-        _, comm_anc = _nesting(lane, ts, end, own_comm)
+        _, comm_anc = nest(lane, ts, end, own_comm)
         in_comm = comm_anc >= 0
-        op[in_comm] = "comm"
+        op[in_comm] = _COMM_OP
         counted |= in_comm & (comm_anc == np.arange(n))
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
     outer = is_op & on_host & (anc == np.arange(n))
-    phased = outer & np.isin(row_phase, INFER_PHASES)
+    phased = outer & np.isin(row_phase, _INFER_CODES)
     closes_step = (df["closes_step"].to_numpy(bool) if "closes_step" in df
                    else np.zeros(n, bool))
+    forward = outer & (row_phase == _PHASE["forward"])
     bounds = _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker,
-                          op, counted, outer & (row_phase == "forward"), phased, closes_step)
+                          op, counted, forward, phased, closes_step)
     step = cover_label(rank, ts, bounds["rank"].to_numpy(), bounds["start"].to_numpy(),
                         bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
 
@@ -159,19 +207,19 @@ def finish(
         spans = infer_phase_spans(rank[top], ts[top], end[top],
                                   (rank[lead], ts[lead], row_phase[lead]),
                                   bounds.groupby("rank")["end"].max())
-        bare = np.flatnonzero(unmarked & outer & (row_phase == ""))
+        bare = np.flatnonzero(unmarked & outer & (row_phase < 0))
         own_phase[bare] = next_phase(rank[bare], ts[bare], rank[lead], ts[lead],
                                      row_phase[lead])
-    phase = np.where(is_marker, np.where(row_phase != "", row_phase, None), own_phase)
-    phase = phase.astype(object)
+    phase = np.where(is_marker, row_phase, own_phase)
     phase[has_anc] = phase[anc[has_anc]]
-    phase[in_comm] = "comm"
+    phase[in_comm] = _COMM_PHASE
 
     # Device events take the op of the host operator that launched them (via ``link``)
     # unless their own name maps, and its phase unless their row phase is intrinsic.
     link = df["link"].to_numpy(dtype=np.int64)
-    intrinsic = np.isin(row_phase, list(INTRINSIC_PHASES))
-    phase[is_device_ev] = np.where(intrinsic[is_device_ev], row_phase[is_device_ev], "other")
+    intrinsic = np.isin(row_phase, _INTRINSIC_CODES)
+    phase[is_device_ev] = np.where(intrinsic[is_device_ev], row_phase[is_device_ev],
+                                   _OTHER_PHASE)
     inherit = is_device_ev & (link >= 0)
     if inherit.any():
         host = np.flatnonzero(~is_device_ev & ~is_marker & (link >= 0))
@@ -192,8 +240,11 @@ def finish(
 
     out = pd.DataFrame({
         "rank": rank, "role": df["role"], "pid": df["pid"], "tid": df["tid"],
-        "device": df["device"], "ts": ts, "dur": dur, "name": names, "kind": kind,
-        "op": op, "phase": phase, "step": step.astype(np.int32),
+        "device": device, "ts": ts, "dur": dur, "name": names,
+        "kind": pd.Categorical.from_codes(kind, categories=KINDS),
+        "op": pd.Categorical.from_codes(op, categories=CANONICAL_OPS),
+        "phase": pd.Categorical.from_codes(phase, categories=PHASES),
+        "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
         "bytes": df["bytes"], "detail": df["detail"], "link": link,
     })
@@ -213,12 +264,12 @@ def _launchers_of_copies(phase: np.ndarray, anc: np.ndarray, unmarked: np.ndarra
     """On ranks with inferred phases, a host operator with no phase of its own that launched
     a host-to-device copy (``aten::to(cuda)`` around ``cudaMemcpyAsync``) is h2d, with what
     it encloses, rather than the phase of the span it runs in (in place)."""
-    copies = row_phase[device] == "h2d"
+    copies = row_phase[device] == _PHASE["h2d"]
     launcher = anc[launch[copies]]
     launcher = launcher[launcher >= 0]
-    launcher = np.unique(launcher[unmarked[launcher] & (row_phase[launcher] == "")])
+    launcher = np.unique(launcher[unmarked[launcher] & (row_phase[launcher] < 0)])
     if len(launcher):
-        phase[np.isin(anc, launcher) & ~is_device_ev] = "h2d"
+        phase[np.isin(anc, launcher) & ~is_device_ev] = _PHASE["h2d"]
 
 
 def _leads(rank: np.ndarray, ts: np.ndarray, step: np.ndarray,
@@ -228,11 +279,11 @@ def _leads(rank: np.ndarray, ts: np.ndarray, step: np.ndarray,
     optimizer's work that needs no gradient (Keras computing its learning rate and momentum
     terms as the training function starts, torch's ``zero_grad``) runs early but is not
     where the step is heading."""
-    bwd = phase == "backward"
+    bwd = phase == _PHASE["backward"]
     key = pd.Series(rank * (1 << 24) + step)
     first_bwd = pd.Series(ts[bwd]).groupby(key[bwd].to_numpy()).min()
     start = key.map(first_bwd).to_numpy(dtype=float)
-    early = (phase == "update") & (step >= 0) & ~np.isnan(start) & (ts < start)
+    early = (phase == _PHASE["update"]) & (step >= 0) & ~np.isnan(start) & (ts < start)
     return ~early
 
 
@@ -279,16 +330,16 @@ def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray,
 
 def next_phase(rank: np.ndarray, ts: np.ndarray, p_rank: np.ndarray, p_ts: np.ndarray,
                p_phase: np.ndarray) -> np.ndarray:
-    """Per point (rank, ts): the phase of the first phased operator of the rank that starts
-    at or after it, else of the last one before it, else ``other``."""
-    out = np.full(len(ts), "other", dtype=object)
+    """Per point (rank, ts): the phase (code) of the first phased operator of the rank that
+    starts at or after it, else of the last one before it, else ``other``."""
+    out = np.full(len(ts), _OTHER_PHASE, dtype=np.int64)
     if len(ts) == 0 or len(p_ts) == 0:
         return out
     t0 = min(ts.min(), p_ts.min())
     width = int(max(ts.max(), p_ts.max()) - t0) + 2
     key_p = p_rank.astype(np.int64) * width + (p_ts - t0)
     order = np.argsort(key_p, kind="stable")
-    key_p, r_p, ph = key_p[order], p_rank[order], np.asarray(p_phase, dtype=object)[order]
+    key_p, r_p, ph = key_p[order], p_rank[order], np.asarray(p_phase, dtype=np.int64)[order]
     pos = np.searchsorted(key_p, rank.astype(np.int64) * width + (ts - t0), side="left")
     nxt = np.minimum(pos, len(key_p) - 1)
     ok = (pos < len(key_p)) & (r_p[nxt] == rank)
@@ -315,8 +366,8 @@ def _span_events(spans: pd.DataFrame, df: pd.DataFrame, rank: np.ndarray, on_hos
         "rank": r, "role": main["role"].reindex(r).to_numpy(),
         "pid": main["pid"].reindex(r).to_numpy(np.int64), "tid": np.full(n, INFERRED_TID),
         "device": "cpu", "ts": start, "dur": spans["end"].to_numpy(np.int64) - start,
-        "name": INFERRED_PREFIX + spans["phase"].astype(str).to_numpy(object),
-        "kind": "marker", "op": None, "phase": spans["phase"].to_numpy(object),
+        "name": INFERRED_PREFIX + _PHASE_NAMES[spans["phase"].to_numpy(np.int64)],
+        "kind": "marker", "op": None, "phase": _PHASE_NAMES[spans["phase"].to_numpy(np.int64)],
         "step": step.astype(np.int32), "depth": np.zeros(n, np.int16),
         "counted": np.zeros(n, bool), "bytes": np.zeros(n, np.int64),
         "detail": "inferred from the operators' phases (no phase markers)",
@@ -324,68 +375,32 @@ def _span_events(spans: pd.DataFrame, df: pd.DataFrame, rank: np.ndarray, on_hos
     })
 
 
+def lane_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One integer per distinct (rank, pid, tid), numbered in order of first appearance
+    (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
+    if len(rank) == 0:
+        return np.zeros(0, np.int64)
+    key = np.zeros(len(rank), np.int64)
+    for part in (rank, pid, tid):
+        codes, uniq = pd.factorize(part)
+        key = key * len(uniq) + codes  # distinct combinations stay distinct
+        key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
+    return key
+
+
 def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:
-    """Intrinsic row phase > marker phase > row phase > other."""
-    intrinsic = np.isin(row_phase, list(INTRINSIC_PHASES))
-    out = np.where(marker_phase != "", marker_phase, row_phase)
+    """Intrinsic row phase > marker phase > row phase > other (phase codes; -1 for none)."""
+    intrinsic = np.isin(row_phase, _INTRINSIC_CODES)
+    out = np.where(marker_phase >= 0, marker_phase, row_phase)
     out = np.where(intrinsic, row_phase, out)
-    return np.where(out == "", "other", out).astype(object)
-
-
-def _nesting(lane: np.ndarray, ts: np.ndarray, end: np.ndarray, is_op: np.ndarray):
-    """Per event: nesting depth on its lane, and the index of its outermost enclosing
-    operator event (itself when it is outermost; -1 when none encloses it)."""
-    n = len(ts)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    t0 = ts.min()
-    # Doubled coordinates; a zero-length event ends half a tick after it starts, so it
-    # nests inside an event starting at the same instant but encloses nothing.
-    s2 = 2 * (ts - t0)
-    e2 = 2 * (end - t0) + (end == ts)
-    width = int(e2.max()) + 2
-    if (int(lane.max()) + 1) * width >= np.iinfo(np.int64).max:
-        raise OverflowError("trace too long to nest in int64 coordinates")
-    ks = lane.astype(np.int64) * width + s2
-    ke = lane.astype(np.int64) * width + e2
-    order = np.lexsort((-ke, ks))
-    ks_o, ke_o, op_o = ks[order], ke[order], is_op[order]
-    closed = np.searchsorted(np.sort(ke_o), ks_o, side="right")
-    depth_o = np.arange(n) - closed
-    before_ops = np.cumsum(op_o) - op_o
-    op_closed = np.searchsorted(np.sort(ke_o[op_o]), ks_o, side="right")
-    top = op_o & (before_ops - op_closed == 0)
-    last_top = np.maximum.accumulate(np.where(top, np.arange(n), -1))
-    safe = np.maximum(last_top, 0)
-    encloses = (last_top >= 0) & ((ke_o[safe] > ks_o) | (last_top == np.arange(n)))
-    anc_o = np.where(encloses, order[safe], -1)
-    depth = np.empty(n, np.int64)
-    anc = np.empty(n, np.int64)
-    depth[order] = depth_o
-    anc[order] = anc_o
-    return depth, anc
+    return np.where(out < 0, _OTHER_PHASE, out)
 
 
 def cover_label(rank: np.ndarray, ts: np.ndarray, i_rank: np.ndarray, i_start: np.ndarray,
                 i_end: np.ndarray, i_label: np.ndarray, default: str | int) -> np.ndarray:
     """For each point (rank, ts): the label of the latest-starting interval of the same rank
-    that covers it, or ``default``. Intervals of one rank are assumed not to overlap."""
-    n = len(ts)
-    out = np.full(n, default, dtype=object if isinstance(default, str) else np.int64)
-    if len(i_start) == 0 or n == 0:
-        return out
-    t0 = min(ts.min(), i_start.min())
-    width = int(max((ts - t0).max(), (i_end - t0).max())) + 2
-    key_i = i_rank.astype(np.int64) * width + (i_start - t0)
-    order = np.argsort(key_i, kind="stable")
-    key_i = key_i[order]
-    end_i = i_rank[order].astype(np.int64) * width + (i_end[order] - t0)
-    key_p = rank.astype(np.int64) * width + (ts - t0)
-    pos = np.searchsorted(key_i, key_p, side="right") - 1
-    ok = pos >= 0
-    ok[ok] = end_i[pos[ok]] > key_p[ok]
-    out[ok] = np.asarray(i_label)[order][pos[ok]]
-    return out
+    that covers it, or ``default`` (:func:`opprof.intervals.label_points`)."""
+    return label_points(rank, ts, i_rank, i_start, i_end, i_label, default)
 
 
 def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, op, counted,
@@ -415,9 +430,9 @@ def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, 
         first.loc[first_op.index] = first_op  # int64 kept (no NaN, no float)
         flagged = in_rest & closes_step
         host_op = in_rest & on_host & counted & ~np.isin(rank, np.unique(rank[flagged]))
-        upd = host_op & (op == "weights_update")
+        upd = host_op & (op == _UPDATE_OP)
         # A worker updated elsewhere (parameter server): its communication closes the step.
-        comm = host_op & (op == "comm") & ~np.isin(rank, np.unique(rank[upd]))
+        comm = host_op & (op == _COMM_OP) & ~np.isin(rank, np.unique(rank[upd]))
         closing = flagged | upd | comm
         if closing.any():
             u = optimizer_steps(rank, ts, end, closing, is_forward & in_rest, first,

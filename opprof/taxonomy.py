@@ -58,6 +58,10 @@ class MappingRow:
     example: str
 
 
+#: Per mapping table (name and rows), the row each name already classified matched.
+_ROWS: dict[tuple[str, tuple[MappingRow, ...]], dict[str, int]] = {}
+
+
 @dataclass(frozen=True)
 class MappingTable:
     """An ordered native-name → (op, phase, kind) table; the first matching row wins."""
@@ -72,15 +76,21 @@ class MappingTable:
         over names per row, so its cost does not grow with the number of events.
         """
         uniq = pd.Index(pd.unique(pd.Series(names, dtype=object).dropna().astype(str)))
-        s = pd.Series(uniq, index=uniq, dtype=object)
-        row = np.full(len(uniq), -1, dtype=np.int32)
+        # names seen before (the previous rank's: ranks share their names) are not matched
+        # again; the cache lives as long as the process and the table
+        seen = _ROWS.setdefault((self.name, self.rows), {})
+        row = np.array([seen.get(u, -2) for u in uniq], dtype=np.int32)
+        todo = np.flatnonzero(row == -2)
+        new = pd.Series(uniq[todo], dtype=object)
+        new_row = np.full(len(todo), -1, dtype=np.int32)
         for i, r in enumerate(self.rows):
-            free = row < 0
+            free = new_row < 0
             if not free.any():
                 break
-            hit = s[free].str.fullmatch(r.pattern).to_numpy(dtype=bool)
-            idx = np.flatnonzero(free)[hit]
-            row[idx] = i
+            hit = new[free].str.fullmatch(r.pattern).to_numpy(dtype=bool)
+            new_row[np.flatnonzero(free)[hit]] = i
+        row[todo] = new_row
+        seen.update(zip(new.tolist(), new_row.tolist(), strict=True))
         ops = np.array([r.op for r in self.rows] + ["other"], dtype=object)
         phases = np.array([r.phase for r in self.rows] + [""], dtype=object)
         kinds = np.array([r.kind for r in self.rows] + [""], dtype=object)

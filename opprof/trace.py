@@ -1,4 +1,10 @@
-"""The `.trace` file: one Parquet events table for all ranks plus JSON metadata."""
+"""The `.trace` file: one Parquet events table for all ranks plus JSON metadata.
+
+One file, one row group per rank (``meta["row_groups"]`` maps ranks to row groups), so a
+rank is read without the others (:class:`TraceFile`); categorical columns are
+dictionary<int32, string>, the metadata is JSON under the schema's ``opprof`` key. Files
+from before the per-rank layout (all ranks in one row group) read as they always did.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +18,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pandas.api.types import union_categoricals
 
 from opprof.errors import OpprofError, first_line
 from opprof.files import write_atomic
 from opprof.taxonomy import CANONICAL_OPS, KINDS, PHASES, ROLES
 
+#: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
+#: still format 1: older opprof reads them unchanged.
 FORMAT_VERSION = 1
 META_KEY = b"opprof"
 
@@ -66,41 +75,169 @@ class Trace:
         return df.astype({"rank": "int32", "step": "int32", "start": "int64", "end": "int64"})
 
 
+def concat_traces(traces: list[Trace], meta: dict[str, Any]) -> Trace:
+    """Several traces' events as one table (in the order given) with ``meta``; categorical
+    columns are joined by their categories, never row by row."""
+    if len(traces) == 1:
+        return Trace(traces[0].events, meta)
+    frames = [conform(t.events) for t in traces]
+    cols = {}
+    for col, dtype in COLUMNS.items():
+        if dtype == "category":
+            cols[col] = union_categoricals([f[col].array for f in frames])
+        elif isinstance(dtype, pd.CategoricalDtype):
+            cols[col] = pd.Categorical.from_codes(
+                np.concatenate([f[col].cat.codes.to_numpy() for f in frames]), dtype=dtype)
+        elif dtype == "string":
+            cols[col] = pd.concat([f[col] for f in frames], ignore_index=True)
+        else:
+            cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
+    return Trace(conform(pd.DataFrame(cols)), meta)
+
+
 def empty_events() -> pd.DataFrame:
     """An events table with no rows and the right dtypes."""
     return conform(pd.DataFrame({c: [] for c in COLUMNS}))
 
 
 def conform(df: pd.DataFrame) -> pd.DataFrame:
-    """Return df with exactly COLUMNS in order and their dtypes."""
+    """Return df with exactly COLUMNS in order and their dtypes. Categorical columns that
+    already have the right categories are kept as they are (no per-row work); the free
+    categories of ``device`` and ``name`` are text, sorted (so a table read back from many
+    row groups or ranks is the same as one made at once)."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"events table lacks columns {missing}")
-    out = df[list(COLUMNS)].copy()
+    cols = {}
+    n = len(df)
     for col, dtype in COLUMNS.items():
+        c = df[col]
         if isinstance(dtype, pd.CategoricalDtype):
-            out[col] = pd.Categorical(out[col].astype(object), categories=dtype.categories)
+            if isinstance(c.dtype, pd.CategoricalDtype) and list(c.cat.categories) == list(
+                    dtype.categories):
+                cols[col] = pd.Categorical.from_codes(c.cat.codes.to_numpy(), dtype=dtype)
+            else:
+                cols[col] = pd.Categorical(np.asarray(c, dtype=object) if isinstance(
+                    c.dtype, pd.CategoricalDtype) else c.astype(object),
+                    categories=dtype.categories)
         elif dtype == "category":
-            c = out[col]
-            if not isinstance(c.dtype, pd.CategoricalDtype):
-                c = c.astype(object).astype("category")
-            out[col] = pd.Categorical.from_codes(
-                c.cat.codes, categories=c.cat.categories.astype("str"))
+            cat = c.array if isinstance(c.dtype, pd.CategoricalDtype) else pd.Categorical(
+                c.astype(object))
+            text = pd.Index(cat.categories.astype("str"))
+            if text.has_duplicates or not text.is_monotonic_increasing:
+                cat = pd.Categorical(np.asarray(cat, dtype=object).astype(str)) if \
+                    text.has_duplicates else pd.Categorical.from_codes(cat.codes, text)
+                if not cat.categories.is_monotonic_increasing:
+                    cat = cat.reorder_categories(sorted(cat.categories))
+                text = pd.Index(cat.categories.astype("str"))
+            cols[col] = pd.Categorical.from_codes(cat.codes, categories=text)
         else:
-            out[col] = out[col].astype(dtype)
-    return out
+            cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(dtype)
+    return pd.DataFrame(cols, index=pd.RangeIndex(n))
+
+
+#: The events table as Arrow: categorical columns are dictionary<int32, string> whatever
+#: their number of categories, so every rank's row group has the same schema.
+_DICT = pa.dictionary(pa.int32(), pa.string())
+_ARROW_TYPES = {"int32": pa.int32(), "int64": pa.int64(), "int16": pa.int16(),
+                "bool": pa.bool_(), "string": pa.string()}
+SCHEMA = pa.schema([pa.field(c, _DICT if (isinstance(t, pd.CategoricalDtype) or t == "category")
+                             else _ARROW_TYPES[t]) for c, t in COLUMNS.items()])
+#: A rank with more events than this spans several row groups.
+ROW_GROUP_ROWS = 1 << 20
+
+
+def to_arrow(events: pd.DataFrame) -> pa.Table:
+    """The events table (conformed) as an Arrow table with :data:`SCHEMA`."""
+    ev = conform(events)
+    arrays = []
+    for col, field_ in zip(COLUMNS, SCHEMA, strict=True):
+        c = ev[col]
+        if field_.type == _DICT:
+            cats = pa.array(np.asarray(c.cat.categories, dtype=object), pa.string())
+            codes = c.cat.codes.to_numpy(np.int32)
+            arrays.append(pa.DictionaryArray.from_arrays(
+                pa.array(codes, pa.int32(), mask=codes < 0), cats))
+        elif field_.type == pa.string():
+            arrays.append(pa.array(c.to_numpy(dtype=object, na_value=None), pa.string()))
+        else:
+            arrays.append(pa.array(c.to_numpy(), field_.type))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def rank_slices(events: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+    """(rank, row positions) per rank, ranks in order of first appearance, rows in order."""
+    rank = events["rank"].to_numpy(np.int64)
+    if len(rank) == 0:
+        return []
+    codes, uniq = pd.factorize(rank)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(uniq) + 1))
+    return [(int(r), order[bounds[i]:bounds[i + 1]]) for i, r in enumerate(uniq)]
+
+
+def file_meta(meta: dict[str, Any]) -> bytes:
+    """The metadata as stored (JSON), with the format version."""
+    meta = dict(meta)
+    meta.setdefault("format_version", FORMAT_VERSION)
+    return json.dumps(meta, default=_json_default).encode()
+
+
+class TraceWriter:
+    """Writes a `.trace` rank by rank: one row group per rank (more for a rank over
+    ROW_GROUP_ROWS events), the metadata known up front. Use as a context manager inside
+    :func:`opprof.files.atomic_path`."""
+
+    def __init__(self, tmp: Path, meta: dict[str, Any]) -> None:
+        schema = SCHEMA.with_metadata({META_KEY: file_meta(meta)})
+        self._writer = pq.ParquetWriter(tmp, schema, compression="zstd")
+        self.row_groups: dict[str, list[int]] = {}
+        self._next = 0
+
+    def write(self, rank: int, table: pa.Table) -> None:
+        """Append one rank's events (an Arrow table with SCHEMA)."""
+        for start in range(0, max(table.num_rows, 1), ROW_GROUP_ROWS):
+            part = table.slice(start, ROW_GROUP_ROWS)
+            if part.num_rows == 0:
+                break
+            self._writer.write_table(part.replace_schema_metadata(None),
+                                     row_group_size=ROW_GROUP_ROWS)
+            self.row_groups.setdefault(str(rank), []).append(self._next)
+            self._next += 1
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def save(trace: Trace, path: str | os.PathLike) -> Path:
-    """Write the trace atomically (temporary file in the same folder, then rename)."""
+    """Write the trace atomically (temporary file in the same folder, then rename), one row
+    group per rank; ``meta["row_groups"]`` maps each rank to its row groups."""
     path = Path(path)
+    events = conform(trace.events)
+    slices = rank_slices(events)
     meta = dict(trace.meta)
-    meta.setdefault("format_version", FORMAT_VERSION)
-    table = pa.Table.from_pandas(conform(trace.events), preserve_index=False)
-    schema_meta = dict(table.schema.metadata or {})
-    schema_meta[META_KEY] = json.dumps(meta, default=_json_default).encode()
-    table = table.replace_schema_metadata(schema_meta)
-    write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    groups: dict[str, list[int]] = {}
+    n = 0
+    for rank, rows in slices:
+        k = max(1, -(-len(rows) // ROW_GROUP_ROWS))
+        groups[str(rank)] = list(range(n, n + k))
+        n += k
+    meta["row_groups"] = groups
+
+    def write(tmp: Path) -> None:
+        with TraceWriter(tmp, meta) as w:
+            if not slices:
+                w._writer.write_table(to_arrow(events))
+            for rank, rows in slices:
+                w.write(rank, to_arrow(events.iloc[rows]))
+
+    write_atomic(path, write)
     return path
 
 
@@ -114,28 +251,102 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-def read_parquet(path: Path) -> Trace:
-    """Read an opprof `.trace` file; reject other Parquet files with a clear message."""
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
-    meta_raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
-    if meta_raw is None:
-        cols = ", ".join(pf.schema_arrow.names[:6])
-        raise OpprofError(
-            f"{path}: a Parquet file but not an opprof trace (no opprof metadata; columns: {cols})"
-        )
-    meta = json.loads(meta_raw)
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise OpprofError(
-            f"{path}: opprof trace format {meta['format_version']} is newer than this "
-            f"opprof reads ({FORMAT_VERSION}); upgrade opprof"
-        )
-    try:
-        events = pf.read().to_pandas()
+class TraceFile:
+    """An opened `.trace`: its metadata, and its events read whole or one rank at a time.
+
+    Files written now hold one row group per rank (``meta["row_groups"]``), so a
+    rank is read without the others. Older files are read by their row groups' rank
+    statistics when each holds one rank, else whole."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        try:
+            self._pf = pq.ParquetFile(self.path)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
+        meta_raw = (self._pf.schema_arrow.metadata or {}).get(META_KEY)
+        if meta_raw is None:
+            cols = ", ".join(self._pf.schema_arrow.names[:6])
+            raise OpprofError(f"{path}: a Parquet file but not an opprof trace (no opprof "
+                              f"metadata; columns: {cols})")
+        try:
+            meta = json.loads(meta_raw)
+        except ValueError as exc:
+            raise OpprofError(f"{path}: damaged opprof metadata ({first_line(exc)})") from None
+        if not isinstance(meta, dict):
+            raise OpprofError(f"{path}: damaged opprof metadata (not a JSON object)")
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise OpprofError(
+                f"{path}: opprof trace format {meta['format_version']} is newer than this "
+                f"opprof reads ({FORMAT_VERSION}); upgrade opprof")
+        self.meta: dict[str, Any] = meta
+        self.row_groups = self._rank_groups()
+
+    def _rank_groups(self) -> dict[int, list[int]] | None:
+        """Row groups per rank, or None when some row group mixes ranks (old files)."""
+        stored = self.meta.get("row_groups")
+        n = self._pf.num_row_groups
+        if isinstance(stored, dict):
+            try:
+                out = {int(r): [int(i) for i in g] for r, g in stored.items()}
+                if all(0 <= i < n for g in out.values() for i in g):
+                    return out
+            except (TypeError, ValueError):
+                pass
+        col = self._pf.schema_arrow.get_field_index("rank")
+        out: dict[int, list[int]] = {}
+        for i in range(n):
+            st = self._pf.metadata.row_group(i).column(col).statistics
+            if st is None or not st.has_min_max or st.min != st.max:
+                return None
+            out.setdefault(int(st.min), []).append(i)
+        return out
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank in the file, in file order (workers, servers, schedulers)."""
+        if self.row_groups is not None:
+            return list(self.row_groups)
+        return [int(r) for r in pd.unique(self._read(None)["rank"])]
+
+    @property
+    def by_rank(self) -> bool:
+        """Whether one rank can be read without the others."""
+        return self.row_groups is not None
+
+    def _read(self, groups: list[int] | None, detail: bool = True) -> pd.DataFrame:
+        cols = None if detail else [c for c in self._pf.schema_arrow.names if c != "detail"]
+        try:
+            table = (self._pf.read(columns=cols) if groups is None
+                     else self._pf.read_row_groups(groups, columns=cols))
+            events = table.to_pandas()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
         if "link" not in events:
             events["link"] = -1
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise OpprofError(f"{path}: damaged opprof trace ({first_line(exc)})") from None
-    return Trace(conform(events), meta)
+        if "detail" not in events:
+            events["detail"] = None
+        return events
+
+    def read(self) -> Trace:
+        """The whole trace."""
+        try:
+            return Trace(conform(self._read(None)), self.meta)
+        except (ValueError, TypeError) as exc:
+            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+
+    def read_rank(self, rank: int, detail: bool = True) -> Trace:
+        """One rank's events (with the file's metadata); ``detail=False`` leaves the native
+        detail column empty (the analyses do not read it)."""
+        if self.row_groups is None:
+            ev = self.read().events
+            return Trace(ev[ev["rank"] == rank].reset_index(drop=True), self.meta)
+        try:
+            return Trace(conform(self._read(self.row_groups[rank], detail)), self.meta)
+        except (ValueError, TypeError) as exc:
+            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+
+
+def read_parquet(path: Path) -> Trace:
+    """Read an opprof `.trace` file; reject other Parquet files with a clear message."""
+    return TraceFile(path).read()

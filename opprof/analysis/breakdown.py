@@ -24,12 +24,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opprof.events import lane_ids
+from opprof.intervals import Sweep, containing
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
 PRIORITY = ("forward", "backward", "update", "comm", "h2d", "load")
 COMPUTE = ("forward", "backward", "update")
 _TIERS = [(p, "op") for p in PRIORITY] + [(p, "marker") for p in PRIORITY]
+_COMPUTE_CODES = [PHASES.index(p) for p in COMPUTE]
 
 
 def step_breakdown(trace: Trace) -> pd.DataFrame:
@@ -75,38 +78,31 @@ def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame
     s_end = b["end"].to_numpy(np.int64)
     starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
     ends = starts + np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
-    phase = np.concatenate([o["phase"].astype(str).to_numpy(), m["phase"].astype(str).to_numpy()])
-    source = np.repeat(["op", "marker"], [len(o), len(m)])
-
-    pts = np.unique(np.concatenate([starts, ends, s_start, s_end]))
-    seg_len = np.diff(pts)
-    seg_start = pts[:-1]
-    idx = np.searchsorted(s_start, seg_start, side="right") - 1
-    in_step = (idx >= 0) & (seg_start < s_end[np.maximum(idx, 0)])
-
+    phase = np.concatenate([_phase_codes(o), _phase_codes(m)])
+    is_op = np.repeat([True, False], [len(o), len(m)])
     k_start = blk["ts"].to_numpy(np.int64)
     k_end = k_start + blk["dur"].to_numpy(np.int64)
-    k_phase = blk["phase"].astype(str).to_numpy()
+    k_phase = _phase_codes(blk)
+
+    sweep = Sweep(starts, ends, s_start, s_end)
+    n_steps = len(b)
+    step_i = sweep.bins(s_start, s_end)
 
     def cover(mask: np.ndarray, minus: np.ndarray | None = None) -> np.ndarray:
         """Segments covered by the masked intervals, less the ``minus`` blocked calls."""
         if not mask.any():
-            return np.zeros(len(seg_len), bool)
-        delta = (np.bincount(np.searchsorted(pts, starts[mask]), minlength=len(pts))
-                 - np.bincount(np.searchsorted(pts, ends[mask]), minlength=len(pts)))
-        if minus is not None and minus.any():
-            delta -= np.bincount(np.searchsorted(pts, k_start[minus]), minlength=len(pts))
-            delta += np.bincount(np.searchsorted(pts, k_end[minus]), minlength=len(pts))
-        return np.cumsum(delta)[:-1] > 0
+            return np.zeros(len(sweep.length), bool)
+        blocked = None if minus is None else (k_start[minus], k_end[minus])
+        return sweep.covered(starts[mask], ends[mask], blocked)
 
-    winner = np.full(len(seg_len), len(PHASES) - 1)  # "other"
+    winner = np.full(len(sweep.length), len(PHASES) - 1)  # "other"
     for tier in reversed(range(len(_TIERS))):
         p, src = _TIERS[tier]
-        cov = cover((phase == p) & (source == src), (k_phase == p) if src == "op" else None)
-        winner[cov] = PHASES.index(p)
-    n_steps = len(b)
-    step_i = np.where(in_step, idx, n_steps)
-    wall = np.bincount(step_i * len(PHASES) + winner, weights=seg_len,
+        code = PHASES.index(p)
+        mine = (phase == code) & (is_op if src == "op" else ~is_op)
+        cov = cover(mine, (k_phase == code) if src == "op" else None)
+        winner[cov] = code
+    wall = np.bincount(step_i * len(PHASES) + winner, weights=sweep.length,
                        minlength=(n_steps + 1) * len(PHASES))
     wall = np.rint(wall).astype(np.int64).reshape(n_steps + 1, len(PHASES))[:n_steps]
 
@@ -114,19 +110,21 @@ def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame
                         "end": s_end, "dur_ns": s_end - s_start})
     for j, p in enumerate(PHASES):
         out[p] = wall[:, j]
-    covered = {}
     for p in PRIORITY:
-        covered[p] = cover(phase == p)
-        out[f"busy_{p}"] = _per_step(covered[p], seg_len, step_i, n_steps)
-    comm_ops = cover((phase == "comm") & (source == "op"))
-    compute_ops = cover(np.isin(phase, COMPUTE) & (source == "op"), np.isin(k_phase, COMPUTE))
-    out["comm_overlap_ns"] = _per_step(comm_ops & compute_ops, seg_len, step_i, n_steps)
+        out[f"busy_{p}"] = sweep.total(cover(phase == PHASES.index(p)), step_i, n_steps)
+    compute = np.isin(phase, _COMPUTE_CODES)
+    comm_ops = cover((phase == PHASES.index("comm")) & is_op)
+    compute_ops = cover(compute & is_op, np.isin(k_phase, _COMPUTE_CODES))
+    out["comm_overlap_ns"] = sweep.total(comm_ops & compute_ops, step_i, n_steps)
     return out
 
 
-def _per_step(mask: np.ndarray, seg_len: np.ndarray, step_i: np.ndarray, n: int) -> np.ndarray:
-    tot = np.bincount(step_i[mask], weights=seg_len[mask], minlength=n + 1)[:n]
-    return np.rint(tot).astype(np.int64)
+def _phase_codes(df: pd.DataFrame) -> np.ndarray:
+    """Phase of each event as its index in PHASES (-1 for none)."""
+    col = df["phase"]
+    if isinstance(col.dtype, pd.CategoricalDtype) and tuple(col.cat.categories) == PHASES:
+        return col.cat.codes.to_numpy(np.int64)
+    return pd.Categorical(col.astype(object), categories=PHASES).codes.astype(np.int64)
 
 
 def phase_summary(steps: pd.DataFrame) -> pd.DataFrame:
@@ -156,18 +154,10 @@ def container(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
     outermost operators do not)."""
     if inner.empty or outer.empty:
         return np.full(len(inner), -1, np.int64)
-    lanes = pd.concat([inner[["rank", "pid", "tid"]], outer[["rank", "pid", "tid"]]])
-    lane_id = lanes.groupby(["rank", "pid", "tid"], sort=False).ngroup().to_numpy()
-    li, lo = lane_id[:len(inner)], lane_id[len(inner):]
+    cols = [np.concatenate([inner[c].to_numpy(np.int64), outer[c].to_numpy(np.int64)])
+            for c in ("rank", "pid", "tid")]
+    lane = lane_ids(*cols)
+    li, lo = lane[:len(inner)], lane[len(inner):]
     i_ts, o_ts = inner["ts"].to_numpy(np.int64), outer["ts"].to_numpy(np.int64)
-    i_end = i_ts + inner["dur"].to_numpy(np.int64)
-    o_end = o_ts + outer["dur"].to_numpy(np.int64)
-    t0 = min(i_ts.min(), o_ts.min())
-    width = int(max(i_end.max(), o_end.max()) - t0) + 2
-    ko = lo.astype(np.int64) * width + (o_ts - t0)
-    order = np.argsort(ko, kind="stable")
-    pos = np.searchsorted(ko[order], li.astype(np.int64) * width + (i_ts - t0),
-                          side="right") - 1
-    cand = order[np.maximum(pos, 0)]
-    inside = (pos >= 0) & (lo[cand] == li) & (o_end[cand] >= i_end)
-    return np.where(inside, cand, -1)
+    return containing(li, i_ts, i_ts + inner["dur"].to_numpy(np.int64),
+                      lo, o_ts, o_ts + outer["dur"].to_numpy(np.int64))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opprof.intervals import Sweep
 from opprof.taxonomy import DEVICE_KINDS
 from opprof.trace import Trace
 
@@ -42,17 +43,38 @@ COLUMNS = [
     "busy_compute_ns", "busy_comm_ns", "busy_memcpy_ns",
     "sum_compute_ns", "sum_comm_ns", "sum_memcpy_ns",
     "comm_overlap_ns", "comm_overlap", "idle_host_ns", "idle_other_ns", "idle_unattributed_ns",
-    "idle_gaps", "kernels", "memcpys", "memsets", "streams", "start", "end",
+    "idle_gaps", "kernels", "memcpys", "memsets", "streams", "start", "end", "left_out",
 ]
+SPANS = ("steps", "trace")
 
 
-def device_breakdown(trace: Trace) -> pd.DataFrame:
-    """One row per (rank, device) with the GPU time split (``COLUMNS``)."""
+def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
+    """One row per (rank, device) with the GPU time split (``COLUMNS``).
+
+    ``span="steps"`` (the default) keeps the device events launched before the rank's last
+    profiled step began — the complete steps, as Holistic Trace Analysis does (the last
+    iteration is usually cut short by the profiler stopping, and its tail of idle time is
+    not the job's); ``left_out`` counts the events past that point. Events whose launching
+    call is unknown are kept when they themselves start before it. A rank with fewer than
+    two steps keeps everything. ``span="trace"`` keeps every device event."""
+    if span not in SPANS:
+        raise ValueError(f"span must be one of {SPANS}, not {span!r}")
     ev = trace.events
     dev = ev[ev["kind"].isin(DEVICE_KINDS) & (ev["device"].astype(str) != "cpu")]
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     launch_ts = _launch_times(ev, dev)
+    left_out = np.zeros(len(dev), bool)
+    if span == "steps":
+        cutoff = _last_step_starts(trace, dev["rank"].to_numpy(np.int64))
+        when = np.where(launch_ts >= 0, launch_ts, dev["ts"].to_numpy(np.int64))
+        left_out = when >= cutoff
+    counts = pd.Series(left_out).groupby([dev["rank"].to_numpy(),
+                                          dev["device"].astype(str).to_numpy()]).sum()
+    keep = ~left_out
+    dev, launch_ts = dev[keep], launch_ts[keep]
+    if dev.empty:
+        return pd.DataFrame(columns=COLUMNS)
     cat = np.where(dev["kind"].to_numpy() != "kernel", 2,
                    np.where(dev["op"].astype(object).to_numpy() == "comm", 0, 1))
     rows = []
@@ -65,9 +87,22 @@ def device_breakdown(trace: Trace) -> pd.DataFrame:
         row.update(rank=int(rank), device=device, kernels=int((kinds == "kernel").sum()),
                    memcpys=int((kinds == "memcpy").sum()),
                    memsets=int((kinds == "memset").sum()),
-                   streams=int(sub["tid"].nunique()))
+                   streams=int(sub["tid"].nunique()),
+                   left_out=int(counts.get((rank, device), 0)))
         rows.append(row)
     return pd.DataFrame(rows)[COLUMNS]
+
+
+def _last_step_starts(trace: Trace, rank: np.ndarray) -> np.ndarray:
+    """Per event rank: when its last step began (int64 max for a rank with fewer than two
+    steps: nothing is left out)."""
+    b = trace.step_bounds()
+    g = b.groupby("rank")["start"]
+    n, last = g.size(), g.max()
+    out = np.full(len(rank), np.iinfo(np.int64).max, np.int64)
+    for r in n.index[n.to_numpy() >= 2]:
+        out[rank == r] = int(last[r])
+    return out
 
 
 def _launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
@@ -92,18 +127,9 @@ def _launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
 def _one_device(ts: np.ndarray, dur: np.ndarray, cat: np.ndarray, launch: np.ndarray) -> dict:
     end = ts + dur
     start_all, end_all = int(ts.min()), int(end.max())
-    pts = np.unique(np.concatenate([ts, end]))
-    seg = np.diff(pts)
-
-    def cover(mask: np.ndarray) -> np.ndarray:
-        if not mask.any() or len(seg) == 0:
-            return np.zeros(len(seg), bool)
-        a = np.searchsorted(pts, ts[mask])
-        z = np.searchsorted(pts, end[mask])
-        delta = np.bincount(a, minlength=len(pts)) - np.bincount(z, minlength=len(pts))
-        return np.cumsum(delta)[:-1] > 0
-
-    cov = {c: cover(cat == i) for i, c in enumerate(CATEGORIES)}
+    sweep = Sweep(ts, end)
+    pts, seg = sweep.points, sweep.length
+    cov = {c: sweep.covered(ts[cat == i], end[cat == i]) for i, c in enumerate(CATEGORIES)}
     taken = np.zeros(len(seg), bool)
     out: dict = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
     for c in CATEGORIES:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.ops import op_table
+from opprof.analysis.report import Report
 from opprof.trace import Trace
 
 
@@ -31,11 +32,12 @@ class Diff:
         return self.a_step_ns / self.b_step_ns if self.b_step_ns else float("inf")
 
 
-def label(trace: Trace, fallback: str) -> str:
+def label(trace: Trace | Report, fallback: str) -> str:
     """A short name for a trace: framework and model when known."""
-    parts = [str(trace.meta[k]) for k in ("framework", "model") if trace.meta.get(k)]
-    if trace.meta.get("workers", 1) and int(trace.meta.get("workers", 1)) > 1:
-        parts.append(f"x{trace.meta['workers']}")
+    meta = trace.meta
+    parts = [str(meta[k]) for k in ("framework", "model") if meta.get(k)]
+    if meta.get("workers", 1) and int(meta.get("workers", 1)) > 1:
+        parts.append(f"x{meta['workers']}")
     return " ".join(parts) or fallback
 
 
@@ -55,13 +57,25 @@ def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
 def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
     """Compare A with B per phase (wall time) and per canonical op (host operator time)."""
     sa, sb = step_breakdown(a), step_breakdown(b)
+    return _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
+                 a_name, b_name)
+
+
+def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> Diff:
+    """:func:`diff` from two reports (what `opprof diff` uses: each side analyzed rank by
+    rank, see opprof.job)."""
+    return _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
+
+
+def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFrame,
+          ta: pd.DataFrame, tb: pd.DataFrame, a_name: str, b_name: str) -> Diff:
     a_step = float(sa["dur_ns"].mean()) if len(sa) else 0.0
     b_step = float(sb["dur_ns"].mean()) if len(sb) else 0.0
     gap = a_step - b_step
     pa, pb = phase_summary(sa), phase_summary(sb)
     phases = _compare(pa["ns_per_step"], pb["ns_per_step"], gap, "phase")
-    oa = op_table(a, n_steps=len(sa)).groupby("op")["ns_per_step"].sum()
-    ob = op_table(b, n_steps=len(sb)).groupby("op")["ns_per_step"].sum()
+    oa = ta.groupby("op")["ns_per_step"].sum()
+    ob = tb.groupby("op")["ns_per_step"].sum()
     ops = _compare(oa, ob, gap, "op")
     la, lb = label(a, a_name), label(b, b_name)
     if la == lb:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from opprof.taxonomy import DEVICE_KINDS
+from opprof.taxonomy import CANONICAL_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
 
@@ -18,28 +19,73 @@ def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
     return ev[sel]
 
 
+OP_COLUMNS = ["op", "phase", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns",
+              "share_of_phase", "ns_per_step"]
+
+
+def op_durations(trace: Trace, where: str = "host") -> pd.DataFrame:
+    """What an operator table needs from a trace, compactly: one row per (op, phase,
+    duration) with ``n``, how many events had it (op and phase as codes into the taxonomy,
+    rows sorted). Tables of several ranks merge exactly with :func:`merge_durations`."""
+    ev = op_events(trace, where)
+    df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64),
+                       "phase": ev["phase"].cat.codes.to_numpy(np.int64),
+                       "dur": ev["dur"].to_numpy(np.int64)})
+    df = df[(df["op"] >= 0) & (df["phase"] >= 0)]
+    return merge_durations([df.assign(n=np.int64(1))])
+
+
+def merge_durations(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Several :func:`op_durations` tables as one (counts of equal durations added)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame({c: np.zeros(0, np.int64) for c in ("op", "phase", "dur", "n")})
+    df = pd.concat(parts, ignore_index=True)
+    out = df.groupby(["op", "phase", "dur"], sort=True)["n"].sum().reset_index()
+    return out.astype(np.int64)
+
+
+def table_from_durations(d: pd.DataFrame, n_steps: int) -> pd.DataFrame:
+    """The operator table (OP_COLUMNS) from an :func:`op_durations` table: exact counts,
+    totals, means and p50/p95 (linear interpolation between order statistics, as pandas'
+    ``quantile``)."""
+    if d.empty:
+        return pd.DataFrame(columns=OP_COLUMNS)
+    key = d["op"].to_numpy() * len(PHASES) + d["phase"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    n = d["n"].to_numpy(np.int64)
+    dur = d["dur"].to_numpy(np.int64)
+    count = np.add.reduceat(n, starts)
+    total = np.add.reduceat(dur * n, starts)
+    cum = np.cumsum(n)
+    before = cum[starts] - n[starts]  # events in earlier groups
+
+    def order_stat(k: np.ndarray) -> np.ndarray:  # k-th smallest (0-based) in each group
+        return dur[np.searchsorted(cum, before + k, side="right")].astype(np.float64)
+
+    t = pd.DataFrame({"op": np.asarray(CANONICAL_OPS, dtype=object)[d["op"].to_numpy()[starts]],
+                      "phase": np.asarray(PHASES, dtype=object)[d["phase"].to_numpy()[starts]],
+                      "count": count, "total_ns": total,
+                      "mean_ns": total.astype(np.float64) / count})
+    for q, col in ((0.5, "p50_ns"), (0.95, "p95_ns")):
+        pos = q * (count - 1).astype(np.float64)
+        lo = pos.astype(np.int64)
+        frac = pos % 1
+        val = order_stat(lo)
+        nxt = order_stat(np.minimum(lo + 1, count - 1))
+        t[col] = np.where(frac == 0.0, val, val + (nxt - val) * frac)
+    t["share_of_phase"] = t["total_ns"] / t.groupby("phase")["total_ns"].transform("sum")
+    t["ns_per_step"] = t["total_ns"] / max(n_steps, 1)
+    return t.sort_values("total_ns", ascending=False, kind="stable").reset_index(
+        drop=True)[OP_COLUMNS]
+
+
 def op_table(trace: Trace, where: str = "host", n_steps: int | None = None) -> pd.DataFrame:
     """One row per (op, phase), largest total first. ``ns_per_step`` divides the total by
     ``n_steps`` (the number of worker (rank, step) pairs; taken from the trace if None)."""
-    ev = op_events(trace, where)
-    cols = ["op", "phase", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns",
-            "share_of_phase", "ns_per_step"]
-    if ev.empty:
-        return pd.DataFrame(columns=cols)
     if n_steps is None:
         n_steps = steps_count(trace)
-    g = ev.groupby(["op", "phase"], observed=True)["dur"]
-    t = g.agg(count="size", total_ns="sum", mean_ns="mean")
-    q = g.quantile([0.5, 0.95]).unstack()
-    t["p50_ns"] = q[0.5]
-    t["p95_ns"] = q[0.95]
-    t = t.reset_index()
-    t["share_of_phase"] = t["total_ns"] / t.groupby("phase", observed=True)["total_ns"].transform(
-        "sum")
-    t["ns_per_step"] = t["total_ns"] / max(n_steps, 1)
-    t["op"] = t["op"].astype(str)
-    t["phase"] = t["phase"].astype(str)
-    return t.sort_values("total_ns", ascending=False, kind="stable").reset_index(drop=True)[cols]
+    return table_from_durations(op_durations(trace, where), n_steps)
 
 
 def steps_count(trace: Trace) -> int:

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
+from opprof.intervals import Sweep
 from opprof.taxonomy import DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
@@ -139,22 +140,21 @@ def match(coll: pd.DataFrame, bounds: pd.DataFrame, synchronous: bool) -> pd.Dat
     return c
 
 
-def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalysis:
-    """Everything above for one trace (``steps``: its step_breakdown, if already made)."""
-    steps = step_breakdown(trace) if steps is None else steps
-    synchronous = str(trace.meta.get("mode", "")) not in ASYNC_MODES
+@dataclass
+class RankLocal:
+    """What the multi-rank analysis needs from each rank, computed on that rank alone: its
+    collectives (``timing``) and payloads (small tables), and per step the union of its
+    collectives (``comm_ns``) and the part of it during which compute ran (``overlap_ns``).
+    Tables of several ranks concatenate (:func:`concat_local`)."""
+
+    timing: pd.DataFrame
+    payload: pd.DataFrame
+    comm: pd.DataFrame
+
+
+def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
+    """The per-rank half of the analysis (``steps``: the trace's step_breakdown)."""
     timing, payload = collectives(trace)
-    bounds = steps[["rank", "step", "start", "end"]]
-    coll = match(timing, bounds, synchronous)
-    per_step = _per_step(trace, steps, coll, payload)
-    return RankAnalysis(_rank_rows(per_step), per_step, _stragglers(per_step), coll,
-                        synchronous)
-
-
-def _per_step(trace: Trace, steps: pd.DataFrame, coll: pd.DataFrame,
-              payload: pd.DataFrame) -> pd.DataFrame:
-    """One row per (rank, step): the step breakdown plus comm, wait, transfer, overlap,
-    collectives and bytes."""
     ev = trace.events
     compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
     host_comm = ev[(ev["role"] == "worker") & ev["counted"] & (ev["op"] == "comm")
@@ -162,16 +162,56 @@ def _per_step(trace: Trace, steps: pd.DataFrame, coll: pd.DataFrame,
     blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
     frames = []
     for rank, b in steps.groupby("rank", sort=True):
-        c = coll[coll["rank"] == rank]
-        comp = compute[compute["rank"] == rank]
-        blk = blocked[blocked["rank"] == rank]
-        frames.append(_rank_steps(b.sort_values("start"), c, comp, blk))
-    cols = ["rank", "step", "comm_ns", "transfer_ns", "overlap_ns"]
-    timed = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
-    out = steps.merge(timed, on=["rank", "step"], how="left")
+        c = timing[timing["rank"] == rank]
+        frames.append(_comm_overlap(b.sort_values("start"), c, compute[compute["rank"] == rank],
+                                    blocked[blocked["rank"] == rank]))
+    cols = ["rank", "step", "comm_ns", "overlap_ns"]
+    comm = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    return RankLocal(timing, payload, comm)
+
+
+def concat_local(parts: list[RankLocal]) -> RankLocal:
+    """Several ranks' RankLocal as one (ranks in the order given)."""
+    def cat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        frames = [f for f in frames if len(f)] or frames[:1]
+        return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return RankLocal(cat([p.timing for p in parts]), cat([p.payload for p in parts]),
+                     cat([p.comm for p in parts]))
+
+
+def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalysis:
+    """Everything above for one trace (``steps``: its step_breakdown, if already made)."""
+    steps = step_breakdown(trace) if steps is None else steps
+    return combine_ranks(steps, rank_local(trace, steps), synchronous(trace.meta))
+
+
+def synchronous(meta: dict) -> bool:
+    """Whether the run's mode makes ranks wait for each other (not ``ps-async``)."""
+    return str(meta.get("mode", "")) not in ASYNC_MODES
+
+
+def combine_ranks(steps: pd.DataFrame, local: RankLocal, synchronous: bool) -> RankAnalysis:
+    """The cross-rank half: match collectives across ranks, split wait from transfer, and
+    build the per-rank rows and stragglers — all on small per-rank tables."""
+    bounds = steps[["rank", "step", "start", "end"]]
+    coll = match(local.timing, bounds, synchronous)
+    per_step = _per_step(steps, coll, local)
+    return RankAnalysis(_rank_rows(per_step), per_step, _stragglers(per_step), coll,
+                        synchronous)
+
+
+def _per_step(steps: pd.DataFrame, coll: pd.DataFrame, local: RankLocal) -> pd.DataFrame:
+    """One row per (rank, step): the step breakdown plus comm, wait, transfer, overlap,
+    collectives and bytes."""
+    frames = [_transfer(b.sort_values("start"), coll[coll["rank"] == rank])
+              for rank, b in steps.groupby("rank", sort=True)]
+    cols = ["rank", "step", "transfer_ns"]
+    xfer = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    out = steps.merge(local.comm, on=["rank", "step"], how="left")
+    out = out.merge(xfer, on=["rank", "step"], how="left")
     out["wait_ns"] = out["comm_ns"] - out["transfer_ns"]
     n = coll.groupby(["rank", "step"]).size().rename("collectives")
-    nbytes = payload.groupby(["rank", "step"])["bytes"].sum().rename("bytes")
+    nbytes = local.payload.groupby(["rank", "step"])["bytes"].sum().rename("bytes")
     out = out.join(n, on=["rank", "step"]).join(nbytes, on=["rank", "step"])
     for col in ("collectives", "bytes", "comm_ns", "transfer_ns", "overlap_ns", "wait_ns"):
         out[col] = out[col].fillna(0).astype(np.int64)
@@ -179,41 +219,38 @@ def _per_step(trace: Trace, steps: pd.DataFrame, coll: pd.DataFrame,
     return out
 
 
-def _rank_steps(b: pd.DataFrame, c: pd.DataFrame, comp: pd.DataFrame,
-                blk: pd.DataFrame) -> pd.DataFrame:
-    """comm, transfer and overlap ns per step of one rank, as unions of intervals inside the
-    step bounds (one sweep over the rank's interval boundaries)."""
+def _comm_overlap(b: pd.DataFrame, c: pd.DataFrame, comp: pd.DataFrame,
+                  blk: pd.DataFrame) -> pd.DataFrame:
+    """comm and overlap ns per step of one rank: the union of its collectives inside the
+    step bounds, and the part of it during which a compute operator ran (not blocked)."""
     s_start = b["start"].to_numpy(np.int64)
     s_end = b["end"].to_numpy(np.int64)
     c_ts, c_end = c["ts"].to_numpy(np.int64), c["end"].to_numpy(np.int64)
-    x_ts = c_ts + c["wait_ns"].to_numpy(np.int64)
     p_ts = comp["ts"].to_numpy(np.int64)
     p_end = p_ts + comp["dur"].to_numpy(np.int64)
     k_ts = blk["ts"].to_numpy(np.int64)
     k_end = k_ts + blk["dur"].to_numpy(np.int64)
-    pts = np.unique(np.concatenate([s_start, s_end, c_ts, c_end, x_ts, p_ts, p_end, k_ts,
-                                    k_end]))
-    seg = np.diff(pts)
-    idx = np.searchsorted(s_start, pts[:-1], side="right") - 1
-    in_step = (idx >= 0) & (pts[:-1] < s_end[np.maximum(idx, 0)])
-    step_i = np.where(in_step, idx, len(b))
-
-    def cover(starts: np.ndarray, ends: np.ndarray, weight: int = 1) -> np.ndarray:
-        a = np.searchsorted(pts, starts)
-        z = np.searchsorted(pts, ends)
-        return weight * (np.bincount(a, minlength=len(pts)) - np.bincount(z, minlength=len(pts)))
-
-    comm = np.cumsum(cover(c_ts, c_end))[:-1] > 0
-    xfer = np.cumsum(cover(x_ts, c_end))[:-1] > 0
-    busy = np.cumsum(cover(p_ts, p_end) - cover(k_ts, k_end))[:-1] > 0
-
-    def per_step(mask: np.ndarray) -> np.ndarray:
-        tot = np.bincount(step_i[mask], weights=seg[mask], minlength=len(b) + 1)[:len(b)]
-        return np.rint(tot).astype(np.int64)
-
+    sweep = Sweep(s_start, s_end, c_ts, c_end, p_ts, p_end, k_ts, k_end)
+    step_i = sweep.bins(s_start, s_end)
+    comm = sweep.covered(c_ts, c_end)
+    busy = sweep.covered(p_ts, p_end, (k_ts, k_end))
+    n = len(b)
     return pd.DataFrame({"rank": b["rank"].to_numpy(), "step": b["step"].to_numpy(),
-                         "comm_ns": per_step(comm), "transfer_ns": per_step(xfer),
-                         "overlap_ns": per_step(comm & busy)})
+                         "comm_ns": sweep.total(comm, step_i, n),
+                         "overlap_ns": sweep.total(comm & busy, step_i, n)})
+
+
+def _transfer(b: pd.DataFrame, c: pd.DataFrame) -> pd.DataFrame:
+    """transfer ns per step of one rank: the union of its collectives' transfer parts
+    (from the last rank's entry to the end) inside the step bounds."""
+    s_start = b["start"].to_numpy(np.int64)
+    s_end = b["end"].to_numpy(np.int64)
+    c_end = c["end"].to_numpy(np.int64)
+    x_ts = c["ts"].to_numpy(np.int64) + c["wait_ns"].to_numpy(np.int64)
+    sweep = Sweep(s_start, s_end, x_ts, c_end)
+    return pd.DataFrame({"rank": b["rank"].to_numpy(), "step": b["step"].to_numpy(),
+                         "transfer_ns": sweep.total(sweep.covered(x_ts, c_end),
+                                                    sweep.bins(s_start, s_end), len(b))})
 
 
 def _rank_rows(per_step: pd.DataFrame) -> pd.DataFrame:

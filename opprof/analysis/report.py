@@ -1,4 +1,12 @@
-"""Everything `opprof report` shows, computed once from a Trace."""
+"""Everything `opprof report` shows: computed rank by rank, then combined.
+
+:func:`analyze` reduces one rank's events (or several ranks') to a :class:`RankPart` — its
+step breakdown rows, compact operator-duration tables, device rows and the small tables
+the cross-rank analysis needs — and :func:`combine` turns the parts of every rank into the
+:class:`Report`. Parts are small (no events), so a job of any rank count is analyzed with
+a few ranks' events in memory at a time, in any process (``opprof.parallel``). The result
+is identical to analyzing all ranks at once (``build_report``).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +15,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
+from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
-from opprof.analysis.ops import op_table
-from opprof.analysis.ranks import rank_analysis
-from opprof.trace import Trace
+from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
+from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
+from opprof.trace import Trace, rank_slices
 
 
 @dataclass
@@ -26,21 +35,77 @@ class Report:
     comm_overlap: float | None
     devices: pd.DataFrame = field(default_factory=pd.DataFrame)
     stragglers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    device_span: str = "steps"
 
 
-def build_report(trace: Trace) -> Report:
-    """Analyze a trace for `opprof report`."""
+@dataclass
+class RankPart:
+    """One rank's (or a few ranks') share of a report; no events, only small tables."""
+
+    ranks: list[int]
+    events: int
+    steps: pd.DataFrame
+    host_durations: pd.DataFrame
+    device_durations: pd.DataFrame
+    devices: pd.DataFrame
+    local: RankLocal
+
+
+def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
+    """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
+    if "detail" in trace.events:  # no analysis reads it; every filter would copy it
+        trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     steps = step_breakdown(trace)
+    return RankPart(
+        ranks=[int(r) for r in pd.unique(trace.events["rank"])],
+        events=len(trace.events),
+        steps=steps,
+        host_durations=op_durations(trace, "host"),
+        device_durations=op_durations(trace, "device"),
+        devices=device_breakdown(trace, device_span),
+        local=rank_local(trace, steps),
+    )
+
+
+def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Report:
+    """The report of a job from the parts of its ranks (in any order)."""
+    parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
+    steps = _concat([p.steps for p in parts])
     n = len(steps)
-    ranks = rank_analysis(trace, steps)
+    ranks = combine_ranks(steps, concat_local([p.local for p in parts]), synchronous(meta))
+    devices = _concat([p.devices for p in parts])
     return Report(
-        meta=trace.meta,
+        meta=meta,
         steps=steps,
         phases=phase_summary(steps),
-        ops=op_table(trace, "host", n_steps=n),
-        device_ops=op_table(trace, "device", n_steps=n),
+        ops=table_from_durations(merge_durations([p.host_durations for p in parts]), n),
+        device_ops=table_from_durations(merge_durations([p.device_durations for p in parts]),
+                                        n),
         ranks=ranks.ranks,
         comm_overlap=comm_overlap_ratio(steps),
-        devices=device_breakdown(trace),
+        devices=devices if len(devices) else pd.DataFrame(columns=DEVICE_COLUMNS),
         stragglers=ranks.stragglers,
+        device_span=device_span,
     )
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    full = [f for f in frames if len(f)]
+    if not full:
+        return frames[0] if frames else pd.DataFrame()
+    return full[0] if len(full) == 1 else pd.concat(full, ignore_index=True)
+
+
+def split_ranks(trace: Trace) -> list[Trace]:
+    """One Trace per rank (same metadata), ranks in order of first appearance."""
+    ev = trace.events
+    slices = rank_slices(ev)
+    if len(slices) <= 1:
+        return [trace]
+    return [Trace(ev.iloc[rows].reset_index(drop=True), trace.meta) for _, rows in slices]
+
+
+def build_report(trace: Trace, device_span: str = "steps") -> Report:
+    """Analyze a trace for `opprof report` (rank by rank, then combined)."""
+    return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
+                   device_span)

@@ -17,3 +17,15 @@ top_option = click.option("--top", type=click.IntRange(min=1), default=None,
 def echo_output(text: str, fmt: str) -> None:
     """Print rendered output (rich output is already laid out)."""
     click.echo(text.rstrip("\n"))
+
+
+def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)
+    """``--scheduler`` and ``--jobs``: where the per-rank work runs (opprof.parallel)."""
+    f = click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+                     help="Local worker processes for per-rank work [default: one per core; "
+                          "this process alone for small inputs].")(f)
+    return click.option("--scheduler", metavar="ADDRESS", envvar="DASK_SCHEDULER_ADDRESS",
+                        default=None,
+                        help="Run per-rank work on this Dask distributed scheduler "
+                             "(tcp://host:8786; or $DASK_SCHEDULER_ADDRESS). Workers must see "
+                             "the same files.")(f)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from opprof.analysis.diff import diff
-from opprof.commands import echo_output, format_option, top_option
-from opprof.loader import load
+from opprof.analysis.diff import diff_reports
+from opprof.commands import echo_output, engine_options, format_option, top_option
+from opprof.job import report
 from opprof.render import renderer
 
 
@@ -17,7 +17,9 @@ from opprof.render import renderer
 @click.argument("b", type=click.Path(path_type=Path))
 @top_option
 @format_option
-def command(a: Path, b: Path, top: int | None, fmt: str) -> None:
+@engine_options
+def command(a: Path, b: Path, top: int | None, fmt: str, scheduler: str | None,
+            jobs: int | None) -> None:
     """Compare trace A with trace B (ratio = A/B), operator by operator.
 
     \b
@@ -25,5 +27,6 @@ def command(a: Path, b: Path, top: int | None, fmt: str) -> None:
       opprof diff tf.trace mxnet.trace
       opprof diff lenet5-torch.trace resnet18-torch.trace --format json
     """
-    d = diff(load(a), load(b), a.name, b.name)
+    d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
+                     report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
     echo_output(renderer(fmt).diff(d, top=top if top is not None else 15), fmt)

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from opprof.analysis.report import build_report
-from opprof.commands import echo_output, format_option, top_option
-from opprof.loader import load
+from opprof.commands import echo_output, engine_options, format_option, top_option
+from opprof.job import report
 from opprof.render import renderer
 
 
@@ -18,13 +17,20 @@ from opprof.render import renderer
               default="phase", show_default=True, help="Which view to show.")
 @top_option
 @format_option
-def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str) -> None:
+@click.option("--device-span", type=click.Choice(["steps", "trace"]), default="steps",
+              show_default=True,
+              help="--by device over the complete profiled steps (work launched before the "
+                   "last step began, as Holistic Trace Analysis) or the whole trace.")
+@engine_options
+def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, device_span: str,
+            scheduler: str | None, jobs: int | None) -> None:
     """Report a TRACE (an opprof .trace, or native traces/folders, normalized on the fly).
 
     \b
     Example:
       opprof report resnet18-torch.trace --by op --top 15
       opprof report trace.json.gz --format json > report.json
+      opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
     """
-    rep = build_report(load(list(trace)))
+    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
     echo_output(renderer(fmt).report(rep, by=by, top=top), fmt)

@@ -152,9 +152,12 @@ def device_tables(rep: Report) -> list[Table]:
     tables = []
     for r in rep.devices.to_dict("records"):
         span = r["span_ns"] or 1
-        t = Table(title=f"GPU time — rank {int(r['rank'])} {r['device']}: span {ms(span)} ms, "
-                        f"{int(r['kernels']):,} kernels, {int(r['memcpys']):,} copies, "
-                        f"{int(r['memsets']):,} sets on {int(r['streams'])} stream(s)",
+        scope = ("complete steps" if rep.device_span == "steps" else "whole trace")
+        left = int(r.get("left_out") or 0)
+        scope += f", {left:,} events of the last step left out" if left else ""
+        t = Table(title=f"GPU time — rank {int(r['rank'])} {r['device']}: span {ms(span)} ms "
+                        f"({scope}), {int(r['kernels']):,} kernels, {int(r['memcpys']):,} "
+                        f"copies, {int(r['memsets']):,} sets on {int(r['streams'])} stream(s)",
                   title_justify="left")
         for col, just in [("category", "left"), ("ms", "right"), ("share", "right"),
                           ("", "left"), ("busy ms", "right"), ("sum ms", "right")]:

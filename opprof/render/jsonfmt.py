@@ -45,7 +45,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
     return {"meta": rep.meta, "steps": steps, "phases": phases,
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
-            "devices": records(rep.devices), "stragglers": records(rep.stragglers)}
+            "devices": records(rep.devices), "device_span": rep.device_span,
+            "stragglers": records(rep.stragglers)}
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:

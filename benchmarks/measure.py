@@ -1,0 +1,84 @@
+"""Run one measurement in a fresh process: wall time and peak memory of it and its children.
+
+Peak memory is the largest sum, over the process and every descendant alive at the same time
+(so a pool's workers count together), of each one's proportional set size (PSS: its private
+memory plus its share of pages it shares with others — forked workers share their parent's
+imported libraries, which a plain sum of RSS would count once per process), sampled every
+20 ms with psutil. Where PSS cannot be read, RSS is used.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Measured:
+    """One run: wall seconds, peak bytes (tree), exit status, and the output's last line."""
+
+    wall_s: float
+    peak_bytes: int
+    rc: int
+    out: str
+
+
+def _tree_rss(proc) -> int:  # noqa: ANN001 (psutil.Process)
+    import psutil
+
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+    return total
+
+
+def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
+        timeout: float | None = None) -> Measured:
+    """Run ``cmd``; time it and watch its memory."""
+    import psutil
+
+    peak = 0
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, **(env or {})}, cwd=cwd)
+    ps = psutil.Process(p.pid)
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(ps))
+            done.wait(0.02)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        done.set()
+        t.join()
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.stderr.write(err[-2000:])
+    lines = out.strip().splitlines()
+    return Measured(wall, peak, p.returncode, lines[-1] if lines else "")
+
+
+def load_line() -> str:
+    """The machine's load averages and cores, to print beside timings."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
