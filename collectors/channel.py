@@ -1,0 +1,117 @@
+"""The one progress channel between profiled processes and the supervisor: files in the run
+folder, so it works for any process tree (torchrun's ranks, DMLC roles, TF tasks, a user's
+command) without pipes or sockets.
+
+* ``procs/<pid>.status``: each profiled process rewrites its :class:`~.config.Facts` (JSON,
+  atomically) at every step boundary until it is done; the supervisor reads them all to show
+  progress, to name a process that died or hung, and at the end to build the metadata;
+* ``procs/<role><rank>.claim``: a process claims its rank before writing its trace, so two
+  processes that both think they are rank 0 never overwrite each other's files;
+* ``control``: one word the supervisor or a lead process writes for the others to read (the
+  TensorFlow parameter-server job's ``start`` / ``stop`` of the servers' profilers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from opprof.collectors.config import Facts, Role
+from opprof.errors import OpprofError
+from opprof.files import write_atomic
+
+STATUS_DIR = "procs"
+_SUFFIX = ".status"
+_POLL_S = 0.05
+#: Least time between two status writes that only report progress (each costs ~0.5 ms, and
+#: happens between two training steps).
+MIN_INTERVAL_S = 0.5
+
+
+def status_dir(folder: Path) -> Path:
+    """Where the processes of the run in ``folder`` write their status."""
+    return Path(folder) / STATUS_DIR
+
+
+class Reporter:
+    """One process's side of the channel: its current facts, rewritten on every change."""
+
+    def __init__(self, folder: Path, facts: Facts) -> None:
+        self.folder = status_dir(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.facts = facts
+        self._written = ""
+        self._last = 0.0
+
+    def update(self, *, force: bool = True, **changes: object) -> None:
+        """Change some facts and write the status file if anything changed (not forced:
+        only if the last write is ``MIN_INTERVAL_S`` old)."""
+        self.facts = replace(self.facts, **changes)
+        now = time.monotonic()
+        if not force and now - self._last < MIN_INTERVAL_S:
+            return
+        text = self.facts.to_json()
+        if text != self._written:
+            write_atomic(self.folder / f"{self.facts.pid}{_SUFFIX}", text)
+            self._written, self._last = text, now
+
+    def claim(self, role: Role, rank: int) -> int:
+        """``rank`` if no other process of this run has claimed it for ``role``, else the
+        next free one (so files named by rank are never overwritten)."""
+        while True:
+            try:
+                fd = os.open(self.folder / f"{role}{rank}.claim",
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                rank += 1
+                continue
+            os.write(fd, str(self.facts.pid).encode())
+            os.close(fd)
+            return rank
+
+
+def read_all(folder: Path) -> list[Facts]:
+    """The status of every process that reported in ``folder`` (ordered by pid)."""
+    out = []
+    for path in sorted(status_dir(folder).glob(f"*{_SUFFIX}")):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            out.append(Facts.from_json(path.read_text()))
+    return sorted(out, key=lambda f: f.pid)
+
+
+def send(folder: Path, command: str) -> None:
+    """Write ``command`` for the other processes of the run."""
+    write_atomic(Path(folder) / "control", command)
+
+
+def received(folder: Path) -> str:
+    """The last command written to the run (empty if none)."""
+    try:
+        return (Path(folder) / "control").read_text().strip()
+    except OSError:
+        return ""
+
+
+def wait_until(test: Callable[[list[Facts]], bool], folder: Path, deadline: float | None,
+               what: str) -> None:
+    """Poll the statuses until ``test`` holds; an OpprofError naming ``what`` at the deadline."""
+    while not test(read_all(folder)):
+        if deadline is not None and time.monotonic() > deadline:
+            raise OpprofError(f"timed out waiting for {what}")
+        time.sleep(_POLL_S)
+
+
+def report_error(folder: Path, facts: Facts, message: str) -> None:
+    """Put this process's one-line error into its status (``facts``: who it is, used when it
+    failed before writing any status)."""
+    path = status_dir(folder) / f"{facts.pid}{_SUFFIX}"
+    try:
+        facts = Facts.from_json(path.read_text())
+    except (OSError, ValueError, TypeError):
+        pass
+    reporter = Reporter(folder, facts)
+    reporter.update(error=message, ended=message)
