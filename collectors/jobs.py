@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opprof.collectors import channel
 from opprof.collectors.config import (
     SUPPORTED_MODES,
     Device,
@@ -330,3 +331,35 @@ def framework_meta(config: RecordConfig, facts: list[Facts]) -> dict[str, Any]:
         meta.update({k: chief.extra[k] for k in ("scheduled_steps", "unprofiled_step_note")
                      if k in chief.extra})
     return meta
+
+
+# ------------------------------------------------------------------ `opprof run`
+
+
+def command_recording(folder: Path, command: str) -> Recording:
+    """What the processes of a user's command recorded (their statuses in ``folder``): the
+    native traces, complete or cut short, and the run's metadata. An empty ``native`` when
+    no process reached its profiled steps."""
+    facts = channel.read_all(folder)
+    profiled = sorted((f for f in facts if f.native),
+                      key=lambda f: (f.role != Role.WORKER, f.rank or 0))
+    native = [Path(p) for f in profiled for p in f.native if Path(p).exists()]
+    meta = job_meta(profiled or facts, command=command, launcher="opprof run")
+    kv = {f.extra.get("kvstore") for f in profiled} - {None}
+    world = max([int(f.extra.get("world_size", 1)) for f in profiled] + [1])
+    if kv:
+        meta["mode"] = "ps-async" if "async" in kv.pop() else "ps-sync"
+        meta["comm_bytes_per_step"] = {str(f.rank): 2 * int(f.extra.get("param_bytes", 0))
+                                       for f in profiled}
+    else:
+        meta["mode"] = "allreduce" if world > 1 or meta["workers"] > 1 else "single"
+    if profiled and profiled[0].framework == Framework.TORCH:
+        from opprof.collectors.torch import clock_meta
+
+        meta.update(clock_meta({str(f.rank): f.extra["clock"] for f in profiled
+                                if f.extra.get("clock")}))
+    for key in ("optimizer", "strategy", "device", "backend", "batch_size"):
+        values = {str(f.extra[key]) for f in profiled if f.extra.get(key)}
+        if len(values) == 1:
+            meta[key] = values.pop()
+    return Recording(native=native, meta=meta)

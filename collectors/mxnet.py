@@ -322,9 +322,9 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
 
 
 def install_hook(protocol: Protocol, folder: Path,
-                 started: Callable[[Runner], None]) -> None:
+                 started: Callable[[Runner], bool]) -> None:
     """Count steps at ``gluon.Trainer.step`` / ``update`` (mxnet.gluon is being imported)."""
-    from mxnet.gluon import Trainer
+    from mxnet.gluon.trainer import Trainer  # mxnet.gluon itself is still being imported
 
     state: dict[str, Any] = {"depth": 0}
 
@@ -344,8 +344,10 @@ def install_hook(protocol: Protocol, folder: Path,
         return wrapper
 
     def _after_trainer_step(trainer: Any, batch_size: Any) -> None:
+        if state.get("off"):
+            return
         runner = state.get("runner")
-        if runner is None:
+        if runner is None or runner.facts.pid != os.getpid():
             state["trainer"] = id(trainer)
             kv = getattr(trainer, "_kvstore", None)
             facts = {**param_facts(trainer._params), "optimizer":
@@ -354,7 +356,9 @@ def install_hook(protocol: Protocol, folder: Path,
                 facts["batch_size"] = batch_size
             adapter = MXNetAdapter(kv, profile_servers=False, facts=facts)
             runner = state["runner"] = Runner(adapter, protocol, folder, extra=facts)
-            started(runner)
+            if not started(runner):
+                state["off"] = True
+                return
         elif id(trainer) != state["trainer"]:
             return
         runner.step()

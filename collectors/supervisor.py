@@ -184,14 +184,15 @@ class Supervisor:
 
     def start(self, label: str, argv: list[str], *, env: dict[str, str] | None = None,
               cwd: Path | None = None, log: Path | None = None, own_group: bool = True,
-              stdin: int | None = subprocess.DEVNULL,
+              stdin: int | None = subprocess.DEVNULL, stdout: int | None = None,
               explain: Callable[[Child, int], tuple[str, str]] | None = None) -> Child:
         """Start one process: its output to ``log`` (else inherited), in a process group of
-        its own (``own_group``) that dies with the supervisor, or in the caller's."""
+        its own (``own_group``) that dies with the supervisor, or in the caller's.
+        Without a log, ``stdout`` redirects its standard output (a file descriptor)."""
         out = open(log, "ab") if log is not None else None  # noqa: SIM115 - kept by the child
         try:
             popen = subprocess.Popen(
-                argv, env=env, cwd=cwd, stdin=stdin, stdout=out,
+                argv, env=env, cwd=cwd, stdin=stdin, stdout=out if out is not None else stdout,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=own_group,
                 preexec_fn=die_with_parent if own_group else None)

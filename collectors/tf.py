@@ -39,6 +39,7 @@ other processes) — use ``opprof.profile()`` there.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -455,7 +456,7 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
 
 
 def install_hook(protocol: Protocol, folder: Path,
-                 started: Callable[[Runner], None]) -> None:
+                 started: Callable[[Runner], bool]) -> None:
     """Count steps at Keras 3's ``BaseOptimizer.apply`` (keras' optimizers are being
     imported); see the module docstring for how a traced function calls back."""
     from keras.src.optimizers.base_optimizer import BaseOptimizer
@@ -464,13 +465,17 @@ def install_hook(protocol: Protocol, folder: Path,
     original = BaseOptimizer.apply
 
     def runner_for(optimizer: Any) -> Runner | None:
+        if state.get("off"):
+            return None
         runner = state.get("runner")
-        if runner is None:
+        if runner is None or runner.facts.pid != os.getpid():
             state["optimizer"] = id(optimizer)
-            facts = {"optimizer": type(optimizer).__name__}
+            facts = {"optimizer": type(optimizer).__name__, **state.get("facts", {})}
             runner = state["runner"] = Runner(TFAdapter(facts=facts), protocol, folder,
                                               extra=facts)
-            started(runner)
+            if not started(runner):
+                state["off"] = True
+                return None
         elif id(optimizer) != state["optimizer"]:
             return None
         return runner
@@ -489,6 +494,8 @@ def install_hook(protocol: Protocol, folder: Path,
         if state["depth"]:
             return result  # an optimizer wrapping another (LossScaleOptimizer): count once
         tf = sys.modules["tensorflow"]
+        if "facts" not in state:
+            state["facts"] = _strategy_facts(tf, self)
         if not tf.inside_function():
             on_step(self)
             return result
@@ -506,6 +513,24 @@ def install_hook(protocol: Protocol, folder: Path,
     apply.__doc__ = original.__doc__
     apply.__wrapped__ = original  # type: ignore[attr-defined]
     BaseOptimizer.apply = apply
+
+
+def _strategy_facts(tf: Any, optimizer: Any) -> dict[str, Any]:
+    """What the hook can tell about the training when it first sees the optimizer."""
+    facts: dict[str, Any] = {}
+    if tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+        facts["strategy"] = type(strategy).__name__
+        facts["replicas"] = int(strategy.num_replicas_in_sync)
+    variables = getattr(optimizer, "_trainable_variables", None) or []
+    try:
+        sizes = [math.prod(int(d) for d in v.shape) for v in variables]
+        facts["params"] = sum(sizes)
+        facts["param_bytes"] = sum(n * v.dtype.size if hasattr(v.dtype, "size") else 4 * n
+                                   for n, v in zip(sizes, variables, strict=True))
+    except (TypeError, ValueError, AttributeError):  # shapes not known yet
+        pass
+    return facts
 
 
 def _untraceable(tf: Any) -> str:

@@ -29,8 +29,12 @@ measured value is kept as a check. Policy (``Rendezvous.clock_sync``): ``auto`` 
 ``always`` (apply the measured offsets), ``off``. The offset goes into each trace file as a
 top-level ``opprofClock`` object, which the Kineto normalizer applies, and into the metadata.
 
-**Hook** (`opprof run`): torch's global optimizer step post hook marks the end of a step —
-the first optimizer that steps (a GAN's second optimizer does not count twice).
+**Hook** (`opprof run`): the end of ``Optimizer.step`` marks the end of a step — of the
+first optimizer that steps (a GAN's second optimizer does not count twice). torch's global
+optimizer step post hook would be the natural place, but it runs inside the
+``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
+previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
+torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,10 +140,15 @@ class TorchAdapter:
         self.trace = Path(folder) / trace_name(rank)
         self.prof = profile(activities=activities, record_shapes=True,
                             schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
-        self.prof.start()
+        with quiet(self.trace.parent):
+            self.prof.start()
 
     def boundary(self, index: int) -> None:
-        self.prof.step()
+        if index == 1:  # the profiler starts recording (and announces it on stderr)
+            with quiet(self.trace.parent):
+                self.prof.step()
+        else:
+            self.prof.step()
 
     def stop(self, complete: bool) -> list[Path]:
         prof, trace = self.prof, self.trace
@@ -146,7 +157,8 @@ class TorchAdapter:
             # The step in progress did not finish: leave its ProfilerStep marker open, so
             # it is not recorded as a step.
             prof.step_rec_fn = None
-        prof.stop()
+        with quiet(trace.parent):
+            prof.stop()
         prof.export_chrome_trace(str(trace))
         averages = _key_averages(prof, self.device)
         write_atomic(trace.with_name(trace.name.replace(".pt.trace.json", ".key_averages.json")),
@@ -172,6 +184,23 @@ class TorchAdapter:
         if self.device.type == "cuda":
             out["gpus"] = [self.torch.cuda.get_device_name(self.device)]
         return out
+
+
+@contextmanager
+def quiet(folder: Path) -> Iterator[None]:
+    """Send what native code writes to file descriptor 2 (Kineto's ``profiler_start`` /
+    ``profiler_stop`` banners) to ``folder/profiler.log`` for the duration of the block, so
+    it does not land in the user's terminal (the block is one profiler call)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(Path(folder) / "profiler.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _key_averages(prof: Any, device: torch.device) -> list[dict[str, Any]]:
@@ -402,15 +431,19 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 
 
 def install_hook(protocol: Protocol, folder: Path,
-                 started: Callable[[Runner], None]) -> None:
-    """Count steps at the global optimizer step post hook (torch is being imported)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+                 started: Callable[[Runner], bool]) -> None:
+    """Count steps at the end of every ``Optimizer.step`` (torch.optim is being imported)."""
+    import functools
 
-    state: dict[str, Any] = {}
+    from torch.optim import optimizer as module
 
-    def after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    state: dict[str, Any] = {"depth": 0}
+
+    def after_optimizer_step(optimizer: Any) -> None:
+        if state.get("off"):
+            return
         runner = state.get("runner")
-        if runner is None:
+        if runner is None or runner.facts.pid != os.getpid():
             state["optimizer"] = id(optimizer)
             params = [p for g in optimizer.param_groups for p in g["params"]]
             device = "cuda" if any(p.is_cuda for p in params) else "cpu"
@@ -420,9 +453,37 @@ def install_hook(protocol: Protocol, folder: Path,
             runner = state["runner"] = Runner(
                 TorchAdapter(protocol.steps, device, facts=facts), protocol, folder,
                 extra=facts)
-            started(runner)
+            if not started(runner):
+                state["off"] = True
+                return
         elif id(optimizer) != state["optimizer"]:
             return
         runner.step()
 
-    register_optimizer_step_post_hook(after_optimizer_step)
+    original = getattr(module.Optimizer, "profile_hook_step", None)
+    if original is None:  # an older or newer torch: its global post hook (inside the step)
+        module.register_optimizer_step_post_hook(
+            lambda optimizer, args, kwargs: after_optimizer_step(optimizer))
+        return
+
+    # The step ends when ``Optimizer.step`` has returned: torch's own post hooks run inside
+    # its ``Optimizer.step#…`` profiler range, and a step marker started there would nest in
+    # the previous step's optimizer operator. So the step function torch wraps every
+    # optimizer class's ``step`` with is wrapped once more.
+    def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
+        hooked = original(func)
+
+        @functools.wraps(hooked)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            state["depth"] += 1
+            try:
+                out = hooked(*args, **kwargs)
+            finally:
+                state["depth"] -= 1
+            if state["depth"] == 0:  # an optimizer wrapping another counts once
+                after_optimizer_step(args[0])
+            return out
+
+        return step
+
+    module.Optimizer.profile_hook_step = staticmethod(profile_hook_step)

@@ -7,7 +7,7 @@ import sys
 import click
 
 from opprof import __version__
-from opprof.commands import bench, diff, export, import_, record, report
+from opprof.commands import bench, diff, export, import_, record, report, run
 from opprof.errors import OpprofError
 
 
@@ -18,12 +18,13 @@ def cli() -> None:
 
     \b
     opprof record --fw mxnet --model resnet18     train under the native profiler, report
+    opprof run -- python train.py                 profile your own training command
     opprof report run.trace --by op --top 15      per-operator table
     opprof diff tf.trace mxnet.trace              what explains the step-time gap
     """
 
 
-for _module in (record, import_, report, diff, export, bench):
+for _module in (record, run, import_, report, diff, export, bench):
     cli.add_command(_module.command)
 
 
