@@ -134,8 +134,7 @@ def _at_exit() -> None:
     runner = _state["runner"]
     if runner is None or _state["pid"] != os.getpid() or runner.finished:
         return
-    why = _state["error"] or "the process ended"
-    runner.close(f"{why} after {max(runner.n, 0)} steps")
+    runner.close(_state["error"] or "the process ended")
 
 
 def _wrap_excepthook() -> None:

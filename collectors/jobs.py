@@ -336,11 +336,12 @@ def framework_meta(config: RecordConfig, facts: list[Facts]) -> dict[str, Any]:
 # ------------------------------------------------------------------ `opprof run`
 
 
-def command_recording(folder: Path, command: str) -> Recording:
-    """What the processes of a user's command recorded (their statuses in ``folder``): the
-    native traces, complete or cut short, and the run's metadata. An empty ``native`` when
-    no process reached its profiled steps."""
-    facts = channel.read_all(folder)
+def command_recording(folder: Path, command: str, session: str | None = None) -> Recording:
+    """What the processes of a user's command recorded (their statuses in ``folder``; of one
+    ``session`` only, when given): the native traces, complete or cut short, and the run's
+    metadata. An empty ``native`` when no process reached its profiled steps."""
+    facts = [f for f in channel.read_all(folder)
+             if session is None or f.extra.get("session") == session]
     profiled = sorted((f for f in facts if f.native),
                       key=lambda f: (f.role != Role.WORKER, f.rank or 0))
     native = [Path(p) for f in profiled for p in f.native if Path(p).exists()]

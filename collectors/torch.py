@@ -153,13 +153,15 @@ class TorchAdapter:
     def stop(self, complete: bool) -> list[Path]:
         prof, trace = self.prof, self.trace
         assert prof is not None and trace is not None
-        if not complete:
-            # The step in progress did not finish: leave its ProfilerStep marker open, so
-            # it is not recorded as a step.
-            prof.step_rec_fn = None
         with quiet(trace.parent):
             prof.stop()
         prof.export_chrome_trace(str(trace))
+        if not complete:
+            # The step in progress did not finish: its marker is renamed, so that it is not
+            # taken for a step.
+            cut = f'"ProfilerStep#{prof.step_num}"'.encode()
+            write_atomic(trace, trace.read_bytes().replace(
+                cut, f'"opprof.incomplete_step#{prof.step_num}"'.encode()))
         averages = _key_averages(prof, self.device)
         write_atomic(trace.with_name(trace.name.replace(".pt.trace.json", ".key_averages.json")),
                      json.dumps(averages, indent=1) + "\n")

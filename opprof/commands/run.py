@@ -86,9 +86,10 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
     for message in _outcomes(channel.read_all(native), protocol):
         click.echo(f"opprof: {message}", err=True)
     if code not in (0, None):
-        click.echo(f"opprof: the command {describe_exit(code)}; what it recorded is kept and "
-                   "reported", err=True)
+        click.echo(f"opprof: the command {describe_exit(code)}" + (
+            "; what it recorded is kept and reported" if rec.native else ""), err=True)
     if not rec.native:
+        shutil.rmtree(native, ignore_errors=True)
         click.echo("opprof: error: " + (
             "no process of the command reached its profiled steps; nothing was recorded"
             if channel.read_all(native) else
@@ -135,10 +136,9 @@ def _outcomes(statuses: list[Facts], protocol: Protocol) -> list[str]:
     """One line for each process that did not record all its profiled steps."""
     lines = []
     for s in statuses:
-        before = protocol.warmup + protocol.timing_steps
-        extra = " + 1 for torch's profiler to settle" if s.framework == "torch" else ""
-        who = f"{s.label} (pid {s.pid})" if not s.label.startswith("pid") else s.label
-        why = f" ({s.ended})" if s.ended and not s.ended.startswith("the process ended") else ""
+        settle = " and 1 for torch's profiler to settle" if s.framework == "torch" else ""
+        who = f"{s.label} (pid {s.pid})" if not s.label.startswith("pid") else f"process {s.pid}"
+        why = f" ({s.ended})" if s.ended and s.ended != "the process ended" else ""
         if s.stage == "done":
             continue
         if s.native:
@@ -146,9 +146,9 @@ def _outcomes(statuses: list[Facts], protocol: Protocol) -> list[str]:
                          f"{s.profiled_target} recorded{why}")
         elif s.ended:
             lines.append(f"{who} ended after {s.steps_seen} training step(s), before its "
-                         f"profiled steps (warm-up {protocol.warmup} + timing "
-                         f"{protocol.timing_steps} = {before} come first{extra}){why}; run more "
-                         "steps or lower --warmup / --timing-steps")
+                         f"profiled steps ({protocol.warmup} warm-up, {protocol.timing_steps} "
+                         f"timed{settle} come first){why}; run more steps or lower --warmup / "
+                         "--timing-steps")
         else:
             lines.append(f"{who} stopped reporting in {s.where} (killed, or exited without "
                          "Python's shutdown); nothing recorded for it")
