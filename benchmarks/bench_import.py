@@ -58,8 +58,7 @@ def measure(path: Path, what: str, repeat: int) -> dict:
 
 def record_large(steps: int, workdir: Path) -> Path:
     """Record a ResNet-18 torch run under the profiler and return its native trace."""
-    from opprof.collectors import RecordConfig
-    from opprof.collectors.torch import record
+    from opprof.collectors import RecordConfig, record
 
     rec = record(RecordConfig(fw="torch", model="resnet18", steps=steps, warmup=1,
                               timing_steps=1), workdir, lambda *a: None)

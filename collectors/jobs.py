@@ -220,17 +220,33 @@ def _torch(config: RecordConfig, argv: list[str],
     return [Launch("torchrun", torchrun, extra, explain=torchrun_root_cause)], job
 
 
-_ROOT = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+#: One failed rank in torchrun's failure summary: its ``rank :`` line, then ``exitcode :``.
+_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "timed out",
+         "timeout", "socket", "nccl")
 
 
-def torchrun_root_cause(child: Child, code: int) -> tuple[str, str]:
-    """(who, how) from torchrun's failure summary: the rank it names as the root cause."""
+def torchrun_root_cause(child: Child, code: int, statuses: list[Facts]) -> tuple[str, str]:
+    """(who, how): the rank that failed first among those torchrun reports. A rank whose peer
+    died fails too, with a communication error, sometimes before torchrun sees the first one
+    die; so a rank that died without an error of its own (an exit, a signal) is named first,
+    then one with its own error, then one that lost a peer, then one torchrun stopped."""
     text = child.log.read_text(errors="replace") if child.log else ""
-    root = text.rfind("Root Cause")
-    m = _ROOT.search(text, root if root >= 0 else 0)
-    if m is None:
+    failed = {int(r): int(c) for r, c in _FAILURE.findall(text)}
+    if not failed:
         return "torchrun", describe_exit(code)
-    return f"rank {m.group(1)}", describe_exit(int(m.group(2)))
+    errors = {s.rank: (s.error or "") for s in statuses if s.label.startswith("rank ")}
+
+    def suspicion(rank: int) -> tuple[int, int]:
+        if failed[rank] == -15:  # SIGTERM: torchrun stopping the others
+            return (3, rank)
+        error = errors.get(rank, "")
+        if not error:
+            return (0, rank)
+        return (2 if any(w in error.lower() for w in _PEER) else 1, rank)
+
+    rank = min(failed, key=suspicion)
+    return f"rank {rank}", describe_exit(failed[rank])
 
 
 # ------------------------------------------------------------------ MXNet

@@ -197,9 +197,6 @@ class Runner:
         self.progress[stage] = [done, total]
         if n == p.warmup and p.timing_steps:
             self.progress["timing"] = [0, p.timing_steps]
-        # Status writes between timed or profiled steps are throttled; stage changes outside
-        # the timed window are written at once.
-        force = stage != self.facts.stage and stage != "timing"
         changes: dict[str, Any] = {"stage": stage, "done": done, "total": total,
                                    "steps_seen": n, "extra": self._extra()}
         if n == self.start_at:
@@ -210,11 +207,10 @@ class Runner:
             index = n - self.start_at
             if n == self.end_at:
                 changes.update(self._stop_profile())
-                force = True
             else:
                 self.adapter.boundary(index)
                 changes["profiled_steps"] = max(0, index - self.adapter.profiler_warmup)
-        self.reporter.update(force=force, **changes)
+        self.reporter.update(**changes)
 
     def _position(self, n: int) -> tuple[str, int, int]:
         """(stage, steps done in it, its length) once ``n`` steps have ended."""

@@ -131,12 +131,16 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z …); '' when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("", "Z")
 
 
 def _kill(pids: Iterable[int], sig: int) -> None:
@@ -154,7 +158,7 @@ class Child:
     log: Path | None
     own_group: bool
     #: Who really failed and how, when this child is a launcher of others (torchrun).
-    explain: Callable[[Child, int], tuple[str, str]] | None = None
+    explain: Callable[[Child, int, list[Facts]], tuple[str, str]] | None = None
     expected_exit: bool = False
 
     @property
@@ -185,7 +189,8 @@ class Supervisor:
     def start(self, label: str, argv: list[str], *, env: dict[str, str] | None = None,
               cwd: Path | None = None, log: Path | None = None, own_group: bool = True,
               stdin: int | None = subprocess.DEVNULL, stdout: int | None = None,
-              explain: Callable[[Child, int], tuple[str, str]] | None = None) -> Child:
+              explain: Callable[[Child, int, list[Facts]], tuple[str, str]] | None = None,
+              ) -> Child:
         """Start one process: its output to ``log`` (else inherited), in a process group of
         its own (``own_group``) that dies with the supervisor, or in the caller's.
         Without a log, ``stdout`` redirects its standard output (a file descriptor)."""
@@ -287,8 +292,8 @@ class Supervisor:
     def failure(self, child: Child) -> str:
         """One line: which process failed first, how, at what point, and its own error."""
         code = child.code or 0
-        who, how = (child.explain or _plain)(child, code)
         statuses = self.statuses()
+        who, how = (child.explain or _plain)(child, code, statuses)
         status = next((s for s in statuses if s.pid == child.popen.pid), None) or _status_of(
             statuses, who)
         where = f" during {status.where}" if status else ""
@@ -303,6 +308,10 @@ class Supervisor:
         live = [s for s in self.statuses() if s.stage != "done" and s.ended is None
                 and _alive(s.pid)]
         limit = f"the run passed its {self.timeout_s:g}s limit (--timeout)"
+        stopped = [c.label for c in running if _state(c.popen.pid) in ("T", "t")]
+        if stopped:  # frozen (SIGSTOP, a debugger): the others are only waiting for it
+            return (f"{self.what}: {' and '.join(stopped)} stopped running (process state T) "
+                    f"and {limit}; stopped all processes; {self.recorded()}")
         if live:
             low = min(_order(s) for s in live)
             hung = [s for s in live if _order(s) == low]
@@ -353,7 +362,7 @@ class Supervisor:
         self.stop(grace_s=0 if exc[0] is None else 3.0)
 
 
-def _plain(child: Child, code: int) -> tuple[str, str]:
+def _plain(child: Child, code: int, statuses: list[Facts]) -> tuple[str, str]:
     return child.label, describe_exit(code)
 
 

@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from opprof.collectors.channel import report_error
+from opprof.collectors.channel import Reporter, report_error
 from opprof.collectors.config import Facts, Framework, RecordConfig
 from opprof.collectors.runner import env_identity, fault_point
 from opprof.collectors.supervisor import die_with_parent, log_name
@@ -32,6 +32,8 @@ def main(argv: list[str]) -> int:
     role, rank, label = env_identity()
     _log_to(folder / log_name(label))
     die_with_parent()
+    me = Facts(pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank)
+    Reporter(folder, me).update()  # known to the supervisor from the start
     try:
         config = RecordConfig.from_json(config_path.read_text())
         fault_point(label, "setup")
@@ -42,8 +44,7 @@ def main(argv: list[str]) -> int:
             return 0
         traceback.print_exc()
         message = f"{type(exc).__name__}: {first_line(exc)}"
-        report_error(folder, Facts(pid=os.getpid(), host=socket.gethostname(), label=label,
-                                   role=role, rank=rank), message)
+        report_error(folder, me, message)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(2 if isinstance(exc, OpprofError) else 1)
