@@ -376,7 +376,7 @@ def command_recording(folder: Path, command: str, session: str | None = None) ->
         meta.update(clock_meta({str(f.rank): f.extra["clock"] for f in profiled
                                 if f.extra.get("clock")}))
     for key in ("optimizer", "strategy", "device", "backend", "batch_size"):
-        values = {str(f.extra[key]) for f in profiled if f.extra.get(key)}
+        values = {f.extra[key] for f in profiled if f.extra.get(key)}
         if len(values) == 1:
             meta[key] = values.pop()
     return Recording(native=native, meta=meta)

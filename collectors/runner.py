@@ -181,7 +181,11 @@ class Runner:
         if self.profiling:
             self.profiling = False
             files = self.adapter.stop(complete=False)
-            changes["native"] = [str(p) for p in files]
+            if self.facts.profiled_steps:
+                changes["native"] = [str(p) for p in files]
+            else:  # not one profiled step completed: nothing worth keeping
+                for f in files:
+                    f.unlink(missing_ok=True)
         self.reporter.update(**changes)
 
     # -- the protocol

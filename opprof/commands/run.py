@@ -83,7 +83,8 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
               stdout=None if fmt == "rich" else sys.stderr.fileno())
     code = _wait(sup)
     rec = command_recording(native, line)
-    for message in _outcomes(channel.read_all(native), protocol):
+    statuses = channel.read_all(native)
+    for message in _outcomes(statuses, protocol):
         click.echo(f"opprof: {message}", err=True)
     if code not in (0, None):
         click.echo(f"opprof: the command {describe_exit(code)}" + (
@@ -92,7 +93,7 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
         shutil.rmtree(native, ignore_errors=True)
         click.echo("opprof: error: " + (
             "no process of the command reached its profiled steps; nothing was recorded"
-            if channel.read_all(native) else
+            if statuses else
             "no training step was seen in the command's Python processes (opprof counts torch "
             "optimizer steps, Keras optimizer updates and gluon Trainer steps); nothing was "
             "recorded: mark the steps with opprof.profile() in the script"), err=True)
