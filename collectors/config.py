@@ -287,15 +287,19 @@ class Facts:
         return f"{self.stage} ({self.done}/{self.total} steps done)"
 
 
+#: Facts one process may know for the whole job (the first process that has one gives it).
+JOB_FACTS = ("backend", "kvstore", "optimizer", "strategy", "batch_size", "scheduled_steps",
+             "unprofiled_step_note")
+
+
 def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
-    """The `.trace` metadata of a job from the facts of its processes (workers first) and
-    what the job itself knows (``job``: model, dataset, mode, command …, which win)."""
-    workers = sorted((f for f in facts if f.role == Role.WORKER),
-                     key=lambda f: (f.rank is None, f.rank or 0))
-    others = [f for f in facts if f.role != Role.WORKER]
-    lead = workers[0] if workers else (others[0] if others else None)
+    """The `.trace` metadata of a job from the facts of its processes and what the job itself
+    knows (``job``: model, dataset, mode, command …, which win)."""
+    facts = sorted(facts, key=lambda f: (f.role != Role.WORKER, f.rank is None, f.rank or 0))
+    workers = [f for f in facts if f.role == Role.WORKER]
+    lead = facts[0] if facts else None
     timed = ([f.unprofiled_step_ns for f in workers if f.unprofiled_step_ns]
-             or [f.unprofiled_step_ns for f in others if f.unprofiled_step_ns])
+             or [f.unprofiled_step_ns for f in facts if f.unprofiled_step_ns])
     step_ns = int(sum(timed) / len(timed)) if timed else None
     meta: dict[str, Any] = {}
     if lead is not None:
@@ -303,8 +307,21 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
                      "warmup_steps": lead.warmup, "timing_steps": lead.timing_steps,
                      "profiled_steps": lead.profiled_target, "threads": lead.threads})
         shared = ("params", "layers", "input_size", "num_classes", "model", "dataset",
-                  "batch_size", "device", "seed")
+                  "device", "seed")
         meta.update({k: lead.extra[k] for k in shared if k in lead.extra})
+    for key in JOB_FACTS:
+        value = next((f.extra[key] for f in facts if f.extra.get(key) is not None), None)
+        if value is not None:
+            meta[key] = value
+    clocks = {str(f.rank): f.extra["clock"] for f in workers if f.extra.get("clock")}
+    if clocks:
+        meta.update(clock_meta(clocks))
+    if str(meta.get("kvstore", "")).startswith("dist"):
+        # A PS worker pushes every gradient and pulls every weight once per step; MXNet's
+        # trace does not say which array an operator moved, so this is per step (the
+        # normalizer puts it on the step's comm windows).
+        meta["comm_bytes_per_step"] = {str(f.rank): 2 * int(f.extra.get("param_bytes", 0))
+                                       for f in workers}
     meta.update({
         "workers": len(workers),
         "servers": sum(f.role == Role.SERVER for f in facts),
@@ -313,15 +330,33 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
         "unprofiled_step_ns_per_rank": {str(f.rank): f.unprofiled_step_ns for f in workers},
         "profiled_wall_ns": max((f.profiled_wall_ns or 0 for f in workers), default=0) or None,
         "rank_pids": {str(f.rank): f.pid for f in workers},
+        "tasks": [{"role": str(f.role), "task": f.label.replace(" ", ""), "rank": f.rank}
+                  for f in facts],
         "per_rank": [{"rank": f.rank, "role": str(f.role), "host": f.host, "pid": f.pid,
                       "unprofiled_step_ns": f.unprofiled_step_ns,
                       "profiled_wall_ns": f.profiled_wall_ns, "threads": f.threads,
                       "steps_seen": f.steps_seen, "profiled_steps": f.profiled_steps,
-                      **({"ended": f.ended} if f.ended else {})}
-                     for f in [*workers, *others]],
+                      **({"ended": f.ended} if f.ended else {})} for f in facts],
     })
     meta.update(job)
     batch = meta.get("batch_size")
     if step_ns and batch and meta["workers"]:
         meta["samples_per_s"] = int(meta["workers"]) * int(batch) / (step_ns / 1e9)
     return meta
+
+
+def clock_meta(clocks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The job metadata of the ranks' clock syncs (rank → what each rank measured and applied:
+    ``offset_ns``, ``error_ns``, ``measured_offset_ns``, ``measured_error_ns``, ``machine``,
+    ``policy``, ``method``)."""
+    first = next(iter(clocks.values()))
+    return {
+        "clock_offsets_ns": {r: c["offset_ns"] for r, c in clocks.items()},
+        "clock_error_ns": {r: c["error_ns"] for r, c in clocks.items()},
+        "clock_sync": {"method": first.get("method", ""), "policy": first.get("policy", ""),
+                       "measured_offsets_ns": {r: c["measured_offset_ns"]
+                                               for r, c in clocks.items()},
+                       "measured_error_ns": {r: c["measured_error_ns"]
+                                             for r, c in clocks.items()},
+                       "machines": {r: c["machine"] for r, c in clocks.items()}},
+    }

@@ -187,11 +187,10 @@ def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
             raise OpprofError(f"{what}: the servers wrote no profiler trace into {workdir}; "
                               "see server*.log there")
         job["server_traces"] = len(servers)
-    lead = order[0]
     meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,
                     batch_size=config.batch_size, mode=str(config.mode),
-                    device=lead.extra.get("device", str(config.device)), seed=config.seed,
-                    command=config.command, **job, **framework_meta(config, facts))
+                    device=order[0].extra.get("device", str(config.device)), seed=config.seed,
+                    command=config.command, **job)
     meta["profiled_steps"] = config.steps
     return Recording(native=native + servers, meta=meta)
 
@@ -318,37 +317,6 @@ def _tf(config: RecordConfig, argv: list[str],
 _PLANS = {Framework.TORCH: _torch, Framework.MXNET: _mxnet, Framework.TF: _tf}
 
 
-def framework_meta(config: RecordConfig, facts: list[Facts]) -> dict[str, Any]:
-    """Metadata only one framework has: torch's clocks, MXNet's bytes per step, TF's tasks."""
-    workers = [f for f in facts if f.role == Role.WORKER and f.native]
-    if config.fw == Framework.TORCH:
-        from opprof.collectors.torch import clock_meta
-
-        meta = clock_meta({str(f.rank): f.extra["clock"] for f in workers
-                           if f.extra.get("clock")})
-        backends = {f.extra.get("backend") for f in workers if f.extra.get("backend")}
-        if backends:
-            meta["backend"] = backends.pop()
-        return meta
-    if config.fw == Framework.MXNET:
-        if config.mode == Mode.SINGLE:
-            return {}
-        # Each worker pushes every gradient and pulls every weight once per step; MXNet's
-        # trace does not say which array an operator moved, so this is per step (the
-        # normalizer puts it on the step's comm windows).
-        return {"comm_bytes_per_step": {str(f.rank): 2 * int(f.extra.get("param_bytes", 0))
-                                        for f in workers}}
-    tasks = sorted((f for f in facts if f.native), key=lambda f: (f.role != Role.WORKER,
-                                                                   f.rank or 0))
-    meta = {"tasks": [{"role": str(f.role), "task": f.label.replace(" ", ""), "rank": f.rank}
-                      for f in tasks]}
-    chief = next((f for f in facts if f.role == Role.SCHEDULER), None)
-    if chief is not None:
-        meta.update({k: chief.extra[k] for k in ("scheduled_steps", "unprofiled_step_note")
-                     if k in chief.extra})
-    return meta
-
-
 # ------------------------------------------------------------------ `opprof run`
 
 
@@ -362,21 +330,8 @@ def command_recording(folder: Path, command: str, session: str | None = None) ->
                       key=lambda f: (f.role != Role.WORKER, f.rank or 0))
     native = [Path(p) for f in profiled for p in f.native if Path(p).exists()]
     meta = job_meta(profiled or facts, command=command, launcher="opprof run")
-    kv = {f.extra.get("kvstore") for f in profiled} - {None}
     world = max([int(f.extra.get("world_size", 1)) for f in profiled] + [1])
-    if kv:
-        meta["mode"] = "ps-async" if "async" in kv.pop() else "ps-sync"
-        meta["comm_bytes_per_step"] = {str(f.rank): 2 * int(f.extra.get("param_bytes", 0))
-                                       for f in profiled}
-    else:
-        meta["mode"] = "allreduce" if world > 1 or meta["workers"] > 1 else "single"
-    if profiled and profiled[0].framework == Framework.TORCH:
-        from opprof.collectors.torch import clock_meta
-
-        meta.update(clock_meta({str(f.rank): f.extra["clock"] for f in profiled
-                                if f.extra.get("clock")}))
-    for key in ("optimizer", "strategy", "device", "backend", "batch_size"):
-        values = {f.extra[key] for f in profiled if f.extra.get(key)}
-        if len(values) == 1:
-            meta[key] = values.pop()
+    kv = str(meta.get("kvstore", ""))
+    meta["mode"] = (("ps-async" if "async" in kv else "ps-sync") if kv.startswith("dist") else
+                    "allreduce" if world > 1 or meta["workers"] > 1 else "single")
     return Recording(native=native, meta=meta)

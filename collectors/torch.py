@@ -264,7 +264,8 @@ def clock_sync(rank: int, world: int, group: Any, policy: str = "auto") -> dict[
     apply = policy == "always" or (policy == "auto" and not same)
     return {"offset_ns": measured if apply else 0, "error_ns": error if apply else 0,
             "measured_offset_ns": measured, "measured_error_ns": error,
-            "machine": machines[rank], "same_machine_as_rank0": same, "policy": policy}
+            "machine": machines[rank], "same_machine_as_rank0": same, "policy": policy,
+            "method": CLOCK_METHOD}
 
 
 def stamp_clock(trace: Path, clock: dict[str, Any]) -> None:
@@ -274,23 +275,6 @@ def stamp_clock(trace: Path, clock: dict[str, Any]) -> None:
     i = data.index(b"{")
     head = b'{"opprofClock": ' + json.dumps(clock).encode() + b","
     write_atomic(trace, head + data[i + 1:])
-
-
-def clock_meta(per_rank: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The job metadata of the ranks' clock syncs (rank → the dict :func:`clock_sync` gave)."""
-    if not per_rank:
-        return {}
-    return {
-        "clock_offsets_ns": {r: c["offset_ns"] for r, c in per_rank.items()},
-        "clock_error_ns": {r: c["error_ns"] for r, c in per_rank.items()},
-        "clock_sync": {"method": CLOCK_METHOD,
-                       "policy": next(iter(per_rank.values())).get("policy", "auto"),
-                       "measured_offsets_ns": {r: c["measured_offset_ns"]
-                                               for r, c in per_rank.items()},
-                       "measured_error_ns": {r: c["measured_error_ns"]
-                                             for r, c in per_rank.items()},
-                       "machines": {r: c["machine"] for r, c in per_rank.items()}},
-    }
 
 
 # ------------------------------------------------------------------ the built-in models

@@ -60,7 +60,7 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
         # Plain object strings: pandas 3's Arrow strings cost more than they save here.
         with pd.option_context("future.infer_string", False):
             frames.append(_raw_events(doc, rank, path))
-        # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
+        # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
         clock = doc.get("opprofClock") or {}
         offsets[str(rank)] = int((meta.get("clock_offsets_ns") or {}).get(
             str(rank), clock.get("offset_ns", 0)))
