@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ def quick_start_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
     block = re.search(r"<!-- tested:.*?-->\s*```\n(.*?)```\s*<!-- end tested -->", text, re.S)
     assert block, "README has no tested quick-start block"
-    return [ln.strip() for ln in block.group(1).splitlines() if ln.strip().startswith("opprof ")]
+    return [ln.strip() for ln in block.group(1).splitlines()
+            if ln.strip().startswith(("opprof ", "python "))]
 
 
 def test_readme_has_the_two_setup_commands() -> None:
@@ -36,7 +39,13 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert any(c.startswith("opprof record") for c in commands)
     for line in commands:
         line = line.replace("../shared/traces", str(SHARED_TRACES))
-        res = run_cli(*shlex.split(line)[1:], cwd=tmp_path, timeout=900)
+        line = line.replace("tests/scripts/", f"{REPO}/tests/scripts/")
+        args = [sys.executable if a == "python" else a for a in shlex.split(line)]
+        if args[0] == "opprof":
+            res = run_cli(*args[1:], cwd=tmp_path, timeout=900)
+        else:
+            res = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=900)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
         assert "Traceback" not in res.stderr
         if "--format json" in line:
@@ -44,5 +53,5 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
         if line.startswith("opprof diff"):
             assert "explains most of it" in " ".join(res.stdout.split())
     for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
-                 "nccl.trace", "resnet18.pftrace"):
+                 "nccl.trace", "resnet18.pftrace", "mine.trace", "ddp.trace", "api.trace"):
         assert (tmp_path / name).exists(), name
