@@ -128,6 +128,9 @@ class MXNetAdapter:
     def before_profile(self) -> dict[str, Any]:
         if not self._dist:
             return {}
+        # Every worker has pushed its last unprofiled step before the servers' profiler is
+        # switched on, and none pushes a profiled one before the switch was sent.
+        self.kv._barrier()
         if self.profile_servers and self.kv.rank == 0:
             # MXNet forwards this configuration to every server; server K writes
             # rankK_<filename> in its own working directory.
