@@ -85,9 +85,26 @@ def activate() -> None:
     wanted = {Framework(run["fw"])} if run.get("fw", "auto") != "auto" else set(Framework)
     protocol = Protocol(int(run["steps"]), int(run["warmup"]), int(run["timing_steps"]))
     folder = Path(run["folder"])
+    if os.environ.get("DMLC_ROLE") == "server" and Framework.MXNET in wanted:
+        _announce_server(folder)
     triggers = {m: fw for m, fw in TRIGGERS.items() if fw in wanted}
     sys.meta_path.insert(0, _Watcher(triggers, lambda fw: _install(fw, protocol, folder)))
     os.register_at_fork(after_in_child=_forget)
+
+
+def _announce_server(folder: Path) -> None:
+    """An MXNet parameter server runs inside ``import mxnet`` and never reaches a step: it
+    says where it is, so that ``opprof run`` finds the trace worker 0 makes it write into its
+    working directory (:data:`.mxnet.SERVER_TRACE`)."""
+    import socket
+
+    from opprof.collectors.channel import Reporter
+    from opprof.collectors.config import Facts, Role
+
+    Reporter(folder, Facts(pid=os.getpid(), host=socket.gethostname(),
+                           label="server", role=Role.SERVER,
+                           framework="mxnet", stage="serving",
+                           extra={"cwd": os.getcwd()})).update()
 
 
 def run_folder() -> Path | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -329,9 +330,31 @@ def command_recording(folder: Path, command: str, session: str | None = None) ->
     profiled = sorted((f for f in facts if f.native),
                       key=lambda f: (f.role != Role.WORKER, f.rank or 0))
     native = [Path(p) for f in profiled for p in f.native if Path(p).exists()]
+    native += _collect_servers(folder, facts)
     meta = job_meta(profiled or facts, command=command, launcher="opprof run")
     world = max([int(f.extra.get("world_size", 1)) for f in profiled] + [1])
     kv = str(meta.get("kvstore", ""))
     meta["mode"] = (("ps-async" if "async" in kv else "ps-sync") if kv.startswith("dist") else
                     "allreduce" if world > 1 or meta["workers"] > 1 else "single")
+    if kv.startswith("dist"):
+        meta["servers"] = sum(f.role == Role.SERVER for f in facts)
+        meta["server_traces"] = sum(p.name.endswith("_server.json") for p in native)
     return Recording(native=native, meta=meta)
+
+
+def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:
+    """Move the traces MXNet's servers wrote into their working directories (``rankK_`` +
+    :data:`.mxnet.RUN_SERVER_TRACE`) into the run folder as ``rankK_server.json``, the name
+    the MXNet normalizer knows."""
+    from opprof.collectors.mxnet import RUN_SERVER_TRACE
+
+    out = []
+    started = min((f.stat().st_mtime for f in folder.rglob("*.status")), default=0.0)
+    for cwd in sorted({f.extra["cwd"] for f in facts if f.extra.get("cwd")}):
+        for path in sorted(Path(cwd).glob(f"rank*_{RUN_SERVER_TRACE}")):
+            if path.stat().st_mtime < started:
+                continue  # left by an earlier job
+            target = folder / path.name.replace(RUN_SERVER_TRACE, "server.json")
+            shutil.move(str(path), target)
+            out.append(target)
+    return out

@@ -58,6 +58,7 @@ DOMAIN = "opprof"
 PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
 KVSTORE = {Mode.PS_SYNC: "dist_sync", Mode.PS_ASYNC: "dist_async"}
 SERVER_TRACE = "server.json"  # MXNet's server K writes it as rankK_server.json in its cwd
+RUN_SERVER_TRACE = "opprof-server.json"  # the same under `opprof run` (the user's cwd)
 
 
 def import_mxnet() -> ModuleType:
@@ -102,9 +103,9 @@ class MXNetAdapter:
     profiler_warmup = 0
 
     def __init__(self, kv: Any = None, *, profile_servers: bool = False,
-                 facts: dict[str, Any] | None = None) -> None:
+                 server_trace: str = SERVER_TRACE, facts: dict[str, Any] | None = None) -> None:
         self.mx = import_mxnet()
-        self.kv, self.profile_servers = kv, profile_servers
+        self.kv, self.profile_servers, self.server_trace = kv, profile_servers, server_trace
         self._facts = dict(facts or {})
         self.domain = self.mx.profiler.Domain(DOMAIN)
         self.frame: Any = None
@@ -136,8 +137,8 @@ class MXNetAdapter:
             # rankK_<filename> in its own working directory.
             prof = self.mx.profiler
             prof.set_kvstore_handle(self.kv.handle)
-            prof.set_config(profile_all=True, aggregate_stats=True, filename=SERVER_TRACE,
-                            profile_process="server")
+            prof.set_config(profile_all=True, aggregate_stats=True,
+                            filename=self.server_trace, profile_process="server")
             prof.set_state("run", profile_process="server")
         self.kv._barrier()  # all workers start (and, at the end, stop) profiling together
         return {"kvstore": str(self.kv.type), "world_size": int(self.kv.num_workers)}
@@ -185,6 +186,10 @@ class MXNetAdapter:
     def facts(self) -> dict[str, Any]:
         return {**self._facts,
                 "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count()}
+
+    def release(self) -> None:
+        # A kvstore freed after MXNet's own exit handler aborts the process.
+        self.kv = self.frame = None
 
 
 def param_facts(params: Any) -> dict[str, Any]:
@@ -357,7 +362,12 @@ def install_hook(protocol: Protocol, folder: Path,
                      type(trainer._optimizer).__name__}
             if isinstance(batch_size, int):
                 facts["batch_size"] = batch_size
-            adapter = MXNetAdapter(kv, profile_servers=False, facts=facts)
+            # A parameter-server job's servers are profiled too: worker 0 switches them on
+            # through the kvstore, they write into their working directory, and `opprof
+            # run` collects the files (they announced where they are).
+            dist = kv is not None and "dist" in str(kv.type)
+            adapter = MXNetAdapter(kv, profile_servers=dist, server_trace=RUN_SERVER_TRACE,
+                                   facts=facts)
             runner = state["runner"] = Runner(adapter, protocol, folder, extra=facts)
             if not started(runner):
                 state["off"] = True

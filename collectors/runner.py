@@ -74,6 +74,10 @@ class Adapter(TypingProtocol):
     def facts(self) -> dict[str, Any]:
         """What this process knows about its run (threads, parameters, model …)."""
 
+    def release(self) -> None:
+        """Drop the framework objects held (profiler, kvstore): the recording is over, and
+        they must not outlive the framework's own shutdown."""
+
 
 def env_identity() -> tuple[Role, int | None, str]:
     """Role, rank and label from the environment the launchers set (torchrun's ``RANK``,
@@ -186,6 +190,7 @@ class Runner:
             else:  # not one profiled step completed: nothing worth keeping
                 for f in files:
                     f.unlink(missing_ok=True)
+        self.adapter.release()
         self.reporter.update(**changes)
 
     # -- the protocol
@@ -256,6 +261,7 @@ class Runner:
         self.adapter.after_profile()
         self.finished = True
         facts = self.adapter.facts()
+        self.adapter.release()
         self.progress["profile"] = [self.protocol.steps, self.protocol.steps]
         return {"stage": "done", "done": 1, "total": 1, "native": [str(p) for p in files],
                 "profiled_steps": self.protocol.steps, "profiled_wall_ns": wall,

@@ -168,6 +168,9 @@ class TFAdapter:
     def after_profile(self) -> None:
         pass
 
+    def release(self) -> None:
+        self.marker = None
+
     def facts(self) -> dict[str, Any]:
         cfg = self.tf.config.threading
         return {**self._facts, "threads": {

@@ -180,6 +180,9 @@ class TorchAdapter:
         if dist is not None and dist.get_world_size() > 1:
             dist.barrier()  # no rank tears the group down while another still exports
 
+    def release(self) -> None:
+        self.prof = None
+
     def facts(self) -> dict[str, Any]:
         out = {**self._facts, "threads": self.torch.get_num_threads(),
                "device": self.device.type}

@@ -160,6 +160,37 @@ def test_gluon_loop_other_is_small(gluon) -> None:
     assert other_share(gluon[2]) <= 0.10
 
 
+@pytest.mark.slow
+def test_mxnet_parameter_server_job_from_a_launch_script(tmp_path: Path) -> None:
+    """A shell script that starts a scheduler, a server and two workers with the DMLC
+    environment: both workers profiled (by kvstore rank), and the server too."""
+    needs("mxnet")
+    import os
+
+    from opprof.collectors.supervisor import free_port
+
+    env = {**os.environ, "DMLC_PS_ROOT_PORT": str(free_port()), "PYTHON": sys.executable}
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "opprof", "run", *PROTOCOL, "--timeout", "300",
+                          "-o", "ps.trace", "--format", "json", "--", "sh",
+                          str(SCRIPTS / "mxnet_ps.sh"), "--steps", "8"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    ranks = sorted({s["rank"] for s in report["steps"]})
+    assert ranks == [0, 1] and len(report["steps"]) == 6
+    for s in report["steps"]:
+        assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"]
+        assert s["phases"]["backward"] > 0 and s["phases"]["comm"] > 0
+    m = report["meta"]
+    assert (m["mode"], m["kvstore"], m["workers"], m["servers"]) == ("ps-sync", "dist_sync", 2, 1)
+    trace = load(tmp_path / "ps.trace")
+    server = trace.events[trace.events["role"] == "server"]
+    assert set(server["rank"]) == {2} and (server["op"] == "weights_update").any()
+    assert not list(tmp_path.glob("rank*_opprof-server.json"))  # moved into the run folder
+
+
 # ------------------------------------------------------------------ torchrun
 
 

@@ -140,7 +140,7 @@ def _outcomes(statuses: list[Facts], protocol: Protocol) -> list[str]:
         settle = " and 1 for torch's profiler to settle" if s.framework == "torch" else ""
         who = f"{s.label} (pid {s.pid})" if not s.label.startswith("pid") else f"process {s.pid}"
         why = f" ({s.ended})" if s.ended and s.ended != "the process ended" else ""
-        if s.stage == "done":
+        if s.stage in ("done", "serving"):  # a parameter server never reaches steps
             continue
         if s.native:
             lines.append(f"{who} ended during its profiled steps: {s.profiled_steps} of "

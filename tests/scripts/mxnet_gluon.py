@@ -12,6 +12,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--kvstore", default="device", help="dist_sync in a parameter-server job")
 args = parser.parse_args()
 
 mx.random.seed(0)
@@ -27,7 +28,8 @@ net.add(gluon.nn.Conv2D(16, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activa
         gluon.nn.MaxPool2D(2),
         gluon.nn.Flatten(), gluon.nn.Dense(64, activation="relu"), gluon.nn.Dense(10))
 net.initialize(mx.init.Xavier())
-trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9})
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01, "momentum": 0.9},
+                        kvstore=args.kvstore)
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 step = 0
