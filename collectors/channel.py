@@ -3,7 +3,7 @@ folder, so it works for any process tree (torchrun's ranks, DMLC roles, TF tasks
 command) without pipes or sockets.
 
 * ``procs/<pid>.status``: each profiled process rewrites its :class:`~.config.Facts` (JSON,
-  in place: ~20 µs, cheap enough for every step boundary) until it is done; the supervisor
+  in place, ~0.1 ms: cheap enough for every step boundary) until it is done; the supervisor
   reads them all to show progress, to name a process that died or hung, and at the end to
   build the metadata (a status read while it is being rewritten does not parse and is
   skipped for that poll);
