@@ -374,7 +374,7 @@ def install_hook(protocol: Protocol, folder: Path,
                 return
         elif id(trainer) != state["trainer"]:
             return
-        runner.step()
+        runner.step_or_give_up()
 
     Trainer.step = counted(Trainer.step)
     Trainer.update = counted(Trainer.update)

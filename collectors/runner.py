@@ -24,9 +24,11 @@ too, and only here (:func:`fault_point`, from ``$OPPROF_TEST_FAULT``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import Protocol as TypingProtocol
 
 from opprof.collectors.channel import Reporter
 from opprof.collectors.config import Facts, Framework, Protocol, Role
+from opprof.errors import first_line
 
 FAULT_ENV = "OPPROF_TEST_FAULT"
 LABEL_ENV = "OPPROF_LABEL"
@@ -175,6 +178,21 @@ class Runner:
             return
         self.n = max(self.n, 0) + 1
         self._at_boundary()
+
+    def step_or_give_up(self) -> None:
+        """:meth:`step` for a hook inside someone else's training: a failure of opprof's own
+        (the profiler, the disk) ends this process's recording with one line on stderr and
+        an error in its status, never the training."""
+        try:
+            self.step()
+        except Exception as exc:  # noqa: BLE001 - the user's job goes on, unprofiled
+            message = f"{type(exc).__name__}: {first_line(exc)}"
+            print(f"opprof: profiling stopped in this process ({message}); training goes on",
+                  file=sys.stderr)
+            self.finished = True
+            self.profiling = False
+            with contextlib.suppress(Exception):
+                self.reporter.update(error=message, ended=message)
 
     def close(self, reason: str) -> None:
         """The process ends before the protocol did: keep what was profiled, say why."""

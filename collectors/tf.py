@@ -486,7 +486,7 @@ def install_hook(protocol: Protocol, folder: Path,
     def on_step(optimizer: Any) -> None:
         runner = runner_for(optimizer)
         if runner is not None:
-            runner.step()
+            runner.step_or_give_up()
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         state["depth"] += 1

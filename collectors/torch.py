@@ -447,7 +447,7 @@ def install_hook(protocol: Protocol, folder: Path,
                 return
         elif id(optimizer) != state["optimizer"]:
             return
-        runner.step()
+        runner.step_or_give_up()
 
     original = getattr(module.Optimizer, "profile_hook_step", None)
     if original is None:  # an older or newer torch: its global post hook (inside the step)
