@@ -92,7 +92,7 @@ def hta_installed() -> bool:
 def record(steps: int, workdir: Path) -> Path:
     """A ResNet-18 torch run under the profiler; its native trace."""
     from opprof.collectors import RecordConfig
-    from opprof.collectors.torch import record as rec
+    from opprof.collectors import record as rec
 
     out = rec(RecordConfig(fw="torch", model="resnet18", steps=steps, warmup=1,
                            timing_steps=1), workdir, lambda *a: None)

@@ -1,93 +1,56 @@
-"""Collectors: build a model and data, train under a framework's native profiler, write native
-traces. A collector never analyzes: it returns the native files and the run's metadata, and
-the matching normalizer turns them into a Trace.
+"""Collectors: one runner plus small framework adapters, recording training under each
+framework's native profiler into native traces. A collector never analyzes: it returns the
+native files and the run's metadata, and the matching normalizer turns them into a Trace.
 
-Every collector module offers ``record(config, workdir, progress) -> Recording`` and follows
-one protocol: ``config.warmup`` unprofiled warm-up steps, then ``config.timing_steps``
-unprofiled timed steps (their mean is ``meta["unprofiled_step_ns"]``, so the profiler's own
-overhead is known), then ``config.steps`` profiled steps with phase markers around load /
-forward / backward / update.
+* :mod:`.runner` — the protocol every profiled process follows: ``warmup`` unprofiled steps,
+  ``timing_steps`` unprofiled timed steps (their mean is ``meta["unprofiled_step_ns"]``, so
+  the profiler's own overhead is known), then ``steps`` profiled steps between step markers;
+  progress and facts go to the run folder (:mod:`.channel`);
+* :mod:`.supervisor` — starts, watches and stops every process, names who died or hung;
+* :mod:`.torch`, :mod:`.tf`, :mod:`.mxnet` — the adapters: only framework calls (profiler
+  start/stop/markers, barrier, facts, the built-in models' step, the hook of `run`);
+* :mod:`.jobs` — `record`: the processes a built-in model's job starts (torchrun, DMLC roles,
+  TF_CONFIG tasks), each running :mod:`.worker`;
+* :mod:`.inject` — `run`: the startup hook injected into every Python process of a command;
+  :mod:`.api` — ``opprof.profile()``, the same runner under a script's own control;
+* :mod:`.config` — typed configuration and facts; imports no framework (nor does importing
+  any collector module: frameworks are imported when a recording runs).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from types import ModuleType
 
+from opprof.collectors.config import (
+    FRAMEWORKS,
+    MODELS,
+    MODES,
+    Device,
+    Fault,
+    Framework,
+    Mode,
+    Protocol,
+    RecordConfig,
+    Rendezvous,
+    Role,
+    require_installed,
+)
+from opprof.collectors.jobs import Recording, check, record
+from opprof.collectors.supervisor import Progress, no_progress
 from opprof.errors import OpprofError
 
-FRAMEWORKS = ("torch", "tf", "mxnet")
-MODELS = ("lenet5", "alexnet", "resnet18", "resnet50")
-MODES = ("single", "allreduce", "ps-sync", "ps-async")
+__all__ = ["FRAMEWORKS", "MODELS", "MODES", "Device", "Fault", "Framework", "Mode", "Progress",
+           "Protocol", "RecordConfig", "Recording", "Rendezvous", "Role", "adapter", "check",
+           "no_progress", "record"]
 
-#: progress(stage, done, total): called as the run advances ("warmup", "timing", "profile").
-Progress = Callable[[str, int, int], None]
-
-
-def no_progress(stage: str, done: int, total: int) -> None:
-    """A Progress that shows nothing."""
-
-
-@dataclass
-class RecordConfig:
-    """What to record: one framework, model, data set and cluster shape."""
-
-    fw: str
-    model: str
-    dataset: str = "synthetic-cifar10"
-    batch_size: int = 32
-    steps: int = 5
-    warmup: int = 2
-    timing_steps: int = 3
-    workers: int = 1
-    servers: int = 1
-    mode: str = "single"
-    device: str = "cpu"
-    seed: int = 0
-    command: str = ""
-    timeout_s: float = 600.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Recording:
-    """What a collector produced: native trace files (or folders) and the run's metadata."""
-
-    native: list[Path]
-    meta: dict[str, Any]
-
-
-def collector(fw: str) -> Any:
-    """The collector module for a framework, with a clear error when it is not installed."""
-    if fw not in FRAMEWORKS:
-        raise OpprofError(f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}")
-    module = {"torch": "torch", "tf": "tf", "mxnet": "mxnet"}[fw]
+def adapter(fw: str | Framework) -> ModuleType:
+    """The adapter module of a framework, with a clear error when the framework is not
+    installed (checked without importing the framework)."""
     try:
-        return importlib.import_module(f"opprof.collectors.{module}")
-    except ModuleNotFoundError as exc:
+        fw = Framework(fw)
+    except ValueError:
         raise OpprofError(
-            f"--fw {fw} needs {exc.name}, which is not installed: "
-            f"pip install -e '.[{fw}]' -c constraints.txt"
-        ) from None
-
-
-@contextmanager
-def native_stderr_to(log: Path) -> Iterator[None]:
-    """Send what native libraries write to file descriptor 2 (profiler start/stop banners,
-    runtime logs) to ``log`` instead of the user's terminal, for the duration of the block."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(log, "ab") as f:
-        os.dup2(f.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}") from None
+    require_installed(fw)
+    return importlib.import_module(f"opprof.collectors.{fw}")

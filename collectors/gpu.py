@@ -21,7 +21,7 @@ def require_cuda(fw: str) -> list[str]:
         raise OpprofError(f"unknown framework {fw!r}; choose from {', '.join(_MODULE)}")
     try:
         if fw == "mxnet":
-            from opprof.collectors._mxnet_shim import import_mxnet
+            from opprof.collectors.mxnet import import_mxnet
 
             mod = import_mxnet()
         else:

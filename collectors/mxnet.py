@@ -1,20 +1,31 @@
-"""The MXNet collector: trains a Gluon model under MXNet's profiler and writes its chrome-trace
-JSON plus MXNet's own aggregate table (``mx.profiler.dumps()``) beside it.
+"""The MXNet adapter: MXNet's profiler for the runner, the built-in models' Gluon training
+step, the parameter-server roles, and the ``gluon.Trainer`` hook of `opprof run`.
 
-``--mode single`` trains in this process; ``ps-sync`` / ``ps-async`` start a parameter-server
-job (scheduler, servers, workers as separate processes, see :mod:`opprof.collectors.mxnet_ps`)
-whose workers run :func:`run_worker` below with a ``dist_sync`` / ``dist_async`` kvstore.
+Importing this module imports no MXNet; :func:`import_mxnet` does, when a function runs (it
+restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
 
-Per worker rank R the files are ``rankR_worker.json`` (the trace), ``rankR_worker.dumps.txt``
-(the aggregate, the check on the trace) and ``rankR_worker.meta`` (JSON: the run's and the
-rank's facts, read back by the normalizer when the folder is imported; not named ``.json``
-so that importing the folder finds only traces). Servers write ``rankK_server.json``. The
-names carry role and rank for the normalizer.
+**Profiler.** At the runner's profile boundary: ``set_config(profile_all=True,
+aggregate_stats=True)`` with the trace ``rankR_worker.json`` (R: the worker's rank) and
+``set_state("run")``; each step is a Frame ``opprof.step#N`` in the ``opprof`` domain, from
+one step boundary to the next. MXNet's engine runs operators asynchronously, so every step
+boundary from the timing steps on waits for the queued work (``nd.waitall()``): a step's
+operators are timed and profiled inside that step. At the end: ``rankR_worker.dumps.txt``
+(MXNet's own aggregate table, ``mx.profiler.dumps()``, the check on the trace) and
+``rankR_worker.meta`` (JSON facts the normalizer reads when the folder is imported later).
 
-One step is four profiler Tasks in the ``opprof`` domain — ``opprof.load`` (next batch from the
-Gluon DataLoader), ``opprof.forward`` (model + loss under ``autograd.record``),
+**Parameter server.** Scheduler and servers are processes with ``DMLC_ROLE`` set, and run
+inside ``import mxnet`` until the job ends (MXNet's design). Worker rank 0 turns the servers'
+profiler on and off through the kvstore: every server writes ``rankK_server.json`` into its
+working directory (the run folder).
+
+**Built-in models** (`record`): one step is four profiler Tasks — ``opprof.load`` (next batch
+from the Gluon DataLoader), ``opprof.forward`` (model + loss under ``autograd.record``),
 ``opprof.backward`` and ``opprof.update`` (``trainer.step``: the optimizer locally, or push
-gradients / pull weights through the kvstore) — inside one Frame ``opprof.step#N``.
+gradients / pull weights through the kvstore) — each ended by ``nd.waitall()`` so that the
+phases' times add up to the step's.
+
+**Hook** (`opprof run`): ``gluon.Trainer.step`` (or ``update``, for scripts that call
+``allreduce_grads()`` and ``update()`` themselves) marks the end of a step.
 """
 
 from __future__ import annotations
@@ -22,32 +33,48 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from opprof.collectors import Progress, RecordConfig, Recording, no_progress
-from opprof.collectors._mxnet_shim import import_mxnet
-from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
-from opprof.collectors.mxnet_models import (
+from opprof.collectors.config import (
     INPUT_SIZE,
-    build,
+    Framework,
+    Mode,
+    Protocol,
+    RecordConfig,
+    Role,
     canonical_name,
-    initializer,
-    layer_counts,
 )
-from opprof.errors import OpprofError
+from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.runner import Runner, drive
+from opprof.files import write_atomic
 
-mx = import_mxnet()
-autograd, gluon, nd = mx.autograd, mx.gluon, mx.nd
-
-PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
 DOMAIN = "opprof"
-PS_MODES = {"ps-sync": "dist_sync", "ps-async": "dist_async"}
+PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
+KVSTORE = {Mode.PS_SYNC: "dist_sync", Mode.PS_ASYNC: "dist_async"}
 SERVER_TRACE = "server.json"  # MXNet's server K writes it as rankK_server.json in its cwd
+RUN_SERVER_TRACE = "opprof-server.json"  # the same under `opprof run` (the user's cwd)
+
+
+def import_mxnet() -> ModuleType:
+    """Import and return ``mxnet``, restoring ``np.bool`` first when numpy lacks it.
+
+    With ``DMLC_ROLE=server`` or ``scheduler`` in the environment the import itself runs the
+    parameter-server node until the job ends and then exits the process (MXNet's own design).
+    """
+    if "bool" not in np.__dict__:
+        np.bool = bool  # type: ignore[attr-defined]
+    with warnings.catch_warnings():
+        # mxnet.numpy aliases numpy functions removed long ago (NEP 32) and says so on import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import mxnet
+
+    return mxnet
 
 
 def trace_name(rank: int) -> str:
@@ -61,11 +88,123 @@ def dumps_name(rank: int) -> str:
 
 
 def meta_name(rank: int) -> str:
-    """The per-rank facts (JSON) of worker ``rank``."""
+    """The per-rank facts (JSON) of worker ``rank``; not ``.json``, so that importing the
+    folder finds only traces."""
     return f"rank{rank}_worker.meta"
 
 
-class ImageDataset(gluon.data.Dataset):
+# ------------------------------------------------------------------ the adapter
+
+
+class MXNetAdapter:
+    """MXNet's profiler for the runner (see the module docstring)."""
+
+    framework = Framework.MXNET
+    profiler_warmup = 0
+
+    def __init__(self, kv: Any = None, *, profile_servers: bool = False,
+                 server_trace: str = SERVER_TRACE, facts: dict[str, Any] | None = None) -> None:
+        self.mx = import_mxnet()
+        self.kv, self.profile_servers, self.server_trace = kv, profile_servers, server_trace
+        self._facts = dict(facts or {})
+        self.domain = self.mx.profiler.Domain(DOMAIN)
+        self.frame: Any = None
+        self.profiling = False
+        self.trace: Path | None = None
+        self.rank = 0
+
+    def version(self) -> str:
+        return str(self.mx.__version__)
+
+    def sync(self) -> None:
+        self.mx.nd.waitall()
+
+    def identity(self) -> tuple[Role, int | None]:
+        return Role.WORKER, (self.kv.rank if self._dist else None)
+
+    @property
+    def _dist(self) -> bool:
+        return self.kv is not None and "dist" in str(self.kv.type)
+
+    def before_profile(self) -> dict[str, Any]:
+        if not self._dist:
+            return {}
+        # Every worker has pushed its last unprofiled step before the servers' profiler is
+        # switched on, and none pushes a profiled one before the switch was sent.
+        self.kv._barrier()
+        if self.profile_servers and self.kv.rank == 0:
+            # MXNet forwards this configuration to every server; server K writes
+            # rankK_<filename> in its own working directory.
+            prof = self.mx.profiler
+            prof.set_kvstore_handle(self.kv.handle)
+            prof.set_config(profile_all=True, aggregate_stats=True,
+                            filename=self.server_trace, profile_process="server")
+            prof.set_state("run", profile_process="server")
+        self.kv._barrier()  # all workers start (and, at the end, stop) profiling together
+        return {"kvstore": str(self.kv.type), "world_size": int(self.kv.num_workers)}
+
+    def start(self, folder: Path, role: Role, rank: int) -> None:
+        self.rank, self.trace = rank, Path(folder) / trace_name(rank)
+        self.mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+                                    filename=str(self.trace))
+        self.mx.profiler.set_state("run")
+        self.profiling = True
+        self._open(0)
+
+    def _open(self, index: int) -> None:
+        self.frame = self.mx.profiler.Frame(self.domain, f"opprof.step#{index}")
+        self.frame.start()
+
+    def boundary(self, index: int) -> None:
+        self.frame.stop()
+        self._open(index)
+
+    def stop(self, complete: bool) -> list[Path]:
+        assert self.trace is not None
+        if complete:
+            self.frame.stop()
+        self.profiling = False
+        prof = self.mx.profiler
+        prof.set_state("stop")
+        folder = self.trace.parent
+        write_atomic(folder / dumps_name(self.rank), prof.dumps())
+        prof.dump()
+        facts = {**self.facts(), "framework": "mxnet", "framework_version": self.version(),
+                 "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
+                 "kvstore": str(self.kv.type) if self._dist else None}
+        write_atomic(folder / meta_name(self.rank), json.dumps(facts, indent=1) + "\n")
+        return [self.trace] if self.trace.is_file() else []
+
+    def after_profile(self) -> None:
+        if not self._dist:
+            return
+        self.kv._barrier()
+        if self.profile_servers and self.kv.rank == 0:
+            self.mx.profiler.set_state("stop", profile_process="server")
+            self.mx.profiler.dump(profile_process="server")
+
+    def facts(self) -> dict[str, Any]:
+        return {**self._facts,
+                "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count()}
+
+    def release(self) -> None:
+        # A kvstore freed after MXNet's own exit handler aborts the process.
+        self.kv = self.frame = None
+
+
+def param_facts(params: Any) -> dict[str, Any]:
+    """Trainable parameter count and bytes of a Gluon ParameterDict (or list)."""
+    values = params.values() if hasattr(params, "values") else params
+    trained = [p for p in values if p.grad_req != "null" and p.shape]
+    return {"params": int(sum(int(np.prod(p.shape)) for p in trained)),
+            "param_bytes": int(sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize
+                                   for p in trained))}
+
+
+# ------------------------------------------------------------------ the built-in models
+
+
+class ImageDataset:
     """uint8 NHWC images → normalized float32 CHW arrays, with a seeded random horizontal flip.
 
     The work is done per sample in ``__getitem__`` (resize, convert, normalize, flip), so data
@@ -89,7 +228,7 @@ class ImageDataset(gluon.data.Dataset):
         return np.ascontiguousarray(img.transpose(2, 0, 1), dtype=np.float32), self.labels[index]
 
 
-class EpochSampler(gluon.data.Sampler):
+class EpochSampler:
     """A new seeded permutation of ``range(n)`` every epoch (no global random state)."""
 
     def __init__(self, n: int, seed: int) -> None:
@@ -102,207 +241,48 @@ class EpochSampler(gluon.data.Sampler):
         return self.n
 
 
-def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress) -> Recording:
-    """Train ``config.model`` under MXNet's profiler; write the native files into ``workdir``."""
-    check(config)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if config.mode in PS_MODES:
-        from opprof.collectors import mxnet_ps
+def record_worker(config: RecordConfig, folder: Path) -> None:
+    """One process of `record --fw mxnet`: alone, a PS worker, or a server / scheduler
+    (which runs inside ``import mxnet`` and never returns)."""
+    role = os.environ.get("DMLC_ROLE", "")
+    mx = import_mxnet()  # a server or scheduler runs the job here, then exits
+    if role in ("server", "scheduler"):
+        raise SystemExit(f"mxnet returned from import as a {role}; not a PS node")
+    from opprof.collectors.mxnet_models import build, initializer, layer_counts
 
-        return mxnet_ps.record(config, workdir, progress)
-    deadline = time.monotonic() + config.timeout_s
-    result = run_worker(config, workdir, progress=progress, deadline=deadline)
-    return Recording(native=[workdir / trace_name(0)], meta=job_meta(config, [result]))
-
-
-def check(config: RecordConfig) -> None:
-    """Reject what this collector cannot record, with one clear line."""
-    if config.mode not in ("single", *PS_MODES):
-        raise OpprofError(
-            f"mxnet has no --mode {config.mode} (MXNet's own distributed training is the "
-            "parameter server); use --mode ps-sync or ps-async")
-    if config.mode == "single" and (config.workers != 1 or config.extra.get("nnodes", 1) > 1):
-        raise OpprofError("--mode single runs one worker on one machine; use --mode ps-sync "
-                          "or ps-async")
-    if config.device != "cpu":
-        if not config.device.startswith("cuda"):
-            raise OpprofError(f"unknown device {config.device!r}; choose cpu or cuda")
-        raise OpprofError(
-            f"--device {config.device}: this opprof MXNet collector records CPU training "
-            f"only (MXNet {mx.__version__}, {mx.context.num_gpus()} GPUs visible); "
-            "use --device cpu")
-    for name, value, low in (("batch_size", config.batch_size, 1), ("steps", config.steps, 1),
-                             ("warmup", config.warmup, 0), ("workers", config.workers, 1),
-                             ("timing_steps", config.timing_steps, 0),
-                             ("servers", config.servers, 1)):
-        if value < low:
-            raise OpprofError(f"{name} must be at least {low}, got {value}")
-
-
-def run_worker(
-    config: RecordConfig,
-    workdir: Path,
-    *,
-    kv: Any = None,
-    progress: Progress = no_progress,
-    deadline: float | None = None,
-) -> dict[str, Any]:
-    """One worker's whole protocol: warm-up, unprofiled timing, profiled steps; writes this
-    rank's trace, aggregate and facts into ``workdir`` and returns the facts.
-
-    ``kv`` is the dist kvstore of a parameter-server job (None: train alone). Each worker
-    trains on its own shard of the data set (shard ``kv.rank`` of ``kv.num_workers``).
-    """
-    workdir = Path(workdir)
+    kv = mx.kv.create(KVSTORE[config.mode]) if config.mode in KVSTORE else None
     rank, world = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
-    deadline = deadline if deadline is not None else time.monotonic() + config.timeout_s
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_worker = max(config.batch_size * 8, 256)
     images, labels, classes = load_images(config.dataset, n=per_worker * world, seed=config.seed)
     shard = slice(rank * per_worker, (rank + 1) * per_worker)
-    dataset = ImageDataset(images[shard], labels[shard], size=size, seed=config.seed * 1000 + rank)
-    loader = gluon.data.DataLoader(
-        dataset, batch_size=config.batch_size, last_batch="discard", num_workers=0,
-        sampler=EpochSampler(len(dataset), config.seed * 1000 + rank))
-
+    seed = config.seed * 1000 + rank
+    dataset = ImageDataset(images[shard], labels[shard], size=size, seed=seed)
+    loader = mx.gluon.data.DataLoader(dataset, batch_size=config.batch_size,
+                                      last_batch="discard", num_workers=0,
+                                      sampler=EpochSampler(len(dataset), seed))
     mx.random.seed(config.seed)
-    ctx = mx.cpu()
     net = build(key, classes)
-    net.initialize(initializer(), ctx=ctx)
+    net.initialize(initializer(), ctx=mx.cpu())
     # In a PS job the kvstore keeps the weights and the servers run the optimizer
     # (update_on_kvstore, the only choice MXNet allows for dist_async): ``opprof.update``
     # on a worker is pushing gradients and pulling weights.
-    trainer = gluon.Trainer(net.collect_params(), "sgd",
-                            {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+                               {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
     # dist_sync servers sum the gradients of all workers before the update.
     scale = config.batch_size * (world if kv is not None and "sync" in kv.type else 1)
-    step = _stepper(_cycle(loader), net, gluon.loss.SoftmaxCrossEntropyLoss(), trainer, scale)
-
-    def check_time(stage: str, done: int) -> None:
-        if time.monotonic() > deadline:
-            raise OpprofError(
-                f"mxnet recording ran past its {config.timeout_s:g}s limit during {stage} "
-                f"(step {done}); use fewer --steps, a smaller --batch-size or model")
-
-    progress("warmup", 0, config.warmup)
-    for i in range(config.warmup):
-        step(None)
-        progress("warmup", i + 1, config.warmup)
-        check_time("warmup", i + 1)
-
-    progress("timing", 0, config.timing_steps)
-    times = []
-    for i in range(config.timing_steps):
-        t = time.perf_counter_ns()
-        step(None)
-        times.append(time.perf_counter_ns() - t)
-        progress("timing", i + 1, config.timing_steps)
-        check_time("timing", i + 1)
-    step_ns = int(sum(times) / len(times)) if times else None
-
-    trace_path = workdir / trace_name(rank)
-    mx.profiler.set_config(profile_all=True, aggregate_stats=True, filename=str(trace_path))
-    profile_servers = kv is not None and rank == 0 and config.servers > 0
-    if profile_servers:
-        # MXNet forwards this configuration to every server; server K writes
-        # rankK_<filename> in its own working directory (the launcher sets it to workdir).
-        mx.profiler.set_kvstore_handle(kv.handle)
-        mx.profiler.set_config(profile_all=True, aggregate_stats=True, filename=SERVER_TRACE,
-                               profile_process="server")
-        mx.profiler.set_state("run", profile_process="server")
-    if kv is not None:
-        kv._barrier()  # all workers start (and, below, stop) profiling together
-    progress("profile", 0, config.steps)
-    mx.profiler.set_state("run")
-    t0 = time.perf_counter_ns()
-    for i in range(config.steps):
-        step(i)
-        progress("profile", i + 1, config.steps)
-        check_time("profile", i + 1)
-    t1 = time.perf_counter_ns()
-    mx.profiler.set_state("stop")
-    (workdir / dumps_name(rank)).write_text(mx.profiler.dumps())
-    mx.profiler.dump()
-    if kv is not None:
-        kv._barrier()
-    if profile_servers:
-        mx.profiler.set_state("stop", profile_process="server")
-        mx.profiler.dump(profile_process="server")
-    if not trace_path.is_file():
-        raise OpprofError(f"{trace_path}: MXNet {mx.__version__} wrote no profiler trace")
-
     counts = layer_counts(net)
-    param_bytes = sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize
-                      for p in net.collect_params().values() if p.grad_req != "null")
-    facts: dict[str, Any] = {
-        "framework": "mxnet",
-        "framework_version": mx.__version__,
-        "model": key,
-        "dataset": config.dataset,
-        "batch_size": config.batch_size,
-        "mode": config.mode,
-        "profiled_steps": config.steps,
-        "rank": rank,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "kvstore": kv.type if kv is not None else None,
-        "unprofiled_step_ns": step_ns,
-        "profiled_wall_ns": t1 - t0,
-        "params": counts["params"],
-        "param_bytes": param_bytes,
-        "layers": {k: v for k, v in counts.items() if k != "params"},
-        "input_size": size,
-        "num_classes": classes,
-        "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
-    }
-    (workdir / meta_name(rank)).write_text(json.dumps(facts, indent=1) + "\n")
-    return facts
-
-
-def job_meta(config: RecordConfig, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's metadata from the facts every worker rank wrote."""
-    ranks = sorted(ranks, key=lambda r: r["rank"])
-    first = ranks[0]
-    per_rank = [r["unprofiled_step_ns"] for r in ranks if r["unprofiled_step_ns"]]
-    step_ns = int(sum(per_rank) / len(per_rank)) if per_rank else None
-    workers = len(ranks)
-    ps = config.mode in PS_MODES
-    meta: dict[str, Any] = {
-        "framework": "mxnet",
-        "framework_version": mx.__version__,
-        "model": canonical_name(config.model),
-        "dataset": config.dataset,
-        "batch_size": config.batch_size,
-        "workers": workers,
-        "servers": config.servers if ps else 0,
-        "mode": config.mode,
-        "kvstore": first["kvstore"],
-        "device": "cpu",
-        "hosts": sorted({r["host"] for r in ranks}),
-        "warmup_steps": config.warmup,
-        "timing_steps": config.timing_steps,
-        "profiled_steps": config.steps,
-        "unprofiled_step_ns": step_ns,
-        "unprofiled_step_ns_per_rank": {str(r["rank"]): r["unprofiled_step_ns"] for r in ranks},
-        "samples_per_s": workers * config.batch_size / (step_ns / 1e9) if step_ns else None,
-        "params": first["params"],
-        "layers": first["layers"],
-        "input_size": first["input_size"],
-        "num_classes": first["num_classes"],
-        "seed": config.seed,
-        "threads": first["threads"],
-        "profiled_wall_ns": max(r["profiled_wall_ns"] for r in ranks),
-        "rank_pids": {str(r["rank"]): r["pid"] for r in ranks},
-        "command": config.command,
-    }
-    if ps:
-        # Each worker pushes every gradient and pulls every weight once per step; MXNet's
-        # trace does not say which array an operator moved, so this is per step (the
-        # normalizer puts it on the step's comm windows).
-        meta["comm_bytes_per_step"] = {str(r["rank"]): 2 * r["param_bytes"] for r in ranks}
-    return meta
+    facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
+             "mode": str(config.mode), "profiled_steps": config.steps, "params": counts["params"],
+             "param_bytes": param_facts(net.collect_params())["param_bytes"],
+             "layers": {k: v for k, v in counts.items() if k != "params"},
+             "input_size": size, "num_classes": classes, "seed": config.seed}
+    adapter = MXNetAdapter(kv, profile_servers=kv is not None and config.servers > 0,
+                           facts=facts)
+    step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
+                    scale, adapter)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
 
 
 def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
@@ -311,19 +291,18 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
         yield from loader
 
 
-def _stepper(batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any, trainer: Any,
-             scale: int) -> Callable[[int | None], None]:
-    """One training step: ``step(i)`` marks it (Frame ``opprof.step#i`` around the four phase
-    Tasks), ``step(None)`` runs it unmarked."""
-    domain = mx.profiler.Domain(DOMAIN)
-    tasks = [mx.profiler.Task(domain, name) for name in PHASES]
+def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any,
+             trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], None]:
+    """One training step; its phases are Tasks while the profiler runs (Tasks record even
+    while the profiler is stopped, so unprofiled steps use none)."""
+    tasks = [mx.profiler.Task(adapter.domain, name) for name in PHASES]
     state: dict[str, Any] = {}
 
     def load() -> None:
         state["x"], state["y"] = next(batches)
 
     def forward() -> None:
-        with autograd.record():
+        with mx.autograd.record():
             state["loss"] = loss_fn(net(state["x"]), state["y"])
 
     def backward() -> None:
@@ -332,24 +311,70 @@ def _stepper(batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any, trainer
     def update() -> None:
         trainer.step(scale)
 
-    def step(index: int | None) -> None:
-        # Tasks record even while the profiler is stopped, so unprofiled steps use none.
-        marks = index is not None
-        frame = mx.profiler.Frame(domain, f"opprof.step#{index}") if marks else None
-        if frame is not None:
-            frame.start()
-        # MXNet's engine runs operators asynchronously: without a wait at each phase boundary
-        # the work of one phase would run (and be timed) inside the next. The research's
-        # methodology attributes every operator to its own phase, so each phase ends with
-        # nd.waitall(), and the phases' times add up to the step's.
+    def step() -> None:
+        marks = adapter.profiling
+        # Without a wait at each phase boundary the work of one phase would run (and be
+        # timed) inside the next: each phase ends with nd.waitall().
         for task, work in zip(tasks, (load, forward, backward, update), strict=True):
             if marks:
                 task.start()
             work()
-            nd.waitall()
+            mx.nd.waitall()
             if marks:
                 task.stop()
-        if frame is not None:
-            frame.stop()
 
     return step
+
+
+# ------------------------------------------------------------------ the hook of `opprof run`
+
+
+def install_hook(protocol: Protocol, folder: Path,
+                 started: Callable[[Runner], bool]) -> None:
+    """Count steps at ``gluon.Trainer.step`` / ``update`` (mxnet.gluon is being imported)."""
+    from mxnet.gluon.trainer import Trainer  # mxnet.gluon itself is still being imported
+
+    state: dict[str, Any] = {"depth": 0}
+
+    def counted(method: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
+            state["depth"] += 1
+            try:
+                result = method(self, batch_size, *args, **kwargs)
+            finally:
+                state["depth"] -= 1
+            if state["depth"] == 0:
+                _after_trainer_step(self, batch_size)
+            return result
+
+        wrapper.__wrapped__ = method  # type: ignore[attr-defined]
+        wrapper.__doc__ = method.__doc__
+        return wrapper
+
+    def _after_trainer_step(trainer: Any, batch_size: Any) -> None:
+        if state.get("off"):
+            return
+        runner = state.get("runner")
+        if runner is None or runner.facts.pid != os.getpid():
+            state["trainer"] = id(trainer)
+            kv = getattr(trainer, "_kvstore", None)
+            facts = {**param_facts(trainer._params), "optimizer":
+                     type(trainer._optimizer).__name__}
+            if isinstance(batch_size, int):
+                facts["batch_size"] = batch_size
+            # A parameter-server job's servers are profiled too: worker 0 switches them on
+            # through the kvstore, they write into their working directory, and `opprof
+            # run` collects the files (they announced where they are).
+            dist = kv is not None and "dist" in str(kv.type)
+            adapter = MXNetAdapter(kv, profile_servers=dist, server_trace=RUN_SERVER_TRACE,
+                                   facts=facts)
+            runner = state["runner"] = Runner(adapter, protocol, folder, extra=facts)
+            if not started(runner):
+                state["off"] = True
+                return
+        elif id(trainer) != state["trainer"]:
+            return
+        runner.step_or_give_up()
+
+    Trainer.step = counted(Trainer.step)
+    Trainer.update = counted(Trainer.update)

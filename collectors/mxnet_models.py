@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from opprof.collectors._mxnet_shim import import_mxnet
-from opprof.collectors.torch_models import INPUT_SIZE, canonical_name
+from opprof.collectors.config import INPUT_SIZE, canonical_name
+from opprof.collectors.mxnet import import_mxnet
 
 mx = import_mxnet()
 nn = mx.gluon.nn

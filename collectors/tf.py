@@ -1,150 +1,72 @@
-"""The TensorFlow collector: trains a Keras model under the TensorFlow profiler, one XPlane
-logdir per task, single-process or as a local cluster of TF_CONFIG tasks.
+"""The TensorFlow adapter: the TensorFlow profiler for the runner, the built-in models' Keras
+training (single, MultiWorkerMirroredStrategy, ParameterServerStrategy tasks configured by
+``TF_CONFIG``), and the optimizer hook of `opprof run`.
 
-**One training step.** Four phases, each a ``tf.profiler.experimental.Trace`` marker on the
-Python thread, inside the step marker ``Trace("train", step_num=N, _r=1)`` (xprof's step
-convention; its trace viewer shows it as ``train N``):
+Importing this module imports no TensorFlow; it is imported when a function runs.
 
-* ``opprof.load``: ``next(iterator)`` on a ``tf.data`` pipeline (cached uint8 images, then per
-  sample: resize for AlexNet, scale, normalize, random flip; batched and prefetched);
-* ``opprof.forward``: a ``tf.function`` computing the loss, called under an eager
-  ``GradientTape``;
-* ``opprof.backward``: ``tape.gradient`` runs the forward function's gradient function (its
-  ops are named ``gradients/...``);
-* ``opprof.update``: a ``tf.function`` calling ``optimizer.apply_gradients`` (Keras 3 SGD with
-  momentum; under MultiWorkerMirroredStrategy this is also where the gradient all-reduce runs,
-  exactly as Keras does it).
+**Profiler.** At the runner's profile boundary ``tf.profiler.experimental.start(LOGDIR)``
+(host tracer level 2, no Python tracer), LOGDIR = ``<run folder>/<task type><index>``, so each
+process writes ``<task><index>/plugins/profile/<run>/<host>.xplane.pb``. One ``opprof.clock``
+marker carries the process's role, task index, rank, the run's facts and the epoch time (the
+normalizer puts every rank on one clock with it). Each profiled step is a step marker
+``train`` with ``step_num=N`` (xprof's convention), from one step boundary to the next; its
+``step_num`` is attached when the step ends, so a step cut short by the end of the process is
+not a step. A step boundary may be inside a running ``tf.function`` (the hook's), so the
+markers are TraceMe objects started and stopped on whichever thread reaches the boundary.
 
-Forward, backward and update are separate ``tf.function`` executions (rather than one function
-with the tape inside) so that every phase marker encloses exactly its own ops; the ops run on
-TensorFlow's inter-op threads, the markers on the Python thread.
+**Built-in models** (`record`): a ``tf.data`` pipeline (cached uint8 images, then per sample
+resize / scale / normalize / random flip; batched, prefetched); four Python-thread markers per
+step — ``opprof.load`` (``next(iterator)``), ``opprof.forward`` (a ``tf.function`` computing
+the loss under an eager ``GradientTape``), ``opprof.backward`` (``tape.gradient``, ops named
+``gradients/...``), ``opprof.update`` (a ``tf.function`` calling ``apply_gradients``; under
+MultiWorkerMirroredStrategy the gradient all-reduce runs there, as in Keras). Modes:
+``single``; ``allreduce`` (MultiWorkerMirroredStrategy, ring collectives, one process per
+worker); ``ps-async`` (ParameterServerStrategy: a chief — role ``scheduler`` — schedules
+``opprof_step`` functions onto worker tasks, variables on ps tasks — role ``server``; the
+chief turns the other tasks' profilers on and off through the run's control file, and each
+execution of the step function on a worker is one step of that worker). ``ps-sync`` is
+refused: TF 2 has no synchronous parameter-server training.
 
-**Modes.** ``single``: in this process. ``allreduce``: ``MultiWorkerMirroredStrategy`` with
-ring (gRPC) collectives, one local process per worker, each profiling itself. ``ps-async``:
-``ParameterServerStrategy`` with a ``ClusterCoordinator`` (the chief) scheduling
-``opprof_step`` functions onto worker processes, variables on ``--servers`` ps processes; the
-launcher starts every task's profiler before the chief's profiled steps and stops them after.
-A scheduled step is one ``tf.function`` (tape inside: Python markers cannot run on a worker),
-so its phases come from op scopes (``gradient_tape/`` is backward) and each execution on a
-worker is one step of that worker; the optimizer runs on the ps. ``ps-sync`` is refused:
-ParameterServerStrategy is asynchronous by design and TF 2 has no synchronous parameter-server
-training. Tasks are configured by ``TF_CONFIG`` on free 127.0.0.1 ports, each in its own
-process group; a task that dies or a run that passes ``timeout_s`` stops every task (process
-groups killed) and raises one OpprofError naming the task and what was recorded.
-
-Multi-host (allreduce): every host runs ``record`` with ``extra["cluster"]`` (all workers'
-``host:port``, the same list everywhere) and its own ``extra["task_index"]`` (or
-``node_rank``); each writes its worker's logdir, and ``opprof import`` of all of them merges.
-
-Each profiled process writes ``<workdir>/<role><index>/plugins/profile/<run>/<host>.xplane.pb``
-and emits one ``opprof.clock`` marker whose arguments carry its role, task index, rank and the
-epoch time, so the normalizer can put all ranks on one clock.
+**Hook** (`opprof run`): Keras 3's ``BaseOptimizer.apply`` (what ``apply_gradients`` and
+``Model.fit`` call) marks the end of a step. Called eagerly, the hook runs right after it;
+traced into a ``tf.function`` (``fit``, a custom ``@tf.function`` training step), Python runs
+only once, so the hook adds a ``tf.py_function`` after the optimizer's iteration update that
+calls back into the runner every time the function runs. Not supported: functions compiled
+with XLA (``jit_compile=True``: no Python inside) and ParameterServerStrategy (steps run in
+other processes) — use ``opprof.profile()`` there.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import math
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opprof.collectors import (
-    Progress,
+from opprof.collectors import channel
+from opprof.collectors.config import (
+    INPUT_SIZE,
+    Facts,
+    Framework,
+    Mode,
+    Protocol,
     RecordConfig,
-    Recording,
-    native_stderr_to,
-    no_progress,
+    Role,
+    canonical_name,
 )
 from opprof.collectors.datasets import channel_stats, load_images
-from opprof.collectors.launch import die_with_parent, free_ports, last_line, stop
-from opprof.collectors.torch_models import INPUT_SIZE, canonical_name
-from opprof.errors import OpprofError
+from opprof.collectors.runner import Runner, drive, env_identity, fault_point
 
-for _mod in ("tensorflow", "xprof"):
-    if importlib.util.find_spec(_mod) is None:
-        raise ModuleNotFoundError(f"No module named {_mod!r}", name=_mod)
-
-MESSAGE = "OPPROF "
 STEP_MARKER = "train"
-ROLE_OF_TASK = {"worker": "worker", "ps": "server", "chief": "scheduler"}
-_LOCAL = "127.0.0.1"
-
-
-# --------------------------------------------------------------------------- entry point
-
-
-def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress) -> Recording:
-    """Train ``config.model`` with TensorFlow under its profiler; return the XPlane files."""
-    _check(config)
-    workdir = Path(workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    if config.mode == "single" and not config.extra.get("cluster"):
-        task = TaskSpec(config=asdict(config), role="worker", index=0, rank=0,
-                        logdir=str(workdir / "worker0"))
-        Path(task.logdir).mkdir(parents=True, exist_ok=True)
-        # TensorFlow's native logs (oneDNN banner, profiler start/stop) go to the task log.
-        with native_stderr_to(Path(task.logdir) / "task.log"):
-            result = _run_worker(task, progress)
-        return _recording(config, [result], workdir)
-    return _Launcher(config, workdir, progress).run()
-
-
-def _check(config: RecordConfig) -> None:
-    if config.mode == "ps-sync":
-        raise OpprofError(
-            "--fw tf --mode ps-sync: TensorFlow's ParameterServerStrategy is asynchronous by "
-            "design and TF 2 has no synchronous parameter-server training; use --mode ps-async "
-            "or --mode allreduce")
-    if config.mode not in ("single", "allreduce", "ps-async"):
-        raise OpprofError(f"--fw tf: unknown mode {config.mode!r}")
-    if config.device != "cpu":
-        raise OpprofError(
-            f"--fw tf --device {config.device}: the installed tensorflow-cpu has no GPU "
-            "support; use --device cpu")
-    extra = config.extra
-    if int(extra.get("nnodes") or 1) > 1 and not extra.get("cluster"):
-        raise OpprofError(
-            "--fw tf on several hosts needs every worker's address (TF_CONFIG lists them all): "
-            "pass --cluster HOST:PORT,HOST:PORT,... (every worker, in task order) and "
-            "--node-rank (this host's task index)")
-    if config.mode == "single" and config.workers != 1:
-        raise OpprofError("--mode single runs one worker; pick allreduce or ps-async")
-    if config.mode == "ps-async" and config.servers < 1:
-        raise OpprofError("--mode ps-async needs at least one --servers")
-    for name, value, low in (("batch_size", config.batch_size, 1), ("steps", config.steps, 1),
-                             ("warmup", config.warmup, 0),
-                             ("timing_steps", config.timing_steps, 1),
-                             ("workers", config.workers, 1)):
-        if value < low:
-            raise OpprofError(f"{name} must be at least {low}, got {value}")
-    canonical_name(config.model)
-
-
-# --------------------------------------------------------------------------- one task
-
-
-@dataclass
-class TaskSpec:
-    """What one task process does: its role in the cluster and where it writes."""
-
-    config: dict[str, Any]
-    role: str  # worker / ps / chief (TF_CONFIG task type)
-    index: int
-    rank: int
-    logdir: str
-    cluster: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.role} {self.index}"
+ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
+                "evaluator": Role.WORKER}
+_POLL_S = 0.05
 
 
 def _tf() -> Any:
@@ -154,21 +76,128 @@ def _tf() -> Any:
     return tf
 
 
-def _emit(event: str, **fields: Any) -> None:
-    """A control message for the launcher (one line on stdout)."""
-    print(MESSAGE + json.dumps({"event": event, **fields}), flush=True)
+def task_of_env() -> tuple[str, int]:
+    """This process's ``TF_CONFIG`` task (type, index); ``("worker", 0)`` without one."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return str(task.get("type", "worker")), int(task.get("index", 0))
+    except (ValueError, TypeError, AttributeError):
+        return "worker", 0
 
 
-def _fault(spec: TaskSpec, stage: str) -> None:
-    """Fault injection for tests: ``extra["inject_fault"] = {"task": "worker 1", "at": stage,
-    "action": "exit" | "hang"}`` makes that task die or hang when it reaches ``stage``."""
-    fault = spec.config.get("extra", {}).get("inject_fault")
-    if not fault or fault.get("task") != spec.label or fault.get("at") != stage:
-        return
-    if fault.get("action") == "hang":
-        while True:
-            time.sleep(3600)
-    os._exit(3)
+# ------------------------------------------------------------------ the adapter
+
+
+class TFAdapter:
+    """The TensorFlow profiler for the runner (see the module docstring)."""
+
+    framework = Framework.TF
+    profiler_warmup = 0
+
+    def __init__(self, *, run: dict[str, Any] | None = None, role: Role | None = None,
+                 rank: int | None = None, barrier: Callable[[], None] | None = None,
+                 sync: Callable[[], None] | None = None,
+                 servers: Callable[[str], None] | None = None,
+                 facts: dict[str, Any] | None = None) -> None:
+        from tensorflow.python.profiler.internal import _pywrap_traceme
+
+        self.tf, self.traceme = _tf(), _pywrap_traceme.TraceMe
+        self.run, self.role, self.rank = dict(run or {}), role, rank
+        self._barrier, self._sync, self._servers = barrier, sync, servers
+        self._facts = dict(facts or {})
+        self.marker: Any = None
+        self.index = 0
+        self.logdir: Path | None = None
+
+    def version(self) -> str:
+        return str(self.tf.__version__)
+
+    def sync(self) -> None:
+        if self._sync is not None:
+            self._sync()
+
+    def identity(self) -> tuple[Role, int | None]:
+        kind, index = task_of_env()
+        return self.role or ROLE_OF_TASK.get(kind, Role.WORKER), (
+            index if self.rank is None else self.rank)
+
+    def before_profile(self) -> dict[str, Any]:
+        if self._barrier is not None:
+            self._barrier()
+        return {}
+
+    def start(self, folder: Path, role: Role, rank: int) -> None:
+        kind, index = task_of_env()
+        self.logdir = Path(folder) / f"{kind}{index}"
+        if self._servers is not None:
+            self._servers("start")
+        start_profiler(self.tf, self.logdir, role, index, rank, self.run)
+        if self._barrier is not None:
+            self._barrier()
+        self._open(0)
+
+    def _open(self, index: int) -> None:
+        self.index, self.marker = index, self.traceme(STEP_MARKER)
+
+    def _close(self) -> None:
+        self.marker.SetMetadata(step_num=self.index, _r=1)
+        self.marker.Stop()
+        self.marker = None
+
+    def boundary(self, index: int) -> None:
+        self._close()
+        self._open(index)
+
+    def stop(self, complete: bool) -> list[Path]:
+        if complete:
+            self._close()
+            if self._barrier is not None:
+                # A collective's own event is recorded when its thread leaves it, just after
+                # the step has seen it finish; one more round trip lets the last one be
+                # recorded before the profiler stops.
+                self._barrier()
+        else:
+            self.marker.Stop()  # a plain ``train`` marker: not a step
+            self.marker = None
+        self.tf.profiler.experimental.stop()
+        if self._servers is not None:
+            self._servers("stop")
+        assert self.logdir is not None
+        return xplanes(self.logdir)
+
+    def after_profile(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.marker = None
+
+    def facts(self) -> dict[str, Any]:
+        cfg = self.tf.config.threading
+        return {**self._facts, "threads": {
+            "intra_op": cfg.get_intra_op_parallelism_threads(),
+            "inter_op": cfg.get_inter_op_parallelism_threads(), "cpus": os.cpu_count()}}
+
+
+def start_profiler(tf: Any, logdir: Path, role: Role, task: int, rank: int,
+                   run: dict[str, Any]) -> None:
+    """Start the profiler into ``logdir`` and emit the ``opprof.clock`` marker."""
+    options = tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
+    tf.profiler.experimental.start(str(logdir), options=options)
+    # The epoch time beside a marker's profile-relative time puts every rank on one clock.
+    # The arguments also describe the run, so an imported logdir knows what it holds.
+    with tf.profiler.experimental.Trace("opprof.clock", epoch_ns=time.time_ns(),
+                                        role=str(role), task=task, rank=rank,
+                                        framework_version=tf.__version__, **run):
+        pass
+
+
+def xplanes(folder: Path) -> list[Path]:
+    """The XPlane files under ``folder``."""
+    return sorted(Path(folder).rglob("*.xplane.pb"))
+
+
+# ------------------------------------------------------------------ the built-in models
 
 
 def _dataset(tf: Any, config: RecordConfig, size: int, shard: tuple[int, int] = (0, 1)):
@@ -193,7 +222,7 @@ def _dataset(tf: Any, config: RecordConfig, size: int, shard: tuple[int, int] = 
     return ds.batch(config.batch_size, drop_remainder=True).prefetch(1), classes
 
 
-def _model(tf: Any, config: RecordConfig, classes: int, strategy: Any = None):
+def _model(config: RecordConfig, classes: int, strategy: Any = None):
     import keras
 
     from opprof.collectors.tf_models import build, layer_counts
@@ -219,8 +248,12 @@ def _loss_fn(tf: Any, model: Any, global_batch: int) -> Callable[[Any, Any], Any
 
 
 def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
-             global_batch: int) -> Callable[[], Any]:
-    """One training step with its four phase markers (see the module docstring)."""
+             global_batch: int, state: dict[str, Any]) -> Callable[[], None]:
+    """One training step with its four phase markers (see the module docstring).
+
+    Forward, backward and update are separate ``tf.function`` executions (rather than one
+    function with the tape inside) so that every phase marker encloses exactly its own ops;
+    the ops run on TensorFlow's inter-op threads, the markers on the Python thread."""
     variables = model.trainable_variables
     loss_of = _loss_fn(tf, model, global_batch)
     trace = tf.profiler.experimental.Trace
@@ -247,7 +280,7 @@ def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
         def opprof_update(grads: list[Any]) -> None:
             strategy.run(update_replica, (grads,))
 
-    def step() -> Any:
+    def step() -> None:
         with trace("opprof.load"):
             x, y = next(iterator)
         with tf.GradientTape() as tape:
@@ -257,37 +290,56 @@ def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
             grads = tape.gradient(loss, variables)
         with trace("opprof.update"):
             opprof_update(grads)
-        return loss
+        state["loss"] = loss
 
     return step
 
 
-def _profiler_start(tf: Any, spec: TaskSpec) -> None:
-    options = tf.profiler.experimental.ProfilerOptions(
-        host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
-    tf.profiler.experimental.start(spec.logdir, options=options)
-    # The epoch time beside a marker's profile-relative time puts every rank on one clock.
-    # The arguments also describe the run, so an imported logdir knows what it holds.
-    c = spec.config
-    run = {"model": canonical_name(c["model"]), "mode": c["mode"], "dataset": c["dataset"],
-           "batch_size": c["batch_size"], "framework_version": tf.__version__,
-           "workers": c["workers"] if c["mode"] != "single" else 1,
-           "servers": c["servers"] if c["mode"] == "ps-async" else 0}
-    with tf.profiler.experimental.Trace("opprof.clock", epoch_ns=time.time_ns(),
-                                        role=ROLE_OF_TASK[spec.role], task=spec.index,
-                                        rank=spec.rank, **run):
-        pass
+def _barrier(tf: Any, strategy: Any) -> Callable[[], None] | None:
+    """All workers meet (a one-number all-reduce); None without a strategy."""
+    if strategy is None:
+        return None
+
+    def replica() -> Any:
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.ones([]))
+
+    @tf.function
+    def opprof_barrier() -> Any:
+        return strategy.run(replica)
+
+    return lambda: float(opprof_barrier())
 
 
-def _run_worker(spec: TaskSpec, progress: Progress = no_progress) -> dict[str, Any]:
-    """Single mode, or one MultiWorkerMirroredStrategy worker: warm up, time, profile."""
-    config = RecordConfig(**spec.config)
-    deadline = time.monotonic() + config.timeout_s
+def _run_facts(config: RecordConfig) -> dict[str, Any]:
+    """What the ``opprof.clock`` marker says about the run."""
+    return {"model": canonical_name(config.model), "mode": str(config.mode),
+            "dataset": config.dataset, "batch_size": config.batch_size,
+            "workers": config.workers if config.mode != Mode.SINGLE else 1,
+            "servers": config.servers if config.mode == Mode.PS_ASYNC else 0}
+
+
+def _model_facts(config: RecordConfig, counts: dict[str, int], size: int,
+                 classes: int) -> dict[str, Any]:
+    return {"model": canonical_name(config.model), "dataset": config.dataset,
+            "batch_size": config.batch_size, "params": counts["params"],
+            "layers": {k: v for k, v in counts.items() if k != "params"},
+            "input_size": size, "num_classes": classes, "seed": config.seed}
+
+
+def record_worker(config: RecordConfig, folder: Path) -> None:
+    """One task of `record --fw tf`: by its ``TF_CONFIG`` task (none: single)."""
+    kind, _ = task_of_env()
+    if config.mode == Mode.PS_ASYNC:
+        if kind == "chief":
+            _coordinate(config, folder)
+        else:
+            _serve(config, folder)
+        return
     tf = _tf()
-    key = canonical_name(config.model)
-    size = INPUT_SIZE[key]
+    size = INPUT_SIZE[canonical_name(config.model)]
     strategy = None
-    if config.mode == "allreduce":
+    if config.mode == Mode.ALLREDUCE:
         impl = tf.distribute.experimental.CommunicationImplementation.RING
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
@@ -304,110 +356,51 @@ def _run_worker(spec: TaskSpec, progress: Progress = no_progress) -> dict[str, A
         workers = 1
         ds, classes = _dataset(tf, config, size)
         iterator = iter(ds)
-    model, optimizer, counts = _model(tf, config, classes, strategy)
-    step = _stepper(tf, model, optimizer, iterator, strategy, config.batch_size * workers)
-    barrier = _barrier(tf, strategy)
-
-    def check_time(stage: str, done: int) -> None:
-        if time.monotonic() > deadline:
-            raise OpprofError(
-                f"tf recording ran past its {config.timeout_s:g}s limit during {stage} "
-                f"(step {done}); use fewer --steps, a smaller --batch-size or model")
-
-    def tick(stage: str, done: int, total: int) -> None:
-        progress(stage, done, total)
-        check_time(stage, done)
-
-    _fault(spec, "setup")
-    tick("warmup", 0, config.warmup)
-    for i in range(config.warmup):
-        step()
-        tick("warmup", i + 1, config.warmup)
-        if i == 0:
-            _fault(spec, "warmup")
-    barrier()
-    times = []
-    for i in range(config.timing_steps):
-        t = time.perf_counter_ns()
-        float(step())
-        times.append(time.perf_counter_ns() - t)
-        tick("timing", i + 1, config.timing_steps)
-    step_ns = int(sum(times) / len(times))
-
-    barrier()
-    _profiler_start(tf, spec)
-    _fault(spec, "profile")
-    barrier()
-    t0 = time.perf_counter_ns()
-    try:
-        tick("profile", 0, config.steps)
-        for i in range(config.steps):
-            with tf.profiler.experimental.Trace(STEP_MARKER, step_num=i, _r=1):
-                loss = step()
-            tick("profile", i + 1, config.steps)
-        float(loss)
-        t1 = time.perf_counter_ns()
-        # A collective's own event is recorded when its thread leaves it, just after the step
-        # has already seen it finish; one more round trip lets the last one be recorded
-        # before the profiler stops.
-        barrier()
-    finally:
-        tf.profiler.experimental.stop()
-    return {
-        "role": spec.role, "index": spec.index, "rank": spec.rank,
-        "xplanes": [str(p) for p in _xplanes(Path(spec.logdir))],
-        "unprofiled_step_ns": step_ns, "profiled_wall_ns": t1 - t0,
-        "params": counts["params"], "layers": {k: v for k, v in counts.items() if k != "params"},
-        "num_classes": classes, "input_size": size, "tf_version": tf.__version__,
-        "threads": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-                    "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-                    "cpus": os.cpu_count()},
-        "host": socket.gethostname(), "loss": float(loss),
-    }
+    model, optimizer, counts = _model(config, classes, strategy)
+    state: dict[str, Any] = {}
+    step = _stepper(tf, model, optimizer, iterator, strategy, config.batch_size * workers, state)
+    facts = _model_facts(config, counts, size, classes)
+    adapter = TFAdapter(run=_run_facts(config), barrier=_barrier(tf, strategy),
+                        sync=lambda: float(state["loss"]) if "loss" in state else None,
+                        facts=facts)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
 
 
-def _barrier(tf: Any, strategy: Any) -> Callable[[], None]:
-    """All workers meet (a one-number all-reduce); a no-op without a strategy."""
-    if strategy is None:
-        return lambda: None
-
-    def replica() -> Any:
-        ctx = tf.distribute.get_replica_context()
-        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.ones([]))
-
-    @tf.function
-    def opprof_barrier() -> Any:
-        return strategy.run(replica)
-
-    return lambda: float(opprof_barrier())
-
-
-def _run_server(spec: TaskSpec) -> None:
-    """A ps or worker task of ParameterServerStrategy: a gRPC server that profiles itself
-    when the launcher says so (commands on stdin: start, stop, exit)."""
+def _serve(config: RecordConfig, folder: Path) -> None:
+    """A worker or ps task of ParameterServerStrategy: a gRPC server that runs what the chief
+    schedules, and profiles itself while the run's control file says ``start``."""
     tf = _tf()
+    kind, index = task_of_env()
+    role = ROLE_OF_TASK.get(kind, Role.WORKER)
+    _, _, label = env_identity()
+    rank = index if role == Role.WORKER else config.workers + index
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    tf.distribute.Server(resolver.cluster_spec(), job_name=spec.role, task_index=spec.index,
+    tf.distribute.Server(resolver.cluster_spec(), job_name=kind, task_index=index,
                          protocol="grpc", start=True)
-    _emit("ready")
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "start":
-            _profiler_start(tf, spec)
-            _fault(spec, "profile")
-            _emit("started")
-        elif command == "stop":
+    reporter = channel.Reporter(folder, Facts(
+        pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank,
+        framework="tf", framework_version=tf.__version__, stage="ready"))
+    reporter.update()
+    logdir = Path(folder) / f"{kind}{index}"
+    profiling = False
+    while True:
+        command = channel.received(folder)
+        if command == "start" and not profiling:
+            start_profiler(tf, logdir, role, index, rank, _run_facts(config))
+            fault_point(label, "profile")
+            profiling = True
+            reporter.update(stage="profiling")
+        elif command == "stop" and profiling:
             tf.profiler.experimental.stop()
-            _emit("stopped", xplanes=[str(p) for p in _xplanes(Path(spec.logdir))],
-                  host=socket.gethostname())
-        elif command == "exit":
-            break
-    os._exit(0)  # the gRPC server has no clean shutdown
+            profiling = False
+            reporter.update(stage="done", native=[str(p) for p in xplanes(logdir)])
+        time.sleep(_POLL_S)
 
 
-def _run_coordinator(spec: TaskSpec) -> None:
-    """The chief of ParameterServerStrategy: schedules steps onto the workers."""
-    config = RecordConfig(**spec.config)
+def _coordinate(config: RecordConfig, folder: Path) -> None:
+    """The chief of ParameterServerStrategy: schedules steps onto the workers. One runner
+    step is one round of ``workers`` scheduled steps; the chief's profiler start and stop
+    also start and stop every other task's (through the control file)."""
     tf = _tf()
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
@@ -415,7 +408,7 @@ def _run_coordinator(spec: TaskSpec) -> None:
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     classes = _dataset(tf, config, size)[1]
-    model, optimizer, counts = _model(tf, config, classes, strategy)
+    model, optimizer, counts = _model(config, classes, strategy)
     variables = model.trainable_variables
     loss_of = _loss_fn(tf, model, config.batch_size)
 
@@ -437,312 +430,121 @@ def _run_coordinator(spec: TaskSpec) -> None:
         x, y = next(it)
         return strategy.run(replica, (x, y))
 
-    def run(n: int, stage: str, marked: bool = False) -> Any:
-        result = None
-        for i in range(n):
-            with (tf.profiler.experimental.Trace(STEP_MARKER, step_num=i, _r=1) if marked
-                  else nullcontext()):
-                result = coordinator.schedule(opprof_step, args=(iterator,))
-            _emit("progress", stage=stage, done=i + 1, total=n)
+    def round_of_steps() -> None:
+        for _ in range(config.workers):
+            coordinator.schedule(opprof_step, args=(iterator,))
         coordinator.join()
+
+    others = config.workers + config.servers
+
+    def servers(command: str) -> None:
+        channel.send(folder, command)
+        want = "profiling" if command == "start" else "done"
+        channel.wait_until(
+            lambda st: sum(s.stage == want for s in st if s.pid != os.getpid()) >= others,
+            folder, time.monotonic() + config.timeout_s,
+            f"the other tasks to {command} profiling")
+
+    facts = {**_model_facts(config, counts, size, classes),
+             "scheduled_steps": config.steps * config.workers,
+             "unprofiled_step_note": "ps-async: wall time of one round of `workers` scheduled "
+                                     "steps, i.e. the mean step time of one worker"}
+    adapter = TFAdapter(run=_run_facts(config), role=Role.SCHEDULER,
+                        rank=config.workers + config.servers, servers=servers,
+                        facts=facts)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), round_of_steps)
+
+
+# ------------------------------------------------------------------ the hook of `opprof run`
+
+
+def install_hook(protocol: Protocol, folder: Path,
+                 started: Callable[[Runner], bool]) -> None:
+    """Count steps at Keras 3's ``BaseOptimizer.apply`` (keras' optimizers are being
+    imported); see the module docstring for how a traced function calls back."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    state: dict[str, Any] = {"depth": 0, "warned": set()}
+    original = BaseOptimizer.apply
+
+    def runner_for(optimizer: Any) -> Runner | None:
+        if state.get("off"):
+            return None
+        runner = state.get("runner")
+        if runner is None or runner.facts.pid != os.getpid():
+            state["optimizer"] = id(optimizer)
+            facts = {"optimizer": type(optimizer).__name__, **state.get("facts", {})}
+            runner = state["runner"] = Runner(TFAdapter(facts=facts), protocol, folder,
+                                              extra=facts)
+            if not started(runner):
+                state["off"] = True
+                return None
+        elif id(optimizer) != state["optimizer"]:
+            return None
+        return runner
+
+    def on_step(optimizer: Any) -> None:
+        runner = runner_for(optimizer)
+        if runner is not None:
+            runner.step_or_give_up()
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        state["depth"] += 1
+        try:
+            result = original(self, grads, trainable_variables)
+        finally:
+            state["depth"] -= 1
+        if state["depth"]:
+            return result  # an optimizer wrapping another (LossScaleOptimizer): count once
+        tf = sys.modules["tensorflow"]
+        if "facts" not in state:
+            state["facts"] = _strategy_facts(tf, self)
+        if not tf.inside_function():
+            on_step(self)
+            return result
+        why = _untraceable(tf)
+        if why:
+            if why not in state["warned"]:
+                state["warned"].add(why)
+                print(f"opprof: {why}: steps of this function are not counted; use "
+                      "opprof.profile() in the script", file=sys.stderr)
+            return result
+        with tf.control_dependencies([tf.identity(self.iterations)]):
+            tf.py_function(lambda: on_step(self), [], [])
         return result
 
-    w = config.workers
-    _fault(spec, "setup")
-    run(config.warmup * w, "warmup")
-    t0 = time.perf_counter_ns()
-    run(config.timing_steps * w, "timing")
-    step_ns = (time.perf_counter_ns() - t0) // config.timing_steps
-    _emit("ready_to_profile")
-    if sys.stdin.readline().strip() != "go":
-        os._exit(4)
-    _profiler_start(tf, spec)
-    t0 = time.perf_counter_ns()
+    apply.__doc__ = original.__doc__
+    apply.__wrapped__ = original  # type: ignore[attr-defined]
+    BaseOptimizer.apply = apply
+
+
+def _strategy_facts(tf: Any, optimizer: Any) -> dict[str, Any]:
+    """What the hook can tell about the training when it first sees the optimizer."""
+    facts: dict[str, Any] = {}
+    if tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+        facts["strategy"] = type(strategy).__name__
+        facts["replicas"] = int(strategy.num_replicas_in_sync)
+    variables = getattr(optimizer, "_trainable_variables", None) or []
     try:
-        loss = run(config.steps * w, "profile", marked=True).fetch()
-        t1 = time.perf_counter_ns()
-    finally:
-        tf.profiler.experimental.stop()
-    _emit("result", **{
-        "role": spec.role, "index": spec.index, "rank": spec.rank,
-        "xplanes": [str(p) for p in _xplanes(Path(spec.logdir))],
-        "unprofiled_step_ns": int(step_ns), "profiled_wall_ns": t1 - t0,
-        "params": counts["params"], "layers": {k: v for k, v in counts.items() if k != "params"},
-        "num_classes": classes, "input_size": size, "tf_version": tf.__version__,
-        "host": socket.gethostname(), "loss": float(loss), "scheduled_steps": config.steps * w,
-    })
-    if sys.stdin.readline().strip() == "exit":
-        os._exit(0)
+        sizes = [math.prod(int(d) for d in v.shape) for v in variables]
+        facts["params"] = sum(sizes)
+        facts["param_bytes"] = sum(n * v.dtype.size if hasattr(v.dtype, "size") else 4 * n
+                                   for n, v in zip(sizes, variables, strict=True))
+    except (TypeError, ValueError, AttributeError):  # shapes not known yet
+        pass
+    return facts
 
 
-def _task_main(spec_path: str) -> None:
-    """Entry point of a task process: ``python -m opprof.collectors.tf SPEC.json``."""
-    spec = TaskSpec(**json.loads(Path(spec_path).read_text()))
-    try:
-        if spec.role == "chief":
-            _run_coordinator(spec)
-        elif spec.config["mode"] == "ps-async":
-            _run_server(spec)
-        else:
-            result = _run_worker(spec, lambda stage, done, total: _emit(
-                "progress", stage=stage, done=done, total=total))
-            _emit("result", **result)
-    except OpprofError as exc:
-        _emit("error", message=str(exc))
-        raise SystemExit(2) from None
-    sys.stdout.flush()
-    os._exit(0)  # skip TF's slow teardown of collective and gRPC threads
+def _untraceable(tf: Any) -> str:
+    """Why a step inside the function being traced cannot call back into Python ('' if it
+    can)."""
+    from tensorflow.python.ops import control_flow_util
 
-
-# --------------------------------------------------------------------------- the launcher
-
-
-@dataclass
-class _Task:
-    spec: TaskSpec
-    proc: subprocess.Popen
-    log: Path
-    offset: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)
-    expected_exit: bool = False
-
-    def poll_messages(self) -> None:
-        with open(self.log, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        for line in data[:end].decode(errors="replace").splitlines():
-            if line.startswith(MESSAGE):
-                try:
-                    self.events.append(json.loads(line[len(MESSAGE):]))
-                except json.JSONDecodeError:
-                    continue
-
-    def has(self, event: str) -> dict[str, Any] | None:
-        return next((e for e in self.events if e.get("event") == event), None)
-
-    def send(self, command: str) -> None:
-        if self.proc.stdin and self.proc.poll() is None:
-            try:
-                self.proc.stdin.write(command + "\n")
-                self.proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                pass
-
-    def last_words(self) -> str:
-        lines = self.log.read_text(errors="replace").splitlines()
-        errors = [ln for ln in lines if ln.startswith(MESSAGE) and '"error"' in ln]
-        if errors:
-            return json.loads(errors[-1][len(MESSAGE):]).get("message", "")
-        return last_line(self.log, skip=(MESSAGE, "I0000", "W0000", "WARNING")) or "no output"
-
-
-class _Launcher:
-    """Starts a local cluster of task processes and drives it to the end or a clean stop."""
-
-    def __init__(self, config: RecordConfig, workdir: Path, progress: Progress) -> None:
-        self.config, self.workdir, self.progress = config, workdir, progress
-        self.deadline = time.monotonic() + config.timeout_s
-        self.tasks: list[_Task] = []
-        self.stage = "start-up"
-        self.shown = 0
-
-    def run(self) -> Recording:
-        try:
-            specs = self._specs()
-            for spec in specs:
-                self.tasks.append(self._start(spec))
-            if self.config.mode == "allreduce":
-                results = self._drive_allreduce()
-            else:
-                results = self._drive_ps()
-        except BaseException:
-            self._stop_all()
-            raise
-        self._stop_all()
-        return _recording(self.config, results, self.workdir)
-
-    def _specs(self) -> list[TaskSpec]:
-        c = self.config
-        extra = c.extra
-        base = asdict(c)
-        if extra.get("cluster"):
-            # Multi-host: this machine runs one task of a cluster given by --cluster/--task.
-            if c.mode != "allreduce":
-                raise OpprofError("--cluster (multi-host) is supported for --mode allreduce only")
-            hosts = list(extra["cluster"])
-            index = int(extra.get("task_index", extra.get("node_rank", 0)))
-            if not 0 <= index < len(hosts):
-                raise OpprofError(f"--task-index {index} is not in the {len(hosts)}-task cluster")
-            base["workers"] = len(hosts)
-            return [TaskSpec(base, "worker", index, index, str(self.workdir / f"worker{index}"),
-                             {"worker": hosts})]
-        if c.mode == "allreduce":
-            ports = free_ports(c.workers, _LOCAL)
-            cluster = {"worker": [f"{_LOCAL}:{p}" for p in ports]}
-            return [TaskSpec(base, "worker", i, i, str(self.workdir / f"worker{i}"), cluster)
-                    for i in range(c.workers)]
-        ports = free_ports(1 + c.workers + c.servers, _LOCAL)
-        cluster = {"chief": [f"{_LOCAL}:{ports[0]}"],
-                   "worker": [f"{_LOCAL}:{p}" for p in ports[1:1 + c.workers]],
-                   "ps": [f"{_LOCAL}:{p}" for p in ports[1 + c.workers:]]}
-        specs = [TaskSpec(base, "worker", i, i, str(self.workdir / f"worker{i}"), cluster)
-                 for i in range(c.workers)]
-        specs += [TaskSpec(base, "ps", i, c.workers + i, str(self.workdir / f"ps{i}"), cluster)
-                  for i in range(c.servers)]
-        specs.append(TaskSpec(base, "chief", 0, c.workers + c.servers,
-                              str(self.workdir / "chief0"), cluster))
-        return specs
-
-    def _start(self, spec: TaskSpec) -> _Task:
-        folder = Path(spec.logdir)
-        folder.mkdir(parents=True, exist_ok=True)
-        spec_path = folder / "task-spec.txt"
-        spec_path.write_text(json.dumps(asdict(spec)))
-        log = folder / "task.log"
-        env = dict(os.environ)
-        env["TF_CONFIG"] = json.dumps({"cluster": spec.cluster,
-                                      "task": {"type": spec.role, "index": spec.index}})
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "opprof.collectors.tf", str(spec_path)],
-                stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=die_with_parent, text=True, cwd=str(folder))
-        return _Task(spec, proc, log)
-
-    # -- waiting
-
-    def _wait(self, tasks: list[_Task], event: str, stage: str) -> None:
-        """Until every task in ``tasks`` has sent ``event``; fail on a death or the deadline."""
-        self.stage = stage
-        lead = self.tasks[0] if self.config.mode == "allreduce" else self.tasks[-1]
-        while True:
-            for t in self.tasks:
-                t.poll_messages()
-            progress = [e for e in lead.events if e.get("event") == "progress"]
-            for e in progress[self.shown:]:
-                self.progress(e["stage"], e["done"], e["total"])
-            self.shown = len(progress)
-            if all(t.has(event) for t in tasks):
-                return
-            for t in self.tasks:
-                rc = t.proc.poll()
-                if rc is not None and not (rc == 0 and t.has("result")) and not t.expected_exit:
-                    raise self._failure(f"{t.spec.label} exited with code {rc} during {stage}: "
-                                        f"{t.last_words()}")
-            if time.monotonic() > self.deadline:
-                waiting = ", ".join(t.spec.label for t in tasks if not t.has(event))
-                raise self._failure(
-                    f"timed out after {self.config.timeout_s:g}s during {stage}, waiting for "
-                    f"{waiting} (hung?)")
-            time.sleep(0.1)
-
-    def _failure(self, what: str) -> OpprofError:
-        self._stop_all()
-        found = sorted(str(p.relative_to(self.workdir)) for p in _xplanes(self.workdir))
-        recorded = (f"recorded {len(found)} profile(s): {', '.join(found)}" if found
-                    else "no profile was recorded")
-        return OpprofError(
-            f"tf {self.config.mode}: {what}; all {len(self.tasks)} tasks stopped; {recorded}; "
-            f"task logs in {self.workdir}/*/task.log")
-
-    def _stop_all(self) -> None:
-        """End every task's process group: SIGTERM, then SIGKILL after a short grace."""
-        stop((t.proc for t in self.tasks), grace_s=3.0)
-        for t in self.tasks:
-            if t.proc.stdin:
-                try:
-                    t.proc.stdin.close()
-                except OSError:
-                    pass
-
-    # -- the two modes
-
-    def _drive_allreduce(self) -> list[dict[str, Any]]:
-        self._wait(self.tasks, "result", "the run")
-        for t in self.tasks:
-            t.expected_exit = True
-        return [t.has("result") for t in self.tasks]
-
-    def _drive_ps(self) -> list[dict[str, Any]]:
-        chief = self.tasks[-1]
-        servers = self.tasks[:-1]
-        self._wait(servers, "ready", "server start-up")
-        self._wait([chief], "ready_to_profile", "warm-up and timing")
-        for t in servers:
-            t.send("start")
-        self._wait(servers, "started", "profiler start")
-        chief.send("go")
-        self._wait([chief], "result", "profiled steps")
-        for t in servers:
-            t.send("stop")
-        self._wait(servers, "stopped", "profiler stop")
-        for t in self.tasks:
-            t.expected_exit = True
-            t.send("exit")
-        results = []
-        for t in servers:
-            stopped = t.has("stopped")
-            results.append({"role": t.spec.role, "index": t.spec.index, "rank": t.spec.rank,
-                            "xplanes": stopped["xplanes"], "host": stopped.get("host")})
-        results.append(chief.has("result"))
-        return results
-
-
-def _xplanes(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*.xplane.pb"))
-
-
-# --------------------------------------------------------------------------- metadata
-
-
-def _recording(config: RecordConfig, results: list[dict[str, Any]], workdir: Path) -> Recording:
-    native = [Path(p) for r in results for p in r.get("xplanes", [])]
-    missing = [f"{r['role']} {r['index']}" for r in results if not r.get("xplanes")]
-    if missing:
-        raise OpprofError(f"tf {config.mode}: no profile written by {', '.join(missing)} "
-                          f"(see {workdir}/*/task.log)")
-    lead = next(r for r in results if "unprofiled_step_ns" in r)
-    step_ns = lead["unprofiled_step_ns"]
-    workers = config.workers if config.mode != "single" else 1
-    servers = config.servers if config.mode == "ps-async" else 0
-    meta: dict[str, Any] = {
-        "framework": "tf",
-        "framework_version": lead["tf_version"],
-        "model": canonical_name(config.model),
-        "dataset": config.dataset,
-        "batch_size": config.batch_size,
-        "workers": workers,
-        "servers": servers,
-        "mode": config.mode,
-        "device": "cpu",
-        "hosts": sorted({r["host"] for r in results if r.get("host")}),
-        "warmup_steps": config.warmup,
-        "timing_steps": config.timing_steps,
-        "profiled_steps": config.steps,
-        "unprofiled_step_ns": step_ns,
-        "samples_per_s": config.batch_size * workers / (step_ns / 1e9) if step_ns else None,
-        "params": lead["params"],
-        "layers": lead["layers"],
-        "input_size": lead["input_size"],
-        "num_classes": lead["num_classes"],
-        "seed": config.seed,
-        "profiled_wall_ns": lead["profiled_wall_ns"],
-        "command": config.command,
-        "tasks": [{"role": ROLE_OF_TASK[r["role"]], "task": f"{r['role']}{r['index']}",
-                   "rank": r["rank"]} for r in results],
-    }
-    if "threads" in lead:
-        meta["threads"] = lead["threads"]
-    if config.mode == "ps-async":
-        meta["unprofiled_step_note"] = (
-            "ps-async: wall time of timing_steps x workers scheduled steps / timing_steps, "
-            "i.e. the mean step time of one worker")
-        meta["scheduled_steps"] = lead.get("scheduled_steps")
-    return Recording(native=native, meta=meta)
-
-
-if __name__ == "__main__":
-    _task_main(sys.argv[1])
+    graph = tf.compat.v1.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        return "the training step is compiled with XLA (jit_compile=True)"
+    if tf.distribute.has_strategy() and "ParameterServer" in type(
+            tf.distribute.get_strategy()).__name__:
+        return "ParameterServerStrategy runs the steps in other processes"
+    return ""

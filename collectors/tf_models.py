@@ -15,7 +15,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from opprof.collectors.torch_models import INPUT_SIZE, canonical_name
+from opprof.collectors.config import INPUT_SIZE, canonical_name
 
 __all__ = ["INPUT_SIZE", "build", "layer_counts"]
 

@@ -1,41 +1,77 @@
-"""The PyTorch collector: trains a model under torch.profiler and writes a Kineto chrome trace.
+"""The PyTorch adapter: torch.profiler (Kineto) calls for the runner, the built-in models'
+training step, the clock sync between ranks, and the optimizer-step hook of `opprof run`.
 
-One training step is four ``record_function`` markers, ``opprof.load`` (next batch from the
-DataLoader, copy to the device), ``opprof.forward`` (model + loss), ``opprof.backward``
-(``loss.backward()``) and ``opprof.update`` (``optimizer.step()`` + ``zero_grad()``); the
-step markers are torch's own ``ProfilerStep#N`` from ``prof.step()``.
+Importing this module imports no torch; torch is imported when one of its functions runs.
 
-``--mode single`` trains in this process. ``--mode allreduce`` runs one process per rank with
-torch.distributed (see :mod:`opprof.collectors.torch_ddp`); every rank builds its training
-with :func:`build_training` (its shard of the data, the model wrapped in
-DistributedDataParallel) and runs the same protocol, :func:`run_protocol`, writing
-``rank{R}.pt.trace.json``.
+**Profiler.** Started at the runner's profile boundary with the schedule ``wait=0, warmup=1,
+active=steps, repeat=1`` (one step to settle, then the recorded ones); every later boundary is
+``prof.step()``, so the step markers are torch's own ``ProfilerStep#N`` (N = 1 … steps). The
+trace is ``rankR.pt.trace.json`` (R: the rank), with torch's own aggregate
+``rankR.key_averages.json`` beside it for cross-checks. ``repeat=1`` matters: with the
+default the schedule starts a new cycle and the exported trace comes out empty.
+
+**Built-in models** (`record`): one step is four ``record_function`` markers,
+``opprof.load`` (next batch from the DataLoader, copy to the device), ``opprof.forward``
+(model + loss), ``opprof.backward`` and ``opprof.update`` (``optimizer.step()`` +
+``zero_grad()``). Several ranks are started by torchrun (``python -m torch.distributed.run``);
+each joins the process group from torchrun's environment (gloo on CPU, nccl on GPU), trains
+its shard (DistributedSampler) in DistributedDataParallel, and runs the same protocol.
+
+**Clock alignment.** Ranks on different hosts read different clocks. Just before profiling,
+each rank r > 0 exchanges ``CLOCK_ROUNDS`` NTP-style pings with rank 0 over gloo: r sends at
+t0 (its clock), rank 0 receives at t1 and replies at t2 (rank 0's clock), r receives the reply
+at t3. Whatever the one-way delays, the offset θ = clock₀ − clock_r lies in
+[t2 − t3, t1 − t0]; the estimate is the midpoint of the round with the smallest round-trip
+delay δ = (t3 − t0) − (t2 − t1), and its error bound is δ / 2 (strict as long as the clocks do
+not drift apart during the round; drift over the profiled seconds is not corrected). Ranks on
+rank 0's machine (same kernel boot id, the very same clock) get offset 0 and error 0; the
+measured value is kept as a check. Policy (``Rendezvous.clock_sync``): ``auto`` (that rule),
+``always`` (apply the measured offsets), ``off``. The offset goes into each trace file as a
+top-level ``opprofClock`` object, which the Kineto normalizer applies, and into the metadata.
+
+**Hook** (`opprof run`): the end of ``Optimizer.step`` marks the end of a step — of the
+first optimizer that steps (a GAN's second optimizer does not count twice). torch's global
+optimizer step post hook would be the natural place, but it runs inside the
+``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
+previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
+torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import nn
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from opprof.collectors.config import (
+    INPUT_SIZE,
+    Framework,
+    Protocol,
+    RecordConfig,
+    Role,
+    canonical_name,
+)
+from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.runner import Runner, drive
 from opprof.errors import OpprofError
+from opprof.files import write_atomic
 
-from . import Progress, RecordConfig, Recording, native_stderr_to, no_progress
-from .datasets import channel_stats, load_images, resize_nearest
-from .torch_models import INPUT_SIZE, build, canonical_name, layer_counts
+if TYPE_CHECKING:
+    import torch
 
+CLOCK_ROUNDS = 10
+CLOCK_METHOD = (f"NTP-style: {CLOCK_ROUNDS} ping rounds from each rank to rank 0 over gloo "
+                "just before profiling; midpoint of the min-delay round, error = delay/2; "
+                "offset 0 for ranks on rank 0's machine")
 PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
-SUPPORTED_MODES = ("single", "allreduce")
 
 
 def trace_name(rank: int) -> str:
@@ -48,20 +84,216 @@ def key_averages_name(rank: int) -> str:
     return f"rank{rank}.key_averages.json"
 
 
-TRACE_NAME = trace_name(0)
-KEY_AVERAGES_NAME = key_averages_name(0)
+# ------------------------------------------------------------------ the adapter
 
 
-class ImageDataset(Dataset):
+class TorchAdapter:
+    """torch.profiler for the runner (see the module docstring)."""
+
+    framework = Framework.TORCH
+    profiler_warmup = 1
+
+    def __init__(self, steps: int, device: str = "cpu", clock_policy: str = "auto",
+                 facts: dict[str, Any] | None = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.steps, self.clock_policy = steps, clock_policy
+        self.device = torch.device(device)
+        self._facts = dict(facts or {})
+        self.prof: Any = None
+        self.trace: Path | None = None
+        self.clock: dict[str, Any] = {}
+
+    def version(self) -> str:
+        return str(self.torch.__version__)
+
+    def _dist(self) -> Any:
+        dist = self.torch.distributed
+        return dist if dist.is_available() and dist.is_initialized() else None
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def identity(self) -> tuple[Role, int | None]:
+        dist = self._dist()
+        return Role.WORKER, (dist.get_rank() if dist else None)
+
+    def before_profile(self) -> dict[str, Any]:
+        dist = self._dist()
+        if dist is None or dist.get_world_size() < 2:
+            return {}
+        group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        self.clock = clock_sync(dist.get_rank(), dist.get_world_size(), group,
+                                self.clock_policy)
+        dist.barrier()
+        return {"clock": self.clock, "backend": dist.get_backend(),
+                "world_size": dist.get_world_size()}
+
+    def start(self, folder: Path, role: Role, rank: int) -> None:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self.trace = Path(folder) / trace_name(rank)
+        self.prof = profile(activities=activities, record_shapes=True,
+                            schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
+        with quiet(self.trace.parent):
+            self.prof.start()
+
+    def boundary(self, index: int) -> None:
+        if index == 1:  # the profiler starts recording (and announces it on stderr)
+            with quiet(self.trace.parent):
+                self.prof.step()
+        else:
+            self.prof.step()
+
+    def stop(self, complete: bool) -> list[Path]:
+        prof, trace = self.prof, self.trace
+        assert prof is not None and trace is not None
+        with quiet(trace.parent):
+            prof.stop()
+        prof.export_chrome_trace(str(trace))
+        if not complete:
+            # The step in progress did not finish: its marker is renamed, so that it is not
+            # taken for a step.
+            cut = f'"ProfilerStep#{prof.step_num}"'.encode()
+            write_atomic(trace, trace.read_bytes().replace(
+                cut, f'"opprof.incomplete_step#{prof.step_num}"'.encode()))
+        averages = _key_averages(prof, self.device)
+        write_atomic(trace.with_name(trace.name.replace(".pt.trace.json", ".key_averages.json")),
+                     json.dumps(averages, indent=1) + "\n")
+        if self.clock:
+            stamp_clock(trace, {k: self.clock[k] for k in ("offset_ns", "error_ns")})
+        markers = sum(a["count"] for a in averages if a["name"].startswith("ProfilerStep"))
+        if complete and markers != self.steps:
+            raise OpprofError(
+                f"torch.profiler {self.torch.__version__} recorded {markers} ProfilerStep "
+                f"markers instead of {self.steps}; this torch version's schedule is not "
+                "supported")
+        return [trace]
+
+    def after_profile(self) -> None:
+        dist = self._dist()
+        if dist is not None and dist.get_world_size() > 1:
+            dist.barrier()  # no rank tears the group down while another still exports
+
+    def release(self) -> None:
+        self.prof = None
+
+    def facts(self) -> dict[str, Any]:
+        out = {**self._facts, "threads": self.torch.get_num_threads(),
+               "device": self.device.type}
+        if self.device.type == "cuda":
+            out["gpus"] = [self.torch.cuda.get_device_name(self.device)]
+        return out
+
+
+@contextmanager
+def quiet(folder: Path) -> Iterator[None]:
+    """Send what native code writes to file descriptor 2 (Kineto's ``profiler_start`` /
+    ``profiler_stop`` banners) to ``folder/profiler.log`` for the duration of the block, so
+    it does not land in the user's terminal (the block is one profiler call)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(Path(folder) / "profiler.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _key_averages(prof: Any, device: torch.device) -> list[dict[str, Any]]:
+    """torch's own per-name aggregate (times in µs), kept beside the trace for cross-checks."""
+    rows = []
+    for avg in prof.key_averages():
+        row = {"name": avg.key, "count": int(avg.count),
+               "cpu_time_total_us": float(avg.cpu_time_total),
+               "self_cpu_time_total_us": float(avg.self_cpu_time_total)}
+        if device.type == "cuda":
+            row["device_time_total_us"] = float(getattr(avg, "device_time_total", 0.0))
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------ clocks
+
+
+def machine_id() -> str:
+    """What identifies this machine's clock: the kernel's boot id (containers on one host
+    share it), else the host name."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def clock_sync(rank: int, world: int, group: Any, policy: str = "auto") -> dict[str, Any]:
+    """Estimate this rank's clock offset to rank 0 (see the module docstring) and decide the
+    offset to apply. Every rank must call it."""
+    import torch
+    import torch.distributed as dist
+
+    machines: list[Any] = [None] * world
+    dist.all_gather_object(machines, machine_id(), group=group)
+    measured, error = 0, 0
+    if rank == 0:
+        for peer in range(1, world):
+            for _ in range(CLOCK_ROUNDS):
+                dist.recv(torch.zeros(1, dtype=torch.int64), src=peer, group=group)
+                t1 = time.time_ns()
+                dist.send(torch.tensor([t1, time.time_ns()], dtype=torch.int64), dst=peer,
+                          group=group)
+    else:
+        best = None
+        for _ in range(CLOCK_ROUNDS):
+            reply = torch.zeros(2, dtype=torch.int64)
+            t0 = time.time_ns()
+            dist.send(torch.zeros(1, dtype=torch.int64), dst=0, group=group)
+            dist.recv(reply, src=0, group=group)
+            t3 = time.time_ns()
+            t1, t2 = (int(v) for v in reply)
+            delay = (t3 - t0) - (t2 - t1)
+            if best is None or delay < best[0]:
+                best = (delay, ((t1 - t0) + (t2 - t3)) // 2)
+        assert best is not None
+        error, measured = (best[0] + 1) // 2, best[1]
+    same = machines[rank] == machines[0]
+    apply = policy == "always" or (policy == "auto" and not same)
+    return {"offset_ns": measured if apply else 0, "error_ns": error if apply else 0,
+            "measured_offset_ns": measured, "measured_error_ns": error,
+            "machine": machines[rank], "same_machine_as_rank0": same, "policy": policy,
+            "method": CLOCK_METHOD}
+
+
+def stamp_clock(trace: Path, clock: dict[str, Any]) -> None:
+    """Put the clock offset into the trace file as a top-level ``opprofClock`` object (the
+    file is otherwise untouched; no parse of the whole document)."""
+    data = trace.read_bytes()
+    i = data.index(b"{")
+    head = b'{"opprofClock": ' + json.dumps(clock).encode() + b","
+    write_atomic(trace, head + data[i + 1:])
+
+
+# ------------------------------------------------------------------ the built-in models
+
+
+class ImageDataset:
     """uint8 NHWC images → normalized float CHW tensors, with a seeded random horizontal flip.
 
     The work is done per sample in ``__getitem__`` (resize, convert, normalize, flip), so data
     loading is real work that the profiler sees inside ``opprof.load``.
     """
 
-    def __init__(
-        self, images: np.ndarray, labels: np.ndarray, *, size: int, seed: int = 0
-    ) -> None:
+    def __init__(self, images: np.ndarray, labels: np.ndarray, *, size: int,
+                 seed: int = 0) -> None:
+        import torch
+
         self.images, self.labels, self.size = images, labels, size
         mean, std = channel_stats(images)
         self.mean = torch.from_numpy(mean).view(3, 1, 1)
@@ -72,6 +304,8 @@ class ImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import torch
+
         img = resize_nearest(self.images[index], self.size)
         x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float().div_(255.0)
         x = x.sub_(self.mean).div_(self.std)
@@ -80,90 +314,33 @@ class ImageDataset(Dataset):
         return x, int(self.labels[index])
 
 
-@dataclass
-class Training:
-    """One rank's training set-up: ``step()`` runs one marked training step."""
-
-    step: Callable[[], None]
-    model: nn.Module
-    model_key: str
-    input_size: int
-    num_classes: int
-
-
-@dataclass
-class ProtocolRun:
-    """What :func:`run_protocol` measured and wrote."""
-
-    trace: Path
-    unprofiled_step_ns: int | None
-    profiled_wall_ns: int
-
-
-def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress) -> Recording:
-    """Train ``config.model`` under torch.profiler; write the chrome trace(s) into ``workdir``."""
-    check(config)
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if config.mode == "allreduce":
-        from .torch_ddp import record as record_ddp
-
-        return record_ddp(config, workdir, progress)
-    device = torch.device(config.device)
-    deadline = time.monotonic() + config.timeout_s
-    training = build_training(config, device)
-    run = run_protocol(config, training.step, device, workdir, progress, deadline=deadline)
-    meta = rank_meta(config, training, run, device)
-    meta.update({"workers": 1, "servers": 0, "mode": "single",
-                 "hosts": [socket.gethostname()], "command": config.command,
-                 "samples_per_s": (config.batch_size / (run.unprofiled_step_ns / 1e9)
-                                   if run.unprofiled_step_ns else None)})
-    return Recording(native=[run.trace], meta=meta)
-
-
-def check(config: RecordConfig) -> None:
-    """Reject what this collector cannot record, with one clear line."""
-    if config.mode not in SUPPORTED_MODES:
-        raise OpprofError(
-            f"torch has no --mode {config.mode} (no parameter-server mode: torch's own "
-            "distributed training is all-reduce, DistributedDataParallel); use --mode allreduce")
-    if config.mode == "single" and config.workers != 1:
-        raise OpprofError("--mode single runs one worker; use --mode allreduce")
-    if config.device not in ("cpu", "cuda") and not config.device.startswith("cuda:"):
-        raise OpprofError(f"unknown device {config.device!r}; choose cpu or cuda")
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise OpprofError(
-            f"--device cuda but torch {torch.__version__} sees no CUDA GPU "
-            "(CPU-only build or no driver); use --device cpu"
-        )
-    for name, value, low in (("batch_size", config.batch_size, 1), ("steps", config.steps, 1),
-                             ("warmup", config.warmup, 0), ("workers", config.workers, 1),
-                             ("timing_steps", config.timing_steps, 0)):
-        if value < low:
-            raise OpprofError(f"{name} must be at least {low}, got {value}")
-
-
 def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
-                   world: int = 1) -> Training:
-    """Data loader (shard ``rank`` of ``world``), model (in DistributedDataParallel when
-    ``world > 1``; the process group must be initialised), loss and optimizer."""
+                   world: int = 1) -> tuple[Callable[[], None], dict[str, Any]]:
+    """The marked training step of rank ``rank`` of ``world`` (its shard of the data, the
+    model in DistributedDataParallel when ``world > 1``; the process group must exist), and
+    the model's facts."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from opprof.collectors.torch_models import build, layer_counts
+
     torch.manual_seed(config.seed)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_rank = max(config.batch_size * 8, 256)
     images, labels, classes = load_images(config.dataset, n=per_rank * world, seed=config.seed)
     dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
+    pin = device.type == "cuda"
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=config.seed, drop_last=True)
         loader = DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
-                            drop_last=True, num_workers=0, pin_memory=device.type == "cuda")
+                            drop_last=True, num_workers=0, pin_memory=pin)
     else:
-        loader = DataLoader(
-            dataset, batch_size=config.batch_size, shuffle=True, drop_last=True,
-            num_workers=0, pin_memory=device.type == "cuda",
-            generator=torch.Generator().manual_seed(config.seed),
-        )
+        loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True,
+                            drop_last=True, num_workers=0, pin_memory=pin,
+                            generator=torch.Generator().manual_seed(config.seed))
     model = build(key, classes).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -171,119 +348,17 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         trained = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    step = _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device)
-    return Training(step, model, key, size, classes)
+    counts = layer_counts(model)
+    facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
+             "params": counts.pop("params"), "layers": counts, "input_size": size,
+             "num_classes": classes, "seed": config.seed}
+    return _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device), facts
 
 
-def run_protocol(
-    config: RecordConfig,
-    step: Callable[[], None],
-    device: torch.device,
-    workdir: Path,
-    progress: Progress = no_progress,
-    *,
-    rank: int = 0,
-    deadline: float | None = None,
-    before_profile: Callable[[], None] | None = None,
-) -> ProtocolRun:
-    """Warm-up, unprofiled timed steps, then ``config.steps`` profiled steps; writes
-    ``rank{R}.pt.trace.json`` and ``rank{R}.key_averages.json`` into ``workdir``.
-    ``before_profile`` runs just before the profiler starts (e.g. a barrier)."""
-    deadline = deadline if deadline is not None else time.monotonic() + config.timeout_s
-
-    def check_time(stage: str, done: int) -> None:
-        if time.monotonic() > deadline:
-            raise OpprofError(
-                f"torch recording ran past its {config.timeout_s:g}s limit during {stage} "
-                f"(step {done}); use fewer --steps, a smaller --batch-size or model"
-            )
-
-    progress("warmup", 0, config.warmup)
-    for i in range(config.warmup):
-        step()
-        progress("warmup", i + 1, config.warmup)
-        check_time("warmup", i + 1)
-    _sync(device)
-
-    progress("timing", 0, config.timing_steps)
-    times = []
-    for i in range(config.timing_steps):
-        t = time.perf_counter_ns()
-        step()
-        _sync(device)
-        times.append(time.perf_counter_ns() - t)
-        progress("timing", i + 1, config.timing_steps)
-        check_time("timing", i + 1)
-    step_ns = int(sum(times) / len(times)) if times else None
-
-    if before_profile is not None:
-        before_profile()
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    # One profiler warm-up step, then config.steps recorded ones; repeat=1 matters: with the
-    # default repeat=0 the schedule starts a new cycle after the last prof.step() and the
-    # exported trace comes out empty.
-    plan = schedule(wait=0, warmup=1, active=config.steps, repeat=1)
-    progress("profile", 0, config.steps)
-    t0 = t1 = 0
-    with native_stderr_to(workdir / "profiler.log"), \
-            profile(activities=activities, record_shapes=True, schedule=plan) as prof:
-        for i in range(config.steps + 1):
-            if i == 1:
-                t0 = time.perf_counter_ns()
-            step()
-            if i == config.steps:
-                _sync(device)
-                t1 = time.perf_counter_ns()
-            prof.step()
-            if i:
-                progress("profile", i, config.steps)
-            check_time("profile", i)
-
-    trace_path = workdir / trace_name(rank)
-    prof.export_chrome_trace(str(trace_path))
-    averages = _key_averages(prof, device)
-    (workdir / key_averages_name(rank)).write_text(json.dumps(averages, indent=1) + "\n")
-    markers = sum(a["count"] for a in averages if a["name"].startswith("ProfilerStep"))
-    if markers != config.steps:
-        raise OpprofError(
-            f"torch.profiler {torch.__version__} recorded {markers} ProfilerStep markers "
-            f"instead of {config.steps}; this torch version's schedule is not supported"
-        )
-    return ProtocolRun(trace_path, step_ns, t1 - t0)
-
-
-def rank_meta(config: RecordConfig, training: Training, run: ProtocolRun,
-              device: torch.device) -> dict[str, Any]:
-    """The run's facts as one rank saw them (the job-level keys are added by the caller)."""
-    counts = layer_counts(training.model)
-    meta: dict[str, Any] = {
-        "framework": "torch",
-        "framework_version": torch.__version__,
-        "model": training.model_key,
-        "dataset": config.dataset,
-        "batch_size": config.batch_size,
-        "device": device.type,
-        "warmup_steps": config.warmup,
-        "timing_steps": config.timing_steps,
-        "profiled_steps": config.steps,
-        "unprofiled_step_ns": run.unprofiled_step_ns,
-        "params": counts["params"],
-        "layers": {k: v for k, v in counts.items() if k != "params"},
-        "input_size": training.input_size,
-        "num_classes": training.num_classes,
-        "seed": config.seed,
-        "threads": torch.get_num_threads(),
-        "profiled_wall_ns": run.profiled_wall_ns,
-    }
-    if device.type == "cuda":
-        meta["gpus"] = [torch.cuda.get_device_name(device)]
-    return meta
-
-
-def _cycle(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
     """Batches from ``loader`` forever, one epoch after another (a new shuffle each epoch)."""
+    from torch.utils.data import DistributedSampler
+
     epoch = 0
     while True:
         if isinstance(loader.sampler, DistributedSampler):
@@ -292,14 +367,11 @@ def _cycle(loader: DataLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch += 1
 
 
-def _stepper(
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    model: nn.Module,
-    loss_fn: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    device: torch.device,
-) -> Callable[[], None]:
+def _stepper(batches: Iterator[tuple[Any, Any]], model: Any, loss_fn: Any, optimizer: Any,
+             device: torch.device) -> Callable[[], None]:
     """One training step with its four phase markers, as a function of no arguments."""
+    from torch.profiler import record_function
+
     non_blocking = device.type == "cuda"
 
     def step() -> None:
@@ -318,22 +390,89 @@ def _stepper(
     return step
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def record_worker(config: RecordConfig, folder: Path) -> None:
+    """One process of `record --fw torch`: alone, or one of torchrun's ranks."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = config.device == "cuda"
+    if cuda:
+        device = torch.device(f"cuda:{local % torch.cuda.device_count()}")
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo",
+                                timeout=timedelta(seconds=max(config.timeout_s, 1.0)))
+    step, facts = build_training(config, device, rank=rank, world=world)
+    adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
+    if world > 1:
+        dist.destroy_process_group()
 
 
-def _key_averages(prof: profile, device: torch.device) -> list[dict[str, Any]]:
-    """torch's own per-name aggregate (times in µs), kept beside the trace for cross-checks."""
-    rows = []
-    for avg in prof.key_averages():
-        row = {
-            "name": avg.key,
-            "count": int(avg.count),
-            "cpu_time_total_us": float(avg.cpu_time_total),
-            "self_cpu_time_total_us": float(avg.self_cpu_time_total),
-        }
-        if device.type == "cuda":
-            row["device_time_total_us"] = float(getattr(avg, "device_time_total", 0.0))
-        rows.append(row)
-    return rows
+# ------------------------------------------------------------------ the hook of `opprof run`
+
+
+def install_hook(protocol: Protocol, folder: Path,
+                 started: Callable[[Runner], bool]) -> None:
+    """Count steps at the end of every ``Optimizer.step`` (torch.optim is being imported)."""
+    import functools
+
+    from torch.optim import optimizer as module
+
+    state: dict[str, Any] = {"depth": 0}
+
+    def after_optimizer_step(optimizer: Any) -> None:
+        if state.get("off"):
+            return
+        runner = state.get("runner")
+        if runner is None or runner.facts.pid != os.getpid():
+            state["optimizer"] = id(optimizer)
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            device = "cuda" if any(p.is_cuda for p in params) else "cpu"
+            facts = {"params": int(sum(p.numel() for p in params)),
+                     "param_bytes": int(sum(p.numel() * p.element_size() for p in params)),
+                     "optimizer": type(optimizer).__name__}
+            runner = state["runner"] = Runner(
+                TorchAdapter(protocol.steps, device, facts=facts), protocol, folder,
+                extra=facts)
+            if not started(runner):
+                state["off"] = True
+                return
+        elif id(optimizer) != state["optimizer"]:
+            return
+        runner.step_or_give_up()
+
+    original = getattr(module.Optimizer, "profile_hook_step", None)
+    if original is None:  # an older or newer torch: its global post hook (inside the step)
+        module.register_optimizer_step_post_hook(
+            lambda optimizer, args, kwargs: after_optimizer_step(optimizer))
+        return
+
+    # The step ends when ``Optimizer.step`` has returned: torch's own post hooks run inside
+    # its ``Optimizer.step#…`` profiler range, and a step marker started there would nest in
+    # the previous step's optimizer operator. So the step function torch wraps every
+    # optimizer class's ``step`` with is wrapped once more.
+    def profile_hook_step(func: Callable[..., Any]) -> Callable[..., Any]:
+        hooked = original(func)
+
+        @functools.wraps(hooked)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            state["depth"] += 1
+            try:
+                out = hooked(*args, **kwargs)
+            finally:
+                state["depth"] -= 1
+            if state["depth"] == 0:  # an optimizer wrapping another counts once
+                after_optimizer_step(args[0])
+            return out
+
+        return step
+
+    module.Optimizer.profile_hook_step = staticmethod(profile_hook_step)

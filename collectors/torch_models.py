@@ -44,9 +44,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from opprof.errors import OpprofError
+from opprof.collectors.config import INPUT_SIZE, canonical_name
 
-INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32}
+__all__ = ["INPUT_SIZE", "build", "canonical_name", "layer_counts"]
 
 
 class LeNet5(nn.Module):
@@ -170,14 +170,6 @@ class ResNet(nn.Module):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
         return self.fc(torch.flatten(self.avgpool(out), 1))
-
-
-def canonical_name(name: str) -> str:
-    """``LeNet-5`` / ``resnet_18`` / ``ResNet18`` → the key used in INPUT_SIZE."""
-    key = name.lower().replace("-", "").replace("_", "")
-    if key not in INPUT_SIZE:
-        raise OpprofError(f"unknown model {name!r}; choose from {', '.join(INPUT_SIZE)}")
-    return key
 
 
 def build(name: str, num_classes: int) -> nn.Module:

@@ -164,7 +164,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     with pd.option_context("future.infer_string", False):
         raw = _raw_events(doc, rank, path)
-    # Clock alignment (opprof.collectors.torch_ddp): rank r's clock + offset = rank 0's.
+    # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
     offset = _int((meta.get("clock_offsets_ns") or {}).get(str(rank),
                                                            clock.get("offset_ns", 0)))

@@ -1,26 +1,35 @@
-"""opprof: operator-level profiler and trace analyzer for distributed deep-learning training."""
+"""opprof: operator-level profiler and trace analyzer for distributed deep-learning training.
+
+``import opprof`` is light (no pandas, no framework): the startup hook of ``opprof run`` imports
+it in every Python process a command starts. ``load``, ``save`` and ``Trace`` load the trace
+model on first use; ``profile`` is the explicit-control recording API.
+"""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
 
 from opprof.errors import OpprofError
 
 if TYPE_CHECKING:
+    from opprof.collectors.api import profile
     from opprof.loader import load
     from opprof.trace import Trace, save
 
-__all__ = ["OpprofError", "Trace", "__version__", "load", "save"]
-_LAZY = {"load": "opprof.loader", "Trace": "opprof.trace", "save": "opprof.trace"}
+__all__ = ["OpprofError", "Trace", "__version__", "load", "profile", "save"]
+_LAZY = {"load": "opprof.loader", "Trace": "opprof.trace", "save": "opprof.trace",
+         "profile": "opprof.collectors.api"}
 
 
 def __getattr__(name: str) -> Any:
-    """``load``, ``save`` and ``Trace`` are imported on first use (they bring in pandas and
-    pyarrow, which ``opprof --help`` and the workers' start do not need)."""
+    """``load``, ``save``, ``Trace`` and ``profile`` are imported on first use (they bring in
+    pandas and pyarrow, which ``opprof --help`` and the workers' start do not need)."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'opprof' has no attribute {name!r}")

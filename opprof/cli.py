@@ -13,8 +13,8 @@ from opprof.errors import OpprofError
 #: Command name → the module under opprof.commands defining it. A command's module (and
 #: what it needs: pandas, the frameworks for ``record``) is imported only when that command
 #: runs, so ``opprof report`` never imports torch, TensorFlow or MXNet.
-COMMANDS = {"record": "record", "import": "import_", "report": "report", "diff": "diff",
-            "export": "export", "bench": "bench"}
+COMMANDS = {"record": "record", "run": "run", "import": "import_", "report": "report",
+            "diff": "diff", "export": "export", "bench": "bench"}
 
 
 class LazyGroup(click.Group):
@@ -37,6 +37,7 @@ def cli() -> None:
 
     \b
     opprof record --fw mxnet --model resnet18     train under the native profiler, report
+    opprof run -- python train.py                 profile your own training command
     opprof report run.trace --by op --top 15      per-operator table
     opprof diff tf.trace mxnet.trace              what explains the step-time gap
     """

@@ -3,15 +3,17 @@ processes): per-rank traces, the servers' traces, comm per worker, phases summin
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("opprof.collectors.mxnet")  # MXNet is imported through its shim
+if importlib.util.find_spec("mxnet") is None:
+    pytest.skip("needs mxnet", allow_module_level=True)
 
 from opprof.analysis.breakdown import step_breakdown  # noqa: E402
 from opprof.analysis.report import build_report  # noqa: E402
-from opprof.collectors import RecordConfig, collector  # noqa: E402
+from opprof.collectors import RecordConfig, record  # noqa: E402
 from opprof.normalizers import normalize  # noqa: E402
 from tests.test_mxnet_normalizer import aggregate_mismatches  # noqa: E402
 from tests.test_mxnet_ps_failures import job_processes  # noqa: E402
@@ -23,7 +25,7 @@ def run_job(workdir: Path, mode: str):
     config = RecordConfig(fw="mxnet", model="lenet5", batch_size=8, steps=2, warmup=1,
                           timing_steps=1, workers=2, servers=1, mode=mode, timeout_s=120)
     seen: list[tuple[str, int, int]] = []
-    rec = collector("mxnet").record(config, workdir, lambda *a: seen.append(a))
+    rec = record(config, workdir, lambda *a: seen.append(a))
     return rec, normalize(rec.native, rec.meta), seen
 
 
@@ -86,24 +88,25 @@ def test_progress_is_relayed_from_worker_zero(job) -> None:
 
 
 def test_a_job_split_over_two_launchers_like_two_machines(tmp_path: Path) -> None:
-    """`opprof record --nnodes 2 --node-rank R --master-addr A --master-port P` (RecordConfig.extra)
+    """`opprof record --nnodes 2 --node-rank R --master-addr A --master-port P` (Rendezvous)
     spreads one job over one run per machine; here both "machines" are this one."""
     import threading
 
-    from opprof.collectors.mxnet_ps import free_port
+    from opprof.collectors import Rendezvous
+    from opprof.collectors.supervisor import free_port
 
     port = free_port()
-    parts = {name: {"nnodes": 2, "node_rank": i, "master_addr": "127.0.0.1", "master_port": port}
+    parts = {name: Rendezvous(nnodes=2, node_rank=i, master_addr="127.0.0.1", master_port=port)
              for i, name in enumerate(("a", "b"))}
     out: dict = {}
 
     def run(name: str) -> None:
         config = RecordConfig(fw="mxnet", model="lenet5", batch_size=8, steps=2, warmup=1,
                               timing_steps=1, workers=2, servers=1, mode="ps-sync",
-                              timeout_s=120, extra=parts[name])
+                              timeout_s=120, rendezvous=parts[name])
         (tmp_path / name).mkdir()
         try:
-            out[name] = collector("mxnet").record(config, tmp_path / name)
+            out[name] = record(config, tmp_path / name)
         except Exception as exc:  # reported below
             out[name] = exc
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ def quick_start_commands() -> list[str]:
                         re.S)
     assert blocks, "README has no tested quick-start block"
     return [ln.strip() for block in blocks for ln in block.splitlines()
-            if ln.strip().startswith("opprof ")]
+            if ln.strip().startswith(("opprof ", "python "))]
 
 
 def test_readme_has_the_two_setup_commands() -> None:
@@ -39,7 +41,13 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     for line in commands:
         line = line.replace("../shared/traces", str(SHARED_TRACES))
         line = re.sub(r"(?<![\w./])fixtures/", f"{REPO / 'fixtures'}/", line)
-        res = run_cli(*shlex.split(line)[1:], cwd=tmp_path, timeout=900)
+        line = line.replace("tests/scripts/", f"{REPO}/tests/scripts/")
+        args = [sys.executable if a == "python" else a for a in shlex.split(line)]
+        if args[0] == "opprof":
+            res = run_cli(*args[1:], cwd=tmp_path, timeout=900)
+        else:
+            res = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True,
+                                 timeout=900)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
         assert "Traceback" not in res.stderr
         if "--format json" in line:
@@ -47,5 +55,5 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
         if line.startswith("opprof diff"):
             assert "explains most of it" in " ".join(res.stdout.split())
     for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
-                 "nccl.trace", "resnet18.pftrace"):
+                 "nccl.trace", "resnet18.pftrace", "mine.trace", "ddp.trace", "api.trace"):
         assert (tmp_path / name).exists(), name

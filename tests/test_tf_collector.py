@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.collectors import RecordConfig
+from opprof.collectors import RecordConfig, record
 from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
 from tests.xprof_check import assert_totals_match_xprof
@@ -26,12 +26,11 @@ CONFIG = {"fw": "tf", "model": "lenet5", "batch_size": 8, "steps": 2, "warmup": 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One real recording (in this process), normalized; shared by every test here."""
-    from opprof.collectors import tf as tf_collector
     from opprof.normalizers import normalize
 
     workdir = tmp_path_factory.mktemp("tf-single")
     seen = []
-    rec = tf_collector.record(RecordConfig(**CONFIG), workdir,
+    rec = record(RecordConfig(**CONFIG), workdir,
                               lambda stage, done, total: seen.append((stage, done, total)))
     trace = normalize(rec.native, rec.meta)
     return workdir, rec, trace, seen
@@ -121,7 +120,5 @@ def test_op_totals_match_xprof_framework_op_stats(run) -> None:
     ({"steps": 0}, "steps must be at least 1"),
 ])
 def test_bad_configs_are_one_clear_error(change: dict, message: str, tmp_path: Path) -> None:
-    from opprof.collectors import tf as tf_collector
-
     with pytest.raises(OpprofError, match=message):
-        tf_collector.record(RecordConfig(**{**CONFIG, **change}), tmp_path)
+        record(RecordConfig(**{**CONFIG, **change}), tmp_path)

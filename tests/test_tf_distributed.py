@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.collectors import RecordConfig
+from opprof.collectors import Fault, RecordConfig, record
 from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
 from tests.xprof_check import assert_totals_match_xprof
@@ -29,16 +29,15 @@ CONFIG = {"fw": "tf", "model": "lenet5", "batch_size": 8, "steps": 2, "warmup": 
 def leftover_tasks(workdir: Path) -> list[str]:
     """Processes still running a task of this workdir (ps, independently of opprof)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if str(workdir) in ln and "collectors.tf" in ln]
+    return [ln for ln in out.splitlines() if str(workdir) in ln and "collectors.worker" in ln]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from opprof.collectors import tf as tf_collector
     from opprof.normalizers import normalize
 
     workdir = tmp_path_factory.mktemp("tf-allreduce")
-    rec = tf_collector.record(RecordConfig(**CONFIG), workdir)
+    rec = record(RecordConfig(**CONFIG), workdir)
     return workdir, rec, normalize(rec.native, rec.meta)
 
 
@@ -77,27 +76,23 @@ def test_totals_match_xprof_framework_op_stats_on_each_worker(run) -> None:
 
 
 def test_a_dead_worker_ends_the_run_with_one_clear_error(tmp_path: Path) -> None:
-    from opprof.collectors import tf as tf_collector
-
-    config = RecordConfig(**{**CONFIG, "extra": {
-        "inject_fault": {"task": "worker 1", "at": "warmup", "action": "exit"}}})
+    config = RecordConfig(**CONFIG, fault=Fault("worker 1", "warmup", "exit"))
     t0 = time.monotonic()
-    with pytest.raises(OpprofError, match=r"worker 1 exited with code 3 during the run") as err:
-        tf_collector.record(config, tmp_path)
+    with pytest.raises(OpprofError, match=r"tf allreduce: worker 1 exited with code 3 during "
+                                          r"warmup \(0/1 steps done\)") as err:
+        record(config, tmp_path)
     assert time.monotonic() - t0 < config.timeout_s
-    assert "all 2 tasks stopped" in str(err.value) and "\n" not in str(err.value)
+    assert "stopped the other processes" in str(err.value) and "\n" not in str(err.value)
     assert "no profile was recorded" in str(err.value)
     assert leftover_tasks(tmp_path) == []
 
 
 def test_a_hung_worker_ends_the_run_at_the_timeout(tmp_path: Path) -> None:
-    from opprof.collectors import tf as tf_collector
-
-    config = RecordConfig(**{**CONFIG, "timeout_s": 25, "extra": {
-        "inject_fault": {"task": "worker 1", "at": "setup", "action": "hang"}}})
+    config = RecordConfig(**{**CONFIG, "timeout_s": 25},
+                          fault=Fault("worker 1", "setup", "hang"))
     t0 = time.monotonic()
-    with pytest.raises(OpprofError, match=r"timed out after 25s .*waiting for worker 0, "
-                                          r"worker 1 \(hung\?\)"):
-        tf_collector.record(config, tmp_path)
+    with pytest.raises(OpprofError, match=r"tf allreduce: worker 0 and worker 1 hung in "
+                                          r"start-up and the run passed its 25s limit"):
+        record(config, tmp_path)
     assert time.monotonic() - t0 < config.timeout_s + 10
     assert leftover_tasks(tmp_path) == []

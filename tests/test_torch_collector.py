@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from opprof.collectors import RecordConfig, collector  # noqa: E402
+from opprof.collectors import RecordConfig, record  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
 
 PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
@@ -22,7 +22,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory):
     config = RecordConfig(fw="torch", model="lenet5", batch_size=8, steps=2, warmup=1,
                           timing_steps=1, command="opprof record --fw torch --model lenet5")
     seen: list[tuple[str, int, int]] = []
-    rec = collector("torch").record(config, workdir, lambda *a: seen.append(a))
+    rec = record(config, workdir, lambda *a: seen.append(a))
     return workdir, rec, seen
 
 
@@ -90,11 +90,11 @@ def test_meta(recorded) -> None:
 def test_unsupported_modes(tmp_path: Path, changes: dict, message: str) -> None:
     config = RecordConfig(fw="torch", model="lenet5", **changes)
     with pytest.raises(OpprofError, match=message):
-        collector("torch").record(config, tmp_path)
+        record(config, tmp_path)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_cuda_without_gpu(tmp_path: Path) -> None:
     config = RecordConfig(fw="torch", model="lenet5", device="cuda")
     with pytest.raises(OpprofError, match="no CUDA GPU"):
-        collector("torch").record(config, tmp_path)
+        record(config, tmp_path)

@@ -18,9 +18,8 @@ pytest.importorskip("torch")
 
 from opprof.analysis.ops import native_totals  # noqa: E402
 from opprof.analysis.ranks import rank_analysis  # noqa: E402
-from opprof.collectors import RecordConfig, collector  # noqa: E402
-from opprof.collectors.launch import free_port  # noqa: E402
-from opprof.collectors.torch_ddp import rendezvous  # noqa: E402
+from opprof.collectors import Fault, RecordConfig, Rendezvous, check, record  # noqa: E402
+from opprof.collectors.supervisor import free_port  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
 from opprof.loader import load  # noqa: E402
 from opprof.normalizers import normalize  # noqa: E402
@@ -61,7 +60,7 @@ def test_meta_describes_the_job(ddp) -> None:
     out, _ = ddp
     m = load(out).meta
     assert (m["workers"], m["mode"], m["backend"], m["nnodes"]) == (2, "allreduce", "gloo", 1)
-    assert m["master"].startswith("127.0.0.1:")  # loopback only
+    assert m["master"].startswith("127.0.0.1:") and m["launcher"] == "torchrun"  # loopback
     assert m["samples_per_s"] == pytest.approx(2 * 8 / (m["unprofiled_step_ns"] / 1e9))
     assert [r["rank"] for r in m["per_rank"]] == [0, 1]
     assert len({r["pid"] for r in m["per_rank"]}) == 2  # one process per rank
@@ -137,8 +136,8 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
 def test_measured_clock_offsets_are_applied_when_asked(tmp_path: Path) -> None:
     config = RecordConfig(fw="torch", model="lenet5", batch_size=8, steps=1, warmup=0,
                           timing_steps=1, workers=2, mode="allreduce", timeout_s=240,
-                          extra={"clock_sync": "always"})
-    rec = collector("torch").record(config, tmp_path)
+                          rendezvous=Rendezvous(clock_sync="always"))
+    rec = record(config, tmp_path)
     offset, err = rec.meta["clock_offsets_ns"]["1"], rec.meta["clock_error_ns"]["1"]
     assert offset == rec.meta["clock_sync"]["measured_offsets_ns"]["1"]
     assert 0 < err and abs(offset) <= err  # one machine: the true offset, 0, is within it
@@ -150,16 +149,16 @@ def test_measured_clock_offsets_are_applied_when_asked(tmp_path: Path) -> None:
 
 
 def test_rendezvous_options_are_checked() -> None:
-    def cfg(**extra):
-        return RecordConfig(fw="torch", model="lenet5", workers=4, mode="allreduce", extra=extra)
+    def cfg(**rv):
+        return RecordConfig(fw="torch", model="lenet5", workers=4, mode="allreduce",
+                            rendezvous=Rendezvous(**rv))
 
-    assert rendezvous(cfg()) == {"master_addr": "127.0.0.1", "master_port": 0, "nnodes": 1,
-                                 "node_rank": 0}
-    for extra, msg in [({"nnodes": 2}, "needs --master-port"),
-                       ({"nnodes": 3, "master_port": 1234}, "split evenly"),
-                       ({"nnodes": 2, "node_rank": 2, "master_port": 1234}, "--node-rank 2")]:
+    check(cfg())
+    for rv, msg in [({"nnodes": 2}, "needs --master-port"),
+                    ({"nnodes": 3, "master_port": 1234}, "split evenly"),
+                    ({"nnodes": 2, "node_rank": 2, "master_port": 1234}, "--node-rank 2")]:
         with pytest.raises(OpprofError, match=msg):
-            rendezvous(cfg(**extra))
+            check(cfg(**rv))
 
 
 def _ours(workdir: Path) -> list[str]:
@@ -179,17 +178,18 @@ def _ours(workdir: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("how, message", [
-    ("exit", r"rank 1 exited with code 3 during warmup \(0/1 steps done\)"),
-    ("hang", r"rank 1 hung in warmup \(0/1 steps done\) and the run passed its 30s limit"),
+    ("exit", r"torch allreduce: rank 1 exited with code 3 during warmup \(0/1 steps done\)"),
+    ("hang", r"torch allreduce: rank 1 hung in warmup \(0/1 steps done\) and the run passed "
+             r"its 30s limit"),
 ])
 def test_a_failing_rank_ends_the_run(tmp_path: Path, how: str, message: str) -> None:
     timeout = 30.0
     config = RecordConfig(fw="torch", model="lenet5", batch_size=8, steps=2, warmup=1,
                           timing_steps=1, workers=2, mode="allreduce", timeout_s=timeout,
-                          extra={"fail_rank": 1, "fail_how": how})
+                          fault=Fault("rank 1", "warmup", how))
     t0 = time.monotonic()
     with pytest.raises(OpprofError, match=message) as err:
-        collector("torch").record(config, tmp_path)
+        record(config, tmp_path)
     assert time.monotonic() - t0 < timeout + 15
     assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
     assert (tmp_path / "rank1.log").exists()  # what the ranks wrote stays

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ops import native_totals, op_table
-from opprof.collectors import RecordConfig, collector
+from opprof.collectors import RecordConfig, record
 from opprof.normalizers import normalize
 from opprof.taxonomy import PHASES
 from tests.conftest import FIXTURES, native_x_events
@@ -30,7 +30,7 @@ def run(request, tmp_path_factory):
         workdir = tmp_path_factory.mktemp(f"kavg-{request.param}")
         cfg = RecordConfig(fw="torch", model=request.param, batch_size=4, steps=2, warmup=1,
                            timing_steps=1)
-        rec = collector("torch").record(cfg, workdir, lambda *a: None)
+        rec = record(cfg, workdir, lambda *a: None)
         trace = normalize(rec.native, rec.meta)
         native_path, kavg_path = rec.native[0], workdir / "rank0.key_averages.json"
     native = native_x_events(native_path)

@@ -30,15 +30,15 @@ import pandas as pd
 
 from opprof.analysis.matrix import Run, compare, summarize
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
+from opprof.collectors.config import REQUIRES, SUPPORTED_MODES, Framework
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
 from opprof.render.console import bench_tables, render
 from opprof.render.mdfmt import md_table
 from opprof.trace import read_parquet
 
-#: Modes per framework when its collector module does not say (``SUPPORTED_MODES``).
-KNOWN_MODES = {"torch": ("single", "allreduce"), "tf": ("single", "allreduce", "ps-async"),
-               "mxnet": ("single", "ps-sync", "ps-async")}
+#: Modes per framework.
+KNOWN_MODES = {fw.value: tuple(m.value for m in modes) for fw, modes in SUPPORTED_MODES.items()}
 PROBE_TIMEOUT_S = 300
 RUN_MARGIN_S = 180  # start-up and normalization on top of the recording's own --timeout
 
@@ -100,8 +100,8 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
       opprof bench --fw torch,mxnet --model lenet5 --workers 1,2 --steps 3 -o bench --resume
     """
     output.mkdir(parents=True, exist_ok=True)
-    base = RecordConfig(fw="", model="", dataset=dataset, batch_size=batch_size, steps=steps,
-                        warmup=warmup, timing_steps=timing_steps, servers=servers,
+    base = RecordConfig(fw="torch", model="lenet5", dataset=dataset, batch_size=batch_size,
+                        steps=steps, warmup=warmup, timing_steps=timing_steps, servers=servers,
                         timeout_s=timeout_s)
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
         return KNOWN_MODES.get(fw, ("single",)), ""
@@ -133,7 +133,8 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
             except OpprofError as exc:
                 run.status, run.reason = "failed", str(exc)
     table, ratios = compare(runs, top)
-    config = {k: v for k, v in asdict(base).items() if k not in ("fw", "model", "extra")}
+    config = {k: v for k, v in asdict(base).items()
+              if k not in ("fw", "model", "rendezvous", "fault")}
     write_outputs(output, runs, table, ratios, config)
     click.echo(render(*bench_tables(table, ratios)).rstrip("\n"))
     click.echo(f"wrote {output}/bench.md, bench.csv, bench.json and "
@@ -141,13 +142,14 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
 
 
 def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
-    """(modes the framework's collector records, why not when None): the collector module is
+    """(modes the framework's collector records, why not when None): the framework is
     imported in a subprocess, so a broken framework install cannot crash the bench."""
-    name = f"opprof.collectors.{fw}"
-    if importlib.util.find_spec(name) is None:
-        return None, f"no collector {name} yet"
-    code = (f"import importlib, json; m = importlib.import_module({name!r}); "
-            f"print(json.dumps(getattr(m, 'SUPPORTED_MODES', None)))")
+    missing = [m for m in REQUIRES[Framework(fw)] if importlib.util.find_spec(m) is None]
+    if missing:
+        return None, f"--fw {fw} needs {', '.join(missing)}, which is not installed"
+    name = REQUIRES[Framework(fw)][0]
+    code = {"torch": "import torch", "tf": "import tensorflow, xprof",
+            "mxnet": "from opprof.collectors.mxnet import import_mxnet; import_mxnet()"}[fw]
     try:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
@@ -155,8 +157,7 @@ def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
         return None, f"importing {name} took over {PROBE_TIMEOUT_S} s"
     if res.returncode != 0:
         return None, f"{name} does not import: {_last_line(res.stderr)}"
-    declared = json.loads(res.stdout.strip().splitlines()[-1] or "null")
-    return tuple(declared or KNOWN_MODES.get(fw, ("single",))), ""
+    return KNOWN_MODES[fw], ""
 
 
 def plan(fws: list[str], models: list[str], workers: list[int], modes: list[str],
@@ -181,15 +182,13 @@ def plan(fws: list[str], models: list[str], workers: list[int], modes: list[str]
 def execute(run: Run, base: RecordConfig, folder: Path) -> None:
     """Record one run in a subprocess (``python -m opprof.commands.bench``); its output goes
     to ``logs/NAME.log``, its error line into ``run.reason``."""
-    config = RecordConfig(**{**asdict(base), "fw": run.fw, "model": run.model,
-                             "workers": run.workers, "mode": run.mode,
-                             "command": f"opprof bench ({run.name})"})
+    config = base.replace(fw=run.fw, model=run.model, workers=run.workers, mode=run.mode,
+                          command=f"opprof bench ({run.name})")
     trace = folder / f"{run.name}.trace"
     trace.unlink(missing_ok=True)
     log = folder / "logs" / f"{run.name}.log"
     log.parent.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "opprof.commands.bench", json.dumps(asdict(config)),
-           str(trace)]
+    cmd = [sys.executable, "-m", "opprof.commands.bench", config.to_json(), str(trace)]
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -250,7 +249,7 @@ def _run_one(argv: list[str]) -> None:
     """Subprocess entry: record one combination through `opprof record`'s code path."""
     from opprof.commands.record import record_trace
 
-    config = RecordConfig(**json.loads(argv[0]))
+    config = RecordConfig.from_json(argv[0])
     try:
         trace = record_trace(config, Path(argv[1]))
     except OpprofError as exc:

@@ -15,16 +15,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from opprof import __version__
 from opprof.analysis.report import build_report
-from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig, collector, no_progress
-from opprof.collectors import Progress as ProgressFn
+from opprof.collectors import (
+    FRAMEWORKS,
+    MODELS,
+    MODES,
+    Framework,
+    RecordConfig,
+    Rendezvous,
+    no_progress,
+    record,
+)
+from opprof.collectors import (
+    Progress as ProgressFn,
+)
+from opprof.collectors.config import DEFAULT_MODE
 from opprof.collectors.gpu import require_cuda, require_nsys
+from opprof.collectors.jobs import CONFIG_FILE
 from opprof.commands import echo_output, format_option, top_option
 from opprof.errors import OpprofError
 from opprof.normalizers import normalize
 from opprof.render import renderer
 from opprof.trace import Trace, save
-
-DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
 
 
 @click.command("record")
@@ -88,20 +99,20 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
                           "yet; run your script under `nsys profile -t cuda,nvtx` and "
                           "`opprof import report.nsys-rep`")
     if mode is None:
-        mode = "single" if workers == 1 else DEFAULT_MODE[fw]
+        mode = "single" if workers == 1 else DEFAULT_MODE[Framework(fw)].value
     if workers > 1 and mode == "single":
         raise OpprofError("--mode single runs one worker; pick allreduce, ps-sync or ps-async")
     output = output or Path(f"{model}-{fw}.trace")
-    rendezvous = {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
-                  "master_port": master_port,
-                  "cluster": [h.strip() for h in cluster.split(",") if h.strip()]
-                  if cluster else None}
+    given = {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
+             "master_port": master_port,
+             "cluster": tuple(h.strip() for h in cluster.split(",") if h.strip())
+             if cluster else None}
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
         device=device, seed=seed, timeout_s=timeout_s,
         command=shlex.join(["opprof", *sys.argv[1:]]),
-        extra={k: v for k, v in rendezvous.items() if v is not None},
+        rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
     )
     with _progress() as progress:
         tasks: dict[str, int] = {}
@@ -125,14 +136,13 @@ def record_trace(config: RecordConfig, output: Path,
     native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native_dir.exists():
         shutil.rmtree(native_dir)
-    module = collector(config.fw)
     native_dir.mkdir(parents=True)
     t0 = time.perf_counter()
     try:
-        recording = module.record(config, native_dir, progress)
+        recording = record(config, native_dir, progress)
     except BaseException:
-        if not any(native_dir.iterdir()):  # refused before writing anything: leave no trace
-            native_dir.rmdir()
+        if not any(f.is_file() and f.name != CONFIG_FILE for f in native_dir.rglob("*")):
+            shutil.rmtree(native_dir)  # refused before writing anything: leave no trace
         raise
     meta = dict(recording.meta)
     meta.setdefault("command", config.command)

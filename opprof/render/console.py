@@ -45,9 +45,10 @@ def _header(meta: dict) -> Text:
             ("workers", "workers "), ("mode", "mode "), ("device", "")]
     parts = [f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, "")]
     text = Text("opprof report  ", style="bold") + Text("  ·  ".join(parts))
-    if meta.get("samples_per_s"):
-        text += Text(f"\nunprofiled: {ms(meta.get('unprofiled_step_ns'))} ms/step, "
-                     f"{meta['samples_per_s']:,.1f} samples/s")
+    if meta.get("unprofiled_step_ns"):
+        text += Text(f"\nunprofiled: {ms(meta.get('unprofiled_step_ns'))} ms/step"
+                     + (f", {meta['samples_per_s']:,.1f} samples/s"
+                        if meta.get("samples_per_s") else ""))
     return text
 
 

@@ -12,7 +12,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--fail-at", type=int, default=-1)
-parser.add_argument("--kvstore", default="device")  # dist_sync under a DMLC launcher
+parser.add_argument("--kvstore", default="device", help="dist_sync in a parameter-server job")
 args = parser.parse_args()
 
 mx.random.seed(0)

@@ -1,0 +1,149 @@
+"""``opprof.profile()``: the runner under a script's own control — the script says where each
+training step ends (``prof.step()``), opprof does the rest (warm-up, timing, profiled steps,
+native trace, `.trace`).
+
+::
+
+    with opprof.profile(steps=5, warmup=2, output="mine.trace") as prof:
+        for batch in loader:
+            ...train...
+            prof.step()
+
+The framework is the one the script imported (``fw=`` when it imported several). The native
+trace goes to ``OUTPUT-STEM.native/`` and, when the block ends, ``output`` is written and one
+line says so. In a job of several processes (``WORLD_SIZE`` > 1) every rank writes its native
+trace there and rank 0 merges those that finished into ``output``. Under ``opprof run`` the
+script's ``prof.step()`` replaces the automatic step counting in that process, and ``opprof
+run`` writes the `.trace` of the whole command.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from opprof.collectors import channel, inject
+from opprof.collectors.config import Framework, Protocol
+from opprof.collectors.runner import Runner
+from opprof.errors import OpprofError, first_line
+
+_MODULES = {Framework.TORCH: "torch", Framework.TF: "tensorflow", Framework.MXNET: "mxnet"}
+MERGE_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' traces
+
+
+class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)``
+    """Profile the steps a script marks with :meth:`step` (see the module docstring)."""
+
+    def __init__(self, steps: int = 5, warmup: int = 2, output: str | os.PathLike = "profile.trace",
+                 *, timing_steps: int = 3, fw: str = "auto") -> None:
+        self.protocol = Protocol(steps, warmup, timing_steps)
+        self.protocol.check()
+        self.output = Path(output)
+        self.fw = fw
+        self.runner: Runner | None = None
+        self.trace: Any = None  # the written Trace, when this process wrote one
+
+    @property
+    def native(self) -> Path:
+        """The folder of the native traces."""
+        folder = inject.run_folder()
+        return folder if folder is not None else self.output.with_name(
+            self.output.name.removesuffix(".trace") + ".native")
+
+    def __enter__(self) -> profile:
+        fw = _framework(self.fw)
+        folder = self.native
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if inject.run_folder() is None and world <= 1 and folder.exists():
+            shutil.rmtree(folder)
+        self.runner = Runner(_adapter(fw, self.protocol), self.protocol, folder,
+                             extra={"api": "opprof.profile", "session": _session()})
+        if inject.run_folder() is not None:
+            inject.explicit(self.runner)
+        self.runner.begin()
+        return self
+
+    def step(self) -> None:
+        """A training step just ended."""
+        if self.runner is None:
+            raise OpprofError("prof.step() outside `with opprof.profile(...) as prof:`")
+        self.runner.step()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        runner = self.runner
+        assert runner is not None
+        if not runner.finished:
+            why = (f"{kind.__name__}: {first_line(value)}" if kind is not None and value
+                   else "the profiled block ended")
+            runner.close(why)
+        if inject.run_folder() is None and (runner.facts.rank or 0) == 0:
+            self._merge(runner)
+
+    def _merge(self, runner: Runner) -> None:
+        """Write ``output`` from the native traces of this session's processes."""
+        from opprof.collectors.jobs import command_recording
+        from opprof.normalizers import normalize
+        from opprof.trace import save
+
+        folder = self.native
+        session = runner.facts.extra.get("session")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        end = time.monotonic() + MERGE_WAIT_S
+        while world > 1 and time.monotonic() < end:
+            mine = [s for s in channel.read_all(folder) if s.extra.get("session") == session]
+            if len(mine) >= world and all(s.stage == "done" or s.ended for s in mine):
+                break
+            time.sleep(0.2)
+        rec = command_recording(folder, shlex.join([sys.executable, *sys.argv]), session)
+        if not rec.native:
+            print(f"opprof: the profiled steps were not reached ({runner.facts.ended}); "
+                  f"nothing written to {self.output}", file=sys.stderr)
+            return
+        self.trace = normalize(rec.native, {**rec.meta, "native_dir": str(folder)})
+        save(self.trace, self.output)
+        print(f"opprof: wrote {self.output} ({len(self.trace.ranks)} rank(s), "
+              f"{runner.facts.profiled_steps} profiled step(s)); see `opprof report "
+              f"{self.output}`", file=sys.stderr)
+
+
+def _framework(fw: str) -> Framework:
+    if fw != "auto":
+        return Framework(fw)
+    loaded = [f for f, module in _MODULES.items() if module in sys.modules]
+    if len(loaded) != 1:
+        raise OpprofError(
+            "opprof.profile(): import the framework you train with first" if not loaded else
+            f"opprof.profile(): {', '.join(map(str, loaded))} are all imported; say which "
+            "one trains with fw=")
+    return loaded[0]
+
+
+def _adapter(fw: Framework, protocol: Protocol) -> Any:
+    if fw == Framework.TORCH:
+        import torch
+
+        from opprof.collectors.torch import TorchAdapter
+
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+        return TorchAdapter(protocol.steps, device)
+    if fw == Framework.TF:
+        from opprof.collectors.tf import TFAdapter
+
+        return TFAdapter()
+    from opprof.collectors.mxnet import MXNetAdapter
+
+    return MXNetAdapter()
+
+
+def _session() -> str:
+    """What the processes of one job share (torchrun's run id, the rendezvous address)."""
+    return (os.environ.get("TORCHELASTIC_RUN_ID")
+            or f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+            if os.environ.get("WORLD_SIZE", "1") != "1" else str(os.getpid()))

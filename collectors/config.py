@@ -1,0 +1,362 @@
+"""Typed configuration of a recording, shared by `record`, `run` and `opprof.profile()`; imports
+no framework, so `--fw tf` works where torch is not installed.
+
+* closed sets are enums: :class:`Framework`, :class:`Mode`, :class:`Device`, :class:`Role`;
+* the built-in models' shared facts (names, input sizes) live here, not in a framework module;
+* :class:`Rendezvous` is where a multi-worker job meets (torchrun / DMLC / TF_CONFIG terms);
+* :class:`Protocol` is what the runner does in every process (warm-up, timing, profiled
+  steps); :class:`RecordConfig` adds what `record` builds (model, data, cluster shape);
+* :class:`Facts` is what one process reports about itself (its status file), and
+  :func:`job_meta` turns the facts of every process into the `.trace` metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from opprof.errors import OpprofError
+
+
+class Framework(str, Enum):
+    """A deep-learning framework opprof records."""
+
+    TORCH = "torch"
+    TF = "tf"
+    MXNET = "mxnet"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Mode(str, Enum):
+    """How the workers of a job train together."""
+
+    SINGLE = "single"
+    ALLREDUCE = "allreduce"
+    PS_SYNC = "ps-sync"
+    PS_ASYNC = "ps-async"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Device(str, Enum):
+    """Where the training runs."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Role(str, Enum):
+    """What a process of a job is (the `.trace` role column)."""
+
+    WORKER = "worker"
+    SERVER = "server"
+    SCHEDULER = "scheduler"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FRAMEWORKS = tuple(f.value for f in Framework)
+MODES = tuple(m.value for m in Mode)
+#: The modes each framework records, and the reason for the ones it cannot.
+SUPPORTED_MODES: dict[Framework, tuple[Mode, ...]] = {
+    Framework.TORCH: (Mode.SINGLE, Mode.ALLREDUCE),
+    Framework.TF: (Mode.SINGLE, Mode.ALLREDUCE, Mode.PS_ASYNC),
+    Framework.MXNET: (Mode.SINGLE, Mode.PS_SYNC, Mode.PS_ASYNC),
+}
+#: The multi-worker mode a framework's users usually mean.
+DEFAULT_MODE = {Framework.TORCH: Mode.ALLREDUCE, Framework.TF: Mode.ALLREDUCE,
+                Framework.MXNET: Mode.PS_SYNC}
+
+#: The modules each framework's adapter needs importable.
+REQUIRES = {Framework.TORCH: ("torch",), Framework.TF: ("tensorflow", "xprof"),
+            Framework.MXNET: ("mxnet",)}
+
+
+def require_installed(fw: Framework) -> None:
+    """An OpprofError naming the missing package when framework ``fw`` is not installed
+    (checked without importing it)."""
+    import importlib.util
+
+    for name in REQUIRES[Framework(fw)]:
+        if importlib.util.find_spec(name) is None:
+            raise OpprofError(f"--fw {fw} needs {name}, which is not installed: "
+                              f"pip install -e '.[{fw}]' -c constraints.txt")
+
+
+# ------------------------------------------------------------------ the built-in models
+
+#: Input side (pixels) of each built-in model; the model docstrings are in torch_models.py.
+INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32}
+MODELS = tuple(INPUT_SIZE)
+
+
+def canonical_name(name: str) -> str:
+    """``LeNet-5`` / ``resnet_18`` / ``ResNet18`` → the key used in INPUT_SIZE."""
+    key = name.lower().replace("-", "").replace("_", "")
+    if key not in INPUT_SIZE:
+        raise OpprofError(f"unknown model {name!r}; choose from {', '.join(INPUT_SIZE)}")
+    return key
+
+
+# ------------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the processes of a job meet. On one machine everything is loopback and a free
+    port; on several, every host runs the same command with its own ``node_rank``."""
+
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: a free port picked at run time (one machine only)
+    nnodes: int = 1
+    node_rank: int = 0
+    cluster: tuple[str, ...] = ()  # TF on several hosts: every worker's HOST:PORT, in order
+    clock_sync: str = "auto"  # torch: auto (offsets for other machines) | always | off
+
+    def check(self, workers: int, split_evenly: bool) -> None:
+        """One clear error for settings that cannot work."""
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise OpprofError(f"--node-rank {self.node_rank} must be in 0..{self.nnodes - 1} "
+                              f"(--nnodes {self.nnodes})")
+        if not 0 <= self.master_port < 65536:
+            raise OpprofError(f"--master-port {self.master_port} is not a TCP port")
+        if self.nnodes > 1 and not self.master_port and not self.cluster:
+            raise OpprofError(f"--nnodes {self.nnodes} needs --master-port (the same on every "
+                              "node)")
+        if split_evenly and workers % self.nnodes:
+            raise OpprofError(f"--workers {workers} (the whole job's ranks) must split "
+                              f"evenly over --nnodes {self.nnodes}")
+        if self.clock_sync not in ("auto", "always", "off"):
+            raise OpprofError(f"clock sync {self.clock_sync!r}: choose auto, always or off")
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the job stays on this machine's loopback interface."""
+        return self.master_addr.startswith(("127.", "localhost", "::1")) and not self.cluster
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What the runner does in every process: ``warmup`` unprofiled steps, ``timing_steps``
+    unprofiled timed steps (their mean is the unprofiled step time, so the profiler's own
+    overhead is known), then ``steps`` profiled steps."""
+
+    steps: int = 5
+    warmup: int = 2
+    timing_steps: int = 3
+
+    def check(self, *, min_warmup: int = 0, min_timing: int = 0) -> None:
+        for name, value, low in (("steps", self.steps, 1), ("warmup", self.warmup, min_warmup),
+                                 ("timing_steps", self.timing_steps, min_timing)):
+            if value < low:
+                raise OpprofError(f"{name} must be at least {low}, got {value}")
+
+    @property
+    def unprofiled(self) -> int:
+        """Steps a process runs before the profiler starts."""
+        return self.warmup + self.timing_steps
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Test-only: make one process die (``exit``: code 3) or hang when it reaches a stage
+    (``setup``, ``warmup``, ``timing``, ``profile``, ``write``). ``who`` is a process label:
+    ``rank 1``, ``worker 1``, ``server 0``, ``scheduler``."""
+
+    who: str
+    at: str = "warmup"
+    action: str = "exit"
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """What `opprof record` records: one framework, model, data set and cluster shape."""
+
+    fw: Framework
+    model: str
+    dataset: str = "synthetic-cifar10"
+    batch_size: int = 32
+    steps: int = 5
+    warmup: int = 2
+    timing_steps: int = 3
+    workers: int = 1
+    servers: int = 1
+    mode: Mode = Mode.SINGLE
+    device: Device = Device.CPU
+    seed: int = 0
+    command: str = ""
+    timeout_s: float = 600.0
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    fault: Fault | None = None
+
+    def __post_init__(self) -> None:
+        for name, enum in (("fw", Framework), ("mode", Mode), ("device", Device)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, enum(value))
+            except ValueError:
+                choices = ", ".join(e.value for e in enum)
+                raise OpprofError(f"unknown {name} {value!r}; choose from {choices}") from None
+        if isinstance(self.rendezvous, dict):
+            rv = dict(self.rendezvous)
+            rv["cluster"] = tuple(rv.get("cluster") or ())
+            object.__setattr__(self, "rendezvous", Rendezvous(**rv))
+        if isinstance(self.fault, dict):
+            object.__setattr__(self, "fault", Fault(**self.fault))
+
+    @property
+    def protocol(self) -> Protocol:
+        return Protocol(self.steps, self.warmup, self.timing_steps)
+
+    def to_json(self) -> str:
+        """The configuration as JSON (enums as their values), for the worker processes."""
+        return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> RecordConfig:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def replace(self, **changes: Any) -> RecordConfig:
+        """A copy with some fields changed."""
+        return RecordConfig(**{**{f.name: getattr(self, f.name) for f in fields(self)},
+                               **changes})
+
+
+# ------------------------------------------------------------------ what a process reports
+
+
+@dataclass
+class Facts:
+    """What one profiled process says about itself: its status file while it runs, its facts
+    when it is done. ``extra`` holds what only one framework knows (clock offsets, kvstore)."""
+
+    pid: int
+    host: str
+    label: str  # how the supervisor names it: "rank 1", "server 0", "pid 4242"
+    role: Role = Role.WORKER
+    rank: int | None = None
+    framework: str = ""
+    framework_version: str = ""
+    stage: str = "start"
+    done: int = 0  # steps done in this stage
+    total: int = 0  # steps this stage has
+    steps_seen: int = 0
+    warmup: int = 0
+    timing_steps: int = 0
+    profiled_steps: int = 0  # profiled steps completed
+    profiled_target: int = 0
+    unprofiled_step_ns: int | None = None
+    profiled_wall_ns: int | None = None
+    threads: Any = None
+    native: list[str] = field(default_factory=list)
+    ended: str | None = None  # why the process stopped early (an exception, a signal)
+    error: str | None = None  # the one-line error a failing process gives
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> Facts:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        facts = cls(**{k: v for k, v in data.items() if k in known})
+        facts.role = Role(facts.role)
+        return facts
+
+    @property
+    def where(self) -> str:
+        """``warmup (1/2 steps done)``, ``start-up``, ``shut-down``."""
+        if self.stage in ("start", "setup"):
+            return "start-up"
+        if self.stage == "done":
+            return "shut-down"
+        if self.stage == "clock":
+            return "clock sync"
+        return f"{self.stage} ({self.done}/{self.total} steps done)"
+
+
+#: Facts one process may know for the whole job (the first process that has one gives it).
+JOB_FACTS = ("backend", "kvstore", "optimizer", "strategy", "batch_size", "scheduled_steps",
+             "unprofiled_step_note")
+
+
+def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
+    """The `.trace` metadata of a job from the facts of its processes and what the job itself
+    knows (``job``: model, dataset, mode, command …, which win)."""
+    facts = sorted(facts, key=lambda f: (f.role != Role.WORKER, f.rank is None, f.rank or 0))
+    workers = [f for f in facts if f.role == Role.WORKER]
+    lead = facts[0] if facts else None
+    timed = ([f.unprofiled_step_ns for f in workers if f.unprofiled_step_ns]
+             or [f.unprofiled_step_ns for f in facts if f.unprofiled_step_ns])
+    step_ns = int(sum(timed) / len(timed)) if timed else None
+    meta: dict[str, Any] = {}
+    if lead is not None:
+        meta.update({"framework": lead.framework, "framework_version": lead.framework_version,
+                     "warmup_steps": lead.warmup, "timing_steps": lead.timing_steps,
+                     "profiled_steps": lead.profiled_target, "threads": lead.threads})
+        shared = ("params", "layers", "input_size", "num_classes", "model", "dataset",
+                  "device", "seed")
+        meta.update({k: lead.extra[k] for k in shared if k in lead.extra})
+    for key in JOB_FACTS:
+        value = next((f.extra[key] for f in facts if f.extra.get(key) is not None), None)
+        if value is not None:
+            meta[key] = value
+    clocks = {str(f.rank): f.extra["clock"] for f in workers if f.extra.get("clock")}
+    if clocks:
+        meta.update(clock_meta(clocks))
+    if str(meta.get("kvstore", "")).startswith("dist"):
+        # A PS worker pushes every gradient and pulls every weight once per step; MXNet's
+        # trace does not say which array an operator moved, so this is per step (the
+        # normalizer puts it on the step's comm windows).
+        meta["comm_bytes_per_step"] = {str(f.rank): 2 * int(f.extra.get("param_bytes", 0))
+                                       for f in workers}
+    meta.update({
+        "workers": len(workers),
+        "servers": sum(f.role == Role.SERVER for f in facts),
+        "hosts": sorted({f.host for f in facts}),
+        "unprofiled_step_ns": step_ns,
+        "unprofiled_step_ns_per_rank": {str(f.rank): f.unprofiled_step_ns for f in workers},
+        "profiled_wall_ns": max((f.profiled_wall_ns or 0 for f in workers), default=0) or None,
+        "rank_pids": {str(f.rank): f.pid for f in workers},
+        "tasks": [{"role": str(f.role), "task": f.label.replace(" ", ""), "rank": f.rank}
+                  for f in facts],
+        "per_rank": [{"rank": f.rank, "role": str(f.role), "host": f.host, "pid": f.pid,
+                      "unprofiled_step_ns": f.unprofiled_step_ns,
+                      "profiled_wall_ns": f.profiled_wall_ns, "threads": f.threads,
+                      "steps_seen": f.steps_seen, "profiled_steps": f.profiled_steps,
+                      **({"ended": f.ended} if f.ended else {})} for f in facts],
+    })
+    meta.update(job)
+    batch = meta.get("batch_size")
+    if step_ns and batch and meta["workers"]:
+        meta["samples_per_s"] = int(meta["workers"]) * int(batch) / (step_ns / 1e9)
+    return meta
+
+
+def clock_meta(clocks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The job metadata of the ranks' clock syncs (rank → what each rank measured and applied:
+    ``offset_ns``, ``error_ns``, ``measured_offset_ns``, ``measured_error_ns``, ``machine``,
+    ``policy``, ``method``)."""
+    first = next(iter(clocks.values()))
+    return {
+        "clock_offsets_ns": {r: c["offset_ns"] for r, c in clocks.items()},
+        "clock_error_ns": {r: c["error_ns"] for r, c in clocks.items()},
+        "clock_sync": {"method": first.get("method", ""), "policy": first.get("policy", ""),
+                       "measured_offsets_ns": {r: c["measured_offset_ns"]
+                                               for r, c in clocks.items()},
+                       "measured_error_ns": {r: c["measured_error_ns"]
+                                             for r, c in clocks.items()},
+                       "machines": {r: c["machine"] for r, c in clocks.items()}},
+    }

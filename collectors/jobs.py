@@ -1,0 +1,360 @@
+"""`record`'s jobs: which processes a recording starts for each framework and mode, under the
+one supervisor, and the Recording they leave (native traces + metadata). Imports no framework:
+only the processes it starts do.
+
+Every process runs ``python -m opprof.collectors.worker`` (the built-in model under the
+runner), started the way that framework's users start a job:
+
+* torch: one process, or torchrun (``python -m torch.distributed.run``) with a static
+  rendezvous (``--nnodes --node-rank --master-addr --master-port``; on one machine 127.0.0.1
+  and a free port; gloo pinned to loopback);
+* MXNet: one process, or a parameter-server job: a scheduler, servers and workers, each a
+  process with MXNet's DMLC environment (``DMLC_ROLE``, ``DMLC_PS_ROOT_URI`` …);
+* TensorFlow: one process, or one process per ``TF_CONFIG`` task (MultiWorkerMirroredStrategy
+  workers; or ParameterServerStrategy's chief, workers and ps).
+
+On several hosts every host runs the same `record` with its own ``--node-rank`` and keeps the
+traces of the ranks it ran (``opprof import`` their folders together). Logs are
+``<process>.log`` in the run folder, statuses in its ``procs/`` (:mod:`.channel`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opprof.collectors import channel
+from opprof.collectors.config import (
+    SUPPORTED_MODES,
+    Device,
+    Facts,
+    Framework,
+    Mode,
+    RecordConfig,
+    Role,
+    canonical_name,
+    job_meta,
+    require_installed,
+)
+from opprof.collectors.runner import FAULT_ENV, LABEL_ENV
+from opprof.collectors.supervisor import (
+    Child,
+    Progress,
+    Supervisor,
+    describe_exit,
+    free_port,
+    free_ports,
+    log_name,
+    no_progress,
+)
+from opprof.errors import OpprofError
+
+CONFIG_FILE = "record.config"
+
+
+@dataclass
+class Recording:
+    """What a recording produced: native trace files and the run's metadata."""
+
+    native: list[Path]
+    meta: dict[str, Any]
+
+
+@dataclass
+class Launch:
+    """One process to start."""
+
+    label: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    explain: Any = None
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check(config: RecordConfig) -> None:
+    """Reject, with one clear line, what cannot be recorded — before anything starts."""
+    fw, mode = config.fw, config.mode
+    canonical_name(config.model)
+    if mode not in SUPPORTED_MODES[fw]:
+        raise OpprofError({
+            Framework.TORCH: f"torch has no --mode {mode} (no parameter-server mode: torch's "
+                             "own distributed training is all-reduce, DistributedDataParallel)"
+                             "; use --mode allreduce",
+            Framework.MXNET: f"mxnet has no --mode {mode} (MXNet's own distributed training "
+                             "is the parameter server); use --mode ps-sync or ps-async",
+            Framework.TF: "--fw tf --mode ps-sync: TensorFlow's ParameterServerStrategy is "
+                          "asynchronous by design and TF 2 has no synchronous parameter-server "
+                          "training; use --mode ps-async or --mode allreduce",
+        }[fw])
+    rv = config.rendezvous
+    if mode == Mode.SINGLE and (config.workers != 1 or rv.nnodes > 1):
+        raise OpprofError("--mode single runs one worker on one machine; use "
+                          + {Framework.TORCH: "--mode allreduce", Framework.TF:
+                             "--mode allreduce or ps-async"}.get(fw, "--mode ps-sync or ps-async"))
+    if config.device == Device.CUDA and fw != Framework.TORCH:
+        raise OpprofError(
+            {Framework.MXNET: "--device cuda: opprof's MXNet collector records CPU training "
+                              "only (the installed MXNet build has no CUDA); use --device cpu",
+             Framework.TF: "--fw tf --device cuda: the installed tensorflow-cpu has no GPU "
+                           "support; use --device cpu"}[fw])
+    if fw == Framework.TF and rv.nnodes > 1 and not rv.cluster:
+        raise OpprofError(
+            "--fw tf on several hosts needs every worker's address (TF_CONFIG lists them all): "
+            "pass --cluster HOST:PORT,HOST:PORT,... (every worker, in task order) and "
+            "--node-rank (this host's task index)")
+    if rv.cluster and (fw != Framework.TF or mode != Mode.ALLREDUCE):
+        raise OpprofError("--cluster (TensorFlow on several hosts) is for --fw tf --mode "
+                          "allreduce only")
+    for name, value, low in (("batch_size", config.batch_size, 1),
+                             ("workers", config.workers, 1), ("servers", config.servers, 1)):
+        if value < low:
+            raise OpprofError(f"{name} must be at least {low}, got {value}")
+    config.protocol.check(min_timing=1 if fw == Framework.TF else 0)
+    rv.check(config.workers, split_evenly=fw == Framework.TORCH and mode == Mode.ALLREDUCE)
+
+
+# ------------------------------------------------------------------ recording
+
+
+def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress) -> Recording:
+    """Run the job ``config`` describes, its native files into ``workdir``; the traces of the
+    ranks run on this machine and the job's metadata."""
+    check(config)
+    require_installed(config.fw)
+    if config.device == Device.CUDA:
+        from opprof.collectors.gpu import require_cuda
+
+        require_cuda(str(config.fw))
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = workdir / CONFIG_FILE
+    cfg.write_text(config.to_json())
+    argv = [sys.executable, "-m", "opprof.collectors.worker", str(cfg), str(workdir)]
+    env = dict(os.environ)
+    env.pop(FAULT_ENV, None)
+    env.pop(LABEL_ENV, None)
+    if config.fault is not None:
+        env[FAULT_ENV] = json_fault(config)
+    plan, job = _PLANS[config.fw](config, argv, env)
+    what = f"{config.fw} {config.mode}"
+    with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress) as sup:
+        # A launcher's children (torchrun's ranks) name themselves from its environment.
+        children = [sup.start(p.label, p.argv, cwd=workdir, log=workdir / log_name(p.label),
+                              env={**env, **p.env, **({} if p.explain else {LABEL_ENV: p.label})},
+                              explain=p.explain)
+                    for p in plan]
+        done = None
+        if config.fw == Framework.TF and config.mode == Mode.PS_ASYNC:
+            chief = children[-1]
+
+            def done(s: Supervisor) -> bool:  # the chief is done: stop the servers
+                return chief.code == 0
+
+        sup.wait(done)
+        for c in children:
+            c.expected_exit = True
+    return _recording(config, workdir, sup.statuses(), job)
+
+
+def json_fault(config: RecordConfig) -> str:
+    """The test-only fault of ``config`` as the runner reads it from the environment."""
+    return json.dumps(asdict(config.fault))
+
+
+def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
+               job: dict[str, Any]) -> Recording:
+    what = f"{config.fw} {config.mode}"
+    profiled = [f for f in facts if f.native]
+    expected = job.pop("expected_profiles")
+    if len(profiled) < expected:
+        missing = [f.label for f in facts if not f.native]
+        raise OpprofError(
+            f"{what}: {len(profiled)} of {expected} processes wrote a profile"
+            + (f" (none from {', '.join(missing)})" if missing else "")
+            + f"; see the logs in {workdir}")
+    order = sorted(profiled, key=lambda f: (f.role != Role.WORKER, f.rank or 0))
+    native = [Path(p) for f in order for p in f.native]
+    servers = sorted(workdir.glob("rank*_server.json"))  # MXNet's servers
+    if config.fw == Framework.MXNET and config.mode != Mode.SINGLE:
+        if not servers and config.rendezvous.nnodes == 1:
+            raise OpprofError(f"{what}: the servers wrote no profiler trace into {workdir}; "
+                              "see server*.log there")
+        job["server_traces"] = len(servers)
+    meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,
+                    batch_size=config.batch_size, mode=str(config.mode),
+                    device=order[0].extra.get("device", str(config.device)), seed=config.seed,
+                    command=config.command, **job)
+    meta["profiled_steps"] = config.steps
+    return Recording(native=native + servers, meta=meta)
+
+
+# ------------------------------------------------------------------ torch
+
+
+def _torch(config: RecordConfig, argv: list[str],
+           env: dict[str, str]) -> tuple[list[Launch], dict[str, Any]]:
+    if config.mode == Mode.SINGLE:
+        return [Launch("rank 0", argv)], {"workers": 1, "servers": 0, "expected_profiles": 1}
+    rv = config.rendezvous
+    per_node = config.workers // rv.nnodes
+    port = rv.master_port or free_port(rv.master_addr)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    extra = {"OMP_NUM_THREADS": str(max(1, (cpus or 1) // per_node))}
+    if rv.loopback:
+        extra["GLOO_SOCKET_IFNAME"] = "lo"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(rv.nnodes),
+                "--nproc-per-node", str(per_node), "--node-rank", str(rv.node_rank),
+                "--master-addr", rv.master_addr, "--master-port", str(port),
+                "--max-restarts", "0", "--monitor-interval", "0.1", *argv[1:]]
+    job = {"workers": config.workers, "servers": 0, "nnodes": rv.nnodes,
+           "node_rank": rv.node_rank, "master": f"{rv.master_addr}:{port}",
+           "launcher": "torchrun", "expected_profiles": per_node}
+    return [Launch("torchrun", torchrun, extra, explain=torchrun_root_cause)], job
+
+
+#: One failed rank in torchrun's failure summary: its ``rank :`` line, then ``exitcode :``.
+_FAILURE = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+_PEER = ("connection closed", "connection reset", "broken pipe", "peer", "timed out",
+         "timeout", "socket", "nccl")
+
+
+def torchrun_root_cause(child: Child, code: int, statuses: list[Facts]) -> tuple[str, str]:
+    """(who, how): the rank that failed first among those torchrun reports. A rank whose peer
+    died fails too, with a communication error, sometimes before torchrun sees the first one
+    die; so a rank that died without an error of its own (an exit, a signal) is named first,
+    then one with its own error, then one that lost a peer, then one torchrun stopped."""
+    text = child.log.read_text(errors="replace") if child.log else ""
+    failed = {int(r): int(c) for r, c in _FAILURE.findall(text)}
+    if not failed:
+        return "torchrun", describe_exit(code)
+    errors = {s.rank: (s.error or "") for s in statuses if s.label.startswith("rank ")}
+
+    def suspicion(rank: int) -> tuple[int, int]:
+        if failed[rank] == -15:  # SIGTERM: torchrun stopping the others
+            return (3, rank)
+        error = errors.get(rank, "")
+        if not error:
+            return (0, rank)
+        return (2 if any(w in error.lower() for w in _PEER) else 1, rank)
+
+    rank = min(failed, key=suspicion)
+    return f"rank {rank}", describe_exit(failed[rank])
+
+
+# ------------------------------------------------------------------ MXNet
+
+
+def _mxnet(config: RecordConfig, argv: list[str],
+           env: dict[str, str]) -> tuple[list[Launch], dict[str, Any]]:
+    if config.mode == Mode.SINGLE:
+        return [Launch("worker 0", argv)], {"workers": 1, "servers": 0, "kvstore": None,
+                                            "expected_profiles": 1}
+    rv = config.rendezvous
+    share = lambda total: total // rv.nnodes + (1 if rv.node_rank < total % rv.nnodes else 0)  # noqa: E731
+    workers, servers = share(config.workers), share(config.servers)
+    port = rv.master_port or free_port(rv.master_addr)
+    dmlc = {"DMLC_PS_ROOT_URI": rv.master_addr, "DMLC_PS_ROOT_PORT": str(port),
+            "DMLC_NUM_SERVER": str(config.servers), "DMLC_NUM_WORKER": str(config.workers)}
+    if rv.loopback:
+        dmlc["DMLC_NODE_HOST"] = "127.0.0.1"
+    # Share this machine's cores among the processes that compute, unless the user chose.
+    dmlc["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS") or str(
+        max(1, (os.cpu_count() or 1) // max(1, workers + servers)))
+    plan = [Launch("scheduler", argv, {**dmlc, "DMLC_ROLE": "scheduler"})] \
+        if rv.node_rank == 0 else []
+    plan += [Launch(f"server {i}", argv, {**dmlc, "DMLC_ROLE": "server"})
+             for i in range(servers)]
+    plan += [Launch(f"worker {i}", argv, {**dmlc, "DMLC_ROLE": "worker"})
+             for i in range(workers)]
+    job = {"workers": config.workers, "servers": config.servers,
+           "kvstore": {Mode.PS_SYNC: "dist_sync", Mode.PS_ASYNC: "dist_async"}[config.mode],
+           "scheduler": f"{rv.master_addr}:{port}", "expected_profiles": workers}
+    return plan, job
+
+
+# ------------------------------------------------------------------ TensorFlow
+
+
+def _tf(config: RecordConfig, argv: list[str],
+        env: dict[str, str]) -> tuple[list[Launch], dict[str, Any]]:
+    job: dict[str, Any] = {"servers": 0}
+    if config.mode == Mode.SINGLE:
+        return [Launch("worker 0", argv)], {**job, "workers": 1, "expected_profiles": 1}
+    rv = config.rendezvous
+    if config.mode == Mode.ALLREDUCE:
+        if rv.cluster:  # several hosts: this one runs one task of the given cluster
+            hosts = list(rv.cluster)
+            if not 0 <= rv.node_rank < len(hosts):
+                raise OpprofError(f"--node-rank {rv.node_rank} is not in the {len(hosts)}-task "
+                                  "cluster")
+            tasks = [("worker", rv.node_rank)]
+        else:
+            hosts = [f"127.0.0.1:{p}" for p in free_ports(config.workers)]
+            tasks = [("worker", i) for i in range(config.workers)]
+        cluster = {"worker": hosts}
+        job.update(workers=len(hosts), expected_profiles=len(tasks))
+    else:
+        ports = [f"127.0.0.1:{p}" for p in free_ports(1 + config.workers + config.servers)]
+        cluster = {"chief": ports[:1], "worker": ports[1:1 + config.workers],
+                   "ps": ports[1 + config.workers:]}
+        tasks = [("worker", i) for i in range(config.workers)]
+        tasks += [("ps", i) for i in range(config.servers)] + [("chief", 0)]
+        job.update(workers=config.workers, servers=config.servers,
+                   expected_profiles=len(tasks))
+    plan = [Launch(f"{kind} {i}", argv, {
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": i}}),
+        "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2")}) for kind, i in tasks]
+    return plan, job
+
+
+_PLANS = {Framework.TORCH: _torch, Framework.MXNET: _mxnet, Framework.TF: _tf}
+
+
+# ------------------------------------------------------------------ `opprof run`
+
+
+def command_recording(folder: Path, command: str, session: str | None = None) -> Recording:
+    """What the processes of a user's command recorded (their statuses in ``folder``; of one
+    ``session`` only, when given): the native traces, complete or cut short, and the run's
+    metadata. An empty ``native`` when no process reached its profiled steps."""
+    facts = [f for f in channel.read_all(folder)
+             if session is None or f.extra.get("session") == session]
+    profiled = sorted((f for f in facts if f.native),
+                      key=lambda f: (f.role != Role.WORKER, f.rank or 0))
+    native = [Path(p) for f in profiled for p in f.native if Path(p).exists()]
+    native += _collect_servers(folder, facts)
+    meta = job_meta(profiled or facts, command=command, launcher="opprof run")
+    world = max([int(f.extra.get("world_size", 1)) for f in profiled] + [1])
+    kv = str(meta.get("kvstore", ""))
+    meta["mode"] = (("ps-async" if "async" in kv else "ps-sync") if kv.startswith("dist") else
+                    "allreduce" if world > 1 or meta["workers"] > 1 else "single")
+    if kv.startswith("dist"):
+        meta["servers"] = sum(f.role == Role.SERVER for f in facts)
+        meta["server_traces"] = sum(p.name.endswith("_server.json") for p in native)
+    return Recording(native=native, meta=meta)
+
+
+def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:
+    """Move the traces MXNet's servers wrote into their working directories (``rankK_`` +
+    :data:`.mxnet.RUN_SERVER_TRACE`) into the run folder as ``rankK_server.json``, the name
+    the MXNet normalizer knows."""
+    from opprof.collectors.mxnet import RUN_SERVER_TRACE
+
+    out = []
+    started = min((f.stat().st_mtime for f in folder.rglob("*.status")), default=0.0)
+    for cwd in sorted({f.extra["cwd"] for f in facts if f.extra.get("cwd")}):
+        for path in sorted(Path(cwd).glob(f"rank*_{RUN_SERVER_TRACE}")):
+            if path.stat().st_mtime < started:
+                continue  # left by an earlier job
+            target = folder / path.name.replace(RUN_SERVER_TRACE, "server.json")
+            shutil.move(str(path), target)
+            out.append(target)
+    return out

@@ -1,0 +1,295 @@
+"""The runner: the one recording protocol every profiled process follows, whatever drives its
+steps — the built-in models of `record`, the startup hook of `run` (a framework's optimizer
+step), or a script's own ``prof.step()`` (`opprof.profile()`).
+
+The runner is told where each training step ends (:meth:`Runner.step`); everything else is
+decided here, the same way for every framework:
+
+1. ``warmup`` steps run unprofiled and untimed (compilation, caches, thread pools);
+2. ``timing_steps`` steps run unprofiled and timed: their mean is ``unprofiled_step_ns``, the
+   reference against which the profiler's own overhead is known;
+3. the adapter's profiler starts (after its ``before_profile``: a barrier, the clock sync),
+   sees ``profiler_warmup`` steps it does not record (torch's schedule), then ``steps``
+   profiled steps, each between two step markers (``ProfilerStep#N``, ``opprof.step#N``,
+   ``train N``); then it stops and writes this process's native trace, named by its rank.
+
+At every step boundary the process's :class:`~.config.Facts` go to its status file (the
+progress channel, :mod:`.channel`), and so do its trace files and timings at the end. A
+process that ends early (an exception, a signal, the end of the script) calls
+:meth:`Runner.close`: the profiled steps that completed are written, the incomplete one is not.
+
+An adapter (:class:`Adapter`) holds only framework calls. Test-only fault injection is here
+too, and only here (:func:`fault_point`, from ``$OPPROF_TEST_FAULT``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from typing import Protocol as TypingProtocol
+
+from opprof.collectors.channel import Reporter
+from opprof.collectors.config import Facts, Framework, Protocol, Role
+from opprof.errors import first_line
+
+FAULT_ENV = "OPPROF_TEST_FAULT"
+LABEL_ENV = "OPPROF_LABEL"
+
+
+class Adapter(TypingProtocol):
+    """The framework calls the runner needs (one class per framework)."""
+
+    framework: Framework
+    #: Step boundaries the profiler needs after starting before it records (torch: 1).
+    profiler_warmup: int
+
+    def version(self) -> str: ...
+
+    def sync(self) -> None:
+        """Wait for the work already queued (CUDA streams, MXNet's engine)."""
+
+    def identity(self) -> tuple[Role, int | None]:
+        """This process's role and rank as the framework sees it (at profile start)."""
+
+    def before_profile(self) -> dict[str, Any]:
+        """Meet the other processes (barrier, clock sync); facts to keep."""
+
+    def start(self, folder: Path, role: Role, rank: int) -> None:
+        """Start the profiler, open the marker of profiled step 0."""
+
+    def boundary(self, index: int) -> None:
+        """Profiled step ``index - 1`` ended and ``index`` begins."""
+
+    def stop(self, complete: bool) -> list[Path]:
+        """Close the last step (dropped when not ``complete``), stop, write the native
+        trace(s) into the folder; their paths."""
+
+    def after_profile(self) -> None:
+        """Meet the other processes again so none tears down while another still writes."""
+
+    def facts(self) -> dict[str, Any]:
+        """What this process knows about its run (threads, parameters, model …)."""
+
+    def release(self) -> None:
+        """Drop the framework objects held (profiler, kvstore): the recording is over, and
+        they must not outlive the framework's own shutdown."""
+
+
+def env_identity() -> tuple[Role, int | None, str]:
+    """Role, rank and label from the environment the launchers set (torchrun's ``RANK``,
+    ``TF_CONFIG``'s task, ``DMLC_ROLE``), before any framework is asked. A process opprof
+    started itself is named by ``$OPPROF_LABEL``."""
+    role, rank, label = _env_identity()
+    return role, rank, os.environ.get(LABEL_ENV) or label
+
+
+def _env_identity() -> tuple[Role, int | None, str]:
+    if os.environ.get("RANK", "").isdigit():
+        rank = int(os.environ["RANK"])
+        return Role.WORKER, rank, f"rank {rank}"
+    tf_config = os.environ.get("TF_CONFIG")
+    if tf_config:
+        try:
+            task = json.loads(tf_config).get("task", {})
+            kind, index = str(task.get("type", "worker")), int(task.get("index", 0))
+        except (ValueError, TypeError, AttributeError):
+            kind, index = "worker", 0
+        role = {"ps": Role.SERVER}.get(kind, Role.WORKER)
+        return role, index, f"{kind} {index}"
+    dmlc = os.environ.get("DMLC_ROLE")
+    if dmlc in ("server", "scheduler"):
+        return Role(dmlc), None, dmlc
+    if dmlc == "worker":
+        return Role.WORKER, None, f"worker (pid {os.getpid()})"
+    return Role.WORKER, None, f"pid {os.getpid()}"
+
+
+def fault_point(label: str, stage: str) -> None:
+    """Test-only: die (exit code 3) or hang here if ``$OPPROF_TEST_FAULT`` names this process
+    (``{"who": "rank 1", "at": "warmup", "action": "exit"|"hang"}``) and this stage."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    fault = json.loads(spec)
+    if fault.get("who") != label or fault.get("at", "warmup") != stage:
+        return
+    if fault.get("action") == "hang":
+        while True:
+            time.sleep(3600)
+    os._exit(3)
+
+
+class Runner:
+    """One process's recording: count step boundaries, time, profile, report."""
+
+    def __init__(self, adapter: Adapter, protocol: Protocol, folder: Path, *,
+                 extra: dict[str, Any] | None = None) -> None:
+        self.adapter, self.protocol, self.folder = adapter, protocol, Path(folder)
+        role, rank, label = env_identity()
+        self.reporter = Reporter(self.folder, Facts(
+            pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank,
+            framework=str(adapter.framework), framework_version=adapter.version(),
+            warmup=protocol.warmup, timing_steps=protocol.timing_steps,
+            profiled_target=protocol.steps, extra=dict(extra or {})))
+        self.n = -1  # boundaries seen; boundary 0 is the start of the first step
+        self.marks: dict[int, int] = {}
+        self.profiling = False
+        self.finished = False
+        self.progress: dict[str, list[int]] = {}
+
+    # -- where the protocol stands
+
+    @property
+    def start_at(self) -> int:
+        """The boundary at which the profiler starts."""
+        return self.protocol.warmup + self.protocol.timing_steps
+
+    @property
+    def end_at(self) -> int:
+        return self.start_at + self.adapter.profiler_warmup + self.protocol.steps
+
+    @property
+    def facts(self) -> Facts:
+        return self.reporter.facts
+
+    @property
+    def label(self) -> str:
+        return self.reporter.facts.label
+
+    # -- driven from outside
+
+    def begin(self) -> None:
+        """The first step is about to start (when the driver knows; a hook does not)."""
+        if self.n < 0:
+            fault_point(self.label, "setup")
+            self.n = 0
+            self._at_boundary()
+
+    def step(self) -> None:
+        """A training step just ended."""
+        if self.finished:
+            return
+        self.n = max(self.n, 0) + 1
+        self._at_boundary()
+
+    def step_or_give_up(self) -> None:
+        """:meth:`step` for a hook inside someone else's training: a failure of opprof's own
+        (the profiler, the disk) ends this process's recording with one line on stderr and
+        an error in its status, never the training."""
+        try:
+            self.step()
+        except Exception as exc:  # noqa: BLE001 - the user's job goes on, unprofiled
+            message = f"{type(exc).__name__}: {first_line(exc)}"
+            print(f"opprof: profiling stopped in this process ({message}); training goes on",
+                  file=sys.stderr)
+            self.finished = True
+            self.profiling = False
+            with contextlib.suppress(Exception):
+                self.reporter.update(error=message, ended=message)
+
+    def close(self, reason: str) -> None:
+        """The process ends before the protocol did: keep what was profiled, say why."""
+        if self.finished:
+            return
+        self.finished = True
+        changes: dict[str, Any] = {"ended": reason}
+        if self.profiling:
+            self.profiling = False
+            files = self.adapter.stop(complete=False)
+            if self.facts.profiled_steps:
+                changes["native"] = [str(p) for p in files]
+            else:  # not one profiled step completed: nothing worth keeping
+                for f in files:
+                    f.unlink(missing_ok=True)
+        self.adapter.release()
+        self.reporter.update(**changes)
+
+    # -- the protocol
+
+    def _at_boundary(self) -> None:
+        p, n = self.protocol, self.n
+        stage, done, total = self._position(n)
+        if done == 1:
+            fault_point(self.label, stage)
+        if n >= p.warmup:  # timed from here: the work queued so far must be done
+            self.adapter.sync()
+            self.marks[n] = time.perf_counter_ns()
+        self.progress[stage] = [done, total]
+        if n == p.warmup and p.timing_steps:
+            self.progress["timing"] = [0, p.timing_steps]
+        changes: dict[str, Any] = {"stage": stage, "done": done, "total": total,
+                                   "steps_seen": n, "extra": self._extra()}
+        if n == self.start_at:
+            self.facts.extra = changes["extra"]
+            self._start_profile()
+            return
+        if self.profiling:
+            index = n - self.start_at
+            if n == self.end_at:
+                changes.update(self._stop_profile())
+            else:
+                self.adapter.boundary(index)
+                changes["profiled_steps"] = max(0, index - self.adapter.profiler_warmup)
+        self.reporter.update(**changes)
+
+    def _position(self, n: int) -> tuple[str, int, int]:
+        """(stage, steps done in it, its length) once ``n`` steps have ended."""
+        p, pw = self.protocol, self.adapter.profiler_warmup
+        if n < p.warmup or (n == p.warmup and p.warmup):
+            return "warmup", n, p.warmup
+        if n <= self.start_at and p.timing_steps:
+            return "timing", n - p.warmup, p.timing_steps
+        return "profile", max(0, n - self.start_at - pw), p.steps
+
+    def _extra(self) -> dict[str, Any]:
+        return {**self.facts.extra, "progress": dict(self.progress)}
+
+    def _start_profile(self) -> None:
+        p = self.protocol
+        times = [self.marks[i + 1] - self.marks[i] for i in range(p.warmup, self.start_at)
+                 if i in self.marks]
+        step_ns = int(sum(times) / len(times)) if times else None
+        extra = {**self._extra(), **self.adapter.before_profile()}
+        role, rank = self.adapter.identity()
+        if rank is None:
+            rank = self.facts.rank if self.facts.rank is not None else 0
+        rank = self.reporter.claim(role, rank)
+        label = os.environ.get(LABEL_ENV) or (
+            f"rank {rank}" if role == Role.WORKER else f"{role} {rank}")
+        self.progress["profile"] = [0, p.steps]
+        self.reporter.update(role=role, rank=rank, label=label, unprofiled_step_ns=step_ns,
+                             stage="profile", done=0, total=p.steps, steps_seen=self.n,
+                             extra={**extra, "progress": dict(self.progress)})
+        self.adapter.start(self.folder, role, rank)
+        self.profiling = True
+
+    def _stop_profile(self) -> dict[str, Any]:
+        fault_point(self.label, "write")
+        files = self.adapter.stop(complete=True)
+        self.profiling = False
+        first = self.start_at + self.adapter.profiler_warmup
+        wall = self.marks[self.end_at] - self.marks[first]
+        self.adapter.after_profile()
+        self.finished = True
+        facts = self.adapter.facts()
+        self.adapter.release()
+        self.progress["profile"] = [self.protocol.steps, self.protocol.steps]
+        return {"stage": "done", "done": 1, "total": 1, "native": [str(p) for p in files],
+                "profiled_steps": self.protocol.steps, "profiled_wall_ns": wall,
+                "threads": facts.pop("threads", None),
+                "extra": {**self.facts.extra, **facts, "progress": dict(self.progress)}}
+
+
+def drive(runner: Runner, step: Callable[[], object]) -> None:
+    """Run ``step`` until the runner's protocol is done (the built-in models of `record`)."""
+    runner.begin()
+    while not runner.finished:
+        step()
+        runner.step()

@@ -1,0 +1,388 @@
+"""The one supervisor: starts, watches and stops every process of a recording — a `record` job's
+workers, servers, scheduler or torchrun, and the user's command of `run` — and names, in one
+line, a process that died or hung.
+
+What it watches: its own children (exit codes, logs) and the progress channel
+(:mod:`.channel`), where every profiled process, however deep in the process tree (torchrun's
+ranks), reports its stage and steps. Progress shown to the user comes from one lead process
+(the lowest-ranked worker that reports progress). A child that fails ends the run at once (for
+`record`; `run` waits for its command, whose exit code is its own); a run that passes its time
+limit is stopped, naming the process that made the least progress.
+
+Stopping: SIGTERM to each child's process group (own session) or to the child and its
+descendants (a command kept in opprof's foreground group), a grace period, then SIGKILL to
+all of them and to every process that reported on the channel, so that nothing the run started
+is left behind, grandchildren included.
+
+Extension points, kept in one place: :meth:`Supervisor.every` registers a function called at
+a fixed interval while the run is watched (sampling the resident memory of every supervised
+process from outside); ``forward`` passes signals the supervisor receives on to its children
+(`run`: a scheduler's SIGTERM reaches the user's command).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opprof.collectors import channel
+from opprof.collectors.config import Facts
+from opprof.errors import OpprofError
+
+LOOPBACK = "127.0.0.1"
+POLL_S = 0.05
+_STAGE_ORDER = ("start", "setup", "warmup", "timing", "clock", "profile", "done")
+
+#: progress(stage, done, total): called as the run advances ("warmup", "timing", "profile").
+Progress = Callable[[str, int, int], None]
+
+
+def no_progress(stage: str, done: int, total: int) -> None:
+    """A Progress that shows nothing."""
+
+
+try:  # loaded here, not in the forked child, where taking the import lock could deadlock
+    import ctypes
+
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (ImportError, OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
+def die_with_parent() -> None:
+    """In this process (or as a ``preexec_fn``): on Linux, get SIGKILL when the parent dies,
+    so a killed supervisor leaves nothing behind."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
+    """``n`` distinct TCP ports nobody listens on right now (bound, read, released together)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                              socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port nobody listens on right now."""
+    return free_ports(1, host)[0]
+
+
+def describe_exit(code: int) -> str:
+    """``exited with code N`` or ``was killed by SIGX``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def shell_code(code: int) -> int:
+    """A child's return code as a shell reports it (killed by signal N: 128 + N)."""
+    return 128 - code if code < 0 else code
+
+
+def last_line(log: Path | None, skip: tuple[str, ...] = ("USDT:", "W0000", "I0000",
+                                                          "WARNING: All log")) -> str:
+    """The last non-blank line of ``log`` not starting with one of ``skip`` (at most 300
+    characters); empty if there is none or the log cannot be read."""
+    if log is None:
+        return ""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    rest = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(skip)]
+    return rest[-1][:300] if rest else ""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, grandchildren …), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(entry.path, "stat").read_text()
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z …); '' when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("", "Z")
+
+
+def _kill(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+@dataclass
+class Child:
+    """A process the supervisor started."""
+
+    label: str
+    popen: subprocess.Popen
+    log: Path | None
+    own_group: bool
+    #: Who really failed and how, when this child is a launcher of others (torchrun).
+    explain: Callable[[Child, int, list[Facts]], tuple[str, str]] | None = None
+    expected_exit: bool = False
+
+    @property
+    def code(self) -> int | None:
+        return self.popen.poll()
+
+
+@dataclass
+class Supervisor:
+    """Starts, watches and stops the processes of one run (see the module docstring)."""
+
+    folder: Path
+    what: str  # how messages name the run: "torch allreduce", "your command"
+    timeout_s: float | None = None
+    progress: Progress = no_progress
+    forward: tuple[int, ...] = ()
+    children: list[Child] = field(default_factory=list)
+    _ticks: list[tuple[float, Callable[[], None], list[float]]] = field(default_factory=list)
+    _shown: dict[str, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + self.timeout_s if self.timeout_s else None
+
+    # -- starting
+
+    def start(self, label: str, argv: list[str], *, env: dict[str, str] | None = None,
+              cwd: Path | None = None, log: Path | None = None, own_group: bool = True,
+              stdin: int | None = subprocess.DEVNULL, stdout: int | None = None,
+              explain: Callable[[Child, int, list[Facts]], tuple[str, str]] | None = None,
+              ) -> Child:
+        """Start one process: its output to ``log`` (else inherited), in a process group of
+        its own (``own_group``) that dies with the supervisor, or in the caller's.
+        Without a log, ``stdout`` redirects its standard output (a file descriptor)."""
+        out = open(log, "ab") if log is not None else None  # noqa: SIM115 - kept by the child
+        try:
+            popen = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdin=stdin, stdout=out if out is not None else stdout,
+                stderr=subprocess.STDOUT if out is not None else None,
+                start_new_session=own_group,
+                preexec_fn=die_with_parent if own_group else None)
+        except OSError as exc:
+            raise OpprofError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        finally:
+            if out is not None:
+                out.close()
+        child = Child(label, popen, log, own_group, explain)
+        self.children.append(child)
+        return child
+
+    def every(self, seconds: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` about every ``seconds`` while the run is watched."""
+        self._ticks.append((seconds, fn, [0.0]))
+
+    # -- watching
+
+    def statuses(self) -> list[Facts]:
+        return channel.read_all(self.folder)
+
+    def wait(self, done: Callable[[Supervisor], bool] | None = None, *,
+             fail_fast: bool = True) -> dict[str, int]:
+        """Watch until every child has exited (or ``done(self)`` holds); the exit codes by
+        label. With ``fail_fast`` a child that fails stops the run with one OpprofError line;
+        at the time limit the run is stopped with one line naming who hung."""
+        with self._forwarding():
+            while True:
+                self._relay()
+                self._tick()
+                codes = {c.label: c.code for c in self.children}
+                failed = [c for c in self.children
+                          if c.code not in (None, 0) and not c.expected_exit]
+                if failed and fail_fast:
+                    line = self.failure(failed[0])
+                    self.stop()
+                    raise OpprofError(line)
+                if all(code is not None for code in codes.values()) or (done and done(self)):
+                    self._relay()
+                    return {k: v for k, v in codes.items() if v is not None}
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    line = self.timeout_line()
+                    self.stop()
+                    raise OpprofError(line)
+                time.sleep(POLL_S)
+
+    @contextlib.contextmanager
+    def _forwarding(self) -> Iterator[None]:
+        """While watching, pass the signals in ``forward`` on to the children."""
+        saved = {}
+
+        def handler(sig: int, frame: object) -> None:
+            for c in self.children:
+                if c.code is None:
+                    _kill([c.popen.pid], sig)
+
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to forward
+            for sig in self.forward:
+                saved[sig] = signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in saved.items():
+                signal.signal(sig, old)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for interval, fn, last in self._ticks:
+            if now - last[0] >= interval:
+                last[0] = now
+                fn()
+
+    def _relay(self) -> None:
+        """Show the lead process's progress (each stage once per change)."""
+        lead = lead_of(self.statuses())
+        if lead is None:
+            return
+        for stage in ("warmup", "timing", "profile"):
+            value = lead.extra.get("progress", {}).get(stage)
+            if value and self._shown.get(stage) != value:
+                self._shown[stage] = value
+                self.progress(stage, int(value[0]), int(value[1]))
+
+    # -- one-line explanations
+
+    def recorded(self) -> str:
+        """What the run has written so far, in words."""
+        files = [f for s in self.statuses() for f in s.native]
+        return (f"{len(files)} native trace(s) recorded so far are kept in {self.folder}"
+                if files else f"no profile was recorded; logs are in {self.folder}")
+
+    def failure(self, child: Child) -> str:
+        """One line: which process failed first, how, at what point, and its own error."""
+        code = child.code or 0
+        statuses = self.statuses()
+        who, how = (child.explain or _plain)(child, code, statuses)
+        status = next((s for s in statuses if s.pid == child.popen.pid), None) or _status_of(
+            statuses, who)
+        where = f" during {status.where}" if status else ""
+        why = (status.error if status and status.error else "") or last_line(
+            self.folder / log_name(status.label) if status else child.log)
+        return (f"{self.what}: {who} {how}{where}" + (f": {why}" if why else "")
+                + f"; stopped the other processes; {self.recorded()}")
+
+    def timeout_line(self) -> str:
+        """One line naming the process that made the least progress before the time limit."""
+        running = [c for c in self.children if c.code is None]
+        live = [s for s in self.statuses() if s.stage != "done" and s.ended is None
+                and _alive(s.pid)]
+        limit = f"the run passed its {self.timeout_s:g}s limit (--timeout)"
+        stopped = [c.label for c in running if _state(c.popen.pid) in ("T", "t")]
+        if stopped:  # frozen (SIGSTOP, a debugger): the others are only waiting for it
+            return (f"{self.what}: {' and '.join(stopped)} stopped running (process state T) "
+                    f"and {limit}; stopped all processes; {self.recorded()}")
+        if live:
+            low = min(_order(s) for s in live)
+            hung = [s for s in live if _order(s) == low]
+            others = [s for s in live if _order(s) != low]
+            rest = "; ".join(f"{s.label} in {s.where}" for s in others)
+            names = " and ".join(s.label for s in hung)
+            return (f"{self.what}: {names} hung in {hung[0].where} and {limit}; stopped all "
+                    f"processes" + (f" ({rest})" if rest else "") + f"; {self.recorded()}")
+        names = ", ".join(c.label for c in running) or "nothing"
+        return (f"{self.what}: {limit} with {names} still running; stopped all processes; "
+                f"{self.recorded()}")
+
+    # -- stopping
+
+    def stop(self, grace_s: float = 3.0) -> None:
+        """Stop every child and everything below it (see the module docstring)."""
+        tree = {c.popen.pid: descendants(c.popen.pid) for c in self.children
+                if c.code is None}
+        reported = [s.pid for s in self.statuses() if s.pid != os.getpid()]
+        alive = [c for c in self.children if c.code is None]
+        if grace_s > 0 and alive:
+            for c in alive:
+                self._signal(c, signal.SIGTERM, tree.get(c.popen.pid, []))
+            end = time.monotonic() + grace_s
+            while alive and time.monotonic() < end:
+                time.sleep(POLL_S)
+                alive = [c for c in alive if c.code is None]
+        for c in self.children:
+            self._signal(c, signal.SIGKILL, tree.get(c.popen.pid, []))
+        _kill([p for p in reported if _alive(p)], signal.SIGKILL)
+        for c in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.popen.wait(timeout=10)
+
+    @staticmethod
+    def _signal(child: Child, sig: int, below: list[int]) -> None:
+        if child.own_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.popen.pid, sig)
+        elif child.code is None:
+            _kill([child.popen.pid], sig)
+        _kill([p for p in below if _alive(p)], sig)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(grace_s=0 if exc[0] is None else 3.0)
+
+
+def _plain(child: Child, code: int, statuses: list[Facts]) -> tuple[str, str]:
+    return child.label, describe_exit(code)
+
+
+def _order(s: Facts) -> tuple[int, int]:
+    return (_STAGE_ORDER.index(s.stage) if s.stage in _STAGE_ORDER else 0, s.done)
+
+
+def _status_of(statuses: list[Facts], label: str) -> Facts | None:
+    return next((s for s in statuses if s.label == label), None)
+
+
+def lead_of(statuses: list[Facts]) -> Facts | None:
+    """The process whose progress is shown: the lowest-ranked one that reports progress."""
+    with_progress = [s for s in statuses if s.extra.get("progress")]
+    if not with_progress:
+        return None
+    return min(with_progress, key=lambda s: (str(s.role) != "worker", s.rank is None,
+                                             s.rank or 0, s.pid))
+
+
+def log_name(label: str) -> str:
+    """The log file of a process labelled ``label``: ``rank 1`` → ``rank1.log``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "", label.replace(" ", "")) + ".log"

@@ -1,0 +1,70 @@
+"""Entry point of every process `record` starts: ``python -m opprof.collectors.worker CONFIG
+FOLDER`` trains the built-in model of CONFIG (a RecordConfig as JSON) under the runner, as
+whatever the launcher made it (torchrun's rank, a DMLC role, a TF_CONFIG task, or alone).
+
+The process writes its output to ``<its label>.log`` in FOLDER, dies with its parent, and a
+failure becomes one line in its status (the supervisor names it) besides the traceback in
+its log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from opprof.collectors.channel import Reporter, report_error
+from opprof.collectors.config import Facts, Framework, RecordConfig
+from opprof.collectors.runner import env_identity, fault_point
+from opprof.collectors.supervisor import die_with_parent, log_name
+from opprof.errors import OpprofError, first_line
+
+
+def main(argv: list[str]) -> int:
+    """Run one process of a recording (see the module docstring)."""
+    if len(argv) != 2:
+        print("usage: python -m opprof.collectors.worker CONFIG FOLDER", file=sys.stderr)
+        return 2
+    config_path, folder = Path(argv[0]), Path(argv[1])
+    role, rank, label = env_identity()
+    _log_to(folder / log_name(label))
+    die_with_parent()
+    me = Facts(pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank)
+    Reporter(folder, me).update()  # known to the supervisor from the start
+    try:
+        config = RecordConfig.from_json(config_path.read_text())
+        fault_point(label, "setup")
+        adapter = importlib.import_module(f"opprof.collectors.{config.fw}")
+        adapter.record_worker(config, folder)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one line for the parent
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return 0
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {first_line(exc)}"
+        report_error(folder, me, message)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2 if isinstance(exc, OpprofError) else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if config.fw == Framework.TF:
+        os._exit(0)  # skip TF's slow teardown of its gRPC and collective threads
+    return 0  # a normal exit: MXNet's kvstore tells the scheduler this worker is done
+
+
+def _log_to(log: Path) -> None:
+    """Send this process's stdout and stderr (the file descriptors: native libraries too)
+    to ``log``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
