@@ -21,8 +21,6 @@ from tests.conftest import REPO, run_cli
 SCRIPTS = REPO / "tests" / "scripts"
 #: warm-up 1, timing 1, 3 profiled: torch needs 6 steps (one more to let its profiler settle)
 PROTOCOL = ["--warmup", "1", "--timing-steps", "1", "--steps", "3"]
-PHASE_INFERENCE = pytest.mark.xfail(
-    reason="needs issue-9 phase inference (merged separately)", strict=False)
 
 
 def needs(*modules: str) -> None:
@@ -110,7 +108,6 @@ def test_keras_fit_steps_and_phases(keras_fit) -> None:
 
 
 @pytest.mark.slow
-@PHASE_INFERENCE
 def test_keras_fit_other_is_small(keras_fit) -> None:
     assert other_share(keras_fit[2]) <= 0.10
 
@@ -132,7 +129,6 @@ def test_tf_custom_loop_steps_and_phases(tf_custom_loop) -> None:
 
 
 @pytest.mark.slow
-@PHASE_INFERENCE
 def test_tf_custom_loop_other_is_small(tf_custom_loop) -> None:
     assert other_share(tf_custom_loop[2]) <= 0.10
 
@@ -155,7 +151,6 @@ def test_gluon_loop_steps_and_phases(gluon) -> None:
 
 
 @pytest.mark.slow
-@PHASE_INFERENCE
 def test_gluon_loop_other_is_small(gluon) -> None:
     assert other_share(gluon[2]) <= 0.10
 
