@@ -153,6 +153,9 @@ class Protocol:
     steps: int = 5
     warmup: int = 2
     timing_steps: int = 3
+    #: Record the framework allocator's memory events with the profiler (torch and MXNet
+    #: ``profile_memory``; TensorFlow records its allocator at host tracer level 2 anyway).
+    profile_memory: bool = True
 
     def check(self, *, min_warmup: int = 0, min_timing: int = 0) -> None:
         for name, value, low in (("steps", self.steps, 1), ("warmup", self.warmup, min_warmup),
@@ -195,6 +198,9 @@ class RecordConfig:
     seed: int = 0
     command: str = ""
     timeout_s: float = 600.0
+    profile_memory: bool = True
+    #: Seconds between two samples of every process's resident memory (0: no sampling).
+    memory_interval_s: float = 0.02
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     fault: Fault | None = None
 
@@ -215,7 +221,7 @@ class RecordConfig:
 
     @property
     def protocol(self) -> Protocol:
-        return Protocol(self.steps, self.warmup, self.timing_steps)
+        return Protocol(self.steps, self.warmup, self.timing_steps, self.profile_memory)
 
     def to_json(self) -> str:
         """The configuration as JSON (enums as their values), for the worker processes."""
@@ -306,8 +312,8 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
         meta.update({"framework": lead.framework, "framework_version": lead.framework_version,
                      "warmup_steps": lead.warmup, "timing_steps": lead.timing_steps,
                      "profiled_steps": lead.profiled_target, "threads": lead.threads})
-        shared = ("params", "layers", "input_size", "num_classes", "model", "dataset",
-                  "device", "seed")
+        shared = ("params", "param_bytes", "layers", "input_size", "num_classes", "model",
+                  "dataset", "device", "seed")
         meta.update({k: lead.extra[k] for k in shared if k in lead.extra})
     for key in JOB_FACTS:
         value = next((f.extra[key] for f in facts if f.extra.get(key) is not None), None)
@@ -336,6 +342,8 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
                       "unprofiled_step_ns": f.unprofiled_step_ns,
                       "profiled_wall_ns": f.profiled_wall_ns, "threads": f.threads,
                       "steps_seen": f.steps_seen, "profiled_steps": f.profiled_steps,
+                      **({"param_bytes": int(f.extra["param_bytes"])}
+                         if f.extra.get("param_bytes") is not None else {}),
                       **({"ended": f.ended} if f.ended else {})} for f in facts],
     })
     meta.update(job)

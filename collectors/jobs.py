@@ -42,6 +42,7 @@ from opprof.collectors.config import (
     job_meta,
     require_installed,
 )
+from opprof.collectors.memory import memory_files, sampling
 from opprof.collectors.runner import FAULT_ENV, LABEL_ENV
 from opprof.collectors.supervisor import (
     Child,
@@ -60,10 +61,12 @@ CONFIG_FILE = "record.config"
 
 @dataclass
 class Recording:
-    """What a recording produced: native trace files and the run's metadata."""
+    """What a recording produced: native trace files, the processes' sampled memory files
+    (:mod:`.memory`) and the run's metadata."""
 
     native: list[Path]
     meta: dict[str, Any]
+    memory: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -145,7 +148,8 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
         env[FAULT_ENV] = json_fault(config)
     plan, job = _PLANS[config.fw](config, argv, env)
     what = f"{config.fw} {config.mode}"
-    with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress) as sup:
+    with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress) as sup, \
+            sampling(sup, config.memory_interval_s):
         # A launcher's children (torchrun's ranks) name themselves from its environment.
         children = [sup.start(p.label, p.argv, cwd=workdir, log=workdir / log_name(p.label),
                               env={**env, **p.env, **({} if p.explain else {LABEL_ENV: p.label})},
@@ -193,7 +197,8 @@ def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
                     device=order[0].extra.get("device", str(config.device)), seed=config.seed,
                     command=config.command, **job)
     meta["profiled_steps"] = config.steps
-    return Recording(native=native + servers, meta=meta)
+    meta["memory_interval_s"] = config.memory_interval_s
+    return Recording(native=native + servers, meta=meta, memory=memory_files(workdir))
 
 
 # ------------------------------------------------------------------ torch
@@ -339,7 +344,7 @@ def command_recording(folder: Path, command: str, session: str | None = None) ->
     if kv.startswith("dist"):
         meta["servers"] = sum(f.role == Role.SERVER for f in facts)
         meta["server_traces"] = sum(p.name.endswith("_server.json") for p in native)
-    return Recording(native=native, meta=meta)
+    return Recording(native=native, meta=meta, memory=memory_files(folder))
 
 
 def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:

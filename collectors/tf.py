@@ -319,10 +319,23 @@ def _run_facts(config: RecordConfig) -> dict[str, Any]:
             "servers": config.servers if config.mode == Mode.PS_ASYNC else 0}
 
 
+def variable_bytes(variables: Any) -> int:
+    """Bytes of TF/Keras variables: elements × the size of their dtype (a Keras 3 variable's
+    dtype is a name, a tf.Variable's a DType)."""
+    import numpy as np
+
+    total = 0
+    for v in variables:
+        dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)
+        total += math.prod(int(d) for d in v.shape) * np.dtype(dtype).itemsize
+    return int(total)
+
+
 def _model_facts(config: RecordConfig, counts: dict[str, int], size: int,
-                 classes: int) -> dict[str, Any]:
+                 classes: int, param_bytes: int) -> dict[str, Any]:
     return {"model": canonical_name(config.model), "dataset": config.dataset,
             "batch_size": config.batch_size, "params": counts["params"],
+            "param_bytes": param_bytes,
             "layers": {k: v for k, v in counts.items() if k != "params"},
             "input_size": size, "num_classes": classes, "seed": config.seed}
 
@@ -359,7 +372,8 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     model, optimizer, counts = _model(config, classes, strategy)
     state: dict[str, Any] = {}
     step = _stepper(tf, model, optimizer, iterator, strategy, config.batch_size * workers, state)
-    facts = _model_facts(config, counts, size, classes)
+    facts = _model_facts(config, counts, size, classes,
+                         variable_bytes(model.trainable_variables))
     adapter = TFAdapter(run=_run_facts(config), barrier=_barrier(tf, strategy),
                         sync=lambda: float(state["loss"]) if "loss" in state else None,
                         facts=facts)
@@ -445,7 +459,7 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
             folder, time.monotonic() + config.timeout_s,
             f"the other tasks to {command} profiling")
 
-    facts = {**_model_facts(config, counts, size, classes),
+    facts = {**_model_facts(config, counts, size, classes, variable_bytes(variables)),
              "scheduled_steps": config.steps * config.workers,
              "unprofiled_step_note": "ps-async: wall time of one round of `workers` scheduled "
                                      "steps, i.e. the mean step time of one worker"}
@@ -527,10 +541,8 @@ def _strategy_facts(tf: Any, optimizer: Any) -> dict[str, Any]:
         facts["replicas"] = int(strategy.num_replicas_in_sync)
     variables = getattr(optimizer, "_trainable_variables", None) or []
     try:
-        sizes = [math.prod(int(d) for d in v.shape) for v in variables]
-        facts["params"] = sum(sizes)
-        facts["param_bytes"] = sum(n * v.dtype.size if hasattr(v.dtype, "size") else 4 * n
-                                   for n, v in zip(sizes, variables, strict=True))
+        facts["params"] = sum(math.prod(int(d) for d in v.shape) for v in variables)
+        facts["param_bytes"] = variable_bytes(variables)
     except (TypeError, ValueError, AttributeError):  # shapes not known yet
         pass
     return facts

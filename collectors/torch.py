@@ -94,11 +94,12 @@ class TorchAdapter:
     profiler_warmup = 1
 
     def __init__(self, steps: int, device: str = "cpu", clock_policy: str = "auto",
-                 facts: dict[str, Any] | None = None) -> None:
+                 facts: dict[str, Any] | None = None, profile_memory: bool = True) -> None:
         import torch
 
         self.torch = torch
         self.steps, self.clock_policy = steps, clock_policy
+        self.profile_memory = profile_memory
         self.device = torch.device(device)
         self._facts = dict(facts or {})
         self.prof: Any = None
@@ -139,6 +140,7 @@ class TorchAdapter:
             activities.append(ProfilerActivity.CUDA)
         self.trace = Path(folder) / trace_name(rank)
         self.prof = profile(activities=activities, record_shapes=True,
+                            profile_memory=self.profile_memory,
                             schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
         with quiet(self.trace.parent):
             self.prof.start()
@@ -189,6 +191,17 @@ class TorchAdapter:
         if self.device.type == "cuda":
             out["gpus"] = [self.torch.cuda.get_device_name(self.device)]
         return out
+
+
+def param_bytes(params: Any) -> int:
+    """Bytes of the trainable parameters (each counted once): elements × element size."""
+    seen: set[int] = set()
+    total = 0
+    for p in params:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return int(total)
 
 
 @contextmanager
@@ -350,7 +363,8 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         trained = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
-             "params": counts.pop("params"), "layers": counts, "input_size": size,
+             "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
+             "layers": counts, "input_size": size,
              "num_classes": classes, "seed": config.seed}
     return _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device), facts
 
@@ -410,7 +424,8 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         dist.init_process_group("nccl" if cuda else "gloo",
                                 timeout=timedelta(seconds=max(config.timeout_s, 1.0)))
     step, facts = build_training(config, device, rank=rank, world=world)
-    adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts)
+    adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts,
+                           profile_memory=config.profile_memory)
     drive(Runner(adapter, config.protocol, folder, extra=facts), step)
     if world > 1:
         dist.destroy_process_group()
@@ -437,10 +452,10 @@ def install_hook(protocol: Protocol, folder: Path,
             params = [p for g in optimizer.param_groups for p in g["params"]]
             device = "cuda" if any(p.is_cuda for p in params) else "cpu"
             facts = {"params": int(sum(p.numel() for p in params)),
-                     "param_bytes": int(sum(p.numel() * p.element_size() for p in params)),
-                     "optimizer": type(optimizer).__name__}
+                     "param_bytes": param_bytes(params), "optimizer": type(optimizer).__name__}
             runner = state["runner"] = Runner(
-                TorchAdapter(protocol.steps, device, facts=facts), protocol, folder,
+                TorchAdapter(protocol.steps, device, facts=facts,
+                             profile_memory=protocol.profile_memory), protocol, folder,
                 extra=facts)
             if not started(runner):
                 state["off"] = True

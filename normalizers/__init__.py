@@ -19,14 +19,15 @@ from typing import Any
 import msgspec
 
 from opprof.errors import OpprofError
-from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, xplane
+from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, sampled, xplane
 from opprof.trace import Trace, concat_traces
 
 JSON_FORMATS: list[Any] = [kineto, mxnet]
 FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
 
 _PARQUET_MAGIC = b"PAR1"
-_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep")
+_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep",
+                       sampled.SUFFIX)
 
 
 def head_bytes(path: Path, n: int = 64) -> bytes:
@@ -84,12 +85,27 @@ def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
     return out
 
 
+def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool]], list[Path]]:
+    """(trace files, opprof's sampled memory files) of an :func:`expand` listing."""
+    memory = [f for f, _ in listed if sampled.is_memory_file(f)]
+    return [(f, n) for f, n in listed if not sampled.is_memory_file(f)], memory
+
+
 def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
     """Read native trace files (all of one format, e.g. one per rank) into one Trace.
 
     A file the user named must be a trace; a JSON file found inside a folder that no format
-    claims (a collector's sidecar, e.g. ``rank0.key_averages.json``) is skipped."""
-    listed = expand([Path(p) for p in paths])
+    claims (a collector's sidecar, e.g. ``rank0.key_averages.json``) is skipped. opprof's
+    sampled memory files (``*.memory.csv``) among them become the memory rows of their
+    ranks (:mod:`.sampled`)."""
+    listed, memory = split_memory(expand([Path(p) for p in paths]))
+    if not listed:
+        raise OpprofError(f"{paths[0]}: only sampled memory files, no trace to attach them to")
+    return sampled.attach(_normalize(listed, meta), memory)
+
+
+def _normalize(listed: list[tuple[Path, bool]], meta: dict | None) -> Trace:
+    paths = [f for f, _ in listed]
     files = [f for f, _ in listed]
     for fmt in FILE_FORMATS:
         if all(fmt.claims_file(f, head_bytes(f)) for f in files):

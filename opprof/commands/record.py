@@ -58,6 +58,13 @@ from opprof.trace import Trace, save
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--nsys", is_flag=True,
               help="Also record under NVIDIA Nsight Systems (needs nsys on PATH).")
+@click.option("--profile-memory/--no-profile-memory", default=True, show_default=True,
+              help="Record the framework allocator's memory with its profiler (torch and "
+                   "MXNet profile_memory; TensorFlow always records its allocator).")
+@click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
+              default=0.02, show_default=True,
+              help="Seconds between samples of every process's resident memory, taken from "
+                   "outside the processes (0: no sampling).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
@@ -77,7 +84,7 @@ from opprof.trace import Trace, save
 @format_option
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
-            nsys: bool,
+            nsys: bool, profile_memory: bool, memory_interval_s: float,
             seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
             cluster: str | None, top: int | None, fmt: str) -> None:
@@ -110,7 +117,8 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
-        device=device, seed=seed, timeout_s=timeout_s,
+        device=device, seed=seed, timeout_s=timeout_s, profile_memory=profile_memory,
+        memory_interval_s=memory_interval_s,
         command=shlex.join(["opprof", *sys.argv[1:]]),
         rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
     )
@@ -149,7 +157,7 @@ def record_trace(config: RecordConfig, output: Path,
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
     meta["native_dir"] = str(native_dir)
-    trace = normalize(recording.native, meta)
+    trace = normalize([*recording.native, *recording.memory], meta)
     save(trace, output)
     return trace
 

@@ -18,6 +18,7 @@ from opprof.analysis.report import build_report
 from opprof.collectors import channel, inject
 from opprof.collectors.config import FRAMEWORKS, Facts, Protocol
 from opprof.collectors.jobs import command_recording
+from opprof.collectors.memory import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
 from opprof.commands import echo_output, format_option, top_option
 from opprof.errors import OpprofError
@@ -44,12 +45,19 @@ TIMED_OUT = 124  # what `timeout` returns
               help="The .trace to write (default: SCRIPT.trace, after the command's script).")
 @click.option("--timeout", "timeout_s", type=float, default=None,
               help="Seconds before the command is stopped (default: none).")
+@click.option("--profile-memory/--no-profile-memory", default=True, show_default=True,
+              help="Record the framework allocator's memory with its profiler (torch and "
+                   "MXNet profile_memory; TensorFlow always records its allocator).")
+@click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
+              default=0.02, show_default=True,
+              help="Seconds between samples of the resident memory of the command and every "
+                   "process it starts, taken from outside them (0: no sampling).")
 @top_option
 @format_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | None,
-            timeout_s: float | None, top: int | None, fmt: str,
-            command: tuple[str, ...]) -> None:
+            timeout_s: float | None, profile_memory: bool, memory_interval_s: float,
+            top: int | None, fmt: str, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged and profile the training steps of every Python process it
     starts (torch, TensorFlow/Keras or MXNet; detected when imported).
 
@@ -64,7 +72,7 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
       opprof run --steps 10 --warmup 3 -- torchrun --nproc-per-node 2 train_ddp.py
       opprof run --fw tf -- python keras_fit.py
     """
-    protocol = Protocol(steps, warmup, timing_steps)
+    protocol = Protocol(steps, warmup, timing_steps, profile_memory)
     output = output or Path(f"{_script_name(command)}.trace")
     native = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native.exists():
@@ -81,7 +89,8 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
     # With a machine format on stdout, the command's own stdout goes to stderr.
     sup.start("the command", list(command), env=env, own_group=False, stdin=None,
               stdout=None if fmt == "rich" else sys.stderr.fileno())
-    code = _wait(sup)
+    with sampling(sup, memory_interval_s):
+        code = _wait(sup)
     rec = command_recording(native, line)
     statuses = channel.read_all(native)
     for message in _outcomes(statuses, protocol):
@@ -99,8 +108,9 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
             "recorded: mark the steps with opprof.profile() in the script"), err=True)
         sys.exit(_exit_code(code) or 2)
     meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
-            "opprof_command": shlex.join(["opprof", *sys.argv[1:]])}
-    trace = normalize(rec.native, meta)
+            "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
+            "memory_interval_s": memory_interval_s}
+    trace = normalize([*rec.native, *rec.memory], meta)
     save(trace, output)
     click.echo(f"wrote {output} ({len(trace.events):,} events; native traces in {native})",
                err=True)

@@ -179,6 +179,118 @@ def device_tables(rep: Report) -> list[Table]:
     return tables
 
 
+def mib(n: float | None) -> str:
+    """Bytes as MiB (GiB from 10 GiB) text; '-' for none."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "-"
+    if abs(n) >= 10 * 2**30:
+        return f"{n / 2**30:,.2f} GiB"
+    return f"{n / 2**20:,.1f} MiB"
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int | None]) -> str:
+    """One character per value, from ▁ (the smallest) to █ (the largest); blank for none."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return ""
+    lo, hi = min(known), max(known)
+    span = max(hi - lo, 1)
+    return "".join(" " if v is None else SPARKS[min(int((v - lo) * len(SPARKS) / span),
+                                                    len(SPARKS) - 1)] for v in values)
+
+
+#: What the allocator figure counts, per source (and device for torch).
+ALLOCATOR_NOTE = {
+    ("kineto", "cpu"): "torch's CPU allocator: bytes allocated while the profiler ran "
+                       "(parameters and optimizer state allocated earlier not included)",
+    ("kineto", "gpu"): "torch's CUDA caching allocator: all allocated bytes",
+    ("mxnet", "cpu"): "MXNet's storage allocator: bytes allocated while the profiler ran",
+    ("mxnet", "gpu"): "MXNet's storage allocator: bytes allocated while the profiler ran",
+    ("xprof", "cpu"): "TensorFlow's allocator (xprof memory profile): all allocated bytes",
+    ("xprof", "gpu"): "TensorFlow's allocator (xprof memory profile): all allocated bytes",
+    ("nsys", "gpu"): "CUDA memory as Nsight Systems sees it (cudaMalloc − cudaFree)",
+}
+
+
+def _allocator_notes(mem: pd.DataFrame) -> list[str]:
+    notes = []
+    for r in mem.dropna(subset=["allocated_source"]).drop_duplicates(
+            ["allocated_source", "allocated_device"]).to_dict("records"):
+        kind = "cpu" if r["allocated_device"] == "cpu" else "gpu"
+        note = ALLOCATOR_NOTE.get((r["allocated_source"], kind))
+        if note and f"allocated: {note}" not in notes:
+            notes.append(f"allocated: {note}")
+    return notes
+
+
+def memory_line(rep: Report) -> Text | None:
+    """One line for the default report: the largest worker's resident and allocator peaks,
+    the parameters, and where to look further."""
+    mem = rep.memory.ranks
+    if mem.empty:
+        return None
+    workers = mem[mem["role"] == "worker"]
+    rows = workers if len(workers) else mem
+    key = "peak_rss_bytes" if rows["peak_rss_bytes"].notna().any() else "peak_allocated_bytes"
+    top = rows.loc[rows[key].astype(float).idxmax()] if rows[key].notna().any() else rows.iloc[0]
+    parts = []
+    where = f"rank {int(top['rank'])}" + (f", step {int(top['peak_step'])}"
+                                           if top["peak_step"] is not None
+                                           and top["peak_step"] == top["peak_step"] else "")
+    if top["peak_rss_bytes"] is not None and top["peak_rss_bytes"] == top["peak_rss_bytes"]:
+        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where})")
+    if top["peak_allocated_bytes"] is not None and \
+            top["peak_allocated_bytes"] == top["peak_allocated_bytes"]:
+        parts.append(f"allocator {mib(top['peak_allocated_bytes'])} "
+                     f"({top['allocated_device']})")
+    if top["param_bytes"] is not None and top["param_bytes"] == top["param_bytes"]:
+        parts.append(f"parameters {mib(top['param_bytes'])}")
+    if len(mem) > 1 and mem["peak_rss_bytes"].notna().any():
+        parts.append(f"all {len(mem)} processes {mib(mem['peak_rss_bytes'].sum())}")
+    return Text("memory: " + "; ".join(parts) + "  (--by memory for more)")
+
+
+def memory_tables(rep: Report) -> list[object]:
+    """Per rank: resident, kernel and allocator peaks, parameters, the peak's step; the
+    peak by phase; a timeline of the main series over the profiled steps."""
+    mem = rep.memory.ranks
+    if mem.empty:
+        return [Text("Memory: this trace has no memory rows (record with opprof record / "
+                     "opprof run, or a profiler's memory events)")]
+    t = Table(title="Memory per rank (peaks)", title_justify="left")
+    for c in ["rank", "role", "resident", "kernel peak", "allocated", "reserved",
+              "parameters", "peak step", "samples"]:
+        t.add_column(c, justify="left" if c == "role" else "right")
+    for r in mem.to_dict("records"):
+        step = r["peak_step"]
+        t.add_row(str(int(r["rank"])), r["role"], mib(r["peak_rss_bytes"]), mib(r["hwm_bytes"]),
+                  mib(r["peak_allocated_bytes"]), mib(r["peak_reserved_bytes"]),
+                  mib(r["param_bytes"]), "-" if step is None or step != step else str(int(step)),
+                  f"{int(r['samples']):,}")
+    t.caption = "\n".join(["resident: the largest VmRSS sample (from outside the process); "
+                           "kernel peak: its VmHWM when sampling ended; peak step: of the "
+                           "main series (resident, else allocated)", *_allocator_notes(mem)])
+    p = Table(title="Peak by phase (the largest sample of the main series in each phase's "
+                    "wall time)", title_justify="left")
+    p.add_column("rank", justify="right")
+    p.add_column("series")
+    for ph in PHASES:
+        p.add_column(ph, justify="right", style=PHASE_STYLE[ph])
+    for r in mem.to_dict("records"):
+        p.add_row(str(int(r["rank"])), str(r["series"] or "-"),
+                  *(mib(r[f"peak_{ph}_bytes"]) for ph in PHASES))
+    p.caption = "- : no sample fell in that phase (a phase shorter than the sampling interval)"
+    lines = [Text("Timeline over the profiled steps (largest sample per bin)", style="bold")]
+    for r in rep.memory.timeline.to_dict("records"):
+        known = [v for v in r["bins"] if v is not None]
+        lines.append(Text(f"rank {int(r['rank']):>3} {r['series']:<9} "
+                          f"{sparkline(r['bins'])}  {mib(min(known))} … {mib(max(known))}"))
+    return [t, p, *(lines if len(lines) > 1 else [])]
+
+
 def step_table(rep: Report) -> Table:
     """Wall ms per phase for every (rank, step)."""
     t = Table(title="Per step (ms)", title_justify="left")
@@ -210,7 +322,12 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     elif by == "device":
         items.extend(device_tables(rep))
         items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator"))
+    elif by == "memory":
+        items.extend(memory_tables(rep))
     else:
+        line = memory_line(rep)
+        if line is not None:
+            items.append(line)
         items.append(phase_table(rep))
         items.append(op_table(rep.ops, 10 if top is None else top, "Top host operators"))
         if not rep.device_ops.empty:

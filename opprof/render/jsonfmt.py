@@ -46,7 +46,27 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
-            "stragglers": records(rep.stragglers)}
+            "stragglers": records(rep.stragglers), "memory": memory_records(rep),
+            "memory_steps": records(rep.memory.steps)}
+
+
+def _int_or_none(v: Any) -> int | None:
+    v = _clean(v)
+    return None if v is None else int(v)
+
+
+def memory_records(rep: Report) -> list[dict]:
+    """The report's ``memory`` list: per rank with memory rows, exactly ``rank``, ``role``,
+    ``peak_rss_bytes``, ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``param_bytes``,
+    ``peak_step`` (null: none) and ``by_phase`` ({phase: bytes or null})."""
+    return [{"rank": int(r["rank"]), "role": str(r["role"]),
+             "peak_rss_bytes": _int_or_none(r["peak_rss_bytes"]),
+             "peak_allocated_bytes": _int_or_none(r["peak_allocated_bytes"]),
+             "peak_reserved_bytes": _int_or_none(r["peak_reserved_bytes"]),
+             "param_bytes": _int_or_none(r["param_bytes"]),
+             "peak_step": _int_or_none(r["peak_step"]),
+             "by_phase": {p: _int_or_none(r[f"peak_{p}_bytes"]) for p in PHASES}}
+            for r in rep.memory.ranks.to_dict("records")]
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:

@@ -18,6 +18,8 @@ def report_table(rep: Report, by: str, top: int | None) -> pd.DataFrame:
         return rep.ranks
     if by == "device":
         return rep.devices
+    if by == "memory":
+        return rep.memory.ranks
     return rep.phases.reset_index()
 
 
