@@ -202,3 +202,68 @@ def _rank(rank: int, m: pd.DataFrame, meta: dict,
             line = {"rank": rank, "series": series, "start": start, "end": end,
                     "bins": [int(v) if v >= 0 else None for v in top]}
     return row, steps, line
+
+
+#: The per-run memory figures `diff` and `bench` compare (bytes; None when unknown).
+RUN_METRICS = ("peak_rss_bytes", "job_rss_bytes", "peak_allocated_bytes",
+               "peak_reserved_bytes", "param_bytes",
+               *(f"peak_{p}_bytes" for p in PHASES))
+
+
+def run_memory(ranks: pd.DataFrame) -> dict[str, int | str | None]:
+    """One run's memory from its per-rank rows: the largest worker's resident, allocator and
+    per-phase peaks (the worker holding the most; all ranks when there is no worker),
+    ``job_rss_bytes`` the resident peaks of every process (workers, servers, schedulers)
+    added up — the job's footprint when the peaks coincide, an upper bound otherwise — and
+    the model's parameter bytes; ``series``: the main series of the per-phase peaks;
+    ``allocator``: whose allocator figure it is (``kineto cpu``, ``xprof cpu`` …)."""
+    out: dict[str, int | str | None] = dict.fromkeys(RUN_METRICS)
+    if ranks.empty:
+        return out
+    workers = ranks[ranks["role"] == "worker"]
+    rows = workers if len(workers) else ranks
+
+    def top(col: str) -> int | None:
+        v = pd.to_numeric(rows[col], errors="coerce").dropna()
+        return int(v.max()) if len(v) else None
+
+    for col in RUN_METRICS:
+        if col != "job_rss_bytes":
+            out[col] = top(col)
+    rss = pd.to_numeric(ranks["peak_rss_bytes"], errors="coerce").dropna()
+    out["job_rss_bytes"] = int(rss.sum()) if len(rss) else None
+    series = rows["series"].dropna()
+    out["series"] = str(series.iloc[0]) if len(series) else None  # of the per-phase peaks
+    alloc = rows.dropna(subset=["allocated_source"])
+    out["allocator"] = (f"{alloc['allocated_source'].iloc[0]} "
+                        f"{'cpu' if alloc['allocated_device'].iloc[0] == 'cpu' else 'gpu'}"
+                        if len(alloc) else None)
+    return out
+
+
+def compare_memory(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two runs' memory side by side (per-rank rows of each): per metric of
+    :data:`RUN_METRICS` known in either, A and B bytes, ratio A/B and delta A−B. The
+    per-phase peaks are compared only when both runs' main series is the same (resident
+    against resident), and allocator peaks get a ratio only when both come from the same
+    kind of allocator (``run_memory``'s ``allocator``: torch's CPU allocator counts what the
+    profiled steps allocated, TensorFlow's every large tensor: not comparable)."""
+    ma, mb = run_memory(a), run_memory(b)
+    rows = []
+    same = ma.get("series") is not None and ma.get("series") == mb.get("series")
+    alike = ma.get("allocator") == mb.get("allocator")
+    for k in RUN_METRICS:
+        va, vb = ma[k], mb[k]
+        if (va is None and vb is None) or (k in _PHASE_METRICS and not same):
+            continue
+        both = va is not None and vb is not None and (alike or k not in _ALLOCATOR_METRICS)
+        rows.append({"metric": k.removesuffix("_bytes"), "a_bytes": va, "b_bytes": vb,
+                     "ratio": va / vb if both and vb else None,
+                     "delta_bytes": va - vb if both else None})
+    out = pd.DataFrame(rows, columns=["metric", "a_bytes", "b_bytes", "ratio", "delta_bytes"])
+    return out.astype({"a_bytes": "Int64", "b_bytes": "Int64", "delta_bytes": "Int64",
+                       "ratio": "float64"})
+
+
+_PHASE_METRICS = {f"peak_{p}_bytes" for p in PHASES}
+_ALLOCATOR_METRICS = {"peak_allocated_bytes", "peak_reserved_bytes"}

@@ -181,7 +181,7 @@ def device_tables(rep: Report) -> list[Table]:
 
 def mib(n: float | None) -> str:
     """Bytes as MiB (GiB from 10 GiB) text; '-' for none."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
+    if n is None or pd.isna(n):
         return "-"
     if abs(n) >= 10 * 2**30:
         return f"{n / 2**30:,.2f} GiB"
@@ -226,6 +226,10 @@ def _allocator_notes(mem: pd.DataFrame) -> list[str]:
     return notes
 
 
+def _known(v: object) -> bool:
+    return v is not None and not pd.isna(v)
+
+
 def memory_line(rep: Report) -> Text | None:
     """One line for the default report: the largest worker's resident and allocator peaks,
     the parameters, and where to look further."""
@@ -235,21 +239,21 @@ def memory_line(rep: Report) -> Text | None:
     workers = mem[mem["role"] == "worker"]
     rows = workers if len(workers) else mem
     key = "peak_rss_bytes" if rows["peak_rss_bytes"].notna().any() else "peak_allocated_bytes"
-    top = rows.loc[rows[key].astype(float).idxmax()] if rows[key].notna().any() else rows.iloc[0]
+    values = pd.to_numeric(rows[key], errors="coerce")
+    top = rows.loc[values.idxmax()] if values.notna().any() else rows.iloc[0]
     parts = []
-    where = f"rank {int(top['rank'])}" + (f", step {int(top['peak_step'])}"
-                                           if top["peak_step"] is not None
-                                           and top["peak_step"] == top["peak_step"] else "")
-    if top["peak_rss_bytes"] is not None and top["peak_rss_bytes"] == top["peak_rss_bytes"]:
+    where = f"rank {int(top['rank'])}" + (
+        f", step {int(top['peak_step'])}" if _known(top["peak_step"]) else "")
+    if _known(top["peak_rss_bytes"]):
         parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where})")
-    if top["peak_allocated_bytes"] is not None and \
-            top["peak_allocated_bytes"] == top["peak_allocated_bytes"]:
+    if _known(top["peak_allocated_bytes"]):
         parts.append(f"allocator {mib(top['peak_allocated_bytes'])} "
                      f"({top['allocated_device']})")
-    if top["param_bytes"] is not None and top["param_bytes"] == top["param_bytes"]:
+    if _known(top["param_bytes"]):
         parts.append(f"parameters {mib(top['param_bytes'])}")
     if len(mem) > 1 and mem["peak_rss_bytes"].notna().any():
-        parts.append(f"all {len(mem)} processes {mib(mem['peak_rss_bytes'].sum())}")
+        parts.append(f"all {len(mem)} processes "
+                     f"{mib(pd.to_numeric(mem['peak_rss_bytes']).sum())}")
     return Text("memory: " + "; ".join(parts) + "  (--by memory for more)")
 
 
@@ -268,7 +272,7 @@ def memory_tables(rep: Report) -> list[object]:
         step = r["peak_step"]
         t.add_row(str(int(r["rank"])), r["role"], mib(r["peak_rss_bytes"]), mib(r["hwm_bytes"]),
                   mib(r["peak_allocated_bytes"]), mib(r["peak_reserved_bytes"]),
-                  mib(r["param_bytes"]), "-" if step is None or step != step else str(int(step)),
+                  mib(r["param_bytes"]), str(int(step)) if _known(step) else "-",
                   f"{int(r['samples']):,}")
     t.caption = "\n".join(["resident: the largest VmRSS sample (from outside the process); "
                            "kernel peak: its VmHWM when sampling ended; peak step: of the "
@@ -354,7 +358,43 @@ def diff(d: Diff, top: int | None = None) -> str:
             t.add_row(str(r[key]), ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]), rtxt,
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    return render(head, *tables, Text(d.summary, style="bold"))
+    return render(head, *tables, *memory_diff(d), Text(d.summary, style="bold"))
+
+
+#: How the diff names the run memory metrics.
+MEMORY_METRIC = {"peak_rss": "resident peak (largest worker)",
+                 "job_rss": "resident, all processes (sum of peaks)",
+                 "peak_allocated": "allocator peak (largest worker)",
+                 "peak_reserved": "reserved peak (largest worker)",
+                 "param": "parameters"}
+
+
+def memory_diff(d: Diff) -> list[object]:
+    """Memory beside time: each run's peaks, A/B and A−B, and one line on the resident peak."""
+    if d.memory.empty:
+        return []
+    t = Table(title="Memory", title_justify="left")
+    for c in ["", "A", "B", "A/B", "A−B"]:
+        t.add_column(c, justify="left" if not c else "right")
+    for r in d.memory.to_dict("records"):
+        name = MEMORY_METRIC.get(r["metric"]) or (
+            f"peak in {r['metric'].removeprefix('peak_')} (largest worker)")
+        ratio = r["ratio"]
+        t.add_row(name, mib(r["a_bytes"]), mib(r["b_bytes"]),
+                  "-" if ratio is None or pd.isna(ratio) else f"{ratio:.2f}x",
+                  mib(r["delta_bytes"]))
+    alloc = d.memory[d.memory["metric"].isin(["peak_allocated", "peak_reserved"])]
+    if len(alloc) and alloc["a_bytes"].notna().all() and alloc["b_bytes"].notna().all() \
+            and alloc["ratio"].isna().all():
+        t.caption = ("allocator peaks not compared: the two runs' allocators count different "
+                     "things (--by memory on each says what)")
+    out: list[object] = [t]
+    rss = d.memory[d.memory["metric"] == "peak_rss"]
+    if len(rss) and rss["ratio"].notna().all() and rss["a_bytes"].notna().all():
+        r = rss.iloc[0]
+        out.append(Text(f"Peak resident memory: {d.a_label} {mib(r['a_bytes'])}, {d.b_label} "
+                        f"{mib(r['b_bytes'])} ({r['ratio']:.2f}x)."))
+    return out
 
 
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:

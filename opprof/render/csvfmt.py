@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
 from opprof.render.tables import diff_table, report_table
@@ -13,5 +15,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
 
 
 def diff(d: Diff, top: int | None = None) -> str:
-    """Phases and ops of the diff as one CSV table."""
-    return diff_table(d, top).to_csv(index=False)
+    """Phases, ops and memory of the diff as one CSV table (``level`` phase / op / memory;
+    times in the ``*_ns`` columns, memory in the ``*_bytes`` ones)."""
+    table = diff_table(d, top)
+    if len(d.memory):
+        mem = d.memory.rename(columns={"metric": "name"}).assign(level="memory")
+        table = pd.concat([table, mem], ignore_index=True)
+    return table.to_csv(index=False)

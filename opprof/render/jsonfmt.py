@@ -14,6 +14,8 @@ from opprof.taxonomy import PHASES
 
 
 def _clean(v: Any) -> Any:
+    if v is pd.NA:
+        return None
     if isinstance(v, float):
         if math.isnan(v):
             return None
@@ -80,5 +82,5 @@ def diff(d: Diff, top: int | None = None) -> str:
     return json.dumps({
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
         "step_ratio": _clean(d.step_ratio), "phases": records(d.phases), "ops": records(ops),
-        "summary": d.summary,
+        "memory": records(d.memory), "summary": d.summary,
     }, indent=2)

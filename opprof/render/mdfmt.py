@@ -6,7 +6,7 @@ import pandas as pd
 
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.render.tables import diff_table, report_table
+from opprof.render.tables import diff_memory_table, diff_table, report_table
 
 
 def md_table(df: pd.DataFrame) -> str:
@@ -16,7 +16,7 @@ def md_table(df: pd.DataFrame) -> str:
             if v != v:
                 return ""
             return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
-        if v is None:
+        if v is None or v is pd.NA:
             return ""
         return str(v)
 
@@ -34,5 +34,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
 
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as markdown."""
+    memory = (f"\n### Memory (bytes)\n\n{md_table(diff_memory_table(d))}\n"
+              if len(d.memory) else "")
     return (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n"
-            f"{md_table(diff_table(d, top))}\n")
+            f"{md_table(diff_table(d, top))}\n{memory}")
