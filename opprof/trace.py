@@ -132,7 +132,9 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
                 text = pd.Index(cat.categories.astype("str"))
             cols[col] = pd.Categorical.from_codes(cat.codes, categories=text)
         else:
-            cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(dtype)
+            # ``.array``: no index, so a slice of a table (one rank's rows) keeps its values
+            cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(
+                dtype).array
     return pd.DataFrame(cols, index=pd.RangeIndex(n))
 
 

@@ -1,6 +1,7 @@
-"""The benchmark matrix comparison: per run samples/s, step time, phases and scaling
-efficiency, and the canonical operators with the largest cross-framework ratios (the
-research's "convolution_backward 7.67x" table). Pure functions over recorded runs."""
+"""The benchmark matrix comparison: per run samples/s, step time, phases, scaling
+efficiency and peak memory (with its ratio to the leanest run of the same model and worker
+count), and the canonical operators with the largest cross-framework ratios (the research's
+"convolution_backward 7.67x" table). Pure functions over recorded runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.memory import memory_part, run_memory
 from opprof.analysis.ops import op_table
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
@@ -18,6 +20,8 @@ from opprof.trace import Trace
 #: An operator enters the cross-framework table when it takes at least this share of the
 #: slower run's step time (tiny operators give huge, meaningless ratios).
 MIN_OP_SHARE = 0.01
+#: Each run's memory in the bench table (opprof.analysis.memory.run_memory), bytes.
+MEMORY_COLUMNS = ("peak_rss_bytes", "job_rss_bytes", "peak_allocated_bytes")
 
 
 @dataclass
@@ -45,7 +49,10 @@ def summarize(trace: Trace) -> dict[str, Any]:
     phases = phase_summary(steps)
     ops = op_table(trace, n_steps=len(steps))
     m = trace.meta
+    memory = run_memory(memory_part(trace).ranks)
     return {
+        "memory": {k: memory[k] for k in ("peak_rss_bytes", "job_rss_bytes",
+                                          "peak_allocated_bytes")},
         "samples_per_s": m.get("samples_per_s"),
         "unprofiled_step_ns": m.get("unprofiled_step_ns"),
         "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
@@ -66,9 +73,12 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
                "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
                **{p: s.get("phases", {}).get(p) for p in PHASES},
-               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason}
+               "scaling_efficiency": None,
+               **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
+               "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason}
         rows.append(row)
     table = pd.DataFrame(rows)
+    _memory_ratios(table, runs)
     single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
               if r.mode == "single" and r.summary.get("samples_per_s")}
     for i, r in enumerate(runs):
@@ -76,6 +86,17 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         if one and n_thr:
             table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
     return table, op_ratios(runs, top)
+
+
+def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
+    """``rss_ratio``: each run's resident peak (largest worker) over the smallest among the
+    runs of the same model, batch size and worker count (1.00x: the leanest; in place)."""
+    peak = pd.to_numeric(table["peak_rss_bytes"], errors="coerce")
+    key = pd.Series([f"{r.model}|{r.summary.get('batch_size')}|{r.workers}" for r in runs],
+                    index=table.index)
+    least = peak.groupby(key).transform("min") if len(table) else peak
+    table["rss_ratio"] = (peak / least.where(least > 0)).astype(object).where(
+        peak.notna(), None)
 
 
 def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:

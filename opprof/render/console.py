@@ -209,7 +209,8 @@ ALLOCATOR_NOTE = {
     ("kineto", "gpu"): "torch's CUDA caching allocator: all allocated bytes",
     ("mxnet", "cpu"): "MXNet's storage allocator: bytes allocated while the profiler ran",
     ("mxnet", "gpu"): "MXNet's storage allocator: bytes allocated while the profiler ran",
-    ("xprof", "cpu"): "TensorFlow's allocator (xprof memory profile): all allocated bytes",
+    ("xprof", "cpu"): "TensorFlow's oneDNN CPU allocator (xprof memory profile): tensors of "
+                      "256 KiB and more, all of them (smaller ones are not traced)",
     ("xprof", "gpu"): "TensorFlow's allocator (xprof memory profile): all allocated bytes",
     ("nsys", "gpu"): "CUDA memory as Nsight Systems sees it (cudaMalloc − cudaFree)",
 }
@@ -403,7 +404,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "peak mem",
+              "mem ratio"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
@@ -416,13 +418,16 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
         t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
-                  pct(eff) if eff is not None and eff == eff else "-")
+                  pct(eff) if eff is not None and eff == eff else "-",
+                  mib(r.get("peak_rss_bytes")) if ok else "-",
+                  f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-")
         if ok:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker)", *notes])
+                           "1 worker); peak mem: resident peak of the largest worker; mem "
+                           "ratio: over the leanest run of the same model and workers", *notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
