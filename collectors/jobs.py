@@ -13,9 +13,11 @@ runner), started the way that framework's users start a job:
 * TensorFlow: one process, or one process per ``TF_CONFIG`` task (MultiWorkerMirroredStrategy
   workers; or ParameterServerStrategy's chief, workers and ps).
 
-On several hosts every host runs the same `record` with its own ``--node-rank`` and keeps the
-traces of the ranks it ran (``opprof import`` their folders together). Logs are
-``<process>.log`` in the run folder, statuses in its ``procs/`` (:mod:`.channel`).
+While the job runs, the resident memory of every process is sampled from outside
+(:mod:`.memory`). On several hosts every host runs the same `record` with its own
+``--node-rank`` and keeps the traces of the ranks it ran (``opprof import`` their folders
+together). Logs are ``<process>.log`` in the run folder, statuses in its ``procs/``
+(:mod:`.channel`).
 """
 
 from __future__ import annotations

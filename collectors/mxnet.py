@@ -4,7 +4,8 @@ step, the parameter-server roles, and the ``gluon.Trainer`` hook of `opprof run`
 Importing this module imports no MXNet; :func:`import_mxnet` does, when a function runs (it
 restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
 
-**Profiler.** At the runner's profile boundary: ``set_config(profile_all=True,
+**Profiler.** At the runner's profile boundary (without memory: ``--no-profile-memory``
+turns ``profile_all`` into everything but ``profile_memory``): ``set_config(profile_all=True,
 aggregate_stats=True)`` with the trace ``rankR_worker.json`` (R: the worker's rank) and
 ``set_state("run")``; each step is a Frame ``opprof.step#N`` in the ``opprof`` domain, from
 one step boundary to the next. MXNet's engine runs operators asynchronously, so every step

@@ -6,8 +6,9 @@ Importing this module imports no torch; torch is imported when one of its functi
 **Profiler.** Started at the runner's profile boundary with the schedule ``wait=0, warmup=1,
 active=steps, repeat=1`` (one step to settle, then the recorded ones); every later boundary is
 ``prof.step()``, so the step markers are torch's own ``ProfilerStep#N`` (N = 1 … steps). The
-trace is ``rankR.pt.trace.json`` (R: the rank), with torch's own aggregate
-``rankR.key_averages.json`` beside it for cross-checks. ``repeat=1`` matters: with the
+trace is ``rankR.pt.trace.json`` (R: the rank); with ``profile_memory`` (the default) it holds
+the allocator's ``[memory]`` events too; torch's own aggregate ``rankR.key_averages.json``
+is beside it for cross-checks. ``repeat=1`` matters: with the
 default the schedule starts a new cycle and the exported trace comes out empty.
 
 **Built-in models** (`record`): one step is four ``record_function`` markers,

@@ -4,6 +4,10 @@ One file, one row group per rank (``meta["row_groups"]`` maps ranks to row group
 rank is read without the others (:class:`TraceFile`); categorical columns are
 dictionary<int32, string>, the metadata is JSON under the schema's ``opprof`` key. Files
 from before the per-rank layout (all ranks in one row group) read as they always did.
+
+The memory table is the rows with kind ``memory`` (zero-duration samples of a memory series:
+resident set, the kernel's high-water mark, the allocator's allocated / reserved bytes),
+in the same events table and the same per-rank row groups (:mod:`opprof.memory`).
 """
 
 from __future__ import annotations
