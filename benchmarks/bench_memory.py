@@ -18,8 +18,10 @@ framework allocator's memory events.
    ``--no-profile-memory``; compared: the profiled step time (``profiled_wall_ns`` ÷ steps),
    the trace's rows and the `.trace` size. TensorFlow records its allocator either way.
 
-Each record runs in its own process; the load average is printed beside the numbers (on a
-shared machine they move with it: read the medians and the spread, not one run).
+Each record runs in its own process, its training on ``--threads`` threads (1 by default:
+two frameworks' thread pools spinning against other jobs on a small shared machine make step
+times swing tenfold); the load average is printed beside the numbers (they move with it: read
+the medians and the spread, not one run).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def read_costs(n: int = 20000) -> dict[str, float]:
     return out
 
 
+THREADS = 1
+
+
 def record(fw: str, model: str, folder: Path, extra: list[str], timing_steps: int,
            steps: int) -> dict:
     """One `opprof record`; the trace's facts that the comparison needs."""
@@ -82,7 +87,8 @@ def record(fw: str, model: str, folder: Path, extra: list[str], timing_steps: in
     cmd = [sys.executable, "-m", "opprof", "record", "--fw", fw, "--model", model,
            "--steps", str(steps), "--warmup", "2", "--timing-steps", str(timing_steps),
            "-o", str(out), "--format", "json", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)} if THREADS else None
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip().splitlines()[-1:]}")
     meta = json.loads(pq.read_schema(out).metadata[b"opprof"])
@@ -126,7 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timing-steps", type=int, default=20)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--skip", default="", help="parts to skip: read,sampling,allocator")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS of the training processes (0: the frameworks' own "
+                         "choice); one thread keeps a shared machine's noise down")
     args = ap.parse_args(argv)
+    global THREADS
+    THREADS = args.threads
     skip = set(args.skip.split(","))
     print(f"load average {load()} on {os.cpu_count()} cores")
     if "read" not in skip:

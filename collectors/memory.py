@@ -8,8 +8,10 @@ Every ``interval_s`` (20 ms by default) a thread of the supervising process read
 no high-water mark; ``benchmarks/bench_memory.py`` measures both), and stamps it with
 ``time.time_ns()`` (CLOCK_REALTIME, the clock the trace formats use: Kineto's
 ``baseTimeNanoseconds`` epoch, MXNet's epoch microseconds, the epoch time of the TF
-collector's ``opprof.clock`` marker). The watched processes are the supervisor's children
-and all their descendants (torchrun's ranks, a user's command and everything it starts) and
+collector's ``opprof.clock`` marker). (The kernel keeps VmHWM lazily — it raises it when
+mappings are torn down — so it can trail by a little a resident set that shrank otherwise;
+each read's VmHWM is at least that read's VmRSS.) The watched processes are the supervisor's
+children and all their descendants (torchrun's ranks, a user's command and everything it starts) and
 every process that reports on the run's channel, found again every ``discover_s``.
 
 When the run ends (or fails), each process's samples go to ``memory/<pid>.memory.csv`` in

@@ -89,7 +89,8 @@ def test_saving_keeps_every_rank_detail_column(tmp_path, traces):
     trace = traces["mxnet-ps-sync"]
     save(trace, tmp_path / "x.trace")
     back = load(tmp_path / "x.trace")
-    ordered = trace.events.sort_values("rank", kind="stable")  # one row group per rank
+    ev = trace.events  # one row group per rank, ranks in order of first appearance
+    ordered = ev.iloc[np.argsort(pd.factorize(ev["rank"])[0], kind="stable")]
     for col in ("rank", "name", "detail", "kind", "step", "phase", "bytes"):
         assert back.events[col].astype(str).tolist() == ordered[col].astype(str).tolist()
 
@@ -101,8 +102,10 @@ def test_saving_keeps_every_rank_detail_column(tmp_path, traces):
 def test_sampled_resident_peak_agrees_with_the_kernels_high_water_mark(name):
     for path in sample_files(MEMORY / name):
         _, df = sampled.read(path)
+        # within 5%, either side: the kernel keeps the high-water mark lazily (it is raised
+        # when mappings are torn down), so it can trail a resident set that shrank otherwise
         peak, hwm = df["rss_bytes"].max(), df["hwm_bytes"].iloc[-1]
-        assert peak <= hwm and peak >= 0.95 * hwm, (path, peak, hwm)
+        assert abs(peak - hwm) <= 0.05 * hwm, (path, peak, hwm)
 
 
 @pytest.mark.parametrize("name", FOLDERS)
@@ -427,7 +430,8 @@ def test_record_measures_memory_on_every_framework(tmp_path, fw, extra):
     assert files
     for path in files:
         head, df = sampled.read(path)
-        assert df["rss_bytes"].max() >= 0.95 * df["hwm_bytes"].iloc[-1], (path, head)
+        peak, hwm = df["rss_bytes"].max(), df["hwm_bytes"].iloc[-1]
+        assert abs(peak - hwm) <= 0.05 * hwm, (path, head, peak, hwm)
     # parameters + gradients fit: in the allocator where it counts everything (TF: its large
     # tensors, since the process started), in the resident set where the allocator counts
     # only what the profiled steps allocated (torch's and MXNet's on a CPU)
