@@ -275,9 +275,10 @@ def memory_tables(rep: Report) -> list[object]:
                   mib(r["peak_allocated_bytes"]), mib(r["peak_reserved_bytes"]),
                   mib(r["param_bytes"]), str(int(step)) if _known(step) else "-",
                   f"{int(r['samples']):,}")
-    t.caption = "\n".join(["resident: the largest VmRSS sample (from outside the process); "
-                           "kernel peak: its VmHWM when sampling ended; peak step: of the "
-                           "main series (resident, else allocated)", *_allocator_notes(mem)])
+    t.caption = "\n".join(["peaks until the end of the profiled steps; resident: the largest "
+                           "VmRSS sample (from outside the process); kernel peak: VmHWM then; "
+                           "peak step: of the main series (resident, else allocated)",
+                           *_allocator_notes(mem)])
     p = Table(title="Peak by phase (the largest sample of the main series in each phase's "
                     "wall time)", title_justify="left")
     p.add_column("rank", justify="right")

@@ -61,13 +61,19 @@ elif args.fw == "tf":
                               keras.layers.Flatten(), keras.layers.Dense(10)])
     optimizer = keras.optimizers.SGD(0.01)
     x, y = tf.constant(x_np.transpose(0, 2, 3, 1)), tf.constant(y_np)
-    for step in range(args.steps):
-        spike(step)
+
+    @tf.function
+    def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
                 y, model(x), from_logits=True))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    for step in range(args.steps):
+        spike(step)
+        train_step(x, y)
 else:
     if "bool" not in np.__dict__:
         np.bool = bool  # MXNet 1.9 uses the alias numpy removed
