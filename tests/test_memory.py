@@ -334,6 +334,10 @@ def test_report_json_memory_has_exactly_the_documented_keys():
     for m in mem:
         assert list(m) == keys and list(m["by_phase"]) == list(PHASES)
         assert m["peak_rss_bytes"] > 100 * 2**20
+    before = json.loads(res.stdout)["memory_unprofiled"]
+    assert [b["rank"] for b in before] == [0, 1, 2, 3]
+    assert all(0 < b["peak_rss_bytes"] <= m["peak_rss_bytes"] * 1.05
+               for b, m in zip(before, mem, strict=True))
     workers = [m for m in mem if m["role"] == "worker"]
     assert all(m["param_bytes"] == 62006 * 4 for m in workers)  # from the ranks' .meta
     assert all(m["peak_allocated_bytes"] > 0 for m in workers)
@@ -368,6 +372,7 @@ def test_diff_puts_memory_beside_time():
     res = run_cli("diff", a, b)
     assert res.returncode == 0, res.stderr
     assert "Memory" in res.stdout and "Peak resident memory: tf" in res.stdout
+    assert "before profiling: tf" in res.stdout
     assert "allocator peaks not compared" in res.stdout  # TF's large tensors vs torch's net
     doc = json.loads(run_cli("diff", a, b, "--format", "json").stdout)
     rows = {r["metric"]: r for r in doc["memory"]}
@@ -497,16 +502,19 @@ def test_bench_tables_carry_peak_memory_and_its_ratio(tmp_path):
                   "--steps", "2", "--warmup", "1", "--timing-steps", "1", "--batch-size", "8",
                   "-o", str(tmp_path / "bench"), cwd=tmp_path, timeout=1200)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "peak mem" in res.stdout and "mem ratio" in res.stdout
+    assert "profiled mem" in res.stdout and "mem ratio" in res.stdout
     runs = json.loads((tmp_path / "bench" / "bench.json").read_text())["runs"]
-    peaks = [r["peak_rss_bytes"] for r in runs]
+    assert all(r["peak_rss_bytes"] >= r["unprofiled_rss_bytes"] * 0.9 for r in runs)
+    peaks = [r["unprofiled_rss_bytes"] for r in runs]
     assert all(p and p > 50 * 2**20 for p in peaks)
     ratios = [r["rss_ratio"] for r in runs]
     assert min(ratios) == 1.0
     assert max(ratios) == pytest.approx(max(peaks) / min(peaks))
     for r in runs:
         trace = load(tmp_path / "bench" / f"lenet5-{r['fw']}-w1-single.trace")
-        assert r["peak_rss_bytes"] == memory_part(trace).ranks["peak_rss_bytes"].max()
+        mem = memory_part(trace).ranks
+        assert r["peak_rss_bytes"] == mem["peak_rss_bytes"].max()
+        assert r["unprofiled_rss_bytes"] == mem["unprofiled_rss_bytes"].max()
 
 
 def test_sampling_thread_stops_and_leaves_no_process():

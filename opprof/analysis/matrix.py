@@ -21,7 +21,8 @@ from opprof.trace import Trace
 #: slower run's step time (tiny operators give huge, meaningless ratios).
 MIN_OP_SHARE = 0.01
 #: Each run's memory in the bench table (opprof.analysis.memory.run_memory), bytes.
-MEMORY_COLUMNS = ("peak_rss_bytes", "job_rss_bytes", "peak_allocated_bytes")
+MEMORY_COLUMNS = ("unprofiled_rss_bytes", "peak_rss_bytes", "job_rss_bytes",
+                  "peak_allocated_bytes")
 
 
 @dataclass
@@ -51,8 +52,7 @@ def summarize(trace: Trace) -> dict[str, Any]:
     m = trace.meta
     memory = run_memory(memory_part(trace).ranks)
     return {
-        "memory": {k: memory[k] for k in ("peak_rss_bytes", "job_rss_bytes",
-                                          "peak_allocated_bytes")},
+        "memory": {k: memory[k] for k in MEMORY_COLUMNS},
         "samples_per_s": m.get("samples_per_s"),
         "unprofiled_step_ns": m.get("unprofiled_step_ns"),
         "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
@@ -89,9 +89,12 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
-    """``rss_ratio``: each run's resident peak (largest worker) over the smallest among the
-    runs of the same model, batch size and worker count (1.00x: the leanest; in place)."""
-    peak = pd.to_numeric(table["peak_rss_bytes"], errors="coerce")
+    """``rss_ratio``: each run's resident peak before profiling (largest worker; the peak
+    until the last profiled step where that is unknown) over the smallest among the runs of
+    the same model, batch size and worker count (1.00x: the leanest; in place). Before
+    profiling, because the profilers' own buffers differ and grow with the profiled steps."""
+    peak = pd.to_numeric(table["unprofiled_rss_bytes"], errors="coerce").fillna(
+        pd.to_numeric(table["peak_rss_bytes"], errors="coerce"))
     key = pd.Series([f"{r.model}|{r.summary.get('batch_size')}|{r.workers}" for r in runs],
                     index=table.index)
     least = peak.groupby(key).transform("min") if len(table) else peak

@@ -9,7 +9,11 @@ down) is no training and stays out of the peaks, though its rows stay in the tab
 
 - ``peak_rss_bytes``: the largest resident-set sample (``rss``, sampled from outside the
   process); ``hwm_bytes``: the kernel's own high-water mark at that point (the last ``hwm``
-  row before it: VmHWM), the check on the sampled peak;
+  row before it: VmHWM), the check on the sampled peak; ``unprofiled_rss_bytes``: the largest
+  resident sample before the rank's first profiled step (start-up, warm-up and the unprofiled
+  timing steps): training without the profiler, whose own buffers grow with every profiled
+  step (torch's by ~120 MiB a ResNet-18 step on a CPU) — the reference, as the unprofiled
+  step time is for time;
 - ``peak_allocated_bytes`` / ``peak_reserved_bytes``: the largest ``allocated`` /
   ``reserved`` row of the rank's accelerator when it has one (the largest over its GPUs),
   else of the host; null when the framework exposed no allocator. ``allocated_source`` and
@@ -46,7 +50,8 @@ from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
 TIMELINE_BINS = 48
-COLUMNS = ["rank", "role", "peak_rss_bytes", "hwm_bytes", "peak_allocated_bytes",
+COLUMNS = ["rank", "role", "peak_rss_bytes", "hwm_bytes", "unprofiled_rss_bytes",
+           "peak_allocated_bytes",
            "peak_reserved_bytes", "param_bytes", "peak_step", "series", "allocated_source",
            "allocated_device", "samples", *(f"peak_{p}_bytes" for p in PHASES)]
 STEP_COLUMNS = ["rank", "step", "series", "peak_bytes"]
@@ -163,8 +168,11 @@ def _param_bytes(meta: dict, rank: int, role: str) -> int | None:
 def _rank(rank: int, m: pd.DataFrame, meta: dict,
           span: tuple[int, int] | None) -> tuple[dict, pd.DataFrame, dict | None]:
     role = str(m["role"].iloc[0])
+    before = None
     if span is not None:
         m = m[m["ts"] < span[1]]
+        pre = m[(m["name"] == "rss") & (m["ts"] < span[0])]
+        before = int(pre["bytes"].max()) if len(pre) else None
     rss, _ = _peak(m, "rss")
     hwm = m[m["name"] == "hwm"]
     alloc, a_dev = _peak(m, "allocated")
@@ -181,6 +189,7 @@ def _rank(rank: int, m: pd.DataFrame, meta: dict,
     by_phase = inside.groupby(inside["phase"].astype(str))["bytes"].max() if len(inside) else {}
     row = {"rank": rank, "role": role, "peak_rss_bytes": rss,
            "hwm_bytes": int(hwm.sort_values("ts")["bytes"].iloc[-1]) if len(hwm) else None,
+           "unprofiled_rss_bytes": before,
            "peak_allocated_bytes": alloc, "peak_reserved_bytes": reserved,
            "param_bytes": _param_bytes(meta, rank, role), "peak_step": peak_step,
            "series": series, "allocated_source": a_src, "allocated_device": a_dev,
@@ -205,7 +214,8 @@ def _rank(rank: int, m: pd.DataFrame, meta: dict,
 
 
 #: The per-run memory figures `diff` and `bench` compare (bytes; None when unknown).
-RUN_METRICS = ("peak_rss_bytes", "job_rss_bytes", "peak_allocated_bytes",
+RUN_METRICS = ("peak_rss_bytes", "unprofiled_rss_bytes", "job_rss_bytes",
+               "peak_allocated_bytes",
                "peak_reserved_bytes", "param_bytes",
                *(f"peak_{p}_bytes" for p in PHASES))
 

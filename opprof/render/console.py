@@ -246,7 +246,9 @@ def memory_line(rep: Report) -> Text | None:
     where = f"rank {int(top['rank'])}" + (
         f", step {int(top['peak_step'])}" if _known(top["peak_step"]) else "")
     if _known(top["peak_rss_bytes"]):
-        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where})")
+        before = (f"; {mib(top['unprofiled_rss_bytes'])} before profiling"
+                  if _known(top["unprofiled_rss_bytes"]) else "")
+        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where}{before})")
     if _known(top["peak_allocated_bytes"]):
         parts.append(f"allocator {mib(top['peak_allocated_bytes'])} "
                      f"({top['allocated_device']})")
@@ -266,18 +268,21 @@ def memory_tables(rep: Report) -> list[object]:
         return [Text("Memory: this trace has no memory rows (record with opprof record / "
                      "opprof run, or a profiler's memory events)")]
     t = Table(title="Memory per rank (peaks)", title_justify="left")
-    for c in ["rank", "role", "resident", "kernel peak", "allocated", "reserved",
+    for c in ["rank", "role", "resident", "kernel peak", "unprofiled", "allocated", "reserved",
               "parameters", "peak step", "samples"]:
         t.add_column(c, justify="left" if c == "role" else "right")
     for r in mem.to_dict("records"):
         step = r["peak_step"]
         t.add_row(str(int(r["rank"])), r["role"], mib(r["peak_rss_bytes"]), mib(r["hwm_bytes"]),
-                  mib(r["peak_allocated_bytes"]), mib(r["peak_reserved_bytes"]),
+                  mib(r["unprofiled_rss_bytes"]), mib(r["peak_allocated_bytes"]),
+                  mib(r["peak_reserved_bytes"]),
                   mib(r["param_bytes"]), str(int(step)) if _known(step) else "-",
                   f"{int(r['samples']):,}")
     t.caption = "\n".join(["peaks until the end of the profiled steps; resident: the largest "
                            "VmRSS sample (from outside the process); kernel peak: VmHWM then; "
-                           "peak step: of the main series (resident, else allocated)",
+                           "unprofiled: resident peak before the profiler started (start-up, "
+                           "warm-up, timing steps); peak step: of the main series (resident, "
+                           "else allocated)",
                            *_allocator_notes(mem)])
     p = Table(title="Peak by phase (the largest sample of the main series in each phase's "
                     "wall time)", title_justify="left")
@@ -365,6 +370,7 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 #: How the diff names the run memory metrics.
 MEMORY_METRIC = {"peak_rss": "resident peak (largest worker)",
+                 "unprofiled_rss": "resident peak before profiling (largest worker)",
                  "job_rss": "resident, all processes (sum of peaks)",
                  "peak_allocated": "allocator peak (largest worker)",
                  "peak_reserved": "reserved peak (largest worker)",
@@ -391,11 +397,16 @@ def memory_diff(d: Diff) -> list[object]:
         t.caption = ("allocator peaks not compared: the two runs' allocators count different "
                      "things (--by memory on each says what)")
     out: list[object] = [t]
-    rss = d.memory[d.memory["metric"] == "peak_rss"]
-    if len(rss) and rss["ratio"].notna().all() and rss["a_bytes"].notna().all():
-        r = rss.iloc[0]
-        out.append(Text(f"Peak resident memory: {d.a_label} {mib(r['a_bytes'])}, {d.b_label} "
-                        f"{mib(r['b_bytes'])} ({r['ratio']:.2f}x)."))
+    words = []
+    for metric, what in (("peak_rss", "Peak resident memory"),
+                         ("unprofiled_rss", "before profiling")):
+        row = d.memory[d.memory["metric"] == metric]
+        if len(row) and row["ratio"].notna().all():
+            r = row.iloc[0]
+            words.append(f"{what}: {d.a_label} {mib(r['a_bytes'])}, {d.b_label} "
+                         f"{mib(r['b_bytes'])} ({r['ratio']:.2f}x)")
+    if words:
+        out.append(Text("; ".join(words) + "."))
     return out
 
 
@@ -405,8 +416,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "peak mem",
-              "mem ratio"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "mem",
+              "mem ratio", "profiled mem"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
@@ -420,15 +431,18 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
-                  mib(r.get("peak_rss_bytes")) if ok else "-",
-                  f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-")
+                  mib(r.get("unprofiled_rss_bytes")) if ok else "-",
+                  f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-",
+                  mib(r.get("peak_rss_bytes")) if ok else "-")
         if ok:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker); peak mem: resident peak of the largest worker; mem "
-                           "ratio: over the leanest run of the same model and workers", *notes])
+                           "1 worker); mem: resident peak of the largest worker before "
+                           "profiling (profiled mem: until the last profiled step, the "
+                           "profiler's buffers included); mem ratio: mem over the leanest run "
+                           "of the same model and workers", *notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
