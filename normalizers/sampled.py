@@ -51,14 +51,18 @@ def is_memory_file(path: Path) -> bool:
     return Path(path).name.endswith(SUFFIX)
 
 
-def read(path: Path) -> tuple[dict[str, Any], pd.DataFrame]:
-    """(header, samples: ts_ns, rss_bytes, hwm_bytes) of one file; a file that is not one
-    is one OpprofError line. A damaged row (a file cut short) is skipped."""
+def header(path: Path) -> dict[str, Any]:
+    """The header of one file (its first line only); a file that is not one is one
+    OpprofError line."""
     try:
-        text = Path(path).read_text(errors="replace")
+        with open(path, "rb") as f:
+            head = f.readline(1 << 16).decode("utf-8", "replace").rstrip("\n")
     except OSError as exc:
         raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    head, _, body = text.partition("\n")
+    return _parse_header(path, head)
+
+
+def _parse_header(path: Path, head: str) -> dict[str, Any]:
     if not head.startswith(HEADER):
         raise OpprofError(f"{path}: not an opprof memory sample file (no '{HEADER.strip()}' "
                           "header line)")
@@ -68,6 +72,18 @@ def read(path: Path) -> tuple[dict[str, Any], pd.DataFrame]:
             raise ValueError("not an object")
     except ValueError as exc:
         raise OpprofError(f"{path}: damaged memory sample header ({first_line(exc)})") from None
+    return info
+
+
+def read(path: Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    """(header, samples: ts_ns, rss_bytes, hwm_bytes) of one file; a file that is not one
+    is one OpprofError line. A damaged row (a file cut short) is skipped."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    head, _, body = text.partition("\n")
+    info = _parse_header(path, head)
     try:
         df = pd.read_csv(io.StringIO(body), dtype="float64", on_bad_lines="skip")
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
@@ -104,11 +120,15 @@ def attach(trace: Trace, paths: list[Path], new_ranks: bool = True) -> Trace:
         meta["memory_skipped"] = (f"{len(paths)} sampled memory file(s) left out: the trace's "
                                   "times are relative to the profile, not the host clock")
         return Trace(trace.events, meta)
-    files = [(Path(p), *read(Path(p))) for p in sorted(paths, key=str)]
-    owners = _owners(trace, [info for _, info, _ in files], new_ranks)
+    files = sorted((Path(p) for p in paths), key=str)
+    infos = [header(p) for p in files]  # headers first: only this trace's files are read
+    owners = _owners(trace, infos, new_ranks)
     frames = []
-    for (_, info, df), (rank, role) in zip(files, owners, strict=True):
-        if rank is None or df.empty:
+    for path, info, (rank, role) in zip(files, infos, owners, strict=True):
+        if rank is None:
+            continue
+        df = read(path)[1]
+        if df.empty:
             continue
         ts = df["ts_ns"].to_numpy(np.int64) + offsets.get(rank, 0)
         pid = int(info.get("pid", -1)) if str(info.get("pid", "")).lstrip("-").isdigit() else -1
