@@ -53,6 +53,9 @@ class RecordConfig:
     command: str = ""
     timeout_s: float = 600.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op threads);
+    #: None: each collector's default.
+    threads: int | None = None
 
 
 @dataclass

@@ -147,10 +147,17 @@ class TaskSpec:
         return f"{self.role} {self.index}"
 
 
-def _tf() -> Any:
+def _tf(threads: int | None = None) -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError as exc:  # this process already ran TensorFlow
+            raise OpprofError(f"--threads {threads}: TensorFlow is already initialised in "
+                              f"this process ({exc})") from None
     return tf
 
 
@@ -283,7 +290,7 @@ def _run_worker(spec: TaskSpec, progress: Progress = no_progress) -> dict[str, A
     """Single mode, or one MultiWorkerMirroredStrategy worker: warm up, time, profile."""
     config = RecordConfig(**spec.config)
     deadline = time.monotonic() + config.timeout_s
-    tf = _tf()
+    tf = _tf(config.threads)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     strategy = None
@@ -385,7 +392,7 @@ def _barrier(tf: Any, strategy: Any) -> Callable[[], None]:
 def _run_server(spec: TaskSpec) -> None:
     """A ps or worker task of ParameterServerStrategy: a gRPC server that profiles itself
     when the launcher says so (commands on stdin: start, stop, exit)."""
-    tf = _tf()
+    tf = _tf(spec.config.get("threads"))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     tf.distribute.Server(resolver.cluster_spec(), job_name=spec.role, task_index=spec.index,
                          protocol="grpc", start=True)
@@ -408,7 +415,7 @@ def _run_server(spec: TaskSpec) -> None:
 def _run_coordinator(spec: TaskSpec) -> None:
     """The chief of ParameterServerStrategy: schedules steps onto the workers."""
     config = RecordConfig(**spec.config)
-    tf = _tf()
+    tf = _tf(config.threads)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

@@ -111,6 +111,8 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
         return record_ddp(config, workdir, progress)
     device = torch.device(config.device)
     deadline = time.monotonic() + config.timeout_s
+    if config.threads:
+        torch.set_num_threads(config.threads)
     training = build_training(config, device)
     run = run_protocol(config, training.step, device, workdir, progress, deadline=deadline)
     meta = rank_meta(config, training, run, device)

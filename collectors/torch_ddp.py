@@ -118,7 +118,7 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     store = _store(rv, config.timeout_s, workdir)
     port = store.port
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, (cpus or 1) // per_node)
+    threads = config.threads or max(1, (cpus or 1) // per_node)
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
     if _is_loopback(rv["master_addr"]):

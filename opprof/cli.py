@@ -7,7 +7,17 @@ import sys
 import click
 
 from opprof import __version__
-from opprof.commands import bench, diff, export, import_, record, report
+from opprof.commands import (
+    bench,
+    calibrate,
+    diff,
+    export,
+    import_,
+    model,
+    record,
+    report,
+    whatif,
+)
 from opprof.errors import OpprofError
 
 
@@ -20,10 +30,12 @@ def cli() -> None:
     opprof record --fw mxnet --model resnet18     train under the native profiler, report
     opprof report run.trace --by op --top 15      per-operator table
     opprof diff tf.trace mxnet.trace              what explains the step-time gap
+    opprof model run.trace --workers 1,2,4,8      predicted step time and speed-up
+    opprof whatif run.trace --op batch_norm=0.5   the step with an operator changed
     """
 
 
-for _module in (record, import_, report, diff, export, bench):
+for _module in (record, import_, report, diff, export, bench, model, whatif, calibrate):
     cli.add_command(_module.command)
 
 

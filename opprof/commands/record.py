@@ -3,10 +3,13 @@ print the report."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -47,6 +50,11 @@ DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--nsys", is_flag=True,
               help="Also record under NVIDIA Nsight Systems (needs nsys on PATH).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op "
+                   "threads). Default: the framework's, or the host's CPUs split among the "
+                   "workers. Give the same number to a baseline that `opprof model` predicts "
+                   "from and to the runs it checks against.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
@@ -66,7 +74,7 @@ DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
 @format_option
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
-            nsys: bool,
+            nsys: bool, threads: int | None,
             seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
             cluster: str | None, top: int | None, fmt: str) -> None:
@@ -99,7 +107,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
-        device=device, seed=seed, timeout_s=timeout_s,
+        device=device, seed=seed, timeout_s=timeout_s, threads=threads,
         command=shlex.join(["opprof", *sys.argv[1:]]),
         extra={k: v for k, v in rendezvous.items() if v is not None},
     )
@@ -125,16 +133,18 @@ def record_trace(config: RecordConfig, output: Path,
     native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native_dir.exists():
         shutil.rmtree(native_dir)
-    module = collector(config.fw)
-    native_dir.mkdir(parents=True)
-    t0 = time.perf_counter()
-    try:
-        recording = module.record(config, native_dir, progress)
-    except BaseException:
-        if not any(native_dir.iterdir()):  # refused before writing anything: leave no trace
-            native_dir.rmdir()
-        raise
+    with _thread_env(config.threads):
+        module = collector(config.fw)
+        native_dir.mkdir(parents=True)
+        t0 = time.perf_counter()
+        try:
+            recording = module.record(config, native_dir, progress)
+        except BaseException:
+            if not any(native_dir.iterdir()):  # refused before writing anything: leave no trace
+                native_dir.rmdir()
+            raise
     meta = dict(recording.meta)
+    meta.setdefault("cpus", _cpus())
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
@@ -142,6 +152,34 @@ def record_trace(config: RecordConfig, output: Path,
     trace = normalize(recording.native, meta)
     save(trace, output)
     return trace
+
+
+@contextmanager
+def _thread_env(threads: int | None) -> Iterator[None]:
+    """With ``--threads N``: OMP_NUM_THREADS=N (and MKL's) for the block — OpenMP reads it
+    when a framework loads (MXNet here, or in the job processes started meanwhile, which
+    inherit it); torch and TensorFlow are also told directly by their collectors."""
+    if not threads:
+        yield
+        return
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(threads) for k in keys})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _cpus() -> int | None:
+    """CPUs this process may run on (the recording host's, for the model's resource check)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def _progress() -> Progress:
