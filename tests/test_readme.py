@@ -39,10 +39,13 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
         res = run_cli(*shlex.split(line)[1:], cwd=tmp_path, timeout=900)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
         assert "Traceback" not in res.stderr
-        if "--format json" in line:
+        if line.startswith("opprof report") and "--format json" in line:
             assert {"meta", "steps", "phases", "ops"} <= set(json.loads(res.stdout))
+        if line.startswith("opprof model") and "--format json" in line:
+            doc = json.loads(res.stdout)
+            assert doc["network"]["source"] == "calibrate" and len(doc["predictions"]) == 2
         if line.startswith("opprof diff"):
             assert "explains most of it" in " ".join(res.stdout.split())
     for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
-                 "nccl.trace", "resnet18.pftrace"):
+                 "nccl.trace", "resnet18.pftrace", "net.json"):
         assert (tmp_path / name).exists(), name

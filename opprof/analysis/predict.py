@@ -274,10 +274,27 @@ def network_for(base: Baseline, collective: str, given: Network | None,
                  "`opprof calibrate`")
 
 
+def network_from_trace(trace: Trace) -> Network | None:
+    """α and β fitted to the gradient collectives a multi-worker trace holds (None: it has
+    none to fit)."""
+    base = baseline(trace, "")
+    if base.collective is None or not len(base.samples):
+        return None
+    try:
+        net = fit(base.samples, base.collective, base.workers, max(base.servers, 1),
+                  source="trace", framework=base.framework,
+                  backend="collectives of the measured run")
+    except OpprofError:
+        return None
+    if base.collective == "ps":
+        net.info["includes_server_update"] = True
+    return net
+
+
 def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network, *,
          deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
          communicate: bool = True, io_hidden: bool = False,
-         straggler: bool = True) -> tuple[StepPlan, Policy]:
+         straggler: bool = False) -> tuple[StepPlan, Policy]:
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
     changes ``deltas`` (ns per step, per phase) applied."""
     collective = collective_of(mode) if mode != "single" else "allreduce"
@@ -380,7 +397,7 @@ class ModelResult:
     predictions: list[Prediction]
     check: Check | None = None
     notes: list[str] = field(default_factory=list)
-    straggler: bool = True
+    straggler: bool = False
 
 
 def predict(trace: Trace | None, workers: list[int], mode: str | None = None,

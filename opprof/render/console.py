@@ -265,7 +265,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling",
+              "predicted ms", "predicted scaling", "error"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
@@ -276,15 +277,25 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
         head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
         style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
+        pred = r.get("predicted_step_ns")
+        has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
-                  pct(eff) if eff is not None and eff == eff else "-")
+                  pct(eff) if eff is not None and eff == eff else "-",
+                  ms(pred) if has else "-",
+                  f"{pct(r['predicted_scaling'])} vs {pct(r['profiled_scaling'])}" if has
+                  else "-", f"{r['prediction_error']:+.1%}" if has else "-")
+        if ok and r.get("workers", 1) > 1 and not has and r.get("prediction_note"):
+            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no prediction — "
+                         f"{r['prediction_note']}")
         if ok:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker)", *notes])
+                           "1 worker); predicted: the model from the 1-worker run (profiled "
+                           "ms; scaling = step(1) ÷ step(N), predicted vs measured; error of "
+                           "the predicted step)", *notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
