@@ -280,3 +280,58 @@ def test_speedup_is_nan_free_and_efficiency_at_most_one(traces: dict) -> None:
     r = predict(traces["tf-allreduce"], [1, 2, 3, 16])
     for p in r.predictions:
         assert not math.isnan(p.speedup) and 0 < p.efficiency <= 1.0 + 1e-9
+
+
+def _plan(policy, cost_per_byte: float = 1.0, **kw):
+    from opprof.analysis.simulate import StepPlan
+
+    phases = {"load": 10.0, "h2d": 0.0, "forward": 100.0, "backward": 200.0, "update": 30.0,
+              "other": 5.0}
+    return StepPlan(phases=phases, ready_frac=np.array([0.25, 0.5, 1.0]),
+                    grad_bytes=np.array([2 << 20, 30 << 20, 10]), policy=policy,
+                    cost=lambda n: n * cost_per_byte / (1 << 20), **kw)
+
+
+def test_simulated_buckets_overlap_backward_and_expose_only_the_tail() -> None:
+    from opprof.analysis.simulate import AFTER_BACKWARD, simulate
+
+    # DDP: bucket 1 (2 MiB ≥ 1 MiB) ready at 25% of backward, bucket 2 (30 MiB ≥ 25 MiB) at
+    # 50%, bucket 3 (10 B) at the end; each costs 1 ns per MiB.
+    r = simulate(_plan(DDP))
+    assert [m["bytes"] for m in r.messages] == [2 << 20, 30 << 20, 10]
+    b0 = 10 + 100  # backward starts after load and forward
+    assert [m["start_ns"] for m in r.messages] == [b0 + 50, b0 + 100, b0 + 200]
+    assert r.phases["comm"] == pytest.approx(10 / (1 << 20))  # only the last bucket shows
+    assert r.step_ns == pytest.approx(sum(r.phases.values()))
+    # slow link: bucket 2 takes 30 × 10 = 300 ns from 100 ns into backward → 200 ns exposed
+    slow = simulate(_plan(DDP, cost_per_byte=10.0))
+    assert slow.phases["comm"] == pytest.approx(b0 + 100 + 300 - (b0 + 200) + 10 * 10 / (1 << 20))
+    # after-backward: one message of everything, all of it exposed
+    after = simulate(_plan(AFTER_BACKWARD))
+    assert len(after.messages) == 1 and after.phases["comm"] == pytest.approx(32 + 10 / (1 << 20))
+
+
+def test_simulated_parameter_server_puts_the_optimizer_between_push_and_pull() -> None:
+    from opprof.analysis.simulate import KVSTORE, simulate
+
+    r = simulate(_plan(KVSTORE, server_update_ns=7.0))
+    assert len(r.messages) == 1
+    assert r.phases["comm"] == pytest.approx(32 + 10 / (1 << 20) + 7.0)
+
+
+def test_prefetched_io_is_hidden_behind_the_step() -> None:
+    from opprof.analysis.simulate import simulate
+
+    r = simulate(_plan(DDP, io_prefetch=True, io_busy_ns=400.0))
+    rest = 100 + 200 + 30 + 5 + r.phases["comm"]
+    assert r.phases["load"] == pytest.approx(max(0.0, 400.0 - rest))
+    hidden = simulate(_plan(DDP, io_prefetch=True, io_busy_ns=100.0))
+    assert hidden.phases["load"] == 0.0
+
+
+def test_expected_maximum_of_normals() -> None:
+    from opprof.analysis.simulate import expected_max_normal
+
+    assert expected_max_normal(1) == 0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)
+    assert expected_max_normal(4) == pytest.approx(1.0294, rel=1e-3)

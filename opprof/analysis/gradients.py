@@ -14,8 +14,10 @@ Per worker (rank, step), a *gradient* is one of:
   parameter-holding kind is one layer's gradient. Ready = its end. No shapes.
 
 ``ready_ns`` is measured from the start of the step's backward phase (its marker, or its first
-backward operator) and ``ready_frac`` is that over the backward span (start to the end of the
-last backward event), so a simulation can replay the order with another backward time. Where
+backward operator), ``backward_ns`` is the backward time since the previous gradient was
+ready (the layer's own backward work), and ``ready_frac`` is ``ready_ns`` over the backward
+span (start to the end of the last backward event), so a simulation can replay the order with
+another backward time. Where
 the trace has no shapes, ``bytes`` is -1 and :func:`profile` spreads the model's gradient bytes
 (``meta["params"]`` × 4) evenly over the layers, saying so in ``bytes_source``.
 
@@ -26,7 +28,7 @@ windows) are listed beside them with their start relative to the backward start 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -40,7 +42,9 @@ ACCUMULATE = "torch::autograd::AccumulateGrad"
 FLOAT_BYTES = 4
 _TF_LAYER = re.compile(r"^gradients/[^/]+/([^/]+)/")
 _SHAPE = re.compile(r"\[\[([0-9, ]*)\]")
-TENSOR_COLUMNS = ["rank", "step", "index", "name", "op", "ready_ns", "ready_frac", "bytes"]
+TENSOR_COLUMNS = ["rank", "step", "index", "name", "op", "ready_ns", "backward_ns", "ready_frac",
+                  "bytes"]
+COLLECTIVE_COLUMNS = ["rank", "step", "seq", "name", "start_ns", "dur_ns", "bytes"]
 
 
 @dataclass
@@ -48,11 +52,13 @@ class GradientProfile:
     """Gradients of every (rank, step) in ready order, and the mean profile over them."""
 
     tensors: pd.DataFrame     # TENSOR_COLUMNS, one row per gradient per (rank, step)
-    layers: pd.DataFrame      # index, name, op, ready_ns, ready_frac, bytes (mean per index)
+    layers: pd.DataFrame      # index, name, op, ready_ns, backward_ns, ready_frac, bytes (mean)
     backward_ns: float        # mean backward span (first to last backward event) per step
     total_bytes: int          # gradient bytes per step of one worker
     source: str               # where the gradients come from
     bytes_source: str         # where their sizes come from
+    collectives: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=COLLECTIVE_COLUMNS))  # the trace's own collectives, relative to backward start
 
 
 def profile(trace: Trace) -> GradientProfile:
@@ -83,7 +89,24 @@ def profile(trace: Trace) -> GradientProfile:
         total = int(n_params) * FLOAT_BYTES
         bytes_source = f"meta params ({int(n_params):,}) × 4 B (no gradient events found)"
     backward = float(spans["span_ns"].mean()) if len(spans) else 0.0
-    return GradientProfile(tensors, layers, backward, total, source, bytes_source)
+    return GradientProfile(tensors, layers, backward, total, source, bytes_source,
+                           _collectives(trace, spans))
+
+
+def _collectives(trace: Trace, spans: pd.DataFrame) -> pd.DataFrame:
+    """The collectives the trace holds (:func:`opprof.analysis.ranks.collectives`), each with
+    its start relative to its step's backward start, in order."""
+    from opprof.analysis.ranks import collectives
+
+    timing, _ = collectives(trace)
+    if timing.empty or spans.empty:
+        return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    c = timing.merge(spans, on=["rank", "step"], how="inner")
+    c = c.sort_values(["rank", "step", "ts"], kind="stable")
+    c["seq"] = c.groupby(["rank", "step"]).cumcount()
+    c["start_ns"] = c["ts"] - c["start"]
+    c["dur_ns"] = c["dur"]
+    return c[COLLECTIVE_COLUMNS].reset_index(drop=True)
 
 
 def _backward_spans(ev: pd.DataFrame) -> pd.DataFrame:
@@ -152,13 +175,15 @@ def _relative(grads: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     g["ready_frac"] = g["ready_frac"].clip(0.0, 1.0)
     g = g.sort_values(["rank", "step", "ready_ns"], kind="stable")
     g["index"] = g.groupby(["rank", "step"]).cumcount()
+    g["backward_ns"] = g.groupby(["rank", "step"])["ready_ns"].diff().fillna(g["ready_ns"])
+    g["backward_ns"] = g["backward_ns"].astype(np.int64)
     g["bytes"] = g["bytes"].astype(np.int64)
     return g[TENSOR_COLUMNS].reset_index(drop=True)
 
 
 def _mean_layers(tensors: pd.DataFrame) -> pd.DataFrame:
     """The mean profile over the (rank, step)s that have the most common gradient count."""
-    cols = ["index", "name", "op", "ready_ns", "ready_frac", "bytes"]
+    cols = ["index", "name", "op", "ready_ns", "backward_ns", "ready_frac", "bytes"]
     if tensors.empty:
         return pd.DataFrame(columns=cols)
     sizes = tensors.groupby(["rank", "step"]).size()
@@ -167,6 +192,7 @@ def _mean_layers(tensors: pd.DataFrame) -> pd.DataFrame:
     t = tensors.set_index(["rank", "step"]).loc[keep].reset_index()
     g = t.groupby("index")
     out = pd.DataFrame({"name": g["name"].first(), "op": g["op"].first(),
-                        "ready_ns": g["ready_ns"].mean(), "ready_frac": g["ready_frac"].mean(),
+                        "ready_ns": g["ready_ns"].mean(), "backward_ns": g["backward_ns"].mean(),
+                        "ready_frac": g["ready_frac"].mean(),
                         "bytes": g["bytes"].median().round().astype(np.int64)})
     return out.reset_index()[cols]

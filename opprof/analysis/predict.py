@@ -257,16 +257,9 @@ def network_for(base: Baseline, collective: str, given: Network | None,
                               f"needs {collective} (run `opprof calibrate` for that mode)")
         return given, (f"{given.source or 'given'}: {given.backend or 'network'} measured with "
                        f"{given.workers} workers")
-    if base.collective == collective and len(base.samples):
-        try:
-            net = fit(base.samples, collective, base.workers, max(base.servers, 1),
-                      source="trace", framework=base.framework,
-                      backend="collectives in the trace")
-        except OpprofError:
-            net = None
+    if base.collective == collective:
+        net = _fit_trace(base)
         if net is not None:
-            if collective == "ps":
-                net.info["includes_server_update"] = True
             return net, (f"fitted to the trace's {len(base.samples)} collectives "
                          f"({base.samples_note})")
     net = assumed(collective)
@@ -277,16 +270,18 @@ def network_for(base: Baseline, collective: str, given: Network | None,
 def network_from_trace(trace: Trace) -> Network | None:
     """α and β fitted to the gradient collectives a multi-worker trace holds (None: it has
     none to fit)."""
-    base = baseline(trace, "")
+    return _fit_trace(baseline(trace, ""))
+
+
+def _fit_trace(base: Baseline) -> Network | None:
     if base.collective is None or not len(base.samples):
         return None
     try:
         net = fit(base.samples, base.collective, base.workers, max(base.servers, 1),
-                  source="trace", framework=base.framework,
-                  backend="collectives of the measured run")
+                  source="trace", framework=base.framework, backend="collectives in the trace")
     except OpprofError:
         return None
-    if base.collective == "ps":
+    if base.collective == "ps":  # MXNet's windows hold the servers' optimizer too
         net.info["includes_server_update"] = True
     return net
 
@@ -447,11 +442,15 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     phases = calibrated(base.phases, sim_base, sim)
     step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
     speedup = workers * single / step if step > 0 else float("nan")
+    busy = sim.comm_busy_ns
+    measured_busy = base.terms.extra()["comm_busy_ns"]
+    if sim_base.comm_busy_ns > 0 and measured_busy > 0:
+        busy = measured_busy * sim.comm_busy_ns / sim_base.comm_busy_ns
     return Prediction(workers=workers, mode=mode if workers > 1 else "single",
                       servers=servers if collective == "ps" and workers > 1 else 0,
                       step_ns=step,
                       speedup=speedup, efficiency=speedup / workers,
-                      exposed_comm_ns=phases["comm"], comm_busy_ns=sim.comm_busy_ns,
+                      exposed_comm_ns=phases["comm"], comm_busy_ns=busy,
                       wait_ns=p.straggler_ns if p.communicate else 0.0, phases=phases,
                       messages=len(sim.messages))
 

@@ -344,8 +344,15 @@ def model(result: ModelResult) -> str:
                   pct(r["cv"]))
     g = b.gradients
     grads = Text(f"gradients: {len(g.layers)} in backward order, {_size(g.total_bytes)} per "
-                 f"step ({g.source}; sizes: {g.bytes_source})\npipeline: {result.policy.describe}"
-                 "\nnetwork ") + network_line(result.network, result.network_note)
+                 f"step ({g.source}; sizes: {g.bytes_source})")
+    if len(g.collectives):
+        c = g.collectives
+        first = c[(c["rank"] == c["rank"].min()) & (c["step"] == c["step"].min())]
+        sizes = ", ".join(_size(n) for n in first["bytes"] if n) or "sizes not recorded"
+        grads += Text(f"\nthe trace's collectives: {len(c) / max(b.terms.steps, 1):.1f} per "
+                      f"rank-step (first: {sizes})")
+    grads += Text(f"\npipeline: {result.policy.describe}\nnetwork ")
+    grads += network_line(result.network, result.network_note)
     p = Table(title=f"Predicted step ({result.mode}"
                     f"{f', {result.servers} server(s)' if result.servers else ''}; ms)",
               title_justify="left")

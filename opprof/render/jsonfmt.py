@@ -12,6 +12,7 @@ from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
+from opprof.analysis.simulate import messages
 from opprof.analysis.whatif import WhatIf
 from opprof.taxonomy import PHASES
 
@@ -89,10 +90,15 @@ def model_dict(result: ModelResult) -> dict:
                  "step_ns": b.step_ns, "steps": b.terms.steps},
         "terms": b.terms.mean(), "terms_extra": b.terms.extra(),
         "terms_spread": records(terms_table(result)),
+        "terms_per_rank": records(b.terms.per_rank),
         "resources": b.resources.to_dict(),
         "gradients": {"source": g.source, "bytes_source": g.bytes_source,
                       "count": int(len(g.layers)), "total_bytes": g.total_bytes,
-                      "backward_ns": g.backward_ns, "layers": records(g.layers)},
+                      "backward_ns": g.backward_ns, "layers": records(g.layers),
+                      "messages": [{"ready_frac": f, "bytes": n} for f, n in messages(
+                          g.layers["ready_frac"].to_numpy(), g.layers["bytes"].to_numpy(),
+                          result.policy)] if len(g.layers) else [],
+                      "trace_collectives": records(g.collectives)},
         "network": {**result.network.to_dict(), "note": result.network_note},
         "policy": {"name": result.policy.name, "describe": result.policy.describe},
         "predictions": preds, "check": check, "notes": result.notes,
