@@ -17,10 +17,13 @@ from opprof.loader import load
 from tests.conftest import run_cli
 
 CASES = [("torch", "allreduce"), ("mxnet", "ps-sync"), ("tf", "allreduce")]
-TINY = ["--batch-size", "8", "--steps", "3", "--warmup", "1", "--timing-steps", "1",
+TINY = ["--batch-size", "8", "--steps", "4", "--warmup", "1", "--timing-steps", "1",
         "--threads", "1", "--format", "json"]
-#: Loose: tiny steps on a shared 2-core machine vary from run to run by tens of percent.
-BOUND = 0.6
+#: Loose: a LeNet-5 step of a few milliseconds on a shared 2-core machine varies from one run
+#: to the next by up to 3x (other processes take the cores in bursts), so the check is that
+#: the prediction is within a factor of 2 of the measurement — it catches a model that misses
+#: the communication or gets its units wrong, not a 5% error (benchmarks/bench_model.py).
+BOUND = 2.0
 
 
 @pytest.mark.slow
@@ -72,7 +75,8 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
     assert pred[2]["exposed_comm_ns"] > 0
     check = doc["check"]
     assert check["predicted_step_ns"] == pytest.approx(pred[2]["step_ns"])
-    assert abs(check["error"]) < BOUND, check
+    ratio = check["predicted_step_ns"] / check["measured_step_ns"]
+    assert 1 / BOUND < ratio < BOUND, check
     terms = {t["term"]: t for t in check["terms"]}
     assert sum(terms[t]["measured_ns"] for t in terms if t != "step") == pytest.approx(
         check["measured_step_ns"])
