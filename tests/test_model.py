@@ -17,13 +17,8 @@ from opprof.analysis.commmodel import Network, design, fit
 from opprof.analysis.critical import op_wall, phase_totals
 from opprof.analysis.gradients import profile
 from opprof.analysis.ops import op_table
-from opprof.analysis.predict import (
-    baseline,
-    check,
-    predict,
-    resource_mismatch,
-    resources,
-)
+from opprof.analysis.predict import baseline, check, predict
+from opprof.analysis.resources import resource_mismatch, resources
 from opprof.analysis.simulate import DDP, messages
 from opprof.analysis.terms import TERMS, terms
 from opprof.errors import OpprofError
