@@ -7,7 +7,8 @@ For each case (framework × mode) it runs, as a user would, with the opprof comm
    the N workers gets). ``--baseline colocated`` (the default) records N such 1-worker runs at
    the same time and takes the first: one worker measured while N−1 neighbours compute beside
    it, as the N workers of the measured run do on one host (shared memory bandwidth, caches
-   and whatever else runs on the host); ``alone`` records it by itself;
+   and whatever else runs on the host), each copy in its own session like the workers (Linux
+   autogroup scheduling shares the CPUs fairly among sessions); ``alone`` records it by itself;
 3. the measured run ``opprof record --workers N --mode MODE --threads T``;
 4. ``opprof model BASELINE --workers N --network net.json --check MEASURED --format json``,
 
@@ -69,10 +70,13 @@ def baseline(folder: Path, fw: str, args: argparse.Namespace, threads: int,
     procs = []
     for i in range(copies):
         out = path if i == 0 else folder / f"{fw}-neighbour{i}.trace"
+        # Each in its own session, as the launchers start every worker: with the kernel's
+        # autogroup scheduling a session is one group that gets a fair share of the CPUs, so
+        # N baseline copies in one session would get the share N workers get apiece.
         procs.append(subprocess.Popen([sys.executable, "-m", "opprof",
                                        *record(out, fw, args.model, args, threads)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True))
+                                      text=True, start_new_session=True))
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:

@@ -135,7 +135,7 @@ def simulate(plan: StepPlan) -> SimResult:
             start = max(ready, free)
             dur = float(plan.cost(n)) * plan.comm_scale
             if plan.policy.server_update:
-                dur += plan.server_update_ns * plan.comm_scale
+                dur += plan.server_update_ns  # compute on the servers: comm_scale leaves it
             free = start + dur
             sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
     sync = b1

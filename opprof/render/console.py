@@ -366,11 +366,30 @@ def model(result: ModelResult) -> str:
                   ms(r["wait_ns"]), ms(compute))
     p.caption = ("speed-up = N × step(1) / step(N); wait = expected wait for the slowest "
                  "worker (inside exposed comm)")
-    items: list[object] = [head, t, grads, p]
+    items: list[object] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="grey50") for n in result.notes]
     if result.check is not None:
         items.extend(_check_items(result.check))
     return render(*items)
+
+
+def _messages_table(result: ModelResult) -> Table:
+    """The messages the pipeline sends per step: gradients grouped as the framework groups
+    them, with when they are ready in the base's backward pass."""
+    from opprof.analysis.simulate import messages
+
+    g = result.base.gradients
+    t = Table(title=f"Messages per step ({result.policy.name}; ready = ms into backward)",
+              title_justify="left")
+    for c in ["#", "bytes", "ready ms", "ready"]:
+        t.add_column(c, justify="right")
+    if not len(g.layers):
+        t.caption = "no gradients found in the trace"
+        return t
+    for i, (frac, n) in enumerate(messages(g.layers["ready_frac"].to_numpy(),
+                                           g.layers["bytes"].to_numpy(), result.policy)):
+        t.add_row(str(i), _size(n), ms(frac * g.backward_ns), pct(frac))
+    return t
 
 
 def _check_items(c: Check) -> list[object]:
