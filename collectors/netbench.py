@@ -7,7 +7,9 @@ over message sizes, through the framework's own backend, on processes started on
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
   servers only aggregate: no optimizer runs on them, so the time is communication alone).
 - **tf**: ``ReplicaContext.all_reduce`` (TF's CollectiveReduceV2, ring implementation) under
-  ``MultiWorkerMirroredStrategy``, one task per worker configured by ``TF_CONFIG``.
+  ``MultiWorkerMirroredStrategy``, one task per worker configured by ``TF_CONFIG``; and the
+  packing the strategy does around it in training (the gradients concatenated into one tensor
+  and split back: ``kind: pack`` samples).
 
 Every size is warmed up once, then timed ``repeat`` times, each call after a barrier so the
 workers start it together; every worker writes its per-call times to ``rankR.json``. The
@@ -40,6 +42,8 @@ from opprof.errors import OpprofError
 
 #: Message sizes (bytes) timed by default: 4 KiB … 64 MiB in steps of 4.
 DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(1, 9))
+#: Pieces a TF gradient pack is made of in the packing benchmark.
+PACK_PIECES = 16
 BACKEND = {"torch": "gloo all_reduce", "mxnet": "kvstore dist_sync push/pull",
            "tf": "CollectiveReduceV2 (ring) under MultiWorkerMirroredStrategy"}
 COLLECTIVE = {"torch": "allreduce", "mxnet": "ps", "tf": "allreduce"}
@@ -230,10 +234,32 @@ def _tf_main(job: Job, rank: int, workdir: Path) -> None:
     def reduce(x: Any) -> Any:
         return strategy.run(replica, args=(x,))
 
-    tensors = {n: tf.ones([max(1, n // 4)], tf.float32) for n in job.sizes}
-    small = tf.ones([1], tf.float32)
-    samples = _timed(lambda n: reduce(tensors[n]), lambda: reduce(small).numpy(), job, rank,
-                     lambda res: strategy.experimental_local_results(res)[0].numpy())
+    pieces = int(job.extra.get("pieces", 1))
+    tensors = {n: [tf.ones([max(1, n // 4 // pieces)], tf.float32) for _ in range(pieces)]
+               for n in job.sizes}
+    small = [tf.ones([1], tf.float32)]
+    samples = _timed(lambda n: reduce(tensors[n]), lambda: reduce(small), job, rank,
+                     lambda res: [strategy.experimental_local_results(r)[0].numpy()
+                                  for r in res])
+    # MultiWorkerMirroredStrategy packs the gradients into one tensor before the all-reduce
+    # and splits the result (ConcatV2 / SplitV in the update): time that copy alone too.
+    parts = [tf.ones([max(1, n // 4 // PACK_PIECES)], tf.float32) for n in job.sizes
+             for _ in range(PACK_PIECES)]
+    by_size = {n: parts[i * PACK_PIECES:(i + 1) * PACK_PIECES] for i, n in
+               enumerate(job.sizes)}
+
+    @tf.function
+    def pack(xs: list) -> Any:
+        flat = tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
+        return tf.split(flat, [int(x.shape[0]) for x in xs])
+
+    for n in job.sizes:
+        pack(by_size[n])[0].numpy()
+        for _ in range(job.repeat):
+            t0 = time.perf_counter_ns()
+            pack(by_size[n])[-1].numpy()
+            samples.append({"rank": rank, "bytes": int(n), "ns": time.perf_counter_ns() - t0,
+                            "kind": "pack"})
     _write(workdir, rank, job, samples, {"tensorflow": tf.__version__})
     sys.stdout.flush()
     os._exit(0)  # TF's collective and gRPC threads make a normal exit slow

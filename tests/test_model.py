@@ -306,6 +306,16 @@ def test_simulated_buckets_overlap_backward_and_expose_only_the_tail() -> None:
     assert len(after.messages) == 1 and after.phases["comm"] == pytest.approx(32 + 10 / (1 << 20))
 
 
+def test_simulated_tf_packing_is_update_time() -> None:
+    from opprof.analysis.simulate import MWMS, simulate
+
+    r = simulate(_plan(MWMS, pack_ns=11.0))
+    assert len(r.messages) == 1 and r.phases["update"] == 30.0 + 11.0
+    assert r.phases["comm"] == pytest.approx(32 + 10 / (1 << 20))
+    alone = simulate(_plan(MWMS, pack_ns=11.0, communicate=False))
+    assert alone.phases["update"] == 30.0  # one worker packs nothing
+
+
 def test_simulated_parameter_server_puts_the_optimizer_between_push_and_pull() -> None:
     from opprof.analysis.simulate import KVSTORE, simulate
 

@@ -44,6 +44,8 @@ def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) ->
     assert net.samples[-1]["ns"] > net.samples[0]["ns"]
     assert net.fit["rel_rmse"] < 1.0
     assert json.loads(res.stdout)["alpha_ns"] == net.alpha_ns
+    if fw == "tf":  # and the copies MultiWorkerMirroredStrategy packs the gradients with
+        assert net.info["pack_ns_per_byte"] > 0
 
 
 def test_calibrate_refuses_an_all_reduce_of_one(tmp_path: Path) -> None:

@@ -252,10 +252,11 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     def cost(n: float) -> float:
         return float(network.cost_ns(n, workers, max(servers, 1)))
 
+    pack = float(network.info.get("pack_ns_per_byte") or 0.0) * float(np.sum(nbytes))
     return StepPlan(phases=phases, ready_frac=ready, grad_bytes=nbytes, policy=policy,
                     cost=cost, comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
-                    server_update_ns=server_update, communicate=talk), policy
+                    server_update_ns=server_update, communicate=talk, pack_ns=pack), policy
 
 
 def calibrated(measured: dict[str, float], sim_base: SimResult, sim_new: SimResult,

@@ -14,9 +14,11 @@ Events, in order::
   (:mod:`opprof.analysis.gradients`); the policy groups them into messages:
   ``buckets`` (DistributedDataParallel: reverse order, a first bucket of 1 MiB then 25 MiB
   ones, each all-reduced as soon as its last gradient is ready — overlapped with the rest of
-  the backward pass), ``after-backward`` (one message of all gradients once backward ends:
-  TF MultiWorkerMirroredStrategy packs them into one CollectiveReduce in its update, and the
-  MXNet collector waits at every phase boundary before the kvstore push/pull).
+  the backward pass), ``after-backward`` (one message of all gradients once backward ends, as
+  the MXNet collector waits at every phase boundary before the kvstore push/pull) and
+  ``packed-after-backward`` (TF MultiWorkerMirroredStrategy: the gradients concatenated into
+  one tensor in the update, one CollectiveReduce, split back — the copies, ``pack_ns``, count
+  as update time, where the trace shows them as ConcatV2 / SplitV).
 - **Link**: one collective at a time, FIFO, each taking ``cost(bytes) × comm_scale``.
 - **Synchronisation**: the update waits for the last collective, plus the expected wait for
   the slowest of the N workers (``straggler_ns``) when there is communication at all.
@@ -51,6 +53,7 @@ class Policy:
     bucket_bytes: int = 0  # 0: one message of all gradients
     server_update: bool = False
     describe: str = ""
+    pack: bool = False  # gradients packed into one tensor before, split after (an update cost)
 
 
 DDP = Policy("buckets", True, MiB, 25 * MiB, False,
@@ -58,12 +61,15 @@ DDP = Policy("buckets", True, MiB, 25 * MiB, False,
              "backward; update after the last")
 AFTER_BACKWARD = Policy("after-backward", False, 0, 0, False,
                         "one all-reduce of all gradients after backward, then the update")
+MWMS = Policy("packed-after-backward", False, 0, 0, False,
+              "gradients packed into one tensor after backward, one all-reduce, split back, "
+              "then the update (MultiWorkerMirroredStrategy)", pack=True)
 KVSTORE = Policy("kvstore", False, 0, 0, True,
                  "push/pull of every key after backward (all keys in flight together); the "
                  "servers run the optimizer between push and pull")
 
 #: (framework, collective) → its policy; other combinations use GENERIC.
-POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): AFTER_BACKWARD,
+POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): MWMS,
             ("mxnet", "ps"): KVSTORE, ("tf", "ps"): KVSTORE}
 GENERIC = {"allreduce": DDP, "ps": KVSTORE}
 
@@ -88,6 +94,7 @@ class StepPlan:
     straggler_ns: float = 0.0
     server_update_ns: float = 0.0
     communicate: bool = True
+    pack_ns: float = 0.0  # packing and unpacking the gradients (policies with ``pack``)
 
 
 @dataclass
@@ -141,6 +148,8 @@ def simulate(plan: StepPlan) -> SimResult:
     sync = b1
     if sent:
         sync = max(b1, free + plan.straggler_ns)
+        if plan.policy.pack:
+            ph["update"] += plan.pack_ns
     exposed = sync - b1
     busy = sum(m["end_ns"] - m["start_ns"] for m in sent)
     hidden = sum(max(0.0, min(m["end_ns"], b1) - m["start_ns"]) for m in sent)

@@ -82,6 +82,13 @@ def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tup
         samples = netbench.run(job, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     df = pd.DataFrame(samples)
+    info = {}
+    if "kind" in df:
+        pack = df[df["kind"] == "pack"]
+        big = pack[pack["bytes"] >= 1 << 20]
+        if len(big):  # a copy: time per byte, from the sizes where per-call overhead is small
+            info["pack_ns_per_byte"] = float((big["ns"] / big["bytes"]).median())
+        df = df[df["kind"] != "pack"]
     # A call's time: the mean over the workers (each timed the same call after a barrier).
     df["call"] = df.groupby(["rank", "bytes"]).cumcount()
     calls = df.groupby(["bytes", "call"], as_index=False)["ns"].mean()
@@ -89,7 +96,7 @@ def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tup
               framework=fw, backend=netbench.BACKEND[fw],
               info={"host": socket.gethostname(),
                     "threads": threads or netbench.default_threads(fw, workers, servers),
-                    "repeat": repeat})
+                    "repeat": repeat, **info})
     if net.collective == "ps":
         net.servers = servers
     if not net.beta_ns_per_byte and not net.alpha_ns:
