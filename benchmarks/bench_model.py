@@ -106,7 +106,7 @@ def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dic
     l_meas = load()
     res = opprof("model", str(base), "--workers", str(n), "--mode", mode, "--network",
                  str(net), "--check", str(measured), "--format", "json",
-                 *(["--straggler"] if args.straggler else []), check=False)
+                 *(["--no-straggler"] if args.no_straggler else []), check=False)
     if res.returncode != 0:
         return {"case": name, "rep": rep, "error": res.stderr.strip()}
     doc = json.loads(res.stdout)
@@ -157,8 +157,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--calib-repeat", type=int, default=5)
     ap.add_argument("--baseline", choices=["colocated", "alone"], default="colocated")
-    ap.add_argument("--straggler", action="store_true",
-                    help="pass --straggler to opprof model")
+    ap.add_argument("--no-straggler", action="store_true",
+                    help="pass --no-straggler to opprof model")
     ap.add_argument("-o", "--output", type=Path, default=Path("bench-model"))
     args = ap.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]

@@ -13,8 +13,8 @@ The prediction (see docs/model.md for the equations and what they leave out):
    at each N. Every worker computes what the base's worker computed (the same per-worker batch
    and resources), so the compute terms carry over; communication, its overlap with backward,
    the wait for the slowest worker (σ of the base's per-step compute time × the expected
-   maximum of N standard normals) and, for a parameter server, the servers' update come from
-   the simulation.
+   maximum of N standard normals; ``straggler=False`` leaves it out) and, for a parameter
+   server, the servers' update come from the simulation.
 4. **Calibration to the measurement**: predicted = measured + (simulated(N) − simulated(base))
    per compute term, and for the exposed communication of a base that has some, measured ×
    simulated(N) / simulated(base). So at the base's own N the prediction *is* the measured
@@ -324,12 +324,12 @@ class ModelResult:
     predictions: list[Prediction]
     check: Check | None = None
     notes: list[str] = field(default_factory=list)
-    straggler: bool = False
+    straggler: bool = True
 
 
 def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
             servers: int | None = None, network: Network | None = None,
-            straggler: bool = False, label: str = "",
+            straggler: bool = True, label: str = "",
             base: Baseline | None = None) -> ModelResult:
     """Predict the step at each worker count (see the module docstring); ``base`` instead of
     ``trace`` when the baseline is already read."""

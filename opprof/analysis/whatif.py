@@ -201,10 +201,10 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
                           "mode (model another mode from a 1-worker trace)")
     s = servers or (base.servers if base.collective == "ps" else 1) or 1
     net, note = network_for(base, collective, network, s)
-    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net)
+    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True)
     p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
-                 io_hidden=io_hidden)
+                 io_hidden=io_hidden, straggler=True)
     phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
     if io_hidden:
         phases["load"] = 0.0

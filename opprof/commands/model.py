@@ -63,9 +63,9 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
 @click.option("--check", "measured", type=click.Path(path_type=Path), default=None,
               help="A measured multi-worker trace: the prediction for its worker count beside "
                    "its terms, with the error.")
-@click.option("--straggler/--no-straggler", default=False, show_default=True,
-              help="Add the expected wait for the slowest of N workers (σ of the base's "
-                   "per-step compute time × E[max of N normals]).")
+@click.option("--straggler/--no-straggler", default=True, show_default=True,
+              help="Add the expected wait for the slowest of N workers in each synchronous "
+                   "step (σ of the base's per-step compute time × E[max of N normals]).")
 @format_option
 def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
             servers: int | None, network: Path | None, measured: Path | None,
