@@ -19,11 +19,14 @@ from tests.conftest import run_cli
 CASES = [("torch", "allreduce"), ("mxnet", "ps-sync"), ("tf", "allreduce")]
 TINY = ["--batch-size", "8", "--steps", "4", "--warmup", "1", "--timing-steps", "1",
         "--threads", "1", "--format", "json"]
-#: Loose: a LeNet-5 step of a few milliseconds on a shared 2-core machine varies from one run
-#: to the next by up to 3x (other processes take the cores in bursts), so the check is that
-#: the prediction is within a factor of 2 of the measurement — it catches a model that misses
-#: the communication or gets its units wrong, not a 5% error (benchmarks/bench_model.py).
-BOUND = 2.0
+#: Loose. A LeNet-5 step of a few milliseconds on a shared 2-core machine varies from one run
+#: to the next by up to 3x (other processes take the cores in bursts), and the model carries
+#: the baseline's compute over unchanged, so the whole step is only checked to a factor of 4
+#: (it catches a model that loses the communication or its units). What the model itself
+#: predicts — the exposed communication and the update (which a parameter server moves onto
+#: the servers) — is checked against the measured run's, relative to the measured step.
+BOUND = 4.0
+OWN_BOUND = 0.5
 
 
 @pytest.mark.slow
@@ -80,6 +83,8 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
     ratio = check["predicted_step_ns"] / check["measured_step_ns"]
     assert 1 / BOUND < ratio < BOUND, check
     terms = {t["term"]: t for t in check["terms"]}
+    own = sum(terms[t]["predicted_ns"] - terms[t]["measured_ns"] for t in ("t_comm", "t_u"))
+    assert abs(own) / check["measured_step_ns"] < OWN_BOUND, terms
     assert sum(terms[t]["measured_ns"] for t in terms if t != "step") == pytest.approx(
         check["measured_step_ns"])
     if fw == "torch":
