@@ -320,7 +320,11 @@ def test_simulated_parameter_server_puts_the_optimizer_between_push_and_pull() -
     from opprof.analysis.simulate import KVSTORE, simulate
 
     r = simulate(_plan(KVSTORE, server_update_ns=7.0))
-    assert len(r.messages) == 1
+    # one key per gradient, one after another from the end of backward, each with its share
+    # of the servers' optimizer time
+    assert [m["bytes"] for m in r.messages] == [2 << 20, 30 << 20, 10]
+    ends = [m["end_ns"] for m in r.messages]
+    assert ends == sorted(ends) and r.messages[0]["start_ns"] == 10 + 100 + 200
     assert r.phases["comm"] == pytest.approx(32 + 10 / (1 << 20) + 7.0)
 
 

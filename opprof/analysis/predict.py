@@ -270,7 +270,7 @@ def calibrated(measured: dict[str, float], sim_base: SimResult, sim_new: SimResu
             if comm_hidden:
                 out[p] = 0.0
             elif sim_base.phases["comm"] > 0 and m > 0:
-                out[p] = m * sim_new.phases["comm"] / sim_base.phases["comm"]
+                out[p] = m * (sim_new.phases["comm"] / sim_base.phases["comm"])
             else:
                 out[p] = max(0.0, m + sim_new.phases["comm"] - sim_base.phases["comm"])
         else:
@@ -377,7 +377,7 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     busy = sim.comm_busy_ns
     measured_busy = base.terms.extra()["comm_busy_ns"]
     if sim_base.comm_busy_ns > 0 and measured_busy > 0:
-        busy = measured_busy * sim.comm_busy_ns / sim_base.comm_busy_ns
+        busy = measured_busy * (sim.comm_busy_ns / sim_base.comm_busy_ns)
     return Prediction(workers=workers, mode=mode if workers > 1 else "single",
                       servers=servers if collective == "ps" and workers > 1 else 0,
                       step_ns=step,

@@ -19,7 +19,9 @@ Events, in order::
   ``packed-after-backward`` (TF MultiWorkerMirroredStrategy: the gradients concatenated into
   one tensor in the update, one CollectiveReduce, split back — the copies, ``pack_ns``, count
   as update time, where the trace shows them as ConcatV2 / SplitV).
-- **Link**: one collective at a time, FIFO, each taking ``cost(bytes) × comm_scale``.
+- **Link**: one collective at a time, FIFO, each taking ``cost(bytes) × comm_scale``; a
+  parameter server's keys (``per_tensor``: one message per gradient) go one after another,
+  each paying its own latency.
 - **Synchronisation**: the update waits for the last collective, plus the expected wait for
   the slowest of the N workers (``straggler_ns``) when there is communication at all.
 - **Update**: on the worker after the wait, or on the parameter servers (``server_update``):
@@ -54,6 +56,7 @@ class Policy:
     server_update: bool = False
     describe: str = ""
     pack: bool = False  # gradients packed into one tensor before, split after (an update cost)
+    per_tensor: bool = False  # one message per gradient (a kvstore key), not one for all
 
 
 DDP = Policy("buckets", True, MiB, 25 * MiB, False,
@@ -65,8 +68,9 @@ MWMS = Policy("packed-after-backward", False, 0, 0, False,
               "gradients packed into one tensor after backward, one all-reduce, split back, "
               "then the update (MultiWorkerMirroredStrategy)", pack=True)
 KVSTORE = Policy("kvstore", False, 0, 0, True,
-                 "push/pull of every key after backward (all keys in flight together); the "
-                 "servers run the optimizer between push and pull")
+                 "push/pull of every key (one per gradient) after backward, one after another "
+                 "on the link; the servers run the optimizer between push and pull",
+                 per_tensor=True)
 
 #: (framework, collective) → its policy; other combinations use GENERIC.
 POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): MWMS,
@@ -113,6 +117,9 @@ def messages(ready_frac: np.ndarray, grad_bytes: np.ndarray,
     """(ready fraction of backward, bytes) of each message the policy sends."""
     if not len(grad_bytes) or not int(np.sum(grad_bytes)):
         return []
+    if policy.per_tensor:
+        return [(1.0 if not policy.overlap else float(f), int(n))
+                for f, n in zip(ready_frac, grad_bytes, strict=True) if n]
     if not policy.overlap or not policy.bucket_bytes:
         return [(1.0, int(np.sum(grad_bytes)))]
     out: list[tuple[float, int]] = []
@@ -137,12 +144,14 @@ def simulate(plan: StepPlan) -> SimResult:
     free = 0.0
     sent = []
     if plan.communicate:
-        for frac, n in messages(plan.ready_frac, plan.grad_bytes, plan.policy):
+        sends = messages(plan.ready_frac, plan.grad_bytes, plan.policy)
+        total = sum(n for _, n in sends) or 1
+        for frac, n in sends:
             ready = b0 + frac * ph["backward"] if plan.policy.overlap else b1
             start = max(ready, free)
             dur = float(plan.cost(n)) * plan.comm_scale
-            if plan.policy.server_update:
-                dur += plan.server_update_ns  # compute on the servers: comm_scale leaves it
+            if plan.policy.server_update:  # the servers' optimizer on this key's share
+                dur += plan.server_update_ns * n / total  # compute: comm_scale leaves it
             free = start + dur
             sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
     sync = b1
