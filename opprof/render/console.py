@@ -379,10 +379,10 @@ def _messages_table(result: ModelResult) -> Table:
     from opprof.analysis.simulate import messages
 
     g = result.base.gradients
-    t = Table(title=f"Messages per step ({result.policy.name}; ready = ms into backward)",
-              title_justify="left")
+    t = Table(title=f"Messages per step ({result.policy.name})", title_justify="left")
     for c in ["#", "bytes", "ready ms", "ready"]:
         t.add_column(c, justify="right")
+    t.caption = "ready: when its last gradient is, into backward"
     if not len(g.layers):
         t.caption = "no gradients found in the trace"
         return t
