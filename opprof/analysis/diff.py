@@ -25,6 +25,9 @@ class Diff:
     phases: pd.DataFrame
     ops: pd.DataFrame
     summary: str
+    #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
+    #: :func:`opprof.analysis.whatif.op_swaps`), or None.
+    whatif: pd.DataFrame | None = None
 
     @property
     def step_ratio(self) -> float:

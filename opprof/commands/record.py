@@ -3,6 +3,7 @@ print the report."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -58,6 +59,11 @@ from opprof.trace import Trace, save
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--nsys", is_flag=True,
               help="Also record under NVIDIA Nsight Systems (needs nsys on PATH).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op "
+                   "threads). Default: the framework's, or the host's CPUs split among the "
+                   "workers. Give the same number to a baseline that `opprof model` predicts "
+                   "from and to the runs it checks against.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
@@ -77,7 +83,7 @@ from opprof.trace import Trace, save
 @format_option
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
-            nsys: bool,
+            nsys: bool, threads: int | None,
             seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
             cluster: str | None, top: int | None, fmt: str) -> None:
@@ -110,7 +116,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
-        device=device, seed=seed, timeout_s=timeout_s,
+        device=device, seed=seed, timeout_s=timeout_s, threads=threads,
         command=shlex.join(["opprof", *sys.argv[1:]]),
         rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
     )
@@ -145,6 +151,7 @@ def record_trace(config: RecordConfig, output: Path,
             shutil.rmtree(native_dir)  # refused before writing anything: leave no trace
         raise
     meta = dict(recording.meta)
+    meta.setdefault("cpus", _cpus())
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
@@ -152,6 +159,13 @@ def record_trace(config: RecordConfig, output: Path,
     trace = normalize(recording.native, meta)
     save(trace, output)
     return trace
+
+
+def _cpus() -> int | None:
+    """CPUs this process may run on (the recording host's, for the model's resource check)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def _progress() -> Progress:
