@@ -203,6 +203,9 @@ class RecordConfig:
     memory_interval_s: float = 0.02
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     fault: Fault | None = None
+    #: Compute threads per worker (OpenMP / torch threads, TF intra- and inter-op threads);
+    #: None: the host's CPUs split among the processes that compute.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         for name, enum in (("fw", Framework), ("mode", Mode), ("device", Device)):

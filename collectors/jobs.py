@@ -148,6 +148,9 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     env.pop(LABEL_ENV, None)
     if config.fault is not None:
         env[FAULT_ENV] = json_fault(config)
+    if config.threads:  # OpenMP reads it when a framework loads, in every process started
+        env.update({"OMP_NUM_THREADS": str(config.threads),
+                    "MKL_NUM_THREADS": str(config.threads)})
     plan, job = _PLANS[config.fw](config, argv, env)
     what = f"{config.fw} {config.mode}"
     with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress) as sup, \
@@ -214,7 +217,7 @@ def _torch(config: RecordConfig, argv: list[str],
     per_node = config.workers // rv.nnodes
     port = rv.master_port or free_port(rv.master_addr)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    extra = {"OMP_NUM_THREADS": str(max(1, (cpus or 1) // per_node))}
+    extra = {"OMP_NUM_THREADS": str(config.threads or max(1, (cpus or 1) // per_node))}
     if rv.loopback:
         extra["GLOO_SOCKET_IFNAME"] = "lo"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(rv.nnodes),

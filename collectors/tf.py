@@ -62,6 +62,7 @@ from opprof.collectors.config import (
 )
 from opprof.collectors.datasets import channel_stats, load_images
 from opprof.collectors.runner import Runner, drive, env_identity, fault_point
+from opprof.errors import OpprofError
 
 STEP_MARKER = "train"
 ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
@@ -69,10 +70,19 @@ ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
 _POLL_S = 0.05
 
 
-def _tf() -> Any:
+def _tf(threads: int | None = None) -> Any:
+    """TensorFlow, imported quietly; with ``threads`` its intra- and inter-op pools set to it
+    (before anything runs in this process)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError as exc:  # this process already ran TensorFlow
+            raise OpprofError(f"--threads {threads}: TensorFlow is already initialised in "
+                              f"this process ({exc})") from None
     return tf
 
 
@@ -349,7 +359,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         else:
             _serve(config, folder)
         return
-    tf = _tf()
+    tf = _tf(config.threads)
     size = INPUT_SIZE[canonical_name(config.model)]
     strategy = None
     if config.mode == Mode.ALLREDUCE:
@@ -383,7 +393,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 def _serve(config: RecordConfig, folder: Path) -> None:
     """A worker or ps task of ParameterServerStrategy: a gRPC server that runs what the chief
     schedules, and profiles itself while the run's control file says ``start``."""
-    tf = _tf()
+    tf = _tf(config.threads)
     kind, index = task_of_env()
     role = ROLE_OF_TASK.get(kind, Role.WORKER)
     _, _, label = env_identity()
@@ -415,7 +425,7 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
     """The chief of ParameterServerStrategy: schedules steps onto the workers. One runner
     step is one round of ``workers`` scheduled steps; the chief's profiler start and stop
     also start and stop every other task's (through the control file)."""
-    tf = _tf()
+    tf = _tf(config.threads)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

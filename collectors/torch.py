@@ -424,6 +424,8 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo",
                                 timeout=timedelta(seconds=max(config.timeout_s, 1.0)))
+    if config.threads:
+        torch.set_num_threads(config.threads)
     step, facts = build_training(config, device, rank=rank, world=world)
     adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts,
                            profile_memory=config.profile_memory)

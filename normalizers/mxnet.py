@@ -209,7 +209,7 @@ def _window_bytes(trace: Trace, per_step: dict[str, int]) -> Trace:
 
 
 _SIDECAR_KEYS = ("framework_version", "model", "dataset", "batch_size", "mode",
-                 "profiled_steps", "params", "param_bytes")
+                 "profiled_steps", "params", "param_bytes", "threads")
 
 
 def _sidecar_meta(paths: list[Path], roles: list[tuple[int, str]]) -> dict[str, Any]:

@@ -29,6 +29,9 @@ class Diff:
     summary: str
     #: Memory side by side (opprof.analysis.memory.compare_memory); empty without memory rows.
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
+    #: :func:`opprof.analysis.whatif.op_swaps`), or None.
+    whatif: pd.DataFrame | None = None
 
     @property
     def step_ratio(self) -> float:

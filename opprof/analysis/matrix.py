@@ -1,7 +1,8 @@
 """The benchmark matrix comparison: per run samples/s, step time, phases, scaling
 efficiency and peak memory (with its ratio to the leanest run of the same model and worker
-count), and the canonical operators with the largest cross-framework ratios (the research's
-"convolution_backward 7.67x" table). Pure functions over recorded runs."""
+count), the canonical operators with the largest cross-framework ratios (the research's
+"convolution_backward 7.67x" table), and for each multi-worker run the model's prediction
+from its 1-worker run beside the measurement. Pure functions over recorded runs."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from typing import Any
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.commmodel import Network
 from opprof.analysis.memory import memory_part, run_memory
 from opprof.analysis.ops import op_table
+from opprof.analysis.predict import check, network_from_trace, predict
+from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
@@ -69,11 +73,16 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for r in runs:
         s = r.summary
+        pred = s.get("prediction") or {}
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
                "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
                **{p: s.get("phases", {}).get(p) for p in PHASES},
-               "scaling_efficiency": None,
+               "scaling_efficiency": None, "profiled_scaling": pred.get("profiled_scaling"),
+               "predicted_step_ns": pred.get("predicted_step_ns"),
+               "predicted_scaling": pred.get("predicted_scaling"),
+               "prediction_error": pred.get("prediction_error"),
+               "prediction_note": pred.get("note", ""),
                **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
                "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason}
         rows.append(row)
@@ -100,6 +109,28 @@ def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
     least = peak.groupby(key).transform("min") if len(table) else peak
     table["rss_ratio"] = (peak / least.where(least > 0)).astype(object).where(
         peak.notna(), None)
+
+
+def prediction(single: Trace, multi: Trace, network: Network | None = None) -> dict[str, Any]:
+    """The model's prediction of a multi-worker run from the same framework and model's
+    1-worker run (:mod:`opprof.analysis.predict`), checked against it: predicted profiled step
+    and scaling (step(1) / step(N)) beside the measured ones, the error, and a note saying
+    where α and β came from — or why there is no prediction."""
+    workers = int(multi.meta.get("workers") or len(multi.ranks) or 1)
+    mode = str(multi.meta.get("mode") or "")
+    try:
+        if network is None:
+            network = network_from_trace(multi)
+        result = predict(single, [workers], mode=mode or None,
+                         servers=int(multi.meta.get("servers") or 0) or None, network=network)
+        c = check(result, multi, "the measured run")
+    except OpprofError as exc:
+        return {"note": str(exc)}
+    one = result.base.step_ns
+    return {"predicted_step_ns": c.predicted_step_ns, "prediction_error": c.error,
+            "predicted_scaling": one / c.predicted_step_ns if c.predicted_step_ns else None,
+            "profiled_scaling": one / c.measured_step_ns if c.measured_step_ns else None,
+            "note": f"network {result.network.source}: {result.network_note}"}
 
 
 def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:

@@ -28,9 +28,11 @@ from typing import Any
 import click
 import pandas as pd
 
-from opprof.analysis.matrix import Run, compare, summarize
+from opprof.analysis.commmodel import Network
+from opprof.analysis.matrix import Run, compare, prediction, summarize
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
 from opprof.collectors.config import REQUIRES, SUPPORTED_MODES, Framework
+from opprof.commands.model import read_network
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
 from opprof.render.console import bench_tables, render
@@ -88,11 +90,19 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
               help="Keep runs whose .trace already exists and loads; record the rest.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the cross-framework operator table.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Compute threads per worker in every run (as `opprof record --threads`); "
+                   "the same number everywhere lets the model predict the multi-worker runs "
+                   "from the 1-worker ones.")
+@click.option("--network", type=click.Path(path_type=Path), default=None,
+              help="α–β from `opprof calibrate` for the predictions (default: fitted to each "
+                   "measured run's own collectives).")
 def command(fws: list[str], models: list[str], workers: list[int], modes: list[str],
             steps: int, batch_size: int, warmup: int, timing_steps: int, servers: int,
-            dataset: str, timeout_s: float, output: Path, resume: bool, top: int) -> None:
-    """Record every valid combination and compare them (samples/s, phases, scaling,
-    the operators with the largest cross-framework ratios).
+            dataset: str, timeout_s: float, output: Path, resume: bool, top: int,
+            threads: int | None, network: Path | None) -> None:
+    """Record every valid combination and compare them (samples/s, phases, scaling and the
+    model's predicted scaling, the operators with the largest cross-framework ratios).
 
     \b
     Example:
@@ -102,7 +112,7 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     output.mkdir(parents=True, exist_ok=True)
     base = RecordConfig(fw="torch", model="lenet5", dataset=dataset, batch_size=batch_size,
                         steps=steps, warmup=warmup, timing_steps=timing_steps, servers=servers,
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, threads=threads)
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
         return KNOWN_MODES.get(fw, ("single",)), ""
 
@@ -132,6 +142,7 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
                 run.summary = summarize(read_parquet(output / f"{run.name}.trace"))
             except OpprofError as exc:
                 run.status, run.reason = "failed", str(exc)
+    add_predictions(runs, output, read_network(network))
     table, ratios = compare(runs, top)
     config = {k: v for k, v in asdict(base).items()
               if k not in ("fw", "model", "rendezvous", "fault")}
@@ -139,6 +150,23 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     click.echo(render(*bench_tables(table, ratios)).rstrip("\n"))
     click.echo(f"wrote {output}/bench.md, bench.csv, bench.json and "
                f"{sum(r.status in ('ok', 'resumed') for r in runs)} trace(s)", err=True)
+
+
+def add_predictions(runs: list[Run], folder: Path, network: Network | None) -> None:
+    """For each recorded multi-worker run: the model's prediction from the same framework and
+    model's 1-worker run, into its summary (:func:`opprof.analysis.matrix.prediction`)."""
+    done = ("ok", "resumed")
+    singles = {(r.fw, r.model): r for r in runs if r.mode == "single" and r.status in done}
+    for r in runs:
+        one = singles.get((r.fw, r.model))
+        if r.workers < 2 or r.status not in done or one is None:
+            continue
+        try:
+            r.summary["prediction"] = prediction(read_parquet(folder / f"{one.name}.trace"),
+                                                 read_parquet(folder / f"{r.name}.trace"),
+                                                 network)
+        except OpprofError as exc:
+            r.summary["prediction"] = {"note": str(exc)}
 
 
 def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:

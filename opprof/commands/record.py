@@ -3,6 +3,7 @@ print the report."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -65,6 +66,11 @@ from opprof.trace import Trace, save
               default=0.02, show_default=True,
               help="Seconds between samples of every process's resident memory, taken from "
                    "outside the processes (0: no sampling).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op "
+                   "threads). Default: the framework's, or the host's CPUs split among the "
+                   "workers. Give the same number to a baseline that `opprof model` predicts "
+                   "from and to the runs it checks against.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
@@ -85,6 +91,7 @@ from opprof.trace import Trace, save
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
             nsys: bool, profile_memory: bool, memory_interval_s: float,
+            threads: int | None,
             seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
             cluster: str | None, top: int | None, fmt: str) -> None:
@@ -118,7 +125,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
         device=device, seed=seed, timeout_s=timeout_s, profile_memory=profile_memory,
-        memory_interval_s=memory_interval_s,
+        memory_interval_s=memory_interval_s, threads=threads,
         command=shlex.join(["opprof", *sys.argv[1:]]),
         rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
     )
@@ -153,6 +160,7 @@ def record_trace(config: RecordConfig, output: Path,
             shutil.rmtree(native_dir)  # refused before writing anything: leave no trace
         raise
     meta = dict(recording.meta)
+    meta.setdefault("cpus", _cpus())
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
@@ -160,6 +168,13 @@ def record_trace(config: RecordConfig, output: Path,
     trace = normalize([*recording.native, *recording.memory], meta)
     save(trace, output)
     return trace
+
+
+def _cpus() -> int | None:
+    """CPUs this process may run on (the recording host's, for the model's resource check)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def _progress() -> Progress:
