@@ -434,48 +434,53 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
 
 
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
-    """Runs, their phase breakdown, and the operator-ratio table for a terminal."""
+    """Runs (time and memory), the model's predictions of the multi-worker runs, their phase
+    breakdown, and the operator-ratio table for a terminal."""
     t = Table(title="opprof bench — runs", title_justify="left")
+    m = Table(title="Multi-worker runs: the model's prediction from the 1-worker run",
+              title_justify="left")
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling",
-              "predicted ms", "predicted scaling", "error", "mem", "mem ratio", "profiled mem"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "mem",
+              "mem ratio", "profiled mem"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
+    for c in [*key, "measured ms", "predicted ms", "error", "measured scaling",
+              "predicted scaling"]:
+        m.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
                      style=PHASE_STYLE.get(c, ""))
-    notes = []
+    notes, model_notes = [], []
     for r in table.to_dict("records"):
         ok = r["status"] in ("ok", "resumed")
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
         head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
         style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
-        pred = r.get("predicted_step_ns")
-        has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
-                  ms(pred) if has else "-",
-                  f"{pct(r['predicted_scaling'])} vs {pct(r['profiled_scaling'])}" if has
-                  else "-", f"{r['prediction_error']:+.1%}" if has else "-",
                   mib(r.get("unprofiled_rss_bytes")) if ok else "-",
                   f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-",
                   mib(r.get("peak_rss_bytes")) if ok else "-")
-        if ok and r.get("workers", 1) > 1 and not has and r.get("prediction_note"):
-            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no prediction — "
-                         f"{r['prediction_note']}")
+        pred = r.get("predicted_step_ns")
+        if ok and _known(pred):
+            m.add_row(*head, ms(r["step_ns"]), ms(pred), f"{r['prediction_error']:+.1%}",
+                      pct(r["profiled_scaling"]), pct(r["predicted_scaling"]))
+        elif ok and r.get("workers", 1) > 1 and r.get("prediction_note"):
+            model_notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no "
+                               f"prediction — {r['prediction_note']}")
         if ok:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker); predicted: the model from the 1-worker run (profiled "
-                           "ms; scaling = step(1) ÷ step(N), predicted vs measured; error of "
-                           "the predicted step); mem: resident peak of the largest worker before "
+                           "1 worker); mem: resident peak of the largest worker before "
                            "profiling (profiled mem: until the last profiled step, the "
                            "profiler's buffers included); mem ratio: mem over the leanest run "
                            "of the same model and workers", *notes])
+    m.caption = "\n".join(["profiled ms per step; scaling = step(1) ÷ step(N); error of the "
+                           "predicted step", *model_notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
@@ -485,7 +490,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    return [t, p, o]
+    return [t, *([m] if m.row_count or model_notes else []), p, o]
 
 
 def _us(ns: float | None) -> str:
