@@ -103,7 +103,8 @@ p.summary {{ font-size: 15px; background: var(--soft); border-left: 4px solid #0
 .chart {{ width: 100%; min-height: 120px; }}
 .grid2 {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr));
          gap: 12px; }}
-.tablewrap {{ overflow-x: auto; max-height: 560px; overflow-y: auto; margin: 6px 0 10px;
+.tablewrap {{ width: fit-content; max-width: 100%; overflow-x: auto; max-height: 560px;
+             overflow-y: auto; margin: 6px 0 10px;
              border: 1px solid var(--line); }}
 table {{ border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }}
 th, td {{ padding: 3px 10px; border-bottom: 1px solid var(--line); white-space: nowrap; }}
