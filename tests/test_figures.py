@@ -26,6 +26,10 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return bench_from_fixtures(tmp_path_factory.mktemp("fig") / "bench")
 
 
+def hexcolour(r: int, g: int, b: int) -> str:
+    return f"#{int(r):02X}{int(g):02X}{int(b):02X}"
+
+
 def svg_texts(path: Path) -> set[str]:
     """Every text in an SVG (matplotlib keeps text as text: svg.fonttype none)."""
     root = ElementTree.parse(path).getroot()
@@ -41,7 +45,7 @@ def png_colours(path: Path) -> set[str]:
 
     img = image.imread(path)
     rgb = (img[..., :3] * 255).round().astype(np.uint8).reshape(-1, 3)
-    return {"#%02X%02X%02X" % tuple(c) for c in np.unique(rgb, axis=0)}
+    return {hexcolour(*c) for c in np.unique(rgb, axis=0)}
 
 
 def pdf_colours(path: Path) -> tuple[bytes, set[str]]:
@@ -54,7 +58,7 @@ def pdf_colours(path: Path) -> tuple[bytes, set[str]]:
         except zlib.error:
             continue
         for r, g, b in re.findall(rb"([\d.]+) ([\d.]+) ([\d.]+) rg", body):
-            cols.add("#%02X%02X%02X" % tuple(round(float(x) * 255) for x in (r, g, b)))
+            cols.add(hexcolour(*(round(float(x) * 255) for x in (r, g, b))))
     return data, cols
 
 
