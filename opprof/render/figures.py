@@ -223,7 +223,11 @@ def _memory_bars(df: pd.DataFrame, title: str) -> Figure:
                color=palette.MEMORY_COLORS.get(s, palette.series_color(i)))
     long = max(map(len, df["label"]), default=0) > 10
     ax.set_xticks(x, df["label"], rotation=30 if long else 0, ha="right" if long else "center")
-    ax.set_ylabel("MiB")
+    if plotdata.wants_log(df[series]):
+        ax.set_yscale("log")
+        ax.set_ylabel("MiB (log scale)")
+    else:
+        ax.set_ylabel("MiB")
     ax.set_title(title)
     ax.grid(axis="x", visible=False)
     fig.legend(loc="outside upper center", ncols=min(len(series), 3), frameon=False)

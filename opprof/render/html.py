@@ -489,6 +489,14 @@ def _report_devices(rep: Report) -> str:
             + table(rep.devices, DEVICE_COLUMNS))
 
 
+def _memory_axis(fig: go.Figure, values: pd.DataFrame, height: int) -> None:
+    log = plotdata.wants_log(values)
+    _layout(fig, height, barmode="group", yaxis_title="MiB" + (" (log scale)" if log else ""))
+    fig.update_xaxes(type="category")
+    if log:
+        fig.update_yaxes(type="log", dtick=1)
+
+
 MEMORY_COLUMNS: list[Column] = [
     ("rank", "rank", f_int), ("role", "role", f_text),
     ("peak_rss_bytes", "peak resident MiB", f_mib), ("hwm_bytes", "VmHWM MiB", f_mib),
@@ -506,8 +514,7 @@ def _report_memory(rep: Report) -> str:
         fig.add_trace(go.Bar(x=df["label"], y=df[s], name=s,
                              marker_color=palette.MEMORY_COLORS.get(s, palette.series_color(i)),
                              hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
-    _layout(fig, 380, barmode="group", yaxis_title="MiB")
-    fig.update_xaxes(type="category")
+    _memory_axis(fig, df.drop(columns=["label"]), 380)
     parts = [chart(fig)]
     pm = plotdata.phase_memory(rep)
     if len(pm) and np.isfinite(pm[list(PHASES)].to_numpy(float)).any():
@@ -719,8 +726,7 @@ def bench(b: Bench) -> str:
                                  marker_color=palette.MEMORY_COLORS.get(s,
                                                                         palette.series_color(i)),
                                  hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
-        _layout(fig, 400, barmode="group", yaxis_title="MiB")
-        fig.update_xaxes(type="category")
+        _memory_axis(fig, mem.drop(columns=["label"]), 400)
         secs.append(("memory", "Memory per run", chart(fig)))
     # The run matrix sets fw, model, workers and mode per run; the rest is common to all.
     common = {k: v for k, v in b.config.items() if k not in ("workers", "mode", "command")}

@@ -137,6 +137,18 @@ def phase_memory(rep: Report) -> pd.DataFrame:
     return out
 
 
+#: Memory bars spanning more than this factor (resident hundreds of MiB beside an allocator's
+#: or the parameters' few) are drawn on a log axis, so the small ones stay visible.
+LOG_SPAN = 100.0
+
+
+def wants_log(values: pd.DataFrame) -> bool:
+    """Whether positive values span more than LOG_SPAN (see above)."""
+    v = values.to_numpy(float).ravel()
+    v = v[np.isfinite(v) & (v > 0)]
+    return len(v) > 1 and v.max() / v.min() > LOG_SPAN
+
+
 @dataclass
 class Waterfall:
     """From B's step to A's step: each part's A−B (ms); the parts sum to the gap."""
