@@ -150,6 +150,13 @@ def test_plot_errors_are_one_line(args: list[str], message: str, tmp_path: Path)
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+def test_the_cli_offers_every_figure() -> None:
+    from opprof.commands.plot import FIGURE_NAMES
+    from opprof.render.figures import FIGURES
+
+    assert FIGURE_NAMES == tuple(FIGURES)
+
+
 def test_plot_of_a_folder_without_bench_json(tmp_path: Path) -> None:
     (tmp_path / "bench.json").write_text("{not json")
     res = run_cli("plot", str(tmp_path / "bench.json"), "-o", str(tmp_path / "x.svg"))

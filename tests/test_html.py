@@ -52,7 +52,7 @@ EXPECTED = {
                ["peak resident", "resident before profiling", "comm"]),
     "gpu": (["summary", "steps", "ops", "device-ops", "devices"],
             ["compute", "memcpy", "idle", "forward"]),
-    "diff": (["summary", "phases", "ops", "whatif", "memory"],
+    "diff": (["summary", "phases", "ops", "whatif", "memory", "metadata"],
              ["A: tf lenet5", "B: torch", "rest of the step"]),
     "bench": (["runs", "phases", "ops", "scaling", "memory", "config"],
               ["mxnet ps-sync ×2", "ideal", "torch allreduce · lenet5 measured"]),

@@ -255,15 +255,26 @@ def table(df: pd.DataFrame, columns: Sequence[Column], sortable: bool = True) ->
             + "\n".join(rows) + "</tbody></table></div>")
 
 
-def meta_table(meta: dict, limit: int = 300) -> str:
-    """The run's metadata as a key/value table (long values cut at ``limit`` characters)."""
+def _meta_text(v: Any, limit: int) -> str:
+    if v is None:
+        return "-"
+    text = v if isinstance(v, str) else json.dumps(v, default=str)
+    if len(text) > limit:
+        text = text[:limit] + f"… ({len(text):,} characters)"
+    return html.escape(text)
+
+
+def meta_table(meta: dict, limit: int = 300, pair: bool = False) -> str:
+    """The run's metadata as a key/value table (long values cut at ``limit`` characters);
+    ``pair``: each value is ``{"A": …, "B": …}``, shown in two columns."""
     rows = []
     for k, v in meta.items():
-        text = v if isinstance(v, str) else json.dumps(v, default=str)
-        if len(text) > limit:
-            text = text[:limit] + f"… ({len(text):,} characters)"
-        rows.append(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(text)}</td></tr>")
-    return ('<div class="tablewrap"><table class="meta"><tbody>' + "".join(rows)
+        cells = ([_meta_text(v["A"], limit), _meta_text(v["B"], limit)] if pair
+                 else [_meta_text(v, limit)])
+        rows.append(f"<tr><td>{html.escape(str(k))}</td>"
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "<thead><tr><th></th><th>A</th><th>B</th></tr></thead>" if pair else ""
+    return (f'<div class="tablewrap"><table class="meta">{head}<tbody>' + "".join(rows)
             + "</tbody></table></div>")
 
 
@@ -631,6 +642,10 @@ def diff(d: Diff, top: int | None = None) -> str:
             ("metric", "metric", f_text), ("a_bytes", "A MiB", f_mib),
             ("b_bytes", "B MiB", f_mib), ("ratio", "A/B", f_ratio),
             ("delta_bytes", "A−B MiB", f_mib)])))
+    if d.a_meta or d.b_meta:
+        keys = list(dict.fromkeys([*d.a_meta, *d.b_meta]))
+        secs.append(("metadata", "Metadata", meta_table(
+            {k: {"A": d.a_meta.get(k), "B": d.b_meta.get(k)} for k in keys}, pair=True)))
     return page(f"opprof diff — {d.a_label} vs {d.b_label}", "A = " + d.a_label + "  ·  B = "
                 + d.b_label, secs)
 
