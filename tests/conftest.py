@@ -38,3 +38,36 @@ def run_cli(*args: str, cwd: Path | None = None,
     """Run the installed `opprof` command line as a user would."""
     return subprocess.run([sys.executable, "-m", "opprof", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
+
+
+#: A bench matrix made of the fixtures' real recordings (framework, workers, mode, fixture):
+#: lenet5 on torch, MXNet and TF, one worker and two.
+FIXTURE_BENCH = [("torch", 1, "single", "memory/torch-lenet5"),
+                 ("torch", 2, "allreduce", "torch-ddp"),
+                 ("mxnet", 1, "single", "mxnet/lenet5-single"),
+                 ("mxnet", 2, "ps-sync", "mxnet/lenet5-ps-sync"),
+                 ("tf", 1, "single", "memory/tf-lenet5"),
+                 ("tf", 2, "allreduce", "tf/lenet5-allreduce-2w")]
+
+
+def bench_from_fixtures(folder: Path) -> Path:
+    """A bench folder as `opprof bench` writes it (traces, bench.json/csv/md, bench.html,
+    figures/), from the fixtures' recordings instead of new ones (seconds, no training)."""
+    from opprof.analysis.matrix import Run, compare, summarize
+    from opprof.commands.bench import add_predictions, write_outputs, write_visuals
+    from opprof.loader import load
+    from opprof.trace import save
+
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for fw, workers, mode, fixture in FIXTURE_BENCH:
+        run = Run(fw, "lenet5", workers, mode, status="ok", wall_s=0.0)
+        trace = load(REPO / "fixtures" / fixture)
+        save(trace, folder / f"{run.name}.trace")
+        run.summary = summarize(trace)
+        runs.append(run)
+    add_predictions(runs, folder, None)
+    table, ratios = compare(runs, 10)
+    write_outputs(folder, runs, table, ratios, {"source": "tests.conftest.FIXTURE_BENCH"})
+    write_visuals(folder)
+    return folder

@@ -131,3 +131,24 @@ def test_plan_skips_what_a_framework_cannot_record() -> None:
     assert got[("mxnet", 3, "ps-sync")][0] == "planned"
     assert all(got[k] == ("skipped", "no collector yet") for k in got if k[0] == "tf")
     assert [r.name for r in runs][:2] == ["lenet5-torch-w1-single", "lenet5-torch-w3-allreduce"]
+
+
+@pytest.mark.slow
+def test_bench_writes_its_html_page_and_figures(matrix) -> None:
+    """A real bench's bench.html opens in Chromium with every chart drawn; its figures are
+    written as SVG and PNG (scaling: the 2-worker runs beside the 1-worker ones)."""
+    from tests import browser
+
+    _, out, _, res = matrix
+    assert "bench.html, figures/{phases,ops,scaling,memory}.svg|png" in res.stderr or \
+        "bench.html, figures/{phases,scaling,memory}.svg|png" in res.stderr
+    for name in ("phases", "scaling", "memory"):
+        for suffix in (".svg", ".png"):
+            assert (out / "figures" / f"{name}{suffix}").stat().st_size > 5_000
+    page = out / "bench.html"
+    assert page.read_text().rstrip().endswith("</html>")
+    if browser.chromium() is None:
+        pytest.skip("Chromium not found: bench.html not opened in a browser")
+    dom = browser.dump_dom(page)
+    assert 'id="opprof-script-error"' not in dom and 'data-charts="true"' in dom
+    assert 'id="scaling"' in dom and "torch allreduce · lenet5 measured" in dom

@@ -55,9 +55,12 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
         if line.startswith("opprof model") and "--format json" in line:
             doc = json.loads(res.stdout)
             assert doc["network"]["source"] == "calibrate" and len(doc["predictions"]) == 2
-        if line.startswith("opprof diff"):
+        if line.startswith("opprof diff") and " -o " not in line:
             assert "explains most of it" in " ".join(res.stdout.split())
+        if "--format html" in line:
+            out = tmp_path / shlex.split(line)[shlex.split(line).index("-o") + 1]
+            assert out.read_text().rstrip().endswith("</html>")
     for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
                  "nccl.trace", "resnet18.pftrace", "mine.trace", "ddp.trace", "api.trace",
-                 "net.json"):
+                 "net.json", "nccl.html", "ddp.html", "diff.html", "phases.svg", "ranks.pdf"):
         assert (tmp_path / name).exists(), name

@@ -23,7 +23,8 @@ from opprof.analysis.report import build_report
 from opprof.trace import META_KEY, TraceFile, conform
 from tests.conftest import REPO, run_cli, shared_trace
 
-FRAMES = ("steps", "phases", "ops", "device_ops", "ranks", "devices", "stragglers")
+FRAMES = ("steps", "phases", "ops", "device_ops", "ranks", "devices", "stragglers",
+          "rank_steps")
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,9 @@ class Diff:
     #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
     #: :func:`opprof.analysis.whatif.op_swaps`), or None.
     whatif: pd.DataFrame | None = None
+    #: Each side's file metadata (framework, model, batch size, …), shown by the HTML page.
+    a_meta: dict = field(default_factory=dict)
+    b_meta: dict = field(default_factory=dict)
 
     @property
     def step_ratio(self) -> float:
@@ -91,7 +94,8 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
     la, lb = label(a, a_name), label(b, b_name)
     if la == lb:
         la, lb = f"{la} (A)", f"{lb} (B)"
-    return Diff(la, lb, a_step, b_step, phases, ops, _sentence(la, lb, a_step, b_step, phases, ops))
+    return Diff(la, lb, a_step, b_step, phases, ops, _sentence(la, lb, a_step, b_step, phases, ops),
+                a_meta=dict(a.meta), b_meta=dict(b.meta))
 
 
 def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFrame,

@@ -23,6 +23,8 @@ from opprof.analysis.ops import merge_durations, op_durations, table_from_durati
 from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
 from opprof.trace import Trace, rank_slices
 
+RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
+
 
 @dataclass
 class Report:
@@ -39,6 +41,10 @@ class Report:
     stragglers: pd.DataFrame = field(default_factory=pd.DataFrame)
     device_span: str = "steps"
     memory: MemoryPart = field(default_factory=MemoryPart)
+    #: One row per (rank, step): ``rank``, ``step``, ``dur_ns``, ``own_ns``, ``comm_ns``,
+    #: ``wait_ns``, ``transfer_ns`` (opprof.analysis.ranks: own = step − wait); what the
+    #: rank × step heatmap of the HTML report shows.
+    rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass
@@ -92,6 +98,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         stragglers=ranks.stragglers,
         device_span=device_span,
         memory=combine_memory([p.memory for p in parts]),
+        rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
     )
 
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from opprof.render import FORMATS
+from opprof.errors import OpprofError
+from opprof.files import write_atomic
+from opprof.render import FORMATS, REPORT_FORMATS
 
 format_option = click.option(
     "--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True,
     help="rich tables for people; json, csv or md for machines.",
+)
+report_format_option = click.option(
+    "--format", "fmt", type=click.Choice(REPORT_FORMATS), default="rich", show_default=True,
+    help="rich tables for people; json, csv or md for machines; html: one self-contained page "
+         "of charts and sortable tables (with -o).",
+)
+output_option = click.option(
+    "-o", "--output", type=click.Path(path_type=Path), default=None,
+    help="Write the output to this file (atomically) instead of the terminal; needed by "
+         "--format html.",
 )
 top_option = click.option("--top", type=click.IntRange(min=1), default=None,
                           help="Show only the N largest operators.")
@@ -17,6 +31,24 @@ top_option = click.option("--top", type=click.IntRange(min=1), default=None,
 def echo_output(text: str, fmt: str) -> None:
     """Print rendered output (rich output is already laid out)."""
     click.echo(text.rstrip("\n"))
+
+
+def check_output(fmt: str, output: Path | None) -> None:
+    """Refuse --format html without -o before any work is done (a page of several MB is no
+    terminal output)."""
+    if fmt == "html" and output is None:
+        raise OpprofError("--format html writes a file: give -o FILE.html")
+
+
+def write_output(text: str, fmt: str, output: Path | None) -> None:
+    """Print the rendered output, or write it to ``output`` atomically and say so."""
+    if output is None:
+        echo_output(text, fmt)
+        return
+    write_atomic(output, text if text.endswith("\n") else text + "\n")
+    size = output.stat().st_size
+    click.echo(f"wrote {output} ({size / 2**20:.1f} MB)" if size >= 2**20
+               else f"wrote {output} ({size:,} bytes)", err=True)
 
 
 def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)

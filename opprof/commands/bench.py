@@ -85,7 +85,8 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds each recording may take.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("bench"),
-              show_default=True, help="Folder for the traces and bench.md/.csv/.json.")
+              show_default=True,
+              help="Folder for the traces, bench.md/.csv/.json, bench.html and figures/.")
 @click.option("--resume", is_flag=True,
               help="Keep runs whose .trace already exists and loads; record the rest.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
@@ -148,8 +149,33 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
               if k not in ("fw", "model", "rendezvous", "fault")}
     write_outputs(output, runs, table, ratios, config)
     click.echo(render(*bench_tables(table, ratios)).rstrip("\n"))
-    click.echo(f"wrote {output}/bench.md, bench.csv, bench.json and "
+    visual = write_visuals(output)
+    click.echo(f"wrote {output}/bench.md, bench.csv, bench.json{visual} and "
                f"{sum(r.status in ('ok', 'resumed') for r in runs)} trace(s)", err=True)
+
+
+def write_visuals(folder: Path) -> str:
+    """bench.html and figures/NAME.svg|png (opprof.render.html, opprof.render.figures) from
+    the bench.json just written; a figure without data (no multi-worker run for ``scaling``)
+    is left out with a line saying why. Returns what was written, for the last line."""
+    try:
+        from opprof.render import figures, html, plotdata
+    except ImportError as exc:
+        click.echo(f"no bench.html or figures: {exc} (pip install 'opprof[plot]')", err=True)
+        return ""
+    b = plotdata.read_bench(folder)
+    write_atomic(folder / "bench.html", html.bench(b))
+    made = []
+    for name in figures.BENCH_FIGURES:
+        try:
+            fig = figures.make(name, b)
+        except OpprofError as exc:
+            click.echo(f"figure {name}: {exc}", err=True)
+            continue
+        for suffix in (".svg", ".png"):
+            figures.save(fig, folder / "figures" / f"{name}{suffix}")
+        made.append(name)
+    return (", bench.html" + (f", figures/{{{','.join(made)}}}.svg|png" if made else ""))
 
 
 def add_predictions(runs: list[Run], folder: Path, network: Network | None) -> None:

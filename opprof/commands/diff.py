@@ -7,7 +7,14 @@ from pathlib import Path
 import click
 
 from opprof.analysis.diff import diff_reports
-from opprof.commands import echo_output, engine_options, format_option, top_option
+from opprof.commands import (
+    check_output,
+    engine_options,
+    output_option,
+    report_format_option,
+    top_option,
+    write_output,
+)
 from opprof.job import report
 from opprof.render import renderer
 
@@ -19,10 +26,11 @@ from opprof.render import renderer
               help="Also rank, per operator, how much A's step would shrink if that operator "
                    "ran at B's speed (re-simulated: hidden and overlapped time counted once).")
 @top_option
-@format_option
+@report_format_option
+@output_option
 @engine_options
-def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, scheduler: str | None,
-            jobs: int | None) -> None:
+def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: Path | None,
+            scheduler: str | None, jobs: int | None) -> None:
     """Compare trace A with trace B (ratio = A/B), operator by operator.
 
     \b
@@ -30,7 +38,10 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, scheduler
       opprof diff tf.trace mxnet.trace
       opprof diff tf.trace mxnet.trace --whatif
       opprof diff lenet5-torch.trace resnet18-torch.trace --format json
+      opprof diff tf.trace mxnet.trace --format html -o diff.html
     """
+    check_output(fmt, output)
+    render = renderer(fmt)
     d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
                      report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
@@ -38,4 +49,4 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, scheduler
         from opprof.loader import load
 
         d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
-    echo_output(renderer(fmt).diff(d, top=top if top is not None else 15), fmt)
+    write_output(render.diff(d, top=top if top is not None else 15), fmt, output)

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from opprof.commands import echo_output, engine_options, format_option, top_option
+from opprof.commands import (
+    check_output,
+    engine_options,
+    output_option,
+    report_format_option,
+    top_option,
+    write_output,
+)
 from opprof.job import report
 from opprof.render import renderer
 
@@ -16,14 +23,15 @@ from opprof.render import renderer
 @click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory"]),
               default="phase", show_default=True, help="Which view to show.")
 @top_option
-@format_option
+@report_format_option
+@output_option
 @click.option("--device-span", type=click.Choice(["steps", "trace"]), default="steps",
               show_default=True,
               help="--by device over the complete profiled steps (work launched before the "
                    "last step began, as Holistic Trace Analysis) or the whole trace.")
 @engine_options
-def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, device_span: str,
-            scheduler: str | None, jobs: int | None) -> None:
+def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output: Path | None,
+            device_span: str, scheduler: str | None, jobs: int | None) -> None:
     """Report a TRACE (an opprof .trace, or native traces/folders, normalized on the fly).
 
     \b
@@ -32,6 +40,9 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, device_
       opprof report resnet18-torch.trace --by memory
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
+      opprof report resnet18-torch.trace --format html -o resnet18.html
     """
+    check_output(fmt, output)
+    render = renderer(fmt)
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
-    echo_output(renderer(fmt).report(rep, by=by, top=top), fmt)
+    write_output(render.report(rep, by=by, top=top), fmt, output)

@@ -1,0 +1,68 @@
+"""`opprof plot`: one paper figure (SVG, PNG or PDF) from a bench folder or from traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from opprof.commands import engine_options
+from opprof.errors import OpprofError
+
+FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices")
+
+
+@click.command("plot")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--figure", "name", type=click.Choice(FIGURE_NAMES), default="phases",
+              show_default=True,
+              help="phases: stacked wall-time phases per run or trace; ops: cross-framework "
+                   "operator ratios (bench) or the largest operators side by side; scaling: "
+                   "speed-up vs workers, measured and predicted (bench); memory: per run or "
+                   "rank; steps: phases of every step (one trace); ranks: rank × step heatmap "
+                   "with stragglers, wait vs transfer (one trace); devices: GPU compute/comm/"
+                   "memcpy/idle (one trace).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The figure file: .svg, .png or .pdf.")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Operators shown by --figure ops.")
+@engine_options
+def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
+            scheduler: str | None, jobs: int | None) -> None:
+    """Draw one figure from a bench folder (written by `opprof bench`) or from traces (each an
+    opprof .trace or native traces, normalized on the fly).
+
+    \b
+    Example:
+      opprof plot bench/ --figure phases -o phases.pdf
+      opprof plot bench/ --figure scaling -o scaling.svg
+      opprof plot resnet18-mxnet.trace resnet18-torch.trace --figure ops -o ops.png
+      opprof plot ddp.trace --figure ranks -o ranks.svg
+    """
+    try:
+        from opprof.render import figures, plotdata
+    except ImportError as exc:
+        raise OpprofError(f"opprof plot needs matplotlib ({exc}): pip install "
+                          "'opprof[plot]' -c constraints.txt") from None
+    if output.suffix.lower() not in figures.SUFFIXES:
+        raise OpprofError(f"{output}: a figure is written as .svg, .png or .pdf")
+    benches = [p for p in inputs if plotdata.is_bench(p)]
+    if benches:
+        if len(inputs) > 1:
+            raise OpprofError("give one bench folder, or traces, not both")
+        source = plotdata.read_bench(benches[0])
+    else:
+        from opprof.analysis.diff import label
+        from opprof.job import report
+
+        source = []
+        for p in inputs:
+            rep = report([p], scheduler=scheduler, jobs=jobs)
+            source.append((label(rep, p.name), rep))
+        names = [lab for lab, _ in source]
+        if len(set(names)) < len(names):  # two traces of the same framework and model
+            source = [(f"{lab} ({p.name})", rep)
+                      for (lab, rep), p in zip(source, inputs, strict=True)]
+    fig = figures.make(name, source, top=top)
+    figures.save(fig, output)
+    click.echo(f"wrote {output}", err=True)

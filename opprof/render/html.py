@@ -1,0 +1,752 @@
+"""The HTML report: one self-contained file (plotly.js, styles and scripts inlined; no CDN, no
+request when it opens) for `report`, `diff` and `bench`, with plotly charts and sortable
+tables.
+
+Charts are drawn from aggregates only (opprof.render.plotdata: per-step phase rows, operator
+tables, rank × step matrices, per-device and per-rank rows), never from events, so the file's
+size is plotly.js (~4.6 MB) plus a few kB per step, rank and operator, whatever the trace's
+event count. The raw timeline is what ``opprof export --to perfetto`` is for. Colours come
+from opprof.render.palette (the same as the paper figures).
+
+Each function returns the page as a string: ``report(rep, by, top)``, ``diff(d, top)``,
+``bench(b)``. ``by`` does not change the page (every view is in it).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from opprof import __version__
+from opprof.analysis.diff import Diff
+from opprof.analysis.report import Report
+from opprof.render import palette, plotdata
+from opprof.render.plotdata import MS, Bench
+from opprof.taxonomy import PHASES
+
+#: Rows of the operator bar chart when --top is not given (the table has every operator).
+DEFAULT_TOP = 20
+#: The id of the element the page's error handler adds when a script fails (tests look
+#: for it).
+ERROR_ID = "opprof-script-error"
+_CONFIG = {"displaylogo": False, "responsive": True,
+           "toImageButtonOptions": {"format": "svg", "scale": 1}}
+
+# --- page ---------------------------------------------------------------------------------
+
+_ONERROR = f"""window.opprofErrors = [];
+function opprofError(msg) {{
+  window.opprofErrors.push(String(msg));
+  var e = document.getElementById('{ERROR_ID}');
+  if (!e) {{ e = document.createElement('pre'); e.id = '{ERROR_ID}';
+            document.documentElement.appendChild(e); }}
+  e.textContent += String(msg) + '\\n';
+}}
+window.addEventListener('error', function (ev) {{ opprofError(ev.message || 'script error'); }});
+window.addEventListener('unhandledrejection', function (ev) {{
+  opprofError('unhandled rejection: ' + (ev.reason && ev.reason.message || ev.reason)); }});
+"""
+
+_SORT = """(function () {
+  function key(td) { var v = td.getAttribute('data-v');
+    if (v !== null && v !== '') { var n = parseFloat(v); if (!isNaN(n)) return n; }
+    return td.textContent.trim().toLowerCase(); }
+  function cmp(a, b) { if (typeof a === typeof b) return a < b ? -1 : a > b ? 1 : 0;
+    return typeof a === 'number' ? -1 : 1; }
+  document.querySelectorAll('table.sortable').forEach(function (t) {
+    t.querySelectorAll('th').forEach(function (th, i) {
+      th.addEventListener('click', function () {
+        var body = t.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+        var asc = th.getAttribute('aria-sort') !== 'ascending';
+        t.querySelectorAll('th').forEach(function (h) { h.removeAttribute('aria-sort'); });
+        th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
+        rows.sort(function (a, b) { var r = cmp(key(a.cells[i]), key(b.cells[i]));
+          return asc ? r : -r; });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  });
+  document.body.setAttribute('data-charts',
+    String(document.querySelectorAll('.js-plotly-plot .main-svg').length > 0));
+})();"""
+
+_STYLE = f"""
+:root {{ --fg: #1d2125; --muted: #5f6b76; --line: #e3e6ea; --bg: #ffffff; --soft: #f6f8fa; }}
+* {{ box-sizing: border-box; }}
+body {{ font-family: {palette.FONT_FAMILY}; color: var(--fg); background: var(--bg); margin: 0;
+       font-size: 14px; line-height: 1.45; }}
+header {{ padding: 18px 32px 10px; border-bottom: 1px solid var(--line); }}
+header h1 {{ font-size: 20px; margin: 0 0 4px; }}
+header .sub {{ color: var(--muted); margin: 0; }}
+nav {{ padding: 8px 32px; border-bottom: 1px solid var(--line); background: var(--soft);
+      position: sticky; top: 0; z-index: 10; }}
+nav a {{ margin-right: 16px; color: #0b5cad; text-decoration: none; }}
+nav a:hover {{ text-decoration: underline; }}
+main {{ padding: 8px 32px 32px; max-width: 1400px; }}
+section {{ margin-top: 22px; }}
+h2 {{ font-size: 17px; margin: 0 0 4px; border-bottom: 1px solid var(--line);
+     padding-bottom: 4px; }}
+h3 {{ font-size: 14px; margin: 14px 0 4px; }}
+p.note {{ color: var(--muted); margin: 4px 0 8px; max-width: 1000px; }}
+p.summary {{ font-size: 15px; background: var(--soft); border-left: 4px solid #0072B2;
+            padding: 8px 12px; max-width: 1100px; }}
+.chart {{ width: 100%; min-height: 120px; }}
+.grid2 {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr));
+         gap: 12px; }}
+.tablewrap {{ width: fit-content; max-width: 100%; overflow-x: auto; max-height: 560px;
+             overflow-y: auto; margin: 6px 0 10px;
+             border: 1px solid var(--line); }}
+table {{ border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }}
+th, td {{ padding: 3px 10px; border-bottom: 1px solid var(--line); white-space: nowrap; }}
+th {{ background: var(--soft); position: sticky; top: 0; text-align: left; }}
+table.sortable th {{ cursor: pointer; user-select: none; }}
+table.sortable th:after {{ content: ' \\21C5'; color: #b0b7bf; font-size: 11px; }}
+table.sortable th[aria-sort=ascending]:after {{ content: ' \\25B2'; color: var(--fg); }}
+table.sortable th[aria-sort=descending]:after {{ content: ' \\25BC'; color: var(--fg); }}
+td.num {{ text-align: right; }}
+tbody tr:hover {{ background: #fafbfc; }}
+.swatch {{ display: inline-block; width: 10px; height: 10px; border-radius: 2px;
+          margin-right: 6px; vertical-align: baseline; }}
+.meta td:first-child {{ color: var(--muted); }}
+.meta td {{ white-space: normal; max-width: 900px; word-break: break-word; }}
+code {{ background: var(--soft); padding: 1px 4px; border-radius: 3px; }}
+footer {{ color: var(--muted); padding: 12px 32px 24px; border-top: 1px solid var(--line);
+         font-size: 12px; }}
+#{ERROR_ID} {{ color: #b00020; background: #fff0f0; padding: 8px; }}
+"""
+
+
+def page(title: str, subtitle: str, sections: Sequence[tuple[str, str, str]],
+         footer: str = "") -> str:
+    """A whole page: title, subtitle, a nav bar and (id, heading, body html) sections."""
+    nav = "".join(f'<a href="#{sid}">{html.escape(head)}</a>' for sid, head, _ in sections)
+    body = "\n".join(f'<section id="{sid}"><h2>{html.escape(head)}</h2>\n{inner}</section>'
+                     for sid, head, inner in sections)
+    made = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="opprof {__version__}">
+<title>{html.escape(title)}</title>
+<script>{_ONERROR}</script>
+<style>{_STYLE}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+<header><h1>{html.escape(title)}</h1><p class="sub">{html.escape(subtitle)}</p></header>
+<nav>{nav}</nav>
+<main>
+{body}
+</main>
+<footer>Made by opprof {__version__} on {made}. {footer} Charts: plotly.js, inlined (this file
+needs no network). Click a table's header to sort it; hover a chart for values; its toolbar
+saves it as SVG.</footer>
+<script>{_SORT}</script>
+</body></html>
+"""
+
+
+# --- pieces -------------------------------------------------------------------------------
+
+def _layout(fig: go.Figure, height: int, **kw: Any) -> go.Figure:
+    fig.update_layout(template="plotly_white", height=height,
+                      font={"family": palette.FONT_FAMILY, "size": 12},
+                      margin={"l": 60, "r": 20, "t": 40, "b": 50},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02,
+                              "xanchor": "left", "x": 0, "traceorder": "normal"},
+                      hoverlabel={"namelength": -1}, **kw)
+    return fig
+
+
+_counter = [0]
+
+
+def chart(fig: go.Figure) -> str:
+    """A figure as a div and its script (plotly.js is in the page's head)."""
+    _counter[0] += 1
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False, config=_CONFIG,
+                       div_id=f"chart{_counter[0]}", default_width="100%",
+                       validate=False).replace('<div>', '<div class="chart">', 1)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def f_ms(v: Any) -> str:
+    """ns → ``1,234.567`` ms text."""
+    x = _num(v)
+    return "-" if x is None else f"{x / MS:,.3f}"
+
+
+def f_pct(v: Any) -> str:
+    """A fraction as a percentage."""
+    x = _num(v)
+    return "-" if x is None or math.isinf(x) else f"{x:.1%}"
+
+
+def f_ratio(v: Any) -> str:
+    """A ratio as ``1.93x``."""
+    x = _num(v)
+    if x is None:
+        return "-"
+    return "∞" if math.isinf(x) else f"{x:.2f}x"
+
+
+def f_int(v: Any) -> str:
+    """An integer with thousands separators."""
+    x = _num(v)
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def f_mib(v: Any) -> str:
+    """Bytes as MiB."""
+    x = _num(v)
+    return "-" if x is None else f"{x / plotdata.MIB:,.1f}"
+
+
+def f_text(v: Any) -> str:
+    """Any value as text ('-' when missing)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return str(v)
+
+
+Column = tuple[str, str, Callable[[Any], str]]
+
+
+def table(df: pd.DataFrame, columns: Sequence[Column], sortable: bool = True) -> str:
+    """An HTML table of ``df``: (column, header, formatter) per column; numbers keep their raw
+    value in ``data-v`` so sorting is numeric."""
+    cols = [c for c in columns if c[0] in df.columns]
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h, _ in cols)
+    rows = []
+    for rec in df[[c for c, _, _ in cols]].itertuples(index=False, name=None):
+        cells = []
+        for (col, _, fmt), v in zip(cols, rec, strict=True):
+            x = _num(v) if not isinstance(v, str) else None
+            text = fmt(v)
+            if col == "phase" and str(v) in palette.PHASE_COLORS:
+                text = (f'<span class="swatch" style="background:{palette.PHASE_COLORS[str(v)]}">'
+                        f'</span>{html.escape(text)}')
+            else:
+                text = html.escape(text)
+            if x is not None and not isinstance(v, bool):
+                dv = "" if math.isinf(x) and x < 0 else ("1e308" if math.isinf(x) else repr(x))
+                cells.append(f'<td class="num" data-v="{dv}">{text}</td>')
+            else:
+                cells.append(f"<td>{text}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    cls = ' class="sortable"' if sortable else ""
+    return (f'<div class="tablewrap"><table{cls}><thead><tr>{head}</tr></thead><tbody>'
+            + "\n".join(rows) + "</tbody></table></div>")
+
+
+def _meta_text(v: Any, limit: int) -> str:
+    if v is None:
+        return "-"
+    text = v if isinstance(v, str) else json.dumps(v, default=str)
+    if len(text) > limit:
+        text = text[:limit] + f"… ({len(text):,} characters)"
+    return html.escape(text)
+
+
+def meta_table(meta: dict, limit: int = 300, pair: bool = False) -> str:
+    """The run's metadata as a key/value table (long values cut at ``limit`` characters);
+    ``pair``: each value is ``{"A": …, "B": …}``, shown in two columns."""
+    rows = []
+    for k, v in meta.items():
+        cells = ([_meta_text(v["A"], limit), _meta_text(v["B"], limit)] if pair
+                 else [_meta_text(v, limit)])
+        rows.append(f"<tr><td>{html.escape(str(k))}</td>"
+                    + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "<thead><tr><th></th><th>A</th><th>B</th></tr></thead>" if pair else ""
+    return (f'<div class="tablewrap"><table class="meta">{head}<tbody>' + "".join(rows)
+            + "</tbody></table></div>")
+
+
+def note(text: str) -> str:
+    """A muted explanatory paragraph."""
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def _stacked_phases(df: pd.DataFrame, x: Sequence[str], height: int, xtitle: str = "",
+                    ytitle: str = "ms per step", horizontal: bool = False) -> go.Figure:
+    fig = go.Figure()
+    for p in PHASES:
+        v = df[p].to_numpy(float) if p in df else np.zeros(len(df))
+        if not (v > 0).any():
+            continue
+        kw = {"x": v, "y": list(x), "orientation": "h"} if horizontal else {"x": list(x),
+                                                                          "y": v}
+        fig.add_trace(go.Bar(name=p, marker_color=palette.PHASE_COLORS[p],
+                             hovertemplate=f"{p}: %{{{'x' if horizontal else 'y'}:.3f}} ms"
+                                           "<extra>%{" + ("y" if horizontal else "x") + "}</extra>",
+                             **kw))
+    _layout(fig, height, barmode="stack", xaxis_title=xtitle, yaxis_title=ytitle)
+    if horizontal:
+        fig.update_yaxes(autorange="reversed", type="category")
+    else:
+        fig.update_xaxes(type="category")
+    return fig
+
+
+# --- report -------------------------------------------------------------------------------
+
+PHASE_COLUMNS: list[Column] = [("phase", "phase", f_text), ("ns_per_step", "ms/step", f_ms),
+                               ("share", "share", f_pct),
+                               ("busy_ns_per_step", "busy ms/step", f_ms)]
+OP_COLUMNS: list[Column] = [
+    ("op", "op", f_text), ("phase", "phase", f_text), ("count", "count", f_int),
+    ("ns_per_step", "ms/step", f_ms), ("total_ns", "total ms", f_ms),
+    ("mean_ns", "mean ms", f_ms), ("p50_ns", "p50 ms", f_ms), ("p95_ns", "p95 ms", f_ms),
+    ("share_of_phase", "share of phase", f_pct)]
+
+
+def _subtitle(meta: dict) -> str:
+    keys = [("framework", ""), ("framework_version", ""), ("model", ""), ("dataset", ""),
+            ("batch_size", "batch "), ("workers", "workers "), ("mode", "mode "),
+            ("device", "")]
+    return "  ·  ".join(f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, ""))
+
+
+def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
+    """The whole report as one HTML page (every view; ``by`` is ignored)."""
+    meta = rep.meta
+    n_steps, ranks = len(rep.steps), sorted(set(rep.steps["rank"])) if len(rep.steps) else []
+    mean = float(rep.steps["dur_ns"].mean()) if n_steps else float("nan")
+    secs = [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
+            ("steps", "Step breakdown", _report_steps(rep, len(ranks))),
+            ("ops", "Operators", _report_ops(rep.ops, top, "host"))]
+    if len(rep.device_ops):
+        secs.append(("device-ops", "GPU kernels and copies",
+                     _report_ops(rep.device_ops, top, "device")))
+    if len(ranks) > 1:
+        secs.append(("ranks", "Ranks", _report_ranks(rep)))
+    if len(rep.devices):
+        secs.append(("devices", "GPU time per device", _report_devices(rep)))
+    if len(rep.memory.ranks):
+        secs.append(("memory", "Memory", _report_memory(rep)))
+    secs.append(("metadata", "Metadata", meta_table(meta)))
+    src = meta.get("sources") or []
+    name = str(src[0]) if len(src) == 1 else "TRACE"
+    footer = (f"The raw timeline: <code>opprof export {html.escape(name)} --to perfetto -o "
+              "run.pftrace</code>, then open it in the Perfetto UI (ui.perfetto.dev).")
+    title = "opprof report — " + (" ".join(str(meta[k]) for k in ("framework", "model")
+                                           if meta.get(k)) or name)
+    return page(title, _subtitle(meta), secs, footer)
+
+
+def _report_summary(rep: Report, n_steps: int, ranks: list, mean: float) -> str:
+    meta = rep.meta
+    distinct = rep.steps["step"].nunique() if n_steps else 0
+    facts = [("mean step", f"{f_ms(mean)} ms"), ("steps", f"{distinct:,}"),
+             ("ranks", f"{len(ranks):,}")]
+    if meta.get("unprofiled_step_ns"):
+        facts.append(("unprofiled step", f"{f_ms(meta['unprofiled_step_ns'])} ms"))
+    if meta.get("samples_per_s"):
+        facts.append(("samples/s (unprofiled)", f"{float(meta['samples_per_s']):,.1f}"))
+    if rep.comm_overlap is not None:
+        facts.append(("communication hidden behind compute", f_pct(rep.comm_overlap)))
+    ph = plotdata.phase_means(rep)
+    fig = _stacked_phases(pd.DataFrame([ph]), ["mean step"], 150, ytitle="",
+                          horizontal=True)
+    fig.update_layout(xaxis_title="ms per step", margin={"l": 90, "r": 20, "t": 40, "b": 40})
+    facts_html = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                         for k, v in facts)
+    return (f'<div class="tablewrap" style="display:inline-block"><table class="meta">'
+            f"<tbody>{facts_html}</tbody></table></div>" + chart(fig)
+            + note("Every instant of a step is given to one phase (forward/backward/update > "
+                   "comm > h2d > load > other), so the phases sum to the step time; comm is "
+                   "communication not hidden behind compute."))
+
+
+def _report_steps(rep: Report, n_ranks: int) -> str:
+    df = plotdata.step_phases(rep)
+    parts = []
+    if len(df):
+        fig = _stacked_phases(df, [str(s) for s in df.index], 380, xtitle="step",
+                              ytitle="ms" + (" (mean over ranks)" if n_ranks > 1 else ""))
+        parts.append(chart(fig))
+    parts.append(table(rep.phases.reset_index(), PHASE_COLUMNS))
+    return "".join(parts)
+
+
+def _report_ops(ops: pd.DataFrame, top: int | None, where: str) -> str:
+    rows = plotdata.op_rows(ops, top or DEFAULT_TOP)
+    if rows.empty:
+        return note("No operators.")
+    fig = go.Figure()
+    for p in PHASES:
+        sub = rows[rows["phase"] == p]
+        if len(sub):
+            fig.add_trace(go.Bar(x=sub["ms_per_step"], y=sub["op"], orientation="h", name=p,
+                                 marker_color=palette.PHASE_COLORS[p],
+                                 customdata=np.stack([sub["count"], sub["mean_ms"]], axis=1),
+                                 hovertemplate="%{y}: %{x:.3f} ms/step<br>count %{customdata[0]}"
+                                               ", mean %{customdata[1]:.3f} ms<extra>"
+                                               + p + "</extra>"))
+    _layout(fig, 120 + 22 * rows["op"].nunique(), xaxis_title=f"{where} ms per step",
+            barmode="stack")
+    # An operator in several phases (``memory`` in forward and backward) is one bar of
+    # stacked phase segments, placed by its total.
+    order = rows.groupby("op", sort=False)["ms_per_step"].sum().sort_values(ascending=False)
+    fig.update_yaxes(categoryorder="array", categoryarray=list(order.index),
+                     type="category", autorange="reversed")
+    fig.update_layout(margin={"l": 170, "r": 20, "t": 40, "b": 50})
+    return (chart(fig) + note(f"The {len(rows)} largest canonical operators ({where} time, "
+                              "nested operators counted once); the table has all of them.")
+            + table(ops, OP_COLUMNS))
+
+
+RANK_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("steps", "steps", f_int), ("dur_ns", "step ms", f_ms),
+    *[(p, f"{p} ms", f_ms) for p in PHASES], ("own_ns", "own ms", f_ms),
+    ("comm_ns", "comm ms", f_ms), ("wait_ns", "wait ms", f_ms),
+    ("transfer_ns", "transfer ms", f_ms), ("wait_share", "wait share", f_pct),
+    ("overlap", "overlap", f_pct), ("bytes", "bytes/step", f_int),
+    ("bandwidth_Bps", "GB/s", lambda v: "-" if _num(v) is None else f"{_num(v) / 1e9:.3f}")]
+STRAGGLER_COLUMNS: list[Column] = [
+    ("step", "step", f_int), ("ranks", "ranks", f_int), ("slowest_rank", "slowest rank", f_int),
+    ("own_ns", "own ms", f_ms), ("median_own_ns", "median own ms", f_ms),
+    ("excess_ns", "excess ms", f_ms), ("excess_share", "excess", f_pct)]
+
+
+def _report_ranks(rep: Report) -> str:
+    parts = []
+    mat = plotdata.rank_step_matrix(rep)
+    if not mat.empty:
+        fig = go.Figure(go.Heatmap(
+            z=mat.to_numpy(float), x=[str(s) for s in mat.columns],
+            y=[str(r) for r in mat.index], colorscale=list(palette.HEAT),
+            colorbar={"title": {"text": "ms"}},
+            hovertemplate="rank %{y}, step %{x}: own %{z:.3f} ms<extra></extra>"))
+        st = plotdata.stragglers(rep)
+        if len(st):
+            fig.add_trace(go.Scatter(
+                x=[str(s) for s in st["step"]], y=[str(r) for r in st["slowest_rank"]],
+                mode="markers", name="straggler (slowest rank)",
+                marker={"symbol": "x", "size": 12, "color": palette.STRAGGLER,
+                        "line": {"width": 1, "color": "white"}},
+                customdata=np.stack([st["excess_ms"], st["excess_share"] * 100], axis=1),
+                hovertemplate="step %{x}: rank %{y} slowest, +%{customdata[0]:.3f} ms "
+                              "(+%{customdata[1]:.1f}%) over the median<extra></extra>"))
+        _layout(fig, min(900, 140 + 26 * len(mat)), xaxis_title="step", yaxis_title="rank",
+                showlegend=True)
+        fig.update_xaxes(type="category")
+        fig.update_yaxes(type="category", autorange="reversed")
+        parts.append("<h3>Own time per rank and step (step − wait for others)</h3>"
+                     + chart(fig))
+    wt = plotdata.wait_transfer(rep)
+    if len(wt):
+        fig = go.Figure()
+        for col, name, color in (("own_ms", "own (not in comm)", palette.PHASE_COLORS["forward"]),
+                                 ("transfer_ms", "transfer", palette.PHASE_COLORS["comm"]),
+                                 ("wait_ms", "wait for others", "#F0A982")):
+            fig.add_trace(go.Bar(y=[str(r) for r in wt["rank"]], x=wt[col], orientation="h",
+                                 name=name, marker_color=color,
+                                 hovertemplate=f"rank %{{y}}: {name} %{{x:.3f}} ms<extra></extra>"))
+        _layout(fig, min(900, 130 + 24 * len(wt)), barmode="stack",
+                xaxis_title="ms per step", yaxis_title="rank")
+        fig.update_yaxes(type="category", autorange="reversed")
+        parts.append("<h3>Communication: waiting for others vs transfer</h3>" + chart(fig))
+    parts.append(note("Own time = step − waiting inside collectives for the last rank to "
+                      "enter; the straggler of a step is the rank with the largest own time."))
+    parts.append(table(rep.ranks, RANK_COLUMNS))
+    if len(rep.stragglers):
+        parts.append("<h3>Stragglers</h3>" + table(rep.stragglers, STRAGGLER_COLUMNS))
+    return "".join(parts)
+
+
+DEVICE_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("device", "device", f_text), ("span_ns", "span ms", f_ms),
+    ("compute_ns", "compute ms", f_ms), ("comm_ns", "comm ms", f_ms),
+    ("memcpy_ns", "memcpy ms", f_ms), ("idle_ns", "idle ms", f_ms),
+    ("compute_share", "compute", f_pct), ("comm_share", "comm", f_pct),
+    ("memcpy_share", "memcpy", f_pct), ("idle_share", "idle", f_pct),
+    ("comm_overlap", "comm overlapped", f_pct), ("idle_host_ns", "idle: host ms", f_ms),
+    ("kernels", "kernels", f_int), ("memcpys", "copies", f_int), ("streams", "streams", f_int)]
+
+
+def _report_devices(rep: Report) -> str:
+    d = plotdata.device_rows(rep)
+    fig = go.Figure()
+    for p in plotdata.DEVICE_PARTS:
+        fig.add_trace(go.Bar(y=d["label"], x=d[f"{p}_ms"], orientation="h", name=p,
+                             marker_color=palette.DEVICE_COLORS[p],
+                             customdata=d[f"{p}_share"] * 100,
+                             hovertemplate=f"{p}: %{{x:.3f}} ms (%{{customdata:.1f}}%)"
+                                           "<extra>%{y}</extra>"))
+    _layout(fig, min(900, 130 + 30 * len(d)), barmode="stack",
+            xaxis_title=f"ms over the {rep.device_span} span")
+    fig.update_yaxes(type="category", autorange="reversed")
+    fig.update_layout(margin={"l": 130, "r": 20, "t": 40, "b": 50})
+    return (chart(fig) + note("Each device's span split into compute kernels, communication "
+                              "kernels, copies and idle time (they sum to the span); "
+                              "'idle: host' is idle time while the host was busy.")
+            + table(rep.devices, DEVICE_COLUMNS))
+
+
+def _memory_axis(fig: go.Figure, values: pd.DataFrame, height: int) -> None:
+    log = plotdata.wants_log(values)
+    _layout(fig, height, barmode="group", yaxis_title="MiB" + (" (log scale)" if log else ""))
+    fig.update_xaxes(type="category")
+    if log:
+        fig.update_yaxes(type="log", dtick=1)
+
+
+MEMORY_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("role", "role", f_text),
+    ("peak_rss_bytes", "peak resident MiB", f_mib), ("hwm_bytes", "VmHWM MiB", f_mib),
+    ("unprofiled_rss_bytes", "before profiling MiB", f_mib),
+    ("peak_allocated_bytes", "allocated MiB", f_mib),
+    ("peak_reserved_bytes", "reserved MiB", f_mib), ("param_bytes", "parameters MiB", f_mib),
+    ("peak_step", "peak step", f_int), ("series", "series", f_text),
+    *[(f"peak_{p}_bytes", f"{p} MiB", f_mib) for p in PHASES]]
+
+
+def _report_memory(rep: Report) -> str:
+    df = plotdata.memory_rows(rep)
+    fig = go.Figure()
+    for i, s in enumerate(c for c in df.columns if c != "label"):
+        fig.add_trace(go.Bar(x=df["label"], y=df[s], name=s,
+                             marker_color=palette.MEMORY_COLORS.get(s, palette.series_color(i)),
+                             hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
+    _memory_axis(fig, df.drop(columns=["label"]), 380)
+    parts = [chart(fig)]
+    pm = plotdata.phase_memory(rep)
+    if len(pm) and np.isfinite(pm[list(PHASES)].to_numpy(float)).any():
+        fig = go.Figure()
+        for p in PHASES:
+            if np.isfinite(pm[p].to_numpy(float)).any():
+                fig.add_trace(go.Bar(x=pm["label"], y=pm[p], name=p,
+                                     marker_color=palette.PHASE_COLORS[p],
+                                     hovertemplate=f"{p}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
+        _layout(fig, 340, barmode="group", yaxis_title="MiB")
+        fig.update_xaxes(type="category")
+        parts.append("<h3>Peak per phase (main series)</h3>" + chart(fig))
+    parts.append(note("Resident memory sampled from outside each process; the allocator's "
+                      "own counters where the framework exposes them."))
+    parts.append(table(rep.memory.ranks, MEMORY_COLUMNS))
+    return "".join(parts)
+
+
+# --- diff ---------------------------------------------------------------------------------
+
+DIFF_COLUMNS: list[Column] = [
+    ("a_ns_per_step", "A ms/step", f_ms), ("b_ns_per_step", "B ms/step", f_ms),
+    ("ratio", "A/B", f_ratio), ("delta_ns", "A−B ms", f_ms),
+    ("share_of_gap", "share of gap", f_pct)]
+
+
+def _waterfall(w: plotdata.Waterfall, height: int) -> go.Figure:
+    names = [w.start_label, *w.parts["name"], w.end_label]
+    vals = [w.start_ms, *w.parts["delta_ms"], w.end_ms]
+    colors = [palette.PHASE_COLORS.get(str(n)) for n in w.parts["name"]]
+    fig = go.Figure(go.Waterfall(
+        x=names, y=vals, measure=["absolute", *["relative"] * len(w.parts), "total"],
+        text=[f"{v:,.2f}" if i in (0, len(vals) - 1) else f"{v:+,.2f}"
+              for i, v in enumerate(vals)], textposition="outside",
+        increasing={"marker": {"color": palette.SLOWER}},
+        decreasing={"marker": {"color": palette.FASTER}},
+        totals={"marker": {"color": palette.TOTAL}},
+        connector={"line": {"color": "#bbbbbb", "width": 1}},
+        hovertemplate="%{x}: %{text} ms<extra></extra>", showlegend=False))
+    # A phase's own colour on the axis label keeps phases recognisable across charts.
+    if any(colors):
+        fig.update_xaxes(ticktext=[n if c is None else f'<span style="color:{c}">■</span> {n}'
+                                   for n, c in zip(names, [None, *colors, None], strict=True)],
+                         tickvals=names)
+    _layout(fig, height, yaxis_title="ms per step", showlegend=False)
+    fig.update_xaxes(type="category")
+    # The parts are often small beside the steps: the axis starts below the lowest running
+    # total rather than at 0 (the start and end bars are cut; their values are printed).
+    run = np.cumsum(vals[:-1])
+    lo, hi = float(min(run.min(), w.end_ms)), float(max(run.max(), w.end_ms))
+    span = max(hi - lo, 1e-9 * max(abs(hi), 1.0))
+    bottom = max(0.0, lo - 1.5 * span)
+    fig.update_yaxes(range=[bottom, hi + 0.25 * span],
+                     title="ms per step" + (" (axis not from 0)" if bottom > 0 else ""))
+    return fig
+
+
+def diff(d: Diff, top: int | None = None) -> str:
+    """The diff as one HTML page: the sentence, phases A vs B, waterfalls of the gap by phase
+    and by operator, the tables; memory and what-if when present."""
+    top = top or 15
+    secs = []
+    head = (f"<p class=\"summary\">{html.escape(d.summary)}</p>"
+            + table(pd.DataFrame([{"run": f"A: {d.a_label}", "step": d.a_step_ns},
+                                  {"run": f"B: {d.b_label}", "step": d.b_step_ns}]),
+                    [("run", "run", f_text), ("step", "ms/step", f_ms)], sortable=False)
+            + note(f"A/B step time: {f_ratio(d.step_ratio)}; positive A−B: A spends longer."))
+    both = pd.DataFrame({p: [float(d.phases.set_index('phase').get('a_ns_per_step', {}).get(p, 0)),
+                             float(d.phases.set_index('phase').get('b_ns_per_step', {}).get(p, 0))]
+                         for p in PHASES}) / MS
+    fig = _stacked_phases(both, [f"A: {d.a_label}", f"B: {d.b_label}"], 200, ytitle="",
+                          horizontal=True)
+    fig.update_layout(xaxis_title="ms per step", margin={"l": 200, "r": 20, "t": 40, "b": 40})
+    secs.append(("summary", "Summary", head + chart(fig)))
+    wf = _waterfall(plotdata.diff_waterfall(d, "phase"), 380)
+    secs.append(("phases", "The gap by phase",
+                 chart(wf) + note("From B's step (left) to A's (right): each phase's A−B; "
+                                  "red makes A slower, green faster. The phases sum to the "
+                                  "gap exactly.")
+                 + table(d.phases, [("phase", "phase", f_text), *DIFF_COLUMNS])))
+    wo = plotdata.diff_waterfall(d, "op", top)
+    ops = d.ops.head(top)
+    bars = go.Figure()
+    for label_, col, color in ((f"A: {d.a_label}", "a_ns_per_step", palette.SERIES[0]),
+                               (f"B: {d.b_label}", "b_ns_per_step", palette.SERIES[1])):
+        bars.add_trace(go.Bar(y=ops["op"], x=ops[col] / MS, orientation="h", name=label_,
+                              marker_color=color,
+                              hovertemplate="%{y}: %{x:.3f} ms/step<extra>" + label_[:1]
+                                            + "</extra>"))
+    _layout(bars, 140 + 34 * len(ops), barmode="group", xaxis_title="host ms per step")
+    bars.update_yaxes(type="category", autorange="reversed")
+    bars.update_layout(margin={"l": 190, "r": 20, "t": 40, "b": 50})
+    secs.append(("ops", "The gap by operator",
+                 chart(_waterfall(wo, 420))
+                 + note(f"The {len(ops)} operators with the largest |A−B| (host time); "
+                        "'rest of the step' is the gap outside them (other operators, and "
+                        "time that is not operator time, like waiting).")
+                 + chart(bars) + table(d.ops, [("op", "op", f_text), *DIFF_COLUMNS])))
+    if d.whatif is not None and len(d.whatif):
+        w = d.whatif.head(top)
+        fig = go.Figure(go.Bar(y=w["op"], x=w["saving_ns"] / MS, orientation="h",
+                               marker_color=palette.FASTER,
+                               hovertemplate="%{y}: %{x:.3f} ms shorter<extra></extra>"))
+        _layout(fig, 140 + 24 * len(w), xaxis_title="ms shorter A step at B's speed")
+        fig.update_yaxes(type="category", autorange="reversed")
+        fig.update_layout(margin={"l": 190, "r": 20, "t": 40, "b": 50})
+        secs.append(("whatif", "What if", chart(fig) + table(d.whatif, [
+            ("op", "op", f_text), ("a_ns_per_step", "A ms/step", f_ms),
+            ("b_ns_per_step", "B ms/step", f_ms), ("ratio", "A/B", f_ratio),
+            ("whatif_step_ns", "A step at B's speed ms", f_ms),
+            ("saving_ns", "saving ms", f_ms), ("saving_share", "saving", f_pct)])))
+    if len(d.memory):
+        secs.append(("memory", "Memory", table(d.memory, [
+            ("metric", "metric", f_text), ("a_bytes", "A MiB", f_mib),
+            ("b_bytes", "B MiB", f_mib), ("ratio", "A/B", f_ratio),
+            ("delta_bytes", "A−B MiB", f_mib)])))
+    if d.a_meta or d.b_meta:
+        keys = list(dict.fromkeys([*d.a_meta, *d.b_meta]))
+        secs.append(("metadata", "Metadata", meta_table(
+            {k: {"A": d.a_meta.get(k), "B": d.b_meta.get(k)} for k in keys}, pair=True)))
+    return page(f"opprof diff — {d.a_label} vs {d.b_label}", "A = " + d.a_label + "  ·  B = "
+                + d.b_label, secs)
+
+
+# --- bench --------------------------------------------------------------------------------
+
+BENCH_COLUMNS: list[Column] = [
+    ("fw", "fw", f_text), ("model", "model", f_text), ("workers", "workers", f_int),
+    ("mode", "mode", f_text), ("status", "status", f_text),
+    ("samples_per_s", "samples/s", lambda v: "-" if _num(v) is None else f"{_num(v):,.1f}"),
+    ("unprofiled_step_ns", "step ms (unprofiled)", f_ms),
+    ("step_ns", "profiled ms", f_ms), *[(p, f"{p} ms", f_ms) for p in PHASES],
+    ("scaling_efficiency", "scaling", f_pct), ("profiled_scaling", "profiled scaling", f_pct),
+    ("predicted_step_ns", "predicted ms", f_ms),
+    ("predicted_scaling", "predicted scaling", f_pct),
+    ("prediction_error", "prediction error", f_pct),
+    ("unprofiled_rss_bytes", "mem MiB", f_mib), ("peak_rss_bytes", "profiled mem MiB", f_mib),
+    ("rss_ratio", "mem ratio", f_ratio), ("wall_s", "wall s",
+                                          lambda v: "-" if _num(v) is None else f"{_num(v):.1f}"),
+    ("reason", "reason", f_text)]
+RATIO_COLUMNS: list[Column] = [
+    ("model", "model", f_text), ("workers", "workers", f_int), ("op", "op", f_text),
+    ("slower", "slower", f_text), ("faster", "faster", f_text),
+    ("slower_ns_per_step", "slower ms", f_ms), ("faster_ns_per_step", "faster ms", f_ms),
+    ("ratio", "ratio", f_ratio)]
+
+
+def bench(b: Bench) -> str:
+    """A bench folder's results as one HTML page."""
+    secs = [("runs", "Runs", note("Times in ms per step; scaling = samples/s ÷ (workers × "
+                                  "samples/s of 1 worker); predicted: the model from the "
+                                  "framework's 1-worker run; mem: resident peak of the largest "
+                                  "worker before profiling.") + table(b.table, BENCH_COLUMNS))]
+    per_model = plotdata.bench_phases(b)
+    if per_model:
+        inner = ""
+        for model, df in per_model.items():
+            fig = _stacked_phases(df, list(df.index), 380, ytitle="ms per step")
+            fig.update_layout(title={"text": model, "x": 0.5, "y": 0.98})
+            inner += chart(fig)
+        secs.append(("phases", "Phases per framework and mode",
+                     inner + note("Wall-time phases of the profiled steps (mean over ranks); "
+                                  "they sum to the step.")))
+    r = plotdata.bench_ratios(b)
+    if len(r):
+        fig = go.Figure(go.Bar(
+            y=[f"{lab}<br>{pair}" for lab, pair in zip(r["label"], r["pair"], strict=True)],
+            x=r["ratio"], orientation="h", marker_color=palette.SERIES[0],
+            text=[f"{x:.2f}x" for x in r["ratio"]], textposition="outside",
+            customdata=np.stack([r["slower"], r["faster"], r["slower_ms"], r["faster_ms"]],
+                                axis=1),
+            hovertemplate="%{customdata[0]} %{customdata[2]:.3f} ms / %{customdata[1]} "
+                          "%{customdata[3]:.3f} ms = %{x:.2f}x<extra></extra>"))
+        _layout(fig, 140 + 40 * len(r), xaxis_title="slower / faster framework (host ms per "
+                "step)")
+        fig.update_yaxes(type="category", autorange="reversed")
+        fig.update_xaxes(range=[0, float(r["ratio"].max()) * 1.15])
+        fig.update_layout(margin={"l": 230, "r": 30, "t": 40, "b": 50})
+        secs.append(("ops", "Cross-framework operator ratios",
+                     chart(fig) + table(b.ratios, RATIO_COLUMNS)))
+    sp = plotdata.bench_speedup(b)
+    if len(sp):
+        fig = go.Figure()
+        nmax = int(sp["workers"].max())
+        fig.add_trace(go.Scatter(x=[1, nmax], y=[1, nmax], mode="lines", name="ideal",
+                                 line={"color": "#999999", "dash": "dot"}))
+        for i, ((fw, model, mode), g) in enumerate(sp.groupby(["fw", "model", "mode"],
+                                                              sort=False)):
+            c = palette.framework_color(str(fw), i)
+            nm = f"{fw} {mode} · {model}"
+            fig.add_trace(go.Scatter(x=g["workers"], y=g["measured"], mode="lines+markers",
+                                     name=f"{nm} measured", line={"color": c},
+                                     hovertemplate="%{x} workers: %{y:.2f}x<extra>"
+                                                   f"{nm} measured</extra>"))
+            if g["predicted"].iloc[1:].notna().any():
+                fig.add_trace(go.Scatter(
+                    x=g["workers"], y=g["predicted"], mode="lines+markers",
+                    name=f"{nm} predicted", line={"color": c, "dash": "dash"},
+                    marker={"symbol": "square-open", "size": 9},
+                    hovertemplate="%{x} workers: %{y:.2f}x<extra>" + f"{nm} predicted</extra>"))
+        _layout(fig, 420, xaxis_title="workers", yaxis_title="speed-up N · step(1) / step(N)")
+        fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "yanchor": "top"})
+        fig.update_xaxes(tickvals=sorted(sp["workers"].unique()))
+        secs.append(("scaling", "Speed-up vs workers",
+                     chart(fig) + note("Measured on the profiled steps, and predicted by "
+                                       "`opprof model` from the same framework and model's "
+                                       "1-worker run.")))
+    mem = plotdata.bench_memory(b)
+    if len(mem):
+        fig = go.Figure()
+        for i, s in enumerate(c for c in mem.columns if c != "label"):
+            fig.add_trace(go.Bar(x=mem["label"], y=mem[s], name=s,
+                                 marker_color=palette.MEMORY_COLORS.get(s,
+                                                                        palette.series_color(i)),
+                                 hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
+        _memory_axis(fig, mem.drop(columns=["label"]), 400)
+        secs.append(("memory", "Memory per run", chart(fig)))
+    # The run matrix sets fw, model, workers and mode per run; the rest is common to all.
+    common = {k: v for k, v in b.config.items() if k not in ("workers", "mode", "command")}
+    secs.append(("config", "Configuration (common to every run)", meta_table(common)))
+    fws = sorted({str(x) for x in b.table.get("fw", [])})
+    models = sorted({str(x) for x in b.table.get("model", [])})
+    return page("opprof bench", f"{', '.join(fws)}  ·  {', '.join(models)}  ·  "
+                f"{len(b.table)} run(s)", secs)
