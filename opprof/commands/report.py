@@ -6,8 +6,15 @@ from pathlib import Path
 
 import click
 
-from opprof.commands import echo_output, engine_options, format_option, top_option
+from opprof.commands import (
+    echo_output,
+    engine_options,
+    format_option,
+    top_option,
+    warn_damaged,
+)
 from opprof.job import report
+from opprof.loader import is_opprof_trace
 from opprof.render import renderer
 
 
@@ -33,4 +40,6 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, device_
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
     """
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
+    if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
+        warn_damaged(rep.meta.get("damaged_files", []))
     echo_output(renderer(fmt).report(rep, by=by, top=top), fmt)
