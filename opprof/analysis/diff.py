@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.noise import assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.report import Report
 from opprof.trace import Trace
@@ -25,6 +26,10 @@ class Diff:
     phases: pd.DataFrame
     ops: pd.DataFrame
     summary: str
+    #: Each side's timing quality (opprof.analysis.noise): a flagged side's numbers are
+    #: noisy or inflated by the profiler, and so is the comparison.
+    a_noise: dict | None = None
+    b_noise: dict | None = None
 
     @property
     def step_ratio(self) -> float:
@@ -57,14 +62,18 @@ def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
 def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
     """Compare A with B per phase (wall time) and per canonical op (host operator time)."""
     sa, sb = step_breakdown(a), step_breakdown(b)
-    return _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
-                 a_name, b_name)
+    out = _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
+                a_name, b_name)
+    out.a_noise, out.b_noise = assess(a.meta, sa), assess(b.meta, sb)
+    return out
 
 
 def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> Diff:
     """:func:`diff` from two reports (what `opprof diff` uses: each side analyzed rank by
     rank, see opprof.job)."""
-    return _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
+    out = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
+    out.a_noise, out.b_noise = a.noise, b.noise
+    return out
 
 
 def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFrame,

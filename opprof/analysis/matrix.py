@@ -8,9 +8,11 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.noise import NOISE_SPREAD, assess
 from opprof.analysis.ops import op_table
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
@@ -28,7 +30,7 @@ class Run:
     model: str
     workers: int
     mode: str
-    status: str = "planned"  # ok / resumed / failed / skipped
+    status: str = "planned"  # ok / resumed / failed / skipped / interrupted / not run
     reason: str = ""
     wall_s: float | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -53,7 +55,38 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "ops": ops.groupby("op")["ns_per_step"].sum().to_dict(),
         "batch_size": m.get("batch_size"),
         "framework_version": m.get("framework_version"),
+        "noise": assess(m, steps),
     }
+
+
+def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One combination's summary from its repetitions (``bench --repeat``): the repetition
+    whose profiled step time is the median gives the phases and operators (so they still sum
+    to its step); samples/s and the step times are the medians over repetitions, with their
+    minimum, maximum and spread ((max − min) / median); the combination is flagged with
+    every flag of that repetition, and ``noisy`` when its repetitions' samples/s spread more
+    than :data:`~opprof.analysis.noise.NOISE_SPREAD`."""
+    if len(summaries) == 1:
+        return {**summaries[0], "repeats": 1}
+    order = sorted(summaries, key=lambda x: x["step_ns"] or 0.0)
+    out = dict(order[(len(order) - 1) // 2])
+
+    def stats(key: str) -> tuple[float | None, float | None, float | None]:
+        values = [x[key] for x in summaries if x.get(key)]
+        return (float(np.median(values)), float(min(values)), float(max(values))) \
+            if values else (None, None, None)
+
+    for key in ("samples_per_s", "unprofiled_step_ns"):
+        out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
+    med, low, high = stats("samples_per_s")
+    spread = (high - low) / med if med else None
+    noise = dict(out.get("noise") or {})
+    flags = list(noise.get("flags", []))
+    if spread is not None and spread > NOISE_SPREAD and "noisy" not in flags:
+        flags.append("noisy")
+    noise.update(flags=flags, repeat_spread=spread)
+    out.update(repeats=len(summaries), repeat_spread=spread, noise=noise)
+    return out
 
 
 def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -62,11 +95,18 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for r in runs:
         s = r.summary
+        noise = s.get("noise") or {}
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
                "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
                **{p: s.get("phases", {}).get(p) for p in PHASES},
-               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason}
+               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason,
+               "flags": ",".join(noise.get("flags", [])), "unprofiled_spread":
+               noise.get("spread"), "unprofiled_drift": noise.get("drift"),
+               "overhead": noise.get("overhead"), "repeats": s.get("repeats"),
+               "samples_per_s_min": s.get("samples_per_s_min"),
+               "samples_per_s_max": s.get("samples_per_s_max"),
+               "repeat_spread": s.get("repeat_spread")}
         rows.append(row)
     table = pd.DataFrame(rows)
     single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs

@@ -17,6 +17,7 @@ import pandas as pd
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
+from opprof.analysis.noise import assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
 from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
 from opprof.trace import Trace, rank_slices
@@ -36,6 +37,8 @@ class Report:
     devices: pd.DataFrame = field(default_factory=pd.DataFrame)
     stragglers: pd.DataFrame = field(default_factory=pd.DataFrame)
     device_span: str = "steps"
+    #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
+    noise: dict | None = None
 
 
 @dataclass
@@ -86,6 +89,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         devices=devices if len(devices) else pd.DataFrame(columns=DEVICE_COLUMNS),
         stragglers=ranks.stragglers,
         device_span=device_span,
+        noise=assess(meta, steps),
     )
 
 

@@ -46,7 +46,7 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
-            "stragglers": records(rep.stragglers)}
+            "stragglers": records(rep.stragglers), "noise": rep.noise}
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
@@ -60,5 +60,5 @@ def diff(d: Diff, top: int | None = None) -> str:
     return json.dumps({
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
         "step_ratio": _clean(d.step_ratio), "phases": records(d.phases), "ops": records(ops),
-        "summary": d.summary,
+        "summary": d.summary, "a_noise": d.a_noise, "b_noise": d.b_noise,
     }, indent=2)

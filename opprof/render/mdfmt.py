@@ -6,6 +6,7 @@ import pandas as pd
 
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
+from opprof.render.console import partial_lines, quality_lines
 from opprof.render.tables import diff_table, report_table
 
 
@@ -29,10 +30,16 @@ def md_table(df: pd.DataFrame) -> str:
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The chosen view as markdown."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
-    return f"## opprof report {title} — by {by}\n\n{md_table(report_table(rep, by, top))}\n"
+    notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
+                    + partial_lines(rep.meta))
+    return (f"## opprof report {title} — by {by}\n\n{notes}"
+            f"{md_table(report_table(rep, by, top))}\n")
 
 
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as markdown."""
-    return (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n"
+    notes = "".join(f"> {side}: {line}\n\n" for side, noise in (("A", d.a_noise),
+                                                                  ("B", d.b_noise))
+                    for line in quality_lines(noise))
+    return (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n{notes}"
             f"{md_table(diff_table(d, top))}\n")
