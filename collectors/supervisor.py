@@ -467,7 +467,7 @@ class Supervisor:
             self.folder / log_name(status.label) if status else child.log) or (
             channel.fault_of(self.folder, status.pid) if status else "")
         return (f"{self.what}: {who} {how}{where}" + (f": {why}" if why else "")
-                + f"; stopped the other processes; {self.recorded()}")
+                + disk_full(self.folder) + f"; stopped the other processes; {self.recorded()}")
 
     def timeout_line(self) -> str:
         """One line naming the process that made the least progress before the time limit."""
@@ -527,6 +527,23 @@ class Supervisor:
 
     def __exit__(self, *exc: object) -> None:
         self.stop(grace_s=0 if exc[0] is None else 3.0)
+
+
+#: Free space below which a failure is blamed, in its line, on a full disk.
+DISK_FULL_BYTES = 1 << 20
+
+
+def disk_full(folder: Path) -> str:
+    """``; the disk of FOLDER is full (12 KiB free)`` when it nearly is, else empty: a
+    process that dies writing its trace on a full disk may say nothing itself (Kineto
+    crashes)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return (f" (the disk of {folder} is full: {free // 1024} KiB free)"
+            if free < DISK_FULL_BYTES else "")
 
 
 def _from_terminal() -> bool:

@@ -65,6 +65,12 @@ def _gib(n: float) -> str:
 def read_bytes(path: Path, head: bytes) -> bytes:
     """The file's bytes, gunzipped when it is gzip; damaged data, or more than memory can
     hold (see the module docstring), is a clear error."""
+    if head.startswith(b"SQLite format 3\x00"):  # no format claimed it (nsys, nvprof)
+        from opprof.normalizers.cupti import sqlite_tables
+
+        shown = ", ".join(sorted(sqlite_tables(path))[:6])
+        raise OpprofError(f"{path}: a SQLite file but not an nsys or nvprof export ("
+                          + (f"tables: {shown})" if shown else "unreadable or empty)"))
     budget = memory_budget()
     try:
         size = path.stat().st_size

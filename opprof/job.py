@@ -281,7 +281,7 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     groups once the job's metadata is known (it goes in the file's schema)."""
     import pyarrow as pa
 
-    from opprof.files import atomic_path
+    from opprof.files import atomic_path, safe_name, why_not
     from opprof.trace import ROW_GROUP_ROWS, SCHEMA, TraceWriter, save
 
     output = Path(output)
@@ -289,15 +289,21 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     if not p.whole and p.tasks[0].kind == "json":
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
         output.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
+        with tempfile.TemporaryDirectory(prefix=f".{safe_name(output.name)}.",
+                                         dir=output.parent) as tmp:
             spilled: dict[int, list[tuple[int, Path, int]]] = {}  # task → (rank, file, rows)
 
             def spill(i: int, o: Outcome) -> None:
                 spilled[i] = []
                 for k, (rank, table) in enumerate(o.tables):
                     f = Path(tmp) / f"{i}.{k}.arrow"
-                    with pa.OSFile(str(f), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
-                        w.write_table(table)
+                    try:
+                        with pa.OSFile(str(f), "wb") as sink, \
+                                pa.ipc.new_file(sink, SCHEMA) as w:
+                            w.write_table(table)
+                    except OSError as exc:  # disk full, a file size limit
+                        raise OpprofError(f"{output}: cannot be written ({why_not(exc)} in "
+                                          "its temporary files); nothing was written") from None
                     spilled[i].append((rank, f, table.num_rows))
                 o.tables = []
 

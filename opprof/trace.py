@@ -261,7 +261,7 @@ class TraceFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         try:
-            self._pf = pq.ParquetFile(self.path)
+            self._pf = pq.ParquetFile(_source(self.path))
         except (pa.ArrowInvalid, OSError) as exc:
             raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
         meta_raw = (self._pf.schema_arrow.metadata or {}).get(META_KEY)
@@ -353,6 +353,16 @@ class TraceFile:
             return Trace(conform(self._read(self.row_groups[rank], detail)), self.meta)
         except (ValueError, TypeError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+
+
+def _source(path: Path) -> str | Any:
+    """What pyarrow opens for ``path``: the path, or — for a name that is not UTF-8, which
+    pyarrow cannot encode — the open file."""
+    try:
+        str(path).encode("utf-8")
+        return str(path)
+    except UnicodeEncodeError:
+        return open(path, "rb")  # noqa: SIM115 - pyarrow reads it for the TraceFile's life
 
 
 #: Columns that may hold no nulls, and the closed vocabularies of the categorical ones.
