@@ -152,6 +152,10 @@ def fault_point(label: str, stage: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         resource.setrlimit(resource.RLIMIT_FSIZE, (FAULT_FSIZE, FAULT_FSIZE))
+        # Python ignores SIGXFSZ (a write past the limit then fails with EFBIG, which a
+        # framework's C++ writer may not check); the kernel's default kills the process.
+        with contextlib.suppress(ValueError):  # not the main thread: EFBIG then
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         return
     os._exit(3)
 

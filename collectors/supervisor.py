@@ -463,6 +463,9 @@ class Supervisor:
         status = next((s for s in statuses if s.pid == child.popen.pid), None) or _status_of(
             statuses, who)
         where = f" during {status.where}" if status else ""
+        if status and str(status.role) != "worker" and status.stage == "start" and any(
+                s.steps_seen for s in statuses):  # a server or scheduler never steps
+            where = " while the workers trained"
         why = (status.error if status and status.error else "") or last_line(
             self.folder / log_name(status.label) if status else child.log) or (
             channel.fault_of(self.folder, status.pid) if status else "")

@@ -298,7 +298,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     key = ["fw", "model", "workers", "mode"]
     for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
-                     else "right")
+                     else "right", no_wrap=c == "samples/s")  # a range stays on one line
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
                      style=PHASE_STYLE.get(c, ""))
