@@ -45,13 +45,16 @@ def folder(tmp_path: Path):
 
 
 def interrupt_record(tmp: Path, sig: int, fw: str, model: str, *more: str,
-                     at: int = 1, steps: int = 12) -> tuple[str, Path]:
-    """`opprof record` interrupted by ``sig`` once a process has ``at`` profiled steps;
-    (opprof's last line, the .trace); checks the exit code and that nothing is left."""
+                     at: int = 1, steps: int = 12,
+                     each: tuple[str | None, ...] = (None,)) -> tuple[str, Path]:
+    """`opprof record` interrupted by ``sig`` once a process (each process labelled in
+    ``each``) has ``at`` profiled steps; (opprof's last line, the .trace); checks the exit
+    code and that nothing is left."""
     out = tmp / f"{model}-{fw}.trace"
     cli = start_cli("record", "--fw", fw, "--model", model, "--steps", str(steps), *SMALL,
                     *more, "-o", str(out), cwd=tmp)
-    wait_for(reached(tmp, profiled=at), 400, f"{at} profiled step(s)", cli)
+    for label in each:
+        wait_for(reached(tmp, label=label, profiled=at), 400, f"{at} profiled step(s)", cli)
     sent = cli.signal(sig)
     took = assert_all_gone(str(tmp), sent)
     code = cli.wait(60)
@@ -115,10 +118,12 @@ def test_sigterm_during_mxnet_single(folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_during_mxnet_ps_sync_keeps_the_workers(folder: Path) -> None:
+@pytest.mark.parametrize("mode", ["ps-sync", "ps-async"])
+def test_sigterm_during_mxnet_ps_keeps_the_workers(folder: Path, mode: str) -> None:
     needs("mxnet")
+    # ps-async workers do not wait for each other: interrupted once both are profiling
     line, out = interrupt_record(folder, signal.SIGTERM, "mxnet", "resnet18", "--workers",
-                                 "2", "--mode", "ps-sync")
+                                 "2", "--mode", mode, each=("worker 0", "worker 1"))
     assert "stopped scheduler, server 0, worker 0, worker 1 in " in line
     check_partial(out, line, [0, 1])
 
