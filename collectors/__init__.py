@@ -7,6 +7,8 @@ native files and the run's metadata, and the matching normalizer turns them into
   the profiler's own overhead is known), then ``steps`` profiled steps between step markers;
   progress and facts go to the run folder (:mod:`.channel`);
 * :mod:`.supervisor` — starts, watches and stops every process, names who died or hung;
+* :mod:`.memory` — samples the resident memory of every process of a run from outside
+  (``memory/<pid>.memory.csv`` in the run folder);
 * :mod:`.torch`, :mod:`.tf`, :mod:`.mxnet` — the adapters: only framework calls (profiler
   start/stop/markers, barrier, facts, the built-in models' step, the hook of `run`);
 * :mod:`.jobs` — `record`: the processes a built-in model's job starts (torchrun, DMLC roles,

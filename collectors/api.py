@@ -41,8 +41,8 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
     """Profile the steps a script marks with :meth:`step` (see the module docstring)."""
 
     def __init__(self, steps: int = 5, warmup: int = 2, output: str | os.PathLike = "profile.trace",
-                 *, timing_steps: int = 3, fw: str = "auto") -> None:
-        self.protocol = Protocol(steps, warmup, timing_steps)
+                 *, timing_steps: int = 3, fw: str = "auto", profile_memory: bool = True) -> None:
+        self.protocol = Protocol(steps, warmup, timing_steps, profile_memory=profile_memory)
         self.protocol.check()
         self.output = Path(output)
         self.fw = fw
@@ -132,14 +132,14 @@ def _adapter(fw: Framework, protocol: Protocol) -> Any:
         from opprof.collectors.torch import TorchAdapter
 
         device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
-        return TorchAdapter(protocol.steps, device)
+        return TorchAdapter(protocol.steps, device, profile_memory=protocol.profile_memory)
     if fw == Framework.TF:
         from opprof.collectors.tf import TFAdapter
 
         return TFAdapter()
     from opprof.collectors.mxnet import MXNetAdapter
 
-    return MXNetAdapter()
+    return MXNetAdapter(profile_memory=protocol.profile_memory)
 
 
 def _session() -> str:

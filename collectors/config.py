@@ -155,6 +155,9 @@ class Protocol:
     warmup: int = 2
     timing_steps: int = 3
     timing_after: int = 0
+    #: Record the framework allocator's memory events with the profiler (torch and MXNet
+    #: ``profile_memory``; TensorFlow records its allocator at host tracer level 2 anyway).
+    profile_memory: bool = True
 
     def check(self, *, min_warmup: int = 0, min_timing: int = 0) -> None:
         for name, value, low in (("steps", self.steps, 1), ("warmup", self.warmup, min_warmup),
@@ -200,8 +203,14 @@ class RecordConfig:
     seed: int = 0
     command: str = ""
     timeout_s: float = 600.0
+    profile_memory: bool = True
+    #: Seconds between two samples of every process's resident memory (0: no sampling).
+    memory_interval_s: float = 0.02
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     fault: Fault | None = None
+    #: Compute threads per worker (OpenMP / torch threads, TF intra- and inter-op threads);
+    #: None: the host's CPUs split among the processes that compute.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         for name, enum in (("fw", Framework), ("mode", Mode), ("device", Device)):
@@ -221,7 +230,8 @@ class RecordConfig:
     @property
     def protocol(self) -> Protocol:
         """The runner's protocol: the unprofiled timing is repeated after the profile."""
-        return Protocol(self.steps, self.warmup, self.timing_steps, self.timing_steps)
+        return Protocol(self.steps, self.warmup, self.timing_steps,
+                        timing_after=self.timing_steps, profile_memory=self.profile_memory)
 
     def to_json(self) -> str:
         """The configuration as JSON (enums as their values), for the worker processes."""
@@ -316,8 +326,8 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
         meta.update({"framework": lead.framework, "framework_version": lead.framework_version,
                      "warmup_steps": lead.warmup, "timing_steps": lead.timing_steps,
                      "profiled_steps": lead.profiled_target, "threads": lead.threads})
-        shared = ("params", "layers", "input_size", "num_classes", "model", "dataset",
-                  "device", "seed")
+        shared = ("params", "param_bytes", "layers", "input_size", "num_classes", "model",
+                  "dataset", "device", "seed")
         meta.update({k: lead.extra[k] for k in shared if k in lead.extra})
     for key in JOB_FACTS:
         value = next((f.extra[key] for f in facts if f.extra.get(key) is not None), None)
@@ -349,6 +359,8 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
                       "unprofiled_step_ns": f.unprofiled_step_ns,
                       "profiled_wall_ns": f.profiled_wall_ns, "threads": f.threads,
                       "steps_seen": f.steps_seen, "profiled_steps": f.profiled_steps,
+                      **({"param_bytes": int(f.extra["param_bytes"])}
+                         if f.extra.get("param_bytes") is not None else {}),
                       **({"ended": f.ended} if f.ended else {})} for f in facts],
     })
     meta.update(job)

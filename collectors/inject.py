@@ -66,7 +66,8 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     env[RUN_ENV] = json.dumps({"folder": str(Path(folder).resolve()), "fw": fw,
                                "steps": protocol.steps, "warmup": protocol.warmup,
                                "timing_steps": protocol.timing_steps,
-                               "timing_after": protocol.timing_after})
+                               "timing_after": protocol.timing_after,
+                               "profile_memory": protocol.profile_memory})
     # Where this opprof's packages are, so that every child runs this very hook whatever
     # opprof (if any) its own Python has installed.
     env[PATHS_ENV] = json.dumps({"packages": {
@@ -86,7 +87,8 @@ def activate() -> None:
     run = json.loads(spec)
     wanted = {Framework(run["fw"])} if run.get("fw", "auto") != "auto" else set(Framework)
     protocol = Protocol(int(run["steps"]), int(run["warmup"]), int(run["timing_steps"]),
-                        int(run.get("timing_after", 0)))
+                        timing_after=int(run.get("timing_after", 0)),
+                        profile_memory=bool(run.get("profile_memory", True)))
     folder = Path(run["folder"])
     if os.environ.get("DMLC_ROLE") == "server" and Framework.MXNET in wanted:
         _announce_server(folder)

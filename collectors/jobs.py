@@ -13,9 +13,11 @@ runner), started the way that framework's users start a job:
 * TensorFlow: one process, or one process per ``TF_CONFIG`` task (MultiWorkerMirroredStrategy
   workers; or ParameterServerStrategy's chief, workers and ps).
 
-On several hosts every host runs the same `record` with its own ``--node-rank`` and keeps the
-traces of the ranks it ran (``opprof import`` their folders together). Logs are
-``<process>.log`` in the run folder, statuses in its ``procs/`` (:mod:`.channel`).
+While the job runs, the resident memory of every process is sampled from outside
+(:mod:`.memory`). On several hosts every host runs the same `record` with its own
+``--node-rank`` and keeps the traces of the ranks it ran (``opprof import`` their folders
+together). Logs are ``<process>.log`` in the run folder, statuses in its ``procs/``
+(:mod:`.channel`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from opprof.collectors.config import (
     job_meta,
     require_installed,
 )
+from opprof.collectors.memory import memory_files, sampling
 from opprof.collectors.runner import FAULT_ENV, LABEL_ENV
 from opprof.collectors.supervisor import (
     Child,
@@ -60,10 +63,12 @@ CONFIG_FILE = "record.config"
 
 @dataclass
 class Recording:
-    """What a recording produced: native trace files and the run's metadata."""
+    """What a recording produced: native trace files, the processes' sampled memory files
+    (:mod:`.memory`) and the run's metadata."""
 
     native: list[Path]
     meta: dict[str, Any]
+    memory: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -143,10 +148,13 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     env.pop(LABEL_ENV, None)
     if config.fault is not None:
         env[FAULT_ENV] = json_fault(config)
+    if config.threads:  # OpenMP reads it when a framework loads, in every process started
+        env.update({"OMP_NUM_THREADS": str(config.threads),
+                    "MKL_NUM_THREADS": str(config.threads)})
     plan, job = _PLANS[config.fw](config, argv, env)
     what = f"{config.fw} {config.mode}"
     with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress,
-                    watch_progress=True) as sup:
+                    watch_progress=True) as sup, sampling(sup, config.memory_interval_s):
         # A launcher's children (torchrun's ranks) name themselves from its environment.
         children = [sup.start(p.label, p.argv, cwd=workdir, log=workdir / log_name(p.label),
                               env={**env, **p.env, **({} if p.explain else {LABEL_ENV: p.label})},
@@ -190,7 +198,9 @@ def partial_recording(config: RecordConfig, workdir: Path, facts: list[Facts],
                     device=order[0].extra.get("device", str(config.device)), seed=config.seed,
                     command=config.command, **job)
     meta["profiled_steps"] = config.steps
+    meta["memory_interval_s"] = config.memory_interval_s
     meta["partial"] = partial_meta(facts, reason)
+    # (the memory samples are written when the sampler stops: the caller adds them)
     return Recording(native=native + servers, meta=meta)
 
 
@@ -232,7 +242,8 @@ def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
                     device=order[0].extra.get("device", str(config.device)), seed=config.seed,
                     command=config.command, **job)
     meta["profiled_steps"] = config.steps
-    return Recording(native=native + servers, meta=meta)
+    meta["memory_interval_s"] = config.memory_interval_s
+    return Recording(native=native + servers, meta=meta, memory=memory_files(workdir))
 
 
 # ------------------------------------------------------------------ torch
@@ -246,7 +257,7 @@ def _torch(config: RecordConfig, argv: list[str],
     per_node = config.workers // rv.nnodes
     port = rv.master_port or free_port(rv.master_addr)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    extra = {"OMP_NUM_THREADS": str(max(1, (cpus or 1) // per_node))}
+    extra = {"OMP_NUM_THREADS": str(config.threads or max(1, (cpus or 1) // per_node))}
     if rv.loopback:
         extra["GLOO_SOCKET_IFNAME"] = "lo"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(rv.nnodes),
@@ -378,7 +389,7 @@ def command_recording(folder: Path, command: str, session: str | None = None) ->
     if kv.startswith("dist"):
         meta["servers"] = sum(f.role == Role.SERVER for f in facts)
         meta["server_traces"] = sum(p.name.endswith("_server.json") for p in native)
-    return Recording(native=native, meta=meta)
+    return Recording(native=native, meta=meta, memory=memory_files(folder))
 
 
 def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:

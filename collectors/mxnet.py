@@ -4,7 +4,8 @@ step, the parameter-server roles, and the ``gluon.Trainer`` hook of `opprof run`
 Importing this module imports no MXNet; :func:`import_mxnet` does, when a function runs (it
 restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
 
-**Profiler.** At the runner's profile boundary: ``set_config(profile_all=True,
+**Profiler.** At the runner's profile boundary (without memory: ``--no-profile-memory``
+turns ``profile_all`` into everything but ``profile_memory``): ``set_config(profile_all=True,
 aggregate_stats=True)`` with the trace ``rankR_worker.json`` (R: the worker's rank) and
 ``set_state("run")``; each step is a Frame ``opprof.step#N`` in the ``opprof`` domain, from
 one step boundary to the next. MXNet's engine runs operators asynchronously, so every step
@@ -103,9 +104,11 @@ class MXNetAdapter:
     profiler_warmup = 0
 
     def __init__(self, kv: Any = None, *, profile_servers: bool = False,
-                 server_trace: str = SERVER_TRACE, facts: dict[str, Any] | None = None) -> None:
+                 server_trace: str = SERVER_TRACE, facts: dict[str, Any] | None = None,
+                 profile_memory: bool = True) -> None:
         self.mx = import_mxnet()
         self.kv, self.profile_servers, self.server_trace = kv, profile_servers, server_trace
+        self.profile_memory = profile_memory
         self._facts = dict(facts or {})
         self.domain = self.mx.profiler.Domain(DOMAIN)
         self.frame: Any = None
@@ -137,7 +140,7 @@ class MXNetAdapter:
             # rankK_<filename> in its own working directory.
             prof = self.mx.profiler
             prof.set_kvstore_handle(self.kv.handle)
-            prof.set_config(profile_all=True, aggregate_stats=True,
+            prof.set_config(**self._what(), aggregate_stats=True,
                             filename=self.server_trace, profile_process="server")
             prof.set_state("run", profile_process="server")
         self.kv._barrier()  # all workers start (and, at the end, stop) profiling together
@@ -145,11 +148,19 @@ class MXNetAdapter:
 
     def start(self, folder: Path, role: Role, rank: int) -> None:
         self.rank, self.trace = rank, Path(folder) / trace_name(rank)
-        self.mx.profiler.set_config(profile_all=True, aggregate_stats=True,
+        self.mx.profiler.set_config(**self._what(), aggregate_stats=True,
                                     filename=str(self.trace))
         self.mx.profiler.set_state("run")
         self.profiling = True
         self._open(0)
+
+    def _what(self) -> dict[str, bool]:
+        """What the profiler records: everything (``profile_all``, which includes the storage
+        allocator's ``Device Storage`` counters), or everything but memory."""
+        if self.profile_memory:
+            return {"profile_all": True}
+        return {"profile_symbolic": True, "profile_imperative": True, "profile_api": True,
+                "profile_memory": False}
 
     def _open(self, index: int) -> None:
         self.frame = self.mx.profiler.Frame(self.domain, f"opprof.step#{index}")
@@ -279,7 +290,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
              "layers": {k: v for k, v in counts.items() if k != "params"},
              "input_size": size, "num_classes": classes, "seed": config.seed}
     adapter = MXNetAdapter(kv, profile_servers=kv is not None and config.servers > 0,
-                           facts=facts)
+                           facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
                     scale, adapter)
     drive(Runner(adapter, config.protocol, folder, extra=facts), step)
@@ -367,7 +378,7 @@ def install_hook(protocol: Protocol, folder: Path,
             # run` collects the files (they announced where they are).
             dist = kv is not None and "dist" in str(kv.type)
             adapter = MXNetAdapter(kv, profile_servers=dist, server_trace=RUN_SERVER_TRACE,
-                                   facts=facts)
+                                   facts=facts, profile_memory=protocol.profile_memory)
             runner = state["runner"] = Runner(adapter, protocol, folder, extra=facts)
             if not started(runner):
                 state["off"] = True

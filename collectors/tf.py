@@ -62,6 +62,7 @@ from opprof.collectors.config import (
 )
 from opprof.collectors.datasets import channel_stats, load_images
 from opprof.collectors.runner import Runner, drive, env_identity, fault_point, reclaim_sigterm
+from opprof.errors import OpprofError
 
 STEP_MARKER = "train"
 ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
@@ -69,10 +70,19 @@ ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
 _POLL_S = 0.05
 
 
-def _tf() -> Any:
+def _tf(threads: int | None = None) -> Any:
+    """TensorFlow, imported quietly; with ``threads`` its intra- and inter-op pools set to it
+    (before anything runs in this process)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError as exc:  # this process already ran TensorFlow
+            raise OpprofError(f"--threads {threads}: TensorFlow is already initialised in "
+                              f"this process ({exc})") from None
     return tf
 
 
@@ -319,10 +329,23 @@ def _run_facts(config: RecordConfig) -> dict[str, Any]:
             "servers": config.servers if config.mode == Mode.PS_ASYNC else 0}
 
 
+def variable_bytes(variables: Any) -> int:
+    """Bytes of TF/Keras variables: elements × the size of their dtype (a Keras 3 variable's
+    dtype is a name, a tf.Variable's a DType)."""
+    import numpy as np
+
+    total = 0
+    for v in variables:
+        dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)
+        total += math.prod(int(d) for d in v.shape) * np.dtype(dtype).itemsize
+    return int(total)
+
+
 def _model_facts(config: RecordConfig, counts: dict[str, int], size: int,
-                 classes: int) -> dict[str, Any]:
+                 classes: int, param_bytes: int) -> dict[str, Any]:
     return {"model": canonical_name(config.model), "dataset": config.dataset,
             "batch_size": config.batch_size, "params": counts["params"],
+            "param_bytes": param_bytes,
             "layers": {k: v for k, v in counts.items() if k != "params"},
             "input_size": size, "num_classes": classes, "seed": config.seed}
 
@@ -336,7 +359,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         else:
             _serve(config, folder)
         return
-    tf = _tf()
+    tf = _tf(config.threads)
     size = INPUT_SIZE[canonical_name(config.model)]
     strategy = None
     if config.mode == Mode.ALLREDUCE:
@@ -360,7 +383,8 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     model, optimizer, counts = _model(config, classes, strategy)
     state: dict[str, Any] = {}
     step = _stepper(tf, model, optimizer, iterator, strategy, config.batch_size * workers, state)
-    facts = _model_facts(config, counts, size, classes)
+    facts = _model_facts(config, counts, size, classes,
+                         variable_bytes(model.trainable_variables))
     adapter = TFAdapter(run=_run_facts(config), barrier=_barrier(tf, strategy),
                         sync=lambda: float(state["loss"]) if "loss" in state else None,
                         facts=facts)
@@ -370,7 +394,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 def _serve(config: RecordConfig, folder: Path) -> None:
     """A worker or ps task of ParameterServerStrategy: a gRPC server that runs what the chief
     schedules, and profiles itself while the run's control file says ``start``."""
-    tf = _tf()
+    tf = _tf(config.threads)
     kind, index = task_of_env()
     role = ROLE_OF_TASK.get(kind, Role.WORKER)
     _, _, label = env_identity()
@@ -412,7 +436,7 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
     """The chief of ParameterServerStrategy: schedules steps onto the workers. One runner
     step is one round of ``workers`` scheduled steps; the chief's profiler start and stop
     also start and stop every other task's (through the control file)."""
-    tf = _tf()
+    tf = _tf(config.threads)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -459,7 +483,7 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
             folder, time.monotonic() + config.timeout_s,
             f"the other tasks to {command} profiling")
 
-    facts = {**_model_facts(config, counts, size, classes),
+    facts = {**_model_facts(config, counts, size, classes, variable_bytes(variables)),
              "scheduled_steps": config.steps * config.workers,
              "unprofiled_step_note": "ps-async: wall time of one round of `workers` scheduled "
                                      "steps, i.e. the mean step time of one worker"}
@@ -541,10 +565,8 @@ def _strategy_facts(tf: Any, optimizer: Any) -> dict[str, Any]:
         facts["replicas"] = int(strategy.num_replicas_in_sync)
     variables = getattr(optimizer, "_trainable_variables", None) or []
     try:
-        sizes = [math.prod(int(d) for d in v.shape) for v in variables]
-        facts["params"] = sum(sizes)
-        facts["param_bytes"] = sum(n * v.dtype.size if hasattr(v.dtype, "size") else 4 * n
-                                   for n, v in zip(sizes, variables, strict=True))
+        facts["params"] = sum(math.prod(int(d) for d in v.shape) for v in variables)
+        facts["param_bytes"] = variable_bytes(variables)
     except (TypeError, ValueError, AttributeError):  # shapes not known yet
         pass
     return facts

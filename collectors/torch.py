@@ -6,8 +6,9 @@ Importing this module imports no torch; torch is imported when one of its functi
 **Profiler.** Started at the runner's profile boundary with the schedule ``wait=0, warmup=1,
 active=steps, repeat=1`` (one step to settle, then the recorded ones); every later boundary is
 ``prof.step()``, so the step markers are torch's own ``ProfilerStep#N`` (N = 1 … steps). The
-trace is ``rankR.pt.trace.json`` (R: the rank), with torch's own aggregate
-``rankR.key_averages.json`` beside it for cross-checks. ``repeat=1`` matters: with the
+trace is ``rankR.pt.trace.json`` (R: the rank); with ``profile_memory`` (the default) it holds
+the allocator's ``[memory]`` events too; torch's own aggregate ``rankR.key_averages.json``
+is beside it for cross-checks. ``repeat=1`` matters: with the
 default the schedule starts a new cycle and the exported trace comes out empty.
 
 **Built-in models** (`record`): one step is four ``record_function`` markers,
@@ -94,11 +95,12 @@ class TorchAdapter:
     profiler_warmup = 1
 
     def __init__(self, steps: int, device: str = "cpu", clock_policy: str = "auto",
-                 facts: dict[str, Any] | None = None) -> None:
+                 facts: dict[str, Any] | None = None, profile_memory: bool = True) -> None:
         import torch
 
         self.torch = torch
         self.steps, self.clock_policy = steps, clock_policy
+        self.profile_memory = profile_memory
         self.device = torch.device(device)
         self._facts = dict(facts or {})
         self.prof: Any = None
@@ -139,6 +141,7 @@ class TorchAdapter:
             activities.append(ProfilerActivity.CUDA)
         self.trace = Path(folder) / trace_name(rank)
         self.prof = profile(activities=activities, record_shapes=True,
+                            profile_memory=self.profile_memory,
                             schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
         with quiet(self.trace.parent):
             self.prof.start()
@@ -192,6 +195,17 @@ class TorchAdapter:
         if self.device.type == "cuda":
             out["gpus"] = [self.torch.cuda.get_device_name(self.device)]
         return out
+
+
+def param_bytes(params: Any) -> int:
+    """Bytes of the trainable parameters (each counted once): elements × element size."""
+    seen: set[int] = set()
+    total = 0
+    for p in params:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return int(total)
 
 
 @contextmanager
@@ -353,7 +367,8 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         trained = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
-             "params": counts.pop("params"), "layers": counts, "input_size": size,
+             "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
+             "layers": counts, "input_size": size,
              "num_classes": classes, "seed": config.seed}
     return _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device), facts
 
@@ -412,8 +427,11 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo",
                                 timeout=timedelta(seconds=max(config.timeout_s, 1.0)))
+    if config.threads:
+        torch.set_num_threads(config.threads)
     step, facts = build_training(config, device, rank=rank, world=world)
-    adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts)
+    adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts,
+                           profile_memory=config.profile_memory)
     drive(Runner(adapter, config.protocol, folder, extra=facts), step)
     if world > 1:
         dist.destroy_process_group()
@@ -440,10 +458,10 @@ def install_hook(protocol: Protocol, folder: Path,
             params = [p for g in optimizer.param_groups for p in g["params"]]
             device = "cuda" if any(p.is_cuda for p in params) else "cpu"
             facts = {"params": int(sum(p.numel() for p in params)),
-                     "param_bytes": int(sum(p.numel() * p.element_size() for p in params)),
-                     "optimizer": type(optimizer).__name__}
+                     "param_bytes": param_bytes(params), "optimizer": type(optimizer).__name__}
             runner = state["runner"] = Runner(
-                TorchAdapter(protocol.steps, device, facts=facts), protocol, folder,
+                TorchAdapter(protocol.steps, device, facts=facts,
+                             profile_memory=protocol.profile_memory), protocol, folder,
                 extra=facts)
             if not started(runner):
                 state["off"] = True

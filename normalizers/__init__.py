@@ -19,14 +19,15 @@ from typing import Any
 import msgspec
 
 from opprof.errors import OpprofError
-from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, xplane
+from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, sampled, xplane
 from opprof.trace import Trace, concat_traces
 
 JSON_FORMATS: list[Any] = [kineto, mxnet]
 FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
 
 _PARQUET_MAGIC = b"PAR1"
-_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep")
+_CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep",
+                       sampled.SUFFIX)
 
 
 def head_bytes(path: Path, n: int = 64) -> bytes:
@@ -84,6 +85,12 @@ def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
     return out
 
 
+def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool]], list[Path]]:
+    """(trace files, opprof's sampled memory files) of an :func:`expand` listing."""
+    memory = [f for f, _ in listed if sampled.is_memory_file(f)]
+    return [(f, n) for f, n in listed if not sampled.is_memory_file(f)], memory
+
+
 def normalize(paths: list[Path], meta: dict | None = None, *,
               skip_damaged: bool = False) -> Trace:
     """Read native trace files (all of one format, e.g. one per rank) into one Trace.
@@ -93,8 +100,17 @@ def normalize(paths: list[Path], meta: dict | None = None, *,
     file found inside a folder — empty, truncated (a process killed while writing it), not
     readable by its format — is skipped too when the folder holds other traces, and listed
     in ``meta["damaged_files"]`` (path and problem), so a run cut short is read for what is
-    complete; ``skip_damaged`` treats named files the same way (a partial recording)."""
-    listed = expand([Path(p) for p in paths])
+    complete; ``skip_damaged`` treats named files the same way (a partial recording).
+    opprof's sampled memory files (``*.memory.csv``) among them become the memory rows of
+    their ranks (:mod:`.sampled`)."""
+    listed, memory = split_memory(expand([Path(p) for p in paths]))
+    if not listed:
+        raise OpprofError(f"{paths[0]}: only sampled memory files, no trace to attach them to")
+    return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
+
+
+def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict | None,
+               skip_damaged: bool) -> Trace:
     damaged: list[dict[str, str]] = []
 
     def tolerate(f: Path, named: bool, exc: OpprofError) -> None:

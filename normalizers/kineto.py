@@ -26,6 +26,7 @@ import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import finish
+from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.taxonomy import KINDS, ROLES, mapping_table
 from opprof.trace import Trace, concat_traces
@@ -61,6 +62,10 @@ class Args(msgspec.Struct, gc=False):
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     dtype: Any = None
     name: Any = None  # process_name / thread_name metadata (format detection)
+    total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -161,6 +166,8 @@ def assign_ranks(declared: list[int]) -> list[int]:
 def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace, dict]:
     """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
     import), and the facts about it that :func:`merge_meta` combines across ranks."""
+    base_ns = _int(doc.baseTimeNanoseconds or 0)
+    memory = _memory_samples(doc, rank, base_ns)
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     with pd.option_context("future.infer_string", False):
         raw = _raw_events(doc, rank, path)
@@ -180,6 +187,10 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
         "distributed": doc.distributedInfo or None,
     }
     trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
+    if memory is not None:
+        memory["ts"] += offset
+        trace = add_memory(trace, memory)
+        info["memory_sources"] = trace.meta["memory_sources"]
     info["step_bounds"] = trace.meta["step_bounds"]
     info["inferred_phases"] = trace.meta.get("inferred_phases", [])
     return trace, info
@@ -208,6 +219,9 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
     inferred = sorted({r for i in infos for r in i.get("inferred_phases", [])})
     if inferred:
         info["inferred_phases"] = inferred
+    sources = sorted({s for i in infos for s in i.get("memory_sources", [])})
+    if sources:
+        info["memory_sources"] = sources
     return info
 
 
@@ -238,6 +252,45 @@ def _ns(value: Any, what: str, path: Path) -> int:
     if abs(out) >= _MAX_NS:
         raise OpprofError(f"{path}: {what} out of range ({value!r})")
     return out
+
+
+#: c10::DeviceType codes of the devices whose allocators the profiler reports (ROCm builds
+#: report their GPUs as CUDA).
+_CPU_DEVICE, _GPU_DEVICES = 0, {1: "cuda", 6: "cuda"}
+
+
+def _memory_samples(doc: Document, rank: int, base_ns: int) -> pd.DataFrame | None:
+    """The allocator's ``[memory]`` instant events (``profile_memory=True``) as samples:
+    ``Total Allocated`` per device as the ``allocated`` series and, on GPUs, ``Total
+    Reserved`` as ``reserved`` (the CPU allocator keeps no pool: Kineto writes 0 there).
+    On the CPU, torch counts only what was allocated while the profiler ran: tensors
+    allocated before it started (the parameters, the optimizer's state) are not in it."""
+    mem = [e for e in doc.traceEvents if e.ph == "i" and e.name == "[memory]"
+           and e.args is not None]
+    if not mem:
+        return None
+    ts_v, pid_v, args_v = chrome.columns(mem, ("ts", "pid", "args"))
+    alloc, reserved, dtype, dev_id = (chrome.numbers(c) for c in chrome.columns(
+        args_v, ("total_allocated", "total_reserved", "device_type", "device_id")))
+    ts = chrome.numbers(ts_v)
+    ok = ~np.isnan(ts) & ~np.isnan(alloc) & np.isfinite(ts) & (np.abs(ts) < 2**62 / 1000)
+    if not ok.any():
+        return None
+    dtype = np.where(np.isnan(dtype), _CPU_DEVICE, dtype).astype(np.int64)
+    dev_id = np.where(np.isnan(dev_id), 0, dev_id).astype(np.int64)
+    names = np.array([_GPU_DEVICES.get(int(t), f"device{int(t)}") for t in dtype], object)
+    device = np.where(dtype == _CPU_DEVICE, "cpu",
+                      names + ":" + np.maximum(dev_id, 0).astype(str).astype(object))
+    pid = chrome.numbers(pid_v)
+    pid = np.where(np.isnan(pid), -1, pid).astype(np.int64)
+    t_ns = base_ns + np.rint(np.where(ok, ts, 0) * 1000).astype(np.int64)
+    frames = [samples(rank, "worker", pid[ok], device[ok], t_ns[ok], "allocated",
+                      alloc[ok].astype(np.int64), NAME)]
+    gpu = ok & (dtype != _CPU_DEVICE) & ~np.isnan(reserved)
+    if gpu.any():
+        frames.append(samples(rank, "worker", pid[gpu], device[gpu], t_ns[gpu], "reserved",
+                              reserved[gpu].astype(np.int64), NAME))
+    return pd.concat(frames, ignore_index=True)
 
 
 def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:

@@ -12,7 +12,9 @@ What MXNet 1.x writes (``mx.profiler.set_config(profile_all=True)`` then ``dump(
   every one a second time as a ``b``/``e`` pair in the ``operator`` domain, up to a
   microsecond off; those copies are dropped;
 * ``MXNET_C_API``: the Python front end's C API calls (host runtime time, not counted);
-* ``Device Storage`` and C API counters (``C``): memory and call counts, not kept;
+* ``Device Storage`` counters (``C``, ``Memory: cpu/0``: the storage allocator's bytes,
+  recorded with ``profile_memory``, which ``profile_all`` includes) become the ``allocated``
+  memory rows of the rank (:mod:`opprof.memory`); C API counters (call counts) are not kept;
 * any other category is a user domain: Tasks (cat = domain), Frames (``domain,frame``),
   Markers (``domain,instant_marker``, instants) and Events (``event``) → markers.
 
@@ -60,6 +62,7 @@ import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import cover_label, finish
+from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace
@@ -163,8 +166,11 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     roles = _roles([p for p, _ in docs])
     meta = {**_sidecar_meta([p for p, _ in docs], roles), **meta}
     pids = {int(k): int(v) for k, v in (meta.get("rank_pids") or {}).items()}
-    frames = [_raw_events(doc, rank, role, path, pids.get(rank, -1))
-              for (path, doc), (rank, role) in zip(docs, roles, strict=True)]
+    frames, memory = [], []
+    for (path, doc), (rank, role) in zip(docs, roles, strict=True):
+        raw, mem = _raw_events(doc, rank, role, path, pids.get(rank, -1))
+        frames.append(raw)
+        memory.append(mem)
     raw = pd.concat(frames, ignore_index=True)
     workers = sorted(r for r, role in roles if role == "worker")
     servers = sorted(r for r, role in roles if role == "server")
@@ -180,7 +186,8 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     }
     info.update(meta)
     trace = _server_steps(finish(raw, mapping_table(NAME), info), set(workers))
-    return _window_bytes(trace, info.get("comm_bytes_per_step") or {})
+    trace = _window_bytes(trace, info.get("comm_bytes_per_step") or {})
+    return add_memory(trace, pd.concat(memory, ignore_index=True))
 
 
 def _window_bytes(trace: Trace, per_step: dict[str, int]) -> Trace:
@@ -202,7 +209,7 @@ def _window_bytes(trace: Trace, per_step: dict[str, int]) -> Trace:
 
 
 _SIDECAR_KEYS = ("framework_version", "model", "dataset", "batch_size", "mode",
-                 "profiled_steps")
+                 "profiled_steps", "params", "param_bytes", "threads")
 
 
 def _sidecar_meta(paths: list[Path], roles: list[tuple[int, str]]) -> dict[str, Any]:
@@ -265,10 +272,43 @@ def _u64(values: list) -> np.ndarray:
     return vals.view(np.int64)
 
 
+#: The storage allocator's counters (``profile_memory``): ``Memory: cpu/0``, ``Memory: gpu/1``.
+_STORAGE = re.compile(r"Memory: (cpu|gpu)/(\d+)")
+
+
+def _storage_samples(ev: pd.DataFrame, ph: pd.Series, rank: int, role: str,
+                     os_pid: int) -> pd.DataFrame:
+    """The ``Device Storage`` counters as ``allocated`` samples (``cpu`` for ``cpu/0``,
+    ``cpu:N`` for other CPU contexts, ``cuda:N`` for ``gpu/N``). MXNet's storage profiler
+    counts only what is allocated and freed while it runs, in an unsigned counter: a value
+    past 2**62 (the counter wrapped below zero when an array allocated before profiling was
+    freed) is left out."""
+    sel = (ph == "C").to_numpy() & (ev["cat"].astype(object) == "Device Storage").to_numpy()
+    c = ev[sel]
+    if c.empty:
+        return samples(rank, role, os_pid, "cpu", np.zeros(0, np.int64), "allocated",
+                       np.zeros(0, np.int64), NAME)
+    name = c["name"].astype(object).fillna("").astype(str)
+    m = name.str.fullmatch(_STORAGE.pattern)
+    parts = name.str.extract(_STORAGE.pattern)
+    value = pd.to_numeric(pd.Series([a.get(n) if isinstance(a, dict) else None
+                                     for a, n in zip(c["args"], name, strict=True)],
+                                    dtype=object), errors="coerce").to_numpy(np.float64)
+    ts = pd.to_numeric(c["ts"], errors="coerce").to_numpy(np.float64)
+    ok = m.to_numpy() & ~np.isnan(value) & ~np.isnan(ts) & (value >= 0) & (value < 2.0**62)
+    kind, num = parts[0].to_numpy(object)[ok], parts[1].to_numpy(object)[ok]
+    device = np.where(kind == "gpu", "cuda:" + num.astype(str).astype(object),
+                      np.where(num == "0", "cpu", "cpu:" + num.astype(str).astype(object)))
+    return samples(rank, role, os_pid, device, _us_to_ns(ts[ok]), "allocated",
+                   value[ok].astype(np.int64), NAME)
+
+
 def _raw_events(doc: Document | dict, rank: int, role: str, path: Path,
-                os_pid: int) -> pd.DataFrame:
+                os_pid: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the raw events of one dump, its storage counters as memory samples)."""
     ev = _events_frame(doc)
     ph = ev["ph"].astype(object).fillna("").astype(str)
+    memory = _storage_samples(ev, ph, rank, role, os_pid)
     meta = ev[(ph == "M") & (ev["name"] == "process_name")]
     proc = dict(zip(meta["pid"], meta["args"].map(lambda a: (a or {}).get("name", "")),
                     strict=True))
@@ -314,7 +354,7 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path,
         "name": spans["name"].to_numpy(object), "kind": kind, "bytes": np.int64(0),
         "detail": detail.to_numpy(object), "link": np.int64(-1),
     })
-    return pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True)
+    return pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True), memory
 
 
 def _comm_windows(comm: pd.DataFrame) -> pd.DataFrame:

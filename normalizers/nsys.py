@@ -19,6 +19,8 @@ running ``nsys export --type sqlite`` first (nsys must be on PATH). Tables read:
   when it is ``aten::…``, or when the mapping table knows it as one; every other range is a
   marker (phase and step markers such as ``opprof.forward`` / ``ProfilerStep#3`` work as
   in Kineto traces);
+- ``CUDA_GPU_MEMORY_USAGE_EVENTS`` (``--cuda-memory-usage=true``): the device memory CUDA
+  allocated and freed, as each rank's ``reserved`` memory rows (:func:`_memory_usage`);
 - ``TARGET_INFO_GPU`` + ``TARGET_INFO_CUDA_DEVICE`` (or ``TARGET_INFO_CUDA_GPU`` in reports
   from early 2021 and before) for GPU names; ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``,
   when present, turns session-relative timestamps into UTC nanoseconds (the clock
@@ -62,6 +64,7 @@ import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import finish
+from opprof.memory import add_memory, samples
 from opprof.normalizers.cupti import (
     NSYS_MEM_KIND,
     connect,
@@ -99,11 +102,13 @@ def claims_file(path: Path, head: bytes) -> bool:
 
 def from_files(paths: list[Path], meta: dict) -> Trace:
     """Normalize nsys SQLite exports (or reports, exported on the fly) into one Trace."""
-    frames, info = [], _Info()
+    frames, memory, info = [], [], _Info()
     with tempfile.TemporaryDirectory(prefix="opprof-nsys-") as tmp:
         for path in paths:
             db = _export(path, Path(tmp)) if path.name.endswith(REPORT_SUFFIXES) else path
-            frames.append(_read(db, path, info))
+            ev, mem = _read(db, path, info)
+            frames.append(ev)
+            memory.append(mem)
     raw = pd.concat(frames, ignore_index=True)
     if raw.empty:
         raise OpprofError(f"{paths[0]}: nsys export with no kernels, CUDA calls or NVTX ranges")
@@ -124,7 +129,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     if info.versions:
         out["nsys_version"] = sorted(set(info.versions))
     out.update(meta)
-    return finish(raw, cupti_table(), out)
+    return add_memory(finish(raw, cupti_table(), out), pd.concat(memory, ignore_index=True))
 
 
 class _Info:
@@ -161,7 +166,8 @@ def _export(report: Path, tmp: Path) -> Path:
     return out
 
 
-def _read(db: Path, source: Path, info: _Info) -> pd.DataFrame:
+def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the events of one export, its CUDA memory usage as memory samples)."""
     con = connect(db)
     try:
         names = tables(con)
@@ -179,7 +185,7 @@ def _read(db: Path, source: Path, info: _Info) -> pd.DataFrame:
         frames = [f for f in parts.values() if f is not None and len(f)]
         if not frames:
             return pd.DataFrame(columns=["rank", "role", "pid", "tid", "device", "ts", "dur",
-                                         "name", "kind", "bytes", "detail", "link"])
+                                         "name", "kind", "bytes", "detail", "link"]), _NO_MEMORY
         ev = pd.concat(frames, ignore_index=True)
         base = max(info.ranks) + 1 if info.ranks else 0
         rank_of = _ranks(ev, base)
@@ -197,13 +203,72 @@ def _read(db: Path, source: Path, info: _Info) -> pd.DataFrame:
         info.processes.update({str(r): f"{source.name}:{p}" for p, r in rank_of.items()})
         info.gpus.extend(_gpu_names(con, names, ev, rank_of))
         info.versions.extend(_version(con, names))
-        ev["ts"] = ev["ts"] + _epoch_offset(con, names)
+        offset = _epoch_offset(con, names)
+        ev["ts"] = ev["ts"] + offset
         ev["role"] = "worker"
-        return ev.drop(columns=["proc"])
+        memory = (_memory_usage(con, names, rank_of, offset)
+                  if "CUDA_GPU_MEMORY_USAGE_EVENTS" in names else _NO_MEMORY)
+        return ev.drop(columns=["proc"]), memory
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
         raise OpprofError(f"{source}: damaged nsys export ({exc})") from None
     finally:
         con.close()
+
+
+_NO_MEMORY = samples(0, "worker", -1, "cpu", np.zeros(0, np.int64), "reserved",
+                     np.zeros(0, np.int64), NAME)
+#: The memory kinds that live on the GPU (nsys's ENUM_CUDA_MEM_KIND labels).
+_DEVICE_MEMORY = ("Device", "Array", "Device Static")
+
+
+def _memory_usage(con: sqlite3.Connection, names: set[str], rank_of: dict[int, int],
+                  offset: int) -> pd.DataFrame:
+    """``CUDA_GPU_MEMORY_USAGE_EVENTS`` (``nsys profile --cuda-memory-usage=true``) as the
+    ``reserved`` series per (process, GPU): the running total of the device memory CUDA
+    allocated (cudaMalloc and kin) minus what it freed, from the start of the capture — what
+    a caching allocator such as torch's holds as reserved (its ``allocated`` is not visible
+    to CUDA). Kinds ``Device``, ``Array`` and ``Device Static`` count; host (pageable,
+    pinned) and managed memory do not. Operations: 0 allocation, 1 deallocation (or by name
+    from ``ENUM_CUDA_DEV_MEM_EVENT_OPER``)."""
+    df = read_table(con, "CUDA_GPU_MEMORY_USAGE_EVENTS",
+                    ["start", "globalPid", "deviceId", "bytes", "memKind",
+                     "memoryOperationType"])
+    kinds = _enum(con, names, "ENUM_CUDA_MEM_KIND") or NSYS_MEM_KIND
+    opers = _enum(con, names, "ENUM_CUDA_DEV_MEM_EVENT_OPER") or {0: "Allocation",
+                                                                  1: "Deallocation"}
+    kind = pd.Series(int_col(df["memKind"])).map(kinds).fillna("").to_numpy(object)
+    oper = pd.Series(int_col(df["memoryOperationType"])).map(opers).fillna("").to_numpy(object)
+    sign = np.select([oper == "Allocation", oper == "Deallocation"], [1, -1], 0)
+    proc = _pid(df["globalPid"])
+    rank = pd.Series(proc).map(rank_of).to_numpy()
+    keep = np.isin(kind, _DEVICE_MEMORY) & (sign != 0) & ~pd.isna(rank)
+    if not keep.any():
+        return _NO_MEMORY
+    d = pd.DataFrame({"rank": rank[keep].astype(np.int64), "pid": proc[keep],
+                      "dev": int_col(df["deviceId"], 0)[keep], "ts": int_col(df["start"], 0)[keep],
+                      "delta": sign[keep] * int_col(df["bytes"], 0)[keep]})
+    d = d.sort_values(["rank", "dev", "ts"], kind="stable")
+    d["total"] = d.groupby(["rank", "dev"])["delta"].cumsum()
+    return samples(d["rank"].to_numpy(), "worker", d["pid"].to_numpy(),
+                   ("cuda:" + d["dev"].astype(str)).to_numpy(object),
+                   d["ts"].to_numpy(np.int64) + offset, "reserved", d["total"].to_numpy(), NAME)
+
+
+def _enum(con: sqlite3.Connection, names: set[str], table: str) -> dict[int, str]:
+    """An nsys ENUM table as id → label (older exports name the label column ``name``)."""
+    if table not in names:
+        return {}
+    cols = {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
+    col = "label" if "label" in cols else "name"
+    out = {}
+    for i, text in con.execute(f'SELECT id, "{col}" FROM "{table}"'):
+        text = str(text or "")
+        if text.startswith("CUDA_DEV_MEM_EVENT_OPR_"):  # a name, not a label
+            text = text.removeprefix("CUDA_DEV_MEM_EVENT_OPR_").title()
+        elif text.startswith("CUDA_MEMOPR_MEMORY_KIND_"):
+            text = text.removeprefix("CUDA_MEMOPR_MEMORY_KIND_").replace("_", " ").title()
+        out[int(i)] = text
+    return out
 
 
 def _strings(con: sqlite3.Connection) -> pd.Series:

@@ -61,6 +61,10 @@ the role and index come from the path (``worker1/``, ``ps0/``, ``chief0/``) or f
 times stay relative to each profile's start (meta ``clock = "profile-relative"``).
 Servers (ps) and the chief (scheduler) keep their events but get no steps (step -1): only
 workers have training steps.
+
+Memory: xprof's ``memory_profile`` tool gives each allocator's bytes in use over the profile;
+they become the ``allocated`` memory rows of the rank (:func:`allocator_samples` says what TF
+traces on a CPU).
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ import pandas as pd
 
 from opprof.errors import OpprofError, first_line
 from opprof.events import finish
+from opprof.memory import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
 
@@ -144,7 +149,57 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     ev.loc[not_worker, "step"] = -1
     trace.meta["step_bounds"] = [b for b in trace.meta["step_bounds"] if b[0] in workers]
     trace.events = conform(ev)
-    return trace
+    pids = {int(k): int(v) for k, v in (trace.meta.get("rank_pids") or {}).items()}
+    memory = [allocator_samples(h["path"], h["rank"], h["role"], h["epoch_offset"] or 0,
+                                pids.get(h["rank"], -1)) for h in hosts]
+    return add_memory(trace, pd.concat(memory, ignore_index=True))
+
+
+#: A TF allocator's name → the device it allocates on (others are left out).
+_GPU_ALLOCATOR = re.compile(r"GPU_(\d+)_bfc")
+_CPU_ALLOCATORS = ("mklcpu", "cpu")
+
+
+def allocator_samples(path: Path, rank: int, role: str, offset_ns: int,
+                      pid: int = -1) -> pd.DataFrame:
+    """The allocators' timeline from xprof's ``memory_profile`` tool as ``allocated``
+    samples: per allocator (``mklcpu`` or ``cpu`` → ``cpu``, ``GPU_N_bfc`` → ``cuda:N``) its
+    snapshots (xprof keeps at most 1,000 per allocator, the largest of each window, plus the
+    ones at the peak), bytes in use = heap + stack, at ``timeOffsetPs`` from the profile's
+    start, put on the trace's clock with the host's ``offset_ns``.
+
+    What TensorFlow records: its allocators trace their allocations (``MemoryAllocation``
+    events) at host tracer level 2. On a CPU with oneDNN (the default x86 build) the
+    ``mklcpu`` allocator hands allocations of 256 KiB and more to a BFC allocator, which
+    traces them with its own bytes in use; smaller ones go to plain ``malloc`` and are not
+    traced. So on the CPU the figure is the memory of the large tensors (all of them, since
+    the process started), and a model of only small tensors has none."""
+    doc = _tool(Path(path), "memory_profile")
+    per = doc.get("memoryProfilePerAllocator") if isinstance(doc, dict) else None
+    frames = [samples(rank, role, pid, "cpu", np.zeros(0, np.int64), "allocated",
+                      np.zeros(0, np.int64), "xprof")]
+    for name, prof in (per or {}).items():
+        gpu = _GPU_ALLOCATOR.fullmatch(str(name))
+        if (not gpu and name not in _CPU_ALLOCATORS) or not isinstance(prof, dict):
+            continue
+        snaps = [*(prof.get("sampledTimelineSnapshots") or []),
+                 *(prof.get("memoryProfileSnapshots") or [])]
+        rows = []
+        for snap in snaps:
+            stats = (snap.get("aggregationStats") or {}) if isinstance(snap, dict) else {}
+            try:
+                t_ps = int(snap["timeOffsetPs"])
+                used = int(stats.get("heapAllocatedBytes", 0)) + int(
+                    stats.get("stackReservedBytes", 0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            rows.append((t_ps // 1000, used))
+        if not rows:
+            continue
+        t, used = (np.array(c, np.int64) for c in zip(*sorted(set(rows)), strict=True))
+        frames.append(samples(rank, role, pid, f"cuda:{gpu.group(1)}" if gpu else "cpu",
+                              t + offset_ns, "allocated", used, "xprof"))
+    return pd.concat(frames, ignore_index=True)
 
 
 # --------------------------------------------------------------------------- xprof

@@ -14,7 +14,8 @@ from opprof.errors import Interrupted, OpprofError, raise_on_signals
 #: what it needs: pandas, the frameworks for ``record``) is imported only when that command
 #: runs, so ``opprof report`` never imports torch, TensorFlow or MXNet.
 COMMANDS = {"record": "record", "run": "run", "import": "import_", "report": "report",
-            "diff": "diff", "export": "export", "bench": "bench"}
+            "diff": "diff", "export": "export", "bench": "bench", "model": "model",
+            "whatif": "whatif", "calibrate": "calibrate"}
 
 
 class LazyGroup(click.Group):
@@ -40,6 +41,8 @@ def cli() -> None:
     opprof run -- python train.py                 profile your own training command
     opprof report run.trace --by op --top 15      per-operator table
     opprof diff tf.trace mxnet.trace              what explains the step-time gap
+    opprof model run.trace --workers 1,2,4,8      predicted step time and speed-up
+    opprof whatif run.trace --op batch_norm=0.5   the step with an operator changed
     """
 
 

@@ -40,6 +40,7 @@ class Task:
     rank: int | None = None
     named: bool = True
     meta: dict = field(default_factory=dict)
+    memory: tuple[str, ...] = ()  # opprof's sampled memory files of the job (normalizers.sampled)
 
 
 @dataclass
@@ -91,9 +92,11 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
         return Plan(files, tasks, False, tf.meta, size)
     if any(is_opprof_trace(f) for f in files):
         raise OpprofError("give one opprof .trace, or native traces to normalize, not both")
-    from opprof.normalizers import FILE_FORMATS, expand, head_bytes
+    from opprof.normalizers import FILE_FORMATS, expand, head_bytes, split_memory
 
-    listed = expand(files)
+    listed, memory = split_memory(expand(files))
+    if not listed:
+        raise OpprofError(f"{files[0]}: only sampled memory files, no trace to attach them to")
     tasks: list[Task] = []
     size = 0
     for i, (f, named) in enumerate(listed):
@@ -106,7 +109,8 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
         size += f.stat().st_size * (10 if head.startswith(b"\x1f\x8b") else 1)
         if head.startswith(_PARQUET_MAGIC) or any(m.claims_file(f, head) for m in FILE_FORMATS):
             return Plan(files, [], True, meta or {}, size)
-        tasks.append(Task("json", str(f), i, None, named, meta or {}))
+        tasks.append(Task("json", str(f), i, None, named, meta or {},
+                          tuple(str(m) for m in memory)))
     return Plan(files, tasks, False, meta or {}, size)
 
 
@@ -117,7 +121,7 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
 
         tr = TraceFile(task.path).read_rank(int(task.rank), detail)  # type: ignore[arg-type]
         return [tr], Outcome(rank=task.rank, events=len(tr.events))
-    from opprof.normalizers import chrome, head_bytes, kineto
+    from opprof.normalizers import chrome, head_bytes, kineto, sampled
 
     path = Path(task.path)
     data = chrome.read_bytes(path, head_bytes(path))
@@ -133,6 +137,9 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     rank = declared if task.rank is None else task.rank
     trace, info = kineto.rank_trace(path, doc, rank, task.meta)
     del doc
+    if task.memory:  # only this rank's own file: no rank is made for another process
+        trace = sampled.attach(trace, [Path(m) for m in task.memory], new_ranks=False)
+        info["memory_sources"] = trace.meta.get("memory_sources", [])
     return [trace], Outcome(info=info, declared=declared, rank=rank, events=len(trace.events))
 
 
@@ -213,8 +220,8 @@ def progress(results: Any, total: int, engine: parallel.Engine) -> Any:
 def _with_rank(arg: Any, rank: int) -> Any:
     if isinstance(arg, tuple):
         t = arg[0]
-        return (Task(t.kind, t.path, t.index, rank, t.named, t.meta), *arg[1:])
-    return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta)
+        return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), *arg[1:])
+    return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
 
 
 def _job_meta(p: Plan, outs: list[Outcome]) -> dict:

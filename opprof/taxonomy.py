@@ -41,7 +41,16 @@ CANONICAL_OPS = (
 )
 PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
-KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io")
+KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io", "memory")
+#: The memory table is the rows of kind ``memory``: one zero-duration row per sample of a
+#: series (its ``name``), never counted in operator time (see opprof.memory).
+MEMORY_KIND = "memory"
+#: Memory series: the resident set sampled from outside the process (``rss``), the kernel's
+#: high-water mark of it (``hwm``, VmHWM), and the framework allocator's ``allocated`` and
+#: ``reserved`` bytes where the framework exposes them.
+MEMORY_SERIES = ("rss", "hwm", "allocated", "reserved")
+#: Where a memory row comes from (its ``detail``).
+MEMORY_SOURCES = ("sampled", "kineto", "xprof", "mxnet", "nsys")
 #: The kinds that run on a device (GPU kernels and copies), not a host thread.
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 ROLES = ("worker", "server", "scheduler")
@@ -111,7 +120,7 @@ def _check_row(table: str, n: int, row: MappingRow) -> None:
         raise OpprofError(f"mapping table {table} row {n}: unknown op {row.op!r}")
     if row.phase and row.phase not in PHASES:
         raise OpprofError(f"mapping table {table} row {n}: unknown phase {row.phase!r}")
-    if row.kind and row.kind not in KINDS:
+    if row.kind and (row.kind not in KINDS or row.kind == MEMORY_KIND):
         raise OpprofError(f"mapping table {table} row {n}: unknown kind {row.kind!r}")
     re.compile(row.pattern)
 
@@ -149,7 +158,12 @@ def tables_markdown() -> str:
            "whole native name wins; an empty op marks a marker (a step or phase annotation); an "
            "empty phase takes the phase of the enclosing phase marker (on a worker without phase "
            "markers, the phase inferred from the operators around it: see the README's "
-           "*Traces without opprof markers*). Names no row matches are `other`.", ""]
+           "*Traces without opprof markers*). Names no row matches are `other`.", "",
+           "Kinds: " + ", ".join(f"`{k}`" for k in KINDS) + ". The memory table is the rows "
+           "with kind `memory`: no mapping table makes them (a name is a memory series, not an "
+           "operator); each is one sample of a series (" + ", ".join(
+               f"`{s}`" for s in MEMORY_SERIES) + ") with its bytes, never counted in "
+           "operator time (see the README's *Memory*).", ""]
     for name in names:
         out += [f"## {name}", "", "| pattern | op | phase | kind | example |",
                 "|---|---|---|---|---|"]

@@ -4,6 +4,10 @@ One file, one row group per rank (``meta["row_groups"]`` maps ranks to row group
 rank is read without the others (:class:`TraceFile`); categorical columns are
 dictionary<int32, string>, the metadata is JSON under the schema's ``opprof`` key. Files
 from before the per-rank layout (all ranks in one row group) read as they always did.
+
+The memory table is the rows with kind ``memory`` (zero-duration samples of a memory series:
+resident set, the kernel's high-water mark, the allocator's allocated / reserved bytes),
+in the same events table and the same per-rank row groups (:mod:`opprof.memory`).
 """
 
 from __future__ import annotations
@@ -132,7 +136,9 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
                 text = pd.Index(cat.categories.astype("str"))
             cols[col] = pd.Categorical.from_codes(cat.codes, categories=text)
         else:
-            cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(dtype)
+            # ``.array``: no index, so a slice of a table (one rank's rows) keeps its values
+            cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(
+                dtype).array
     return pd.DataFrame(cols, index=pd.RangeIndex(n))
 
 

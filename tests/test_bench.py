@@ -33,7 +33,8 @@ def matrix(tmp_path_factory: pytest.TempPathFactory):
     fws = ["torch"] + ([other] if other else [])
     out = tmp_path_factory.mktemp("bench")
     args = ["bench", "--fw", ",".join(fws), *TINY, "--workers", "1,2",
-            "--mode", "allreduce,ps-sync,ps-async", "-o", str(out), "--timeout", "300"]
+            "--mode", "allreduce,ps-sync,ps-async", "-o", str(out), "--timeout", "300",
+            "--threads", "1"]
     res = run_cli(*args, timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     return fws, out, args, res
@@ -59,7 +60,16 @@ def test_every_valid_combination_is_recorded(matrix) -> None:
         one = runs[(r["fw"], 1, "single")]["samples_per_s"]
         assert r["scaling_efficiency"] == pytest.approx(
             r["samples_per_s"] / (r["workers"] * one))
+    # the model's prediction of every multi-worker run from its 1-worker run
+    for r in ok:
+        if r["workers"] > 1:
+            assert r["predicted_step_ns"] > 0, r["prediction_note"]
+            assert r["predicted_scaling"] == pytest.approx(
+                runs[(r["fw"], 1, "single")]["step_ns"] / r["predicted_step_ns"])
+            assert r["prediction_error"] == pytest.approx(
+                r["predicted_step_ns"] / r["step_ns"] - 1)
     assert "opprof bench — runs" in res.stdout and "Phase breakdown" in res.stdout
+    assert "predicted" in res.stdout
     csv = pd.read_csv(out / "bench.csv")
     assert len(csv) == len(doc["runs"]) and {"samples_per_s", "scaling_efficiency"} <= set(csv)
     assert "### Runs" in (out / "bench.md").read_text()

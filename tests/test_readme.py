@@ -50,10 +50,14 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
                                  timeout=900)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
         assert "Traceback" not in res.stderr
-        if "--format json" in line:
+        if line.startswith("opprof report") and "--format json" in line:
             assert {"meta", "steps", "phases", "ops"} <= set(json.loads(res.stdout))
+        if line.startswith("opprof model") and "--format json" in line:
+            doc = json.loads(res.stdout)
+            assert doc["network"]["source"] == "calibrate" and len(doc["predictions"]) == 2
         if line.startswith("opprof diff"):
             assert "explains most of it" in " ".join(res.stdout.split())
     for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
-                 "nccl.trace", "resnet18.pftrace", "mine.trace", "ddp.trace", "api.trace"):
+                 "nccl.trace", "resnet18.pftrace", "mine.trace", "ddp.trace", "api.trace",
+                 "net.json"):
         assert (tmp_path / name).exists(), name

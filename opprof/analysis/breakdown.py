@@ -21,6 +21,8 @@ same rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -95,13 +97,7 @@ def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame
         blocked = None if minus is None else (k_start[minus], k_end[minus])
         return sweep.covered(starts[mask], ends[mask], blocked)
 
-    winner = np.full(len(sweep.length), len(PHASES) - 1)  # "other"
-    for tier in reversed(range(len(_TIERS))):
-        p, src = _TIERS[tier]
-        code = PHASES.index(p)
-        mine = (phase == code) & (is_op if src == "op" else ~is_op)
-        cov = cover(mine, (k_phase == code) if src == "op" else None)
-        winner[cov] = code
+    winner = _winners(cover, phase, is_op, k_phase, len(sweep.length))
     wall = np.bincount(step_i * len(PHASES) + winner, weights=sweep.length,
                        minlength=(n_steps + 1) * len(PHASES))
     wall = np.rint(wall).astype(np.int64).reshape(n_steps + 1, len(PHASES))[:n_steps]
@@ -116,6 +112,79 @@ def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame
     comm_ops = cover((phase == PHASES.index("comm")) & is_op)
     compute_ops = cover(compute & is_op, np.isin(k_phase, _COMPUTE_CODES))
     out["comm_overlap_ns"] = sweep.total(comm_ops & compute_ops, step_i, n_steps)
+    return out
+
+
+def _winners(cover: Callable[[np.ndarray, np.ndarray | None], np.ndarray], phase: np.ndarray,
+             is_op: np.ndarray, k_phase: np.ndarray, n: int) -> np.ndarray:
+    """Per segment of a sweep: the phase code that wins it (the tiers of the module
+    docstring, highest first; ``other`` where nothing covers it)."""
+    winner = np.full(n, len(PHASES) - 1)  # "other"
+    for tier in reversed(range(len(_TIERS))):
+        p, src = _TIERS[tier]
+        code = PHASES.index(p)
+        mine = (phase == code) & (is_op if src == "op" else ~is_op)
+        cov = cover(mine, (k_phase == code) if src == "op" else None)
+        winner[cov] = code
+    return winner
+
+
+def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """Per instant (rank, ts): the code (index in PHASES) of the phase that the wall-time
+    breakdown gives that instant — the same tiers that make the phases sum to the step —
+    or -1 when the instant is in no step of that worker rank (servers and schedulers have no
+    steps). An instant ``t`` belongs to the segment ``[a, b)`` with ``a <= t < b``."""
+    rank = np.asarray(rank, np.int64)
+    ts = np.asarray(ts, np.int64)
+    out = np.full(len(ts), -1, np.int64)
+    if not len(ts):
+        return out
+    bounds = trace.step_bounds()
+    ev = trace.events
+    workers = ev["role"] == "worker"
+    ops = ev[workers & ev["counted"] & ev["phase"].isin(PRIORITY)]
+    markers = ev[workers & (ev["kind"] == "marker") & (ev["device"] == "cpu")
+                 & ev["phase"].isin(PRIORITY)]
+    worker_ranks = set(ev.loc[workers, "rank"].unique().tolist())
+    blocked = blocked_in_comm(ops)
+    for r in np.unique(rank):
+        b = bounds[bounds["rank"] == r].sort_values("start")
+        if r not in worker_ranks or b.empty:
+            continue
+        sel = np.flatnonzero(rank == r)
+        out[sel] = _rank_phase_at(b, ops[ops["rank"] == r], markers[markers["rank"] == r],
+                                  blocked[blocked["rank"] == r], ts[sel])
+    return out
+
+
+def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.DataFrame,
+                   t: np.ndarray) -> np.ndarray:
+    """:func:`phase_at` for the instants ``t`` of one rank (its step bounds ``b`` sorted)."""
+    s_start = b["start"].to_numpy(np.int64)
+    s_end = b["end"].to_numpy(np.int64)
+    starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
+    ends = starts + np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
+    phase = np.concatenate([_phase_codes(o), _phase_codes(m)])
+    is_op = np.repeat([True, False], [len(o), len(m)])
+    k_start = blk["ts"].to_numpy(np.int64)
+    k_end = k_start + blk["dur"].to_numpy(np.int64)
+    k_phase = _phase_codes(blk)
+    sweep = Sweep(starts, ends, s_start, s_end, k_start, k_end, t)
+
+    def cover(mask: np.ndarray, minus: np.ndarray | None = None) -> np.ndarray:
+        if not mask.any():
+            return np.zeros(len(sweep.length), bool)
+        blocked = None if minus is None else (k_start[minus], k_end[minus])
+        return sweep.covered(starts[mask], ends[mask], blocked)
+
+    winner = _winners(cover, phase, is_op, k_phase, len(sweep.length))
+    seg = np.searchsorted(sweep.points, t, side="right") - 1
+    in_step = sweep.bins(s_start, s_end)
+    ok = (seg >= 0) & (seg < len(sweep.length))
+    out = np.full(len(t), -1, np.int64)
+    good = np.flatnonzero(ok)
+    good = good[in_step[seg[good]] < len(s_start)]
+    out[good] = winner[seg[good]]
     return out
 
 

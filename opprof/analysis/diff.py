@@ -1,14 +1,16 @@
 """Diff two traces: per phase and per canonical op, A and B per step, ratio, delta, and the
-share of the step-time gap each explains, ordered by that share; then one plain sentence."""
+share of the step-time gap each explains, ordered by that share; then one plain sentence.
+Memory beside time: each run's peaks (opprof.analysis.memory.run_memory), A/B and A−B."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.memory import compare_memory, memory_part
 from opprof.analysis.noise import assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.report import Report
@@ -30,6 +32,11 @@ class Diff:
     #: noisy or inflated by the profiler, and so is the comparison.
     a_noise: dict | None = None
     b_noise: dict | None = None
+    #: Memory side by side (opprof.analysis.memory.compare_memory); empty without memory rows.
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
+    #: :func:`opprof.analysis.whatif.op_swaps`), or None.
+    whatif: pd.DataFrame | None = None
 
     @property
     def step_ratio(self) -> float:
@@ -62,18 +69,20 @@ def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
 def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
     """Compare A with B per phase (wall time) and per canonical op (host operator time)."""
     sa, sb = step_breakdown(a), step_breakdown(b)
-    out = _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
-                a_name, b_name)
-    out.a_noise, out.b_noise = assess(a.meta, sa), assess(b.meta, sb)
-    return out
+    d = _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
+              a_name, b_name)
+    d.memory = compare_memory(memory_part(a).ranks, memory_part(b).ranks)
+    d.a_noise, d.b_noise = assess(a.meta, sa), assess(b.meta, sb)
+    return d
 
 
 def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> Diff:
     """:func:`diff` from two reports (what `opprof diff` uses: each side analyzed rank by
     rank, see opprof.job)."""
-    out = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
-    out.a_noise, out.b_noise = a.noise, b.noise
-    return out
+    d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
+    d.memory = compare_memory(a.memory.ranks, b.memory.ranks)
+    d.a_noise, d.b_noise = a.noise, b.noise
+    return d
 
 
 def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFrame,

@@ -1,6 +1,8 @@
-"""The benchmark matrix comparison: per run samples/s, step time, phases and scaling
-efficiency, and the canonical operators with the largest cross-framework ratios (the
-research's "convolution_backward 7.67x" table). Pure functions over recorded runs."""
+"""The benchmark matrix comparison: per run samples/s, step time, phases, scaling
+efficiency and peak memory (with its ratio to the leanest run of the same model and worker
+count), the canonical operators with the largest cross-framework ratios (the research's
+"convolution_backward 7.67x" table), and for each multi-worker run the model's prediction
+from its 1-worker run beside the measurement. Pure functions over recorded runs."""
 
 from __future__ import annotations
 
@@ -12,14 +14,21 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.commmodel import Network
+from opprof.analysis.memory import memory_part, run_memory
 from opprof.analysis.noise import NOISE_SPREAD, assess
 from opprof.analysis.ops import op_table
+from opprof.analysis.predict import check, network_from_trace, predict
+from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
 #: An operator enters the cross-framework table when it takes at least this share of the
 #: slower run's step time (tiny operators give huge, meaningless ratios).
 MIN_OP_SHARE = 0.01
+#: Each run's memory in the bench table (opprof.analysis.memory.run_memory), bytes.
+MEMORY_COLUMNS = ("unprofiled_rss_bytes", "peak_rss_bytes", "job_rss_bytes",
+                  "peak_allocated_bytes")
 
 
 @dataclass
@@ -47,7 +56,9 @@ def summarize(trace: Trace) -> dict[str, Any]:
     phases = phase_summary(steps)
     ops = op_table(trace, n_steps=len(steps))
     m = trace.meta
+    memory = run_memory(memory_part(trace).ranks)
     return {
+        "memory": {k: memory[k] for k in MEMORY_COLUMNS},
         "samples_per_s": m.get("samples_per_s"),
         "unprofiled_step_ns": m.get("unprofiled_step_ns"),
         "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
@@ -61,15 +72,17 @@ def summarize(trace: Trace) -> dict[str, Any]:
 
 def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """One combination's summary from its repetitions (``bench --repeat``): the repetition
-    whose profiled step time is the median gives the phases and operators (so they still sum
-    to its step); samples/s and the step times are the medians over repetitions, with their
-    minimum, maximum and spread ((max − min) / median); the combination is flagged with
+    whose profiled step time is the median (``median_repeat``, from 1) gives the phases,
+    operators and memory (so they still sum to its step); samples/s and the step times are
+    the medians over repetitions, with their minimum, maximum and spread ((max − min) /
+    median); the combination is flagged with
     every flag of that repetition, and ``noisy`` when its repetitions' samples/s spread more
     than :data:`~opprof.analysis.noise.NOISE_SPREAD`."""
     if len(summaries) == 1:
         return {**summaries[0], "repeats": 1}
-    order = sorted(summaries, key=lambda x: x["step_ns"] or 0.0)
-    out = dict(order[(len(order) - 1) // 2])
+    order = sorted(range(len(summaries)), key=lambda i: summaries[i]["step_ns"] or 0.0)
+    mid = order[(len(order) - 1) // 2]
+    out = {**summaries[mid], "median_repeat": mid + 1}
 
     def stats(key: str) -> tuple[float | None, float | None, float | None]:
         values = [x[key] for x in summaries if x.get(key)]
@@ -96,11 +109,18 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     for r in runs:
         s = r.summary
         noise = s.get("noise") or {}
+        pred = s.get("prediction") or {}
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
                "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
                **{p: s.get("phases", {}).get(p) for p in PHASES},
-               "scaling_efficiency": None, "wall_s": r.wall_s, "reason": r.reason,
+               "scaling_efficiency": None, "profiled_scaling": pred.get("profiled_scaling"),
+               "predicted_step_ns": pred.get("predicted_step_ns"),
+               "predicted_scaling": pred.get("predicted_scaling"),
+               "prediction_error": pred.get("prediction_error"),
+               "prediction_note": pred.get("note", ""),
+               **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
+               "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason,
                "flags": ",".join(noise.get("flags", [])), "unprofiled_spread":
                noise.get("spread"), "unprofiled_drift": noise.get("drift"),
                "overhead": noise.get("overhead"), "repeats": s.get("repeats"),
@@ -109,6 +129,7 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "repeat_spread": s.get("repeat_spread")}
         rows.append(row)
     table = pd.DataFrame(rows)
+    _memory_ratios(table, runs)
     single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
               if r.mode == "single" and r.summary.get("samples_per_s")}
     for i, r in enumerate(runs):
@@ -116,6 +137,42 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         if one and n_thr:
             table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
     return table, op_ratios(runs, top)
+
+
+def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
+    """``rss_ratio``: each run's resident peak before profiling (largest worker; the peak
+    until the last profiled step where that is unknown) over the smallest among the runs of
+    the same model, batch size and worker count (1.00x: the leanest; in place). Before
+    profiling, because the profilers' own buffers differ and grow with the profiled steps."""
+    peak = pd.to_numeric(table["unprofiled_rss_bytes"], errors="coerce").fillna(
+        pd.to_numeric(table["peak_rss_bytes"], errors="coerce"))
+    key = pd.Series([f"{r.model}|{r.summary.get('batch_size')}|{r.workers}" for r in runs],
+                    index=table.index)
+    least = peak.groupby(key).transform("min") if len(table) else peak
+    table["rss_ratio"] = (peak / least.where(least > 0)).astype(object).where(
+        peak.notna(), None)
+
+
+def prediction(single: Trace, multi: Trace, network: Network | None = None) -> dict[str, Any]:
+    """The model's prediction of a multi-worker run from the same framework and model's
+    1-worker run (:mod:`opprof.analysis.predict`), checked against it: predicted profiled step
+    and scaling (step(1) / step(N)) beside the measured ones, the error, and a note saying
+    where α and β came from — or why there is no prediction."""
+    workers = int(multi.meta.get("workers") or len(multi.ranks) or 1)
+    mode = str(multi.meta.get("mode") or "")
+    try:
+        if network is None:
+            network = network_from_trace(multi)
+        result = predict(single, [workers], mode=mode or None,
+                         servers=int(multi.meta.get("servers") or 0) or None, network=network)
+        c = check(result, multi, "the measured run")
+    except OpprofError as exc:
+        return {"note": str(exc)}
+    one = result.base.step_ns
+    return {"predicted_step_ns": c.predicted_step_ns, "prediction_error": c.error,
+            "predicted_scaling": one / c.predicted_step_ns if c.predicted_step_ns else None,
+            "profiled_scaling": one / c.measured_step_ns if c.measured_step_ns else None,
+            "note": f"network {result.network.source}: {result.network_note}"}
 
 
 def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:

@@ -97,6 +97,7 @@ def steps_count(trace: Trace) -> int:
 
 def native_totals(trace: Trace) -> pd.DataFrame:
     """Per native name: count and total duration of every event (for checks against the
-    framework's own aggregate)."""
-    g = trace.events.groupby("name", observed=True)["dur"]
+    framework's own aggregate); memory rows are samples, not events, and are left out."""
+    ev = trace.events
+    g = ev[ev["kind"] != "memory"].groupby("name", observed=True)["dur"]
     return g.agg(count="size", total_ns="sum")

@@ -1,11 +1,12 @@
 """Everything `opprof report` shows: computed rank by rank, then combined.
 
 :func:`analyze` reduces one rank's events (or several ranks') to a :class:`RankPart` — its
-step breakdown rows, compact operator-duration tables, device rows and the small tables
-the cross-rank analysis needs — and :func:`combine` turns the parts of every rank into the
-:class:`Report`. Parts are small (no events), so a job of any rank count is analyzed with
-a few ranks' events in memory at a time, in any process (``opprof.parallel``). The result
-is identical to analyzing all ranks at once (``build_report``).
+step breakdown rows, compact operator-duration tables, device rows, its memory peaks and
+the small tables the cross-rank analysis needs — and :func:`combine` turns the parts of
+every rank into the :class:`Report`. Parts are small (no events), so a job of any rank
+count is analyzed with a few ranks' events in memory at a time, in any process
+(``opprof.parallel``). The result is identical to analyzing all ranks at once
+(``build_report``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
+from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
 from opprof.analysis.noise import assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
 from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
@@ -37,6 +39,7 @@ class Report:
     devices: pd.DataFrame = field(default_factory=pd.DataFrame)
     stragglers: pd.DataFrame = field(default_factory=pd.DataFrame)
     device_span: str = "steps"
+    memory: MemoryPart = field(default_factory=MemoryPart)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
     noise: dict | None = None
 
@@ -52,6 +55,7 @@ class RankPart:
     device_durations: pd.DataFrame
     devices: pd.DataFrame
     local: RankLocal
+    memory: MemoryPart = field(default_factory=MemoryPart)
 
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
@@ -67,6 +71,7 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         device_durations=op_durations(trace, "device"),
         devices=device_breakdown(trace, device_span),
         local=rank_local(trace, steps),
+        memory=memory_part(trace),
     )
 
 
@@ -89,6 +94,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         devices=devices if len(devices) else pd.DataFrame(columns=DEVICE_COLUMNS),
         stragglers=ranks.stragglers,
         device_span=device_span,
+        memory=combine_memory([p.memory for p in parts]),
         noise=assess(meta, steps),
     )
 

@@ -34,10 +34,12 @@ from typing import Any
 import click
 import pandas as pd
 
-from opprof.analysis.matrix import Run, combine_repeats, compare, summarize
+from opprof.analysis.commmodel import Network
+from opprof.analysis.matrix import Run, combine_repeats, compare, prediction, summarize
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
 from opprof.collectors.config import REQUIRES, SUPPORTED_MODES, Framework
 from opprof.collectors.supervisor import Supervisor
+from opprof.commands.model import read_network
 from opprof.errors import Interrupted, OpprofError, raise_on_signals, signal_name
 from opprof.files import write_atomic
 from opprof.render.console import bench_tables, render
@@ -98,12 +100,19 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
               help="Record each combination K times; report the median and the spread.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the cross-framework operator table.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Compute threads per worker in every run (as `opprof record --threads`); "
+                   "the same number everywhere lets the model predict the multi-worker runs "
+                   "from the 1-worker ones.")
+@click.option("--network", type=click.Path(path_type=Path), default=None,
+              help="α–β from `opprof calibrate` for the predictions (default: fitted to each "
+                   "measured run's own collectives).")
 def command(fws: list[str], models: list[str], workers: list[int], modes: list[str],
             steps: int, batch_size: int, warmup: int, timing_steps: int, servers: int,
             dataset: str, timeout_s: float, output: Path, resume: bool, repeat: int,
-            top: int) -> None:
-    """Record every valid combination and compare them (samples/s, phases, scaling,
-    the operators with the largest cross-framework ratios).
+            top: int, threads: int | None, network: Path | None) -> None:
+    """Record every valid combination and compare them (samples/s, phases, scaling and the
+    model's predicted scaling, the operators with the largest cross-framework ratios).
 
     \b
     Example:
@@ -113,7 +122,8 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     output.mkdir(parents=True, exist_ok=True)
     base = RecordConfig(fw="torch", model="lenet5", dataset=dataset, batch_size=batch_size,
                         steps=steps, warmup=warmup, timing_steps=timing_steps, servers=servers,
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, threads=threads)
+    net = read_network(network)  # a bad file fails before anything is recorded
 
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
         return KNOWN_MODES.get(fw, ("single",)), ""
@@ -135,7 +145,7 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
         for run in todo:
             if run.status == "planned":
                 run.status, run.reason = "not run", f"bench interrupted by {exc.name}"
-        _finish(runs, base, output, repeat, top, quiet=True)
+        _finish(runs, base, output, repeat, top, net, quiet=True)
         cut = next((r for r in todo if r.status == "interrupted"), None)
         done = sum(r.status in ("ok", "resumed") for r in todo)
         raise Interrupted(exc.sig, (
@@ -144,7 +154,7 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
                "interrupted)" if cut else "")
             + f"; {done} of {len(todo)} run(s) complete; wrote {output}/bench.md, bench.csv, "
             "bench.json; the same command with --resume records the rest")) from None
-    _finish(runs, base, output, repeat, top)
+    _finish(runs, base, output, repeat, top, net)
 
 
 def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: int,
@@ -174,7 +184,7 @@ def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: 
 
 
 def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top: int,
-            quiet: bool = False) -> None:
+            network: Network | None = None, quiet: bool = False) -> None:
     """Summarize the recorded runs, write bench.md/.csv/.json, print the tables."""
     for run in runs:
         if run.status in ("ok", "resumed"):
@@ -184,6 +194,7 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
                     for k in range(1, repeat + 1)])
             except OpprofError as exc:
                 run.status, run.reason = "failed", str(exc)
+    add_predictions(runs, output, network, repeat)
     table, ratios = compare(runs, top)
     config = {k: v for k, v in asdict(base).items()
               if k not in ("fw", "model", "rendezvous", "fault")}
@@ -200,6 +211,28 @@ def trace_path(folder: Path, run: Run, k: int = 1, repeat: int = 1) -> Path:
     """The trace of repetition ``k`` of ``run``: NAME.trace, or NAME-rK.trace when each
     combination is recorded several times."""
     return folder / (f"{run.name}.trace" if repeat == 1 else f"{run.name}-r{k}.trace")
+
+
+def add_predictions(runs: list[Run], folder: Path, network: Network | None,
+                    repeat: int = 1) -> None:
+    """For each recorded multi-worker run: the model's prediction from the same framework and
+    model's 1-worker run, into its summary (:func:`opprof.analysis.matrix.prediction`); with
+    ``--repeat``, from and against each combination's median repetition."""
+
+    def trace_of(r: Run) -> Path:
+        return trace_path(folder, r, int(r.summary.get("median_repeat") or 1), repeat)
+
+    done = ("ok", "resumed")
+    singles = {(r.fw, r.model): r for r in runs if r.mode == "single" and r.status in done}
+    for r in runs:
+        one = singles.get((r.fw, r.model))
+        if r.workers < 2 or r.status not in done or one is None:
+            continue
+        try:
+            r.summary["prediction"] = prediction(read_parquet(trace_of(one)),
+                                                 read_parquet(trace_of(r)), network)
+        except OpprofError as exc:
+            r.summary["prediction"] = {"note": str(exc)}
 
 
 def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:

@@ -15,18 +15,27 @@ from opprof.render import renderer
 @click.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
+@click.option("--whatif", is_flag=True,
+              help="Also rank, per operator, how much A's step would shrink if that operator "
+                   "ran at B's speed (re-simulated: hidden and overlapped time counted once).")
 @top_option
 @format_option
 @engine_options
-def command(a: Path, b: Path, top: int | None, fmt: str, scheduler: str | None,
+def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, scheduler: str | None,
             jobs: int | None) -> None:
     """Compare trace A with trace B (ratio = A/B), operator by operator.
 
     \b
     Example:
       opprof diff tf.trace mxnet.trace
+      opprof diff tf.trace mxnet.trace --whatif
       opprof diff lenet5-torch.trace resnet18-torch.trace --format json
     """
     d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
                      report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
+    if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
+        from opprof.analysis.whatif import context, op_swaps
+        from opprof.loader import load
+
+        d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
     echo_output(renderer(fmt).diff(d, top=top if top is not None else 15), fmt)

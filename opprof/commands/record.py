@@ -3,6 +3,7 @@ print the report."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -31,6 +32,7 @@ from opprof.collectors import (
 from opprof.collectors.config import DEFAULT_MODE
 from opprof.collectors.gpu import require_cuda, require_nsys
 from opprof.collectors.jobs import CONFIG_FILE, Recording
+from opprof.collectors.memory import memory_files
 from opprof.commands import echo_output, format_option, top_option
 from opprof.errors import Interrupted, OpprofError
 from opprof.normalizers import normalize
@@ -58,6 +60,18 @@ from opprof.trace import Trace, save
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--nsys", is_flag=True,
               help="Also record under NVIDIA Nsight Systems (needs nsys on PATH).")
+@click.option("--profile-memory/--no-profile-memory", default=True, show_default=True,
+              help="Record the framework allocator's memory with its profiler (torch and "
+                   "MXNet profile_memory; TensorFlow always records its allocator).")
+@click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
+              default=0.02, show_default=True,
+              help="Seconds between samples of every process's resident memory, taken from "
+                   "outside the processes (0: no sampling).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op "
+                   "threads). Default: the framework's, or the host's CPUs split among the "
+                   "workers. Give the same number to a baseline that `opprof model` predicts "
+                   "from and to the runs it checks against.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
@@ -77,7 +91,8 @@ from opprof.trace import Trace, save
 @format_option
 def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warmup: int,
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
-            nsys: bool,
+            nsys: bool, profile_memory: bool, memory_interval_s: float,
+            threads: int | None,
             seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
             cluster: str | None, top: int | None, fmt: str) -> None:
@@ -110,7 +125,8 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     config = RecordConfig(
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
-        device=device, seed=seed, timeout_s=timeout_s,
+        device=device, seed=seed, timeout_s=timeout_s, profile_memory=profile_memory,
+        memory_interval_s=memory_interval_s, threads=threads,
         command=shlex.join(["opprof", *sys.argv[1:]]),
         rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
     )
@@ -162,12 +178,14 @@ def record_trace(config: RecordConfig, output: Path,
 def _trace_of(recording: Recording, config: RecordConfig, native_dir: Path,
               t0: float) -> Trace:
     meta = dict(recording.meta)
+    meta.setdefault("cpus", _cpus())
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
     meta["native_dir"] = str(native_dir)
     # A run cut short may hold a trace half-written by a process killed while writing it.
-    return normalize(recording.native, meta, skip_damaged="partial" in meta)
+    return normalize([*recording.native, *recording.memory], meta,
+                     skip_damaged="partial" in meta)
 
 
 def _keep(partial: Recording, config: RecordConfig, output: Path, native_dir: Path,
@@ -175,6 +193,8 @@ def _keep(partial: Recording, config: RecordConfig, output: Path, native_dir: Pa
     """Write the completed steps of an interrupted run to ``output``; what became of it, in
     words. A second signal while writing leaves ``output`` unwritten (atomic) and the native
     traces in place."""
+    # the memory samples are written when the sampler stops, after the partial recording
+    partial.memory = partial.memory or memory_files(native_dir)
     try:
         trace = _trace_of(partial, config, native_dir, t0)
         save(trace, output)
@@ -188,6 +208,13 @@ def _keep(partial: Recording, config: RecordConfig, output: Path, native_dir: Pa
             + ", ".join(f"{Path(d['path']).name} ({d['problem']})" for d in damaged)
             if damaged else "")
     return f"wrote {output} ({steps} complete step(s) over {len(trace.ranks)} rank(s){left})"
+
+
+def _cpus() -> int | None:
+    """CPUs this process may run on (the recording host's, for the model's resource check)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def _progress() -> Progress:

@@ -20,7 +20,7 @@ from opprof.render import renderer
 
 @click.command("report")
 @click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device"]),
+@click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory"]),
               default="phase", show_default=True, help="Which view to show.")
 @top_option
 @format_option
@@ -36,6 +36,7 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, device_
     \b
     Example:
       opprof report resnet18-torch.trace --by op --top 15
+      opprof report resnet18-torch.trace --by memory
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
     """

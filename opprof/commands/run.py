@@ -17,6 +17,7 @@ from opprof.analysis.report import build_report
 from opprof.collectors import channel, inject
 from opprof.collectors.config import FRAMEWORKS, Facts, Protocol
 from opprof.collectors.jobs import command_recording, partial_meta
+from opprof.collectors.memory import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
 from opprof.commands import echo_output, format_option, top_option
 from opprof.errors import Interrupted, OpprofError
@@ -43,12 +44,19 @@ TIMED_OUT = 124  # what `timeout` returns
               help="The .trace to write (default: SCRIPT.trace, after the command's script).")
 @click.option("--timeout", "timeout_s", type=float, default=None,
               help="Seconds before the command is stopped (default: none).")
+@click.option("--profile-memory/--no-profile-memory", default=True, show_default=True,
+              help="Record the framework allocator's memory with its profiler (torch and "
+                   "MXNet profile_memory; TensorFlow always records its allocator).")
+@click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
+              default=0.02, show_default=True,
+              help="Seconds between samples of the resident memory of the command and every "
+                   "process it starts, taken from outside them (0: no sampling).")
 @top_option
 @format_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | None,
-            timeout_s: float | None, top: int | None, fmt: str,
-            command: tuple[str, ...]) -> None:
+            timeout_s: float | None, profile_memory: bool, memory_interval_s: float,
+            top: int | None, fmt: str, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged and profile the training steps of every Python process it
     starts (torch, TensorFlow/Keras or MXNet; detected when imported).
 
@@ -63,7 +71,8 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
       opprof run --steps 10 --warmup 3 -- torchrun --nproc-per-node 2 train_ddp.py
       opprof run --fw tf -- python keras_fit.py
     """
-    protocol = Protocol(steps, warmup, timing_steps, timing_steps)
+    protocol = Protocol(steps, warmup, timing_steps, timing_after=timing_steps,
+                        profile_memory=profile_memory)
     output = output or Path(f"{_script_name(command)}.trace")
     native = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native.exists():
@@ -80,9 +89,10 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
     sup.start("the command", list(command), env=env, own_group=False, stdin=None,
               stdout=None if fmt == "rich" else sys.stderr.fileno())
     try:
-        code = _wait(sup)
+        with sampling(sup, memory_interval_s):
+            code = _wait(sup)
     except Interrupted as exc:
-        _keep_interrupted(exc, native, line, output)
+        _keep_interrupted(exc, native, line, output, memory_interval_s)
     rec = command_recording(native, line)
     statuses = channel.read_all(native)
     for message in _outcomes(statuses, protocol, native):
@@ -100,8 +110,9 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
             "recorded: mark the steps with opprof.profile() in the script"), err=True)
         sys.exit(_exit_code(code) or 2)
     meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
-            "opprof_command": shlex.join(["opprof", *sys.argv[1:]])}
-    trace = normalize(rec.native, meta)
+            "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
+            "memory_interval_s": memory_interval_s}
+    trace = normalize([*rec.native, *rec.memory], meta)
     save(trace, output)
     click.echo(f"wrote {output} ({len(trace.events):,} events; native traces in {native})",
                err=True)
@@ -128,7 +139,8 @@ def _wait(sup: Supervisor) -> int | None:
         return None
 
 
-def _keep_interrupted(exc: Interrupted, native: Path, line: str, output: Path) -> None:
+def _keep_interrupted(exc: Interrupted, native: Path, line: str, output: Path,
+                      memory_interval_s: float) -> None:
     """Write what an interrupted command's processes completed to ``output`` (marked
     ``meta["partial"]``) and raise Interrupted with one line saying so."""
     rec = command_recording(native, line)
@@ -139,9 +151,10 @@ def _keep_interrupted(exc: Interrupted, native: Path, line: str, output: Path) -
                           ) from None
     meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
             "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
+            "memory_interval_s": memory_interval_s,
             "partial": partial_meta(statuses, f"interrupted by {exc.name}")}
     try:
-        trace = normalize(rec.native, meta, skip_damaged=True)
+        trace = normalize([*rec.native, *rec.memory], meta, skip_damaged=True)
         save(trace, output)
         kept = (f"wrote {output} ({len(trace.meta.get('step_bounds', []))} complete step(s) "
                 f"over {len(trace.ranks)} rank(s))")

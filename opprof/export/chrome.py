@@ -1,5 +1,5 @@
 """Chrome trace JSON export (chrome://tracing, ui.perfetto.dev): one process per rank, one
-thread per lane, the canonical op and phase in each event's args."""
+thread per lane, the canonical op and phase in each event's args; memory as counters."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from opprof.export import lanes
+from opprof.export import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 
 
 def document(trace: Trace) -> dict:
     """The chrome-trace document as a dict."""
-    ev = lanes(trace.events)
+    events, memory = split_memory(trace.events)
+    ev = lanes(events)
     t0 = int(ev["ts"].min()) if len(ev) else 0
     out = []
     meta_rows = ev.drop_duplicates("lane")[["rank", "role", "pid", "tid", "device", "lane"]]
@@ -34,6 +35,9 @@ def document(trace: Trace) -> dict:
                     "cat": r["kind"], "ts": r["ts_us"], "dur": r["dur_us"],
                     "args": {"op": r["op"], "phase": r["phase"], "step": r["step"],
                              "bytes": r["bytes"]}})
+    for r in memory[["rank", "track", "ts", "bytes"]].to_dict("records"):
+        out.append({"ph": "C", "pid": int(r["rank"]), "name": r["track"], "cat": "memory",
+                    "ts": (int(r["ts"]) - t0) / 1000.0, "args": {"bytes": int(r["bytes"])}})
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "otherData": {"opprof": {k: v for k, v in trace.meta.items() if k != "step_bounds"},
                           "t0_ns": t0}}

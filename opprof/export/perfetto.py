@@ -1,12 +1,13 @@
 """Perfetto protobuf export (ui.perfetto.dev), written with the perfetto package's protos:
-one process track per rank, one thread track per lane, slices carrying op/phase/step."""
+one process track per rank, one thread track per lane, slices carrying op/phase/step, and a
+counter track per memory series of a rank."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from opprof.errors import OpprofError
-from opprof.export import lanes
+from opprof.export import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 
@@ -22,7 +23,8 @@ def build(trace: Trace) -> bytes:
         raise OpprofError(
             "--to perfetto needs the perfetto package: pip install -e '.[perfetto]' "
             "-c constraints.txt") from None
-    ev = lanes(trace.events).sort_values(["lane", "ts", "dur"], ascending=[True, True, False])
+    events, memory = split_memory(trace.events)
+    ev = lanes(events).sort_values(["lane", "ts", "dur"], ascending=[True, True, False])
     out = PTrace()
     ranks = ev.drop_duplicates("rank")[["rank", "role"]]
     for r in ranks.itertuples(index=False):
@@ -56,6 +58,22 @@ def build(trace: Trace) -> bytes:
         end.trusted_packet_sequence_id = _SEQ
         end.track_event.type = TrackEvent.TYPE_SLICE_END
         end.track_event.track_uuid = track
+    counters = memory[["rank", "track"]].drop_duplicates().reset_index(drop=True)
+    uuid = {(int(r.rank), r.track): 3_000_000 + i for i, r in enumerate(
+        counters.itertuples(index=False))}
+    for (rank, track), u in uuid.items():
+        pkt = out.packet.add()
+        pkt.track_descriptor.uuid = u
+        pkt.track_descriptor.parent_uuid = 1_000_000 + rank
+        pkt.track_descriptor.name = track
+        pkt.track_descriptor.counter.unit = pkt.track_descriptor.counter.UNIT_SIZE_BYTES
+    for r in memory[["rank", "track", "ts", "bytes"]].itertuples(index=False):
+        pkt = out.packet.add()
+        pkt.timestamp = int(r.ts)
+        pkt.trusted_packet_sequence_id = _SEQ
+        pkt.track_event.type = TrackEvent.TYPE_COUNTER
+        pkt.track_event.track_uuid = uuid[(int(r.rank), r.track)]
+        pkt.track_event.counter_value = int(r.bytes)
     return out.SerializeToString()
 
 

@@ -10,8 +10,11 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
+from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
+from opprof.analysis.whatif import WhatIf
 from opprof.taxonomy import PHASES
 
 PHASE_STYLE = {"load": "cyan", "h2d": "bright_cyan", "forward": "green", "backward": "yellow",
@@ -226,6 +229,129 @@ def device_tables(rep: Report) -> list[Table]:
     return tables
 
 
+def mib(n: float | None) -> str:
+    """Bytes as MiB (GiB from 10 GiB) text; '-' for none."""
+    if n is None or pd.isna(n):
+        return "-"
+    if abs(n) >= 10 * 2**30:
+        return f"{n / 2**30:,.2f} GiB"
+    return f"{n / 2**20:,.1f} MiB"
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int | None]) -> str:
+    """One character per value, from ▁ (the smallest) to █ (the largest); blank for none."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return ""
+    lo, hi = min(known), max(known)
+    span = max(hi - lo, 1)
+    return "".join(" " if v is None else SPARKS[min(int((v - lo) * len(SPARKS) / span),
+                                                    len(SPARKS) - 1)] for v in values)
+
+
+#: What the allocator figure counts, per source (and device for torch).
+ALLOCATOR_NOTE = {
+    ("kineto", "cpu"): "torch's CPU allocator: bytes allocated while the profiler ran "
+                       "(parameters and optimizer state allocated earlier not included)",
+    ("kineto", "gpu"): "torch's CUDA caching allocator: all allocated bytes",
+    ("mxnet", "cpu"): "MXNet's storage allocator: bytes allocated while the profiler ran",
+    ("mxnet", "gpu"): "MXNet's storage allocator: bytes allocated while the profiler ran",
+    ("xprof", "cpu"): "TensorFlow's oneDNN CPU allocator (xprof memory profile): tensors of "
+                      "256 KiB and more, all of them (smaller ones are not traced)",
+    ("xprof", "gpu"): "TensorFlow's allocator (xprof memory profile): all allocated bytes",
+    ("nsys", "gpu"): "CUDA memory as Nsight Systems sees it (cudaMalloc − cudaFree)",
+}
+
+
+def _allocator_notes(mem: pd.DataFrame) -> list[str]:
+    notes = []
+    for r in mem.dropna(subset=["allocated_source"]).drop_duplicates(
+            ["allocated_source", "allocated_device"]).to_dict("records"):
+        kind = "cpu" if r["allocated_device"] == "cpu" else "gpu"
+        note = ALLOCATOR_NOTE.get((r["allocated_source"], kind))
+        if note and f"allocated: {note}" not in notes:
+            notes.append(f"allocated: {note}")
+    return notes
+
+
+def _known(v: object) -> bool:
+    return v is not None and not pd.isna(v)
+
+
+def memory_line(rep: Report) -> Text | None:
+    """One line for the default report: the largest worker's resident and allocator peaks,
+    the parameters, and where to look further."""
+    mem = rep.memory.ranks
+    if mem.empty:
+        return None
+    workers = mem[mem["role"] == "worker"]
+    rows = workers if len(workers) else mem
+    key = "peak_rss_bytes" if rows["peak_rss_bytes"].notna().any() else "peak_allocated_bytes"
+    values = pd.to_numeric(rows[key], errors="coerce")
+    top = rows.loc[values.idxmax()] if values.notna().any() else rows.iloc[0]
+    parts = []
+    where = f"rank {int(top['rank'])}" + (
+        f", step {int(top['peak_step'])}" if _known(top["peak_step"]) else "")
+    if _known(top["peak_rss_bytes"]):
+        before = (f"; {mib(top['unprofiled_rss_bytes'])} before profiling"
+                  if _known(top["unprofiled_rss_bytes"]) else "")
+        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where}{before})")
+    if _known(top["peak_allocated_bytes"]):
+        parts.append(f"allocator {mib(top['peak_allocated_bytes'])} "
+                     f"({top['allocated_device']})")
+    if _known(top["param_bytes"]):
+        parts.append(f"parameters {mib(top['param_bytes'])}")
+    if len(mem) > 1 and mem["peak_rss_bytes"].notna().any():
+        parts.append(f"all {len(mem)} processes "
+                     f"{mib(pd.to_numeric(mem['peak_rss_bytes']).sum())}")
+    return Text("memory: " + "; ".join(parts) + "  (--by memory for more)")
+
+
+def memory_tables(rep: Report) -> list[object]:
+    """Per rank: resident, kernel and allocator peaks, parameters, the peak's step; the
+    peak by phase; a timeline of the main series over the profiled steps."""
+    mem = rep.memory.ranks
+    if mem.empty:
+        return [Text("Memory: this trace has no memory rows (record with opprof record / "
+                     "opprof run, or a profiler's memory events)")]
+    t = Table(title="Memory per rank (peaks)", title_justify="left")
+    for c in ["rank", "role", "resident", "kernel peak", "unprofiled", "allocated", "reserved",
+              "parameters", "peak step", "samples"]:
+        t.add_column(c, justify="left" if c == "role" else "right")
+    for r in mem.to_dict("records"):
+        step = r["peak_step"]
+        t.add_row(str(int(r["rank"])), r["role"], mib(r["peak_rss_bytes"]), mib(r["hwm_bytes"]),
+                  mib(r["unprofiled_rss_bytes"]), mib(r["peak_allocated_bytes"]),
+                  mib(r["peak_reserved_bytes"]),
+                  mib(r["param_bytes"]), str(int(step)) if _known(step) else "-",
+                  f"{int(r['samples']):,}")
+    t.caption = "\n".join(["peaks until the end of the profiled steps; resident: the largest "
+                           "VmRSS sample (from outside the process); kernel peak: VmHWM then; "
+                           "unprofiled: resident peak before the profiler started (start-up, "
+                           "warm-up, timing steps); peak step: of the main series (resident, "
+                           "else allocated)",
+                           *_allocator_notes(mem)])
+    p = Table(title="Peak by phase (the largest sample of the main series in each phase's "
+                    "wall time)", title_justify="left")
+    p.add_column("rank", justify="right")
+    p.add_column("series")
+    for ph in PHASES:
+        p.add_column(ph, justify="right", style=PHASE_STYLE[ph])
+    for r in mem.to_dict("records"):
+        p.add_row(str(int(r["rank"])), str(r["series"] or "-"),
+                  *(mib(r[f"peak_{ph}_bytes"]) for ph in PHASES))
+    p.caption = "- : no sample fell in that phase (a phase shorter than the sampling interval)"
+    lines = [Text("Timeline over the profiled steps (largest sample per bin)", style="bold")]
+    for r in rep.memory.timeline.to_dict("records"):
+        known = [v for v in r["bins"] if v is not None]
+        lines.append(Text(f"rank {int(r['rank']):>3} {r['series']:<9} "
+                          f"{sparkline(r['bins'])}  {mib(min(known))} … {mib(max(known))}"))
+    return [t, p, *(lines if len(lines) > 1 else [])]
+
+
 def step_table(rep: Report) -> Table:
     """Wall ms per phase for every (rank, step)."""
     t = Table(title="Per step (ms)", title_justify="left")
@@ -257,7 +383,12 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     elif by == "device":
         items.extend(device_tables(rep))
         items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator"))
+    elif by == "memory":
+        items.extend(memory_tables(rep))
     else:
+        line = memory_line(rep)
+        if line is not None:
+            items.append(line)
         items.append(phase_table(rep))
         items.append(op_table(rep.ops, 10 if top is None else top, "Top host operators"))
         if not rep.device_ops.empty:
@@ -284,10 +415,72 @@ def diff(d: Diff, top: int | None = None) -> str:
             t.add_row(str(r[key]), ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]), rtxt,
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    notes = [Text(f"{side} ({name}): {line}", style="bold yellow")
-             for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
-             for line in quality_lines(noise)]
-    return render(head, *tables, Text(d.summary, style="bold"), *notes)
+    items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items += [Text(f"{side} ({name}): {line}", style="bold yellow")
+              for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
+              for line in quality_lines(noise)]
+    if d.whatif is not None:
+        items.append(whatif_swaps_table(d, top))
+    return render(*items)
+
+
+#: How the diff names the run memory metrics.
+MEMORY_METRIC = {"peak_rss": "resident peak (largest worker)",
+                 "unprofiled_rss": "resident peak before profiling (largest worker)",
+                 "job_rss": "resident, all processes (sum of peaks)",
+                 "peak_allocated": "allocator peak (largest worker)",
+                 "peak_reserved": "reserved peak (largest worker)",
+                 "param": "parameters"}
+
+
+def memory_diff(d: Diff) -> list[object]:
+    """Memory beside time: each run's peaks, A/B and A−B, and one line on the resident peak."""
+    if d.memory.empty:
+        return []
+    t = Table(title="Memory", title_justify="left")
+    for c in ["", "A", "B", "A/B", "A−B"]:
+        t.add_column(c, justify="left" if not c else "right")
+    for r in d.memory.to_dict("records"):
+        name = MEMORY_METRIC.get(r["metric"]) or (
+            f"peak in {r['metric'].removeprefix('peak_')} (largest worker)")
+        ratio = r["ratio"]
+        t.add_row(name, mib(r["a_bytes"]), mib(r["b_bytes"]),
+                  "-" if ratio is None or pd.isna(ratio) else f"{ratio:.2f}x",
+                  mib(r["delta_bytes"]))
+    alloc = d.memory[d.memory["metric"].isin(["peak_allocated", "peak_reserved"])]
+    if len(alloc) and alloc["a_bytes"].notna().all() and alloc["b_bytes"].notna().all() \
+            and alloc["ratio"].isna().all():
+        t.caption = ("allocator peaks not compared: the two runs' allocators count different "
+                     "things (--by memory on each says what)")
+    out: list[object] = [t]
+    words = []
+    for metric, what in (("peak_rss", "Peak resident memory"),
+                         ("unprofiled_rss", "before profiling")):
+        row = d.memory[d.memory["metric"] == metric]
+        if len(row) and row["ratio"].notna().all():
+            r = row.iloc[0]
+            words.append(f"{what}: {d.a_label} {mib(r['a_bytes'])}, {d.b_label} "
+                         f"{mib(r['b_bytes'])} ({r['ratio']:.2f}x)")
+    if words:
+        out.append(Text("; ".join(words) + "."))
+    return out
+
+
+def whatif_swaps_table(d: Diff, top: int | None) -> Table:
+    """``diff --whatif``: A's step if each operator ran at B's speed, largest saving first."""
+    t = Table(title=f"What if A ran each operator at B's speed (A's step {ms(d.a_step_ns)} ms)",
+              title_justify="left")
+    for c in ["op", "A ms", "B ms", "A/B", "A's step ms", "saving ms", "saving"]:
+        t.add_column(c, justify="left" if c == "op" else "right")
+    rows = d.whatif if top is None else d.whatif.head(top)
+    for r in rows.to_dict("records"):
+        ratio = r["ratio"]
+        t.add_row(r["op"], ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]),
+                  "∞" if math.isinf(ratio) else f"{ratio:.2f}x", ms(r["whatif_step_ns"]),
+                  ms(r["saving_ns"]), pct(r["saving_share"]))
+    t.caption = ("re-simulated: A's other operators, overlap and communication kept; "
+                 "saving = A's step − the what-if step")
+    return t
 
 
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
@@ -296,7 +489,9 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "flags"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling",
+              "predicted ms", "predicted scaling", "error", "mem", "mem ratio", "profiled mem",
+              "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
                      else "right", no_wrap=c == "samples/s")  # a range stays on one line
     for c in [*key, *PHASES, "step"]:
@@ -308,16 +503,32 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
         head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
         style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
+        pred = r.get("predicted_step_ns")
+        has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
+                  ms(pred) if has else "-",
+                  f"{pct(r['predicted_scaling'])} vs {pct(r['profiled_scaling'])}" if has
+                  else "-", f"{r['prediction_error']:+.1%}" if has else "-",
+                  mib(r.get("unprofiled_rss_bytes")) if ok else "-",
+                  f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-",
+                  mib(r.get("peak_rss_bytes")) if ok else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
+        if ok and r.get("workers", 1) > 1 and not has and r.get("prediction_note"):
+            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no prediction — "
+                         f"{r['prediction_note']}")
         if ok:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker)", *_flag_notes(table), *notes])
+                           "1 worker); predicted: the model from the 1-worker run (profiled "
+                           "ms; scaling = step(1) ÷ step(N), predicted vs measured; error of "
+                           "the predicted step); mem: resident peak of the largest worker before "
+                           "profiling (profiled mem: until the last profiled step, the "
+                           "profiler's buffers included); mem ratio: mem over the leanest run "
+                           "of the same model and workers", *_flag_notes(table), *notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
@@ -356,3 +567,150 @@ def _flag_notes(table: pd.DataFrame) -> list[str]:
             f"a change over {NOISE_DRIFT:.0%} from before to after the profile, or repetitions' "
             f"samples/s over {NOISE_SPREAD:.0%} apart; overhead = profiled steps over "
             f"{OVERHEAD_LIMIT:g}x the unprofiled — compare these runs with care"]
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None or ns != ns else f"{ns / 1e3:,.1f} µs"
+
+
+def network_line(net: Network, note: str = "") -> Text:
+    """α, β and bandwidth of a network, and where they come from."""
+    bw = _size(net.bandwidth_Bps, "B/s") if net.bandwidth_Bps else "∞"
+    text = Text(f"{net.collective}: α = {_us(net.alpha_ns)}, β = {net.beta_ns_per_byte:.4g} ns/B "
+                f"({bw})")
+    if note:
+        text += Text(f" — {note}", style="grey50")
+    return text
+
+
+def model(result: ModelResult) -> str:
+    """`opprof model` for a terminal: the base's terms, the network, the predictions and the
+    check."""
+    from opprof.render.modeltables import predictions_table, terms_table
+
+    b = result.base
+    head = Text("opprof model  ", style="bold") + Text(
+        f"{b.label}  ·  {b.framework or 'unknown framework'} {b.meta.get('model') or ''}  ·  "
+        f"base: {b.workers} worker{'s' if b.workers != 1 else ''} ({b.mode})  ·  "
+        f"{ms(b.step_ns)} ms/step over {b.terms.steps} rank-step(s)")
+    head += Text(f"\nper-worker resources: {b.resources.describe()} — the prediction holds for "
+                 "workers with the same", style="grey50")
+    t = Table(title="Terms of the base (ms per step; t_io … other sum to the step)",
+              title_justify="left")
+    for c in ["term", "phase", "mean", "std", "min", "max", "cv"]:
+        t.add_column(c, justify="left" if c in ("term", "phase") else "right")
+    for r in terms_table(result).to_dict("records"):
+        t.add_row(r["term"], Text(r["phase"], style=PHASE_STYLE.get(r["phase"], "")),
+                  ms(r["mean_ns"]), ms(r["std_ns"]), ms(r["min_ns"]), ms(r["max_ns"]),
+                  pct(r["cv"]))
+    g = b.gradients
+    grads = Text(f"gradients: {len(g.layers)} in backward order, {_size(g.total_bytes)} per "
+                 f"step ({g.source}; sizes: {g.bytes_source})")
+    if len(g.collectives):
+        c = g.collectives
+        first = c[(c["rank"] == c["rank"].min()) & (c["step"] == c["step"].min())]
+        sizes = ", ".join(_size(n) for n in first["bytes"] if n) or "sizes not recorded"
+        grads += Text(f"\nthe trace's collectives: {len(c) / max(b.terms.steps, 1):.1f} per "
+                      f"rank-step (first: {sizes})")
+    grads += Text(f"\npipeline: {result.policy.describe}\nnetwork ")
+    grads += network_line(result.network, result.network_note)
+    p = Table(title=f"Predicted step ({result.mode}"
+                    f"{f', {result.servers} server(s)' if result.servers else ''}; ms)",
+              title_justify="left")
+    for c in ["workers", "step", "speed-up", "efficiency", "exposed comm", "comm busy",
+              "wait", "compute"]:
+        p.add_column(c, justify="right")
+    for r in predictions_table(result).to_dict("records"):
+        compute = r["step_ns"] - r["exposed_comm_ns"]
+        p.add_row(str(r["workers"]), ms(r["step_ns"]), f"{r['speedup']:.2f}x",
+                  pct(r["efficiency"]), ms(r["exposed_comm_ns"]), ms(r["comm_busy_ns"]),
+                  ms(r["wait_ns"]), ms(compute))
+    p.caption = ("speed-up = N × step(1) / step(N); wait = expected wait for the slowest "
+                 "worker (inside exposed comm)")
+    items: list[object] = [head, t, grads, _messages_table(result), p]
+    items += [Text(f"note: {n}", style="grey50") for n in result.notes]
+    if result.check is not None:
+        items.extend(_check_items(result.check))
+    return render(*items)
+
+
+def _messages_table(result: ModelResult) -> Table:
+    """The messages the pipeline sends per step: gradients grouped as the framework groups
+    them, with when they are ready in the base's backward pass."""
+    from opprof.analysis.simulate import messages
+
+    g = result.base.gradients
+    t = Table(title=f"Messages per step ({result.policy.name})", title_justify="left")
+    for c in ["#", "bytes", "ready ms", "ready"]:
+        t.add_column(c, justify="right")
+    t.caption = "ready: when its last gradient is, into backward"
+    if not len(g.layers):
+        t.caption = "no gradients found in the trace"
+        return t
+    for i, (frac, n) in enumerate(messages(g.layers["ready_frac"].to_numpy(),
+                                           g.layers["bytes"].to_numpy(), result.policy)):
+        t.add_row(str(i), _size(n), ms(frac * g.backward_ns), pct(frac))
+    return t
+
+
+def _check_items(c: Check) -> list[object]:
+    t = Table(title=f"Check against {c.label} (ms per step)", title_justify="left")
+    for col in ["term", "predicted", "measured", "error ms", "error"]:
+        t.add_column(col, justify="left" if col == "term" else "right")
+    for r in c.terms.to_dict("records"):
+        err = r["error"]
+        t.add_row(r["term"], ms(r["predicted_ns"]), ms(r["measured_ns"]), ms(r["error_ns"]),
+                  "-" if err != err or math.isinf(err) else f"{err:+.1%}")
+    line = Text(f"predicted {ms(c.predicted_step_ns)} ms vs measured {ms(c.measured_step_ns)} "
+                f"ms per step: error {c.error:+.1%}", style="bold")
+    return [t, line]
+
+
+def whatif(w: WhatIf) -> str:
+    """`opprof whatif` for a terminal: phases before and after, and each change's effect."""
+    head = Text("opprof whatif  ", style="bold") + Text(
+        f"{w.label}  ·  step {ms(w.base_step_ns)} → {ms(w.step_ns)} ms "
+        f"({w.delta_ns / 1e6:+,.3f} ms, {w.delta_ns / w.base_step_ns:+.1%})"
+        if w.base_step_ns else f"{w.label}")
+    t = Table(title="Phases (wall ms per step; sum to the step)", title_justify="left")
+    for c in ["phase", "measured", "what-if", "delta"]:
+        t.add_column(c, justify="left" if c == "phase" else "right")
+    for p in PHASES:
+        t.add_row(Text(p, style=PHASE_STYLE[p]), ms(w.base_phases[p]), ms(w.phases[p]),
+                  f"{(w.phases[p] - w.base_phases[p]) / 1e6:+,.3f}")
+    t.add_row(Text("step", style="bold"), ms(w.base_step_ns), ms(w.step_ns),
+              f"{w.delta_ns / 1e6:+,.3f}")
+    s = Table(title="Changes (each alone)", title_justify="left")
+    for c in ["change", "value", "factor", "wall ms/step", "step delta ms"]:
+        s.add_column(c, justify="left" if c in ("change", "value") else "right")
+    for c in w.scenario:
+        s.add_row(f"{c.kind} {c.target}" if c.kind == "op" else c.kind, c.value,
+                  "-" if c.factor is None else f"{c.factor:.3g}x", ms(c.wall_ns),
+                  f"{c.delta_ns / 1e6:+,.3f}")
+    if not w.scenario:
+        s.caption = "no change asked for: the measured step"
+    items: list[object] = [head, t, s]
+    if w.network_note:
+        items.append(Text(f"network: {w.network_note}", style="grey50"))
+    items += [Text(f"note: {n}", style="grey50") for n in w.notes]
+    return render(*items)
+
+
+def calibration(net: Network) -> str:
+    """`opprof calibrate` for a terminal: the fit and the measured sizes."""
+    from opprof.render.modeltables import samples_table
+
+    head = Text("opprof calibrate  ", style="bold") + Text(
+        f"{net.framework} · {net.backend} · {net.workers} workers"
+        f"{f', {net.servers} server(s)' if net.servers else ''}\n") + network_line(net)
+    t = Table(title="Message sizes (median per size)", title_justify="left")
+    for c in ["bytes", "calls", "measured", "α–β fit", "error"]:
+        t.add_column(c, justify="right")
+    for r in samples_table(net).to_dict("records"):
+        err = (r["predicted_ns"] - r["ns"]) / r["ns"] if r["ns"] else float("nan")
+        t.add_row(_size(r["bytes"]), str(int(r["calls"])), _us(r["ns"]), _us(r["predicted_ns"]),
+                  f"{err:+.1%}")
+    f = net.fit
+    t.caption = (f"fit: relative RMS error {f.get('rel_rmse', float('nan')):.1%} over "
+                 f"{f.get('points', 0)} sizes" + (f"; {f['note']}" if f.get("note") else ""))
+    return render(head, t)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
+from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
+from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
+from opprof.analysis.whatif import WhatIf
 from opprof.render.tables import diff_table, report_table
 
 
@@ -13,5 +18,35 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
 
 
 def diff(d: Diff, top: int | None = None) -> str:
-    """Phases and ops of the diff as one CSV table."""
-    return diff_table(d, top).to_csv(index=False)
+    """Phases, ops and memory of the diff as one CSV table (``level`` phase / op / memory;
+    times in the ``*_ns`` columns, memory in the ``*_bytes`` ones); with --whatif: the
+    what-if table."""
+    if d.whatif is not None:
+        return (d.whatif if top is None else d.whatif.head(top)).to_csv(index=False)
+    table = diff_table(d, top)
+    if len(d.memory):
+        mem = d.memory.rename(columns={"metric": "name"}).assign(level="memory")
+        table = pd.concat([table, mem], ignore_index=True)
+    return table.to_csv(index=False)
+
+
+def model(result: ModelResult) -> str:
+    """The predictions, one row per worker count (with --check: the check's rows instead)."""
+    from opprof.render.modeltables import check_table, predictions_table
+
+    t = check_table(result) if result.check is not None else predictions_table(result)
+    return t.to_csv(index=False)
+
+
+def whatif(w: WhatIf) -> str:
+    """Phases measured and re-simulated, then the step."""
+    from opprof.render.modeltables import whatif_table
+
+    return whatif_table(w).to_csv(index=False)
+
+
+def calibration(net: Network) -> str:
+    """The measured sizes with the fit's predictions."""
+    from opprof.render.modeltables import samples_table
+
+    return samples_table(net).to_csv(index=False)

@@ -8,12 +8,18 @@ from typing import Any
 
 import pandas as pd
 
+from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
+from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
+from opprof.analysis.simulate import messages
+from opprof.analysis.whatif import WhatIf
 from opprof.taxonomy import PHASES
 
 
 def _clean(v: Any) -> Any:
+    if v is pd.NA:
+        return None
     if isinstance(v, float):
         if math.isnan(v):
             return None
@@ -46,7 +52,31 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
-            "stragglers": records(rep.stragglers), "noise": rep.noise}
+            "stragglers": records(rep.stragglers), "noise": rep.noise,
+            "memory": memory_records(rep),
+            "memory_unprofiled": [{"rank": int(r["rank"]), "role": str(r["role"]),
+                                   "peak_rss_bytes": _int_or_none(r["unprofiled_rss_bytes"])}
+                                  for r in rep.memory.ranks.to_dict("records")],
+            "memory_steps": records(rep.memory.steps)}
+
+
+def _int_or_none(v: Any) -> int | None:
+    v = _clean(v)
+    return None if v is None else int(v)
+
+
+def memory_records(rep: Report) -> list[dict]:
+    """The report's ``memory`` list: per rank with memory rows, exactly ``rank``, ``role``,
+    ``peak_rss_bytes``, ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``param_bytes``,
+    ``peak_step`` (null: none) and ``by_phase`` ({phase: bytes or null})."""
+    return [{"rank": int(r["rank"]), "role": str(r["role"]),
+             "peak_rss_bytes": _int_or_none(r["peak_rss_bytes"]),
+             "peak_allocated_bytes": _int_or_none(r["peak_allocated_bytes"]),
+             "peak_reserved_bytes": _int_or_none(r["peak_reserved_bytes"]),
+             "param_bytes": _int_or_none(r["param_bytes"]),
+             "peak_step": _int_or_none(r["peak_step"]),
+             "by_phase": {p: _int_or_none(r[f"peak_{p}_bytes"]) for p in PHASES}}
+            for r in rep.memory.ranks.to_dict("records")]
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
@@ -60,5 +90,63 @@ def diff(d: Diff, top: int | None = None) -> str:
     return json.dumps({
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
         "step_ratio": _clean(d.step_ratio), "phases": records(d.phases), "ops": records(ops),
-        "summary": d.summary, "a_noise": d.a_noise, "b_noise": d.b_noise,
+        "memory": records(d.memory), "summary": d.summary, "a_noise": d.a_noise,
+        "b_noise": d.b_noise,
+        **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
     }, indent=2)
+
+
+def model_dict(result: ModelResult) -> dict:
+    """`opprof model`'s JSON (README: "JSON output")."""
+    from opprof.render.modeltables import terms_table
+
+    b = result.base
+    preds = [{"workers": p.workers, "mode": p.mode, "servers": p.servers, "step_ns": p.step_ns,
+              "speedup": _clean(p.speedup), "efficiency": _clean(p.efficiency),
+              "exposed_comm_ns": p.exposed_comm_ns, "comm_busy_ns": p.comm_busy_ns,
+              "wait_ns": p.wait_ns, "terms": p.terms()} for p in result.predictions]
+    check = None
+    if result.check is not None:
+        c = result.check
+        check = {"label": c.label, "measured_step_ns": c.measured_step_ns,
+                 "predicted_step_ns": c.predicted_step_ns, "error": _clean(c.error),
+                 "terms": records(c.terms), "resources": c.resources.to_dict()}
+    g = b.gradients
+    return {
+        "base": {"label": b.label, "framework": b.framework, "model": b.meta.get("model"),
+                 "mode": b.mode, "workers": b.workers, "servers": b.servers,
+                 "step_ns": b.step_ns, "steps": b.terms.steps},
+        "terms": b.terms.mean(), "terms_extra": b.terms.extra(),
+        "terms_spread": records(terms_table(result)),
+        "terms_per_rank": records(b.terms.per_rank),
+        "resources": b.resources.to_dict(),
+        "gradients": {"source": g.source, "bytes_source": g.bytes_source,
+                      "count": int(len(g.layers)), "total_bytes": g.total_bytes,
+                      "backward_ns": g.backward_ns, "layers": records(g.layers),
+                      "messages": [{"ready_frac": f, "bytes": n} for f, n in messages(
+                          g.layers["ready_frac"].to_numpy(), g.layers["bytes"].to_numpy(),
+                          result.policy)] if len(g.layers) else [],
+                      "trace_collectives": records(g.collectives)},
+        "network": {**result.network.to_dict(), "note": result.network_note},
+        "policy": {"name": result.policy.name, "describe": result.policy.describe},
+        "predictions": preds, "check": check, "notes": result.notes,
+    }
+
+
+def model(result: ModelResult) -> str:
+    """`opprof model` as JSON."""
+    return json.dumps(model_dict(result), indent=2, default=_clean)
+
+
+def whatif(w: WhatIf) -> str:
+    """`opprof whatif` as JSON."""
+    return json.dumps({"label": w.label, "base_step_ns": w.base_step_ns, "step_ns": w.step_ns,
+                       "delta_ns": w.delta_ns, "phases": w.phases,
+                       "base_phases": w.base_phases, "workers": w.workers, "mode": w.mode,
+                       "scenario": [c.to_dict() for c in w.scenario],
+                       "network": w.network_note, "notes": w.notes}, indent=2, default=_clean)
+
+
+def calibration(net: Network) -> str:
+    """`opprof calibrate`'s network as JSON (the same as the file it writes)."""
+    return json.dumps(net.to_dict(), indent=2, default=_clean)

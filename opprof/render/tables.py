@@ -18,6 +18,8 @@ def report_table(rep: Report, by: str, top: int | None) -> pd.DataFrame:
         return rep.ranks
     if by == "device":
         return rep.devices
+    if by == "memory":
+        return rep.memory.ranks
     return rep.phases.reset_index()
 
 
@@ -29,3 +31,8 @@ def diff_table(d: Diff, top: int | None) -> pd.DataFrame:
     cols = ["level", "name", "a_ns_per_step", "b_ns_per_step", "ratio", "delta_ns",
             "share_of_gap"]
     return pd.concat([ph, ops], ignore_index=True)[cols]
+
+
+def diff_memory_table(d: Diff) -> pd.DataFrame:
+    """The memory of a diff (one row per metric: A and B bytes, ratio, delta)."""
+    return d.memory

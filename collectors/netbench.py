@@ -1,0 +1,262 @@
+"""Collective microbenchmarks for `opprof calibrate`: time each framework's gradient collective
+over message sizes, through the framework's own backend, on processes started on this host.
+
+- **torch**: ``torch.distributed.all_reduce`` of a float32 tensor over the gloo backend (as
+  DistributedDataParallel uses on CPU), one process per rank, rendezvous over loopback TCP.
+- **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
+  scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
+  servers only aggregate: no optimizer runs on them, so the time is communication alone).
+- **tf**: ``ReplicaContext.all_reduce`` (TF's CollectiveReduceV2, ring implementation) under
+  ``MultiWorkerMirroredStrategy``, one task per worker configured by ``TF_CONFIG``; and the
+  packing the strategy does around it in training (the gradients concatenated into one tensor
+  and split back: ``kind: pack`` samples).
+
+Every size is warmed up once, then timed ``repeat`` times, each call after a barrier so the
+workers start it together; every worker writes its per-call times to ``rankR.json``. The
+processes are started by :func:`launch`, the one place that starts, watches and stops them
+(free loopback ports, children that die with the launcher, process groups stopped on the
+first failure or at the deadline, the failure in one line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opprof.collectors.supervisor import LOOPBACK, Supervisor, free_port, free_ports, log_name
+from opprof.errors import OpprofError
+
+#: Message sizes (bytes) timed by default: 4 KiB … 64 MiB in steps of 4.
+DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(1, 9))
+#: Pieces a TF gradient pack is made of in the packing benchmark.
+PACK_PIECES = 16
+BACKEND = {"torch": "gloo all_reduce", "mxnet": "kvstore dist_sync push/pull",
+           "tf": "CollectiveReduceV2 (ring) under MultiWorkerMirroredStrategy"}
+COLLECTIVE = {"torch": "allreduce", "mxnet": "ps", "tf": "allreduce"}
+
+
+@dataclass
+class Job:
+    """What to measure."""
+
+    fw: str
+    workers: int
+    servers: int = 1
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    repeat: int = 5
+    threads: int | None = None
+    timeout_s: float = 600.0
+    master: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def default_threads(fw: str, workers: int, servers: int) -> int:
+    """The threads a recording would give each worker on this host (the collectors' rule)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    procs = workers + (servers if fw == "mxnet" else 0)
+    return max(1, cpus // max(procs, 1))
+
+
+def run(job: Job, workdir: Path) -> list[dict[str, Any]]:
+    """Run the benchmark; return every worker's samples (``rank``, ``bytes``, ``ns``)."""
+    if job.fw not in BACKEND:
+        raise OpprofError(f"--fw {job.fw}: choose torch, mxnet or tf")
+    if job.workers < (1 if job.fw == "mxnet" else 2):
+        raise OpprofError(f"--fw {job.fw} --workers {job.workers}: an all-reduce needs at "
+                          "least 2 workers")
+    workdir.mkdir(parents=True, exist_ok=True)
+    threads = job.threads or default_threads(job.fw, job.workers, job.servers)
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+                "TF_CPP_MIN_LOG_LEVEL": "2", "GLOO_SOCKET_IFNAME": "lo"})
+    job = Job(**{**asdict(job), "threads": threads})
+    me = [sys.executable, "-m", "opprof.collectors.netbench"]
+    plan: list[tuple[str, list[str], dict[str, str], bool]] = []
+    if job.fw == "torch":
+        job.master = f"{LOOPBACK}:{free_port()}"
+        spec = json.dumps(asdict(job))
+        plan = [(f"rank{r}", [*me, "torch", spec, str(r), str(workdir)], env, True)
+                for r in range(job.workers)]
+    elif job.fw == "tf":
+        ports = free_ports(job.workers)
+        cluster = {"worker": [f"{LOOPBACK}:{p}" for p in ports]}
+        spec = json.dumps(asdict(job))
+        for r in range(job.workers):
+            e = {**env, "TF_CONFIG": json.dumps({"cluster": cluster,
+                                                 "task": {"type": "worker", "index": r}})}
+            plan.append((f"worker{r}", [*me, "tf", spec, str(r), str(workdir)], e, True))
+    else:
+        dmlc = {**env, "DMLC_PS_ROOT_URI": LOOPBACK, "DMLC_PS_ROOT_PORT": str(free_port()),
+                "DMLC_NUM_SERVER": str(job.servers), "DMLC_NUM_WORKER": str(job.workers),
+                "DMLC_NODE_HOST": LOOPBACK}
+        spec = json.dumps(asdict(job))
+        plan.append(("scheduler", [*me, "mxnet-node"], {**dmlc, "DMLC_ROLE": "scheduler"},
+                     False))
+        plan += [(f"server{i}", [*me, "mxnet-node"], {**dmlc, "DMLC_ROLE": "server"}, False)
+                 for i in range(job.servers)]
+        plan += [(f"worker{i}", [*me, "mxnet", spec, str(i), str(workdir)],
+                  {**dmlc, "DMLC_ROLE": "worker"}, True) for i in range(job.workers)]
+    launch(plan, workdir, job.timeout_s, f"calibrate {job.fw}")
+    out = []
+    for path in sorted(workdir.glob("rank*.json")):
+        out.extend(json.loads(path.read_text())["samples"])
+    if not out:
+        raise OpprofError(f"calibrate {job.fw}: no worker wrote its timings into {workdir}")
+    return out
+
+
+def launch(plan: list[tuple[str, list[str], dict[str, str], bool]], workdir: Path,
+           timeout_s: float, what: str) -> None:
+    """Start every process of ``plan`` (label, command, environment, must finish) under the
+    one supervisor (:class:`opprof.collectors.supervisor.Supervisor`): each in its own
+    process group, dying with this one; wait until those that must finish have exited
+    cleanly; the first failure or the deadline stops all of them with one line."""
+    with Supervisor(workdir, what, timeout_s=timeout_s) as sup:
+        must = [sup.start(label, cmd, env=env, cwd=workdir, log=workdir / log_name(label))
+                for label, cmd, env, _ in plan]
+        must = [c for c, (_, _, _, m) in zip(must, plan, strict=True) if m]
+        sup.wait(lambda _: all(c.code == 0 for c in must))
+
+
+# --------------------------------------------------------------------------- the bodies
+
+
+def _timed(call: Any, barrier: Any, job: Job, rank: int, wait: Any = None) -> list[dict]:
+    """Warm up and time ``call(nbytes)`` for every size; ``wait(result)`` blocks until done."""
+    samples = []
+    for n in job.sizes:
+        res = call(n)
+        if wait:
+            wait(res)
+        for _ in range(job.repeat):
+            barrier()
+            t0 = time.perf_counter_ns()
+            res = call(n)
+            if wait:
+                wait(res)
+            samples.append({"rank": rank, "bytes": int(n), "ns": time.perf_counter_ns() - t0})
+    return samples
+
+
+def _torch_main(job: Job, rank: int, workdir: Path) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(job.threads or 1)
+    dist.init_process_group("gloo", init_method=f"tcp://{job.master}", rank=rank,
+                            world_size=job.workers,
+                            timeout=datetime.timedelta(seconds=job.timeout_s))
+    tensors = {n: torch.ones(max(1, n // 4), dtype=torch.float32) for n in job.sizes}
+    samples = _timed(lambda n: dist.all_reduce(tensors[n]), dist.barrier, job, rank)
+    _write(workdir, rank, job, samples, {"torch": torch.__version__})
+    dist.destroy_process_group()
+
+
+def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
+    from opprof.collectors.mxnet import import_mxnet
+
+    mx = import_mxnet()
+    kv = mx.kv.create("dist_sync")
+    arrays = {}
+    for key, n in enumerate(job.sizes):
+        a = mx.nd.ones((max(1, n // 4),), dtype="float32")
+        kv.init(key, a)
+        arrays[n] = (key, a, mx.nd.zeros_like(a))
+    mx.nd.waitall()
+
+    def call(n: int) -> Any:
+        key, a, out = arrays[n]
+        kv.pushpull(key, a, out=out)
+        return out
+
+    samples = _timed(call, kv._barrier, job, kv.rank, lambda out: out.wait_to_read())
+    _write(workdir, kv.rank, job, samples, {"mxnet": mx.__version__})
+
+
+def _tf_main(job: Job, rank: int, workdir: Path) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    if job.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(job.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(job.threads)
+    impl = tf.distribute.experimental.CommunicationImplementation.RING
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=impl))
+
+    def replica(x: Any) -> Any:
+        # A function input carries no device; the all-reduce needs its destinations.
+        x = tf.identity(x)
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x)
+
+    @tf.function
+    def reduce(x: Any) -> Any:
+        return strategy.run(replica, args=(x,))
+
+    pieces = int(job.extra.get("pieces", 1))
+    tensors = {n: [tf.ones([max(1, n // 4 // pieces)], tf.float32) for _ in range(pieces)]
+               for n in job.sizes}
+    small = [tf.ones([1], tf.float32)]
+    samples = _timed(lambda n: reduce(tensors[n]), lambda: reduce(small), job, rank,
+                     lambda res: [strategy.experimental_local_results(r)[0].numpy()
+                                  for r in res])
+    # MultiWorkerMirroredStrategy packs the gradients into one tensor before the all-reduce
+    # and splits the result (ConcatV2 / SplitV in the update): time that copy alone too.
+    parts = [tf.ones([max(1, n // 4 // PACK_PIECES)], tf.float32) for n in job.sizes
+             for _ in range(PACK_PIECES)]
+    by_size = {n: parts[i * PACK_PIECES:(i + 1) * PACK_PIECES] for i, n in
+               enumerate(job.sizes)}
+
+    @tf.function
+    def pack(xs: list) -> Any:
+        flat = tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
+        return tf.split(flat, [int(x.shape[0]) for x in xs])
+
+    for n in job.sizes:
+        pack(by_size[n])[0].numpy()
+        for _ in range(job.repeat):
+            t0 = time.perf_counter_ns()
+            pack(by_size[n])[-1].numpy()
+            samples.append({"rank": rank, "bytes": int(n), "ns": time.perf_counter_ns() - t0,
+                            "kind": "pack"})
+    _write(workdir, rank, job, samples, {"tensorflow": tf.__version__})
+    sys.stdout.flush()
+    os._exit(0)  # TF's collective and gRPC threads make a normal exit slow
+
+
+def _write(workdir: Path, rank: int, job: Job, samples: list[dict], versions: dict) -> None:
+    doc = {"rank": rank, "threads": job.threads, "versions": versions, "samples": samples}
+    tmp = workdir / f".rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(workdir / f"rank{rank}.json")
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of every benchmark process (``python -m opprof.collectors.netbench``)."""
+    if argv[:1] == ["mxnet-node"]:
+        from opprof.collectors.mxnet import import_mxnet
+
+        import_mxnet()  # a scheduler or server runs inside the import until the job ends
+        return 0
+    if len(argv) == 4 and argv[0] in ("torch", "mxnet", "tf"):
+        job = Job(**{**json.loads(argv[1])})
+        job.sizes = tuple(job.sizes)
+        body = {"torch": _torch_main, "mxnet": _mxnet_main, "tf": _tf_main}[argv[0]]
+        body(job, int(argv[2]), Path(argv[3]))
+        return 0
+    print("usage: python -m opprof.collectors.netbench torch|mxnet|tf JOB RANK WORKDIR",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

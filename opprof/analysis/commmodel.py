@@ -1,0 +1,191 @@
+"""The communication model: a latency–bandwidth (α–β) cost per collective — ring all-reduce
+and parameter-server push/pull over S servers — fitted from measured collectives.
+
+Costs of moving ``n`` bytes of gradients among ``N`` workers (Thakur et al.'s ring, and the
+parameter server of Li et al.)::
+
+    ring all-reduce:   T(n) = 2(N−1)·α + 2(N−1)/N · n · β
+    PS push + pull:    T(n) = 2·α + 2 · max(1, N/S) · n · β
+
+α is the per-message latency (ns) and β the time per byte (ns/B, 1/β the bandwidth). The
+ring sends 2(N−1) messages of n/N bytes per worker; with a parameter server every worker pushes
+its n bytes and pulls n bytes back, and each of the S servers (keys split evenly over them)
+receives and sends N·n/S bytes, so the busiest link moves 2·max(n, N·n/S). With N = 1 nothing
+is exchanged in a ring (T = 0); a single worker's parameter server still pushes and pulls.
+
+**Fitting** (:func:`fit`): measured (bytes, ns) pairs are reduced to the median time per
+message size, then α and β are the least-squares solution of the cost equation above over
+those sizes, weighted by 1/time (each size counts by its relative error, so small messages
+pin α and large ones β), re-weighted three times with Huber weights (residuals beyond 1.5×
+the median absolute residual count less) and kept non-negative. With a single message size
+α cannot be told from β: α is set to 0 and β fitted alone, and the fit says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opprof.errors import OpprofError
+
+COLLECTIVES = ("allreduce", "ps")
+FORMAT = 1
+#: The network assumed when neither a calibration nor the trace's own collectives give one:
+#: a 10 Gb/s Ethernet link (1.25 GB/s) with TCP latency of 25 µs.
+ASSUMED = {"alpha_ns": 25_000.0, "beta_ns_per_byte": 0.8, "name": "10 Gb/s Ethernet (assumed)"}
+
+
+def collective_of(mode: str) -> str:
+    """The collective a distributed mode uses: ``allreduce`` or ``ps``."""
+    if mode == "allreduce":
+        return "allreduce"
+    if mode in ("ps-sync", "ps-async"):
+        return "ps"
+    raise OpprofError(f"mode {mode!r} has no collective model; choose allreduce, ps-sync or "
+                      "ps-async")
+
+
+def design(nbytes: np.ndarray, collective: str, workers: int,
+           servers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The (α, β) coefficients of the cost equation for each message size."""
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    if collective == "allreduce":
+        return (np.full_like(nbytes, 2.0 * (workers - 1)),
+                2.0 * (workers - 1) / max(workers, 1) * nbytes)
+    if collective == "ps":
+        return np.full_like(nbytes, 2.0), 2.0 * max(1.0, workers / max(servers, 1)) * nbytes
+    raise OpprofError(f"unknown collective {collective!r}; choose {', '.join(COLLECTIVES)}")
+
+
+@dataclass
+class Network:
+    """α (ns per message) and β (ns per byte) of one collective, and where they came from."""
+
+    collective: str
+    alpha_ns: float
+    beta_ns_per_byte: float
+    workers: int = 2
+    servers: int = 0
+    backend: str = ""
+    framework: str = ""
+    source: str = ""  # calibrate / trace / assumed
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    fit: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def bandwidth_Bps(self) -> float | None:
+        """1/β in bytes per second."""
+        return 1e9 / self.beta_ns_per_byte if self.beta_ns_per_byte > 0 else None
+
+    def cost_ns(self, nbytes: float | np.ndarray, workers: int,
+                servers: int = 1) -> np.ndarray:
+        """Predicted time of one collective of ``nbytes`` among ``workers`` (and ``servers``)."""
+        if self.collective == "allreduce" and workers <= 1:
+            return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
+        a, b = design(np.asarray(nbytes), self.collective, workers, servers)
+        return a * self.alpha_ns + b * self.beta_ns_per_byte
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``opprof calibrate -o net.json`` writes it)."""
+        d = {"opprof_network": FORMAT, **asdict(self)}
+        d["bandwidth_Bps"] = self.bandwidth_Bps
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "network") -> Network:
+        """Read the JSON form back; a clear error for anything else."""
+        if not isinstance(d, dict) or "opprof_network" not in d:
+            raise OpprofError(f"{where}: not an opprof network file (write one with "
+                              "`opprof calibrate`)")
+        if int(d["opprof_network"]) > FORMAT:
+            raise OpprofError(f"{where}: network format {d['opprof_network']} is newer than "
+                              f"this opprof reads ({FORMAT})")
+        try:
+            net = cls(collective=str(d["collective"]), alpha_ns=float(d["alpha_ns"]),
+                      beta_ns_per_byte=float(d["beta_ns_per_byte"]),
+                      workers=int(d.get("workers", 2)), servers=int(d.get("servers", 0)),
+                      backend=str(d.get("backend", "")), framework=str(d.get("framework", "")),
+                      source=str(d.get("source", "")), samples=list(d.get("samples", [])),
+                      fit=dict(d.get("fit", {})), info=dict(d.get("info", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise OpprofError(f"{where}: damaged network file ({exc})") from None
+        if net.collective not in COLLECTIVES:
+            raise OpprofError(f"{where}: unknown collective {net.collective!r}")
+        if not (net.alpha_ns >= 0 and net.beta_ns_per_byte >= 0):
+            raise OpprofError(f"{where}: α and β must be non-negative")
+        return net
+
+
+def assumed(collective: str) -> Network:
+    """The default network (``ASSUMED``) for a collective."""
+    return Network(collective, ASSUMED["alpha_ns"], ASSUMED["beta_ns_per_byte"], workers=2,
+                   source="assumed", backend=ASSUMED["name"])
+
+
+def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
+        **fields: Any) -> Network:
+    """Fit α and β to measured collectives (columns ``bytes``, ``ns``) of ``workers`` workers
+    (see the module docstring). Extra keyword fields go into the Network."""
+    s = samples[(samples["bytes"] > 0) & (samples["ns"] > 0)]
+    if s.empty:
+        raise OpprofError("no collective with a known size and duration to fit α and β to")
+    if collective == "allreduce" and workers < 2:
+        raise OpprofError("an all-reduce among one worker moves nothing; α and β need at least "
+                          "two workers")
+    g = s.groupby("bytes")["ns"]
+    pts = pd.DataFrame({"ns": g.median(), "calls": g.size()}).reset_index()
+    x = pts["bytes"].to_numpy(np.float64)
+    y = pts["ns"].to_numpy(np.float64)
+    a, b = design(x, collective, workers, servers)
+    note = ""
+    if len(pts) == 1:
+        alpha, beta = 0.0, float(y[0] / b[0]) if b[0] > 0 else 0.0
+        note = "one message size: α cannot be told from β, so α = 0"
+    else:
+        alpha, beta = _robust_fit(a, b, y)
+    pred = a * alpha + b * beta
+    rel = (pred - y) / y
+    fit_info = {"points": int(len(pts)), "calls": int(pts["calls"].sum()),
+                "rel_rmse": float(np.sqrt(np.mean(rel ** 2))),
+                "max_rel_error": float(np.max(np.abs(rel))), "note": note}
+    samples_out = [{"bytes": int(r.bytes), "ns": float(r.ns), "calls": int(r.calls),
+                    "predicted_ns": float(p)} for r, p in zip(pts.itertuples(), pred,
+                                                               strict=True)]
+    return Network(collective, float(alpha), float(beta), workers=workers,
+                   servers=servers if collective == "ps" else 0, samples=samples_out,
+                   fit=fit_info, **fields)
+
+
+def _robust_fit(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Relative-error least squares of y ≈ α·a + β·b with Huber re-weighting, α, β ≥ 0."""
+    w = 1.0 / y
+    for _ in range(4):
+        alpha, beta = _nnls2(a * w, b * w, y * w)
+        r = np.abs((a * alpha + b * beta - y) / y)
+        scale = 1.5 * max(float(np.median(r)), 1e-3)
+        w = (1.0 / y) * np.where(r <= scale, 1.0, np.sqrt(scale / np.maximum(r, 1e-12)))
+    return alpha, beta
+
+
+def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """min ||α·a + β·b − y|| with α, β ≥ 0 (two unknowns: check the faces)."""
+    m = np.column_stack([a, b])
+    sol, *_ = np.linalg.lstsq(m, y, rcond=None)
+    if sol[0] >= 0 and sol[1] >= 0:
+        return float(sol[0]), float(sol[1])
+    best = (math.inf, 0.0, 0.0)
+    for alpha, beta in ((0.0, _ls1(b, y)), (_ls1(a, y), 0.0)):
+        err = float(np.sum((a * alpha + b * beta - y) ** 2))
+        if err < best[0]:
+            best = (err, alpha, beta)
+    return best[1], best[2]
+
+
+def _ls1(x: np.ndarray, y: np.ndarray) -> float:
+    den = float(np.dot(x, x))
+    return max(0.0, float(np.dot(x, y)) / den) if den > 0 else 0.0

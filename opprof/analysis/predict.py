@@ -1,0 +1,429 @@
+"""Predict the step time and speed-up of synchronous data-parallel training on N workers from
+one trace, and check a prediction against a measured multi-worker trace, term by term.
+
+The prediction (see docs/model.md for the equations and what they leave out):
+
+1. **Baseline**: the trace's terms (:mod:`opprof.analysis.terms`, mean over its worker
+   (rank, step)s), its gradients in backward order (:mod:`opprof.analysis.gradients`), its
+   per-worker resources, and the collectives it already holds.
+2. **Network**: α and β of the mode's collective (:mod:`opprof.analysis.commmodel`) — from
+   ``--network`` (``opprof calibrate``), else fitted from the trace's own collectives, else an
+   assumed 10 Gb/s Ethernet, and the result says which.
+3. **Simulation** (:mod:`opprof.analysis.simulate`) of one step at the base's worker count and
+   at each N. Every worker computes what the base's worker computed (the same per-worker batch
+   and resources), so the compute terms carry over; communication, its overlap with backward,
+   the wait for the slowest worker (σ of the base's per-step compute time × the expected
+   maximum of N standard normals; ``straggler=False`` leaves it out) and, for a parameter
+   server, the servers' update come from the simulation.
+4. **Calibration to the measurement**: predicted = measured + (simulated(N) − simulated(base))
+   per compute term, and for the exposed communication of a base that has some, measured ×
+   simulated(N) / simulated(base). So at the base's own N the prediction *is* the measured
+   step, exactly; from a 1-worker trace the compute terms are the measured ones and the
+   communication is the simulated one.
+
+Speed-up ``S(N) = N · t(1) / t(N)`` with ``t(1)`` the base's step without communication (the
+measured step of a 1-worker base), efficiency ``S(N) / N``.
+
+A prediction holds for workers with the base's resources (device, threads, cores per worker);
+:func:`check` refuses a measured trace whose workers had others, with one line saying which.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.commmodel import Network, assumed, collective_of, fit
+from opprof.analysis.gradients import FLOAT_BYTES, GradientProfile, profile
+from opprof.analysis.ranks import ASYNC_MODES, collectives, match
+from opprof.analysis.resources import Resources, resource_mismatch, resources
+from opprof.analysis.simulate import (
+    COMPUTE_PHASES,
+    Policy,
+    SimResult,
+    StepPlan,
+    expected_max_normal,
+    policy_for,
+    simulate,
+)
+from opprof.analysis.terms import PHASE_OF, TERM_OF, TERMS, Terms, terms_from_steps
+from opprof.errors import OpprofError
+from opprof.taxonomy import PHASES
+from opprof.trace import Trace
+
+DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
+_NOT_GRADIENT = r"(?i)broadcast|barrier|gather|scatter|send|recv|alltoall"
+
+
+@dataclass
+class Baseline:
+    """Everything the model takes from one trace."""
+
+    label: str
+    framework: str
+    mode: str
+    workers: int
+    servers: int
+    terms: Terms
+    gradients: GradientProfile
+    resources: Resources
+    samples: pd.DataFrame  # the trace's gradient collectives: bytes, ns (transfer time)
+    samples_note: str
+    sigma_ns: float  # std of the per-step compute time (step minus exposed comm)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Mean wall ns per phase."""
+        return {PHASE_OF[t]: v for t, v in self.terms.mean().items()}
+
+    @property
+    def step_ns(self) -> float:
+        """Mean measured step."""
+        return self.terms.step_ns
+
+    @property
+    def collective(self) -> str | None:
+        """The collective of the base's mode, if it communicates."""
+        if self.mode in ("allreduce", "ps-sync", "ps-async") and (
+                self.workers > 1 or self.mode != "allreduce"):
+            return collective_of(self.mode)
+        return None
+
+
+def baseline(trace: Trace, label: str = "") -> Baseline:
+    """Read the model's inputs from a trace."""
+    steps = step_breakdown(trace)
+    if steps.empty:
+        raise OpprofError(f"{label or 'trace'}: no steps on worker ranks; nothing to model")
+    t = terms_from_steps(steps)
+    meta = trace.meta
+    workers = int(meta.get("workers") or len(trace.ranks) or 1)
+    mode = infer_mode(trace, workers)
+    samples, note = _trace_samples(trace, steps, mode, workers)
+    sigma = _compute_sigma(t.per_step)
+    return Baseline(label=label, framework=str(meta.get("framework") or ""), mode=mode,
+                    workers=workers, servers=int(meta.get("servers") or 0), terms=t,
+                    gradients=profile(trace), resources=resources(meta), samples=samples,
+                    samples_note=note, sigma_ns=sigma,
+                    meta={k: meta.get(k) for k in ("framework", "model", "batch_size",
+                                                   "dataset")})
+
+
+def infer_mode(trace: Trace, workers: int | None = None) -> str:
+    """The trace's distributed mode: from its metadata, else from what ran (imported native
+    traces): one worker is ``single``; servers make it a parameter server (``ps-sync`` for
+    MXNet, whose kvstore is usually synchronous; ``ps-async`` for TensorFlow, whose only
+    parameter-server strategy is); otherwise ``allreduce``."""
+    meta = trace.meta
+    if meta.get("mode"):
+        return str(meta["mode"])
+    workers = workers or int(meta.get("workers") or len(trace.ranks) or 1)
+    if workers <= 1:
+        return "single"
+    servers = meta.get("servers") or int((trace.events["role"] == "server").any())
+    if servers:
+        return "ps-async" if meta.get("framework") == "tf" else "ps-sync"
+    return "allreduce"
+
+
+def _compute_sigma(rows: pd.DataFrame) -> float:
+    """How much one worker's compute time (step − exposed comm) varies independently of the
+    others': the pooled standard deviation across ranks within a step when the trace has
+    several ranks, else the standard deviation across its steps."""
+    compute = rows.assign(c=(rows["dur_ns"] - rows["t_comm"]).astype(np.float64))
+    if compute["rank"].nunique() > 1:
+        var = compute.groupby("step")["c"].var(ddof=1).dropna()
+        return float(np.sqrt(var.mean())) if len(var) else 0.0
+    c = compute["c"].to_numpy()
+    return float(np.std(c, ddof=1)) if len(c) > 1 else 0.0
+
+
+def _trace_samples(trace: Trace, steps: pd.DataFrame, mode: str,
+                   workers: int) -> tuple[pd.DataFrame, str]:
+    """(bytes, ns) of the gradient collectives in the trace: their transfer time (waiting for
+    the last rank excluded, in synchronous modes) and payload."""
+    empty = pd.DataFrame(columns=["bytes", "ns"])
+    if mode not in ("allreduce", "ps-sync", "ps-async") or (mode == "allreduce" and workers < 2):
+        return empty, ""
+    timing, _ = collectives(trace)
+    if timing.empty:
+        return empty, "the trace holds no collectives"
+    timing = timing[~timing["name"].str.contains(_NOT_GRADIENT, regex=True)]
+    coll = match(timing, steps[["rank", "step", "start", "end"]], mode not in ASYNC_MODES)
+    coll = coll[coll["step"] >= 0]
+    if coll.empty:
+        return empty, "the trace holds no gradient collectives"
+    nbytes = coll["bytes"].to_numpy(np.int64).copy()
+    note = "payloads from the trace"
+    if mode != "allreduce" and trace.meta.get("comm_bytes_per_step"):
+        nbytes //= 2  # MXNet's comm windows count push and pull; the model's n is one way
+        note = "payloads from the trace (push + pull windows, halved)"
+    ns = coll["transfer_ns"].to_numpy(np.float64)
+    if not (nbytes > 0).any():
+        params = trace.meta.get("params")
+        if not params:
+            return empty, "the trace's collectives carry no sizes and meta has no params"
+        longest = coll.assign(ns=ns).groupby(["rank", "step"])["ns"].idxmax()
+        coll = coll.loc[longest]
+        ns = coll["transfer_ns"].to_numpy(np.float64)
+        nbytes = np.full(len(coll), int(params) * FLOAT_BYTES, np.int64)
+        note = ("the trace's collectives carry no sizes: the longest of each step taken as "
+                "the all-reduce of every gradient (meta params × 4 B)")
+    out = pd.DataFrame({"bytes": nbytes, "ns": ns})
+    return out[(out["bytes"] > 0) & (out["ns"] > 0)].reset_index(drop=True), note
+
+
+def network_for(base: Baseline, collective: str, given: Network | None,
+                servers: int) -> tuple[Network, str]:
+    """The network to predict with, and a sentence saying where it comes from."""
+    if given is not None:
+        if given.collective != collective:
+            raise OpprofError(f"the network file measured {given.collective}; this prediction "
+                              f"needs {collective} (run `opprof calibrate` for that mode)")
+        return given, (f"{given.source or 'given'}: {given.backend or 'network'} measured with "
+                       f"{given.workers} workers")
+    if base.collective == collective:
+        net = _fit_trace(base)
+        if net is not None:
+            return net, (f"fitted to the trace's {len(base.samples)} collectives "
+                         f"({base.samples_note})")
+    net = assumed(collective)
+    return net, ("assumed: 10 Gb/s Ethernet (α = 25 µs, β = 0.8 ns/B); measure yours with "
+                 "`opprof calibrate`")
+
+
+def network_from_trace(trace: Trace) -> Network | None:
+    """α and β fitted to the gradient collectives a multi-worker trace holds (None: it has
+    none to fit)."""
+    return _fit_trace(baseline(trace, ""))
+
+
+def _fit_trace(base: Baseline) -> Network | None:
+    if base.collective is None or not len(base.samples):
+        return None
+    try:
+        net = fit(base.samples, base.collective, base.workers, max(base.servers, 1),
+                  source="trace", framework=base.framework, backend="collectives in the trace")
+    except OpprofError:
+        return None
+    if base.collective == "ps":  # MXNet's windows hold the servers' optimizer too
+        net.info["includes_server_update"] = True
+    return net
+
+
+def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network, *,
+         deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
+         communicate: bool = True, io_hidden: bool = False,
+         straggler: bool = False) -> tuple[StepPlan, Policy]:
+    """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
+    changes ``deltas`` (ns per step, per phase) applied."""
+    collective = collective_of(mode) if mode != "single" else "allreduce"
+    policy = policy_for(base.framework, collective)
+    phases = {p: base.phases[p] for p in COMPUTE_PHASES}
+    for p, d in (deltas or {}).items():
+        if p in phases:
+            phases[p] = max(0.0, phases[p] + d)
+    server_update = 0.0
+    if policy.server_update and not base.collective == "ps":
+        # The optimizer moves from the worker to the servers (keys split over them).
+        server_update = phases["update"] / max(servers, 1)
+        phases["update"] = 0.0
+    if network.info.get("includes_server_update"):
+        server_update = 0.0
+    if io_hidden:
+        phases["load"] = 0.0
+    io_busy = base.terms.extra()["io_busy_ns"]
+    prefetch = io_busy > 1.01 * base.phases["load"] + 1e3
+    g = base.gradients.layers
+    ready = g["ready_frac"].to_numpy(np.float64) if len(g) else np.zeros(0)
+    nbytes = g["bytes"].to_numpy(np.int64) if len(g) else np.zeros(0, np.int64)
+    if not len(g) and base.gradients.total_bytes:
+        ready, nbytes = np.ones(1), np.array([base.gradients.total_bytes])
+    talk = communicate and (workers > 1 or collective == "ps") and mode != "single"
+    sync = mode not in ASYNC_MODES
+    wait = base.sigma_ns * expected_max_normal(workers) if (straggler and sync) else 0.0
+
+    def cost(n: float) -> float:
+        return float(network.cost_ns(n, workers, max(servers, 1)))
+
+    pack = float(network.info.get("pack_ns_per_byte") or 0.0) * float(np.sum(nbytes))
+    return StepPlan(phases=phases, ready_frac=ready, grad_bytes=nbytes, policy=policy,
+                    cost=cost, comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
+                    io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
+                    server_update_ns=server_update, communicate=talk, pack_ns=pack), policy
+
+
+def calibrated(measured: dict[str, float], sim_base: SimResult, sim_new: SimResult,
+               comm_hidden: bool = False) -> dict[str, float]:
+    """Predicted wall ns per phase: the measurement moved by what the simulation changed
+    (compute phases: by the difference; exposed comm: by the ratio when both have some)."""
+    out = {}
+    for p in PHASES:
+        m = measured.get(p, 0.0)
+        if p == "comm":
+            if comm_hidden:
+                out[p] = 0.0
+            elif sim_base.phases["comm"] > 0 and m > 0:
+                out[p] = m * (sim_new.phases["comm"] / sim_base.phases["comm"])
+            else:
+                out[p] = max(0.0, m + sim_new.phases["comm"] - sim_base.phases["comm"])
+        else:
+            out[p] = max(0.0, m + sim_new.phases[p] - sim_base.phases[p])
+    return out
+
+
+@dataclass
+class Prediction:
+    """One predicted configuration."""
+
+    workers: int
+    mode: str
+    servers: int
+    step_ns: float
+    speedup: float
+    efficiency: float
+    exposed_comm_ns: float
+    comm_busy_ns: float
+    wait_ns: float
+    phases: dict[str, float]
+    messages: int
+
+    def terms(self) -> dict[str, float]:
+        """The predicted terms (t_io … other)."""
+        return {TERM_OF[p]: v for p, v in self.phases.items()}
+
+
+@dataclass
+class Check:
+    """A prediction beside a measured trace, term by term."""
+
+    label: str
+    measured_step_ns: float
+    predicted_step_ns: float
+    error: float  # (predicted − measured) / measured
+    terms: pd.DataFrame  # term, predicted_ns, measured_ns, error_ns, error
+    resources: Resources
+
+
+@dataclass
+class ModelResult:
+    """``opprof model``'s answer."""
+
+    base: Baseline
+    mode: str
+    servers: int
+    network: Network
+    network_note: str
+    policy: Policy
+    predictions: list[Prediction]
+    check: Check | None = None
+    notes: list[str] = field(default_factory=list)
+    straggler: bool = True
+
+
+def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
+            servers: int | None = None, network: Network | None = None,
+            straggler: bool = True, label: str = "",
+            base: Baseline | None = None) -> ModelResult:
+    """Predict the step at each worker count (see the module docstring); ``base`` instead of
+    ``trace`` when the baseline is already read."""
+    if base is None:
+        if trace is None:
+            raise OpprofError("no trace to model")
+        base = baseline(trace, label)
+    mode = mode or (base.mode if base.workers > 1 and base.mode != "single"
+                    else DEFAULT_MODE.get(base.framework, "allreduce"))
+    collective = collective_of(mode)
+    if base.collective is not None and base.collective != collective:
+        raise OpprofError(f"{base.label or 'the trace'} ran {base.mode}; predicting {mode} "
+                          "from it would need its communication removed — model from a "
+                          "1-worker trace")
+    servers = servers or (base.servers if base.collective == "ps" else 1) or 1
+    net, note = network_for(base, collective, network, servers)
+    notes = []
+    if base.gradients.bytes_source.startswith("meta"):
+        notes.append(f"gradient bytes: {base.gradients.bytes_source}")
+    if not base.gradients.total_bytes:
+        notes.append("no gradient bytes known: communication is predicted as zero")
+    result = ModelResult(base, mode, servers if collective == "ps" else 0, net, note,
+                         policy_for(base.framework, collective), [], None, notes, straggler)
+    result.predictions = [predict_one(result, n, servers) for n in workers]
+    return result
+
+
+def predict_one(result: ModelResult, workers: int, servers: int | None = None) -> Prediction:
+    """The prediction of ``result``'s model for ``workers`` workers (and ``servers``)."""
+    if workers < 1:
+        raise OpprofError("--workers: every count must be at least 1")
+    base, mode, net = result.base, result.mode, result.network
+    collective = collective_of(mode)
+    servers = servers or result.servers or 1
+    base_plan, _ = plan(base, base.workers, base.mode if base.collective else "single",
+                        max(base.servers, 1), net, straggler=result.straggler)
+    sim_base = simulate(base_plan)
+    single = base.step_ns - base.phases["comm"]
+    p, _ = plan(base, workers, mode if workers > 1 else "single", servers, net,
+                straggler=result.straggler)
+    sim = simulate(p)
+    phases = calibrated(base.phases, sim_base, sim)
+    step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
+    speedup = workers * single / step if step > 0 else float("nan")
+    busy = sim.comm_busy_ns
+    measured_busy = base.terms.extra()["comm_busy_ns"]
+    if sim_base.comm_busy_ns > 0 and measured_busy > 0:
+        busy = measured_busy * (sim.comm_busy_ns / sim_base.comm_busy_ns)
+    return Prediction(workers=workers, mode=mode if workers > 1 else "single",
+                      servers=servers if collective == "ps" and workers > 1 else 0,
+                      step_ns=step,
+                      speedup=speedup, efficiency=speedup / workers,
+                      exposed_comm_ns=phases["comm"], comm_busy_ns=busy,
+                      wait_ns=p.straggler_ns if p.communicate else 0.0, phases=phases,
+                      messages=len(sim.messages))
+
+
+def check(result: ModelResult, measured: Trace, label: str = "measured") -> Check:
+    """The prediction for the measured trace's worker count beside its terms. Refuses (one
+    line) when the measured workers had other resources, another mode or model."""
+    base = result.base
+    meta = measured.meta
+    m_workers = int(meta.get("workers") or len(measured.ranks) or 1)
+    m_mode = str(meta.get("mode") or "")
+    if m_mode and m_workers > 1 and m_mode != result.mode:
+        raise OpprofError(f"{label} ran --mode {m_mode}; the prediction is for --mode "
+                          f"{result.mode}")
+    for key in ("framework", "model", "batch_size"):
+        a, b = base.meta.get(key), meta.get(key)
+        if a is not None and b is not None and a != b:
+            raise OpprofError(f"{label} has {key} {b}, the modelled trace {a}: a prediction "
+                              "holds for the same framework, model and per-worker batch")
+    target = resources(meta)
+    why = resource_mismatch(base.resources, target)
+    if why:
+        raise OpprofError(
+            f"{label}'s workers had other resources than the modelled trace's ({why}); a "
+            "prediction holds only for the same per-worker resources — record the baseline "
+            f"with the workers' thread count (opprof record ... --threads "
+            f"{target.threads or 'N'})")
+    m_servers = int(meta.get("servers") or 0)
+    pred = predict_one(result, m_workers, m_servers or None)
+    mt = terms_from_steps(step_breakdown(measured))
+    if not mt.steps:
+        raise OpprofError(f"{label}: no steps on worker ranks")
+    meas = mt.mean()
+    rows = []
+    for t in TERMS:
+        p, m = pred.terms()[t], meas[t]
+        rows.append({"term": t, "predicted_ns": p, "measured_ns": m, "error_ns": p - m,
+                     "error": (p - m) / m if m else (0.0 if p == 0 else math.inf)})
+    step_m = mt.step_ns
+    rows.append({"term": "step", "predicted_ns": pred.step_ns, "measured_ns": step_m,
+                 "error_ns": pred.step_ns - step_m,
+                 "error": (pred.step_ns - step_m) / step_m if step_m else math.nan})
+    return Check(label, step_m, pred.step_ns, (pred.step_ns - step_m) / step_m if step_m
+                 else math.nan, pd.DataFrame(rows), target)

@@ -1,0 +1,185 @@
+"""A discrete-event simulation of one synchronous training step of one worker: the compute
+lane (load, h2d, forward, backward, update, other) and the communication lane (gradient
+collectives), with the framework's pipeline between them.
+
+Events, in order::
+
+    load → h2d → forward → backward ─┬→ [wait for the last collective] → update → other
+                                     └ gradients ready ──→ collectives (one at a time on the
+                                                            link, each from max(ready, free))
+
+- **I/O**: loading is serial (``t_io``), or — with a prefetching input pipeline — runs in the
+  background during the previous step, exposed only by ``max(0, io_busy − rest of step)``.
+- **Gradients** become ready during the backward pass at the fractions of it the trace showed
+  (:mod:`opprof.analysis.gradients`); the policy groups them into messages:
+  ``buckets`` (DistributedDataParallel: reverse order, a first bucket of 1 MiB then 25 MiB
+  ones, each all-reduced as soon as its last gradient is ready — overlapped with the rest of
+  the backward pass), ``after-backward`` (one message of all gradients once backward ends, as
+  the MXNet collector waits at every phase boundary before the kvstore push/pull) and
+  ``packed-after-backward`` (TF MultiWorkerMirroredStrategy: the gradients concatenated into
+  one tensor in the update, one CollectiveReduce, split back — the copies, ``pack_ns``, count
+  as update time, where the trace shows them as ConcatV2 / SplitV).
+- **Link**: one collective at a time, FIFO, each taking ``cost(bytes) × comm_scale``; a
+  parameter server's keys (``per_tensor``: one message per gradient) go one after another,
+  each paying its own latency.
+- **Synchronisation**: the update waits for the last collective, plus the expected wait for
+  the slowest of the N workers (``straggler_ns``) when there is communication at all.
+- **Update**: on the worker after the wait, or on the parameter servers (``server_update``):
+  then the servers' optimizer time (``server_update_ns``) sits between the push and the pull,
+  on the communication lane, and the worker's own update term is what is left of it.
+
+The result gives every instant of the simulated step to one phase, as the measured breakdown
+does: ``comm`` is the time the compute lane waits for communication (exposed), so the phases
+sum to the simulated step exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+COMPUTE_PHASES = ("load", "h2d", "forward", "backward", "update", "other")
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a framework moves gradients: when messages start, how they are grouped, where the
+    update runs."""
+
+    name: str
+    overlap: bool  # messages start when their gradients are ready, during backward
+    first_bucket_bytes: int = 0
+    bucket_bytes: int = 0  # 0: one message of all gradients
+    server_update: bool = False
+    describe: str = ""
+    pack: bool = False  # gradients packed into one tensor before, split after (an update cost)
+    per_tensor: bool = False  # one message per gradient (a kvstore key), not one for all
+
+
+DDP = Policy("buckets", True, MiB, 25 * MiB, False,
+             "DDP buckets (1 MiB, then 25 MiB) all-reduced as soon as ready, overlapped with "
+             "backward; update after the last")
+AFTER_BACKWARD = Policy("after-backward", False, 0, 0, False,
+                        "one all-reduce of all gradients after backward, then the update")
+MWMS = Policy("packed-after-backward", False, 0, 0, False,
+              "gradients packed into one tensor after backward, one all-reduce, split back, "
+              "then the update (MultiWorkerMirroredStrategy)", pack=True)
+KVSTORE = Policy("kvstore", False, 0, 0, True,
+                 "push/pull of every key (one per gradient) after backward, one after another "
+                 "on the link; the servers run the optimizer between push and pull",
+                 per_tensor=True)
+
+#: (framework, collective) → its policy; other combinations use GENERIC.
+POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): MWMS,
+            ("mxnet", "ps"): KVSTORE, ("tf", "ps"): KVSTORE}
+GENERIC = {"allreduce": DDP, "ps": KVSTORE}
+
+
+def policy_for(framework: str, collective: str) -> Policy:
+    """The pipeline policy of a framework's collective (a generic one where it has none)."""
+    return POLICIES.get((framework, collective), GENERIC[collective])
+
+
+@dataclass
+class StepPlan:
+    """The inputs of one simulated step (times in ns)."""
+
+    phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
+    ready_frac: np.ndarray  # gradients in ready order: fraction of backward when ready
+    grad_bytes: np.ndarray  # bytes of each gradient
+    policy: Policy
+    cost: object  # callable: bytes -> ns of one collective (N and S already applied)
+    comm_scale: float = 1.0
+    io_busy_ns: float = 0.0
+    io_prefetch: bool = False
+    straggler_ns: float = 0.0
+    server_update_ns: float = 0.0
+    communicate: bool = True
+    pack_ns: float = 0.0  # packing and unpacking the gradients (policies with ``pack``)
+
+
+@dataclass
+class SimResult:
+    """One simulated step: wall ns per phase (summing to ``step_ns``) and the messages."""
+
+    step_ns: float
+    phases: dict[str, float]
+    comm_busy_ns: float
+    comm_hidden_ns: float
+    messages: list[dict[str, float]] = field(default_factory=list)
+
+
+def messages(ready_frac: np.ndarray, grad_bytes: np.ndarray,
+             policy: Policy) -> list[tuple[float, int]]:
+    """(ready fraction of backward, bytes) of each message the policy sends."""
+    if not len(grad_bytes) or not int(np.sum(grad_bytes)):
+        return []
+    if policy.per_tensor:
+        return [(1.0 if not policy.overlap else float(f), int(n))
+                for f, n in zip(ready_frac, grad_bytes, strict=True) if n]
+    if not policy.overlap or not policy.bucket_bytes:
+        return [(1.0, int(np.sum(grad_bytes)))]
+    out: list[tuple[float, int]] = []
+    cap = policy.first_bucket_bytes or policy.bucket_bytes
+    size, ready = 0, 0.0
+    for frac, n in zip(ready_frac, grad_bytes, strict=True):
+        size += int(n)
+        ready = max(ready, float(frac))
+        if size >= cap:
+            out.append((ready, size))
+            size, cap = 0, policy.bucket_bytes
+    if size:
+        out.append((ready, size))
+    return out
+
+
+def simulate(plan: StepPlan) -> SimResult:
+    """Run the step (see the module docstring)."""
+    ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
+    b0 = ph["h2d"] + ph["forward"]  # backward starts (load placed below)
+    b1 = b0 + ph["backward"]
+    free = 0.0
+    sent = []
+    if plan.communicate:
+        sends = messages(plan.ready_frac, plan.grad_bytes, plan.policy)
+        total = sum(n for _, n in sends) or 1
+        for frac, n in sends:
+            ready = b0 + frac * ph["backward"] if plan.policy.overlap else b1
+            start = max(ready, free)
+            dur = float(plan.cost(n)) * plan.comm_scale
+            if plan.policy.server_update:  # the servers' optimizer on this key's share
+                dur += plan.server_update_ns * n / total  # compute: comm_scale leaves it
+            free = start + dur
+            sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
+    sync = b1
+    if sent:
+        sync = max(b1, free + plan.straggler_ns)
+        if plan.policy.pack:
+            ph["update"] += plan.pack_ns
+    exposed = sync - b1
+    busy = sum(m["end_ns"] - m["start_ns"] for m in sent)
+    hidden = sum(max(0.0, min(m["end_ns"], b1) - m["start_ns"]) for m in sent)
+    rest = b1 + exposed + ph["update"] + ph["other"]
+    load = max(0.0, plan.io_busy_ns - rest) if plan.io_prefetch else ph["load"]
+    phases = {"load": load, "h2d": ph["h2d"], "forward": ph["forward"],
+              "backward": ph["backward"], "update": ph["update"], "comm": exposed,
+              "other": ph["other"]}
+    for m in sent:
+        for k in ("ready_ns", "start_ns", "end_ns"):
+            m[k] += load
+    return SimResult(sum(phases.values()), phases, busy, hidden, sent)
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for n ≤ 1), by numerical integration: how
+    many standard deviations the slowest of n workers lies above the mean."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-9.0, 9.0, 6001)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    pdf = np.exp(-x * x / 2.0) / math.sqrt(2.0 * math.pi)
+    dens = n * pdf * cdf ** (n - 1)
+    return float(np.sum(x * dens) * (x[1] - x[0]))

@@ -1,0 +1,241 @@
+"""What-if: a trace's step re-simulated with operators, communication, I/O or the worker
+count changed; and, for two traces, how much A's step would shrink if each operator ran at
+B's speed (``opprof diff --whatif``).
+
+Changes and how each moves the step:
+
+- ``--op OP=FACTOR``: the operator's time × FACTOR. Its *wall* time (:mod:`opprof.analysis.
+  critical`: the part of its phase's wall time it holds, shared evenly with operators running
+  beside it) changes by (FACTOR − 1) × wall, in its phase; a backward change also moves when
+  gradients are ready, so the simulation re-times the communication hidden behind backward.
+- ``--op OP=B.trace``: FACTOR = B's time of OP per step / this trace's (canonical operators,
+  so any two frameworks compare): device time where the trace has GPU kernels, else host.
+- ``--comm hidden`` (all communication behind compute: the exposed comm term becomes 0) or
+  ``--comm FACTOR`` (every collective × FACTOR, re-simulated); ``--op comm=…`` is the same.
+- ``--io hidden``: loading fully prefetched (the load term becomes 0).
+- ``--workers N`` (with ``--mode``, ``--servers``, ``--network``): as ``opprof model``.
+
+The new step is the measured one moved by what the simulation changed
+(:func:`opprof.analysis.predict.calibrated`), so a what-if that changes nothing returns the
+measured step exactly, and on a serial run (one operator at a time, one worker) replacing an
+operator's time by B's moves the step by exactly B's time minus A's. Each change's own effect
+(applied alone) is reported beside the combined one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.commmodel import Network, collective_of
+from opprof.analysis.critical import op_wall
+from opprof.analysis.ops import op_table
+from opprof.analysis.predict import (
+    DEFAULT_MODE,
+    Baseline,
+    baseline,
+    calibrated,
+    network_for,
+    plan,
+)
+from opprof.analysis.simulate import simulate
+from opprof.errors import OpprofError
+from opprof.taxonomy import CANONICAL_OPS, DEVICE_KINDS, PHASES
+from opprof.trace import Trace
+
+
+@dataclass
+class Context:
+    """What a what-if needs from one trace, computed once."""
+
+    base: Baseline
+    wall: pd.DataFrame  # op, phase, wall_ns (mean per step)
+    op_time: pd.Series  # op → time per step (device where the trace has GPU kernels)
+
+    @property
+    def label(self) -> str:
+        """The trace's label."""
+        return self.base.label
+
+
+def context(trace: Trace, label: str = "") -> Context:
+    """Read a trace for what-ifs."""
+    steps = step_breakdown(trace)
+    base = baseline(trace, label)
+    n = max(len(steps), 1)
+    w = op_wall(trace, steps)
+    wall = (w.groupby(["op", "phase"])["wall_ns"].sum() / n).reset_index()
+    ev = trace.events
+    has_device = bool((ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")).any())
+    t = op_table(trace, "device" if has_device else "host", n_steps=n)
+    op_time = t.groupby("op")["ns_per_step"].sum() if len(t) else pd.Series(dtype=float)
+    return Context(base, wall, op_time)
+
+
+@dataclass
+class Change:
+    """One requested change and its own effect on the step (applied alone)."""
+
+    kind: str  # op / comm / io / workers
+    target: str
+    value: str
+    factor: float | None = None
+    wall_ns: float | None = None
+    delta_ns: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"kind": self.kind, "target": self.target, "value": self.value,
+                "factor": self.factor, "wall_ns": self.wall_ns, "delta_ns": self.delta_ns}
+
+
+@dataclass
+class WhatIf:
+    """The re-simulated step beside the measured one."""
+
+    label: str
+    base_step_ns: float
+    step_ns: float
+    base_phases: dict[str, float]
+    phases: dict[str, float]
+    scenario: list[Change]
+    workers: int
+    mode: str
+    network_note: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def delta_ns(self) -> float:
+        """New step minus measured step."""
+        return self.step_ns - self.base_step_ns
+
+
+OpValue = float | Context
+
+
+def whatif(ctx: Context, ops: dict[str, OpValue] | None = None, comm: str | float | None = None,
+           io_hidden: bool = False, workers: int | None = None, mode: str | None = None,
+           servers: int | None = None, network: Network | None = None,
+           value_labels: dict[str, str] | None = None) -> WhatIf:
+    """Apply the changes together, and each alone for its own effect."""
+    ops = dict(ops or {})
+    value_labels = value_labels or {}
+    for op in ops:
+        if op not in CANONICAL_OPS:
+            raise OpprofError(f"--op {op}: not a canonical operator (see docs/taxonomy.md: "
+                              f"{', '.join(CANONICAL_OPS)})")
+    if isinstance(comm, str) and comm != "hidden":
+        raise OpprofError(f"--comm {comm}: give hidden or a factor")
+    factors = {op: _factor(ctx, op, v) for op, v in ops.items()}
+    changes: list[Change] = []
+    for op, f in factors.items():
+        wall = float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum())
+        value = value_labels.get(op) or (f"{ops[op]:g}" if isinstance(ops[op], float)
+                                         else ops[op].label)
+        changes.append(Change("op", op, value, f, wall))
+    if comm is not None:
+        changes.append(Change("comm", "comm", "hidden" if comm == "hidden" else f"{comm:g}",
+                              None if comm == "hidden" else float(comm)))
+    if io_hidden:
+        changes.append(Change("io", "load", "hidden"))
+    if workers is not None:
+        changes.append(Change("workers", "workers", str(workers)))
+    result = _apply(ctx, factors, comm, io_hidden, workers, mode, servers, network)
+    for ch in changes:
+        alone = _apply(ctx, {ch.target: ch.factor} if ch.kind == "op" else {},
+                       comm if ch.kind == "comm" else None, ch.kind == "io",
+                       workers if ch.kind == "workers" else None, mode, servers, network)
+        ch.delta_ns = alone.delta_ns
+    result.scenario = changes
+    for op, f in factors.items():
+        if f is not None and not float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum()) \
+                and op != "comm":
+            result.notes.append(f"{op} does not run in {ctx.label or 'the trace'}; "
+                                "nothing to scale")
+    return result
+
+
+def _factor(ctx: Context, op: str, value: OpValue) -> float:
+    if isinstance(value, Context):
+        mine = float(ctx.op_time.get(op, 0.0))
+        theirs = float(value.op_time.get(op, 0.0))
+        if mine <= 0:
+            return 1.0
+        return theirs / mine
+    f = float(value)
+    if not f >= 0:
+        raise OpprofError(f"--op {op}={value}: the factor must be a number ≥ 0")
+    return f
+
+
+def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | None,
+           io_hidden: bool, workers: int | None, mode: str | None, servers: int | None,
+           network: Network | None) -> WhatIf:
+    base = ctx.base
+    deltas = {p: 0.0 for p in PHASES}
+    comm_scale = 1.0
+    for op, f in factors.items():
+        if f is None:
+            continue
+        if op == "comm":
+            comm_scale *= f
+            continue
+        rows = ctx.wall[ctx.wall["op"] == op]
+        for r in rows.itertuples():
+            deltas[r.phase] += (f - 1.0) * r.wall_ns
+    hidden = comm == "hidden"
+    if comm is not None and not hidden:
+        comm_scale *= float(comm)
+    m = base.workers
+    n = workers or m
+    base_mode = base.mode if base.collective else "single"
+    if mode is None:
+        mode = base.mode if base.collective else (
+            DEFAULT_MODE.get(base.framework, "allreduce") if n > 1 else "single")
+    collective = collective_of(mode) if mode != "single" else (base.collective or "allreduce")
+    if base.collective is not None and base.collective != collective:
+        raise OpprofError(f"{base.label or 'the trace'} ran {base.mode}; a what-if keeps its "
+                          "mode (model another mode from a 1-worker trace)")
+    s = servers or (base.servers if base.collective == "ps" else 1) or 1
+    net, note = network_for(base, collective, network, s)
+    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True)
+    p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
+                 deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
+                 io_hidden=io_hidden, straggler=True)
+    phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
+    if io_hidden:
+        phases["load"] = 0.0
+    if not any(deltas.values()) and comm_scale == 1.0 and not hidden and not io_hidden \
+            and n == m and mode in (base_mode, base.mode):
+        phases = dict(base.phases)  # nothing changed: the measurement itself
+    step = base.step_ns + sum(phases[p] - base.phases[p] for p in PHASES)
+    talks = n > 1
+    return WhatIf(base.label, base.step_ns, step, dict(base.phases), phases, [], n,
+                  mode if talks else "single", note if talks or base.collective else "")
+
+
+def op_swaps(a: Context, b: Context) -> pd.DataFrame:
+    """Per canonical operator A runs: A's step if that operator ran at B's speed, and the
+    saving, largest first (``opprof diff --whatif``)."""
+    cols = ["op", "a_ns_per_step", "b_ns_per_step", "ratio", "a_wall_ns", "whatif_step_ns",
+            "saving_ns", "saving_share"]
+    rows = []
+    step = a.base.step_ns
+    for op in a.op_time.index:
+        ta = float(a.op_time.get(op, 0.0))
+        if ta <= 0 or op == "other":
+            continue
+        tb = float(b.op_time.get(op, 0.0))
+        w = whatif(a, {op: b})
+        rows.append({"op": op, "a_ns_per_step": ta, "b_ns_per_step": tb,
+                     "ratio": ta / tb if tb else float("inf"),
+                     "a_wall_ns": float(a.wall.loc[a.wall["op"] == op, "wall_ns"].sum()),
+                     "whatif_step_ns": w.step_ns, "saving_ns": step - w.step_ns,
+                     "saving_share": (step - w.step_ns) / step if step else float("nan")})
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(rows, columns=cols)
+    return df.sort_values("saving_ns", ascending=False, kind="stable").reset_index(drop=True)

@@ -1,0 +1,106 @@
+"""`opprof calibrate`: measure the gradient collective on this host (or cluster) over message
+sizes and save its α–β fit as a network file for `opprof model` and `opprof whatif`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import click
+import pandas as pd
+from rich.console import Console
+
+from opprof.analysis.commmodel import fit
+from opprof.commands import echo_output, format_option
+from opprof.errors import OpprofError
+from opprof.files import write_atomic
+from opprof.render import renderer
+
+SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...]:
+    """``4K,1M,64M`` → bytes (K, M, G are powers of 1024)."""
+    from opprof.collectors.netbench import DEFAULT_SIZES
+
+    if value is None:
+        return DEFAULT_SIZES
+    out = []
+    for item in (v.strip().upper() for v in value.split(",") if v.strip()):
+        scale = SUFFIXES.get(item[-1], 1)
+        try:
+            n = int(float(item[:-1] if item[-1] in SUFFIXES else item) * scale)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: sizes like 4K, 1M, 64M") from None
+        if n < 4:
+            raise click.BadParameter(f"{item!r}: at least 4 bytes (one float32)")
+        out.append(n)
+    if not out:
+        raise click.BadParameter("give at least one size")
+    return tuple(sorted(set(out)))
+
+
+@click.command("calibrate")
+@click.option("--fw", type=click.Choice(["torch", "tf", "mxnet"]), required=True,
+              help="Whose collective: torch (gloo all_reduce), tf (CollectiveReduce, ring), "
+                   "mxnet (kvstore push/pull).")
+@click.option("--workers", type=click.IntRange(min=1), required=True)
+@click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Parameter servers (mxnet).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads per worker (default: the host's CPUs split among the processes, "
+                   "as `opprof record` does).")
+@click.option("--sizes", callback=parse_sizes, default=None,
+              help="Message sizes, comma-separated (default 4K,16K,…,64M).")
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed calls per size (after one warm-up call).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The network file to write (JSON).")
+@format_option
+def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tuple[int, ...],
+            repeat: int, timeout_s: float, output: Path, fmt: str) -> None:
+    """Time FW's gradient collective among WORKERS processes on this host over message sizes
+    and fit α (latency) and β (time per byte).
+
+    \b
+    Example:
+      opprof calibrate --fw torch --workers 2 -o net.json
+      opprof calibrate --fw mxnet --workers 2 --servers 1 --sizes 64K,1M,16M -o ps.json
+    """
+    from opprof.collectors import netbench
+
+    job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=sizes, repeat=repeat,
+                       threads=threads, timeout_s=timeout_s)
+    workdir = Path(tempfile.mkdtemp(prefix="opprof-calibrate-"))
+    status = (f"calibrating {fw} {netbench.BACKEND[fw]} on {workers} worker(s): "
+              f"{len(sizes)} sizes × {repeat}")
+    with Console(stderr=True).status(status):
+        samples = netbench.run(job, workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    df = pd.DataFrame(samples)
+    info = {}
+    if "kind" in df:
+        pack = df[df["kind"] == "pack"]
+        big = pack[pack["bytes"] >= 1 << 20]
+        if len(big):  # a copy: time per byte, from the sizes where per-call overhead is small
+            info["pack_ns_per_byte"] = float((big["ns"] / big["bytes"]).median())
+        df = df[df["kind"] != "pack"]
+    # A call's time: the mean over the workers (each timed the same call after a barrier).
+    df["call"] = df.groupby(["rank", "bytes"]).cumcount()
+    calls = df.groupby(["bytes", "call"], as_index=False)["ns"].mean()
+    net = fit(calls, netbench.COLLECTIVE[fw], workers, servers, source="calibrate",
+              framework=fw, backend=netbench.BACKEND[fw],
+              info={"host": socket.gethostname(),
+                    "threads": threads or netbench.default_threads(fw, workers, servers),
+                    "repeat": repeat, **info})
+    if net.collective == "ps":
+        net.servers = servers
+    if not net.beta_ns_per_byte and not net.alpha_ns:
+        raise OpprofError(f"calibrate {fw}: the fit found neither latency nor bandwidth")
+    write_atomic(output, json.dumps(net.to_dict(), indent=2) + "\n")
+    echo_output(renderer(fmt).calibration(net), fmt)
+    click.echo(f"wrote {output}", err=True)

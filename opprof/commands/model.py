@@ -1,0 +1,96 @@
+"""`opprof model`: predict the step time and speed-up on N workers from a trace, and check the
+prediction against a measured multi-worker trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from opprof.analysis.commmodel import Network
+from opprof.analysis.predict import check, predict
+from opprof.commands import echo_output, format_option
+from opprof.errors import OpprofError
+from opprof.loader import load
+from opprof.render import renderer
+
+
+def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    """``1,2,4`` → [1, 2, 4] (each ≥ 1)."""
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: comma-separated integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter("give worker counts of at least 1")
+    return list(dict.fromkeys(out))
+
+
+def read_network(path: Path | None) -> Network | None:
+    """A network file written by `opprof calibrate` (None: none given)."""
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise OpprofError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OpprofError(f"{path}: not JSON ({exc}); write one with `opprof calibrate`") \
+            from None
+    return Network.from_dict(doc, str(path))
+
+
+network_option = click.option(
+    "--network", type=click.Path(path_type=Path), default=None,
+    help="α–β of the collective from `opprof calibrate -o net.json` (default: fitted to the "
+         "trace's own collectives, else an assumed 10 Gb/s Ethernet).")
+mode_option = click.option(
+    "--mode", type=click.Choice(["allreduce", "ps-sync", "ps-async"]), default=None,
+    help="Distributed mode (default: the trace's, or the framework's usual: torch and tf "
+         "allreduce, mxnet ps-sync).")
+servers_option = click.option("--servers", type=click.IntRange(min=1), default=None,
+                              help="Parameter servers (ps modes; default the trace's, or 1).")
+
+
+@click.command("model")
+@click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--workers", "workers", default="1,2,4,8", show_default=True,
+              callback=workers_list, help="Worker counts to predict, comma-separated.")
+@mode_option
+@servers_option
+@network_option
+@click.option("--check", "measured", type=click.Path(path_type=Path), default=None,
+              help="A measured multi-worker trace: the prediction for its worker count beside "
+                   "its terms, with the error.")
+@click.option("--straggler/--no-straggler", default=True, show_default=True,
+              help="Add the expected wait for the slowest of N workers in each synchronous "
+                   "step (σ of the base's per-step compute time × E[max of N normals]).")
+@format_option
+def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
+            servers: int | None, network: Path | None, measured: Path | None,
+            straggler: bool, fmt: str) -> None:
+    """Predict TRACE's step time and speed-up on N workers (terms, α–β communication,
+    layer-wise pipeline), and optionally check it against a measured run.
+
+    \b
+    Example:
+      opprof model resnet18-torch.trace --workers 1,2,4,8,16 --mode allreduce
+      opprof model resnet18-torch.trace --workers 2 --check resnet18-ddp2.trace
+      opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
+    """
+    label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
+    net = read_network(network)
+    tr = load(list(trace))
+    if measured is not None:
+        m = load(measured)
+        m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
+        if m_workers not in workers:
+            workers = [*workers, m_workers]
+        mode = mode or (str(m.meta.get("mode")) if m_workers > 1 else None)
+        servers = servers or (int(m.meta.get("servers") or 0) or None)
+    result = predict(tr, workers, mode=mode, servers=servers, network=net,
+                     straggler=straggler, label=label)
+    if measured is not None:
+        result.check = check(result, m, measured.name)
+    echo_output(renderer(fmt).model(result), fmt)

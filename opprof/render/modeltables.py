@@ -1,0 +1,57 @@
+"""The tables of `opprof model`, `opprof whatif` and `opprof calibrate` as DataFrames, shared by
+the csv and markdown renderers (and the JSON one's lists)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from opprof.analysis.commmodel import Network
+from opprof.analysis.predict import ModelResult
+from opprof.analysis.terms import PHASE_OF
+from opprof.analysis.whatif import WhatIf
+from opprof.taxonomy import PHASES
+
+
+def terms_table(result: ModelResult) -> pd.DataFrame:
+    """The base's terms with their spread (ns per step)."""
+    s = result.base.terms.spread.copy()
+    s.insert(1, "phase", s["term"].map(PHASE_OF).fillna(""))
+    return s
+
+
+def predictions_table(result: ModelResult) -> pd.DataFrame:
+    """One row per predicted worker count, with the predicted terms."""
+    rows = []
+    for p in result.predictions:
+        rows.append({"workers": p.workers, "mode": p.mode, "servers": p.servers,
+                     "step_ns": p.step_ns, "speedup": p.speedup, "efficiency": p.efficiency,
+                     "exposed_comm_ns": p.exposed_comm_ns, "comm_busy_ns": p.comm_busy_ns,
+                     "wait_ns": p.wait_ns, **p.terms()})
+    return pd.DataFrame(rows)
+
+
+def check_table(result: ModelResult) -> pd.DataFrame:
+    """Predicted beside measured, term by term (empty without --check)."""
+    if result.check is None:
+        return pd.DataFrame(columns=["term", "predicted_ns", "measured_ns", "error_ns", "error"])
+    return result.check.terms
+
+
+def whatif_table(w: WhatIf) -> pd.DataFrame:
+    """Per phase: measured, what-if, delta; then the step."""
+    rows = [{"phase": p, "base_ns": w.base_phases[p], "whatif_ns": w.phases[p],
+             "delta_ns": w.phases[p] - w.base_phases[p]} for p in PHASES]
+    rows.append({"phase": "step", "base_ns": w.base_step_ns, "whatif_ns": w.step_ns,
+                 "delta_ns": w.delta_ns})
+    return pd.DataFrame(rows)
+
+
+def scenario_table(w: WhatIf) -> pd.DataFrame:
+    """Each change with its own effect on the step."""
+    return pd.DataFrame([c.to_dict() for c in w.scenario],
+                        columns=["kind", "target", "value", "factor", "wall_ns", "delta_ns"])
+
+
+def samples_table(net: Network) -> pd.DataFrame:
+    """The measured message sizes of a network fit with their predicted times."""
+    return pd.DataFrame(net.samples, columns=["bytes", "ns", "calls", "predicted_ns"])
