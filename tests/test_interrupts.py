@@ -141,7 +141,7 @@ def test_sigterm_during_tf_allreduce_is_not_swallowed_by_tf(folder: Path) -> Non
     # the workers must still write their steps and end.
     needs("tensorflow", "xprof")
     line, out = interrupt_record(folder, signal.SIGTERM, "tf", "resnet18", "--workers", "2",
-                                 "--mode", "allreduce", steps=10)
+                                 "--mode", "allreduce", steps=10, each=("worker 0", "worker 1"))
     assert "worker 0 kept " in line and "worker 1 kept " in line, line
     check_partial(out, line, [0, 1])
 

@@ -137,7 +137,10 @@ def test_bench_repeat_reports_the_median_and_spread(tmp_path: Path) -> None:
                                                  / statistics.median(each))
     if run["repeat_spread"] > noise.NOISE_SPREAD:
         assert "noisy" in run["flags"].split(",")
-    assert f"{run['samples_per_s']:,.1f} ({min(each):,.1f}–{max(each):,.1f})" in res.stdout
+    row = next(ln for ln in res.stdout.splitlines() if ln.startswith("│ torch │ lenet5"))
+    below = res.stdout.splitlines()[res.stdout.splitlines().index(row) + 1]
+    assert f" {run['samples_per_s']:,.1f} │" in row  # the median, its range below it
+    assert f" ({min(each):,.1f}–{max(each):,.1f}) │" in below
     # --resume keeps the three recordings
     again = run_cli("bench", "--fw", "torch", "--model", "lenet5", "--batch-size", "8",
                     "--steps", "2", "--warmup", "1", "--timing-steps", "2", "--workers", "1",

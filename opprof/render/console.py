@@ -484,20 +484,23 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
 
 
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
-    """Runs, their phase breakdown, and the operator-ratio table for a terminal."""
+    """Runs (with their noise flags), the model's predictions and memory, their phase
+    breakdown, and the operator-ratio table for a terminal."""
     t = Table(title="opprof bench — runs", title_justify="left")
+    m = Table(title="Predicted scaling and memory", title_justify="left")
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling",
-              "predicted ms", "predicted scaling", "error", "mem", "mem ratio", "profiled mem",
-              "flags"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
-                     else "right", no_wrap=c == "samples/s")  # a range stays on one line
+                     else "right")
+    for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem ratio",
+              "profiled mem"]:
+        m.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
                      style=PHASE_STYLE.get(c, ""))
-    notes = []
+    notes, model_notes = [], []
     for r in table.to_dict("records"):
         ok = r["status"] in ("ok", "resumed")
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
@@ -508,27 +511,29 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
-                  ms(pred) if has else "-",
-                  f"{pct(r['predicted_scaling'])} vs {pct(r['profiled_scaling'])}" if has
-                  else "-", f"{r['prediction_error']:+.1%}" if has else "-",
-                  mib(r.get("unprofiled_rss_bytes")) if ok else "-",
-                  f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-",
-                  mib(r.get("peak_rss_bytes")) if ok else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
+        if ok:
+            m.add_row(*head, ms(pred) if has else "-",
+                      f"{pct(r['predicted_scaling'])} vs {pct(r['profiled_scaling'])}" if has
+                      else "-", f"{r['prediction_error']:+.1%}" if has else "-",
+                      mib(r.get("unprofiled_rss_bytes")),
+                      f"{r['rss_ratio']:.2f}x" if _known(r.get("rss_ratio")) else "-",
+                      mib(r.get("peak_rss_bytes")))
         if ok and r.get("workers", 1) > 1 and not has and r.get("prediction_note"):
-            notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no prediction — "
-                         f"{r['prediction_note']}")
+            model_notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no "
+                               f"prediction — {r['prediction_note']}")
         if ok:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker); predicted: the model from the 1-worker run (profiled "
-                           "ms; scaling = step(1) ÷ step(N), predicted vs measured; error of "
-                           "the predicted step); mem: resident peak of the largest worker before "
-                           "profiling (profiled mem: until the last profiled step, the "
-                           "profiler's buffers included); mem ratio: mem over the leanest run "
-                           "of the same model and workers", *_flag_notes(table), *notes])
+                           "1 worker)", *_flag_notes(table), *notes])
+    m.caption = "\n".join(["predicted: the model from the 1-worker run (profiled ms; scaling = "
+                           "step(1) ÷ step(N), predicted vs measured; error of the predicted "
+                           "step); mem: resident peak of the largest worker before profiling "
+                           "(profiled mem: until the last profiled step, the profiler's buffers "
+                           "included); mem ratio: mem over the leanest run of the same model "
+                           "and workers", *model_notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
@@ -538,15 +543,15 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    return [t, p, o]
+    return [t, m, p, o]
 
 
 def _sps(r: dict) -> str:
-    """samples/s, with the range over repetitions (``bench --repeat``)."""
+    """samples/s, with the range over repetitions below it (``bench --repeat``)."""
     text = f"{r['samples_per_s']:,.1f}"
     low, high = r.get("samples_per_s_min"), r.get("samples_per_s_max")
     if (r.get("repeats") or 1) > 1 and low is not None and high is not None:
-        text += f" ({low:,.1f}–{high:,.1f})"
+        text += f"\n({low:,.1f}–{high:,.1f})"
     return text
 
 
@@ -563,8 +568,9 @@ def _flag_notes(table: pd.DataFrame) -> list[str]:
 
     if "flags" not in table or not table["flags"].fillna("").astype(bool).any():
         return []
-    return [f"flags: noisy = the unprofiled steps' IQR over {NOISE_SPREAD:.0%} of their median, "
-            f"a change over {NOISE_DRIFT:.0%} from before to after the profile, or repetitions' "
+    return [f"flags: noisy = the unprofiled steps' IQR over "
+            f"{NOISE_SPREAD:.0%} of their median, a change over {NOISE_DRIFT:.0%} from before "
+            f"to after the profile, or repetitions' "
             f"samples/s over {NOISE_SPREAD:.0%} apart; overhead = profiled steps over "
             f"{OVERHEAD_LIMIT:g}x the unprofiled — compare these runs with care"]
 
