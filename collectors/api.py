@@ -42,7 +42,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
 
     def __init__(self, steps: int = 5, warmup: int = 2, output: str | os.PathLike = "profile.trace",
                  *, timing_steps: int = 3, fw: str = "auto", profile_memory: bool = True) -> None:
-        self.protocol = Protocol(steps, warmup, timing_steps, profile_memory)
+        self.protocol = Protocol(steps, warmup, timing_steps, profile_memory=profile_memory)
         self.protocol.check()
         self.output = Path(output)
         self.fw = fw

@@ -9,6 +9,10 @@ command) without pipes or sockets.
   skipped for that poll);
 * ``procs/<role><rank>.claim``: a process claims its rank before writing its trace, so two
   processes that both think they are rank 0 never overwrite each other's files;
+* ``procs/<pid>.fault``: where Python's :mod:`faulthandler` writes the traceback of a
+  process killed by a fatal signal (SIGABRT, SIGSEGV, SIGBUS …), so that a process that
+  vanished without a word (a `run` command's ranks have no log of their own) is named with
+  what killed it and where (:func:`fault_of`);
 * ``control``: one word the supervisor or a lead process writes for the others to read (the
   TensorFlow parameter-server job's ``start`` / ``stop`` of the servers' profilers).
 """
@@ -16,6 +20,7 @@ command) without pipes or sockets.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import time
 from collections.abc import Callable
@@ -73,6 +78,40 @@ class Reporter:
             os.write(fd, str(self.facts.pid).encode())
             os.close(fd)
             return rank
+
+
+_FAULT_SUFFIX = ".fault"
+_fault_file: list = []  # kept open for faulthandler, one per process
+
+
+def watch_faults(folder: Path) -> None:
+    """Have this process's fatal-signal traceback written to ``procs/<pid>.fault`` (unless
+    faulthandler is already on: the user's own choice stays)."""
+    if faulthandler.is_enabled() or any(f[0] == os.getpid() for f in _fault_file):
+        return
+    try:
+        path = status_dir(folder) / f"{os.getpid()}{_FAULT_SUFFIX}"
+        out = open(path, "w")  # noqa: SIM115 - open for the life of the process
+        faulthandler.enable(file=out, all_threads=False)
+        _fault_file.append((os.getpid(), out))
+    except (OSError, ValueError, RuntimeError):
+        pass
+
+
+def fault_of(folder: Path, pid: int) -> str:
+    """``Fatal Python error: Aborted, in FILE:LINE (FUNCTION)``: what faulthandler wrote for
+    process ``pid`` (empty when it did not die of a fatal signal)."""
+    try:
+        lines = (status_dir(folder) / f"{pid}{_FAULT_SUFFIX}").read_text(
+            errors="replace").splitlines()
+    except OSError:
+        return ""
+    head = next((ln.strip() for ln in lines if ln.startswith("Fatal Python error")), "")
+    if not head:
+        return ""
+    frames = [ln.strip() for ln in lines if ln.strip().startswith("File ")]
+    where = f", in {frames[0].removeprefix('File ')}" if frames else ""
+    return f"{head}{where}"[:300]
 
 
 def read_all(folder: Path) -> list[Facts]:

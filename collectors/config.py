@@ -147,19 +147,22 @@ class Rendezvous:
 @dataclass(frozen=True)
 class Protocol:
     """What the runner does in every process: ``warmup`` unprofiled steps, ``timing_steps``
-    unprofiled timed steps (their mean is the unprofiled step time, so the profiler's own
-    overhead is known), then ``steps`` profiled steps."""
+    unprofiled timed steps (the median of all timed steps is the unprofiled step time, so the
+    profiler's own overhead is known), then ``steps`` profiled steps, then ``timing_after``
+    unprofiled timed steps more (so a change of the machine's load during the run is seen)."""
 
     steps: int = 5
     warmup: int = 2
     timing_steps: int = 3
+    timing_after: int = 0
     #: Record the framework allocator's memory events with the profiler (torch and MXNet
     #: ``profile_memory``; TensorFlow records its allocator at host tracer level 2 anyway).
     profile_memory: bool = True
 
     def check(self, *, min_warmup: int = 0, min_timing: int = 0) -> None:
         for name, value, low in (("steps", self.steps, 1), ("warmup", self.warmup, min_warmup),
-                                 ("timing_steps", self.timing_steps, min_timing)):
+                                 ("timing_steps", self.timing_steps, min_timing),
+                                 ("timing_after", self.timing_after, 0)):
             if value < low:
                 raise OpprofError(f"{name} must be at least {low}, got {value}")
 
@@ -171,9 +174,11 @@ class Protocol:
 
 @dataclass(frozen=True)
 class Fault:
-    """Test-only: make one process die (``exit``: code 3) or hang when it reaches a stage
-    (``setup``, ``warmup``, ``timing``, ``profile``, ``write``). ``who`` is a process label:
-    ``rank 1``, ``worker 1``, ``server 0``, ``scheduler``."""
+    """Test-only: make one process fail when it reaches a stage (``setup``, ``warmup``,
+    ``timing``, ``profile``, ``write``): ``exit`` (code 3), ``hang``, ``kill`` (SIGKILL),
+    ``stop`` (SIGSTOP) or ``fsize`` (killed by the kernel half-way through writing its trace;
+    see :func:`.runner.fault_point`). ``who`` is a process label: ``rank 1``, ``worker 1``,
+    ``server 0``, ``scheduler``."""
 
     who: str
     at: str = "warmup"
@@ -224,7 +229,9 @@ class RecordConfig:
 
     @property
     def protocol(self) -> Protocol:
-        return Protocol(self.steps, self.warmup, self.timing_steps, self.profile_memory)
+        """The runner's protocol: the unprofiled timing is repeated after the profile."""
+        return Protocol(self.steps, self.warmup, self.timing_steps,
+                        timing_after=self.timing_steps, profile_memory=self.profile_memory)
 
     def to_json(self) -> str:
         """The configuration as JSON (enums as their values), for the worker processes."""
@@ -266,6 +273,8 @@ class Facts:
     profiled_steps: int = 0  # profiled steps completed
     profiled_target: int = 0
     unprofiled_step_ns: int | None = None
+    timing_ns: list[int] = field(default_factory=list)  # each unprofiled timed step, before
+    timing_after_ns: list[int] = field(default_factory=list)  # and after the profile
     profiled_wall_ns: int | None = None
     threads: Any = None
     native: list[str] = field(default_factory=list)
@@ -293,6 +302,8 @@ class Facts:
             return "shut-down"
         if self.stage == "clock":
             return "clock sync"
+        if self.stage == "write":
+            return "writing its trace"
         return f"{self.stage} ({self.done}/{self.total} steps done)"
 
 
@@ -337,6 +348,9 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
         "hosts": sorted({f.host for f in facts}),
         "unprofiled_step_ns": step_ns,
         "unprofiled_step_ns_per_rank": {str(f.rank): f.unprofiled_step_ns for f in workers},
+        "unprofiled_samples_ns": {str(f.rank): {"before": f.timing_ns,
+                                                "after": f.timing_after_ns}
+                                  for f in workers if f.timing_ns or f.timing_after_ns},
         "profiled_wall_ns": max((f.profiled_wall_ns or 0 for f in workers), default=0) or None,
         "rank_pids": {str(f.rank): f.pid for f in workers},
         "tasks": [{"role": str(f.role), "task": f.label.replace(" ", ""), "rank": f.rank}

@@ -36,8 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opprof.collectors.channel import watch_faults
 from opprof.collectors.config import Framework, Protocol
-from opprof.collectors.runner import Runner
+from opprof.collectors.runner import Runner, writing
 
 RUN_ENV = "OPPROF_RUN"
 PATHS_ENV = "OPPROF_PATHS"
@@ -65,6 +66,7 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     env[RUN_ENV] = json.dumps({"folder": str(Path(folder).resolve()), "fw": fw,
                                "steps": protocol.steps, "warmup": protocol.warmup,
                                "timing_steps": protocol.timing_steps,
+                               "timing_after": protocol.timing_after,
                                "profile_memory": protocol.profile_memory})
     # Where this opprof's packages are, so that every child runs this very hook whatever
     # opprof (if any) its own Python has installed.
@@ -85,7 +87,8 @@ def activate() -> None:
     run = json.loads(spec)
     wanted = {Framework(run["fw"])} if run.get("fw", "auto") != "auto" else set(Framework)
     protocol = Protocol(int(run["steps"]), int(run["warmup"]), int(run["timing_steps"]),
-                        bool(run.get("profile_memory", True)))
+                        timing_after=int(run.get("timing_after", 0)),
+                        profile_memory=bool(run.get("profile_memory", True)))
     folder = Path(run["folder"])
     if os.environ.get("DMLC_ROLE") == "server" and Framework.MXNET in wanted:
         _announce_server(folder)
@@ -125,6 +128,7 @@ def claim(runner: Runner) -> bool:
     atexit.register(_at_exit)
     _wrap_excepthook()
     _handle_sigterm()
+    watch_faults(runner.folder)
     return True
 
 
@@ -173,12 +177,15 @@ def _wrap_excepthook() -> None:
 def _handle_sigterm() -> None:
     """Keep the profile of a process ended by SIGTERM (torchrun stops the other ranks so
     when one fails): only if the script left SIGTERM's default action, and from the main
-    thread; the process then still ends by SIGTERM."""
+    thread; the process then still ends by SIGTERM. A SIGTERM that arrives while the trace is
+    being written (at exit, or after an earlier one) lets the write finish."""
     try:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
 
         def on_sigterm(sig: int, frame: Any) -> None:
+            if writing():
+                return
             _state["error"] = "terminated by SIGTERM"
             _at_exit()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

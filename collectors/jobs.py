@@ -56,7 +56,7 @@ from opprof.collectors.supervisor import (
     log_name,
     no_progress,
 )
-from opprof.errors import OpprofError
+from opprof.errors import Interrupted, OpprofError
 
 CONFIG_FILE = "record.config"
 
@@ -153,8 +153,8 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
                     "MKL_NUM_THREADS": str(config.threads)})
     plan, job = _PLANS[config.fw](config, argv, env)
     what = f"{config.fw} {config.mode}"
-    with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress) as sup, \
-            sampling(sup, config.memory_interval_s):
+    with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress,
+                    watch_progress=True) as sup, sampling(sup, config.memory_interval_s):
         # A launcher's children (torchrun's ranks) name themselves from its environment.
         children = [sup.start(p.label, p.argv, cwd=workdir, log=workdir / log_name(p.label),
                               env={**env, **p.env, **({} if p.explain else {LABEL_ENV: p.label})},
@@ -167,10 +167,50 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
             def done(s: Supervisor) -> bool:  # the chief is done: stop the servers
                 return chief.code == 0
 
-        sup.wait(done)
+        try:
+            sup.wait(done)
+        except Interrupted as exc:
+            # What the processes wrote before they stopped, for the caller to keep.
+            exc.recording = partial_recording(config, workdir, sup.statuses(), job,  # type: ignore[attr-defined]
+                                              f"interrupted by {exc.name}")
+            raise
         for c in children:
             c.expected_exit = True
     return _recording(config, workdir, sup.statuses(), job)
+
+
+def partial_recording(config: RecordConfig, workdir: Path, facts: list[Facts],
+                      job: dict[str, Any], reason: str) -> Recording | None:
+    """The traces of a run cut short (``reason``): those its processes wrote (each holds its
+    completed profiled steps), with the run's metadata, ``meta["partial"]`` saying why and
+    how far each process got; None when no process wrote a trace."""
+    job = {k: v for k, v in job.items() if k != "expected_profiles"}
+    profiled = [f for f in facts if f.native and all(Path(p).is_file() for p in f.native)]
+    if not profiled:
+        return None
+    order = sorted(profiled, key=lambda f: (f.role != Role.WORKER, f.rank or 0))
+    native = [Path(p) for f in order for p in f.native]
+    servers = sorted(workdir.glob("rank*_server.json"))
+    if servers:
+        job["server_traces"] = len(servers)
+    meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,
+                    batch_size=config.batch_size, mode=str(config.mode),
+                    device=order[0].extra.get("device", str(config.device)), seed=config.seed,
+                    command=config.command, **job)
+    meta["profiled_steps"] = config.steps
+    meta["memory_interval_s"] = config.memory_interval_s
+    meta["partial"] = partial_meta(facts, reason)
+    # (the memory samples are written when the sampler stops: the caller adds them)
+    return Recording(native=native + servers, meta=meta)
+
+
+def partial_meta(facts: list[Facts], reason: str) -> dict[str, Any]:
+    """``meta["partial"]``: why a recording is incomplete and the profiled steps each
+    worker kept."""
+    return {"reason": reason,
+            "kept_steps": {str(f.rank): f.profiled_steps for f in facts
+                           if f.role == Role.WORKER and f.native and f.rank is not None},
+            "target_steps": max((f.profiled_target for f in facts), default=0)}
 
 
 def json_fault(config: RecordConfig) -> str:

@@ -13,10 +13,18 @@ decided here, the same way for every framework:
    profiled steps, each between two step markers (``ProfilerStep#N``, ``opprof.step#N``,
    ``train N``); then it stops and writes this process's native trace, named by its rank.
 
-At every step boundary the process's :class:`~.config.Facts` go to its status file (the
-progress channel, :mod:`.channel`), and so do its trace files and timings at the end. A
-process that ends early (an exception, a signal, the end of the script) calls
-:meth:`Runner.close`: the profiled steps that completed are written, the incomplete one is not.
+4. ``timing_after`` more unprofiled timed steps (`record`; `run` when the script goes on):
+   the unprofiled step time is measured on both sides of the profile, so a machine whose load
+   changed during the run is seen (:mod:`opprof.analysis.noise`), not taken for the
+   profiler's overhead.
+
+Every timed step's duration is kept (``timing_ns``, ``timing_after_ns``); the unprofiled step
+time is their median. At every step boundary the process's :class:`~.config.Facts` go to its
+status file (the progress channel, :mod:`.channel`), and so do its trace files and timings at
+the end; the stage is ``write`` while the profiler writes. A process that ends early (an
+exception, a signal, the end of the script) calls :meth:`Runner.close`: the profiled steps
+that completed are written, the incomplete one is not; :func:`drive` does so for any
+exception, and :func:`writing` tells a signal handler not to interrupt the write.
 
 An adapter (:class:`Adapter`) holds only framework calls. Test-only fault injection is here
 too, and only here (:func:`fault_point`, from ``$OPPROF_TEST_FAULT``).
@@ -27,7 +35,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -111,19 +121,76 @@ def _env_identity() -> tuple[Role, int | None, str]:
     return Role.WORKER, None, f"pid {os.getpid()}"
 
 
+#: Test-only: what a fault does to the process it names (:func:`fault_point`).
+FAULT_ACTIONS = ("exit", "hang", "kill", "stop", "fsize")
+#: The file size limit of the ``fsize`` fault: the next trace written is cut at this size.
+FAULT_FSIZE = 64 * 1024
+
+
 def fault_point(label: str, stage: str) -> None:
-    """Test-only: die (exit code 3) or hang here if ``$OPPROF_TEST_FAULT`` names this process
-    (``{"who": "rank 1", "at": "warmup", "action": "exit"|"hang"}``) and this stage."""
+    """Test-only: fail here if ``$OPPROF_TEST_FAULT`` names this process (``{"who": "rank 1",
+    "at": "warmup", "action": ...}``) and this stage: ``exit`` (code 3), ``hang`` (sleep
+    forever), ``kill`` (a real SIGKILL to itself), ``stop`` (a real SIGSTOP: frozen), or
+    ``fsize`` (a file size limit of FAULT_FSIZE bytes, so that the kernel kills the process
+    with SIGXFSZ in the middle of writing its trace, leaving it half-written)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     fault = json.loads(spec)
     if fault.get("who") != label or fault.get("at", "warmup") != stage:
         return
-    if fault.get("action") == "hang":
+    action = fault.get("action", "exit")
+    if action == "hang":
         while True:
             time.sleep(3600)
+    if action in ("kill", "stop"):
+        os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+        return
+    if action == "fsize":
+        import resource
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FAULT_FSIZE, FAULT_FSIZE))
+        # Python ignores SIGXFSZ (a write past the limit then fails with EFBIG, which a
+        # framework's C++ writer may not check); the kernel's default kills the process.
+        with contextlib.suppress(ValueError):  # not the main thread: EFBIG then
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        return
     os._exit(3)
+
+
+_WRITING: list[int] = []  # pids whose runner is writing its trace now
+
+
+def writing() -> bool:
+    """Whether this process's runner is writing its trace (a SIGTERM handler then lets it
+    finish: the supervisor kills what overstays)."""
+    return os.getpid() in _WRITING
+
+
+@contextlib.contextmanager
+def _writing() -> Any:
+    _WRITING.append(os.getpid())
+    try:
+        yield
+    finally:
+        _WRITING.remove(os.getpid())
+
+
+def reclaim_sigterm() -> None:
+    """Install again the Python SIGTERM handler this process had (a `record` worker's): a
+    library that set its own at the C level (TensorFlow's preemption notifier, when a
+    multi-worker strategy starts) would otherwise swallow SIGTERM unseen by Python."""
+    with contextlib.suppress(ValueError, TypeError):  # not the main thread; no handler
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler):
+            signal.signal(signal.SIGTERM, handler)
+
+
+def median_ns(samples: list[int]) -> int | None:
+    """The median of step durations (None for none)."""
+    return int(statistics.median(samples)) if samples else None
 
 
 class Runner:
@@ -143,6 +210,9 @@ class Runner:
         self.profiling = False
         self.finished = False
         self.progress: dict[str, list[int]] = {}
+        self.before: list[int] = []  # unprofiled step durations before the profile (ns)
+        self.after: list[int] = []  # and after it
+        self._last = 0
 
     # -- where the protocol stands
 
@@ -177,7 +247,10 @@ class Runner:
         if self.finished:
             return
         self.n = max(self.n, 0) + 1
-        self._at_boundary()
+        if self.n > self.end_at:
+            self._after_boundary()
+        else:
+            self._at_boundary()
 
     def step_or_give_up(self) -> None:
         """:meth:`step` for a hook inside someone else's training: a failure of opprof's own
@@ -199,10 +272,16 @@ class Runner:
         if self.finished:
             return
         self.finished = True
+        if self.facts.stage == "done":  # profiled and written; the timing after was cut short
+            self.reporter.update(timing_after_ns=list(self.after))
+            return
         changes: dict[str, Any] = {"ended": reason}
         if self.profiling:
             self.profiling = False
-            files = self.adapter.stop(complete=False)
+            self.reporter.update(stage="write", ended=reason)
+            with _writing():
+                files = self.adapter.stop(complete=False)
+            changes["stage"] = "profile"  # written: no longer in the middle of it
             if self.facts.profiled_steps:
                 changes["native"] = [str(p) for p in files]
             else:  # not one profiled step completed: nothing worth keeping
@@ -251,11 +330,22 @@ class Runner:
     def _extra(self) -> dict[str, Any]:
         return {**self.facts.extra, "progress": dict(self.progress)}
 
+    def _after_boundary(self) -> None:
+        """A step after the profile ended: timed, unprofiled (``timing_after``)."""
+        self.adapter.sync()
+        now = time.perf_counter_ns()
+        self.after.append(now - self._last)
+        self._last = now
+        if len(self.after) >= self.protocol.timing_after:
+            self.finished = True
+            self.reporter.update(timing_after_ns=list(self.after),
+                                 unprofiled_step_ns=median_ns(self.before + self.after))
+
     def _start_profile(self) -> None:
         p = self.protocol
-        times = [self.marks[i + 1] - self.marks[i] for i in range(p.warmup, self.start_at)
-                 if i in self.marks]
-        step_ns = int(sum(times) / len(times)) if times else None
+        self.before = [self.marks[i + 1] - self.marks[i] for i in range(p.warmup, self.start_at)
+                       if i in self.marks and i + 1 in self.marks]
+        step_ns = median_ns(self.before)
         extra = {**self._extra(), **self.adapter.before_profile()}
         role, rank = self.adapter.identity()
         if rank is None:
@@ -265,6 +355,7 @@ class Runner:
             f"rank {rank}" if role == Role.WORKER else f"{role} {rank}")
         self.progress["profile"] = [0, p.steps]
         self.reporter.update(role=role, rank=rank, label=label, unprofiled_step_ns=step_ns,
+                             timing_ns=list(self.before),
                              stage="profile", done=0, total=p.steps, steps_seen=self.n,
                              extra={**extra, "progress": dict(self.progress)})
         self.adapter.start(self.folder, role, rank)
@@ -272,14 +363,17 @@ class Runner:
 
     def _stop_profile(self) -> dict[str, Any]:
         fault_point(self.label, "write")
-        files = self.adapter.stop(complete=True)
+        self.reporter.update(stage="write", profiled_steps=self.protocol.steps)
+        with _writing():
+            files = self.adapter.stop(complete=True)
         self.profiling = False
         first = self.start_at + self.adapter.profiler_warmup
         wall = self.marks[self.end_at] - self.marks[first]
         self.adapter.after_profile()
-        self.finished = True
+        self.finished = self.protocol.timing_after <= 0
         facts = self.adapter.facts()
         self.adapter.release()
+        self._last = time.perf_counter_ns()  # the steps after are timed from here
         self.progress["profile"] = [self.protocol.steps, self.protocol.steps]
         return {"stage": "done", "done": 1, "total": 1, "native": [str(p) for p in files],
                 "profiled_steps": self.protocol.steps, "profiled_wall_ns": wall,
@@ -288,8 +382,20 @@ class Runner:
 
 
 def drive(runner: Runner, step: Callable[[], object]) -> None:
-    """Run ``step`` until the runner's protocol is done (the built-in models of `record`)."""
-    runner.begin()
-    while not runner.finished:
-        step()
-        runner.step()
+    """Run ``step`` until the runner's protocol is done (the built-in models of `record`).
+    Whatever ends it early (an error, a peer that died, SIGTERM) first has the runner keep
+    the profiled steps that completed."""
+    try:
+        runner.begin()
+        while not runner.finished:
+            step()
+            runner.step()
+    except BaseException as exc:
+        why = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else (
+            f"{type(exc).__name__}: {first_line(exc)}")
+        try:
+            runner.close(why)
+        except Exception as inner:  # noqa: BLE001 - the first failure is the one to report
+            print(f"opprof: could not keep the profiled steps ({type(inner).__name__}: "
+                  f"{first_line(inner)})", file=sys.stderr)
+        raise

@@ -14,6 +14,19 @@ descendants (a command kept in opprof's foreground group), a grace period, then 
 all of them and to every process that reported on the channel, so that nothing the run started
 is left behind, grandchildren included.
 
+Interrupts (:meth:`Supervisor.interrupt`): while it watches, a first SIGINT, SIGTERM or SIGHUP
+stops the run in order — the processes that report progress (they hold a profile to write)
+get SIGTERM first (a command of `run` first gets the SIGINT itself, as from a terminal), then,
+once they have ended or most of :data:`GRACE_S` has passed, everything else opprof started;
+what is left is killed, so every process is gone within about five seconds. It then raises
+:class:`~opprof.errors.Interrupted` with one line naming what was stopped and how far each
+process got. A second signal kills everything at once.
+
+Hangs (``watch_progress``, `record`'s built-in models, which never pause): a process that has
+been stopped (SIGSTOP, state T) for :data:`STOPPED_S`, or whose progress has not moved for
+:data:`HANG_FACTOR` times its slowest step (at least :data:`HANG_MIN_S`), ends the run with a
+line naming it, before the time limit.
+
 Extension points, kept in one place: :meth:`Supervisor.every` registers a function called at
 a fixed interval while the run is watched (sampling the resident memory of every supervised
 process from outside); ``forward`` passes signals the supervisor receives on to its children
@@ -35,11 +48,24 @@ from pathlib import Path
 
 from opprof.collectors import channel
 from opprof.collectors.config import Facts
-from opprof.errors import OpprofError
+from opprof.errors import Interrupted, OpprofError, signal_name
 
 LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
-_STAGE_ORDER = ("start", "setup", "warmup", "timing", "clock", "profile", "done")
+_STAGE_ORDER = ("start", "setup", "warmup", "timing", "clock", "profile", "write", "done")
+#: Signals that interrupt a watched run (a scheduler's preemption, Ctrl-C, a closed terminal).
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds an interrupted run's processes get to write what they profiled before the rest is
+#: stopped and everything left is killed (the whole stop stays within about 5 s).
+GRACE_S = 4.0
+#: A `run` command interrupted by SIGINT first gets this long to end on its own.
+SIGINT_GRACE_S = 1.5
+#: A process stopped (state T) this long ends a `record` run.
+STOPPED_S = 10.0
+#: A `record` process whose progress has not moved for HANG_FACTOR times its slowest step so
+#: far (and at least HANG_MIN_S seconds) is hung.
+HANG_FACTOR = 10.0
+HANG_MIN_S = 60.0
 
 #: progress(stage, done, total): called as the run advances ("warmup", "timing", "profile").
 Progress = Callable[[str, int, int], None]
@@ -175,6 +201,8 @@ class Supervisor:
     timeout_s: float | None = None
     progress: Progress = no_progress
     forward: tuple[int, ...] = ()
+    #: Stop the run when a process froze or stopped making progress (see the module docstring).
+    watch_progress: bool = False
     children: list[Child] = field(default_factory=list)
     _ticks: list[tuple[float, Callable[[], None], list[float]]] = field(default_factory=list)
     _shown: dict[str, list[int]] = field(default_factory=dict)
@@ -183,6 +211,9 @@ class Supervisor:
         self.folder = Path(self.folder)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + self.timeout_s if self.timeout_s else None
+        self._signals: list[int] = []  # interrupts received while watching
+        self._beats: dict[int, tuple[tuple, float, float]] = {}  # pid → (progress, since, slowest)
+        self._frozen: dict[int, float] = {}  # pid → since when it is in state T
 
     # -- starting
 
@@ -224,8 +255,10 @@ class Supervisor:
         """Watch until every child has exited (or ``done(self)`` holds); the exit codes by
         label. With ``fail_fast`` a child that fails stops the run with one OpprofError line;
         at the time limit the run is stopped with one line naming who hung."""
-        with self._forwarding():
+        with self._forwarding(), self._interruptible():
             while True:
+                if self._signals:
+                    self.interrupt(self._signals[0])
                 self._relay()
                 self._tick()
                 codes = {c.label: c.code for c in self.children}
@@ -242,6 +275,10 @@ class Supervisor:
                     line = self.timeout_line()
                     self.stop()
                     raise OpprofError(line)
+                hung = self.hang_line() if self.watch_progress else None
+                if hung:
+                    self.stop()
+                    raise OpprofError(hung)
                 time.sleep(POLL_S)
 
     @contextlib.contextmanager
@@ -262,6 +299,135 @@ class Supervisor:
         finally:
             for sig, old in saved.items():
                 signal.signal(sig, old)
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """While watching, note the interrupts (the watch loop acts on them); a second one
+        kills every process at once."""
+        saved = {}
+
+        def handler(sig: int, frame: object) -> None:
+            self._signals.append(sig)
+            if len(self._signals) > 1:
+                self.kill_all()
+
+        with contextlib.suppress(ValueError):  # not the main thread: the caller handles them
+            for sig in INTERRUPTS:
+                if sig not in self.forward:
+                    saved[sig] = signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in saved.items():
+                signal.signal(sig, old)
+
+    def interrupt(self, sig: int) -> None:
+        """Stop the run because of signal ``sig`` (see the module docstring) and raise
+        :class:`Interrupted` with one line: what was stopped, how far each process got,
+        where its files are."""
+        t0 = time.monotonic()
+        tree = self._tree()
+        statuses = [s for s in self.statuses() if s.pid != os.getpid() and _alive(s.pid)]
+        # Processes inside the protocol hold a profile to write; servers, schedulers and
+        # processes still starting up do not.
+        writers = [s.pid for s in statuses if s.stage not in ("start", "ready", "serving")]
+        others = [s.pid for s in statuses if s.pid not in writers]
+        end = t0 + GRACE_S
+        if sig == signal.SIGINT and any(not c.own_group for c in self.children):
+            # A command in opprof's own process group got the terminal's Ctrl-C with opprof;
+            # from elsewhere (kill -INT), it gets it now. Either way it may end on its own.
+            if not _from_terminal():
+                _kill([c.popen.pid for c in self.children if c.code is None], signal.SIGINT)
+            self._settle(writers + others, t0 + SIGINT_GRACE_S, children=True)
+        # First the processes with a profile to write, then the rest (MXNet's servers answer
+        # a worker's last pull; torchrun would only stop its ranks again), all within GRACE_S.
+        _kill([p for p in writers if _alive(p)], signal.SIGTERM)
+        self._settle(writers, end - 0.5)
+        for c in self.children:
+            if c.code is None:
+                self._signal(c, signal.SIGTERM, tree.get(c.popen.pid, []))
+        _kill([p for p in others if _alive(p)], signal.SIGTERM)
+        self._settle(writers + others, end, children=True)
+        self.kill_all(tree)
+        took = time.monotonic() - t0
+        for c in self.children:
+            c.expected_exit = True
+        names = ", ".join(c.label for c in self.children)
+        raise Interrupted(sig, f"{self.what}: interrupted by {signal_name(sig)}; stopped "
+                               f"{names or 'nothing'} in {took:.1f} s; "
+                               f"{progress_summary(self.statuses())}", self.folder)
+
+    def _tree(self) -> dict[int, list[int]]:
+        return {c.popen.pid: descendants(c.popen.pid) for c in self.children if c.code is None}
+
+    def _settle(self, pids: list[int], until: float, children: bool = False) -> None:
+        """Wait until ``pids`` (and, with ``children``, every child) have ended, or
+        ``until``; a second interrupt ends the wait (everything is then killed)."""
+        while time.monotonic() < until and len(self._signals) < 2:
+            if not any(_alive(p) for p in pids) and (
+                    not children or all(c.code is not None for c in self.children)):
+                return
+            time.sleep(POLL_S)
+
+    def kill_all(self, tree: dict[int, list[int]] | None = None) -> None:
+        """SIGKILL every child, everything below it and every process that reported."""
+        tree = self._tree() if tree is None else tree
+        for c in self.children:
+            self._signal(c, signal.SIGKILL, tree.get(c.popen.pid, []))
+        _kill([s.pid for s in self.statuses() if s.pid != os.getpid() and _alive(s.pid)],
+              signal.SIGKILL)
+        for c in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.popen.wait(timeout=5)
+
+    def hang_line(self) -> str | None:
+        """One line when a process has frozen or stopped making progress (see the module
+        docstring); None while every process moves."""
+        now = time.monotonic()
+        frozen = []
+        for pid, label in self._watched():
+            if _state(pid) in ("T", "t"):
+                since = self._frozen.setdefault(pid, now)
+                if now - since >= STOPPED_S:
+                    frozen.append(label)
+            else:
+                self._frozen.pop(pid, None)
+        if frozen:
+            return (f"{self.what}: {' and '.join(frozen)} stopped running (process state T, "
+                    f"SIGSTOP or a debugger) for {STOPPED_S:g} s; stopped all processes; "
+                    f"{self.recorded()}")
+        hung = []
+        for s in self.statuses():
+            key = (s.stage, s.done, s.steps_seen)
+            beat = self._beats.get(s.pid)
+            if beat is None or beat[0] != key:
+                slowest = beat[2] if beat else 0.0
+                if beat is not None and s.steps_seen > beat[0][2]:
+                    slowest = max(slowest, (now - beat[1]) / (s.steps_seen - beat[0][2]))
+                self._beats[s.pid] = (key, now, slowest)
+                continue
+            if (s.stage not in ("warmup", "timing", "profile") or s.steps_seen < 1 or s.ended
+                    or not _alive(s.pid)):
+                continue
+            limit = max(HANG_MIN_S, HANG_FACTOR * beat[2])
+            if now - beat[1] > limit:
+                hung.append((s, now - beat[1], beat[2]))
+        if not hung:
+            return None
+        low = min(_order(s) for s, _, _ in hung)
+        first = [(s, idle, slow) for s, idle, slow in hung if _order(s) == low]
+        names = " and ".join(s.label for s, _, _ in first)
+        s, idle, slow = first[0]
+        return (f"{self.what}: {names} made no progress for {idle:.0f} s in {s.where} (its "
+                f"slowest step took {slow:.1f} s); stopped all processes; {self.recorded()}")
+
+    def _watched(self) -> list[tuple[int, str]]:
+        """(pid, label) of every live child and process that reported."""
+        out = {c.popen.pid: c.label for c in self.children if c.code is None}
+        for s in self.statuses():
+            if s.pid != os.getpid() and _alive(s.pid):
+                out.setdefault(s.pid, s.label)
+        return list(out.items())
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -297,10 +463,14 @@ class Supervisor:
         status = next((s for s in statuses if s.pid == child.popen.pid), None) or _status_of(
             statuses, who)
         where = f" during {status.where}" if status else ""
+        if status and str(status.role) != "worker" and status.stage == "start" and any(
+                s.steps_seen for s in statuses):  # a server or scheduler never steps
+            where = " while the workers trained"
         why = (status.error if status and status.error else "") or last_line(
-            self.folder / log_name(status.label) if status else child.log)
+            self.folder / log_name(status.label) if status else child.log) or (
+            channel.fault_of(self.folder, status.pid) if status else "")
         return (f"{self.what}: {who} {how}{where}" + (f": {why}" if why else "")
-                + f"; stopped the other processes; {self.recorded()}")
+                + disk_full(self.folder) + f"; stopped the other processes; {self.recorded()}")
 
     def timeout_line(self) -> str:
         """One line naming the process that made the least progress before the time limit."""
@@ -360,6 +530,58 @@ class Supervisor:
 
     def __exit__(self, *exc: object) -> None:
         self.stop(grace_s=0 if exc[0] is None else 3.0)
+
+
+#: Free space below which a failure is blamed, in its line, on a full disk.
+DISK_FULL_BYTES = 1 << 20
+
+
+def disk_full(folder: Path) -> str:
+    """``; the disk of FOLDER is full (12 KiB free)`` when it nearly is, else empty: a
+    process that dies writing its trace on a full disk may say nothing itself (Kineto
+    crashes)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return (f" (the disk of {folder} is full: {free // 1024} KiB free)"
+            if free < DISK_FULL_BYTES else "")
+
+
+def _from_terminal() -> bool:
+    """Whether opprof runs in the foreground of a terminal (a Ctrl-C there reaches its whole
+    process group)."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+    return False
+
+
+def progress_summary(statuses: list[Facts]) -> str:
+    """``rank 0 kept 3 of 5 profiled steps; rank 1 …``: how far each process that reported
+    got before the run ended, and whether its trace was written."""
+    parts = []
+    for s in sorted(statuses, key=lambda f: (str(f.role) != "worker", f.rank is None,
+                                             f.rank or 0, f.pid)):
+        if s.stage in ("start", "ready", "serving") and not s.native:
+            continue  # a server, scheduler or process that never reached a step
+        if s.native or s.stage in ("profile", "write", "done"):
+            of = f"{s.profiled_steps} of {s.profiled_target} profiled steps"
+            if s.native and not s.profiled_target:  # a server: no steps of its own
+                parts.append(f"{s.label} kept its trace")
+            elif s.native:
+                parts.append(f"{s.label} kept {of}")
+            elif s.stage == "write":
+                parts.append(f"{s.label} was killed writing its trace ({of} lost)")
+            elif s.ended and not s.profiled_steps:
+                parts.append(f"{s.label} had completed 0 of {s.profiled_target} profiled steps")
+            else:
+                parts.append(f"{s.label} completed {of} but wrote no trace (killed)")
+        else:
+            parts.append(f"{s.label} had not started profiling ({s.where})")
+    return "; ".join(parts) if parts else "no process reached a training step"
 
 
 def _plain(child: Child, code: int, statuses: list[Facts]) -> tuple[str, str]:

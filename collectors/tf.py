@@ -61,7 +61,7 @@ from opprof.collectors.config import (
     canonical_name,
 )
 from opprof.collectors.datasets import channel_stats, load_images
-from opprof.collectors.runner import Runner, drive, env_identity, fault_point
+from opprof.collectors.runner import Runner, drive, env_identity, fault_point, reclaim_sigterm
 from opprof.errors import OpprofError
 
 STEP_MARKER = "train"
@@ -170,8 +170,8 @@ class TFAdapter:
             self.marker.Stop()  # a plain ``train`` marker: not a step
             self.marker = None
         self.tf.profiler.experimental.stop()
-        if self._servers is not None:
-            self._servers("stop")
+        if self._servers is not None:  # cut short: the servers are told, not waited for
+            self._servers("stop" if complete else "stop now")
         assert self.logdir is not None
         return xplanes(self.logdir)
 
@@ -367,6 +367,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(
                 implementation=impl))
+        reclaim_sigterm()  # TF's preemption notifier took SIGTERM over
         workers = strategy.num_replicas_in_sync
 
         def dataset_fn(ctx: Any) -> Any:
@@ -401,24 +402,34 @@ def _serve(config: RecordConfig, folder: Path) -> None:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     tf.distribute.Server(resolver.cluster_spec(), job_name=kind, task_index=index,
                          protocol="grpc", start=True)
+    reclaim_sigterm()
     reporter = channel.Reporter(folder, Facts(
         pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank,
         framework="tf", framework_version=tf.__version__, stage="ready"))
     reporter.update()
     logdir = Path(folder) / f"{kind}{index}"
     profiling = False
-    while True:
-        command = channel.received(folder)
-        if command == "start" and not profiling:
-            start_profiler(tf, logdir, role, index, rank, _run_facts(config))
-            fault_point(label, "profile")
-            profiling = True
-            reporter.update(stage="profiling")
-        elif command == "stop" and profiling:
+    try:
+        while True:
+            command = channel.received(folder)
+            if command == "start" and not profiling:
+                start_profiler(tf, logdir, role, index, rank, _run_facts(config))
+                fault_point(label, "profile")
+                profiling = True
+                reporter.update(stage="profiling")
+            elif command == "stop" and profiling:
+                reporter.update(stage="write")
+                tf.profiler.experimental.stop()
+                profiling = False
+                reporter.update(stage="done", native=[str(p) for p in xplanes(logdir)])
+            time.sleep(_POLL_S)
+    except BaseException as exc:  # SIGTERM (an interrupted run): keep what was profiled
+        if profiling:
+            why = str(exc) or type(exc).__name__
+            reporter.update(stage="write", ended=why)
             tf.profiler.experimental.stop()
-            profiling = False
-            reporter.update(stage="done", native=[str(p) for p in xplanes(logdir)])
-        time.sleep(_POLL_S)
+            reporter.update(native=[str(p) for p in xplanes(logdir)])
+        raise
 
 
 def _coordinate(config: RecordConfig, folder: Path) -> None:
@@ -431,6 +442,7 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    reclaim_sigterm()
     classes = _dataset(tf, config, size)[1]
     model, optimizer, counts = _model(config, classes, strategy)
     variables = model.trainable_variables
@@ -462,7 +474,9 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
     others = config.workers + config.servers
 
     def servers(command: str) -> None:
-        channel.send(folder, command)
+        channel.send(folder, command.split()[0])
+        if command == "stop now":
+            return
         want = "profiling" if command == "start" else "done"
         channel.wait_until(
             lambda st: sum(s.stage == want for s in st if s.pid != os.getpid()) >= others,

@@ -63,7 +63,7 @@ from opprof.collectors.config import (
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
 from opprof.collectors.runner import Runner, drive
 from opprof.errors import OpprofError
-from opprof.files import write_atomic
+from opprof.files import atomic_path, write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -158,20 +158,23 @@ class TorchAdapter:
         assert prof is not None and trace is not None
         with quiet(trace.parent):
             prof.stop()
-        prof.export_chrome_trace(str(trace))
-        if not complete:
-            # The step in progress did not finish: its marker is renamed, so that it is not
-            # taken for a step.
-            cut = f'"ProfilerStep#{prof.step_num}"'.encode()
-            write_atomic(trace, trace.read_bytes().replace(
-                cut, f'"opprof.incomplete_step#{prof.step_num}"'.encode()))
+        with atomic_path(trace) as tmp:  # a process killed while exporting leaves no half
+            prof.export_chrome_trace(str(tmp))
+            if not complete:
+                # The step in progress did not finish: its marker is renamed, so that it is
+                # not taken for a step.
+                cut = f'"ProfilerStep#{prof.step_num}"'.encode()
+                tmp.write_bytes(tmp.read_bytes().replace(
+                    cut, f'"opprof.incomplete_step#{prof.step_num}"'.encode()))
+        if self.clock:
+            stamp_clock(trace, {k: self.clock[k] for k in ("offset_ns", "error_ns")})
+        if not complete:  # cut short (a signal, a failure): no time for the check below
+            return [trace]
         averages = _key_averages(prof, self.device)
         write_atomic(trace.with_name(trace.name.replace(".pt.trace.json", ".key_averages.json")),
                      json.dumps(averages, indent=1) + "\n")
-        if self.clock:
-            stamp_clock(trace, {k: self.clock[k] for k in ("offset_ns", "error_ns")})
         markers = sum(a["count"] for a in averages if a["name"].startswith("ProfilerStep"))
-        if complete and markers != self.steps:
+        if markers != self.steps:
             raise OpprofError(
                 f"torch.profiler {self.torch.__version__} recorded {markers} ProfilerStep "
                 f"markers instead of {self.steps}; this torch version's schedule is not "

@@ -4,23 +4,28 @@ whatever the launcher made it (torchrun's rank, a DMLC role, a TF_CONFIG task, o
 
 The process writes its output to ``<its label>.log`` in FOLDER, dies with its parent, and a
 failure becomes one line in its status (the supervisor names it) besides the traceback in
-its log.
+its log. SIGTERM (the supervisor stopping an interrupted run, torchrun stopping the other
+ranks) ends it as an exception, so that the runner first writes the profiled steps that
+completed; the process then ends by SIGTERM. MXNet's servers and scheduler, which run inside
+MXNet's C++ code and never return to Python, keep SIGTERM's default action.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
-from opprof.collectors.channel import Reporter, report_error
+from opprof.collectors.channel import Reporter, report_error, status_dir, watch_faults
 from opprof.collectors.config import Facts, Framework, RecordConfig
-from opprof.collectors.runner import env_identity, fault_point
+from opprof.collectors.runner import env_identity, fault_point, writing
 from opprof.collectors.supervisor import die_with_parent, log_name
-from opprof.errors import OpprofError, first_line
+from opprof.errors import Interrupted, OpprofError, first_line
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +39,9 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     me = Facts(pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank)
     Reporter(folder, me).update()  # known to the supervisor from the start
+    watch_faults(folder)
+    if os.environ.get("DMLC_ROLE") not in ("server", "scheduler"):
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         config = RecordConfig.from_json(config_path.read_text())
         fault_point(label, "setup")
@@ -42,6 +50,8 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line for the parent
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             return 0
+        if isinstance(exc, Interrupted):
+            _end_by(exc.sig, folder, me, str(exc))
         traceback.print_exc()
         message = f"{type(exc).__name__}: {first_line(exc)}"
         report_error(folder, me, message)
@@ -53,6 +63,28 @@ def main(argv: list[str]) -> int:
     if config.fw == Framework.TF:
         os._exit(0)  # skip TF's slow teardown of its gRPC and collective threads
     return 0  # a normal exit: MXNet's kvstore tells the scheduler this worker is done
+
+
+def _on_sigterm(sig: int, frame: Any) -> None:
+    if writing():
+        return  # the trace being written is finished first
+    raise Interrupted(sig, "terminated by SIGTERM")
+
+
+def _end_by(sig: int, folder: Path, me: Facts, reason: str) -> None:
+    """End this process by signal ``sig`` (its exit status says so), its status saying why
+    unless the runner already did."""
+    try:
+        facts = Facts.from_json((status_dir(folder) / f"{me.pid}.status").read_text())
+    except (OSError, ValueError, TypeError):
+        facts = me
+    if facts.ended is None:
+        Reporter(folder, facts).update(ended=reason)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)
 
 
 def _log_to(log: Path) -> None:

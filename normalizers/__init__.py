@@ -91,53 +91,91 @@ def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool
     return [(f, n) for f, n in listed if not sampled.is_memory_file(f)], memory
 
 
-def normalize(paths: list[Path], meta: dict | None = None) -> Trace:
+def normalize(paths: list[Path], meta: dict | None = None, *,
+              skip_damaged: bool = False) -> Trace:
     """Read native trace files (all of one format, e.g. one per rank) into one Trace.
 
     A file the user named must be a trace; a JSON file found inside a folder that no format
-    claims (a collector's sidecar, e.g. ``rank0.key_averages.json``) is skipped. opprof's
-    sampled memory files (``*.memory.csv``) among them become the memory rows of their
-    ranks (:mod:`.sampled`)."""
+    claims (a collector's sidecar, e.g. ``rank0.key_averages.json``) is skipped. A damaged
+    file found inside a folder — empty, truncated (a process killed while writing it), not
+    readable by its format — is skipped too when the folder holds other traces, and listed
+    in ``meta["damaged_files"]`` (path and problem), so a run cut short is read for what is
+    complete; ``skip_damaged`` treats named files the same way (a partial recording).
+    opprof's sampled memory files (``*.memory.csv``) among them become the memory rows of
+    their ranks (:mod:`.sampled`)."""
     listed, memory = split_memory(expand([Path(p) for p in paths]))
     if not listed:
         raise OpprofError(f"{paths[0]}: only sampled memory files, no trace to attach them to")
-    return sampled.attach(_normalize(listed, meta), memory)
+    return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
 
 
-def _normalize(listed: list[tuple[Path, bool]], meta: dict | None) -> Trace:
-    paths = [f for f, _ in listed]
+def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict | None,
+               skip_damaged: bool) -> Trace:
+    damaged: list[dict[str, str]] = []
+
+    def tolerate(f: Path, named: bool, exc: OpprofError) -> None:
+        """Note ``f`` as damaged, or raise ``exc`` when it must be read."""
+        if named and not skip_damaged:
+            raise exc
+        text = str(exc)
+        damaged.append({"path": str(f), "problem": text.removeprefix(f"{f}: ")})
+
+    heads: dict[Path, bytes] = {}
+    for f, named in listed:
+        try:
+            heads[f] = head_bytes(f)
+        except OpprofError as exc:
+            tolerate(f, named, exc)
+    listed = [(f, n) for f, n in listed if f in heads]
+    if not listed:
+        raise OpprofError(f"{damaged[0]['path']}: {damaged[0]['problem']}")
     files = [f for f, _ in listed]
     for fmt in FILE_FORMATS:
-        if all(fmt.claims_file(f, head_bytes(f)) for f in files):
-            return fmt.from_files(files, meta or {})
+        if all(fmt.claims_file(f, heads[f]) for f in files):
+            trace = _from_files(fmt, listed, meta or {}, tolerate)
+            return _noted(trace, [], damaged)
     docs = []
     parts: list[tuple[Trace, dict]] = []
     ranks: list[int] = []
     fmt_of: dict[Path, Any] = {}
     skipped: list[str] = []
     for f, named in listed:
-        head = head_bytes(f)
+        head = heads[f]
         if head.startswith(_PARQUET_MAGIC):
             raise OpprofError(
                 f"{f}: an opprof trace or Parquet file cannot be mixed with native traces")
         claimed = next((m for m in FILE_FORMATS if m.claims_file(f, head)), None)
         if claimed is not None:
             raise OpprofError(f"{f}: a {claimed.NAME} file cannot be mixed with other formats")
-        fmt, doc = read_doc(f, head)
+        try:
+            fmt, doc = read_doc(f, head)
+        except OpprofError as exc:
+            tolerate(f, named, exc)
+            continue
         if fmt is None:
             if not named:
                 skipped.append(str(f))
                 continue
             raise OpprofError(f"{f}: JSON but not a known trace format ({doc})")
-        fmt_of[f] = fmt
         if fmt is kineto:  # normalized at once, so only one decoded document is held
             rank = kineto.assign_ranks([*ranks, kineto.declared_rank(doc, len(ranks))])[-1]
+            try:
+                part = kineto.rank_trace(f, doc, rank, meta or {})
+            except OpprofError as exc:
+                tolerate(f, named, exc)
+                continue
+            fmt_of[f] = fmt
             ranks.append(rank)
-            parts.append(kineto.rank_trace(f, doc, rank, meta or {}))
+            parts.append(part)
             del doc
         else:
+            fmt_of[f] = fmt
             docs.append((f, doc))
     if not fmt_of:
+        if damaged:
+            raise OpprofError(f"{damaged[0]['path']}: {damaged[0]['problem']}"
+                              + (f" (and {len(damaged) - 1} more damaged file(s))"
+                                 if len(damaged) > 1 else ""))
         raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
     kinds = {m.NAME for m in fmt_of.values()}
     if len(kinds) > 1:
@@ -148,6 +186,28 @@ def _normalize(listed: list[tuple[Path, bool]], meta: dict | None) -> Trace:
                               kineto.merge_meta([i for _, i in parts], meta or {}))
     else:
         trace = fmt.from_docs(docs, meta or {})
+    return _noted(trace, skipped, damaged)
+
+
+def _from_files(fmt: Any, listed: list[tuple[Path, bool]], meta: dict, tolerate: Any) -> Trace:
+    """``fmt.from_files`` on the files; one that its reader refuses (the error names it) is
+    left out when ``tolerate`` allows, and the rest read again."""
+    files = [f for f, _ in listed]
+    named = dict(listed)
+    while True:
+        try:
+            return fmt.from_files(files, meta)
+        except OpprofError as exc:
+            bad = next((f for f in files if str(exc).startswith(f"{f}: ")), None)
+            if bad is None or len(files) == 1:
+                raise
+            tolerate(bad, named[bad], exc)
+            files = [f for f in files if f != bad]
+
+
+def _noted(trace: Trace, skipped: list[str], damaged: list[dict[str, str]]) -> Trace:
     if skipped:
         trace.meta["skipped_files"] = skipped
+    if damaged:
+        trace.meta["damaged_files"] = damaged
     return trace

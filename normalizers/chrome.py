@@ -10,6 +10,11 @@ numpy once per column: no per-event Python dict is ever made.
 Hostile input is one :class:`~opprof.errors.OpprofError` line naming the file: damaged gzip,
 malformed or truncated JSON, a wrong type where the format needs a value, and nesting deeper
 than Python's recursion limit (which msgspec, like ``json``, reports as a RecursionError).
+Memory is bounded before it is spent: a file (or its gunzipped text) larger than a third of
+the memory available is refused (decoding needs several times the text), and so is a gzip
+stream that inflates more than :data:`MAX_INFLATE_RATIO` times its size past its first
+64 MiB (a decompression bomb; real traces compress 5-30x). Gzip is inflated in chunks, so a
+bomb is stopped after one chunk over the limit, not after filling memory.
 """
 
 from __future__ import annotations
@@ -31,33 +36,92 @@ from opprof.errors import OpprofError
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def read_bytes(path: Path, head: bytes) -> bytes:
-    """The file's bytes, gunzipped when it is gzip; damaged data is a clear error."""
+#: A gzip stream inflating to more than this many times its compressed size (once past
+#: _RATIO_FROM bytes) is a decompression bomb, not a trace.
+MAX_INFLATE_RATIO = 200
+_RATIO_FROM = 64 << 20
+_CHUNK = 32 << 20
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def memory_budget() -> int:
+    """Bytes of JSON text one file may have: a third of the memory available now (decoding
+    takes several times the text), at least 256 MiB; 4 GiB where it cannot be read."""
     try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return max(256 << 20, int(line.split()[1]) * 1024 // 3)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 4 << 30
+
+
+def _gib(n: float) -> str:
+    """A size in GiB, or MiB below one GiB."""
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def read_bytes(path: Path, head: bytes) -> bytes:
+    """The file's bytes, gunzipped when it is gzip; damaged data, or more than memory can
+    hold (see the module docstring), is a clear error."""
+    if head.startswith(b"SQLite format 3\x00"):  # no format claimed it (nsys, nvprof)
+        from opprof.normalizers.cupti import sqlite_tables
+
+        shown = ", ".join(sorted(sqlite_tables(path))[:6])
+        raise OpprofError(f"{path}: a SQLite file but not an nsys or nvprof export ("
+                          + (f"tables: {shown})" if shown else "unreadable or empty)"))
+    budget = memory_budget()
+    try:
+        size = path.stat().st_size
+        if size > budget and not head.startswith(GZIP_MAGIC):
+            raise OpprofError(f"{path}: {_gib(size)} of JSON is more than this machine can "
+                              f"decode now ({_gib(budget)}: a third of the memory available)")
         data = path.read_bytes()
     except OSError as exc:
         raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if head.startswith(GZIP_MAGIC):
-        data = _gunzip(data, path)
+        data = _gunzip(data, path, budget)
+    if data.startswith(_UTF8_BOM):  # written by some Windows tools; JSON has no BOM
+        data = data[len(_UTF8_BOM):]
     if not data.strip():
         raise OpprofError(f"{path}: file is empty")
     return data
 
 
-def _gunzip(data: bytes, path: Path) -> bytes:
-    """zlib's one-shot gunzip (faster than the gzip module's reader); several gzip members
-    one after another (``cat a.gz b.gz``) are joined as gzip does."""
-    parts = []
+def _gunzip(data: bytes, path: Path, budget: int) -> bytes:
+    """zlib's gunzip in large chunks (faster than the gzip module's reader); several gzip
+    members one after another (``cat a.gz b.gz``) are joined as gzip does. Stops, with one
+    line, at ``budget`` bytes or a decompression bomb's ratio."""
+    parts: list[bytes] = []
+    total, size = 0, len(data)
     try:
         while data:
             d = zlib.decompressobj(wbits=31)
-            parts.append(d.decompress(data))
+            rest = data
+            while True:
+                piece = d.decompress(rest, _CHUNK)
+                parts.append(piece)
+                total += len(piece)
+                used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
+                if total > budget:
+                    raise OpprofError(
+                        f"{path}: gzip data inflating to more than {_gib(budget)} (a third of "
+                        "the memory available); not read")
+                if total > _RATIO_FROM and total > MAX_INFLATE_RATIO * max(used, 1):
+                    raise OpprofError(
+                        f"{path}: gzip data inflating over {MAX_INFLATE_RATIO}x its size "
+                        f"({_gib(total)} from {_gib(used)} so far): a "
+                        "decompression bomb, not a trace; not read")
+                rest = d.unconsumed_tail
+                if d.eof or not rest and not piece:
+                    break
             if not d.eof:
                 raise OpprofError(f"{path}: truncated or damaged gzip data (ends early)")
             data = d.unused_data.lstrip(b"\x00")
     except zlib.error as exc:
         raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
-    return b"".join(parts)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 @contextmanager

@@ -9,6 +9,7 @@ which the two importers handle. Copies are named like Kineto names them (``Memcp
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from functools import cache
@@ -55,11 +56,19 @@ def cupti_table() -> MappingTable:
 def connect(path: Path) -> sqlite3.Connection:
     """Open a SQLite file read-only; a file that is not one is a one-line OpprofError."""
     try:
-        con = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+        con = sqlite3.connect(_uri(path), uri=True)
         con.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as exc:
         raise OpprofError(f"{path}: unreadable SQLite file ({exc})") from None
     return con
+
+
+def _uri(path: Path) -> str:
+    """A read-only SQLite URI for ``path`` (its name quoted: ``?``, ``#``, ``%`` and bytes
+    that are not UTF-8 are a file name's, not the URI's)."""
+    from urllib.parse import quote
+
+    return f"file:{quote(os.fsencode(Path(path).resolve()))}?mode=ro"
 
 
 def is_sqlite(head: bytes) -> bool:
@@ -75,7 +84,7 @@ def tables(con: sqlite3.Connection) -> set[str]:
 def sqlite_tables(path: Path) -> set[str]:
     """Table names of a SQLite file, or an empty set when it cannot be read."""
     try:
-        con = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
+        con = sqlite3.connect(_uri(path), uri=True)
         try:
             return tables(con)
         finally:

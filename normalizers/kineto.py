@@ -151,7 +151,7 @@ def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
 def declared_rank(doc: Document, index: int) -> int:
     """The rank a document says it is (``distributedInfo.rank``), else its position."""
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
-    return _int(info.get("rank", index), index)
+    return _int(info.get("rank", index), index, 0, _MAX_RANK)
 
 
 def assign_ranks(declared: list[int]) -> list[int]:
@@ -173,8 +173,9 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
         raw = _raw_events(doc, rank, path)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
-    offset = _int((meta.get("clock_offsets_ns") or {}).get(str(rank),
-                                                           clock.get("offset_ns", 0)))
+    offset = _ns((meta.get("clock_offsets_ns") or {}).get(str(rank),
+                                                          clock.get("offset_ns", 0)),
+                 "clock offset", path)
     raw["ts"] += offset
     props = doc.deviceProperties if isinstance(doc.deviceProperties, list) else []
     info = {
@@ -224,12 +225,33 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
     return info
 
 
-def _int(value: Any, default: int = 0) -> int:
-    """An integer field of a hostile file: ``default`` when it is not one."""
+#: The largest time in ns (or offset) a trace may hold: int64 with room for sums.
+_MAX_NS = 2**62
+_MAX_RANK = 2**31 - 1  # the .trace rank column is int32
+
+
+def _int(value: Any, default: int = 0, low: int = -_MAX_NS, high: int = _MAX_NS) -> int:
+    """An integer field of a hostile file: ``default`` when it is not one, or out of
+    ``[low, high]``."""
     try:
-        return int(value)
+        out = int(value)
     except (TypeError, ValueError, OverflowError):
         return default
+    return out if low <= out <= high else default
+
+
+def _ns(value: Any, what: str, path: Path) -> int:
+    """A time or offset in ns: 0 when absent or not a number; one clear error when it is a
+    number beyond the range of int64 nanoseconds (±146 years)."""
+    try:
+        out = int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+    except OverflowError:  # infinity
+        out = _MAX_NS
+    if abs(out) >= _MAX_NS:
+        raise OpprofError(f"{path}: {what} out of range ({value!r})")
+    return out
 
 
 #: c10::DeviceType codes of the devices whose allocators the profiler reports (ROCm builds
@@ -290,7 +312,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     del name_v
     comm_bytes = _comm_bytes(names, args_v)
     del args_v
-    base_ns = _int(doc.baseTimeNanoseconds or 0)
+    base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
     ts_us = chrome.numbers(ts_v)
     dur_us = chrome.numbers(dur_v, fill=0.0)
     if np.isnan(ts_us).any():

@@ -318,7 +318,10 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path,
     ts = pd.to_numeric(ev["ts"], errors="coerce")
     if ts.isna().any():
         raise OpprofError(f"{path}: MXNet events without a numeric timestamp")
-    ev["ts"] = _us_to_ns(ts.to_numpy(np.float64))
+    us = ts.to_numpy(np.float64)
+    if len(us) and not (np.isfinite(us).all() and np.abs(us).max() < 2**62 / 1000):
+        raise OpprofError(f"{path}: MXNet event times out of range")
+    ev["ts"] = _us_to_ns(us)
     ev["name"] = ev["name"].astype(object).fillna("").astype(str)
     ev["cat"] = cat
 

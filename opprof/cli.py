@@ -8,7 +8,7 @@ import sys
 import click
 
 from opprof import __version__
-from opprof.errors import OpprofError
+from opprof.errors import Interrupted, OpprofError, raise_on_signals
 
 #: Command name → the module under opprof.commands defining it. A command's module (and
 #: what it needs: pandas, the frameworks for ``record``) is imported only when that command
@@ -50,11 +50,16 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2."""
+    """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2; a run
+    stopped by a signal is one line and 128 + the signal's number."""
+    raise_on_signals()
     try:
         cli.main(standalone_mode=False)
     except BrokenPipeError:
         sys.exit(0)
+    except Interrupted as exc:
+        click.echo(f"opprof: {exc}", err=True)
+        sys.exit(exc.exit_code)
     except OpprofError as exc:
         click.echo(f"opprof: error: {exc}", err=True)
         sys.exit(exc.exit_code)

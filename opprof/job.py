@@ -54,6 +54,7 @@ class Outcome:
     rank: int | None = None
     other_format: bool = False  # a JSON file that is not Kineto: normalize the job whole
     skipped: bool = False  # a JSON file found in a folder that is no trace
+    damaged: str | None = None  # a file found in a folder that cannot be read: the problem
     events: int = 0
 
 
@@ -67,6 +68,7 @@ class Plan:
     meta: dict
     input_bytes: int = 0
     skipped: list[str] = field(default_factory=list)
+    damaged: list[dict] = field(default_factory=list)
 
 
 def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
@@ -98,7 +100,12 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     tasks: list[Task] = []
     size = 0
     for i, (f, named) in enumerate(listed):
-        head = head_bytes(f)
+        try:
+            head = head_bytes(f)
+        except OpprofError:
+            if named:
+                raise
+            return Plan(files, [], True, meta or {}, size)  # normalize() says what it skips
         size += f.stat().st_size * (10 if head.startswith(b"\x1f\x8b") else 1)
         if head.startswith(_PARQUET_MAGIC) or any(m.claims_file(f, head) for m in FILE_FORMATS):
             return Plan(files, [], True, meta or {}, size)
@@ -136,12 +143,22 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     return [trace], Outcome(info=info, declared=declared, rank=rank, events=len(trace.events))
 
 
+def _read_or_skip(task: Task, detail: bool = True) -> tuple[list, Outcome]:
+    """:func:`read_task`; a damaged file found in a folder is skipped, its problem kept."""
+    try:
+        return read_task(task, detail)
+    except OpprofError as exc:
+        if task.named:
+            raise
+        return [], Outcome(skipped=True, damaged=str(exc).removeprefix(f"{task.path}: "))
+
+
 def analyze_task(args: tuple[Task, str]) -> Outcome:
     """Worker: read one task's ranks and reduce each to its RankPart."""
     from opprof.analysis.report import analyze
 
     task, device_span = args
-    traces, out = read_task(task, detail=False)
+    traces, out = _read_or_skip(task, detail=False)
     out.parts = [analyze(t, device_span) for t in traces]
     return out
 
@@ -150,7 +167,7 @@ def import_task(task: Task) -> Outcome:
     """Worker: read one task's ranks as Arrow tables (the `.trace` row groups)."""
     from opprof.trace import to_arrow
 
-    traces, out = read_task(task)
+    traces, out = _read_or_skip(task)
     out.tables = [(int(t.events["rank"].iloc[0]) if len(t.events) else out.rank or 0,
                    to_arrow(t.events)) for t in traces]
     return out
@@ -171,7 +188,9 @@ def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine,
     outs = [arrived(i, o) for i, o in enumerate(
         progress(parallel.run_ordered(engine, fn, args), len(args), engine))]
     kept = [i for i, o in enumerate(outs) if not o.skipped]
-    p.skipped = [p.tasks[i].path for i, o in enumerate(outs) if o.skipped]
+    p.skipped = [p.tasks[i].path for i, o in enumerate(outs) if o.skipped and not o.damaged]
+    p.damaged = [{"path": p.tasks[i].path, "problem": o.damaged}
+                 for i, o in enumerate(outs) if o.damaged]
     if p.tasks and p.tasks[0].kind == "json" and not any(o.other_format for o in outs):
         final = kineto.assign_ranks([outs[i].declared for i in kept])  # type: ignore[misc]
         redo = [i for i, r in zip(kept, final, strict=True) if outs[i].rank != r]
@@ -210,11 +229,18 @@ def _job_meta(p: Plan, outs: list[Outcome]) -> dict:
         from opprof.normalizers import kineto
 
         if not outs:
+            if p.damaged:
+                first = p.damaged[0]
+                raise OpprofError(f"{first['path']}: {first['problem']}" + (
+                    f" (and {len(p.damaged) - 1} more damaged file(s))"
+                    if len(p.damaged) > 1 else ""))
             raise OpprofError(f"{p.paths[0]}: no known trace format among "
                               f"{len(p.skipped)} JSON file(s)")
         meta = kineto.merge_meta([o.info for o in outs], p.meta)  # type: ignore[misc]
         if p.skipped:
             meta["skipped_files"] = p.skipped
+        if p.damaged:
+            meta["damaged_files"] = p.damaged
         return meta
     return p.meta
 
@@ -252,6 +278,7 @@ class Imported:
     ranks: int
     steps: int
     formats: list[str]
+    damaged: list[dict] = field(default_factory=list)
 
 
 def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -261,7 +288,7 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     groups once the job's metadata is known (it goes in the file's schema)."""
     import pyarrow as pa
 
-    from opprof.files import atomic_path
+    from opprof.files import atomic_path, safe_name, why_not
     from opprof.trace import ROW_GROUP_ROWS, SCHEMA, TraceWriter, save
 
     output = Path(output)
@@ -269,15 +296,21 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     if not p.whole and p.tasks[0].kind == "json":
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
         output.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{output.name}.", dir=output.parent) as tmp:
+        with tempfile.TemporaryDirectory(prefix=f".{safe_name(output.name)}.",
+                                         dir=output.parent) as tmp:
             spilled: dict[int, list[tuple[int, Path, int]]] = {}  # task → (rank, file, rows)
 
             def spill(i: int, o: Outcome) -> None:
                 spilled[i] = []
                 for k, (rank, table) in enumerate(o.tables):
                     f = Path(tmp) / f"{i}.{k}.arrow"
-                    with pa.OSFile(str(f), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as w:
-                        w.write_table(table)
+                    try:
+                        with pa.OSFile(str(f), "wb") as sink, \
+                                pa.ipc.new_file(sink, SCHEMA) as w:
+                            w.write_table(table)
+                    except OSError as exc:  # disk full, a file size limit
+                        raise OpprofError(f"{output}: cannot be written ({why_not(exc)} in "
+                                          "its temporary files); nothing was written") from None
                     spilled[i].append((rank, f, table.num_rows))
                 o.tables = []
 
@@ -298,7 +331,8 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
                         w.write(rank, pa.ipc.open_file(pa.memory_map(str(f))).read_all())
                 n_events = sum(rows for _, _, rows in ranks)
                 return Imported(output, n_events, len(ranks),
-                                len(meta.get("step_bounds", [])), meta["source_formats"])
+                                len(meta.get("step_bounds", [])), meta["source_formats"],
+                                meta.get("damaged_files", []))
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -306,4 +340,5 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     ev = trace.events
     return Imported(output, len(ev), int(ev["rank"].nunique()),
                     len(trace.meta.get("step_bounds", [])),
-                    list(trace.meta.get("source_formats", [])))
+                    list(trace.meta.get("source_formats", [])),
+                    trace.meta.get("damaged_files", []))

@@ -267,7 +267,7 @@ class TraceFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         try:
-            self._pf = pq.ParquetFile(self.path)
+            self._pf = pq.ParquetFile(_source(self.path))
         except (pa.ArrowInvalid, OSError) as exc:
             raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
         meta_raw = (self._pf.schema_arrow.metadata or {}).get(META_KEY)
@@ -279,8 +279,13 @@ class TraceFile:
             meta = json.loads(meta_raw)
         except ValueError as exc:
             raise OpprofError(f"{path}: damaged opprof metadata ({first_line(exc)})") from None
+        except RecursionError:
+            raise OpprofError(f"{path}: damaged opprof metadata (nested too deeply)") from None
         if not isinstance(meta, dict):
             raise OpprofError(f"{path}: damaged opprof metadata (not a JSON object)")
+        problem = _meta_problem(meta) or _schema_problem(self._pf.schema_arrow)
+        if problem:
+            raise OpprofError(f"{path}: damaged opprof trace ({problem})")
         if meta.get("format_version", 0) > FORMAT_VERSION:
             raise OpprofError(
                 f"{path}: opprof trace format {meta['format_version']} is newer than this "
@@ -325,8 +330,11 @@ class TraceFile:
         try:
             table = (self._pf.read(columns=cols) if groups is None
                      else self._pf.read_row_groups(groups, columns=cols))
+            problem = _table_problem(table)
+            if problem:
+                raise OpprofError(f"{self.path}: damaged opprof trace ({problem})")
             events = table.to_pandas()
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
         if "link" not in events:
             events["link"] = -1
@@ -351,6 +359,87 @@ class TraceFile:
             return Trace(conform(self._read(self.row_groups[rank], detail)), self.meta)
         except (ValueError, TypeError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+
+
+def _source(path: Path) -> str | Any:
+    """What pyarrow opens for ``path``: the path, or — for a name that is not UTF-8, which
+    pyarrow cannot encode — the open file."""
+    try:
+        str(path).encode("utf-8")
+        return str(path)
+    except UnicodeEncodeError:
+        return open(path, "rb")  # noqa: SIM115 - pyarrow reads it for the TraceFile's life
+
+
+#: Columns that may hold no nulls, and the closed vocabularies of the categorical ones.
+_REQUIRED = ("rank", "pid", "tid", "ts", "dur", "step", "depth", "counted", "bytes")
+_VOCABULARY = {c: set(t.categories) for c, t in COLUMNS.items()
+               if isinstance(t, pd.CategoricalDtype)}
+
+
+def _meta_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with the metadata fields the analyses read, or None."""
+    bounds = meta.get("step_bounds", [])
+    if not isinstance(bounds, list) or not all(
+            isinstance(b, list) and len(b) == 4
+            and all(isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**63
+                    for v in b) for b in bounds):
+        return "step_bounds is not a list of [rank, step, start, end] integers"
+    for key in ("row_groups", "clock_offsets_ns", "unprofiled_samples_ns", "partial"):
+        if key in meta and not isinstance(meta[key], (dict, type(None))):
+            return f"{key} is not an object"
+    return None
+
+
+def _schema_problem(schema: pa.Schema) -> str | None:
+    """A column whose type cannot be opprof's, or None (integer widths may differ)."""
+    for field_ in schema:
+        want = SCHEMA.field(field_.name).type if field_.name in SCHEMA.names else None
+        if want is None:
+            continue
+        got = field_.type
+        if pa.types.is_dictionary(want):
+            ok = pa.types.is_dictionary(got) or pa.types.is_string(got) or \
+                pa.types.is_large_string(got)
+        elif pa.types.is_integer(want):
+            ok = pa.types.is_integer(got)
+        elif pa.types.is_boolean(want):
+            ok = pa.types.is_boolean(got)
+        else:
+            ok = pa.types.is_string(got) or pa.types.is_large_string(got) or \
+                pa.types.is_null(got)
+        if not ok:
+            return f"column {field_.name} is {got}, not {want}"
+    return None
+
+
+def _table_problem(table: pa.Table) -> str | None:
+    """Nulls where opprof writes none, integers beyond their column's width, and values
+    outside a closed vocabulary (role, kind, op, phase), or None."""
+    import pyarrow.compute as pc
+
+    for name in _REQUIRED:
+        if name in table.column_names and table.column(name).null_count:
+            return f"column {name} has {table.column(name).null_count} missing values"
+    for name, dtype in COLUMNS.items():
+        if name not in table.column_names or dtype not in ("int16", "int32"):
+            continue
+        col = table.column(name)
+        if col.type.bit_width > np.dtype(dtype).itemsize * 8 and len(col):
+            low, high = pc.min_max(col).values()
+            info = np.iinfo(dtype)
+            if low.as_py() < info.min or high.as_py() > info.max:
+                return f"column {name} holds values beyond {dtype}"
+    for name, allowed in _VOCABULARY.items():
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        values = ({v for chunk in col.chunks for v in chunk.dictionary.to_pylist()}
+                  if pa.types.is_dictionary(col.type) else set(pc.unique(col).to_pylist()))
+        bad = sorted(str(v) for v in values - allowed - {None})
+        if bad:
+            return f"column {name} holds values opprof does not know: {', '.join(bad[:3])}"
+    return None
 
 
 def read_parquet(path: Path) -> Trace:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.memory import compare_memory, memory_part
+from opprof.analysis.noise import assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.report import Report
 from opprof.trace import Trace
@@ -27,6 +28,10 @@ class Diff:
     phases: pd.DataFrame
     ops: pd.DataFrame
     summary: str
+    #: Each side's timing quality (opprof.analysis.noise): a flagged side's numbers are
+    #: noisy or inflated by the profiler, and so is the comparison.
+    a_noise: dict | None = None
+    b_noise: dict | None = None
     #: Memory side by side (opprof.analysis.memory.compare_memory); empty without memory rows.
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
@@ -70,6 +75,7 @@ def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
     d = _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
               a_name, b_name)
     d.memory = compare_memory(memory_part(a).ranks, memory_part(b).ranks)
+    d.a_noise, d.b_noise = assess(a.meta, sa), assess(b.meta, sb)
     return d
 
 
@@ -78,6 +84,7 @@ def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> 
     rank, see opprof.job)."""
     d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
     d.memory = compare_memory(a.memory.ranks, b.memory.ranks)
+    d.a_noise, d.b_noise = a.noise, b.noise
     return d
 
 

@@ -10,11 +10,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.commmodel import Network
 from opprof.analysis.memory import memory_part, run_memory
+from opprof.analysis.noise import NOISE_SPREAD, assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
@@ -37,7 +39,7 @@ class Run:
     model: str
     workers: int
     mode: str
-    status: str = "planned"  # ok / resumed / failed / skipped
+    status: str = "planned"  # ok / resumed / failed / skipped / interrupted / not run
     reason: str = ""
     wall_s: float | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -64,7 +66,40 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "ops": ops.groupby("op")["ns_per_step"].sum().to_dict(),
         "batch_size": m.get("batch_size"),
         "framework_version": m.get("framework_version"),
+        "noise": assess(m, steps),
     }
+
+
+def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One combination's summary from its repetitions (``bench --repeat``): the repetition
+    whose profiled step time is the median (``median_repeat``, from 1) gives the phases,
+    operators and memory (so they still sum to its step); samples/s and the step times are
+    the medians over repetitions, with their minimum, maximum and spread ((max − min) /
+    median); the combination is flagged with
+    every flag of that repetition, and ``noisy`` when its repetitions' samples/s spread more
+    than :data:`~opprof.analysis.noise.NOISE_SPREAD`."""
+    if len(summaries) == 1:
+        return {**summaries[0], "repeats": 1}
+    order = sorted(range(len(summaries)), key=lambda i: summaries[i]["step_ns"] or 0.0)
+    mid = order[(len(order) - 1) // 2]
+    out = {**summaries[mid], "median_repeat": mid + 1}
+
+    def stats(key: str) -> tuple[float | None, float | None, float | None]:
+        values = [x[key] for x in summaries if x.get(key)]
+        return (float(np.median(values)), float(min(values)), float(max(values))) \
+            if values else (None, None, None)
+
+    for key in ("samples_per_s", "unprofiled_step_ns"):
+        out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
+    med, low, high = stats("samples_per_s")
+    spread = (high - low) / med if med else None
+    noise = dict(out.get("noise") or {})
+    flags = list(noise.get("flags", []))
+    if spread is not None and spread > NOISE_SPREAD and "noisy" not in flags:
+        flags.append("noisy")
+    noise.update(flags=flags, repeat_spread=spread)
+    out.update(repeats=len(summaries), repeat_spread=spread, noise=noise)
+    return out
 
 
 def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -73,6 +108,7 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for r in runs:
         s = r.summary
+        noise = s.get("noise") or {}
         pred = s.get("prediction") or {}
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
@@ -84,7 +120,13 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "prediction_error": pred.get("prediction_error"),
                "prediction_note": pred.get("note", ""),
                **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
-               "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason}
+               "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason,
+               "flags": ",".join(noise.get("flags", [])), "unprofiled_spread":
+               noise.get("spread"), "unprofiled_drift": noise.get("drift"),
+               "overhead": noise.get("overhead"), "repeats": s.get("repeats"),
+               "samples_per_s_min": s.get("samples_per_s_min"),
+               "samples_per_s_max": s.get("samples_per_s_max"),
+               "repeat_spread": s.get("repeat_spread")}
         rows.append(row)
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)

@@ -19,6 +19,7 @@ from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_br
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
+from opprof.analysis.noise import assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
 from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
 from opprof.trace import Trace, rank_slices
@@ -45,6 +46,8 @@ class Report:
     #: ``wait_ns``, ``transfer_ns`` (opprof.analysis.ranks: own = step − wait); what the
     #: rank × step heatmap of the HTML report shows.
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
+    noise: dict | None = None
 
 
 @dataclass
@@ -99,6 +102,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         device_span=device_span,
         memory=combine_memory([p.memory for p in parts]),
         rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
+        noise=assess(meta, steps),
     )
 
 

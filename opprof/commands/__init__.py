@@ -61,3 +61,13 @@ def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)
                         help="Run per-rank work on this Dask distributed scheduler "
                              "(tcp://host:8786; or $DASK_SCHEDULER_ADDRESS). Workers must see "
                              "the same files.")(f)
+
+
+def warn_damaged(damaged: list[dict]) -> None:
+    """One line on stderr naming the damaged files a folder held that were left out."""
+    if not damaged:
+        return
+    shown = "; ".join(f"{d['path']} ({d['problem']})" for d in damaged[:3])
+    more = f"; and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+    click.echo(f"opprof: skipped {len(damaged)} damaged file(s), read the rest: {shown}{more}",
+               err=True)

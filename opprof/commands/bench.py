@@ -9,6 +9,14 @@ samples/s and step time per run, the phase breakdown, scaling efficiency
 ``throughput_N / (N × throughput_1)`` against the same framework and model on one worker,
 and the canonical operators with the largest cross-framework time ratios for the same model,
 batch size and worker count (the research's "convolution_backward 7.67x" table).
+
+Noise: every run's timing is assessed (:mod:`opprof.analysis.noise`) and a noisy run, or one
+the profiler slowed down, is flagged in the tables; ``--repeat K`` records each combination K
+times (``NAME-r1.trace`` …) and reports the median with its spread.
+
+Interrupts: Ctrl-C or SIGTERM stops the run being recorded (its processes within seconds),
+marks it ``interrupted``, writes bench.md/.csv/.json for what is done and exits 130 / 143;
+``--resume`` records the interrupted run and the rest.
 """
 
 from __future__ import annotations
@@ -16,8 +24,6 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,15 +35,16 @@ import click
 import pandas as pd
 
 from opprof.analysis.commmodel import Network
-from opprof.analysis.matrix import Run, compare, prediction, summarize
+from opprof.analysis.matrix import Run, combine_repeats, compare, prediction, summarize
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
 from opprof.collectors.config import REQUIRES, SUPPORTED_MODES, Framework
+from opprof.collectors.supervisor import Supervisor
 from opprof.commands.model import read_network
-from opprof.errors import OpprofError
+from opprof.errors import Interrupted, OpprofError, raise_on_signals, signal_name
 from opprof.files import write_atomic
 from opprof.render.console import bench_tables, render
 from opprof.render.mdfmt import md_table
-from opprof.trace import read_parquet
+from opprof.trace import TraceFile, read_parquet
 
 #: Modes per framework.
 KNOWN_MODES = {fw.value: tuple(m.value for m in modes) for fw, modes in SUPPORTED_MODES.items()}
@@ -88,7 +95,10 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
               show_default=True,
               help="Folder for the traces, bench.md/.csv/.json, bench.html and figures/.")
 @click.option("--resume", is_flag=True,
-              help="Keep runs whose .trace already exists and loads; record the rest.")
+              help="Keep runs whose .trace already exists, loads and is complete; record "
+                   "the rest (an interrupted run included).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Record each combination K times; report the median and the spread.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the cross-framework operator table.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -100,8 +110,8 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
                    "measured run's own collectives).")
 def command(fws: list[str], models: list[str], workers: list[int], modes: list[str],
             steps: int, batch_size: int, warmup: int, timing_steps: int, servers: int,
-            dataset: str, timeout_s: float, output: Path, resume: bool, top: int,
-            threads: int | None, network: Path | None) -> None:
+            dataset: str, timeout_s: float, output: Path, resume: bool, repeat: int,
+            top: int, threads: int | None, network: Path | None) -> None:
     """Record every valid combination and compare them (samples/s, phases, scaling and the
     model's predicted scaling, the operators with the largest cross-framework ratios).
 
@@ -114,44 +124,89 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     base = RecordConfig(fw="torch", model="lenet5", dataset=dataset, batch_size=batch_size,
                         steps=steps, warmup=warmup, timing_steps=timing_steps, servers=servers,
                         timeout_s=timeout_s, threads=threads)
+    net = read_network(network)  # a bad file fails before anything is recorded
+
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
         return KNOWN_MODES.get(fw, ("single",)), ""
 
     # Import each framework's collector (in a subprocess, seconds) only where there is
     # something to record: a resumed matrix that is complete needs none.
     guess = plan(fws, models, workers, modes, {fw: known(fw) for fw in fws})
-    kept = {r.name for r in guess if resume and r.status == "planned"
-            and _loadable(output / f"{r.name}.trace")}
-    needed = {r.fw for r in guess if r.status == "planned" and r.name not in kept}
+    kept = {(r.name, k) for r in guess if resume and r.status == "planned"
+            for k in range(1, repeat + 1) if _loadable(trace_path(output, r, k, repeat))}
+    needed = {r.fw for r in guess if r.status == "planned"
+              and any((r.name, k) not in kept for k in range(1, repeat + 1))}
     runs = plan(fws, models, workers, modes,
                 {fw: probe(fw) if fw in needed else known(fw) for fw in fws})
     todo = [r for r in runs if r.status == "planned"]
-    for i, run in enumerate(todo, 1):
-        path = output / f"{run.name}.trace"
-        head = f"[{i}/{len(todo)}] {run.fw} {run.model} x{run.workers} {run.mode}"
-        if run.name in kept:
-            run.status = "resumed"
-            click.echo(f"{head}: kept {path}", err=True)
+    try:
+        for i, run in enumerate(todo, 1):
+            _record_cell(run, f"[{i}/{len(todo)}]", base, output, repeat, kept)
+    except Interrupted as exc:
+        for run in todo:
+            if run.status == "planned":
+                run.status, run.reason = "not run", f"bench interrupted by {exc.name}"
+        _finish(runs, base, output, repeat, top, net, quiet=True)
+        cut = next((r for r in todo if r.status == "interrupted"), None)
+        done = sum(r.status in ("ok", "resumed") for r in todo)
+        raise Interrupted(exc.sig, (
+            f"bench: interrupted by {exc.name}"
+            + (f" while recording {cut.fw} {cut.model} x{cut.workers} {cut.mode} (marked "
+               "interrupted)" if cut else "")
+            + f"; {done} of {len(todo)} run(s) complete; wrote {output}/bench.md, bench.csv, "
+            "bench.json; the same command with --resume records the rest")) from None
+    _finish(runs, base, output, repeat, top, net)
+
+
+def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: int,
+                 kept: set[tuple[str, int]]) -> None:
+    """Record (or keep) the ``repeat`` repetitions of one combination; its status."""
+    head = f"{head} {run.fw} {run.model} x{run.workers} {run.mode}"
+    statuses, reasons, wall = [], [], 0.0
+    for k in range(1, repeat + 1):
+        path = trace_path(output, run, k, repeat)
+        tag = f"{head}" + (f" (repeat {k}/{repeat})" if repeat > 1 else "")
+        if (run.name, k) in kept:
+            statuses.append("resumed")
+            click.echo(f"{tag}: kept {path}", err=True)
             continue
-        click.echo(f"{head}: recording …", err=True)
-        execute(run, base, output)
-        click.echo(f"{head}: {run.status} in {run.wall_s:.1f} s"
-                   + (f" — {run.reason}" if run.reason else ""), err=True)
+        click.echo(f"{tag}: recording …", err=True)
+        status, reason, took = execute(run, base, output, k, repeat)
+        wall += took
+        statuses.append(status)
+        click.echo(f"{tag}: {status} in {took:.1f} s" + (f" — {reason}" if reason else ""),
+                   err=True)
+        if status != "ok":
+            reasons.append(reason if repeat == 1 else f"repeat {k}: {reason}")
+    run.wall_s = wall
+    run.status = ("failed" if "failed" in statuses else
+                  "resumed" if all(s == "resumed" for s in statuses) else "ok")
+    run.reason = "; ".join(reasons)
+
+
+def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top: int,
+            network: Network | None = None, quiet: bool = False) -> None:
+    """Summarize the recorded runs, write bench.md/.csv/.json, print the tables."""
     for run in runs:
         if run.status in ("ok", "resumed"):
             try:
-                run.summary = summarize(read_parquet(output / f"{run.name}.trace"))
+                run.summary = combine_repeats([
+                    summarize(read_parquet(trace_path(output, run, k, repeat)))
+                    for k in range(1, repeat + 1)])
             except OpprofError as exc:
                 run.status, run.reason = "failed", str(exc)
-    add_predictions(runs, output, read_network(network))
+    add_predictions(runs, output, network, repeat)
     table, ratios = compare(runs, top)
     config = {k: v for k, v in asdict(base).items()
               if k not in ("fw", "model", "rendezvous", "fault")}
+    config["repeat"] = repeat
     write_outputs(output, runs, table, ratios, config)
     click.echo(render(*bench_tables(table, ratios)).rstrip("\n"))
-    visual = write_visuals(output)
-    click.echo(f"wrote {output}/bench.md, bench.csv, bench.json{visual} and "
-               f"{sum(r.status in ('ok', 'resumed') for r in runs)} trace(s)", err=True)
+    traces = sum(r.status in ("ok", "resumed") for r in runs) * repeat
+    if not quiet:
+        visual = write_visuals(output)
+        click.echo(f"wrote {output}/bench.md, bench.csv, bench.json{visual} and {traces} "
+                   f"trace(s)", err=True)
 
 
 def write_visuals(folder: Path) -> str:
@@ -178,9 +233,21 @@ def write_visuals(folder: Path) -> str:
     return (", bench.html" + (f", figures/{{{','.join(made)}}}.svg|png" if made else ""))
 
 
-def add_predictions(runs: list[Run], folder: Path, network: Network | None) -> None:
+def trace_path(folder: Path, run: Run, k: int = 1, repeat: int = 1) -> Path:
+    """The trace of repetition ``k`` of ``run``: NAME.trace, or NAME-rK.trace when each
+    combination is recorded several times."""
+    return folder / (f"{run.name}.trace" if repeat == 1 else f"{run.name}-r{k}.trace")
+
+
+def add_predictions(runs: list[Run], folder: Path, network: Network | None,
+                    repeat: int = 1) -> None:
     """For each recorded multi-worker run: the model's prediction from the same framework and
-    model's 1-worker run, into its summary (:func:`opprof.analysis.matrix.prediction`)."""
+    model's 1-worker run, into its summary (:func:`opprof.analysis.matrix.prediction`); with
+    ``--repeat``, from and against each combination's median repetition."""
+
+    def trace_of(r: Run) -> Path:
+        return trace_path(folder, r, int(r.summary.get("median_repeat") or 1), repeat)
+
     done = ("ok", "resumed")
     singles = {(r.fw, r.model): r for r in runs if r.mode == "single" and r.status in done}
     for r in runs:
@@ -188,9 +255,8 @@ def add_predictions(runs: list[Run], folder: Path, network: Network | None) -> N
         if r.workers < 2 or r.status not in done or one is None:
             continue
         try:
-            r.summary["prediction"] = prediction(read_parquet(folder / f"{one.name}.trace"),
-                                                 read_parquet(folder / f"{r.name}.trace"),
-                                                 network)
+            r.summary["prediction"] = prediction(read_parquet(trace_of(one)),
+                                                 read_parquet(trace_of(r)), network)
         except OpprofError as exc:
             r.summary["prediction"] = {"note": str(exc)}
 
@@ -233,43 +299,47 @@ def plan(fws: list[str], models: list[str], workers: list[int], modes: list[str]
     return runs
 
 
-def execute(run: Run, base: RecordConfig, folder: Path) -> None:
-    """Record one run in a subprocess (``python -m opprof.commands.bench``); its output goes
-    to ``logs/NAME.log``, its error line into ``run.reason``."""
+def execute(run: Run, base: RecordConfig, folder: Path, k: int = 1,
+            repeat: int = 1) -> tuple[str, str, float]:
+    """Record repetition ``k`` of one run in a subprocess (``python -m opprof.commands.bench``)
+    under the supervisor; its output goes to ``logs/NAME.log``. (status, error line,
+    seconds). An interrupt stops it (:class:`Interrupted` propagates, ``run`` marked
+    ``interrupted``)."""
     config = base.replace(fw=run.fw, model=run.model, workers=run.workers, mode=run.mode,
                           command=f"opprof bench ({run.name})")
-    trace = folder / f"{run.name}.trace"
+    trace = trace_path(folder, run, k, repeat)
     trace.unlink(missing_ok=True)
-    log = folder / "logs" / f"{run.name}.log"
+    log = folder / "logs" / f"{trace.stem}.log"
     log.parent.mkdir(exist_ok=True)
+    log.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "opprof.commands.bench", config.to_json(), str(trace)]
+    limit = base.timeout_s + RUN_MARGIN_S
     t0 = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    with Supervisor(log.parent, f"bench {run.name}", timeout_s=limit) as sup:
+        child = sup.start(trace.stem, cmd, log=log)
         try:
-            code = proc.wait(timeout=base.timeout_s + RUN_MARGIN_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            sup.wait(fail_fast=False)
+            code = child.code
+        except Interrupted:
+            run.status = "interrupted"
+            run.reason = f"interrupted (log: {log})"
+            raise
+        except OpprofError:  # past the time limit: the supervisor stopped it
             code = None
-    run.wall_s = time.monotonic() - t0
+    took = time.monotonic() - t0
     if code == 0 and _loadable(trace):
-        run.status = "ok"
-        return
-    run.status = "failed"
+        return "ok", "", took
     if code is None:
-        run.reason = f"no result within {base.timeout_s + RUN_MARGIN_S:g} s; stopped"
-    else:
-        text = log.read_text(errors="replace")
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-        run.reason = f"{_error_line(text) or how} (log: {log})"
+        return "failed", f"no result within {limit:g} s; stopped", took
+    text = log.read_text(errors="replace")
+    how = f"killed by {signal_name(-code)}" if code < 0 else f"exit {code}"
+    return "failed", f"{_error_line(text) or how} (log: {log})", took
 
 
 def _loadable(path: Path) -> bool:
+    """Whether ``path`` is a complete opprof trace (not one cut short: ``meta["partial"]``)."""
     try:
-        read_parquet(path)
-        return True
+        return "partial" not in TraceFile(path).meta
     except (OpprofError, OSError):
         return False
 
@@ -303,10 +373,11 @@ def _run_one(argv: list[str]) -> None:
     """Subprocess entry: record one combination through `opprof record`'s code path."""
     from opprof.commands.record import record_trace
 
+    raise_on_signals()
     config = RecordConfig.from_json(argv[0])
     try:
-        trace = record_trace(config, Path(argv[1]))
-    except OpprofError as exc:
+        trace = record_trace(config, Path(argv[1]), keep_partial=False)
+    except (OpprofError, Interrupted) as exc:
         print(f"opprof: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
     print(f"wrote {argv[1]} ({len(trace.events):,} events)", flush=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from opprof.commands import engine_options
+from opprof.commands import engine_options, warn_damaged
 from opprof.job import import_
 
 
@@ -26,5 +26,6 @@ def command(native: tuple[Path, ...], output: Path, scheduler: str | None,
       opprof import traces/ -o job.trace --scheduler tcp://10.0.0.1:8786
     """
     done = import_(list(native), output, scheduler=scheduler, jobs=jobs)
+    warn_damaged(done.damaged)
     click.echo(f"wrote {output}: {done.events:,} events, {done.ranks} rank(s), "
                f"{done.steps} step(s), formats {', '.join(done.formats)}")

@@ -31,9 +31,10 @@ from opprof.collectors import (
 )
 from opprof.collectors.config import DEFAULT_MODE
 from opprof.collectors.gpu import require_cuda, require_nsys
-from opprof.collectors.jobs import CONFIG_FILE
+from opprof.collectors.jobs import CONFIG_FILE, Recording
+from opprof.collectors.memory import memory_files
 from opprof.commands import echo_output, format_option, top_option
-from opprof.errors import OpprofError
+from opprof.errors import Interrupted, OpprofError
 from opprof.normalizers import normalize
 from opprof.render import renderer
 from opprof.trace import Trace, save
@@ -144,10 +145,14 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
 
 
 def record_trace(config: RecordConfig, output: Path,
-                 progress: ProgressFn = no_progress) -> Trace:
+                 progress: ProgressFn = no_progress, *, keep_partial: bool = True) -> Trace:
     """Record one run (what `opprof record` and `opprof bench` both do): the collector writes
     native traces into OUTPUT-STEM.native/, they are normalized, saved to ``output`` and the
-    Trace is returned."""
+    Trace is returned.
+
+    A run interrupted by a signal raises :class:`Interrupted`; with ``keep_partial`` the
+    profiled steps its processes completed are first written to ``output`` (marked
+    ``meta["partial"]``), as `perf` or `nsys` write what they recorded when stopped."""
     native_dir = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native_dir.exists():
         shutil.rmtree(native_dir)
@@ -155,19 +160,54 @@ def record_trace(config: RecordConfig, output: Path,
     t0 = time.perf_counter()
     try:
         recording = record(config, native_dir, progress)
+    except Interrupted as exc:
+        partial = getattr(exc, "recording", None)
+        if not keep_partial or partial is None:
+            raise
+        kept = _keep(partial, config, output, native_dir, t0)
+        raise Interrupted(exc.sig, f"{exc.message}; {kept}", exc.folder) from None
     except BaseException:
         if not any(f.is_file() and f.name != CONFIG_FILE for f in native_dir.rglob("*")):
             shutil.rmtree(native_dir)  # refused before writing anything: leave no trace
         raise
+    trace = _trace_of(recording, config, native_dir, t0)
+    save(trace, output)
+    return trace
+
+
+def _trace_of(recording: Recording, config: RecordConfig, native_dir: Path,
+              t0: float) -> Trace:
     meta = dict(recording.meta)
     meta.setdefault("cpus", _cpus())
     meta.setdefault("command", config.command)
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
     meta["native_dir"] = str(native_dir)
-    trace = normalize([*recording.native, *recording.memory], meta)
-    save(trace, output)
-    return trace
+    # A run cut short may hold a trace half-written by a process killed while writing it.
+    return normalize([*recording.native, *recording.memory], meta,
+                     skip_damaged="partial" in meta)
+
+
+def _keep(partial: Recording, config: RecordConfig, output: Path, native_dir: Path,
+          t0: float) -> str:
+    """Write the completed steps of an interrupted run to ``output``; what became of it, in
+    words. A second signal while writing leaves ``output`` unwritten (atomic) and the native
+    traces in place."""
+    # the memory samples are written when the sampler stops, after the partial recording
+    partial.memory = partial.memory or memory_files(native_dir)
+    try:
+        trace = _trace_of(partial, config, native_dir, t0)
+        save(trace, output)
+    except OpprofError as exc:
+        return f"{output} not written ({exc})"
+    except (Interrupted, KeyboardInterrupt):
+        return f"interrupted again while writing {output}: not written"
+    steps = len(trace.meta.get("step_bounds", []))
+    damaged = trace.meta.get("damaged_files", [])
+    left = (f", leaving out {len(damaged)} damaged file(s): "
+            + ", ".join(f"{Path(d['path']).name} ({d['problem']})" for d in damaged)
+            if damaged else "")
+    return f"wrote {output} ({steps} complete step(s) over {len(trace.ranks)} rank(s){left})"
 
 
 def _cpus() -> int | None:

@@ -12,9 +12,11 @@ from opprof.commands import (
     output_option,
     report_format_option,
     top_option,
+    warn_damaged,
     write_output,
 )
 from opprof.job import report
+from opprof.loader import is_opprof_trace
 from opprof.render import renderer
 
 
@@ -45,4 +47,6 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     check_output(fmt, output)
     render = renderer(fmt)
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
+    if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
+        warn_damaged(rep.meta.get("damaged_files", []))
     write_output(render.report(rep, by=by, top=top), fmt, output)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -17,11 +16,11 @@ from opprof import __version__
 from opprof.analysis.report import build_report
 from opprof.collectors import channel, inject
 from opprof.collectors.config import FRAMEWORKS, Facts, Protocol
-from opprof.collectors.jobs import command_recording
+from opprof.collectors.jobs import command_recording, partial_meta
 from opprof.collectors.memory import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
 from opprof.commands import echo_output, format_option, top_option
-from opprof.errors import OpprofError
+from opprof.errors import Interrupted, OpprofError
 from opprof.normalizers import normalize
 from opprof.render import renderer
 from opprof.trace import save
@@ -72,7 +71,8 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
       opprof run --steps 10 --warmup 3 -- torchrun --nproc-per-node 2 train_ddp.py
       opprof run --fw tf -- python keras_fit.py
     """
-    protocol = Protocol(steps, warmup, timing_steps, profile_memory)
+    protocol = Protocol(steps, warmup, timing_steps, timing_after=timing_steps,
+                        profile_memory=profile_memory)
     output = output or Path(f"{_script_name(command)}.trace")
     native = output.with_name(output.name.removesuffix(".trace") + ".native")
     if native.exists():
@@ -83,17 +83,19 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
     click.echo(f"opprof: running {line}; each training process: {warmup} warm-up and "
                f"{timing_steps} timed steps, then {steps} profiled (traces in {native}/)",
                err=True)
-    sup = Supervisor(native, "your command", timeout_s=timeout_s,
-                     forward=(signal.SIGTERM, signal.SIGHUP))
+    sup = Supervisor(native, "your command", timeout_s=timeout_s)
     # The command stays in opprof's process group (the terminal's Ctrl-C reaches it as usual).
     # With a machine format on stdout, the command's own stdout goes to stderr.
     sup.start("the command", list(command), env=env, own_group=False, stdin=None,
               stdout=None if fmt == "rich" else sys.stderr.fileno())
-    with sampling(sup, memory_interval_s):
-        code = _wait(sup)
+    try:
+        with sampling(sup, memory_interval_s):
+            code = _wait(sup)
+    except Interrupted as exc:
+        _keep_interrupted(exc, native, line, output, memory_interval_s)
     rec = command_recording(native, line)
     statuses = channel.read_all(native)
-    for message in _outcomes(statuses, protocol):
+    for message in _outcomes(statuses, protocol, native):
         click.echo(f"opprof: {message}", err=True)
     if code not in (0, None):
         click.echo(f"opprof: the command {describe_exit(code)}" + (
@@ -126,24 +128,44 @@ def _exit_code(code: int | None) -> int:
 
 
 def _wait(sup: Supervisor) -> int | None:
-    """The command's exit code (None: stopped at --timeout). A first Ctrl-C reaches the
-    command itself and opprof waits for it to end; a second stops it at once."""
+    """The command's exit code (None: stopped at --timeout). Ctrl-C, SIGTERM or SIGHUP stop
+    the command (the supervisor's interrupt: the command first gets the signal itself, then
+    what is left is stopped within seconds) and raise Interrupted; a second stops it at
+    once."""
     try:
-        try:
-            return next(iter(sup.wait(fail_fast=False).values()))
-        except KeyboardInterrupt:
-            click.echo("opprof: interrupted; waiting for the command to end (Ctrl-C again "
-                       "stops it now)", err=True)
-            return next(iter(sup.wait(fail_fast=False).values()))
-    except KeyboardInterrupt:
-        sup.stop(grace_s=0)
-        return sup.children[0].code
+        return next(iter(sup.wait(fail_fast=False).values()))
     except OpprofError as exc:  # the time limit
         click.echo(f"opprof: {exc}", err=True)
         return None
 
 
-def _outcomes(statuses: list[Facts], protocol: Protocol) -> list[str]:
+def _keep_interrupted(exc: Interrupted, native: Path, line: str, output: Path,
+                      memory_interval_s: float) -> None:
+    """Write what an interrupted command's processes completed to ``output`` (marked
+    ``meta["partial"]``) and raise Interrupted with one line saying so."""
+    rec = command_recording(native, line)
+    statuses = channel.read_all(native)
+    if not rec.native:
+        shutil.rmtree(native, ignore_errors=True)
+        raise Interrupted(exc.sig, f"{exc.message}; nothing was profiled, nothing written"
+                          ) from None
+    meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
+            "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
+            "memory_interval_s": memory_interval_s,
+            "partial": partial_meta(statuses, f"interrupted by {exc.name}")}
+    try:
+        trace = normalize([*rec.native, *rec.memory], meta, skip_damaged=True)
+        save(trace, output)
+        kept = (f"wrote {output} ({len(trace.meta.get('step_bounds', []))} complete step(s) "
+                f"over {len(trace.ranks)} rank(s))")
+    except OpprofError as error:
+        kept = f"{output} not written ({error})"
+    except (Interrupted, KeyboardInterrupt):
+        kept = f"interrupted again while writing {output}: not written"
+    raise Interrupted(exc.sig, f"{exc.message}; {kept}", native) from None
+
+
+def _outcomes(statuses: list[Facts], protocol: Protocol, folder: Path) -> list[str]:
     """One line for each process that did not record all its profiled steps."""
     lines = []
     for s in statuses:
@@ -161,8 +183,10 @@ def _outcomes(statuses: list[Facts], protocol: Protocol) -> list[str]:
                          f"timed{settle} come first){why}; run more steps or lower --warmup / "
                          "--timing-steps")
         else:
-            lines.append(f"{who} stopped reporting in {s.where} (killed, or exited without "
-                         "Python's shutdown); nothing recorded for it")
+            fault = channel.fault_of(folder, s.pid)
+            how = f"died ({fault})" if fault else (
+                "stopped reporting (killed, or exited without Python's shutdown)")
+            lines.append(f"{who} {how} in {s.where}; nothing recorded for it")
     return lines
 
 

@@ -43,7 +43,7 @@ def bar(share: float, style: str) -> Text:
     return Text("█" * n + "·" * (BAR_WIDTH - n), style=style)
 
 
-def _header(meta: dict) -> Text:
+def _header(meta: dict, noise: dict | None = None) -> Text:
     keys = [("framework", ""), ("model", ""), ("dataset", ""), ("batch_size", "batch "),
             ("workers", "workers "), ("mode", "mode "), ("device", "")]
     parts = [f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, "")]
@@ -51,8 +51,55 @@ def _header(meta: dict) -> Text:
     if meta.get("unprofiled_step_ns"):
         text += Text(f"\nunprofiled: {ms(meta.get('unprofiled_step_ns'))} ms/step"
                      + (f", {meta['samples_per_s']:,.1f} samples/s"
-                        if meta.get("samples_per_s") else ""))
+                        if meta.get("samples_per_s") else "") + _spread(noise))
+    for line in quality_lines(noise) + partial_lines(meta):
+        text += Text("\n" + line, style="bold yellow")
     return text
+
+
+def _spread(noise: dict | None) -> str:
+    if not noise:
+        return ""
+    out = (f" (median of {noise['samples']} timed steps, IQR {ms(noise['q1_ns'])}–"
+           f"{ms(noise['q3_ns'])} ms")
+    if noise.get("overhead"):
+        out += f"; profiled steps {noise['overhead']:.2f}x"
+    return out + ")"
+
+
+def quality_lines(noise: dict | None) -> list[str]:
+    """One warning line per flag of a run's timing (opprof.analysis.noise)."""
+    if not noise:
+        return []
+    lim, out = noise["limits"], []
+    if "noisy" in noise["flags"]:
+        why = []
+        if noise.get("spread") is not None and noise["spread"] > lim["spread"]:
+            why.append(f"the unprofiled steps vary by {noise['spread']:.0%} (IQR / median; "
+                       f"limit {lim['spread']:.0%})")
+        if noise.get("drift") is not None and abs(noise["drift"]) > lim["drift"]:
+            how = "slower" if noise["drift"] > 0 else "faster"
+            why.append(f"they ran {abs(noise['drift']):.0%} {how} after the profile than "
+                       f"before (limit {lim['drift']:.0%})")
+        out.append(f"⚠ noisy timing: {' and '.join(why)}; the machine was busy: compare "
+                   "these numbers with care")
+    if "overhead" in noise["flags"]:
+        out.append(f"⚠ profiler overhead: the profiled steps took {noise['overhead']:.2f}x the "
+                   f"unprofiled ones (limit {lim['overhead']:.2f}x); operator times are "
+                   "inflated")
+    return out
+
+
+def partial_lines(meta: dict) -> list[str]:
+    """A line for a recording cut short (``meta["partial"]``)."""
+    part = meta.get("partial")
+    if not isinstance(part, dict):
+        return []
+    kept = part.get("kept_steps") or {}
+    of = f" of {part['target_steps']}" if part.get("target_steps") else ""
+    each = ", ".join(f"rank {r} {n}{of}" for r, n in sorted(kept.items(), key=lambda x: str(x[0])))
+    return [f"partial: {part.get('reason', 'cut short')}; only the complete profiled steps are "
+            "here" + (f" ({each})" if each else "")]
 
 
 def phase_table(rep: Report) -> Table:
@@ -325,7 +372,7 @@ def render(*items: object, width: int = 120) -> str:
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
-    items: list[object] = [_header(rep.meta)]
+    items: list[object] = [_header(rep.meta, rep.noise)]
     if by == "op":
         items.append(op_table(rep.ops, top, "Host operators"))
     elif by == "rank":
@@ -369,6 +416,9 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
     items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items += [Text(f"{side} ({name}): {line}", style="bold yellow")
+              for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
+              for line in quality_lines(noise)]
     if d.whatif is not None:
         items.append(whatif_swaps_table(d, top))
     return render(*items)
@@ -434,19 +484,18 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
 
 
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
-    """Runs (time and memory), the model's predictions of the multi-worker runs, their phase
+    """Runs (with their noise flags), the model's predictions and memory, their phase
     breakdown, and the operator-ratio table for a terminal."""
     t = Table(title="opprof bench — runs", title_justify="left")
-    m = Table(title="Multi-worker runs: the model's prediction from the 1-worker run",
-              title_justify="left")
+    m = Table(title="Predicted scaling and memory", title_justify="left")
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "mem",
-              "mem ratio", "profiled mem"]:
-        t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status") else "right")
-    for c in [*key, "measured ms", "predicted ms", "error", "measured scaling",
-              "predicted scaling"]:
+    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "flags"]:
+        t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
+                     else "right")
+    for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem ratio",
+              "profiled mem"]:
         m.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
     for c in [*key, *PHASES, "step"]:
         p.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right",
@@ -457,17 +506,20 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
         head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
         style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
-        t.add_row(*head, Text(r["status"], style=style), f"{sps:,.1f}" if ok and sps else "-",
+        pred = r.get("predicted_step_ns")
+        has = ok and pred is not None and pred == pred
+        t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
-                  mib(r.get("unprofiled_rss_bytes")) if ok else "-",
-                  f"{r['rss_ratio']:.2f}x" if ok and _known(r.get("rss_ratio")) else "-",
-                  mib(r.get("peak_rss_bytes")) if ok else "-")
-        pred = r.get("predicted_step_ns")
-        if ok and _known(pred):
-            m.add_row(*head, ms(r["step_ns"]), ms(pred), f"{r['prediction_error']:+.1%}",
-                      pct(r["profiled_scaling"]), pct(r["predicted_scaling"]))
-        elif ok and r.get("workers", 1) > 1 and r.get("prediction_note"):
+                  Text(_flags(r), style="bold yellow") if ok else "")
+        if ok:
+            m.add_row(*head, ms(pred) if has else "-",
+                      f"{pct(r['predicted_scaling'])} vs {pct(r['profiled_scaling'])}" if has
+                      else "-", f"{r['prediction_error']:+.1%}" if has else "-",
+                      mib(r.get("unprofiled_rss_bytes")),
+                      f"{r['rss_ratio']:.2f}x" if _known(r.get("rss_ratio")) else "-",
+                      mib(r.get("peak_rss_bytes")))
+        if ok and r.get("workers", 1) > 1 and not has and r.get("prediction_note"):
             model_notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: no "
                                f"prediction — {r['prediction_note']}")
         if ok:
@@ -475,12 +527,13 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
     t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker); mem: resident peak of the largest worker before "
-                           "profiling (profiled mem: until the last profiled step, the "
-                           "profiler's buffers included); mem ratio: mem over the leanest run "
-                           "of the same model and workers", *notes])
-    m.caption = "\n".join(["profiled ms per step; scaling = step(1) ÷ step(N); error of the "
-                           "predicted step", *model_notes])
+                           "1 worker)", *_flag_notes(table), *notes])
+    m.caption = "\n".join(["predicted: the model from the 1-worker run (profiled ms; scaling = "
+                           "step(1) ÷ step(N), predicted vs measured; error of the predicted "
+                           "step); mem: resident peak of the largest worker before profiling "
+                           "(profiled mem: until the last profiled step, the profiler's buffers "
+                           "included); mem ratio: mem over the leanest run of the same model "
+                           "and workers", *model_notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
     for c in ["model", "workers", "op", "slower", "faster", "slower ms", "faster ms", "ratio"]:
@@ -490,7 +543,36 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    return [t, *([m] if m.row_count or model_notes else []), p, o]
+    return [t, m, p, o]
+
+
+def _sps(r: dict) -> str:
+    """samples/s, with the range over repetitions below it (``bench --repeat``)."""
+    text = f"{r['samples_per_s']:,.1f}"
+    low, high = r.get("samples_per_s_min"), r.get("samples_per_s_max")
+    if (r.get("repeats") or 1) > 1 and low is not None and high is not None:
+        text += f"\n({low:,.1f}–{high:,.1f})"
+    return text
+
+
+def _flags(r: dict) -> str:
+    """A run's noise flags (opprof.analysis.noise), with the overhead when flagged."""
+    flags = [f for f in str(r.get("flags") or "").split(",") if f]
+    return ", ".join(f"overhead {r['overhead']:.1f}x" if f == "overhead" and r.get("overhead")
+                     else f for f in flags)
+
+
+def _flag_notes(table: pd.DataFrame) -> list[str]:
+    """What the flags mean, when some run has one (thresholds from opprof.analysis.noise)."""
+    from opprof.analysis.noise import NOISE_DRIFT, NOISE_SPREAD, OVERHEAD_LIMIT
+
+    if "flags" not in table or not table["flags"].fillna("").astype(bool).any():
+        return []
+    return [f"flags: noisy = the unprofiled steps' IQR over "
+            f"{NOISE_SPREAD:.0%} of their median, a change over {NOISE_DRIFT:.0%} from before "
+            f"to after the profile, or repetitions' "
+            f"samples/s over {NOISE_SPREAD:.0%} apart; overhead = profiled steps over "
+            f"{OVERHEAD_LIMIT:g}x the unprofiled — compare these runs with care"]
 
 
 def _us(ns: float | None) -> str:

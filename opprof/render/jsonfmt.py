@@ -52,7 +52,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
-            "stragglers": records(rep.stragglers), "memory": memory_records(rep),
+            "stragglers": records(rep.stragglers), "noise": rep.noise,
+            "memory": memory_records(rep),
             "memory_unprofiled": [{"rank": int(r["rank"]), "role": str(r["role"]),
                                    "peak_rss_bytes": _int_or_none(r["unprofiled_rss_bytes"])}
                                   for r in rep.memory.ranks.to_dict("records")],
@@ -89,7 +90,8 @@ def diff(d: Diff, top: int | None = None) -> str:
     return json.dumps({
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
         "step_ratio": _clean(d.step_ratio), "phases": records(d.phases), "ops": records(ops),
-        "memory": records(d.memory), "summary": d.summary,
+        "memory": records(d.memory), "summary": d.summary, "a_noise": d.a_noise,
+        "b_noise": d.b_noise,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
     }, indent=2)
 

@@ -9,6 +9,7 @@ from opprof.analysis.diff import Diff
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
+from opprof.render.console import partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 
 
@@ -32,14 +33,20 @@ def md_table(df: pd.DataFrame) -> str:
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The chosen view as markdown."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
-    return f"## opprof report {title} — by {by}\n\n{md_table(report_table(rep, by, top))}\n"
+    notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
+                    + partial_lines(rep.meta))
+    return (f"## opprof report {title} — by {by}\n\n{notes}"
+            f"{md_table(report_table(rep, by, top))}\n")
 
 
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as markdown."""
     memory = (f"\n### Memory (bytes)\n\n{md_table(diff_memory_table(d))}\n"
               if len(d.memory) else "")
-    out = (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n"
+    notes = "".join(f"> {side}: {line}\n\n" for side, noise in (("A", d.a_noise),
+                                                                  ("B", d.b_noise))
+                    for line in quality_lines(noise))
+    out = (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n{notes}"
            f"{md_table(diff_table(d, top))}\n{memory}")
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
