@@ -193,12 +193,7 @@ def partial_recording(config: RecordConfig, workdir: Path, facts: list[Facts],
     servers = sorted(workdir.glob("rank*_server.json"))
     if servers:
         job["server_traces"] = len(servers)
-    meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,
-                    batch_size=config.batch_size, mode=str(config.mode),
-                    device=order[0].extra.get("device", str(config.device)), seed=config.seed,
-                    command=config.command, **job)
-    meta["profiled_steps"] = config.steps
-    meta["memory_interval_s"] = config.memory_interval_s
+    meta = record_meta(config, facts, order, job)
     meta["partial"] = partial_meta(facts, reason)
     # (the memory samples are written when the sampler stops: the caller adds them)
     return Recording(native=native + servers, meta=meta)
@@ -237,12 +232,7 @@ def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
             raise OpprofError(f"{what}: the servers wrote no profiler trace into {workdir}; "
                               "see server*.log there")
         job["server_traces"] = len(servers)
-    meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,
-                    batch_size=config.batch_size, mode=str(config.mode),
-                    device=order[0].extra.get("device", str(config.device)), seed=config.seed,
-                    command=config.command, **job)
-    meta["profiled_steps"] = config.steps
-    meta["memory_interval_s"] = config.memory_interval_s
+    meta = record_meta(config, facts, order, job)
     return Recording(native=native + servers, meta=meta, memory=memory_files(workdir))
 
 
@@ -408,3 +398,15 @@ def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:
             shutil.move(str(path), target)
             out.append(target)
     return out
+
+
+def record_meta(config: RecordConfig, facts: list, order: list, job: dict) -> dict:
+    """A built-in model's recording's metadata: the job's (:func:`job_meta`) with the model,
+    data, mode, device and the profiled steps and memory sampling asked for."""
+    meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,
+                    batch_size=config.batch_size, mode=str(config.mode),
+                    device=order[0].extra.get("device", str(config.device)), seed=config.seed,
+                    command=config.command, **job)
+    meta["profiled_steps"] = config.steps
+    meta["memory_interval_s"] = config.memory_interval_s
+    return meta

@@ -17,6 +17,15 @@ KINETO_GPU = SHARED_TRACES / "kineto-gpu"
 FIXTURES = REPO / "fixtures"
 
 
+@pytest.fixture
+def folder(tmp_path: Path):
+    """A run's working folder; afterwards, any process the run left there is stopped."""
+    from tests.procs import free_leftovers
+
+    yield tmp_path
+    free_leftovers(str(tmp_path))
+
+
 def shared_trace(name: str) -> Path:
     """A trace from ../shared/traces/kineto-gpu (skip when the shared folder is absent)."""
     path = KINETO_GPU / name

@@ -4,6 +4,7 @@ a run left (from /proc), send signals."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -13,6 +14,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def needs(*modules: str) -> None:
+    """Skip the calling test when one of ``modules`` is not installed."""
+    import pytest
+
+    for m in modules:
+        if importlib.util.find_spec(m) is None:
+            pytest.skip(f"needs {m}")
+
 
 #: How long every process of an interrupted run may take to be gone (the issue's bound).
 GONE_WITHIN_S = 5.0

@@ -5,7 +5,6 @@ process is gone, and `opprof import` of the kept folder reads what is complete."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import sys
@@ -19,7 +18,7 @@ from opprof.errors import OpprofError
 from tests.conftest import REPO, run_cli
 from tests.procs import (
     assert_all_gone,
-    free_leftovers,
+    needs,
     pids_of,
     reached,
     start_cli,
@@ -30,18 +29,6 @@ from tests.procs import (
 SMALL = ["--batch-size", "4", "--warmup", "1", "--timing-steps", "1", "--timeout", "300"]
 #: A failed run stops its processes with a grace of a few seconds (Supervisor.stop).
 ENDS_WITHIN_S = 30.0
-
-
-def needs(*modules: str) -> None:
-    for m in modules:
-        if importlib.util.find_spec(m) is None:
-            pytest.skip(f"needs {m}")
-
-
-@pytest.fixture
-def folder(tmp_path: Path):
-    yield tmp_path
-    free_leftovers(str(tmp_path))
 
 
 def kill_during(tmp: Path, sig: int, who: str, fw: str, model: str, *more: str,

@@ -6,7 +6,6 @@ one line says what was stopped and what each rank kept, the exit code is 130 / 1
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import sys
@@ -20,7 +19,7 @@ from opprof.taxonomy import PHASES
 from tests.conftest import REPO, run_cli
 from tests.procs import (
     assert_all_gone,
-    free_leftovers,
+    needs,
     pids_of,
     reached,
     start_cli,
@@ -30,18 +29,6 @@ from tests.procs import (
 SCRIPTS = REPO / "tests" / "scripts"
 SMALL = ["--batch-size", "4", "--warmup", "1", "--timing-steps", "1", "--timeout", "300"]
 CODE = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-
-def needs(*modules: str) -> None:
-    for m in modules:
-        if importlib.util.find_spec(m) is None:
-            pytest.skip(f"needs {m}")
-
-
-@pytest.fixture
-def folder(tmp_path: Path):
-    yield tmp_path
-    free_leftovers(str(tmp_path))
 
 
 def interrupt_record(tmp: Path, sig: int, fw: str, model: str, *more: str,

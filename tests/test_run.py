@@ -6,7 +6,6 @@ sitecustomize and leaving a command that trains nothing alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -17,16 +16,11 @@ import pytest
 from opprof.loader import load
 from opprof.taxonomy import PHASES
 from tests.conftest import REPO, run_cli
+from tests.procs import needs
 
 SCRIPTS = REPO / "tests" / "scripts"
 #: warm-up 1, timing 1, 3 profiled: torch needs 6 steps (one more to let its profiler settle)
 PROTOCOL = ["--warmup", "1", "--timing-steps", "1", "--steps", "3"]
-
-
-def needs(*modules: str) -> None:
-    for m in modules:
-        if importlib.util.find_spec(m) is None:
-            pytest.skip(f"needs {m}")
 
 
 def opprof_run(tmp: Path, *command: str, options: tuple[str, ...] = (), timeout: float = 600):

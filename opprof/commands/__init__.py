@@ -51,6 +51,19 @@ def write_output(text: str, fmt: str, output: Path | None) -> None:
                else f"wrote {output} ({size:,} bytes)", err=True)
 
 
+def memory_options(f):  # noqa: ANN001, ANN201 (a click decorator)
+    """``--profile-memory/--no-profile-memory`` and ``--memory-interval`` (record and run)."""
+    f = click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
+                     default=0.02, show_default=True,
+                     help="Seconds between samples of the resident memory of every process "
+                          "of the run, taken from outside them (0: no sampling).")(f)
+    return click.option("--profile-memory/--no-profile-memory", default=True,
+                        show_default=True,
+                        help="Record the framework allocator's memory with its profiler "
+                             "(torch and MXNet profile_memory; TensorFlow always records its "
+                             "allocator).")(f)
+
+
 def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)
     """``--scheduler`` and ``--jobs``: where the per-rank work runs (opprof.parallel)."""
     f = click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,

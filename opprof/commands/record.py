@@ -33,7 +33,7 @@ from opprof.collectors.config import DEFAULT_MODE
 from opprof.collectors.gpu import require_cuda, require_nsys
 from opprof.collectors.jobs import CONFIG_FILE, Recording
 from opprof.collectors.memory import memory_files
-from opprof.commands import echo_output, format_option, top_option
+from opprof.commands import echo_output, format_option, memory_options, top_option
 from opprof.errors import Interrupted, OpprofError
 from opprof.normalizers import normalize
 from opprof.render import renderer
@@ -60,13 +60,7 @@ from opprof.trace import Trace, save
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--nsys", is_flag=True,
               help="Also record under NVIDIA Nsight Systems (needs nsys on PATH).")
-@click.option("--profile-memory/--no-profile-memory", default=True, show_default=True,
-              help="Record the framework allocator's memory with its profiler (torch and "
-                   "MXNet profile_memory; TensorFlow always records its allocator).")
-@click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
-              default=0.02, show_default=True,
-              help="Seconds between samples of every process's resident memory, taken from "
-                   "outside the processes (0: no sampling).")
+@memory_options
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op "
                    "threads). Default: the framework's, or the host's CPUs split among the "

@@ -19,7 +19,7 @@ from opprof.collectors.config import FRAMEWORKS, Facts, Protocol
 from opprof.collectors.jobs import command_recording, partial_meta
 from opprof.collectors.memory import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
-from opprof.commands import echo_output, format_option, top_option
+from opprof.commands import echo_output, format_option, memory_options, top_option
 from opprof.errors import Interrupted, OpprofError
 from opprof.normalizers import normalize
 from opprof.render import renderer
@@ -44,13 +44,7 @@ TIMED_OUT = 124  # what `timeout` returns
               help="The .trace to write (default: SCRIPT.trace, after the command's script).")
 @click.option("--timeout", "timeout_s", type=float, default=None,
               help="Seconds before the command is stopped (default: none).")
-@click.option("--profile-memory/--no-profile-memory", default=True, show_default=True,
-              help="Record the framework allocator's memory with its profiler (torch and "
-                   "MXNet profile_memory; TensorFlow always records its allocator).")
-@click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
-              default=0.02, show_default=True,
-              help="Seconds between samples of the resident memory of the command and every "
-                   "process it starts, taken from outside them (0: no sampling).")
+@memory_options
 @top_option
 @format_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
