@@ -426,7 +426,8 @@ def record(tmp: Path, fw: str, *extra: str) -> tuple[Path, dict]:
                                       ("mxnet", ["--batch-size", "8"]),
                                       ("tf", ["--batch-size", "64"])])
 def test_record_measures_memory_on_every_framework(tmp_path, fw, extra):
-    out, rep = record(tmp_path, fw, *extra)
+    # LeNet-5's profiled steps take ~20 ms: sample every 5 ms so that some land in them
+    out, rep = record(tmp_path, fw, *extra, "--memory-interval", "0.005")
     (mem,) = rep["memory"]
     params = 62006 * 4
     assert mem["param_bytes"] == params
