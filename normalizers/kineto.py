@@ -17,6 +17,8 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 from __future__ import annotations
 
 import re
+from itertools import repeat
+from operator import is_not
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +183,8 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
     info = {
         "rank": rank, "source": str(path), "offset": offset,
         "error": _int(clock.get("error_ns", 0)),
-        "has_gpu": bool(np.isin(raw["kind"].to_numpy(object),
-                                ["kernel", "memcpy", "memset"]).any()),
+        "has_gpu": bool(np.isin(raw["kind"].cat.codes.to_numpy(),  # per category
+                                [KINDS.index(k) for k in ("kernel", "memcpy", "memset")]).any()),
         "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
         "distributed": doc.distributedInfo or None,
     }
@@ -341,7 +343,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
     nbytes = chrome.numbers(bytes_v, fill=0.0)
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
-    has_dims = np.fromiter((d is not None for d in dims_v), bool, n)
+    has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     detail = None
     if has_dims.any():
         detail = np.full(n, None, dtype=object)
@@ -360,7 +362,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         "bytes": nbytes,
         "detail": detail,
         "link": chrome.integers(corr_v),
-    })
+    }, copy=False)  # every column is made here: no copy
 
 
 def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:
