@@ -197,8 +197,8 @@ def finish(
                         bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
 
     # Workers without phase markers: infer phases from their operators' own phases.
-    role = df["role"].astype(object).to_numpy()
-    unmarked = (role == "worker") & ~np.isin(rank, np.unique(rank[is_phase_marker]))
+    worker = _codes(df["role"], {"worker": 0}) == 0
+    unmarked = worker & ~np.isin(rank, np.unique(rank[is_phase_marker]))
     spans = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
     inferred = np.unique(rank[unmarked & phased])
     if len(inferred):
@@ -238,16 +238,17 @@ def finish(
                                  src[pos[ok]], idx[ok])
     counted |= is_device_ev
 
+    # copy=False: the columns are fresh arrays, or the raw frame's (copy-on-write)
     out = pd.DataFrame({
         "rank": rank, "role": df["role"], "pid": df["pid"], "tid": df["tid"],
-        "device": device, "ts": ts, "dur": dur, "name": names,
+        "device": device, "ts": _own(ts), "dur": dur, "name": names,
         "kind": pd.Categorical.from_codes(kind, categories=KINDS),
         "op": pd.Categorical.from_codes(op, categories=CANONICAL_OPS),
         "phase": pd.Categorical.from_codes(phase, categories=PHASES),
         "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
-        "bytes": df["bytes"], "detail": df["detail"], "link": link,
-    })
+        "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
+    }, copy=False)
     meta = dict(meta)
     if len(spans):
         out = pd.concat([out, _span_events(spans, df, rank, on_host, bounds)],
@@ -256,6 +257,11 @@ def finish(
         meta["inferred_phases"] = [int(r) for r in inferred]
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
     return Trace(conform(out), meta)
+
+
+def _own(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy of it when it is a read-only view of a frame (pandas' ``to_numpy``)."""
+    return a if a.flags.writeable else a.copy()
 
 
 def _launchers_of_copies(phase: np.ndarray, anc: np.ndarray, unmarked: np.ndarray,
