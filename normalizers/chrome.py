@@ -247,13 +247,17 @@ def integers(values: Sequence[Any], fill: int = -1) -> np.ndarray:
 def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     """A column of names as a Categorical with sorted string categories: factorized once,
     converted to text once per distinct value (non-strings as ``str`` does; None → missing)."""
-    arr = _as_objects(values)
-    try:
-        codes, uniq = pd.factorize(arr, use_na_sentinel=True)
-    except TypeError:  # unhashable values (lists, objects) in a name field: their text
-        codes, uniq = pd.factorize(np.array([v if v is None else str(v) for v in arr],
-                                            dtype=object), use_na_sentinel=True)
-    text = [u if type(u) is str else str(u) for u in uniq]
+    fast = _text_codes(values)
+    if fast is not None:
+        codes, text = fast
+    else:
+        arr = _as_objects(values)
+        try:
+            codes, uniq = pd.factorize(arr, use_na_sentinel=True)
+        except TypeError:  # unhashable values (lists, objects) in a name field: their text
+            codes, uniq = pd.factorize(np.array([v if v is None else str(v) for v in arr],
+                                                dtype=object), use_na_sentinel=True)
+        text = [u if type(u) is str else str(u) for u in uniq]
     if (codes < 0).any():
         text.append(missing)
         codes = np.where(codes < 0, len(text) - 1, codes)
@@ -262,3 +266,20 @@ def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     remap = np.array([pos[t] for t in text], dtype=np.int64)
     return pd.Categorical.from_codes(remap[codes] if len(codes) else codes,
                                      categories=pd.Index(cats, dtype=object))
+
+
+def _text_codes(values: Sequence[Any]) -> tuple[np.ndarray, list[str]] | None:
+    """Codes (in order of first appearance) and distinct values of a column that is text
+    only — what ``pd.factorize`` gives there, with a dict (hashing in C, no object array,
+    no type inference); None when any value is not a ``str`` (missing, numbers, lists:
+    :func:`strings` factorizes those as pandas does)."""
+    try:
+        first = dict.fromkeys(values)
+    except TypeError:  # unhashable
+        return None
+    text = list(first)
+    if not all(type(u) is str for u in text):
+        return None
+    index = {u: i for i, u in enumerate(text)}
+    codes = np.fromiter(map(index.__getitem__, values), np.intp, len(values))
+    return codes, text
