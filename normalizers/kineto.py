@@ -304,19 +304,20 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     n = len(x)
     if not x:
         raise OpprofError(f"{path}: Kineto trace with no complete events")
-    cat_v, name_v, pid_v, tid_v, ts_v, dur_v, args_v = chrome.columns(
-        x, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
+    cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
+        x, ("cat", "name", "pid", "tid", "args"))
+    ts_us = chrome.number_column(x, "ts")
+    dur_us = chrome.number_column(x, "dur", fill=0.0)
     del x
     args_v = [a if a is not None else _NO_ARGS for a in args_v]
-    corr_v, dev_v, bytes_v, dims_v = chrome.columns(
-        args_v, ("correlation", "device", "bytes", "input_dims"))
+    corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
+    dev_no = chrome.number_column(args_v, "device")
+    nbytes = chrome.number_column(args_v, "bytes", fill=0.0)
     names = chrome.strings(name_v)
     del name_v
     comm_bytes = _comm_bytes(names, args_v)
     del args_v
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
-    ts_us = chrome.numbers(ts_v)
-    dur_us = chrome.numbers(dur_v, fill=0.0)
     if np.isnan(ts_us).any():
         raise OpprofError(f"{path}: Kineto events without a numeric timestamp")
     if not (np.isfinite(ts_us).all() and np.isfinite(dur_us).all()
@@ -331,7 +332,6 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         np.array([KINDS.index(k) for k in kind_of_cat] + [-1], np.int64)[codes],
         categories=KINDS)
     pid = chrome.numbers(pid_v)
-    dev_no = chrome.numbers(dev_v)
     dev_no = np.where(np.isnan(dev_no), pid, dev_no)
     dev_no = np.where(np.isnan(dev_no), 0, dev_no).astype(np.int64)
     device_code = np.zeros(n, np.int64)  # "cpu"
@@ -341,7 +341,6 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         device_code[on_device] = inv + 1
     device = pd.Categorical.from_codes(
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
-    nbytes = chrome.numbers(bytes_v, fill=0.0)
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     detail = None
