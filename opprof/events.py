@@ -70,7 +70,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from opprof.intervals import label_points, nest
+from opprof.intervals import Nesting, label_points
 from opprof.taxonomy import (
     CANONICAL_OPS,
     DEVICE_KINDS,
@@ -168,7 +168,8 @@ def finish(
     # On device lanes only kernels, copies and sets are operators (a GPU-side "Stream Sync"
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
-    depth, anc = nest(lane, ts, end, is_op)
+    nesting = Nesting(lane, ts, end)  # sorted once for both questions below
+    depth, anc = nesting.nest(is_op)
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
     op = np.where(is_marker, -1, row_op)
@@ -180,7 +181,7 @@ def finish(
     own_comm = is_op & on_host & (row_op == _COMM_OP)
     in_comm = np.zeros(n, bool)
     if own_comm.any():
-        _, comm_anc = nest(lane, ts, end, own_comm)
+        _, comm_anc = nesting.nest(own_comm)
         in_comm = comm_anc >= 0
         op[in_comm] = _COMM_OP
         counted |= in_comm & (comm_anc == np.arange(n))
