@@ -209,21 +209,23 @@ _PLAIN_TYPES = frozenset({int, float, type(None)})
 
 def numbers(values: Sequence[Any], fill: float = np.nan) -> np.ndarray:
     """A column of JSON numbers as float64; anything else (missing, strings, objects) is
-    ``fill``. Numeric strings are read as numbers, as ``pd.to_numeric`` does."""
+    ``fill``. Numeric strings are read as numbers, as ``pd.to_numeric`` does.
+
+    ``np.fromiter`` converts each value as ``np.array`` does (None is NaN, numeric text is
+    read), stops at the first value it cannot take (a list, other text) without scanning
+    the rest, and builds no nested array."""
+    n = len(values)
     try:
-        out = np.array(values, dtype=np.float64)  # None becomes NaN
-        if out.ndim != 1:
-            raise ValueError("nested")
+        out = np.fromiter(values, np.float64, n)
     except (TypeError, ValueError, OverflowError):
         # a few odd values (Kineto's "Spans" pid): convert those alone, the rest at once;
         # they are found by their type in C (map), not by a Python loop over every value
         fixed = list(values)
-        plain = np.fromiter(map(_PLAIN_TYPES.__contains__, map(type, fixed)), bool,
-                            len(fixed))
+        plain = np.fromiter(map(_PLAIN_TYPES.__contains__, map(type, fixed)), bool, n)
         for i in np.flatnonzero(~plain).tolist():
             fixed[i] = _number(fixed[i])
         try:
-            out = np.array(fixed, dtype=np.float64)
+            out = np.fromiter(fixed, np.float64, n)
         except OverflowError:  # integers beyond float64
             out = np.array([_number(v) for v in fixed], dtype=np.float64)
     if not np.isnan(fill):
