@@ -95,12 +95,18 @@ def _gunzip(data: bytes, path: Path, budget: int) -> bytes:
     line, at ``budget`` bytes or a decompression bomb's ratio."""
     parts: list[bytes] = []
     total, size = 0, len(data)
+    # The gzip trailer's ISIZE (the text's size mod 2**32) lets a file that is one member
+    # inflate as one piece: no join (a copy of the whole text). Only a hint: the first
+    # piece stays within what the checks below allow (the budget, the bomb ratio).
+    hint = int.from_bytes(data[-4:], "little") + 1 if size >= 18 else 0
+    chunk = max(_CHUNK, min(hint, budget + 1, max(_RATIO_FROM, MAX_INFLATE_RATIO * size)))
     try:
         while data:
             d = zlib.decompressobj(wbits=31)
             rest = data
             while True:
-                piece = d.decompress(rest, _CHUNK)
+                piece = d.decompress(rest, chunk)
+                chunk = _CHUNK
                 parts.append(piece)
                 total += len(piece)
                 used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
@@ -198,26 +204,42 @@ def _number(v: Any) -> float:
     return np.nan
 
 
-_NUMBER_TYPES = (int, float)
+_PLAIN_TYPES = frozenset({int, float, type(None)})
 
 
 def numbers(values: Sequence[Any], fill: float = np.nan) -> np.ndarray:
     """A column of JSON numbers as float64; anything else (missing, strings, objects) is
-    ``fill``. Numeric strings are read as numbers, as ``pd.to_numeric`` does."""
+    ``fill``. Numeric strings are read as numbers, as ``pd.to_numeric`` does.
+
+    ``np.fromiter`` converts each value as ``np.array`` does (None is NaN, numeric text is
+    read), stops at the first value it cannot take (a list, other text) without scanning
+    the rest, and builds no nested array."""
+    n = len(values)
     try:
-        out = np.array(values, dtype=np.float64)  # None becomes NaN
-        if out.ndim != 1:
-            raise ValueError("nested")
+        out = np.fromiter(values, np.float64, n)
     except (TypeError, ValueError, OverflowError):
-        # a few odd values (Kineto's "Spans" pid): convert those alone, the rest at once
+        # a few odd values (Kineto's "Spans" pid): convert those alone, the rest at once;
+        # they are found by their type in C (map), not by a Python loop over every value
         fixed = list(values)
-        for i, v in enumerate(values):
-            if type(v) not in _NUMBER_TYPES and v is not None:
-                fixed[i] = _number(v)
+        plain = np.fromiter(map(_PLAIN_TYPES.__contains__, map(type, fixed)), bool, n)
+        for i in np.flatnonzero(~plain).tolist():
+            fixed[i] = _number(fixed[i])
         try:
-            out = np.array(fixed, dtype=np.float64)
+            out = np.fromiter(fixed, np.float64, n)
         except OverflowError:  # integers beyond float64
             out = np.array([_number(v) for v in fixed], dtype=np.float64)
+    if not np.isnan(fill):
+        out[np.isnan(out)] = fill
+    return out
+
+
+def number_column(items: Sequence[Any], field: str, fill: float = np.nan) -> np.ndarray:
+    """``numbers`` of one field of every struct, read straight into float64 (no list in
+    between) when every value is a number or None; else as :func:`numbers` reads it."""
+    try:
+        out = np.fromiter(map(attrgetter(field), items), np.float64, len(items))
+    except (TypeError, ValueError, OverflowError):
+        return numbers(list(map(attrgetter(field), items)), fill)
     if not np.isnan(fill):
         out[np.isnan(out)] = fill
     return out
@@ -239,13 +261,17 @@ def integers(values: Sequence[Any], fill: int = -1) -> np.ndarray:
 def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     """A column of names as a Categorical with sorted string categories: factorized once,
     converted to text once per distinct value (non-strings as ``str`` does; None → missing)."""
-    arr = _as_objects(values)
-    try:
-        codes, uniq = pd.factorize(arr, use_na_sentinel=True)
-    except TypeError:  # unhashable values (lists, objects) in a name field: their text
-        codes, uniq = pd.factorize(np.array([v if v is None else str(v) for v in arr],
-                                            dtype=object), use_na_sentinel=True)
-    text = [u if type(u) is str else str(u) for u in uniq]
+    fast = _text_codes(values)
+    if fast is not None:
+        codes, text = fast
+    else:
+        arr = _as_objects(values)
+        try:
+            codes, uniq = pd.factorize(arr, use_na_sentinel=True)
+        except TypeError:  # unhashable values (lists, objects) in a name field: their text
+            codes, uniq = pd.factorize(np.array([v if v is None else str(v) for v in arr],
+                                                dtype=object), use_na_sentinel=True)
+        text = [u if type(u) is str else str(u) for u in uniq]
     if (codes < 0).any():
         text.append(missing)
         codes = np.where(codes < 0, len(text) - 1, codes)
@@ -254,3 +280,20 @@ def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     remap = np.array([pos[t] for t in text], dtype=np.int64)
     return pd.Categorical.from_codes(remap[codes] if len(codes) else codes,
                                      categories=pd.Index(cats, dtype=object))
+
+
+def _text_codes(values: Sequence[Any]) -> tuple[np.ndarray, list[str]] | None:
+    """Codes (in order of first appearance) and distinct values of a column that is text
+    only — what ``pd.factorize`` gives there, with a dict (hashing in C, no object array,
+    no type inference); None when any value is not a ``str`` (missing, numbers, lists:
+    :func:`strings` factorizes those as pandas does)."""
+    try:
+        first = dict.fromkeys(values)
+    except TypeError:  # unhashable
+        return None
+    text = list(first)
+    if not all(type(u) is str for u in text):
+        return None
+    index = {u: i for i, u in enumerate(text)}
+    codes = np.fromiter(map(index.__getitem__, values), np.intp, len(values))
+    return codes, text

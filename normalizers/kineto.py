@@ -17,6 +17,8 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 from __future__ import annotations
 
 import re
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_not
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +183,8 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
     info = {
         "rank": rank, "source": str(path), "offset": offset,
         "error": _int(clock.get("error_ns", 0)),
-        "has_gpu": bool(np.isin(raw["kind"].to_numpy(object),
-                                ["kernel", "memcpy", "memset"]).any()),
+        "has_gpu": bool(np.isin(raw["kind"].cat.codes.to_numpy(),  # per category
+                                [KINDS.index(k) for k in ("kernel", "memcpy", "memset")]).any()),
         "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
         "distributed": doc.distributedInfo or None,
     }
@@ -265,7 +267,7 @@ def _memory_samples(doc: Document, rank: int, base_ns: int) -> pd.DataFrame | No
     Reserved`` as ``reserved`` (the CPU allocator keeps no pool: Kineto writes 0 there).
     On the CPU, torch counts only what was allocated while the profiler ran: tensors
     allocated before it started (the parameters, the optimizer's state) are not in it."""
-    mem = [e for e in doc.traceEvents if e.ph == "i" and e.name == "[memory]"
+    mem = [e for e in _with_ph(doc.traceEvents, "i") if e.name == "[memory]"
            and e.args is not None]
     if not mem:
         return None
@@ -293,28 +295,38 @@ def _memory_samples(doc: Document, rank: int, base_ns: int) -> pd.DataFrame | No
     return pd.concat(frames, ignore_index=True)
 
 
+def _with_ph(events: list[Event], ph: str) -> list[Event]:
+    """The events whose ``ph`` equals ``ph`` (``==``), selected in C (no Python frame per
+    event)."""
+    return list(compress(events, map(eq, map(_PH, events), repeat(ph))))
+
+
+_PH = attrgetter("ph")
+
+
 def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     """The complete (``X``) events of one document as raw columns (see events.finish).
     The document's events are consumed (``doc.traceEvents`` is emptied once its columns are
     taken), so the decoded structs do not outlive the columns made from them."""
-    x = [e for e in doc.traceEvents if e.ph == "X"]
+    x = _with_ph(doc.traceEvents, "X")
     doc.traceEvents = []
     n = len(x)
     if not x:
         raise OpprofError(f"{path}: Kineto trace with no complete events")
-    cat_v, name_v, pid_v, tid_v, ts_v, dur_v, args_v = chrome.columns(
-        x, ("cat", "name", "pid", "tid", "ts", "dur", "args"))
+    cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
+        x, ("cat", "name", "pid", "tid", "args"))
+    ts_us = chrome.number_column(x, "ts")
+    dur_us = chrome.number_column(x, "dur", fill=0.0)
     del x
     args_v = [a if a is not None else _NO_ARGS for a in args_v]
-    corr_v, dev_v, bytes_v, dims_v = chrome.columns(
-        args_v, ("correlation", "device", "bytes", "input_dims"))
+    corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
+    dev_no = chrome.number_column(args_v, "device")
+    nbytes = chrome.number_column(args_v, "bytes", fill=0.0)
     names = chrome.strings(name_v)
     del name_v
     comm_bytes = _comm_bytes(names, args_v)
     del args_v
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
-    ts_us = chrome.numbers(ts_v)
-    dur_us = chrome.numbers(dur_v, fill=0.0)
     if np.isnan(ts_us).any():
         raise OpprofError(f"{path}: Kineto events without a numeric timestamp")
     if not (np.isfinite(ts_us).all() and np.isfinite(dur_us).all()
@@ -329,7 +341,6 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         np.array([KINDS.index(k) for k in kind_of_cat] + [-1], np.int64)[codes],
         categories=KINDS)
     pid = chrome.numbers(pid_v)
-    dev_no = chrome.numbers(dev_v)
     dev_no = np.where(np.isnan(dev_no), pid, dev_no)
     dev_no = np.where(np.isnan(dev_no), 0, dev_no).astype(np.int64)
     device_code = np.zeros(n, np.int64)  # "cpu"
@@ -339,9 +350,8 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         device_code[on_device] = inv + 1
     device = pd.Categorical.from_codes(
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
-    nbytes = chrome.numbers(bytes_v, fill=0.0)
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
-    has_dims = np.fromiter((d is not None for d in dims_v), bool, n)
+    has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     detail = None
     if has_dims.any():
         detail = np.full(n, None, dtype=object)
@@ -360,7 +370,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         "bytes": nbytes,
         "detail": detail,
         "link": chrome.integers(corr_v),
-    })
+    }, copy=False)  # every column is made here: no copy
 
 
 def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:

@@ -70,7 +70,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from opprof.intervals import label_points, nest
+from opprof.intervals import Nesting, label_points
 from opprof.taxonomy import (
     CANONICAL_OPS,
     DEVICE_KINDS,
@@ -168,7 +168,8 @@ def finish(
     # On device lanes only kernels, copies and sets are operators (a GPU-side "Stream Sync"
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
-    depth, anc = nest(lane, ts, end, is_op)
+    nesting = Nesting(lane, ts, end)  # sorted once for both questions below
+    depth, anc = nesting.nest(is_op)
     anc = np.where(is_device_ev, np.arange(n), anc)
     has_anc = anc >= 0
     op = np.where(is_marker, -1, row_op)
@@ -180,7 +181,7 @@ def finish(
     own_comm = is_op & on_host & (row_op == _COMM_OP)
     in_comm = np.zeros(n, bool)
     if own_comm.any():
-        _, comm_anc = nest(lane, ts, end, own_comm)
+        _, comm_anc = nesting.nest(own_comm)
         in_comm = comm_anc >= 0
         op[in_comm] = _COMM_OP
         counted |= in_comm & (comm_anc == np.arange(n))
@@ -197,8 +198,8 @@ def finish(
                         bounds["end"].to_numpy(), bounds["step"].to_numpy(), default=-1)
 
     # Workers without phase markers: infer phases from their operators' own phases.
-    role = df["role"].astype(object).to_numpy()
-    unmarked = (role == "worker") & ~np.isin(rank, np.unique(rank[is_phase_marker]))
+    worker = _codes(df["role"], {"worker": 0}) == 0
+    unmarked = worker & ~np.isin(rank, np.unique(rank[is_phase_marker]))
     spans = pd.DataFrame({"rank": [], "start": [], "end": [], "phase": []})
     inferred = np.unique(rank[unmarked & phased])
     if len(inferred):
@@ -238,16 +239,17 @@ def finish(
                                  src[pos[ok]], idx[ok])
     counted |= is_device_ev
 
+    # copy=False: the columns are fresh arrays, or the raw frame's (copy-on-write)
     out = pd.DataFrame({
         "rank": rank, "role": df["role"], "pid": df["pid"], "tid": df["tid"],
-        "device": device, "ts": ts, "dur": dur, "name": names,
+        "device": device, "ts": _own(ts), "dur": dur, "name": names,
         "kind": pd.Categorical.from_codes(kind, categories=KINDS),
         "op": pd.Categorical.from_codes(op, categories=CANONICAL_OPS),
         "phase": pd.Categorical.from_codes(phase, categories=PHASES),
         "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
-        "bytes": df["bytes"], "detail": df["detail"], "link": link,
-    })
+        "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
+    }, copy=False)
     meta = dict(meta)
     if len(spans):
         out = pd.concat([out, _span_events(spans, df, rank, on_host, bounds)],
@@ -256,6 +258,11 @@ def finish(
         meta["inferred_phases"] = [int(r) for r in inferred]
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
     return Trace(conform(out), meta)
+
+
+def _own(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy of it when it is a read-only view of a frame (pandas' ``to_numpy``)."""
+    return a if a.flags.writeable else a.copy()
 
 
 def _launchers_of_copies(phase: np.ndarray, anc: np.ndarray, unmarked: np.ndarray,

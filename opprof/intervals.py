@@ -14,7 +14,8 @@ Times are int64 nanoseconds; an interval is ``[start, end)``. Everything is vect
 - **Union** (:func:`union_length`, :func:`merge`), **labels by cover**
   (:func:`label_points`: which interval of its lane covers each point), **containment**
   (:func:`containing`: which interval of the same lane contains each inner interval) and
-  **nesting** (:func:`nest`: depth and outermost enclosing interval, per lane).
+  **nesting** (:func:`nest`, :class:`Nesting`: depth and outermost enclosing interval,
+  per lane).
 """
 
 from __future__ import annotations
@@ -144,26 +145,41 @@ def nest(lane: np.ndarray, start: np.ndarray, end: np.ndarray,
 
     Doubled coordinates: a zero-length interval ends half a tick after it starts, so it
     nests inside an interval starting at the same instant but encloses nothing."""
-    n = len(start)
-    if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    t0 = start.min()
-    s2 = 2 * (start - t0)
-    e2 = 2 * (end - t0) + (end == start)
-    ks, ke = lane_keys([lane, lane], [s2, e2])
-    order = np.lexsort((-ke, ks))
-    ks_o, ke_o, op_o = ks[order], ke[order], is_op[order]
-    closed = np.searchsorted(np.sort(ke_o), ks_o, side="right")
-    depth_o = np.arange(n) - closed
-    before_ops = np.cumsum(op_o) - op_o
-    op_closed = np.searchsorted(np.sort(ke_o[op_o]), ks_o, side="right")
-    top = op_o & (before_ops - op_closed == 0)
-    last_top = np.maximum.accumulate(np.where(top, np.arange(n), -1))
-    safe = np.maximum(last_top, 0)
-    encloses = (last_top >= 0) & ((ke_o[safe] > ks_o) | (last_top == np.arange(n)))
-    anc_o = np.where(encloses, order[safe], -1)
-    depth = np.empty(n, np.int64)
-    anc = np.empty(n, np.int64)
-    depth[order] = depth_o
-    anc[order] = anc_o
-    return depth, anc
+    return Nesting(lane, start, end).nest(is_op)
+
+
+class Nesting:
+    """:func:`nest` for several sets of operators on the same intervals: the sorting that
+    does not depend on which intervals are operators is done once."""
+
+    def __init__(self, lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        n = self.n = len(start)
+        if n == 0:
+            return
+        t0 = start.min()
+        s2 = 2 * (start - t0)
+        e2 = 2 * (end - t0) + (end == start)
+        ks, ke = lane_keys([lane, lane], [s2, e2])
+        self.order = np.lexsort((-ke, ks))
+        self.ks_o, self.ke_o = ks[self.order], ke[self.order]
+        closed = np.searchsorted(np.sort(self.ke_o), self.ks_o, side="right")
+        self.depth = np.empty(n, np.int64)
+        self.depth[self.order] = np.arange(n) - closed
+
+    def nest(self, is_op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(depth, outermost enclosing ``is_op`` interval) per interval, as :func:`nest`."""
+        n = self.n
+        if n == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        order, ks_o, ke_o = self.order, self.ks_o, self.ke_o
+        op_o = is_op[order]
+        before_ops = np.cumsum(op_o) - op_o
+        op_closed = np.searchsorted(np.sort(ke_o[op_o]), ks_o, side="right")
+        top = op_o & (before_ops - op_closed == 0)
+        last_top = np.maximum.accumulate(np.where(top, np.arange(n), -1))
+        safe = np.maximum(last_top, 0)
+        encloses = (last_top >= 0) & ((ke_o[safe] > ks_o) | (last_top == np.arange(n)))
+        anc_o = np.where(encloses, order[safe], -1)
+        anc = np.empty(n, np.int64)
+        anc[order] = anc_o
+        return self.depth.copy(), anc

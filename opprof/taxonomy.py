@@ -90,16 +90,15 @@ class MappingTable:
         seen = _ROWS.setdefault((self.name, self.rows), {})
         row = np.array([seen.get(u, -2) for u in uniq], dtype=np.int32)
         todo = np.flatnonzero(row == -2)
-        new = pd.Series(uniq[todo], dtype=object)
-        new_row = np.full(len(todo), -1, dtype=np.int32)
-        for i, r in enumerate(self.rows):
-            free = new_row < 0
-            if not free.any():
-                break
-            hit = new[free].str.fullmatch(r.pattern).to_numpy(dtype=bool)
-            new_row[np.flatnonzero(free)[hit]] = i
+        new = uniq[todo].tolist()
+        # per new distinct name, its rows in order until one matches (what a pandas
+        # ``str.fullmatch`` per row over the names still free does, without its overhead
+        # per row)
+        patterns = [re.compile(r.pattern).fullmatch for r in self.rows]
+        new_row = [next((i for i, match in enumerate(patterns) if match(u)), -1)
+                   for u in new]
         row[todo] = new_row
-        seen.update(zip(new.tolist(), new_row.tolist(), strict=True))
+        seen.update(zip(new, new_row, strict=True))
         ops = np.array([r.op for r in self.rows] + ["other"], dtype=object)
         phases = np.array([r.phase for r in self.rows] + [""], dtype=object)
         kinds = np.array([r.kind for r in self.rows] + [""], dtype=object)

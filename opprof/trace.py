@@ -108,18 +108,22 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
     """Return df with exactly COLUMNS in order and their dtypes. Categorical columns that
     already have the right categories are kept as they are (no per-row work); the free
     categories of ``device`` and ``name`` are text, sorted (so a table read back from many
-    row groups or ranks is the same as one made at once)."""
+    row groups or ranks is the same as one made at once). A column that already has its
+    dtype is not copied: the result shares it with ``df`` under pandas' copy-on-write, so
+    writing to either still leaves the other as it was."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"events table lacks columns {missing}")
-    cols = {}
+    cols: dict[str, Any] = {}
     n = len(df)
     for col, dtype in COLUMNS.items():
         c = df[col]
         if isinstance(dtype, pd.CategoricalDtype):
             if isinstance(c.dtype, pd.CategoricalDtype) and list(c.cat.categories) == list(
                     dtype.categories):
-                cols[col] = pd.Categorical.from_codes(c.cat.codes.to_numpy(), dtype=dtype)
+                cols[col] = (_kept(c) if _same_categories(c.dtype, dtype.categories)
+                             else pd.Categorical.from_codes(c.cat.codes.to_numpy(),
+                                                            dtype=dtype))
             else:
                 cols[col] = pd.Categorical(np.asarray(c, dtype=object) if isinstance(
                     c.dtype, pd.CategoricalDtype) else c.astype(object),
@@ -134,12 +138,29 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
                 if not cat.categories.is_monotonic_increasing:
                     cat = cat.reorder_categories(sorted(cat.categories))
                 text = pd.Index(cat.categories.astype("str"))
-            cols[col] = pd.Categorical.from_codes(cat.codes, categories=text)
+            cols[col] = (_kept(c) if isinstance(c.dtype, pd.CategoricalDtype)
+                         and _same_categories(c.dtype, text)
+                         else pd.Categorical.from_codes(cat.codes, categories=text))
+        elif c.dtype == (np.dtype(dtype) if dtype != "string" else pd.StringDtype()):
+            cols[col] = _kept(c)
         else:
             # ``.array``: no index, so a slice of a table (one rank's rows) keeps its values
             cols[col] = c.to_numpy().astype(dtype) if dtype != "string" else c.astype(
                 dtype).array
-    return pd.DataFrame(cols, index=pd.RangeIndex(n))
+    # copy=False: what is kept is shared (copy-on-write), what was made is fresh and ours
+    return pd.DataFrame(cols, index=pd.RangeIndex(n), copy=False)
+
+
+def _same_categories(dtype: pd.CategoricalDtype, categories: pd.Index) -> bool:
+    """The categorical dtype has exactly these categories: values, order and their dtype."""
+    return (not dtype.ordered and dtype.categories.dtype == categories.dtype
+            and dtype.categories.equals(categories))
+
+
+def _kept(c: pd.Series) -> pd.Series:
+    """A column that is already right, shared under copy-on-write (no copy): its positions
+    as the index, so a slice of a table (one rank's rows) keeps its values."""
+    return c.reset_index(drop=True)
 
 
 #: The events table as Arrow: categorical columns are dictionary<int32, string> whatever
