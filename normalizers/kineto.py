@@ -103,14 +103,17 @@ _NO_ARGS = Args()
 #: Events typed at a time: their structs (~700 bytes each) are dropped once their columns
 #: are taken, so a large file never has all its events as Python objects at once.
 CHUNK = 4096
+HEAD = 2000
 
 
 def decode(data: bytes, path: Path) -> Document | None:
     """Decode chrome-trace JSON into a :class:`Document` (None: JSON, but no ``traceEvents``
-    object at the top); malformed input is one OpprofError line."""
+    object at the top); malformed input is one OpprofError line. The events are checked
+    to be well-formed JSON; the first :data:`HEAD` (those the formats' ``claims_json`` read)
+    are typed here too, so that an error in them names the file."""
     try:
         with chrome.no_gc():
-            return _DECODER.decode(data)
+            doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         top = " - at `$" not in msg  # the document itself is not an object
@@ -122,6 +125,8 @@ def decode(data: bytes, path: Path) -> Document | None:
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
+    typed_events(doc, 0, HEAD, path)
+    return doc
 
 
 _ANY_JSON = msgspec.json.Decoder()
@@ -129,7 +134,7 @@ _AT = re.compile(r"`\$\[(\d+)\]")
 
 
 def typed_events(doc: Document, start: int = 0, stop: int | None = None,
-           path: Path | str = "") -> list[Event]:
+                 path: Path | str = "") -> list[Event]:
     """The document's events ``start:stop`` as typed structs (one decode of that chunk's
     text); an event of the wrong shape is one OpprofError line naming the file and the
     event's index."""

@@ -106,7 +106,7 @@ def claims_json(doc: Any) -> bool:
     if events and isinstance(events[0], msgspec.Raw):  # a Kineto Document: its head, typed
         from opprof.normalizers import kineto
 
-        events = kineto.typed_events(doc, 0, 2000)
+        events = kineto.typed_events(doc, 0, kineto.HEAD)
     for e in events[:2000]:
         if not isinstance(e, dict) and not hasattr(e, "ph"):
             continue
