@@ -54,7 +54,7 @@ from opprof.normalizers import chrome, kineto
 t0 = time.perf_counter()
 p = Path(sys.argv[1])
 doc = kineto.decode(chrome.read_bytes(p, open(p, "rb").read(4)), p)
-n = sum(1 for e in doc.traceEvents if e.ph == "X")
+n = sum(1 for c in kineto.event_chunks(doc) for e in c if e.ph == "X")
 print(n, time.perf_counter() - t0)
 """,
     # opprof: normalize + phase breakdown, in one process (the Python API)

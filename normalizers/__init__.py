@@ -5,8 +5,10 @@ Each format module offers ``NAME`` and either ``claims_json(doc) -> bool`` with
 head) -> bool`` with ``from_files([path, ...], meta) -> Trace`` (binary formats).
 
 JSON is decoded typed (``chrome.py``): a file is decoded once as a Kineto
-:class:`~opprof.normalizers.kineto.Document` (only the fields Kineto needs), which also
-answers MXNet's ``claims_json``; an MXNet dump is then decoded with MXNet's own type. Kineto
+:class:`~opprof.normalizers.kineto.Document` (its top level; the events stay views of the
+text, typed a chunk at a time while their columns are taken, ``kineto.typed_events``),
+which also answers MXNet's ``claims_json``; an MXNet dump is then decoded with MXNet's own
+type. Kineto
 files are normalized one at a time (``kineto.rank_trace``), so a job's decoded documents are
 never all in memory; ``opprof.job`` does the same in worker processes.
 """

@@ -40,7 +40,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 #: _RATIO_FROM bytes) is a decompression bomb, not a trace.
 MAX_INFLATE_RATIO = 200
 _RATIO_FROM = 64 << 20
-_CHUNK = 32 << 20
+_PIECE = 4 << 20  # bytes inflated at a time
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
@@ -62,9 +62,10 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def read_bytes(path: Path, head: bytes) -> bytes:
-    """The file's bytes, gunzipped when it is gzip; damaged data, or more than memory can
-    hold (see the module docstring), is a clear error."""
+def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
+    """The file's bytes, gunzipped when it is gzip (then a bytearray: filled in place, see
+    :func:`_gunzip`); damaged data, or more than memory can hold (see the module
+    docstring), is a clear error."""
     if head.startswith(b"SQLite format 3\x00"):  # no format claimed it (nsys, nvprof)
         from opprof.normalizers.cupti import sqlite_tables
 
@@ -83,31 +84,35 @@ def read_bytes(path: Path, head: bytes) -> bytes:
     if head.startswith(GZIP_MAGIC):
         data = _gunzip(data, path, budget)
     if data.startswith(_UTF8_BOM):  # written by some Windows tools; JSON has no BOM
-        data = data[len(_UTF8_BOM):]
-    if not data.strip():
+        if isinstance(data, bytearray):
+            del data[:len(_UTF8_BOM)]  # in place: no copy of the text
+        else:
+            data = data[len(_UTF8_BOM):]
+    if not data or data.isspace():  # (not strip(): a copy of the whole text)
         raise OpprofError(f"{path}: file is empty")
     return data
 
 
-def _gunzip(data: bytes, path: Path, budget: int) -> bytes:
-    """zlib's gunzip in large chunks (faster than the gzip module's reader); several gzip
-    members one after another (``cat a.gz b.gz``) are joined as gzip does. Stops, with one
-    line, at ``budget`` bytes or a decompression bomb's ratio."""
-    parts: list[bytes] = []
+def _gunzip(data: bytes, path: Path, budget: int) -> bytearray:
+    """zlib's gunzip in pieces of :data:`_PIECE` bytes (faster than the gzip module's
+    reader); several gzip members one after another (``cat a.gz b.gz``) are joined as gzip
+    does. Stops, with one line, at ``budget`` bytes or a decompression bomb's ratio.
+
+    The pieces are copied into one buffer as they come, so the text is held once: never
+    as pieces and their join, nor as zlib's output blocks and the bytes object made of
+    them (each twice the text at its peak). The buffer is sized up front from the gzip
+    trailer's ISIZE (the text's size mod 2**32) — only a hint: at most what the checks
+    allow (the budget, the bomb ratio), and grown or cut to what is really inflated."""
     total, size = 0, len(data)
-    # The gzip trailer's ISIZE (the text's size mod 2**32) lets a file that is one member
-    # inflate as one piece: no join (a copy of the whole text). Only a hint: the first
-    # piece stays within what the checks below allow (the budget, the bomb ratio).
-    hint = int.from_bytes(data[-4:], "little") + 1 if size >= 18 else 0
-    chunk = max(_CHUNK, min(hint, budget + 1, max(_RATIO_FROM, MAX_INFLATE_RATIO * size)))
+    hint = int.from_bytes(data[-4:], "little") if size >= 18 else 0
+    out = bytearray(min(hint, budget, max(_RATIO_FROM, MAX_INFLATE_RATIO * size)))
     try:
         while data:
             d = zlib.decompressobj(wbits=31)
             rest = data
             while True:
-                piece = d.decompress(rest, chunk)
-                chunk = _CHUNK
-                parts.append(piece)
+                piece = d.decompress(rest, _PIECE)
+                out[total:total + len(piece)] = piece  # grows the buffer past its end
                 total += len(piece)
                 used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
                 if total > budget:
@@ -127,7 +132,8 @@ def _gunzip(data: bytes, path: Path, budget: int) -> bytes:
             data = d.unused_data.lstrip(b"\x00")
     except zlib.error as exc:
         raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    del out[total:]
+    return out
 
 
 @contextmanager

@@ -17,6 +17,7 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not
 from pathlib import Path
@@ -84,9 +85,11 @@ class Event(msgspec.Struct, gc=False):
 
 
 class Document(msgspec.Struct, gc=False):
-    """A chrome-trace document: its events and Kineto's top-level fields."""
+    """A chrome-trace document: Kineto's top-level fields, and its events still undecoded
+    (``msgspec.Raw``: each a view of its span of the text, checked to be well-formed JSON),
+    typed a chunk at a time by :func:`typed_events` so that only one chunk's structs are alive."""
 
-    traceEvents: list[Event]
+    traceEvents: list[msgspec.Raw]
     schemaVersion: Any = None
     distributedInfo: Any = None
     deviceProperties: Any = None
@@ -95,15 +98,22 @@ class Document(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(Document)
+_EVENTS = msgspec.json.Decoder(list[Event])
 _NO_ARGS = Args()
+#: Events typed at a time: their structs (~700 bytes each) are dropped once their columns
+#: are taken, so a large file never has all its events as Python objects at once.
+CHUNK = 4096
+HEAD = 2000
 
 
 def decode(data: bytes, path: Path) -> Document | None:
     """Decode chrome-trace JSON into a :class:`Document` (None: JSON, but no ``traceEvents``
-    object at the top); malformed input is one OpprofError line."""
+    object at the top); malformed input is one OpprofError line. The events are checked
+    to be well-formed JSON; the first :data:`HEAD` (those the formats' ``claims_json`` read)
+    are typed here too, so that an error in them names the file."""
     try:
         with chrome.no_gc():
-            return _DECODER.decode(data)
+            doc = _DECODER.decode(data)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         top = " - at `$" not in msg  # the document itself is not an object
@@ -115,9 +125,40 @@ def decode(data: bytes, path: Path) -> Document | None:
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
+    typed_events(doc, 0, HEAD, path)
+    return doc
 
 
 _ANY_JSON = msgspec.json.Decoder()
+_AT = re.compile(r"`\$\[(\d+)\]")
+
+
+def typed_events(doc: Document, start: int = 0, stop: int | None = None,
+                 path: Path | str = "") -> list[Event]:
+    """The document's events ``start:stop`` as typed structs (one decode of that chunk's
+    text); an event of the wrong shape is one OpprofError line naming the file and the
+    event's index."""
+    raws = doc.traceEvents[start:stop]
+    try:
+        with chrome.no_gc():
+            return _EVENTS.decode(b"[" + b",".join(raws) + b"]")
+    except msgspec.ValidationError as exc:
+        msg = _AT.sub(lambda m: f"`$.traceEvents[{start + int(m[1])}]", str(exc))
+        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+    except msgspec.DecodeError as exc:
+        raise OpprofError(f"{path}: malformed JSON ({exc})") from None
+    except RecursionError:
+        raise OpprofError(f"{path}: JSON nested too deeply to be a trace") from None
+    except UnicodeDecodeError as exc:
+        raise OpprofError(f"{path}: JSON with text that is not UTF-8 ({exc.reason})") from None
+
+
+def event_chunks(doc: Document, path: Path | str = "",
+                 size: int | None = None) -> Iterator[list[Event]]:
+    """All of the document's events as typed structs, ``size`` (:data:`CHUNK`) at a time."""
+    size = size or CHUNK
+    for start in range(0, len(doc.traceEvents), size):
+        yield typed_events(doc, start, start + size, path)
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -138,8 +179,9 @@ def claims_json(doc: Any) -> bool:
             return True
     elif "schemaVersion" in doc or "distributedInfo" in doc or "deviceProperties" in doc:
         return True
+    head = typed_events(doc, 0, 500) if isinstance(doc, Document) else events[:500]
     return any(isinstance(e, (dict, Event)) and _field(e, "cat") in _KINETO_CATS
-               for e in events[:500])
+               for e in head)
 
 
 def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
@@ -169,10 +211,10 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
     """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
     import), and the facts about it that :func:`merge_meta` combines across ranks."""
     base_ns = _int(doc.baseTimeNanoseconds or 0)
-    memory = _memory_samples(doc, rank, base_ns)
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     with pd.option_context("future.infer_string", False):
-        raw = _raw_events(doc, rank, path)
+        raw, mem = _raw_events(doc, rank, path)
+    memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
     offset = _ns((meta.get("clock_offsets_ns") or {}).get(str(rank),
@@ -261,14 +303,13 @@ def _ns(value: Any, what: str, path: Path) -> int:
 _CPU_DEVICE, _GPU_DEVICES = 0, {1: "cuda", 6: "cuda"}
 
 
-def _memory_samples(doc: Document, rank: int, base_ns: int) -> pd.DataFrame | None:
-    """The allocator's ``[memory]`` instant events (``profile_memory=True``) as samples:
+def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame | None:
+    """The allocator's ``[memory]`` instant events (``profile_memory=True``, as
+    :func:`_raw_events` keeps them) as samples:
     ``Total Allocated`` per device as the ``allocated`` series and, on GPUs, ``Total
     Reserved`` as ``reserved`` (the CPU allocator keeps no pool: Kineto writes 0 there).
     On the CPU, torch counts only what was allocated while the profiler ran: tensors
     allocated before it started (the parameters, the optimizer's state) are not in it."""
-    mem = [e for e in _with_ph(doc.traceEvents, "i") if e.name == "[memory]"
-           and e.args is not None]
     if not mem:
         return None
     ts_v, pid_v, args_v = chrome.columns(mem, ("ts", "pid", "args"))
@@ -304,35 +345,41 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 _PH = attrgetter("ph")
 
 
-def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
-    """The complete (``X``) events of one document as raw columns (see events.finish).
-    The document's events are consumed (``doc.traceEvents`` is emptied once its columns are
-    taken), so the decoded structs do not outlive the columns made from them."""
-    x = _with_ph(doc.traceEvents, "X")
+def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, list[Event]]:
+    """The complete (``X``) events of one document as raw columns (see events.finish), and
+    its allocator's ``[memory]`` instant events. The events are typed a chunk at a time
+    (:data:`CHUNK`) and each chunk's columns taken before the next is decoded, so only one
+    chunk's structs are ever alive; the document's events (and so the text they are views
+    of) are dropped (``doc.traceEvents`` emptied) before the table is built."""
+    pieces: list[dict[str, Any]] = []
+    mem: list[Event] = []
+    for chunk in event_chunks(doc, path):
+        mem += [e for e in _with_ph(chunk, "i") if e.name == "[memory]" and e.args is not None]
+        x = _with_ph(chunk, "X")
+        del chunk
+        if x:
+            pieces.append(_chunk_columns(x))
+        del x
     doc.traceEvents = []
-    n = len(x)
-    if not x:
+    if not pieces:
         raise OpprofError(f"{path}: Kineto trace with no complete events")
-    cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
-        x, ("cat", "name", "pid", "tid", "args"))
-    ts_us = chrome.number_column(x, "ts")
-    dur_us = chrome.number_column(x, "dur", fill=0.0)
-    del x
-    args_v = [a if a is not None else _NO_ARGS for a in args_v]
-    corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
-    dev_no = chrome.number_column(args_v, "device")
-    nbytes = chrome.number_column(args_v, "bytes", fill=0.0)
-    names = chrome.strings(name_v)
-    del name_v
-    comm_bytes = _comm_bytes(names, args_v)
-    del args_v
+    n = sum(p["n"] for p in pieces)
+    ts_us, dur_us, dev_no, nbytes, pid, tid, corr, comm_bytes = (
+        _joined([p.pop(k) for p in pieces])
+        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "link", "comm"))
+    cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
+    detail = None
+    if any(p["detail"] is not None for p in pieces):
+        detail = np.concatenate([p["detail"] if p["detail"] is not None
+                                 else np.full(p["n"], None, dtype=object)
+                                 for p in pieces])
+    del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
     if np.isnan(ts_us).any():
         raise OpprofError(f"{path}: Kineto events without a numeric timestamp")
     if not (np.isfinite(ts_us).all() and np.isfinite(dur_us).all()
             and np.abs(ts_us).max() < 2**62 / 1000 and np.abs(dur_us).max() < 2**62 / 1000):
         raise OpprofError(f"{path}: Kineto event times out of range")
-    cat = chrome.strings(cat_v)
     cat_lower = pd.Index(cat.categories.astype(str)).str.lower()
     codes = cat.codes
     on_device = np.isin(cat_lower, list(_DEVICE_CATS))[codes]
@@ -340,7 +387,6 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     kind = pd.Categorical.from_codes(  # per category, not per event
         np.array([KINDS.index(k) for k in kind_of_cat] + [-1], np.int64)[codes],
         categories=KINDS)
-    pid = chrome.numbers(pid_v)
     dev_no = np.where(np.isnan(dev_no), pid, dev_no)
     dev_no = np.where(np.isnan(dev_no), 0, dev_no).astype(np.int64)
     device_code = np.zeros(n, np.int64)  # "cpu"
@@ -351,17 +397,11 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
     device = pd.Categorical.from_codes(
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
-    has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
-    detail = None
-    if has_dims.any():
-        detail = np.full(n, None, dtype=object)
-        detail[has_dims] = [d if type(d) is str else str(d)
-                            for d, h in zip(dims_v, has_dims, strict=True) if h]
     return pd.DataFrame({
         "rank": rank,
         "role": pd.Categorical.from_codes(np.zeros(n, np.int8), categories=ROLES),
         "pid": np.where(np.isnan(pid), -1, pid).astype(np.int64),
-        "tid": chrome.integers(tid_v),
+        "tid": tid,
         "device": device,
         "ts": base_ns + np.rint(ts_us * 1000).astype(np.int64),
         "dur": np.rint(dur_us * 1000).astype(np.int64),
@@ -369,8 +409,57 @@ def _raw_events(doc: Document, rank: int, path: Path) -> pd.DataFrame:
         "kind": kind,
         "bytes": nbytes,
         "detail": detail,
-        "link": chrome.integers(corr_v),
-    }, copy=False)  # every column is made here: no copy
+        "link": corr,
+    }, copy=False), mem  # every column is made here: no copy
+
+
+def _chunk_columns(x: list[Event]) -> dict[str, Any]:
+    """The columns of one chunk of complete events: numbers as numpy arrays, names and
+    categories as Categoricals (joined by :func:`_join_strings`), ``Input Dims`` as text
+    (None where absent; no array when no event has them)."""
+    n = len(x)
+    cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
+        x, ("cat", "name", "pid", "tid", "args"))
+    out: dict[str, Any] = {"n": n, "ts": chrome.number_column(x, "ts"),
+                           "dur": chrome.number_column(x, "dur", fill=0.0)}
+    args_v = [a if a is not None else _NO_ARGS for a in args_v]
+    corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
+    out["device"] = chrome.number_column(args_v, "device")
+    out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
+    out["name"] = chrome.strings(name_v)
+    del name_v
+    out["comm"] = _comm_bytes(out["name"], args_v)
+    del args_v
+    out["cat"] = chrome.strings(cat_v)
+    out["pid"] = chrome.numbers(pid_v)
+    out["tid"] = chrome.integers(tid_v)
+    out["link"] = chrome.integers(corr_v)
+    has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
+    out["detail"] = None
+    if has_dims.any():
+        detail = np.full(n, None, dtype=object)
+        detail[has_dims] = [d if type(d) is str else str(d)
+                            for d, h in zip(dims_v, has_dims, strict=True) if h]
+        out["detail"] = detail
+    return out
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The chunks' arrays of one column as one."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _join_strings(parts: list[pd.Categorical]) -> pd.Categorical:
+    """One Categorical of the chunks' columns, as :func:`chrome.strings` makes it of the
+    whole column: the sorted union of their categories, each chunk's codes mapped into it
+    (once per category, not per event)."""
+    if len(parts) == 1:
+        return parts[0]
+    cats = sorted(set().union(*(p.categories for p in parts)))
+    pos = {t: i for i, t in enumerate(cats)}
+    codes = np.concatenate([np.array([pos[t] for t in p.categories], np.int64)[p.codes]
+                            for p in parts])
+    return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
 def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:

@@ -103,6 +103,10 @@ def claims_json(doc: Any) -> bool:
             return False
     elif any(_field(doc, k) is not None for k in _KINETO_KEYS):
         return False
+    if events and isinstance(events[0], msgspec.Raw):  # a Kineto Document: its head, typed
+        from opprof.normalizers import kineto
+
+        events = kineto.typed_events(doc, 0, kineto.HEAD)
     for e in events[:2000]:
         if not isinstance(e, dict) and not hasattr(e, "ph"):
             continue
