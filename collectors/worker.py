@@ -60,8 +60,12 @@ def main(argv: list[str]) -> int:
         os._exit(2 if isinstance(exc, OpprofError) else 1)
     sys.stdout.flush()
     sys.stderr.flush()
-    if config.fw == Framework.TF:
-        os._exit(0)  # skip TF's slow teardown of its gRPC and collective threads
+    if config.fw in (Framework.TF, Framework.TORCH):
+        # Everything is written: skip the interpreter's teardown, where TF's gRPC and
+        # collective threads are slow to stop and a gloo thread still joinable when torch's
+        # statics are destroyed aborts the rank ("terminate called without an active
+        # exception", SIGABRT), now and then, under load.
+        os._exit(0)
     return 0  # a normal exit: MXNet's kvstore tells the scheduler this worker is done
 
 
