@@ -21,16 +21,22 @@ def is_opprof_trace(path: Path) -> bool:
         return False
 
 
-def load(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
-    """Load an opprof `.trace`, or normalize native trace files/folders on the fly."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
+def existing_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The given trace paths, each checked to exist (one line naming the first missing)."""
     files = [Path(p) for p in paths]
     if not files:
         raise OpprofError("no trace given")
     for f in files:
         if not f.exists():
             raise OpprofError(f"{f}: no such file or folder")
+    return files
+
+
+def load(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
+    """Load an opprof `.trace`, or normalize native trace files/folders on the fly."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files = existing_paths(paths)
     if len(files) == 1 and is_opprof_trace(files[0]):
         return read_parquet(files[0])
     if any(is_opprof_trace(f) for f in files):
