@@ -53,6 +53,7 @@ from opprof.collectors.supervisor import (
     describe_exit,
     free_port,
     free_ports,
+    last_line,
     log_name,
     no_progress,
 )
@@ -275,10 +276,16 @@ def torchrun_root_cause(child: Child, code: int, statuses: list[Facts]) -> tuple
     failed = {int(r): int(c) for r, c in _FAILURE.findall(text)}
     if not failed:
         return "torchrun", describe_exit(code)
-    errors = {s.rank: (s.error or "") for s in statuses if s.label.startswith("rank ")}
+    ranks = [s for s in statuses if s.label.startswith("rank ")]
+    errors = {s.rank: (s.error or "") for s in ranks}
+    # Stopped by torchrun: its status says so, or its log's last line (a SIGTERM in the
+    # instant it began to fail on its own leaves no status behind, only the traceback).
+    stopped = {s.rank for s in ranks if "SIGTERM" in f"{s.ended} {s.error}"} | {
+        r for r in failed if child.log and "terminated by SIGTERM" in last_line(
+            child.log.parent / log_name(f"rank {r}"))}
 
     def suspicion(rank: int) -> tuple[int, int]:
-        if failed[rank] == -15:  # SIGTERM: torchrun stopping the others
+        if failed[rank] in (-15, 143) or rank in stopped:  # torchrun stopping the others
             return (3, rank)
         error = errors.get(rank, "")
         if not error:

@@ -52,6 +52,10 @@ def main(argv: list[str]) -> int:
             return 0
         if isinstance(exc, Interrupted):
             _end_by(exc.sig, folder, me, str(exc))
+        # This process is failing on its own: a launcher's SIGTERM now (torchrun stops the
+        # other ranks when one dies) must not cut the report short, or this rank would read
+        # as interrupted with no error of its own.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         traceback.print_exc()
         message = f"{type(exc).__name__}: {first_line(exc)}"
         report_error(folder, me, message)
@@ -103,4 +107,8 @@ def _log_to(log: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Interrupted as stop:  # a SIGTERM in the instant before main's failure path ignores it
+        _end_by(stop.sig, Path(sys.argv[2]), Facts(pid=os.getpid(), host=socket.gethostname(),
+                label=env_identity()[2]), str(stop))

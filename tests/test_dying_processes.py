@@ -184,3 +184,51 @@ def test_a_rank_of_a_user_command_dying_of_sigabrt_is_named(folder: Path) -> Non
     died = [ln for ln in lines if ln.startswith("opprof: rank 1 (pid ")]
     assert died and "died (Fatal Python error: Aborted" in died[0], cli.stderr[-3000:]
     assert "the command exited with code 1" in cli.stderr
+
+
+#: torchrun's failure summary from a real run (a rank's os._exit(3) in warmup): it named the
+#: rank it stopped, whose own gloo error was cut short by its SIGTERM, as the root cause.
+TORCHRUN_SUMMARY = """\
+opprof.collectors.worker FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-24_00:03:05
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 3 (pid: 17202)
+  error_file: <N/A>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_00:03:05
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 17201)
+  error_file: <N/A>
+"""
+
+
+RESET = "RuntimeError: Read error [127.0.0.1]:29901: Connection reset by peer"
+
+
+@pytest.mark.parametrize("rank0_ended, rank0_error, rank0_log", [
+    ("Interrupted: terminated by SIGTERM", None, ""),  # stopped before saying why it failed
+    # Stopped in the instant it began to fail: no status, only the traceback (the CI failure).
+    (None, None, "[rank0]: opprof.errors.Interrupted: terminated by SIGTERM\n"),
+    (RESET, RESET, f"[rank0]: {RESET}\n"),  # it lost its peer
+])
+def test_torchrun_root_cause_is_the_rank_that_died(tmp_path: Path, rank0_ended: str | None,
+                                                   rank0_error: str | None,
+                                                   rank0_log: str) -> None:
+    from opprof.collectors.config import Facts
+    from opprof.collectors.jobs import torchrun_root_cause
+
+    log = tmp_path / "torchrun.log"
+    log.write_text(TORCHRUN_SUMMARY)
+    (tmp_path / supervisor.log_name("rank 0")).write_text(rank0_log)
+    child = supervisor.Child("torchrun", popen=None, log=log, own_group=False)  # type: ignore[arg-type]
+    rank0 = Facts(pid=17201, host="localhost", label="rank 0", rank=0, ended=rank0_ended,
+                  error=rank0_error)
+    rank1 = Facts(pid=17202, host="localhost", label="rank 1", rank=1)
+    assert torchrun_root_cause(child, 1, [rank0, rank1]) == ("rank 1", "exited with code 3")
