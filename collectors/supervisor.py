@@ -125,6 +125,21 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+@contextlib.contextmanager
+def _handling(sigs: Iterable[int], handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Within the block, ``handler`` handles ``sigs``; then the old handlers again. Off the
+    main thread nothing changes (the caller's own thread handles them)."""
+    saved = {}
+    with contextlib.suppress(ValueError):
+        for sig in sigs:
+            saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
 def last_line(log: Path | None, skip: tuple[str, ...] = ("USDT:", "W0000", "I0000",
                                                           "WARNING: All log")) -> str:
     """The last non-blank line of ``log`` not starting with one of ``skip`` (at most 300
@@ -284,42 +299,25 @@ class Supervisor:
     @contextlib.contextmanager
     def _forwarding(self) -> Iterator[None]:
         """While watching, pass the signals in ``forward`` on to the children."""
-        saved = {}
-
         def handler(sig: int, frame: object) -> None:
             for c in self.children:
                 if c.code is None:
                     _kill([c.popen.pid], sig)
 
-        with contextlib.suppress(ValueError):  # not the main thread: nothing to forward
-            for sig in self.forward:
-                saved[sig] = signal.signal(sig, handler)
-        try:
+        with _handling(self.forward, handler):
             yield
-        finally:
-            for sig, old in saved.items():
-                signal.signal(sig, old)
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
         """While watching, note the interrupts (the watch loop acts on them); a second one
         kills every process at once."""
-        saved = {}
-
         def handler(sig: int, frame: object) -> None:
             self._signals.append(sig)
             if len(self._signals) > 1:
                 self.kill_all()
 
-        with contextlib.suppress(ValueError):  # not the main thread: the caller handles them
-            for sig in INTERRUPTS:
-                if sig not in self.forward:
-                    saved[sig] = signal.signal(sig, handler)
-        try:
+        with _handling([s for s in INTERRUPTS if s not in self.forward], handler):
             yield
-        finally:
-            for sig, old in saved.items():
-                signal.signal(sig, old)
 
     def interrupt(self, sig: int) -> None:
         """Stop the run because of signal ``sig`` (see the module docstring) and raise

@@ -186,26 +186,21 @@ def test_a_rank_of_a_user_command_dying_of_sigabrt_is_named(folder: Path) -> Non
     assert "the command exited with code 1" in cli.stderr
 
 
-#: torchrun's failure summary from a real run (a rank's os._exit(3) in warmup): it named the
-#: rank it stopped, whose own gloo error was cut short by its SIGTERM, as the root cause.
+#: torchrun's failure summary from a real run (a rank's os._exit(3) in warmup; its time, host
+#: and error_file lines left out): it named the rank it stopped, whose own gloo error was cut
+#: short by its SIGTERM, as the root cause.
 TORCHRUN_SUMMARY = """\
 opprof.collectors.worker FAILED
 ------------------------------------------------------------
 Failures:
 [1]:
-  time      : 2026-11-24_00:03:05
-  host      : localhost
   rank      : 1 (local_rank: 1)
   exitcode  : 3 (pid: 17202)
-  error_file: <N/A>
 ------------------------------------------------------------
 Root Cause (first observed failure):
 [0]:
-  time      : 2026-11-24_00:03:05
-  host      : localhost
   rank      : 0 (local_rank: 0)
   exitcode  : 1 (pid: 17201)
-  error_file: <N/A>
 """
 
 

@@ -174,17 +174,24 @@ def test_a_second_signal_stops_everything_at_once(folder: Path) -> None:
 # ------------------------------------------------------------------ run and bench
 
 
-@pytest.mark.slow
-def test_ctrl_c_during_opprof_run_writes_what_was_profiled(folder: Path) -> None:
+def _interrupt_opprof_run(folder: Path, sig: int, out: str, *script: str) -> str:
+    """`opprof run` of a 500-step torch script, sent ``sig`` after 2 profiled steps: once
+    every process is gone and opprof exited 128 + sig, its last line."""
     needs("torch")
     cli = start_cli("run", "--warmup", "1", "--timing-steps", "1", "--steps", "30", "-o",
-                    str(folder / "loop.trace"), "--", sys.executable,
-                    str(SCRIPTS / "torch_loop.py"), "--steps", "500", cwd=folder)
+                    str(folder / out), "--", sys.executable, *script, "--steps", "500",
+                    cwd=folder)
     wait_for(reached(folder, profiled=2), 300, "2 profiled steps", cli)
-    sent = cli.signal(signal.SIGINT)
+    sent = cli.signal(sig)
     assert_all_gone(str(folder), sent)
-    assert cli.wait(60) == 130
-    line = cli.lines()[-1]
+    assert cli.wait(60) == 128 + sig
+    return cli.lines()[-1]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_opprof_run_writes_what_was_profiled(folder: Path) -> None:
+    line = _interrupt_opprof_run(folder, signal.SIGINT, "loop.trace",
+                                 str(SCRIPTS / "torch_loop.py"))
     assert "your command: interrupted by SIGINT; stopped the command in " in line, line
     assert f"wrote {folder / 'loop.trace'}" in line or "wrote loop.trace" in line
     trace = load(folder / "loop.trace")
@@ -193,16 +200,9 @@ def test_ctrl_c_during_opprof_run_writes_what_was_profiled(folder: Path) -> None
 
 @pytest.mark.slow
 def test_sigterm_to_opprof_run_of_torchrun_reaches_every_rank(folder: Path) -> None:
-    needs("torch")
-    cli = start_cli("run", "--warmup", "1", "--timing-steps", "1", "--steps", "30", "-o",
-                    str(folder / "ddp.trace"), "--", sys.executable, "-m",
-                    "torch.distributed.run", "--nproc-per-node", "2",
-                    str(SCRIPTS / "torch_ddp.py"), "--steps", "500", cwd=folder)
-    wait_for(reached(folder, profiled=2), 300, "2 profiled steps", cli)
-    sent = cli.signal(signal.SIGTERM)
-    assert_all_gone(str(folder), sent)
-    assert cli.wait(60) == 143
-    line = cli.lines()[-1]
+    line = _interrupt_opprof_run(folder, signal.SIGTERM, "ddp.trace", "-m",
+                                 "torch.distributed.run", "--nproc-per-node", "2",
+                                 str(SCRIPTS / "torch_ddp.py"))
     assert "interrupted by SIGTERM" in line and "rank 0 kept" in line and "rank 1 kept" in line
     assert sorted(load(folder / "ddp.trace").meta["partial"]["kept_steps"]) == ["0", "1"]
 

@@ -22,6 +22,8 @@ same rank.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -74,28 +76,50 @@ def blocked_in_comm(ops: pd.DataFrame) -> pd.DataFrame:
     return inside.assign(phase=compute["phase"].to_numpy()[pos[pos >= 0]])
 
 
+class _RankArrays(NamedTuple):
+    """One rank's intervals as arrays: its steps, its ops then markers (with their phase and
+    which are ops), and its blocked calls."""
+
+    s_start: np.ndarray
+    s_end: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    phase: np.ndarray
+    is_op: np.ndarray
+    k_start: np.ndarray
+    k_end: np.ndarray
+    k_phase: np.ndarray
+
+    @classmethod
+    def of(cls, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
+           blk: pd.DataFrame) -> _RankArrays:
+        starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
+        durs = np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
+        k_start = blk["ts"].to_numpy(np.int64)
+        return cls(b["start"].to_numpy(np.int64), b["end"].to_numpy(np.int64), starts,
+                   starts + durs, np.concatenate([_phase_codes(o), _phase_codes(m)]),
+                   np.repeat([True, False], [len(o), len(m)]), k_start,
+                   k_start + blk["dur"].to_numpy(np.int64), _phase_codes(blk))
+
+    def cover(self, sweep: Sweep, mask: np.ndarray,
+              minus: np.ndarray | None = None) -> np.ndarray:
+        """The segments of ``sweep`` covered by the masked intervals, less the ``minus``
+        blocked calls."""
+        if not mask.any():
+            return np.zeros(len(sweep.length), bool)
+        blocked = None if minus is None else (self.k_start[minus], self.k_end[minus])
+        return sweep.covered(self.starts[mask], self.ends[mask], blocked)
+
+
 def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
                     blk: pd.DataFrame) -> pd.DataFrame:
-    s_start = b["start"].to_numpy(np.int64)
-    s_end = b["end"].to_numpy(np.int64)
-    starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
-    ends = starts + np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
-    phase = np.concatenate([_phase_codes(o), _phase_codes(m)])
-    is_op = np.repeat([True, False], [len(o), len(m)])
-    k_start = blk["ts"].to_numpy(np.int64)
-    k_end = k_start + blk["dur"].to_numpy(np.int64)
-    k_phase = _phase_codes(blk)
+    arrays = _RankArrays.of(b, o, m, blk)
+    s_start, s_end, starts, ends, phase, is_op, k_start, k_end, k_phase = arrays
 
     sweep = Sweep(starts, ends, s_start, s_end)
     n_steps = len(b)
     step_i = sweep.bins(s_start, s_end)
-
-    def cover(mask: np.ndarray, minus: np.ndarray | None = None) -> np.ndarray:
-        """Segments covered by the masked intervals, less the ``minus`` blocked calls."""
-        if not mask.any():
-            return np.zeros(len(sweep.length), bool)
-        blocked = None if minus is None else (k_start[minus], k_end[minus])
-        return sweep.covered(starts[mask], ends[mask], blocked)
+    cover = partial(arrays.cover, sweep)
 
     winner = _winners(cover, phase, is_op, k_phase, len(sweep.length))
     wall = np.bincount(step_i * len(PHASES) + winner, weights=sweep.length,
@@ -160,22 +184,10 @@ def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
 def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.DataFrame,
                    t: np.ndarray) -> np.ndarray:
     """:func:`phase_at` for the instants ``t`` of one rank (its step bounds ``b`` sorted)."""
-    s_start = b["start"].to_numpy(np.int64)
-    s_end = b["end"].to_numpy(np.int64)
-    starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
-    ends = starts + np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
-    phase = np.concatenate([_phase_codes(o), _phase_codes(m)])
-    is_op = np.repeat([True, False], [len(o), len(m)])
-    k_start = blk["ts"].to_numpy(np.int64)
-    k_end = k_start + blk["dur"].to_numpy(np.int64)
-    k_phase = _phase_codes(blk)
+    arrays = _RankArrays.of(b, o, m, blk)
+    s_start, s_end, starts, ends, phase, is_op, k_start, k_end, k_phase = arrays
     sweep = Sweep(starts, ends, s_start, s_end, k_start, k_end, t)
-
-    def cover(mask: np.ndarray, minus: np.ndarray | None = None) -> np.ndarray:
-        if not mask.any():
-            return np.zeros(len(sweep.length), bool)
-        blocked = None if minus is None else (k_start[minus], k_end[minus])
-        return sweep.covered(starts[mask], ends[mask], blocked)
+    cover = partial(arrays.cover, sweep)
 
     winner = _winners(cover, phase, is_op, k_phase, len(sweep.length))
     seg = np.searchsorted(sweep.points, t, side="right") - 1
