@@ -21,7 +21,6 @@ same rank.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -110,47 +109,42 @@ class _RankArrays(NamedTuple):
         blocked = None if minus is None else (self.k_start[minus], self.k_end[minus])
         return sweep.covered(self.starts[mask], self.ends[mask], blocked)
 
+    def winners(self, sweep: Sweep) -> np.ndarray:
+        """Per segment of ``sweep``: the phase code that wins it (the tiers of the module
+        docstring, highest first; ``other`` where nothing covers it)."""
+        winner = np.full(len(sweep.length), len(PHASES) - 1)  # "other"
+        for tier in reversed(range(len(_TIERS))):
+            p, src = _TIERS[tier]
+            code = PHASES.index(p)
+            mine = (self.phase == code) & (self.is_op if src == "op" else ~self.is_op)
+            cov = self.cover(sweep, mine, (self.k_phase == code) if src == "op" else None)
+            winner[cov] = code
+        return winner
+
 
 def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
                     blk: pd.DataFrame) -> pd.DataFrame:
-    arrays = _RankArrays.of(b, o, m, blk)
-    s_start, s_end, starts, ends, phase, is_op, k_start, k_end, k_phase = arrays
-
-    sweep = Sweep(starts, ends, s_start, s_end)
+    a = _RankArrays.of(b, o, m, blk)
+    sweep = Sweep(a.starts, a.ends, a.s_start, a.s_end)
     n_steps = len(b)
-    step_i = sweep.bins(s_start, s_end)
-    cover = partial(arrays.cover, sweep)
+    step_i = sweep.bins(a.s_start, a.s_end)
+    cover = partial(a.cover, sweep)
 
-    winner = _winners(cover, phase, is_op, k_phase, len(sweep.length))
-    wall = np.bincount(step_i * len(PHASES) + winner, weights=sweep.length,
+    wall = np.bincount(step_i * len(PHASES) + a.winners(sweep), weights=sweep.length,
                        minlength=(n_steps + 1) * len(PHASES))
     wall = np.rint(wall).astype(np.int64).reshape(n_steps + 1, len(PHASES))[:n_steps]
 
-    out = pd.DataFrame({"rank": rank, "step": b["step"].to_numpy(), "start": s_start,
-                        "end": s_end, "dur_ns": s_end - s_start})
+    out = pd.DataFrame({"rank": rank, "step": b["step"].to_numpy(), "start": a.s_start,
+                        "end": a.s_end, "dur_ns": a.s_end - a.s_start})
     for j, p in enumerate(PHASES):
         out[p] = wall[:, j]
     for p in PRIORITY:
-        out[f"busy_{p}"] = sweep.total(cover(phase == PHASES.index(p)), step_i, n_steps)
-    compute = np.isin(phase, _COMPUTE_CODES)
-    comm_ops = cover((phase == PHASES.index("comm")) & is_op)
-    compute_ops = cover(compute & is_op, np.isin(k_phase, _COMPUTE_CODES))
+        out[f"busy_{p}"] = sweep.total(cover(a.phase == PHASES.index(p)), step_i, n_steps)
+    compute = np.isin(a.phase, _COMPUTE_CODES)
+    comm_ops = cover((a.phase == PHASES.index("comm")) & a.is_op)
+    compute_ops = cover(compute & a.is_op, np.isin(a.k_phase, _COMPUTE_CODES))
     out["comm_overlap_ns"] = sweep.total(comm_ops & compute_ops, step_i, n_steps)
     return out
-
-
-def _winners(cover: Callable[[np.ndarray, np.ndarray | None], np.ndarray], phase: np.ndarray,
-             is_op: np.ndarray, k_phase: np.ndarray, n: int) -> np.ndarray:
-    """Per segment of a sweep: the phase code that wins it (the tiers of the module
-    docstring, highest first; ``other`` where nothing covers it)."""
-    winner = np.full(n, len(PHASES) - 1)  # "other"
-    for tier in reversed(range(len(_TIERS))):
-        p, src = _TIERS[tier]
-        code = PHASES.index(p)
-        mine = (phase == code) & (is_op if src == "op" else ~is_op)
-        cov = cover(mine, (k_phase == code) if src == "op" else None)
-        winner[cov] = code
-    return winner
 
 
 def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -184,18 +178,15 @@ def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
 def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.DataFrame,
                    t: np.ndarray) -> np.ndarray:
     """:func:`phase_at` for the instants ``t`` of one rank (its step bounds ``b`` sorted)."""
-    arrays = _RankArrays.of(b, o, m, blk)
-    s_start, s_end, starts, ends, phase, is_op, k_start, k_end, k_phase = arrays
-    sweep = Sweep(starts, ends, s_start, s_end, k_start, k_end, t)
-    cover = partial(arrays.cover, sweep)
-
-    winner = _winners(cover, phase, is_op, k_phase, len(sweep.length))
+    a = _RankArrays.of(b, o, m, blk)
+    sweep = Sweep(a.starts, a.ends, a.s_start, a.s_end, a.k_start, a.k_end, t)
+    winner = a.winners(sweep)
     seg = np.searchsorted(sweep.points, t, side="right") - 1
-    in_step = sweep.bins(s_start, s_end)
+    in_step = sweep.bins(a.s_start, a.s_end)
     ok = (seg >= 0) & (seg < len(sweep.length))
     out = np.full(len(t), -1, np.int64)
     good = np.flatnonzero(ok)
-    good = good[in_step[seg[good]] < len(s_start)]
+    good = good[in_step[seg[good]] < len(a.s_start)]
     out[good] = winner[seg[good]]
     return out
 
