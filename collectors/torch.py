@@ -36,14 +36,26 @@ optimizer step post hook would be the natural place, but it runs inside the
 ``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
 previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
 torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
+
+**Exit** (`opprof run`): a process that stepped lets torch's own threads finish before the
+interpreter shuts down (:func:`let_threads_finish`). Since torch 2.x every ``backward()`` puts a
+Python object into the thread-local state that a collective launched during it (DDP's bucket
+all-reduce) copies; gloo's worker thread drops that work — and the object — only after
+``wait()`` has returned, and needs the GIL to do it. A script that ends within the interpreter's
+switch interval of its last all-reduce (``destroy_process_group()``, a print, exit) starts
+finalizing first, and the worker thread, woken into a finalizing interpreter, aborts the
+process ("terminate called without an active exception", SIGABRT) after all its work is done:
+a torch race at exit (pytorch/pytorch#190489) that profiling makes more likely on a busy machine.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -466,6 +478,7 @@ def install_hook(protocol: Protocol, folder: Path,
             if not started(runner):
                 state["off"] = True
                 return
+            atexit.register(let_threads_finish)  # after opprof's own exit handler
         elif id(optimizer) != state["optimizer"]:
             return
         runner.step_or_give_up()
@@ -497,3 +510,43 @@ def install_hook(protocol: Protocol, folder: Path,
         return step
 
     module.Optimizer.profile_hook_step = staticmethod(profile_hook_step)
+
+
+def let_threads_finish(limit_s: float = 0.2, slice_s: float = 0.002) -> float:
+    """Give the process's other threads the GIL and the CPU until none of them is runnable
+    (Linux: each thread's state in ``/proc/self/task``), for at most ``limit_s``; returns the
+    seconds waited. Run at exit, before the interpreter finalizes (see the module docstring)."""
+    began = time.monotonic()
+    me = str(threading.get_native_id())
+    quiet_slices = 0
+    while time.monotonic() - began < limit_s:
+        time.sleep(slice_s)  # releases the GIL: a thread waiting for it takes it now
+        runnable = _runnable_threads(me)
+        if runnable is None:  # no /proc: one slice is what can be done
+            break
+        quiet_slices = quiet_slices + 1 if not runnable else 0
+        if quiet_slices >= 2:
+            break
+    return time.monotonic() - began
+
+
+def _runnable_threads(me: str) -> int | None:
+    """How many threads of this process other than ``me`` are running or ready to run; None
+    where ``/proc/self/task`` cannot be read."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for tid in tasks:
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if stat[stat.rindex(b")") + 2:][:1] == b"R":
+            count += 1
+    return count
+

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,49 @@ def test_a_failing_script_keeps_and_reports_its_partial_trace(tmp_path: Path, na
     for s in report["steps"]:
         assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"]
     assert load(tmp_path / "run.trace").meta["per_rank"][0]["ended"].startswith("RuntimeError")
+
+
+@pytest.mark.slow
+def test_a_script_dying_after_its_profile_keeps_a_whole_trace(tmp_path: Path) -> None:
+    """A process killed by a fatal signal once its profile is written (torch's gloo threads
+    abort a finalizing interpreter now and then): the exit code is the command's, one line
+    names the process and says its trace is whole, and the report has every profiled step."""
+    needs("torch")
+    res, report = opprof_run(tmp_path, *script("torch_loop.py", "--steps", "8",
+                                                "--abort-at-end"))
+    assert res.returncode == 128 + 6, res.stderr  # SIGABRT, as a shell says it
+    died = [ln for ln in res.stderr.splitlines() if ln.startswith("opprof: rank 0 (pid ")]
+    assert len(died) == 1, res.stderr
+    assert "died (Fatal Python error: Aborted" in died[0]
+    assert died[0].endswith("after its 3 profiled steps were written; its trace is whole")
+    assert "the command was killed by SIGABRT" in res.stderr, res.stderr
+    assert len(report["steps"]) == 3
+
+
+def test_at_exit_torch_threads_get_time_to_finish() -> None:
+    """The hook's exit wait (gloo's worker threads need the GIL to drop their last work)
+    returns at once when every other thread sleeps, waits while one still runs, and never
+    longer than its limit."""
+    from opprof.collectors.torch import let_threads_finish
+
+    stop, idle = threading.Event(), threading.Event()
+    sleeper = threading.Thread(target=stop.wait, daemon=True)
+    sleeper.start()
+    assert let_threads_finish(limit_s=1.0) < 0.5
+
+    def busy_for(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not stop.is_set():
+            pass
+        idle.set()
+        stop.wait()
+
+    threading.Thread(target=busy_for, args=(0.15,), daemon=True).start()
+    waited = let_threads_finish(limit_s=2.0)
+    assert idle.is_set() and 0.1 <= waited < 1.5  # until the busy thread had finished
+    threading.Thread(target=busy_for, args=(10.0,), daemon=True).start()
+    assert 0.3 <= let_threads_finish(limit_s=0.3) < 1.0  # a thread that never stops
+    stop.set()
 
 
 @pytest.mark.slow

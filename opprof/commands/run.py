@@ -160,13 +160,18 @@ def _keep_interrupted(exc: Interrupted, native: Path, line: str, output: Path,
 
 
 def _outcomes(statuses: list[Facts], protocol: Protocol, folder: Path) -> list[str]:
-    """One line for each process that did not record all its profiled steps."""
+    """One line for each process that did not record all its profiled steps, or that died
+    (a fatal signal) after it had."""
     lines = []
     for s in statuses:
         settle = " and 1 for torch's profiler to settle" if s.framework == "torch" else ""
         who = f"{s.label} (pid {s.pid})" if not s.label.startswith("pid") else f"process {s.pid}"
         why = f" ({s.ended})" if s.ended and s.ended != "the process ended" else ""
         if s.stage in ("done", "serving"):  # a parameter server never reaches steps
+            fault = channel.fault_of(folder, s.pid) if s.stage == "done" else ""
+            if fault:
+                lines.append(f"{who} died ({fault}) after its {s.profiled_steps} profiled "
+                             "steps were written; its trace is whole")
             continue
         if s.native:
             lines.append(f"{who} ended during its profiled steps: {s.profiled_steps} of "

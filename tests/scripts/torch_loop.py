@@ -1,6 +1,7 @@
 """A user's PyTorch training loop: small CNN on random images, DataLoader, SGD."""
 
 import argparse
+import os
 
 import torch
 from torch import nn
@@ -10,6 +11,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--abort-at-end", action="store_true",
+                    help="die of SIGABRT once trained, as a C++ library at exit can")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -38,3 +41,6 @@ while step < args.steps:
         if step >= args.steps:
             break
 print(f"trained {step} steps, last loss {loss.item():.4f}")
+if args.abort_at_end:
+    os.abort()
+
