@@ -183,9 +183,23 @@ class TFAdapter:
 
     def facts(self) -> dict[str, Any]:
         cfg = self.tf.config.threading
-        return {**self._facts, "threads": {
+        return {**self._facts, "onednn": onednn_enabled(), "threads": {
             "intra_op": cfg.get_intra_op_parallelism_threads(),
             "inter_op": cfg.get_inter_op_parallelism_threads(), "cpus": os.cpu_count()}}
+
+
+def onednn_enabled() -> bool | None:
+    """Whether this TensorFlow runs its CPU ops with oneDNN (null when it cannot say).
+
+    TF turns oneDNN on by default only on some x86 CPUs (those with AVX-512's neural-network
+    extensions or AMX; on an AVX2-only CPU it is off) and ``TF_ENABLE_ONEDNN_OPTS`` overrides
+    that. It matters to the memory columns: only oneDNN's CPU allocator traces its
+    allocations into the profile, so without it a CPU run has no allocator figure."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
 
 
 def start_profiler(tf: Any, logdir: Path, role: Role, task: int, rank: int,

@@ -169,11 +169,13 @@ def allocator_samples(path: Path, rank: int, role: str, offset_ns: int,
     start, put on the trace's clock with the host's ``offset_ns``.
 
     What TensorFlow records: its allocators trace their allocations (``MemoryAllocation``
-    events) at host tracer level 2. On a CPU with oneDNN (the default x86 build) the
-    ``mklcpu`` allocator hands allocations of 256 KiB and more to a BFC allocator, which
-    traces them with its own bytes in use; smaller ones go to plain ``malloc`` and are not
-    traced. So on the CPU the figure is the memory of the large tensors (all of them, since
-    the process started), and a model of only small tensors has none."""
+    events) at host tracer level 2. On a CPU with oneDNN the ``mklcpu`` allocator hands
+    allocations of 256 KiB and more to a BFC allocator, which traces them with its own bytes
+    in use; smaller ones go to plain ``malloc`` and are not traced. So on the CPU the figure
+    is the memory of the large tensors (all of them, since the process started), and a model
+    of only small tensors has none. Without oneDNN (TF's default on x86 CPUs without
+    AVX-512's neural-network extensions, or ``TF_ENABLE_ONEDNN_OPTS=0``) the plain ``cpu``
+    allocator traces nothing and there is no figure; the run's fact ``onednn`` says which."""
     doc = _tool(Path(path), "memory_profile")
     per = doc.get("memoryProfilePerAllocator") if isinstance(doc, dict) else None
     frames = [samples(rank, role, pid, "cpu", np.zeros(0, np.int64), "allocated",

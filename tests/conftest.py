@@ -42,10 +42,11 @@ def native_x_events(path: Path) -> list[dict]:
     return [e for e in doc["traceEvents"] if e.get("ph") == "X"]
 
 
-def run_cli(*args: str, cwd: Path | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the installed `opprof` command line as a user would."""
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the installed `opprof` command line as a user would (``env``: variables to set)."""
     return subprocess.run([sys.executable, "-m", "opprof", *args], cwd=cwd,
+                          env={**os.environ, **env} if env else None,
                           capture_output=True, text=True, timeout=timeout)
 
 

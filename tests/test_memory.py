@@ -413,10 +413,12 @@ def native_dir(trace: Path) -> Path:
     return trace.with_name(trace.name.removesuffix(".trace") + ".native")
 
 
-def record(tmp: Path, fw: str, *extra: str) -> tuple[Path, dict]:
+def record(tmp: Path, fw: str, *extra: str,
+           env: dict[str, str] | None = None) -> tuple[Path, dict]:
     out = tmp / f"{fw}.trace"
     res = run_cli("record", "--fw", fw, "--model", "lenet5", "--steps", "2", "--warmup", "1",
-                  "--timing-steps", "1", "-o", str(out), "--format", "json", *extra, cwd=tmp)
+                  "--timing-steps", "1", "-o", str(out), "--format", "json", *extra, cwd=tmp,
+                  env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     return out, json.loads(res.stdout)
 
@@ -426,8 +428,11 @@ def record(tmp: Path, fw: str, *extra: str) -> tuple[Path, dict]:
                                       ("mxnet", ["--batch-size", "8"]),
                                       ("tf", ["--batch-size", "64"])])
 def test_record_measures_memory_on_every_framework(tmp_path, fw, extra):
-    # LeNet-5's profiled steps take ~20 ms: sample every 5 ms so that some land in them
-    out, rep = record(tmp_path, fw, *extra, "--memory-interval", "0.005")
+    # LeNet-5's profiled steps take ~20 ms: sample every 5 ms so that some land in them.
+    # TensorFlow traces its CPU allocations only with oneDNN, on by default only on some x86
+    # CPUs: switched on here so that the allocator figure is there on any CPU
+    env = {"TF_ENABLE_ONEDNN_OPTS": "1"} if fw == "tf" else None
+    out, rep = record(tmp_path, fw, *extra, "--memory-interval", "0.005", env=env)
     (mem,) = rep["memory"]
     params = 62006 * 4
     assert mem["param_bytes"] == params
@@ -454,6 +459,19 @@ def test_record_measures_memory_on_every_framework(tmp_path, fw, extra):
         assert mem["peak_allocated_bytes"] == max(totals)
     assert mem["peak_step"] in (0, 1, 2, None)
     assert any(v is not None for v in mem["by_phase"].values())
+
+
+@pytest.mark.slow
+def test_tf_without_onednn_says_why_it_has_no_allocator_figure(tmp_path):
+    out, rep = record(tmp_path, "tf", "--batch-size", "64",
+                      env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    (mem,) = rep["memory"]
+    assert mem["peak_rss_bytes"] > 0 and mem["peak_allocated_bytes"] is None
+    assert TraceFile(out).meta["onednn"] is False
+    res = run_cli("report", str(out), "--by", "memory", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "oneDNN, off in this run (TF_ENABLE_ONEDNN_OPTS=1 turns it on)" in " ".join(
+        res.stdout.split())
 
 
 @pytest.mark.slow

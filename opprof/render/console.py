@@ -277,6 +277,18 @@ def _allocator_notes(mem: pd.DataFrame) -> list[str]:
     return notes
 
 
+#: Why a TensorFlow CPU run has no allocator figure (the run's fact ``onednn`` is false).
+NO_ONEDNN_NOTE = ("no allocator figure: TensorFlow traces its CPU allocations only with oneDNN, "
+                  "off in this run (TF_ENABLE_ONEDNN_OPTS=1 turns it on)")
+
+
+def _no_allocator_note(rep: Report, mem: pd.DataFrame) -> list[str]:
+    """The reason there is no allocator figure, when opprof knows it."""
+    if rep.meta.get("onednn") is False and not mem["peak_allocated_bytes"].notna().any():
+        return [NO_ONEDNN_NOTE]
+    return []
+
+
 def _known(v: object) -> bool:
     return v is not None and not pd.isna(v)
 
@@ -307,6 +319,7 @@ def memory_line(rep: Report) -> Text | None:
     if len(mem) > 1 and mem["peak_rss_bytes"].notna().any():
         parts.append(f"all {len(mem)} processes "
                      f"{mib(pd.to_numeric(mem['peak_rss_bytes']).sum())}")
+    parts.extend(_no_allocator_note(rep, mem))
     return Text("memory: " + "; ".join(parts) + "  (--by memory for more)")
 
 
@@ -333,7 +346,7 @@ def memory_tables(rep: Report) -> list[object]:
                            "unprofiled: resident peak before the profiler started (start-up, "
                            "warm-up, timing steps); peak step: of the main series (resident, "
                            "else allocated)",
-                           *_allocator_notes(mem)])
+                           *_allocator_notes(mem), *_no_allocator_note(rep, mem)])
     p = Table(title="Peak by phase (the largest sample of the main series in each phase's "
                     "wall time)", title_justify="left")
     p.add_column("rank", justify="right")
