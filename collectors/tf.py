@@ -30,8 +30,13 @@ refused: TF 2 has no synchronous parameter-server training.
 **Hook** (`opprof run`): Keras 3's ``BaseOptimizer.apply`` (what ``apply_gradients`` and
 ``Model.fit`` call) marks the end of a step. Called eagerly, the hook runs right after it;
 traced into a ``tf.function`` (``fit``, a custom ``@tf.function`` training step), Python runs
-only once, so the hook adds a ``tf.py_function`` after the optimizer's iteration update that
-calls back into the runner every time the function runs. Not supported: functions compiled
+only once, so the hook adds a ``tf.py_function`` that calls back into the runner every time
+the function runs, after the optimizer has updated every weight: it depends on a read of
+each trainable variable and of the iteration counter, which the function's automatic control
+dependencies order after the variable's update. (Tied to the counter alone, it ran early in
+the function, since Keras increments the counter without waiting for the gradients: a step
+then ended before its own forward pass, and the Python time between two calls fell in the
+previous step's update.) Not supported: functions compiled
 with XLA (``jit_compile=True``: no Python inside) and ParameterServerStrategy (steps run in
 other processes) — use ``opprof.profile()`` there.
 """
@@ -65,6 +70,8 @@ from opprof.collectors.runner import Runner, drive, env_identity, fault_point, r
 from opprof.errors import OpprofError
 
 STEP_MARKER = "train"
+#: The name scope of the hook's reads of the updated variables (a traced step's end).
+STEP_DONE_SCOPE = "opprof_step_done"
 ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
                 "evaluator": Role.WORKER}
 _POLL_S = 0.05
@@ -561,7 +568,11 @@ def install_hook(protocol: Protocol, folder: Path,
                 print(f"opprof: {why}: steps of this function are not counted; use "
                       "opprof.profile() in the script", file=sys.stderr)
             return result
-        with tf.control_dependencies([tf.identity(self.iterations)]):
+        updated = trainable_variables if trainable_variables is not None else (
+            getattr(self, "_trainable_variables", None) or [])
+        with tf.name_scope(STEP_DONE_SCOPE):  # the reads are weights_update (maps/tf.csv)
+            done = [tf.identity(self.iterations), *(tf.identity(v) for v in updated)]
+        with tf.control_dependencies(done):
             tf.py_function(lambda: on_step(self), [], [])
         return result
 
