@@ -125,6 +125,28 @@ def test_tf_custom_loop_steps_and_phases(tf_custom_loop) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["tf_custom_loop", "keras_fit"])
+def test_a_traced_tf_step_ends_after_every_weight_is_updated(fixture, request) -> None:
+    """The hook's callback in a tf.function waits for a read of each updated variable
+    (scope ``opprof_step_done``, weights_update): in every step those reads come after the
+    optimizer's writes of that step (tied to the iteration counter alone, the callback ran
+    before the function's forward pass, and a step ended there)."""
+    tmp = request.getfixturevalue(fixture)[0]
+    ev = load(tmp / "run.trace").events
+    ops = ev[(ev["kind"] == "cpu_op") & (ev["step"] >= 0)]
+    full = ops["detail"].astype(str)  # the op's full name
+    for step, s in ops.groupby("step"):
+        n = full[s.index]
+        done = s[n.str.contains("opprof_step_done/", regex=False)]
+        assert len(done) and (done["op"].astype(str) == "weights_update").all(), step
+        writes = s[n.str.contains(r"AssignSub|ResourceApply|AssignAdd")
+                   & (s["op"].astype(str) == "weights_update")
+                   & ~n.str.contains("opprof_step_done/", regex=False)]
+        assert len(writes), step
+        assert done["ts"].max() >= (writes["ts"] + writes["dur"]).max(), step
+
+
+@pytest.mark.slow
 def test_tf_custom_loop_other_is_small(tf_custom_loop) -> None:
     assert other_share(tf_custom_loop[2]) <= 0.10
 
