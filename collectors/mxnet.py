@@ -193,6 +193,10 @@ class MXNetAdapter:
         if self.profile_servers and self.kv.rank == 0:
             self.mx.profiler.set_state("stop", profile_process="server")
             self.mx.profiler.dump(profile_process="server")
+        if self.profile_servers:
+            # No worker pushes an unprofiled step before the switch was sent (an async
+            # worker would otherwise push its next step while worker 0 sends it).
+            self.kv._barrier()
 
     def facts(self) -> dict[str, Any]:
         return {**self._facts,

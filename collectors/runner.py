@@ -178,6 +178,24 @@ def _writing() -> Any:
         _WRITING.remove(os.getpid())
 
 
+_PENDING: dict[int, BaseException] = {}  # pid -> the interrupt its signal handler raised
+
+
+def pend(stop: BaseException) -> None:
+    """Remember the interrupt a signal handler is about to raise: raised where Python ignores
+    exceptions (an object's ``__del__``, such as MXNet's NDArray freeing its handle, or a
+    weakref callback) it is only printed, so :func:`raise_pending` raises it again at the
+    next step; one that arrives while the trace is written is raised there too."""
+    _PENDING[os.getpid()] = stop
+
+
+def raise_pending() -> None:
+    """Raise the interrupt :func:`pend` kept, if any (once)."""
+    stop = _PENDING.pop(os.getpid(), None)
+    if stop is not None:
+        raise stop
+
+
 def reclaim_sigterm() -> None:
     """Install again the Python SIGTERM handler this process had (a `record` worker's): a
     library that set its own at the C level (TensorFlow's preemption notifier, when a
@@ -383,13 +401,15 @@ class Runner:
 
 def drive(runner: Runner, step: Callable[[], object]) -> None:
     """Run ``step`` until the runner's protocol is done (the built-in models of `record`).
-    Whatever ends it early (an error, a peer that died, SIGTERM) first has the runner keep
-    the profiled steps that completed."""
+    Whatever ends it early (an error, a peer that died, SIGTERM: raised again after the step
+    where a handler's exception was swallowed) first has the runner keep the profiled steps
+    that completed."""
     try:
         runner.begin()
         while not runner.finished:
             step()
             runner.step()
+            raise_pending()
     except BaseException as exc:
         why = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else (
             f"{type(exc).__name__}: {first_line(exc)}")

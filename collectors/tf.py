@@ -66,7 +66,14 @@ from opprof.collectors.config import (
     canonical_name,
 )
 from opprof.collectors.datasets import channel_stats, load_images
-from opprof.collectors.runner import Runner, drive, env_identity, fault_point, reclaim_sigterm
+from opprof.collectors.runner import (
+    Runner,
+    drive,
+    env_identity,
+    fault_point,
+    raise_pending,
+    reclaim_sigterm,
+)
 from opprof.errors import OpprofError
 
 STEP_MARKER = "train"
@@ -443,6 +450,7 @@ def _serve(config: RecordConfig, folder: Path) -> None:
                 tf.profiler.experimental.stop()
                 profiling = False
                 reporter.update(stage="done", native=[str(p) for p in xplanes(logdir)])
+            raise_pending()
             time.sleep(_POLL_S)
     except BaseException as exc:  # SIGTERM (an interrupted run): keep what was profiled
         if profiling:

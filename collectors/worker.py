@@ -23,7 +23,7 @@ from typing import Any
 
 from opprof.collectors.channel import Reporter, report_error, status_dir, watch_faults
 from opprof.collectors.config import Facts, Framework, RecordConfig
-from opprof.collectors.runner import env_identity, fault_point, writing
+from opprof.collectors.runner import env_identity, fault_point, pend, writing
 from opprof.collectors.supervisor import die_with_parent, log_name
 from opprof.errors import Interrupted, OpprofError, first_line
 
@@ -74,9 +74,11 @@ def main(argv: list[str]) -> int:
 
 
 def _on_sigterm(sig: int, frame: Any) -> None:
+    stop = Interrupted(sig, "terminated by SIGTERM")
+    pend(stop)  # raised again after the step if Python swallows it here
     if writing():
         return  # the trace being written is finished first
-    raise Interrupted(sig, "terminated by SIGTERM")
+    raise stop
 
 
 def _end_by(sig: int, folder: Path, me: Facts, reason: str) -> None:

@@ -71,13 +71,15 @@ def test_server_is_a_rank_after_the_workers_and_updates_the_weights(job) -> None
     server = ev[ev["role"] == "server"]
     assert set(server["rank"]) == {2}
     # 10 arrays, 2 steps: a sync server updates once for both workers, an async one per push.
-    # MXNet passes the servers' profiler switch on like a message: an async server may apply
-    # worker 1's first push before the switch from worker 0 has reached it.
+    # MXNet passes the servers' profiler switches on like messages: an async server may apply
+    # worker 1's first profiled push before the switch on from worker 0 has reached it, or
+    # its first push after the profile before the switch off (one step: the workers meet
+    # after each switch).
     updates = int((server["op"] == "weights_update").sum())
     if mode == "ps-sync":
         assert updates == 10 * 2
     else:
-        assert 10 * 2 * 2 - 10 <= updates <= 10 * 2 * 2
+        assert 10 * 2 * 2 - 10 <= updates <= 10 * 2 * 2 + 10
     workers = ev[ev["role"] == "worker"]
     assert not (workers["op"] == "weights_update").any()  # update_on_kvstore: servers update
 
