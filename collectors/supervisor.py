@@ -25,7 +25,9 @@ process got. A second signal kills everything at once.
 Hangs (``watch_progress``, `record`'s built-in models, which never pause): a process that has
 been stopped (SIGSTOP, state T) for :data:`STOPPED_S`, or whose progress has not moved for
 :data:`HANG_FACTOR` times its slowest step (at least :data:`HANG_MIN_S`), ends the run with a
-line naming it, before the time limit.
+line naming it, before the time limit. Before a hung run is stopped, each of its live processes
+writes the Python stacks of all its threads to the end of its log (:meth:`dump_stacks`), so a
+deadlock inside a framework can be read afterwards.
 
 Extension points, kept in one place: :meth:`Supervisor.every` registers a function called at
 a fixed interval while the run is watched (sampling the resident memory of every supervised
@@ -66,6 +68,10 @@ STOPPED_S = 10.0
 #: far (and at least HANG_MIN_S seconds) is hung.
 HANG_FACTOR = 10.0
 HANG_MIN_S = 60.0
+#: Sent to the processes of a hung `record` run before it is stopped: each writes its threads'
+#: Python stacks to its log (faulthandler, registered by the record worker).
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_WAIT_S = 0.5
 
 #: progress(stage, done, total): called as the run advances ("warmup", "timing", "profile").
 Progress = Callable[[str, int, int], None]
@@ -287,11 +293,12 @@ class Supervisor:
                     self._relay()
                     return {k: v for k, v in codes.items() if v is not None}
                 if self.deadline is not None and time.monotonic() > self.deadline:
-                    line = self.timeout_line()
+                    line = self.timeout_line() + self.dump_stacks()
                     self.stop()
                     raise OpprofError(line)
                 hung = self.hang_line() if self.watch_progress else None
                 if hung:
+                    hung += self.dump_stacks()
                     self.stop()
                     raise OpprofError(hung)
                 time.sleep(POLL_S)
@@ -446,6 +453,21 @@ class Supervisor:
                 self.progress(stage, int(value[0]), int(value[1]))
 
     # -- one-line explanations
+
+    def dump_stacks(self) -> str:
+        """Before a hung `record` run is stopped: every live process that reported writes the
+        Python stacks of all its threads to the end of its log (the record worker's
+        ``faulthandler`` on :data:`STACKS_SIGNAL`); what to add to the line ("" for `run`,
+        whose processes are the user's)."""
+        if not self.watch_progress:
+            return ""
+        live = [s.pid for s in self.statuses() if s.pid != os.getpid() and _alive(s.pid)
+                and _state(s.pid) not in ("T", "t")]
+        _kill(live, STACKS_SIGNAL)
+        if not live:
+            return ""
+        time.sleep(STACKS_WAIT_S)
+        return "; the live processes' Python stacks are at the end of their logs"
 
     def recorded(self) -> str:
         """What the run has written so far, in words."""

@@ -190,7 +190,11 @@ class TFAdapter:
         return xplanes(self.logdir)
 
     def after_profile(self) -> None:
-        pass
+        if self._barrier is not None:
+            # No worker sends the next step's collective traffic while another still stops
+            # its profiler (a worker once stayed in the stop for the whole time limit, its
+            # peer blocked in the next step's all-reduce).
+            self._barrier()
 
     def release(self) -> None:
         self.marker = None

@@ -12,6 +12,7 @@ MXNet's C++ code and never return to Python, keep SIGTERM's default action.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
 import signal
@@ -24,7 +25,7 @@ from typing import Any
 from opprof.collectors.channel import Reporter, report_error, status_dir, watch_faults
 from opprof.collectors.config import Facts, Framework, RecordConfig
 from opprof.collectors.runner import env_identity, fault_point, pend, writing
-from opprof.collectors.supervisor import die_with_parent, log_name
+from opprof.collectors.supervisor import STACKS_SIGNAL, die_with_parent, log_name
 from opprof.errors import Interrupted, OpprofError, first_line
 
 
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> int:
     config_path, folder = Path(argv[0]), Path(argv[1])
     role, rank, label = env_identity()
     _log_to(folder / log_name(label))
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)  # the supervisor's dump_stacks
     die_with_parent()
     me = Facts(pid=os.getpid(), host=socket.gethostname(), label=label, role=role, rank=rank)
     Reporter(folder, me).update()  # known to the supervisor from the start

@@ -136,7 +136,13 @@ def test_a_hung_rank_is_named_when_its_progress_stops(monkeypatch: pytest.Monkey
     assert time.monotonic() - t0 < 120
     assert "torch single: rank 0 made no progress for " in str(err.value)
     assert "in profile (0/4 steps done)" in str(err.value)  # hung as the profile began
+    assert str(err.value).endswith("the live processes' Python stacks are at the end of "
+                                   "their logs")
     assert_all_gone(str(folder), time.monotonic())
+    # The rank's log ends with where each of its threads was: the hang itself on the main one.
+    log = next(folder.rglob("rank0.log")).read_text()
+    dump = log[log.rindex("Current thread"):]
+    assert "in fault_point" in dump and "most recent call first" in dump
 
 
 # ------------------------------------------------------------------ killed while writing
