@@ -190,10 +190,10 @@ class MXNetAdapter:
         if not self._dist:
             return
         self.kv._barrier()
-        if self.profile_servers and self.kv.rank == 0:
-            self.mx.profiler.set_state("stop", profile_process="server")
-            self.mx.profiler.dump(profile_process="server")
         if self.profile_servers:
+            if self.kv.rank == 0:
+                self.mx.profiler.set_state("stop", profile_process="server")
+                self.mx.profiler.dump(profile_process="server")
             # No worker pushes an unprofiled step before the switch was sent (an async
             # worker would otherwise push its next step while worker 0 sends it).
             self.kv._barrier()

@@ -463,9 +463,9 @@ class Supervisor:
             return ""
         live = [s.pid for s in self.statuses() if s.pid != os.getpid() and _alive(s.pid)
                 and _state(s.pid) not in ("T", "t")]
-        _kill(live, STACKS_SIGNAL)
         if not live:
             return ""
+        _kill(live, STACKS_SIGNAL)
         time.sleep(STACKS_WAIT_S)
         return "; the live processes' Python stacks are at the end of their logs"
 
