@@ -34,10 +34,24 @@ BASE_OPS = (
     "convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss",
     "elementwise", "normalization", "embedding", "attention", "dropout", "memory",
 )
+#: Communication by collective (phase ``comm``), named from the framework call; ``comm`` is
+#: a communication call whose collective is unknown (and the op of every comm event in
+#: traces written before collectives were named).
+COLLECTIVES = (
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send", "recv",
+    "barrier",
+)
+#: Parameter-server traffic keeps its own names.
+PS_OPS = ("push", "pull")
+COMM_OPS = frozenset({"comm", *COLLECTIVES, *PS_OPS})
+#: Compiled-graph time that no mapped operator inside the graph covers (torch.compile /
+#: inductor kernels, XLA fusions), forward and backward graphs.
+FUSED_OPS = ("fused", "fused_backward")
 CANONICAL_OPS = (
     *BASE_OPS,
     *(f"{op}_backward" for op in BASE_OPS),
     "weights_update", "comm", "data_load", "h2d", "other",
+    *FUSED_OPS, *COLLECTIVES, *PS_OPS,
 )
 PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
