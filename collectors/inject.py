@@ -43,6 +43,9 @@ from opprof.collectors.runner import Runner, writing
 RUN_ENV = "OPPROF_RUN"
 PATHS_ENV = "OPPROF_PATHS"
 INJECT_DIR = "inject"
+#: Makes torch.compile's CPU kernels visible to the profiler (an inductor option; set by
+#: ``opprof run`` unless the command's environment sets it).
+KERNEL_PROFILE_ENV = "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"
 #: The module whose import means a framework's optimizer step can be hooked.
 TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
             "keras.src.optimizers.base_optimizer": Framework.TF,
@@ -63,6 +66,8 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     shutil.copyfile(Path(__file__).with_name("startup.py"), hook / "sitecustomize.py")
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
+    # inductor's C++ kernels on the CPU record themselves (cpp_fused_…) only when asked
+    env.setdefault(KERNEL_PROFILE_ENV, "1")
     env[RUN_ENV] = json.dumps({"folder": str(Path(folder).resolve()), "fw": fw,
                                "steps": protocol.steps, "warmup": protocol.warmup,
                                "timing_steps": protocol.timing_steps,

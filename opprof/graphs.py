@@ -15,7 +15,8 @@ them, through :class:`Graphs`:
   ``fully_connected_backward``, ``fused`` is ``fused_backward``);
 * the time of a graph that nothing inside covers — the graph's own Python and runtime
   wrappers between its kernels — becomes counted events named ``<graph> (own time)`` with the
-  graph's op and phase, one per uncovered interval (:meth:`Graphs.own_time`). So a graph's
+  graph's op and phase, one per uncovered interval (:meth:`Graphs.own_time`; an FX graph
+  call's is ``CompiledFxGraph <first 8 characters of its hash>… (own time)``). So a graph's
   span is its operators plus its own time, each counted once, and the phase breakdown sees
   the whole span as the graph's phase.
 
@@ -42,6 +43,8 @@ BACKWARD_TWIN = np.array([i if o.endswith("_backward") else _OP.get(f"{o}_backwa
                           for i, o in enumerate(CANONICAL_OPS)], dtype=np.int64)
 #: The suffix of the name of a graph's own-time events.
 OWN_TIME = " (own time)"
+#: An FX graph call; its own time is named by the first characters of the graph's hash.
+_FX_CALL = r"^## Call CompiledFxGraph (\w{8})\w* ##$"
 
 
 @dataclass
@@ -121,7 +124,8 @@ class Graphs:
             "pid": src["pid"].to_numpy(), "tid": src["tid"].to_numpy(),
             "device": src["device"].astype(object).to_numpy(),
             "ts": starts - base[gpos], "dur": ends - starts,
-            "name": src["name"].astype(str).to_numpy(object) + OWN_TIME,
+            "name": src["name"].astype(str).str.replace(_FX_CALL, r"CompiledFxGraph \1…",
+                                                        regex=True).to_numpy(object) + OWN_TIME,
             "kind": "cpu_op", "op": src["op"].astype(object).to_numpy(),
             "phase": src["phase"].astype(object).to_numpy(),
             "step": src["step"].to_numpy(np.int32),
