@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=10)
+parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--reshape-at", type=int, default=-1,
                     help="change the batch size at this step (a recompilation)")
