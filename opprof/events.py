@@ -149,7 +149,7 @@ def finish(
     u_phase = np.append(np.array([_PHASE.get(p, -1) for p in cls["phase"]], np.int64), -1)
     u_kind = np.append(np.array([_KIND.get(k, -1) for k in cls["kind"]], np.int64), -1)
     u_matched = np.append(cls["row"].to_numpy() >= 0, False)
-    u_container = np.append(cls["container"].to_numpy(bool), False)
+    u_container = np.append(cls["container"].eq(True).to_numpy(bool), False)
     row_op, row_phase, row_kind = u_op[codes], u_phase[codes], u_kind[codes]
     matched = u_matched[codes]
 
