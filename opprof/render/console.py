@@ -159,7 +159,8 @@ def op_table(ops: pd.DataFrame, top: int | None, title: str,
         if kernels is not None and len(kernels):
             mine = kernels[(kernels["op"] == r["op"]) & (kernels["phase"] == r["phase"])]
             for k in mine.head(FUSED_DETAIL).to_dict("records"):
-                t.add_row(Text(f"  ↳ {k['name']}", style="dim"), "", f"{int(k['count']):,}",
+                # no space after the arrow: a long kernel name folds, not onto a line of its own
+                t.add_row(Text(f"  ↳{k['name']}", style="dim"), "", f"{int(k['count']):,}",
                           ms(k["ns_per_step"]), ms(k["total_ns"]),
                           ms(k["total_ns"] / max(int(k["count"]), 1)), "", "",
                           pct(k["total_ns"] / r["total_ns"] if r["total_ns"] else None))
