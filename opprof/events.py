@@ -229,10 +229,10 @@ def finish(
     phase = np.where(is_marker, row_phase, own_phase)
     if container.any():
         graphs.settle(op, phase, row_phase, anc, is_op & on_host & ~container)
+        op[has_anc] = op[anc[has_anc]]  # the backward twins settle gave outermost operators
+        op[in_comm] = _COMM_OP
     phase[has_anc] = phase[anc[has_anc]]
     phase[in_comm] = _COMM_PHASE
-    op[has_anc] = op[anc[has_anc]]
-    op[in_comm] = _COMM_OP
 
     # Device events take the op of the host operator that launched them (via ``link``)
     # unless their own name maps, and its phase unless their row phase is intrinsic.
