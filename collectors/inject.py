@@ -13,7 +13,8 @@ profiled.
 **What the hook does.** Nothing until a framework is imported: it only adds a finder to
 ``sys.meta_path`` that waits for the module defining a framework's optimizer step
 (``torch.optim.optimizer``, ``keras.src.optimizers.base_optimizer``, ``mxnet.gluon.trainer``)
-and then lets that framework's adapter install its step hook (see each adapter's docstring).
+and then lets that framework's adapter install its step hook (see each adapter's docstring);
+Keras 3 is TensorFlow's, or torch's when its backend is torch (``KERAS_BACKEND=torch``).
 The first optimizer step creates the process's :class:`~.runner.Runner`; one framework per
 process (the first to step). At exit — normal, an uncaught exception, or SIGTERM (when the
 script left SIGTERM's default action) — a runner that has not finished writes what it
@@ -43,10 +44,15 @@ from opprof.collectors.runner import Runner, writing
 RUN_ENV = "OPPROF_RUN"
 PATHS_ENV = "OPPROF_PATHS"
 INJECT_DIR = "inject"
+#: Makes torch.compile's CPU kernels visible to the profiler (an inductor option; set by
+#: ``opprof run`` unless the command's environment sets it).
+KERNEL_PROFILE_ENV = "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"
 #: The module whose import means a framework's optimizer step can be hooked.
 TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
             "keras.src.optimizers.base_optimizer": Framework.TF,
             "mxnet.gluon.trainer": Framework.MXNET}
+#: Keras 3's optimizers: TensorFlow's adapter hooks them, or torch's on the torch backend.
+KERAS_TRIGGER = "keras.src.optimizers.base_optimizer"
 
 _state: dict[str, Any] = {"runner": None, "pid": None, "explicit": False, "error": None}
 
@@ -63,6 +69,8 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     shutil.copyfile(Path(__file__).with_name("startup.py"), hook / "sitecustomize.py")
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
+    # inductor's C++ kernels on the CPU record themselves (cpp_fused_…) only when asked
+    env.setdefault(KERNEL_PROFILE_ENV, "1")
     env[RUN_ENV] = json.dumps({"folder": str(Path(folder).resolve()), "fw": fw,
                                "steps": protocol.steps, "warmup": protocol.warmup,
                                "timing_steps": protocol.timing_steps,
@@ -92,8 +100,10 @@ def activate() -> None:
     folder = Path(run["folder"])
     if os.environ.get("DMLC_ROLE") == "server" and Framework.MXNET in wanted:
         _announce_server(folder)
-    triggers = {m: fw for m, fw in TRIGGERS.items() if fw in wanted}
-    sys.meta_path.insert(0, _Watcher(triggers, lambda fw: _install(fw, protocol, folder)))
+    triggers = {m: fw for m, fw in TRIGGERS.items()
+                if fw in wanted or (m == KERAS_TRIGGER and Framework.TORCH in wanted)}
+    sys.meta_path.insert(0, _Watcher(triggers,
+                                     lambda fw: _install(fw, protocol, folder, wanted)))
     os.register_at_fork(after_in_child=_forget)
 
 
@@ -144,9 +154,21 @@ def explicit(runner: Runner) -> None:
     _state["explicit"] = True
 
 
-def _install(fw: Framework, protocol: Protocol, folder: Path) -> None:
-    adapter = importlib.import_module(f"opprof.collectors.{fw}")
-    adapter.install_hook(protocol, folder, claim)
+def _install(fw: Framework, protocol: Protocol, folder: Path,
+             wanted: set[Framework]) -> None:
+    hook = "install_hook"
+    if fw is Framework.TF and _keras_backend() == "torch":
+        # Keras 3 on the torch backend: its optimizer's apply is the step, under torch.profiler
+        fw, hook = Framework.TORCH, "install_keras_hook"
+    if fw in wanted:
+        getattr(importlib.import_module(f"opprof.collectors.{fw}"), hook)(
+            protocol, folder, claim)
+
+
+def _keras_backend() -> str:
+    """The backend of the Keras 3 being imported (``KERAS_BACKEND``, keras.json, …)."""
+    config = sys.modules.get("keras.src.backend.config")
+    return str(config.backend()) if config is not None else "tensorflow"
 
 
 def _forget() -> None:

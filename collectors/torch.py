@@ -36,6 +36,8 @@ optimizer step post hook would be the natural place, but it runs inside the
 ``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
 previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
 torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
+Keras 3 on the torch backend (``KERAS_BACKEND=torch``) steps with its own optimizers: there the
+end of ``BaseOptimizer.apply`` ends a step (:func:`install_keras_hook`).
 
 **Exit** (`opprof run`): a process that stepped lets torch's own threads finish before the
 interpreter shuts down (:func:`let_threads_finish`). Since torch 2.x every ``backward()`` puts a
@@ -85,6 +87,8 @@ CLOCK_METHOD = (f"NTP-style: {CLOCK_ROUNDS} ping rounds from each rank to rank 0
                 "just before profiling; midpoint of the min-delay round, error = delay/2; "
                 "offset 0 for ranks on rank 0's machine")
 PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
+#: The profiler range around Keras 3's optimizer apply on the torch backend.
+KERAS_APPLY = "keras.optimizer.apply"
 
 
 def trace_name(rank: int) -> str:
@@ -452,22 +456,18 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 # ------------------------------------------------------------------ the hook of `opprof run`
 
 
-def install_hook(protocol: Protocol, folder: Path,
-                 started: Callable[[Runner], bool]) -> None:
-    """Count steps at the end of every ``Optimizer.step`` (torch.optim is being imported)."""
-    import functools
+def _step_counter(protocol: Protocol, folder: Path,
+                  started: Callable[[Runner], bool]) -> Callable[[Any, list[Any]], None]:
+    """``on_step(optimizer, params)``: the end of one step of the first optimizer that steps
+    in this process (its runner is made then, from the parameters it updates)."""
+    state: dict[str, Any] = {}
 
-    from torch.optim import optimizer as module
-
-    state: dict[str, Any] = {"depth": 0}
-
-    def after_optimizer_step(optimizer: Any) -> None:
+    def on_step(optimizer: Any, params: list[Any]) -> None:
         if state.get("off"):
             return
         runner = state.get("runner")
         if runner is None or runner.facts.pid != os.getpid():
             state["optimizer"] = id(optimizer)
-            params = [p for g in optimizer.param_groups for p in g["params"]]
             device = "cuda" if any(p.is_cuda for p in params) else "cpu"
             facts = {"params": int(sum(p.numel() for p in params)),
                      "param_bytes": param_bytes(params), "optimizer": type(optimizer).__name__}
@@ -482,6 +482,22 @@ def install_hook(protocol: Protocol, folder: Path,
         elif id(optimizer) != state["optimizer"]:
             return
         runner.step_or_give_up()
+
+    return on_step
+
+
+def install_hook(protocol: Protocol, folder: Path,
+                 started: Callable[[Runner], bool]) -> None:
+    """Count steps at the end of every ``Optimizer.step`` (torch.optim is being imported)."""
+    import functools
+
+    from torch.optim import optimizer as module
+
+    state: dict[str, Any] = {"depth": 0}
+    on_step = _step_counter(protocol, folder, started)
+
+    def after_optimizer_step(optimizer: Any) -> None:
+        on_step(optimizer, [p for g in optimizer.param_groups for p in g["params"]])
 
     original = getattr(module.Optimizer, "profile_hook_step", None)
     if original is None:  # an older or newer torch: its global post hook (inside the step)
@@ -510,6 +526,38 @@ def install_hook(protocol: Protocol, folder: Path,
         return step
 
     module.Optimizer.profile_hook_step = staticmethod(profile_hook_step)
+
+
+def install_keras_hook(protocol: Protocol, folder: Path,
+                       started: Callable[[Runner], bool]) -> None:
+    """Count steps at the end of Keras 3's ``BaseOptimizer.apply`` on the torch backend (what
+    ``fit``'s ``train_step`` calls after ``loss.backward()``); the apply is recorded as
+    ``keras.optimizer.apply#<optimizer>`` (``weights_update``, maps/kineto.csv), since
+    Keras's torch optimizers update the weights with ``torch._foreach_*`` calls of their own,
+    outside ``torch.optim``."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    from torch.profiler import record_function
+
+    state: dict[str, Any] = {"depth": 0}
+    on_step = _step_counter(protocol, folder, started)
+    original = BaseOptimizer.apply
+
+    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+        state["depth"] += 1
+        try:
+            with record_function(f"{KERAS_APPLY}#{type(self).__name__}"):
+                result = original(self, grads, trainable_variables)
+        finally:
+            state["depth"] -= 1
+        if state["depth"] == 0:  # an optimizer wrapping another (LossScaleOptimizer): once
+            variables = (trainable_variables if trainable_variables is not None
+                         else getattr(self, "_trainable_variables", None) or [])
+            on_step(self, [getattr(v, "value", v) for v in variables])
+        return result
+
+    apply.__doc__ = original.__doc__
+    apply.__wrapped__ = original  # type: ignore[attr-defined]
+    BaseOptimizer.apply = apply
 
 
 def let_threads_finish(limit_s: float = 0.2, slice_s: float = 0.002) -> float:

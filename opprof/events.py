@@ -60,6 +60,9 @@ elsewhere (a parameter-server worker with ``update_on_kvstore``) has no update o
 its communication closes the step in the same way (the last pull before the next forward
 pass).
 
+**Compiled graphs** (torch.compile): events whose row is a ``container`` are transparent —
+the operators inside keep their own op, the graph gets the rest (``opprof.graphs``).
+
 Everything is vectorized over events; only the mapping table runs per distinct name.
 """
 
@@ -70,6 +73,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from opprof.graphs import Graphs
 from opprof.intervals import Nesting, label_points
 from opprof.taxonomy import (
     CANONICAL_OPS,
@@ -100,6 +104,7 @@ _PHASE = {p: i for i, p in enumerate(PHASES)}
 _PHASE_NAMES = np.array(PHASES, dtype=object)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
+_FUSED, _FUSED_BACKWARD = _OP["fused"], _OP["fused_backward"]
 _OTHER_PHASE, _COMM_PHASE = _PHASE["other"], _PHASE["comm"]
 _MARKER_KIND = _KIND["marker"]
 _DEVICE_KIND_CODES = [_KIND[k] for k in DEVICE_KINDS]
@@ -144,6 +149,7 @@ def finish(
     u_phase = np.append(np.array([_PHASE.get(p, -1) for p in cls["phase"]], np.int64), -1)
     u_kind = np.append(np.array([_KIND.get(k, -1) for k in cls["kind"]], np.int64), -1)
     u_matched = np.append(cls["row"].to_numpy() >= 0, False)
+    u_container = np.append(cls["container"].eq(True).to_numpy(bool), False)
     row_op, row_phase, row_kind = u_op[codes], u_phase[codes], u_kind[codes]
     matched = u_matched[codes]
 
@@ -169,8 +175,17 @@ def finish(
     # span is not, and must not swallow the copies inside it).
     is_op = ~is_marker & (on_host | is_device_ev)
     nesting = Nesting(lane, ts, end)  # sorted once for both questions below
-    depth, anc = nesting.nest(is_op)
+    # Compiled-graph containers are transparent: what they enclose is classified on its own.
+    container = u_container[codes] & is_op & on_host
+    depth, anc = nesting.nest(is_op & ~container)
+    container &= anc < 0  # a container inside an operator is part of that operator
     anc = np.where(is_device_ev, np.arange(n), anc)
+    graphs = Graphs.of(lane, ts, end, container, is_op & on_host)
+    # an unmapped operator inside a graph is the graph's own (fused) time
+    absorb = graphs.inner >= 0
+    absorb &= is_op & on_host & ~container & (anc == np.arange(n)) & ~matched
+    row_op = row_op.copy()
+    row_op[absorb] = row_op[graphs.inner[absorb]]
     has_anc = anc >= 0
     op = np.where(is_marker, -1, row_op)
     op[has_anc] = op[anc[has_anc]]
@@ -187,7 +202,7 @@ def finish(
         counted |= in_comm & (comm_anc == np.arange(n))
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
-    outer = is_op & on_host & (anc == np.arange(n))
+    outer = (is_op & on_host & (anc == np.arange(n))) | (container & (graphs.inner < 0))
     phased = outer & np.isin(row_phase, _INFER_CODES)
     closes_step = (df["closes_step"].to_numpy(bool) if "closes_step" in df
                    else np.zeros(n, bool))
@@ -212,6 +227,10 @@ def finish(
         own_phase[bare] = next_phase(rank[bare], ts[bare], rank[lead], ts[lead],
                                      row_phase[lead])
     phase = np.where(is_marker, row_phase, own_phase)
+    if container.any():
+        graphs.settle(op, phase, row_phase, anc, is_op & on_host & ~container)
+        op[has_anc] = op[anc[has_anc]]  # the backward twins settle gave outermost operators
+        op[in_comm] = _COMM_OP
     phase[has_anc] = phase[anc[has_anc]]
     phase[in_comm] = _COMM_PHASE
 
@@ -238,6 +257,7 @@ def finish(
             _launchers_of_copies(phase, anc, np.isin(rank, inferred), row_phase, is_device_ev,
                                  src[pos[ok]], idx[ok])
     counted |= is_device_ev
+    op[(op == _FUSED) & (phase == _PHASE["backward"])] = _FUSED_BACKWARD
 
     # copy=False: the columns are fresh arrays, or the raw frame's (copy-on-write)
     out = pd.DataFrame({
@@ -251,6 +271,8 @@ def finish(
         "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
     }, copy=False)
     meta = dict(meta)
+    if container.any():
+        out = pd.concat([out, graphs.own_time(out)], ignore_index=True)
     if len(spans):
         out = pd.concat([out, _span_events(spans, df, rank, on_host, bounds)],
                         ignore_index=True)

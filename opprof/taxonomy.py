@@ -7,7 +7,11 @@ wins. Columns:
 - ``op``: the canonical operator, or empty for a marker (a step or phase annotation);
 - ``phase``: the phase the row implies, or empty to take the phase from the enclosing marker;
 - ``kind``: overrides the kind the normalizer derived from the native category, or empty;
-- ``example``: a native name this row must classify (each row is tested with it).
+- ``example``: a native name this row must classify (each row is tested with it);
+- ``container`` (optional column): ``yes`` for a compiled-graph container (torch.compile's
+  ``CompiledFunction``, the FX graph call): not an operator that swallows what it encloses,
+  but a region whose operators keep their own op; the container's own op (``fused``) gets
+  only the time no mapped operator inside covers (``opprof.events``).
 
 Lines starting with ``"# "`` are comments.
 
@@ -47,11 +51,15 @@ COMM_OPS = frozenset({"comm", *COLLECTIVES, *PS_OPS})
 #: Compiled-graph time that no mapped operator inside the graph covers (torch.compile /
 #: inductor kernels, XLA fusions), forward and backward graphs.
 FUSED_OPS = ("fused", "fused_backward")
+#: A graph compiler's own work in a step: compiling (torch.compile's Dynamo tracing and
+#: inductor's code generation; a step that holds it is flagged) and the guard checks / cache
+#: lookup before every call of a compiled region.
+COMPILER_OPS = ("compile", "guard")
 CANONICAL_OPS = (
     *BASE_OPS,
     *(f"{op}_backward" for op in BASE_OPS),
     "weights_update", "comm", "data_load", "h2d", "other",
-    *FUSED_OPS, *COLLECTIVES, *PS_OPS,
+    *FUSED_OPS, *COLLECTIVES, *PS_OPS, *COMPILER_OPS,
 )
 PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
@@ -79,6 +87,7 @@ class MappingRow:
     phase: str
     kind: str
     example: str
+    container: bool = False
 
 
 #: Per mapping table (name and rows), the row each name already classified matched.
@@ -93,7 +102,8 @@ class MappingTable:
     rows: tuple[MappingRow, ...]
 
     def classify(self, names: pd.Series | np.ndarray | list[str]) -> pd.DataFrame:
-        """Classify unique names: a frame indexed by name with columns op, phase, kind, row.
+        """Classify unique names: a frame indexed by name with columns op, phase, kind, row,
+        container.
 
         Unmatched names get op ``other`` and row -1. Work is per distinct name, vectorized
         over names per row, so its cost does not grow with the number of events.
@@ -116,8 +126,10 @@ class MappingTable:
         ops = np.array([r.op for r in self.rows] + ["other"], dtype=object)
         phases = np.array([r.phase for r in self.rows] + [""], dtype=object)
         kinds = np.array([r.kind for r in self.rows] + [""], dtype=object)
+        containers = np.array([r.container for r in self.rows] + [False], dtype=bool)
         return pd.DataFrame(
-            {"op": ops[row], "phase": phases[row], "kind": kinds[row], "row": row}, index=uniq
+            {"op": ops[row], "phase": phases[row], "kind": kinds[row], "row": row,
+             "container": containers[row]}, index=uniq
         )
 
     def lookup(self, name: str) -> MappingRow | None:
@@ -148,6 +160,7 @@ def mapping_table(name: str) -> MappingTable:
         row = MappingRow(
             pattern=rec["pattern"], op=rec["op"].strip(), phase=rec["phase"].strip(),
             kind=rec["kind"].strip(), example=rec["example"],
+            container=(rec.get("container") or "").strip() == "yes",
         )
         _check_row(name, n, row)
         rows.append(row)
@@ -171,7 +184,10 @@ def tables_markdown() -> str:
            "whole native name wins; an empty op marks a marker (a step or phase annotation); an "
            "empty phase takes the phase of the enclosing phase marker (on a worker without phase "
            "markers, the phase inferred from the operators around it: see the README's "
-           "*Traces without opprof markers*). Names no row matches are `other`.", "",
+           "*Traces without opprof markers*). Names no row matches are `other`. A "
+           "`(container)` row is a compiled graph (torch.compile): its operators keep their "
+           "own op, and its op gets only the time no mapped operator inside it covers (see "
+           "the README's *Compiled graphs*).", "",
            "Kinds: " + ", ".join(f"`{k}`" for k in KINDS) + ". The memory table is the rows "
            "with kind `memory`: no mapping table makes them (a name is a memory series, not an "
            "operator); each is one sample of a series (" + ", ".join(
@@ -181,7 +197,8 @@ def tables_markdown() -> str:
         out += [f"## {name}", "", "| pattern | op | phase | kind | example |",
                 "|---|---|---|---|---|"]
         for r in mapping_table(name).rows:
-            cells = [r.pattern, r.op or "(marker)", r.phase, r.kind, r.example]
+            op = (r.op or "(marker)") + (" (container)" if r.container else "")
+            cells = [r.pattern, op, r.phase, r.kind, r.example]
             out.append("| " + " | ".join(f"`{c}`" if c else "" for c in
                                          (c.replace("|", "\\|") for c in cells)) + " |")
         out.append("")

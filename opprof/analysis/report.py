@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
+from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -48,6 +49,11 @@ class Report:
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
     noise: dict | None = None
+    #: Steps that compiled a graph (opprof.analysis.compiled): rank, step, compile_ns.
+    compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: What the fused rows hold, by native name (opprof.analysis.compiled), with
+    #: ``ns_per_step``.
+    fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass
@@ -62,6 +68,8 @@ class RankPart:
     devices: pd.DataFrame
     local: RankLocal
     memory: MemoryPart = field(default_factory=MemoryPart)
+    compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
@@ -78,6 +86,8 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         devices=device_breakdown(trace, device_span),
         local=rank_local(trace, steps),
         memory=memory_part(trace),
+        compile_steps=compile_steps(trace),
+        fused_kernels=fused_kernels(trace),
     )
 
 
@@ -88,6 +98,8 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
     n = len(steps)
     ranks = combine_ranks(steps, concat_local([p.local for p in parts]), synchronous(meta))
     devices = _concat([p.devices for p in parts])
+    kernels = merge_kernels([p.fused_kernels for p in parts])
+    kernels["ns_per_step"] = kernels["total_ns"] / max(n, 1)
     return Report(
         meta=meta,
         steps=steps,
@@ -103,6 +115,8 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         memory=combine_memory([p.memory for p in parts]),
         rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
         noise=assess(meta, steps),
+        compile_steps=_concat([p.compile_steps for p in parts]),
+        fused_kernels=kernels,
     )
 
 

@@ -102,6 +102,25 @@ def partial_lines(meta: dict) -> list[str]:
             "here" + (f" ({each})" if each else "")]
 
 
+def compile_lines(rep: Report) -> list[str]:
+    """One warning line naming the steps that compiled a graph (torch.compile's first
+    compilation or a recompilation): their time is compile time, not training."""
+    c = rep.compile_steps
+    if c is None or c.empty:
+        return []
+    ranks = c["rank"].nunique()
+    where = ", ".join(f"step {int(r['step'])}" + (f" of rank {int(r['rank'])}" if ranks > 1
+                                                   else "")
+                      for r in c.sort_values(["rank", "step"]).to_dict("records"))
+    whose = "those steps'" if len(c) > 1 else "that step's"
+    return [f"⚠ compilation in {where} ({ms(c['compile_ns'].sum())} ms compiling a graph): "
+            f"{whose} time is compile time, not training; profile after more warm-up steps"]
+
+
+#: How many of a fused row's kernels ``--by op`` lists under it.
+FUSED_DETAIL = 5
+
+
 def phase_table(rep: Report) -> Table:
     """Wall time per phase with bars (phases sum to the step time)."""
     n_steps = len(rep.steps)
@@ -123,17 +142,28 @@ def phase_table(rep: Report) -> Table:
     return t
 
 
-def op_table(ops: pd.DataFrame, top: int | None, title: str) -> Table:
-    """Operator table: count, totals, percentiles, share of phase."""
+def op_table(ops: pd.DataFrame, top: int | None, title: str,
+             kernels: pd.DataFrame | None = None) -> Table:
+    """Operator table: count, totals, percentiles, share of phase; with ``kernels``
+    (opprof.analysis.compiled), each fused row is followed by its largest kernels by name."""
     t = Table(title=title, title_justify="left")
     for col in ["op", "phase", "count", "ms/step", "total ms", "mean ms", "p50 ms", "p95 ms",
                 "share of phase"]:
-        t.add_column(col, justify="left" if col in ("op", "phase") else "right")
+        t.add_column(col, justify="left" if col in ("op", "phase") else "right",
+                     overflow="fold" if col == "op" else "ellipsis")
     shown = ops if top is None else ops.head(top)
     for r in shown.to_dict("records"):
         t.add_row(r["op"], Text(r["phase"], style=PHASE_STYLE.get(r["phase"], "")),
                   f"{int(r['count']):,}", ms(r["ns_per_step"]), ms(r["total_ns"]),
                   ms(r["mean_ns"]), ms(r["p50_ns"]), ms(r["p95_ns"]), pct(r["share_of_phase"]))
+        if kernels is not None and len(kernels):
+            mine = kernels[(kernels["op"] == r["op"]) & (kernels["phase"] == r["phase"])]
+            for k in mine.head(FUSED_DETAIL).to_dict("records"):
+                # no space after the arrow: a long kernel name folds, not onto a line of its own
+                t.add_row(Text(f"  ↳{k['name']}", style="dim"), "", f"{int(k['count']):,}",
+                          ms(k["ns_per_step"]), ms(k["total_ns"]),
+                          ms(k["total_ns"] / max(int(k["count"]), 1)), "", "",
+                          pct(k["total_ns"] / r["total_ns"] if r["total_ns"] else None))
     if top is not None and len(ops) > top:
         t.caption = f"top {top} of {len(ops)} (op, phase) rows; --top N for more"
     return t
@@ -386,8 +416,9 @@ def render(*items: object, width: int = 120) -> str:
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[object] = [_header(rep.meta, rep.noise)]
+    items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     if by == "op":
-        items.append(op_table(rep.ops, top, "Host operators"))
+        items.append(op_table(rep.ops, top, "Host operators", rep.fused_kernels))
     elif by == "rank":
         items.append(rank_table(rep))
         items.extend(rank_comm_tables(rep))
@@ -395,7 +426,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         items.append(step_table(rep))
     elif by == "device":
         items.extend(device_tables(rep))
-        items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator"))
+        items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
+                              rep.fused_kernels))
     elif by == "memory":
         items.extend(memory_tables(rep))
     else:

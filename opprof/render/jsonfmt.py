@@ -57,7 +57,9 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "memory_unprofiled": [{"rank": int(r["rank"]), "role": str(r["role"]),
                                    "peak_rss_bytes": _int_or_none(r["unprofiled_rss_bytes"])}
                                   for r in rep.memory.ranks.to_dict("records")],
-            "memory_steps": records(rep.memory.steps)}
+            "memory_steps": records(rep.memory.steps),
+            "compile_steps": records(rep.compile_steps),
+            "fused_kernels": records(rep.fused_kernels)}
 
 
 def _int_or_none(v: Any) -> int | None:

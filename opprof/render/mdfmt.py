@@ -9,7 +9,7 @@ from opprof.analysis.diff import Diff
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
-from opprof.render.console import partial_lines, quality_lines
+from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 
 
@@ -34,7 +34,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The chosen view as markdown."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
     notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
-                    + partial_lines(rep.meta))
+                    + partial_lines(rep.meta) + compile_lines(rep))
     return (f"## opprof report {title} — by {by}\n\n{notes}"
             f"{md_table(report_table(rep, by, top))}\n")
 

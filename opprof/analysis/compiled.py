@@ -1,0 +1,57 @@
+"""Compiled graphs in a trace: the steps that compiled, and the fused kernels behind ``fused``.
+
+- **Compiling steps**: per (rank, step), the time of its ``compile`` operators (torch.compile's
+  Dynamo tracing and inductor's code generation, a first compilation or a recompilation); such
+  a step's time is compile time, not training, and the report flags it.
+- **Fused kernels**: per ``fused`` / ``fused_backward`` row of the operator table, what it
+  holds by native name (inductor's kernels, ``cpp_fused_gelu_native_layer_norm_0``,
+  ``triton_poi_fused_add_relu_1``, whose names list the aten operators they fuse, and the
+  graphs' own time): count and total, so ``--by op`` can show the largest under the row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.ops import op_events
+from opprof.taxonomy import FUSED_OPS
+from opprof.trace import Trace
+
+COMPILE_COLUMNS = ["rank", "step", "compile_ns"]
+KERNEL_COLUMNS = ["op", "phase", "name", "count", "total_ns"]
+
+
+def compile_steps(trace: Trace) -> pd.DataFrame:
+    """Per (rank, step) with compilation in it: ``compile_ns``, the time of its counted
+    ``compile`` operators."""
+    ev = op_events(trace, "host")
+    ev = ev[ev["op"] == "compile"]
+    if ev.empty:
+        return pd.DataFrame({c: np.zeros(0, np.int64) for c in COMPILE_COLUMNS})
+    g = ev.groupby(["rank", "step"], observed=True)["dur"].sum()
+    return g.rename("compile_ns").reset_index().astype(np.int64)[COMPILE_COLUMNS]
+
+
+def fused_kernels(trace: Trace) -> pd.DataFrame:
+    """Per (op, phase, native name) of the counted ``fused`` / ``fused_backward`` events on
+    hosts and devices: ``count`` and ``total_ns``."""
+    parts = [op_events(trace, w) for w in ("host", "device")]
+    ev = pd.concat([p[p["op"].isin(FUSED_OPS)] for p in parts], ignore_index=True)
+    if ev.empty:
+        return pd.DataFrame(columns=KERNEL_COLUMNS)
+    frame = pd.DataFrame({"op": ev["op"].astype(str), "phase": ev["phase"].astype(str),
+                          "name": ev["name"].astype(str), "dur": ev["dur"].to_numpy(np.int64)})
+    return merge_kernels([frame.groupby(["op", "phase", "name"], sort=False)["dur"].agg(
+        count="size", total_ns="sum").reset_index()])
+
+
+def merge_kernels(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Several :func:`fused_kernels` tables as one (counts and totals added), largest first."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=KERNEL_COLUMNS)
+    df = pd.concat(parts, ignore_index=True)
+    out = df.groupby(["op", "phase", "name"], sort=False)[["count", "total_ns"]].sum()
+    return out.reset_index().sort_values("total_ns", ascending=False, kind="stable"
+                                         ).reset_index(drop=True)[KERNEL_COLUMNS]
