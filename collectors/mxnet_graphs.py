@@ -16,13 +16,15 @@ the profiled steps only:
   with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` — it shares every array (weights, gradients, data)
   with the one it replaces.
 
-:meth:`StaticGraphs.unbulk` does this at the profile boundary, and the runner then lets one
-step run unprofiled (the adapter's ``profiler_warmup``: the rebuilt CachedOp plans and
-allocates there). :meth:`StaticGraphs.restore` puts everything back after the profile: the
-Module's own executors at once, the blocks' own flags for a CachedOp built again in the next
-step (which the runner then leaves out of the timing, the adapter's ``settle_after``).
-The profiled steps pay what bulking saves: one engine push per operator instead of one per
-segment (the report's "profiled steps N.NNx" includes it).
+:meth:`StaticGraphs.unbulk` does this at the profile boundary; the profiler then starts
+after the adapter's ``profiler_warmup`` unprofiled steps: one in which a dropped CachedOp is
+built again (it plans and allocates there), and one that runs as the profiled steps will,
+without the profiler, timed (``unbulked_step_ns``: what bulk execution off costs by itself,
+which the report sets against the unprofiled step time). :meth:`StaticGraphs.restore` puts
+everything back after the profile: the Module's own executors at once, the blocks' own
+flags for a CachedOp built again in the next step (which the runner leaves out of the
+timing: the adapter's ``settle_after``). The profiled steps pay what bulking saves: one
+engine push per operator instead of one per segment.
 """
 
 from __future__ import annotations
@@ -60,6 +62,12 @@ class StaticGraphs:
         self.execs: list[tuple[Any, list]] = []  # (executor group, its own executors)
         self.settle_after = 0
 
+    @property
+    def rebuilds(self) -> int:
+        """Steps that build a CachedOp again after :meth:`unbulk`: one when a Gluon block's
+        was dropped."""
+        return 1 if self.blocks else 0
+
     def unbulk(self) -> dict[str, Any]:
         """Bulk execution off for the compiled graphs there are; what was switched (empty
         when there is none)."""
@@ -80,7 +88,7 @@ class StaticGraphs:
             static = sum(1 for _, f in self.blocks if dict(f).get("static_shape"))
             what.append(f"{len(self.blocks)} hybridized Gluon block(s) ({static} with "
                         "static_shape): CachedOp flags forward_bulk_size=0, "
-                        "backward_bulk_size=0, the CachedOp built again in one unprofiled step")
+                        "backward_bulk_size=0 (CachedOp built again)")
         if self.execs:
             what.append(f"{sum(len(e) for _, e in self.execs)} Module executor(s): reshaped "
                         f"to the same shapes with {BULK_ENV}=0")
