@@ -234,8 +234,9 @@ class MXNetAdapter:
                 "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count()}
 
     def release(self) -> None:
-        # A kvstore freed after MXNet's own exit handler aborts the process.
-        self.kv = self.frame = None
+        # A kvstore freed after MXNet's own exit handler aborts the process (the graphs'
+        # owner, a Trainer or a Module, holds one too).
+        self.kv = self.frame = self.graphs = None
 
 
 def param_facts(params: Any) -> dict[str, Any]:
