@@ -138,3 +138,38 @@ def test_bulking_is_off_for_the_profiled_steps_only(tmp_path: Path,
     graphs.restore()
     assert net._flags == own_flags and graphs.settle_after == 1
     assert any(SEGMENT.fullmatch(n) for n in step_names())
+
+
+@pytest.mark.slow
+def test_module_loop_in_a_parameter_server_job(tmp_path: Path) -> None:
+    """``forward_backward`` + ``update`` with a ``dist_sync`` kvstore, started by the DMLC
+    launch script: both workers profiled by kvstore rank, communication in every step, the
+    server updating the weights, and every process ends (none aborts at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    from opprof.collectors.supervisor import free_port
+
+    env = {**os.environ, "DMLC_PS_ROOT_PORT": str(free_port()), "PYTHON": sys.executable,
+           "MXNET_SCRIPT": "mxnet_module_loop.py"}
+    res = subprocess.run([sys.executable, "-m", "opprof", "run", "--warmup", "1",
+                          "--timing-steps", "1", "--steps", "3", "--timeout", "300",
+                          "-o", "ps.trace", "--format", "json", "--", "sh",
+                          str(SCRIPTS / "mxnet_ps.sh"), "--steps", "9"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "terminate called" not in res.stderr
+    report = json.loads(res.stdout)
+    assert sorted({s["rank"] for s in report["steps"]}) == [0, 1]
+    assert len(report["steps"]) == 6
+    for s in report["steps"]:
+        assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"]
+        for phase in ("forward", "backward", "comm"):
+            assert s["phases"][phase] > 0, (phase, s)
+    m = report["meta"]
+    assert (m["mode"], m["kvstore"], m["workers"], m["servers"]) == ("ps-sync", "dist_sync", 2, 1)
+    assert "Module executor" in m["graphs"]
+    trace = load(tmp_path / "ps.trace")
+    server = trace.events[trace.events["role"] == "server"]
+    assert set(server["rank"]) == {2} and (server["op"] == "weights_update").any()
