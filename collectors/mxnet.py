@@ -25,8 +25,17 @@ from the Gluon DataLoader), ``opprof.forward`` (model + loss under ``autograd.re
 gradients / pull weights through the kvstore) — each ended by ``nd.waitall()`` so that the
 phases' times add up to the step's.
 
-**Hook** (`opprof run`): ``gluon.Trainer.step`` (or ``update``, for scripts that call
-``allreduce_grads()`` and ``update()`` themselves) marks the end of a step.
+**Hooks** (`opprof run`): ``gluon.Trainer.step`` (or ``update``, for scripts that call
+``allreduce_grads()`` and ``update()`` themselves) or the Module API's ``Module.update``
+(``fit``, or a loop of ``forward_backward`` and ``update``) marks the end of a step; the
+first to end one is the process's. Forward and backward come from the operators
+(:mod:`opprof.events`' phase inference), as for Gluon.
+
+**Compiled graphs**: hybridized blocks' CachedOps and a Module's executors run without bulk
+execution for the profiled steps (:mod:`.mxnet_graphs`), so that their operators are seen
+one by one: the profiler then starts after ``profiler_warmup`` unprofiled steps (a CachedOp
+is built again, one step is timed as ``unbulked_step_ns``), and the user's own graphs come
+back at the end.
 """
 
 from __future__ import annotations
