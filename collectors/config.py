@@ -309,7 +309,7 @@ class Facts:
 
 #: Facts one process may know for the whole job (the first process that has one gives it).
 JOB_FACTS = ("backend", "kvstore", "optimizer", "strategy", "batch_size", "scheduled_steps",
-             "unprofiled_step_note", "onednn")
+             "unprofiled_step_note", "onednn", "graphs", "unbulked_step_ns")
 
 
 def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:

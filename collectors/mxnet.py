@@ -25,8 +25,17 @@ from the Gluon DataLoader), ``opprof.forward`` (model + loss under ``autograd.re
 gradients / pull weights through the kvstore) — each ended by ``nd.waitall()`` so that the
 phases' times add up to the step's.
 
-**Hook** (`opprof run`): ``gluon.Trainer.step`` (or ``update``, for scripts that call
-``allreduce_grads()`` and ``update()`` themselves) marks the end of a step.
+**Hooks** (`opprof run`): ``gluon.Trainer.step`` (or ``update``, for scripts that call
+``allreduce_grads()`` and ``update()`` themselves) or the Module API's ``Module.update``
+(``fit``, or a loop of ``forward_backward`` and ``update``) marks the end of a step; the
+first to end one is the process's. Forward and backward come from the operators
+(:mod:`opprof.events`' phase inference), as for Gluon.
+
+**Compiled graphs**: hybridized blocks' CachedOps and a Module's executors run without bulk
+execution for the profiled steps (:mod:`.mxnet_graphs`), so that their operators are seen
+one by one: the profiler then starts after ``profiler_warmup`` unprofiled steps (a CachedOp
+is built again, one step is timed as ``unbulked_step_ns``), and the user's own graphs come
+back at the end.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,6 +62,7 @@ from opprof.collectors.config import (
     canonical_name,
 )
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
 from opprof.collectors.runner import Runner, drive
 from opprof.files import write_atomic
 
@@ -105,8 +116,12 @@ class MXNetAdapter:
 
     def __init__(self, kv: Any = None, *, profile_servers: bool = False,
                  server_trace: str = SERVER_TRACE, facts: dict[str, Any] | None = None,
-                 profile_memory: bool = True) -> None:
+                 profile_memory: bool = True, graphs: StaticGraphs | None = None) -> None:
         self.mx = import_mxnet()
+        self.graphs = graphs
+        self.settle_after = 0
+        self.profiler_warmup = 0
+        self._unbulked_from = 0
         self.kv, self.profile_servers, self.server_trace = kv, profile_servers, server_trace
         self.profile_memory = profile_memory
         self._facts = dict(facts or {})
@@ -148,6 +163,18 @@ class MXNetAdapter:
 
     def start(self, folder: Path, role: Role, rank: int) -> None:
         self.rank, self.trace = rank, Path(folder) / trace_name(rank)
+        switched = self.graphs.unbulk() if self.graphs is not None else {}
+        if switched:
+            # Unprofiled steps before the profiler starts: a CachedOp is built again in the
+            # first (Gluon), then one step runs as it will be profiled, without the profiler,
+            # and is timed: what bulk execution off costs by itself.
+            self._facts["graphs"] = switched["switched"]
+            self.profiler_warmup = 1 + self.graphs.rebuilds
+            self._unbulked_from = time.perf_counter_ns() if self.profiler_warmup == 1 else 0
+            return
+        self._start_profiler()
+
+    def _start_profiler(self) -> None:
         self.mx.profiler.set_config(**self._what(), aggregate_stats=True,
                                     filename=str(self.trace))
         self.mx.profiler.set_state("run")
@@ -167,11 +194,24 @@ class MXNetAdapter:
         self.frame.start()
 
     def boundary(self, index: int) -> None:
+        if not self.profiling:
+            now = time.perf_counter_ns()  # the runner waited for the engine: the step is done
+            if index == self.profiler_warmup - 1:
+                self._unbulked_from = now
+            elif index == self.profiler_warmup:
+                self._facts["unbulked_step_ns"] = now - self._unbulked_from
+                self._start_profiler()
+            return
         self.frame.stop()
-        self._open(index)
+        self._open(index - self.profiler_warmup)
 
     def stop(self, complete: bool) -> list[Path]:
         assert self.trace is not None
+        if self.graphs is not None:
+            self.graphs.restore()
+            self.settle_after = self.graphs.settle_after
+        if not self.profiling:  # ended before its first profiled step
+            return []
         if complete:
             self.frame.stop()
         self.profiling = False
@@ -203,8 +243,9 @@ class MXNetAdapter:
                 "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count()}
 
     def release(self) -> None:
-        # A kvstore freed after MXNet's own exit handler aborts the process.
-        self.kv = self.frame = None
+        # A kvstore freed after MXNet's own exit handler aborts the process (the graphs'
+        # owner, a Trainer or a Module, holds one too).
+        self.kv = self.frame = self.graphs = None
 
 
 def param_facts(params: Any) -> dict[str, Any]:
@@ -341,55 +382,111 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
     return step
 
 
-# ------------------------------------------------------------------ the hook of `opprof run`
+# ------------------------------------------------------------------ the hooks of `opprof run`
+
+#: What every hook of this process shares: the runner (one per process) and what it counts.
+_HOOKS: dict[str, Any] = {"depth": 0, "hooked": set()}
 
 
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
-    """Count steps at ``gluon.Trainer.step`` / ``update`` (mxnet.gluon is being imported)."""
+    """Count steps at ``gluon.Trainer.step`` / ``update`` and ``Module.update``, whichever of
+    their modules has been imported (each one's import calls this); track hybridized
+    blocks for the profiled steps' static graphs (:mod:`.mxnet_graphs`)."""
+    import sys
+
+    hooked = _HOOKS["hooked"]
+    if "mxnet.gluon.trainer" in sys.modules and "trainer" not in hooked:
+        hooked.add("trainer")
+        _hook_trainer(protocol, folder, started)
+    if "mxnet.module.module" in sys.modules and "module" not in hooked:
+        hooked.add("module")
+        _hook_module(protocol, folder, started)
+
+
+def _counted(method: Callable[..., Any], after: Callable[..., None]) -> Callable[..., Any]:
+    """``method`` that calls ``after(self, *args)`` when the outermost counted call returns
+    (a Trainer's ``step`` calls its ``update``; a BucketingModule's update, a Module's)."""
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _HOOKS["depth"] += 1
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            _HOOKS["depth"] -= 1
+        if _HOOKS["depth"] == 0:
+            after(self, *args, **kwargs)
+        return result
+
+    wrapper.__wrapped__ = method  # type: ignore[attr-defined]
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+def _count(owner: Any, make: Callable[[], tuple[Any, dict[str, Any]]], protocol: Protocol,
+           folder: Path, started: Callable[[Runner], bool]) -> None:
+    """A step of ``owner`` (a Trainer or a Module) ended: the first one creates the runner
+    (``make`` gives its kvstore and facts); steps of other owners are not counted."""
+    if _HOOKS.get("off"):
+        return
+    runner = _HOOKS.get("runner")
+    if runner is None or runner.facts.pid != os.getpid():
+        _HOOKS["owner"] = id(owner)
+        kv, facts = make()
+        # A parameter-server job's servers are profiled too: worker 0 switches them on
+        # through the kvstore, they write into their working directory, and `opprof
+        # run` collects the files (they announced where they are).
+        dist = kv is not None and "dist" in str(kv.type)
+        adapter = MXNetAdapter(kv, profile_servers=dist, server_trace=RUN_SERVER_TRACE,
+                               facts=facts, profile_memory=protocol.profile_memory,
+                               graphs=StaticGraphs(owner))
+        runner = _HOOKS["runner"] = Runner(adapter, protocol, folder, extra=facts)
+        if not started(runner):
+            _HOOKS["off"] = True
+            return
+    elif id(owner) != _HOOKS["owner"]:
+        return
+    runner.step_or_give_up()
+
+
+def _hook_trainer(protocol: Protocol, folder: Path,
+                  started: Callable[[Runner], bool]) -> None:
+    from mxnet.gluon.block import HybridBlock
     from mxnet.gluon.trainer import Trainer  # mxnet.gluon itself is still being imported
 
-    state: dict[str, Any] = {"depth": 0}
-
-    def counted(method: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
-            state["depth"] += 1
-            try:
-                result = method(self, batch_size, *args, **kwargs)
-            finally:
-                state["depth"] -= 1
-            if state["depth"] == 0:
-                _after_trainer_step(self, batch_size)
-            return result
-
-        wrapper.__wrapped__ = method  # type: ignore[attr-defined]
-        wrapper.__doc__ = method.__doc__
-        return wrapper
-
-    def _after_trainer_step(trainer: Any, batch_size: Any) -> None:
-        if state.get("off"):
-            return
-        runner = state.get("runner")
-        if runner is None or runner.facts.pid != os.getpid():
-            state["trainer"] = id(trainer)
-            kv = getattr(trainer, "_kvstore", None)
-            facts = {**param_facts(trainer._params), "optimizer":
-                     type(trainer._optimizer).__name__}
+    def after(trainer: Any, batch_size: Any = None, *rest: Any, **kwargs: Any) -> None:
+        batch_size = kwargs.get("batch_size", batch_size)
+        def make() -> tuple[Any, dict[str, Any]]:
+            facts = {**param_facts(trainer._params),
+                     "optimizer": type(trainer._optimizer).__name__}
             if isinstance(batch_size, int):
                 facts["batch_size"] = batch_size
-            # A parameter-server job's servers are profiled too: worker 0 switches them on
-            # through the kvstore, they write into their working directory, and `opprof
-            # run` collects the files (they announced where they are).
-            dist = kv is not None and "dist" in str(kv.type)
-            adapter = MXNetAdapter(kv, profile_servers=dist, server_trace=RUN_SERVER_TRACE,
-                                   facts=facts, profile_memory=protocol.profile_memory)
-            runner = state["runner"] = Runner(adapter, protocol, folder, extra=facts)
-            if not started(runner):
-                state["off"] = True
-                return
-        elif id(trainer) != state["trainer"]:
-            return
-        runner.step_or_give_up()
+            return getattr(trainer, "_kvstore", None), facts
 
-    Trainer.step = counted(Trainer.step)
-    Trainer.update = counted(Trainer.update)
+        _count(trainer, make, protocol, folder, started)
+
+    Trainer.step = _counted(Trainer.step, after)
+    Trainer.update = _counted(Trainer.update, after)
+    track_blocks(HybridBlock)
+
+
+def _hook_module(protocol: Protocol, folder: Path,
+                 started: Callable[[Runner], bool]) -> None:
+    """``Module.update`` ends a step (``fit``, or a loop of ``forward_backward`` and
+    ``update``)."""
+    from mxnet.module.module import Module
+
+    def after(module: Any, *rest: Any, **kwargs: Any) -> None:
+        def make() -> tuple[Any, dict[str, Any]]:
+            group = module._exec_group
+            arrays = [a[0] for a in group.param_arrays]
+            facts: dict[str, Any] = {
+                "params": int(sum(int(np.prod(a.shape)) for a in arrays)),
+                "param_bytes": int(sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                                       for a in arrays)),
+                "optimizer": type(module._optimizer).__name__,
+                "batch_size": int(group.batch_size), "api": "module"}
+            return module._kvstore, facts
+
+        _count(module, make, protocol, folder, started)
+
+    Module.update = _counted(Module.update, after)

@@ -9,14 +9,16 @@ decided here, the same way for every framework:
 2. ``timing_steps`` steps run unprofiled and timed: their mean is ``unprofiled_step_ns``, the
    reference against which the profiler's own overhead is known;
 3. the adapter's profiler starts (after its ``before_profile``: a barrier, the clock sync),
-   sees ``profiler_warmup`` steps it does not record (torch's schedule), then ``steps``
+   sees ``profiler_warmup`` steps it does not record (torch's schedule; MXNet's graphs
+   planned again without bulk execution), then ``steps``
    profiled steps, each between two step markers (``ProfilerStep#N``, ``opprof.step#N``,
    ``train N``); then it stops and writes this process's native trace, named by its rank.
 
 4. ``timing_after`` more unprofiled timed steps (`record`; `run` when the script goes on):
    the unprofiled step time is measured on both sides of the profile, so a machine whose load
    changed during the run is seen (:mod:`opprof.analysis.noise`), not taken for the
-   profiler's overhead.
+   profiler's overhead; the adapter's ``settle_after`` first steps (MXNet: a CachedOp built
+   again as the user had it) are not timed.
 
 Every timed step's duration is kept (``timing_ns``, ``timing_after_ns``); the unprofiled step
 time is their median. At every step boundary the process's :class:`~.config.Facts` go to its
@@ -231,6 +233,7 @@ class Runner:
         self.before: list[int] = []  # unprofiled step durations before the profile (ns)
         self.after: list[int] = []  # and after it
         self._last = 0
+        self._settle = 0  # steps after the profile left out of the timing
 
     # -- where the protocol stands
 
@@ -352,6 +355,10 @@ class Runner:
         """A step after the profile ended: timed, unprofiled (``timing_after``)."""
         self.adapter.sync()
         now = time.perf_counter_ns()
+        if self._settle:  # a step that rebuilt what the profile changed: not timed
+            self._settle -= 1
+            self._last = now
+            return
         self.after.append(now - self._last)
         self._last = now
         if len(self.after) >= self.protocol.timing_after:
@@ -385,6 +392,7 @@ class Runner:
         with _writing():
             files = self.adapter.stop(complete=True)
         self.profiling = False
+        self._settle = int(getattr(self.adapter, "settle_after", 0))
         first = self.start_at + self.adapter.profiler_warmup
         wall = self.marks[self.end_at] - self.marks[first]
         self.adapter.after_profile()

@@ -100,8 +100,9 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
             "no process of the command reached its profiled steps; nothing was recorded"
             if statuses else
             "no training step was seen in the command's Python processes (opprof counts torch "
-            "optimizer steps, Keras optimizer updates and gluon Trainer steps); nothing was "
-            "recorded: mark the steps with opprof.profile() in the script"), err=True)
+            "optimizer steps, Keras optimizer updates, gluon Trainer steps and MXNet Module "
+            "updates); nothing was recorded: mark the steps with opprof.profile() in the "
+            "script"), err=True)
         sys.exit(_exit_code(code) or 2)
     meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
             "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),

@@ -54,7 +54,22 @@ def _header(meta: dict, noise: dict | None = None) -> Text:
                         if meta.get("samples_per_s") else "") + _spread(noise))
     for line in quality_lines(noise) + partial_lines(meta):
         text += Text("\n" + line, style="bold yellow")
+    for line in graph_lines(meta):
+        text += Text("\n" + line, style="grey50")
     return text
+
+
+def graph_lines(meta: dict) -> list[str]:
+    """What the recording switched in the framework's compiled graphs for the profiled
+    steps (``meta["graphs"]``, MXNet's bulk execution), and what that cost by itself."""
+    if not meta.get("graphs"):
+        return []
+    line = f"note: {meta['graphs']}"
+    off, base = meta.get("unbulked_step_ns"), meta.get("unprofiled_step_ns")
+    if off and base:
+        line += (f"; one step so, unprofiled, took {ms(off)} ms against {ms(base)} ms "
+                 f"({off / base:.2f}x)")
+    return [line]
 
 
 def _spread(noise: dict | None) -> str:

@@ -1,0 +1,41 @@
+"""A user's MXNet symbolic training with the Module API: ``Module.fit`` on an NDArrayIter."""
+
+import argparse
+
+import numpy as np
+
+np.bool = bool  # MXNet 1.9 still uses the alias NumPy 1.24 removed
+import mxnet as mx  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--batch-size", type=int, default=16)
+args = parser.parse_args()
+
+mx.random.seed(0)
+rng = np.random.default_rng(0)
+batches = 8
+images = rng.standard_normal((args.batch_size * batches, 3, 32, 32)).astype("float32")
+labels = rng.integers(0, 10, args.batch_size * batches).astype("float32")
+train = mx.io.NDArrayIter(images, labels, batch_size=args.batch_size, shuffle=True,
+                          last_batch_handle="discard")
+
+data = mx.sym.Variable("data")
+net = mx.sym.Convolution(data, num_filter=16, kernel=(3, 3), pad=(1, 1), name="conv1")
+net = mx.sym.BatchNorm(net, name="bn1")
+net = mx.sym.Activation(net, act_type="relu")
+net = mx.sym.Pooling(net, kernel=(2, 2), stride=(2, 2), pool_type="max")
+net = mx.sym.Convolution(net, num_filter=32, kernel=(3, 3), pad=(1, 1), name="conv2")
+net = mx.sym.Activation(net, act_type="relu")
+net = mx.sym.Pooling(net, kernel=(2, 2), stride=(2, 2), pool_type="max")
+net = mx.sym.FullyConnected(mx.sym.Flatten(net), num_hidden=64, name="fc1")
+net = mx.sym.Activation(net, act_type="relu")
+net = mx.sym.FullyConnected(net, num_hidden=10, name="fc2")
+net = mx.sym.SoftmaxOutput(net, name="softmax")
+
+mod = mx.mod.Module(net, context=mx.cpu())
+epochs = -(-args.steps // batches)
+mod.fit(train, num_epoch=epochs, optimizer="sgd",
+        optimizer_params={"learning_rate": 0.01, "momentum": 0.9},
+        initializer=mx.init.Xavier(), eval_metric="acc")
+print(f"trained {epochs} epochs of {batches} steps")
