@@ -12,7 +12,8 @@ profiled.
 
 **What the hook does.** Nothing until a framework is imported: it only adds a finder to
 ``sys.meta_path`` that waits for the module defining a framework's optimizer step
-(``torch.optim.optimizer``, ``keras.src.optimizers.base_optimizer``, ``mxnet.gluon.trainer``)
+(``torch.optim.optimizer``, ``keras.src.optimizers.base_optimizer``, Keras 2's
+``tf_keras.src.optimizers.optimizer``, ``mxnet.gluon.trainer``)
 and then lets that framework's adapter install its step hook (see each adapter's docstring).
 The first optimizer step creates the process's :class:`~.runner.Runner`; one framework per
 process (the first to step). At exit — normal, an uncaught exception, or SIGTERM (when the
@@ -46,6 +47,8 @@ INJECT_DIR = "inject"
 #: The module whose import means a framework's optimizer step can be hooked.
 TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
             "keras.src.optimizers.base_optimizer": Framework.TF,
+            "tf_keras.src.optimizers.optimizer": Framework.TF,  # Keras 2
+            "tf_keras.src.optimizers.legacy.optimizer_v2": Framework.TF,
             "mxnet.gluon.trainer": Framework.MXNET}
 
 _state: dict[str, Any] = {"runner": None, "pid": None, "explicit": False, "error": None}

@@ -95,7 +95,8 @@ SUFFIX = ".xplane.pb"
 _RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
              "framework_version"]
 _ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
-         "epoch_ns", "role", "task", "rank", *_RUN_ARGS]
+         "epoch_ns", "role", "task", "rank", "hlo_op", "hlo_module", "hlo_category", "tf_op",
+         *_RUN_ARGS]
 _RECV_KERNELS = ("_Recv", "_HostRecv")
 _MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
 _MAX_EVENTS = 2_000_000_000
@@ -295,6 +296,118 @@ def framework_op_stats(path: Path) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+# --------------------------------------------------------------------------- XLA
+
+#: XLA's category (``HloInstruction::ToCategory``, the one xprof shows) of the opcodes that
+#: are neither fusions nor named by their opcode.
+_DATA_FORMATTING = {"transpose", "copy", "copy-start", "copy-done", "reshape",
+                    "dynamic-reshape", "broadcast", "pad"}
+_ELEMENTWISE = {
+    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert",
+    "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
+    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
+    "not", "or", "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
+    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
+    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"}
+_FUSION_KIND = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion",
+                "kCustom": "custom fusion"}
+_LEAF_OPCODES = {"parameter", "constant"}
+_HLO_COLUMNS = ["module", "hlo_op", "category", "tf_op", "computation"]
+
+
+def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
+    """(xprof's HLO category, the called computation's name) of one HLO instruction. A
+    fusion that wraps a single instruction (XLA's CPU backend wraps ops one by one:
+    ``wrapped_reduce-window``, ``wrapped_scatter``) has that instruction's category."""
+    called = [computations[c] for c in ins.called_computation_ids if c in computations]
+    name = called[0].name if called else ""
+    if ins.opcode == "fusion":
+        inner = [i for c in called for i in c.instructions if i.opcode not in _LEAF_OPCODES]
+        if len(inner) == 1 and inner[0].opcode != "fusion":
+            return _category(inner[0], computations)[0], name
+        return _FUSION_KIND.get(ins.fusion_kind, "fusion"), name
+    if ins.opcode in _DATA_FORMATTING:
+        return "data formatting", name
+    if ins.opcode in _ELEMENTWISE:
+        return "non-fusion elementwise", name
+    if ins.opcode == "custom-call":  # the target says what it is (__cublas$gemm, __cudnn$conv…)
+        return f"custom-call {ins.custom_call_target}", name
+    return ins.opcode, name
+
+
+def _hlo_instructions(path: Path) -> pd.DataFrame:
+    """Per HLO instruction of the XLA programs an XPlane holds: its module, name, xprof's
+    category and the TensorFlow op it comes from (``op_name:op_type`` of its metadata; an
+    instruction XLA made without one takes that of the first instruction using its result,
+    so the helpers of a gradient are backward too). xprof extracts the programs' HLO protos
+    from the XPlane (its tool-names step writes ``<module>(<id>).hlo_proto.pb``); without
+    TensorFlow's HLO proto module, none (XLA ops are then known by their category only
+    where the trace viewer gives it)."""
+    try:
+        from tensorflow.compiler.xla.service import hlo_pb2
+    except ImportError:
+        return pd.DataFrame(columns=_HLO_COLUMNS)
+    convert = _xprof()
+    rows: list[tuple[str, str, str, str, str]] = []
+    with _native_stderr_quiet(), tempfile.TemporaryDirectory(prefix="opprof-xprof-") as tmp:
+        link = Path(tmp) / path.name
+        link.symlink_to(Path(path).resolve())
+        try:
+            convert.xspace_to_tool_names([str(link)])
+        except Exception:  # noqa: BLE001 - the trace viewer reports an unreadable file
+            return pd.DataFrame(columns=_HLO_COLUMNS)
+        protos = sorted(Path(tmp).glob("*.hlo_proto.pb"))
+        for f in protos:
+            proto = hlo_pb2.HloProto()
+            proto.ParseFromString(f.read_bytes())
+            rows += _module_rows(proto.hlo_module)
+    return pd.DataFrame(rows, columns=_HLO_COLUMNS).drop_duplicates(["module", "hlo_op"])
+
+
+def _module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
+    """:func:`_hlo_instructions`' rows of one HLO module."""
+    computations = {c.id: c for c in module.computations}
+    rows = []
+    for comp in module.computations:
+        users: dict[int, list[int]] = {}
+        for i in comp.instructions:
+            for o in i.operand_ids:
+                users.setdefault(o, []).append(i.id)
+        tf_op = {i.id: f"{i.metadata.op_name}:{i.metadata.op_type}"
+                 for i in comp.instructions if i.metadata.op_name}
+        for i in reversed(comp.instructions):  # post order: users come after their operands
+            if i.id not in tf_op:
+                user = next((tf_op[u] for u in users.get(i.id, []) if u in tf_op), None)
+                if user is not None:
+                    tf_op[i.id] = user
+        for i in comp.instructions:
+            category, called = _category(i, computations)
+            rows.append((module.name, i.name, category, tf_op.get(i.id, ":"), called))
+    return rows
+
+
+def xla_keys(args: pd.DataFrame, hlo: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Classification key and detail of XLA op events (trace viewer args ``hlo_op``,
+    ``hlo_module``): ``"XLA <category>: <TF op name>:<TF op type>"`` (maps/tf.csv's XLA
+    rows), with xprof's ``hlo_category`` and ``tf_op`` where the trace viewer gives them (its
+    XLA Ops lines on GPU and TPU), else from the HLO (``hlo``, :func:`_hlo_instructions`);
+    detail: ``"<TF op> @ <module>/<HLO op>[ = <fused computation>]"``."""
+    ev = pd.DataFrame({"module": _text(args["hlo_module"]).to_numpy(object),
+                       "hlo_op": _text(args["hlo_op"]).to_numpy(object)})
+    known = ev.merge(hlo, on=["module", "hlo_op"], how="left")
+    category = _text(args["hlo_category"]).to_numpy(object)
+    category = np.where(category != "", category, _text(known["category"]).to_numpy(object))
+    category = np.where(category != "", category, "unknown")
+    tf_op = _text(args["tf_op"]).to_numpy(object)
+    tf_op = np.where(tf_op != "", tf_op, _text(known["tf_op"]).to_numpy(object))
+    tf_op = np.where(tf_op != "", tf_op, ":")
+    key = pd.Series("XLA " + category + ": " + tf_op, dtype=object)
+    called = _text(known["computation"])
+    detail = (pd.Series(tf_op, dtype=object).str.rstrip(":") + " @ " + ev["module"] + "/"
+              + ev["hlo_op"] + np.where(called != "", " = " + called, ""))
+    return key, detail
+
+
 # --------------------------------------------------------------------------- one host
 
 
@@ -335,6 +448,13 @@ def _host_events(path: Path) -> dict[str, Any]:
     async_op = _text(args["name"])
     key = key.where(~is_async, async_op + ":" + _text(args["kernel_type"]))
     detail = detail.where(~is_async, async_op)
+
+    is_xla = _text(args["hlo_op"]) != ""
+    if is_xla.any():
+        xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
+        key, detail = key.copy(), detail.copy()
+        key.loc[is_xla] = xla_key.to_numpy(object)
+        detail.loc[is_xla] = xla_detail.to_numpy(object)
 
     step_no = pd.to_numeric(args["step_num"], errors="coerce")
     is_step = step_no.notna()
