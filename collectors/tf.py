@@ -9,9 +9,9 @@ Importing this module imports no TensorFlow; it is imported when a function runs
 process writes ``<task><index>/plugins/profile/<run>/<host>.xplane.pb``. One ``opprof.clock``
 marker carries the process's role, task index, rank, the run's facts and the epoch time (the
 normalizer puts every rank on one clock with it). Each profiled step is a step marker
-``train`` with ``step_num=N`` (xprof's convention), from one step boundary to the next; its
-``step_num`` is attached when the step ends, so a step cut short by the end of the process is
-not a step. A step boundary may be inside a running ``tf.function`` (the hook's), so the
+``train`` with ``step_num=N`` (xprof's convention) and ``opprof=1`` (Keras 2's ``fit`` marks its
+own steps the same way), from one step boundary to the next; its ``step_num`` is attached when
+the step ends, so a step cut short by the end of the process is not a step. A step boundary may be inside a running ``tf.function`` (the hook's), so the
 markers are TraceMe objects started and stopped on whichever thread reaches the boundary.
 
 **Built-in models** (`record`): a ``tf.data`` pipeline (cached uint8 images, then per sample
@@ -164,7 +164,7 @@ class TFAdapter:
         self.index, self.marker = index, self.traceme(STEP_MARKER)
 
     def _close(self) -> None:
-        self.marker.SetMetadata(step_num=self.index, _r=1)
+        self.marker.SetMetadata(step_num=self.index, _r=1, opprof=1)
         self.marker.Stop()
         self.marker = None
 

@@ -17,7 +17,8 @@ profile); every complete event becomes a row. What each row is:
   ``name`` args: ``_Recv``, ``IteratorGetNext``, collectives) are classified as
   ``"<name>:<kernel_type>"``.
 * **Steps**: any event with a ``step_num`` argument (``tf.profiler.experimental.Trace("train",
-  step_num=N)``, shown as ``train N``) is step marker N. A process without step markers has
+  step_num=N)``, shown as ``train N``) is step marker N; where opprof's own markers (``opprof=1``)
+  are there, only they are (Keras 2's ``fit`` marks its steps too). A process without step markers has
   its steps from its main training function (the ``tf.function`` executed most often,
   ``EagerLocalExecute: __inference_F_N``): called from Python in the process (a custom loop's
   ``train_step``, Keras 3 ``fit``'s ``multi_step_on_iterator``), each Python call event
@@ -95,7 +96,7 @@ SUFFIX = ".xplane.pb"
 _RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
              "framework_version"]
 _ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
-         "epoch_ns", "role", "task", "rank", "hlo_op", "hlo_module", "hlo_category", "tf_op",
+         "epoch_ns", "role", "task", "rank", "opprof", "hlo_op", "hlo_module", "hlo_category", "tf_op",
          *_RUN_ARGS]
 _RECV_KERNELS = ("_Recv", "_HostRecv")
 _MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
@@ -457,6 +458,9 @@ def _host_events(path: Path) -> dict[str, Any]:
         detail.loc[is_xla] = xla_detail.to_numpy(object)
 
     step_no = pd.to_numeric(args["step_num"], errors="coerce")
+    ours = pd.to_numeric(args["opprof"], errors="coerce").notna()
+    if ours.any():  # opprof's own step markers; the framework's (Keras 2's fit) are markers
+        step_no = step_no.where(ours)
     is_step = step_no.notna()
     key = key.where(~is_step, "opprof.step#" + step_no.fillna(0).astype(np.int64).astype(str))
     detail = detail.where(~is_step, name)
