@@ -11,8 +11,9 @@ marker carries the process's role, task index, rank, the run's facts and the epo
 normalizer puts every rank on one clock with it). Each profiled step is a step marker
 ``train`` with ``step_num=N`` (xprof's convention) and ``opprof=1`` (Keras 2's ``fit`` marks its
 own steps the same way), from one step boundary to the next; its ``step_num`` is attached when
-the step ends, so a step cut short by the end of the process is not a step. A step boundary may be inside a running ``tf.function`` (the hook's), so the
-markers are TraceMe objects started and stopped on whichever thread reaches the boundary.
+the step ends, so a step cut short by the end of the process is not a step. A step boundary
+may be inside a running ``tf.function`` (the hook's), so the markers are TraceMe objects started
+and stopped on whichever thread reaches the boundary.
 
 **Built-in models** (`record`): a ``tf.data`` pipeline (cached uint8 images, then per sample
 resize / scale / normalize / random flip; batched, prefetched); four Python-thread markers per

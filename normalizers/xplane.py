@@ -17,11 +17,12 @@ profile); every complete event becomes a row. What each row is:
   ``name`` args: ``_Recv``, ``IteratorGetNext``, collectives) are classified as
   ``"<name>:<kernel_type>"``.
 * **Steps**: any event with a ``step_num`` argument (``tf.profiler.experimental.Trace("train",
-  step_num=N)``, shown as ``train N``) is step marker N; where opprof's own markers (``opprof=1``)
-  are there, only they are (Keras 2's ``fit`` marks its steps too). A process without step markers has
-  its steps from its main training function (the ``tf.function`` executed most often,
-  ``EagerLocalExecute: __inference_F_N``): called from Python in the process (a custom loop's
-  ``train_step``, Keras 3 ``fit``'s ``multi_step_on_iterator``), each Python call event
+  step_num=N)``, shown as ``train N``) is step marker N; where opprof's own markers
+  (``opprof=1``) are there, only they are (Keras 2's ``fit`` marks its steps too). A process
+  without step markers has its steps from its main training function (the ``tf.function``
+  executed most often, ``EagerLocalExecute: __inference_F_N``): called from Python in the
+  process (a custom loop's ``train_step``, Keras 3 ``fit``'s ``multi_step_on_iterator``), each
+  Python call event
   (``tf_function_call``) closes a step that reaches back to the previous call's end, so it
   holds fetching the batch (``closes_step`` in the raw frame); executed remotely (a
   ParameterServerStrategy worker runs what the chief schedules, and idles in between), each
@@ -96,8 +97,8 @@ SUFFIX = ".xplane.pb"
 _RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
              "framework_version"]
 _ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
-         "epoch_ns", "role", "task", "rank", "opprof", "hlo_op", "hlo_module", "hlo_category", "tf_op",
-         *_RUN_ARGS]
+         "epoch_ns", "role", "task", "rank", "opprof", "hlo_op", "hlo_module", "hlo_category",
+         "tf_op", *_RUN_ARGS]
 _RECV_KERNELS = ("_Recv", "_HostRecv")
 _MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
 _MAX_EVENTS = 2_000_000_000
