@@ -28,18 +28,27 @@ chief turns the other tasks' profilers on and off through the run's control file
 execution of the step function on a worker is one step of that worker). ``ps-sync`` is
 refused: TF 2 has no synchronous parameter-server training.
 
-**Hook** (`opprof run`): Keras 3's ``BaseOptimizer.apply`` (what ``apply_gradients`` and
-``Model.fit`` call) marks the end of a step. Called eagerly, the hook runs right after it;
-traced into a ``tf.function`` (``fit``, a custom ``@tf.function`` training step), Python runs
-only once, so the hook adds a ``tf.py_function`` that calls back into the runner every time
-the function runs, after the optimizer has updated every weight: it depends on a read of
-each trainable variable and of the iteration counter, which the function's automatic control
-dependencies order after the variable's update. (Tied to the counter alone, it ran early in
-the function, since Keras increments the counter without waiting for the gradients: a step
-then ended before its own forward pass, and the Python time between two calls fell in the
-previous step's update.) Not supported: functions compiled
-with XLA (``jit_compile=True``: no Python inside) and ParameterServerStrategy (steps run in
-other processes) — use ``opprof.profile()`` there.
+**Hook** (`opprof run`): the optimizer update marks the end of a step — Keras 3's
+``BaseOptimizer.apply`` (what ``apply_gradients`` and ``Model.fit`` call), Keras 2's
+(``tf_keras``, or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``) ``apply_gradients`` of its
+optimizers and of its legacy ones (:data:`OPTIMIZER_UPDATES`). Called eagerly, the hook runs
+right after it; traced into a ``tf.function`` (``fit``, a custom ``@tf.function`` training
+step), Python runs only once, so the hook adds a ``tf.py_function`` that calls back into the
+runner every time the function runs, after the optimizer has updated every weight: it depends
+on a read of each trainable variable and of the iteration counter, which the function's
+automatic control dependencies order after the variable's update. (Tied to the counter alone,
+it ran early in the function, since Keras increments the counter without waiting for the
+gradients: a step then ended before its own forward pass, and the Python time between two
+calls fell in the previous step's update.)
+
+**XLA** (``jit_compile=True``): no Python runs inside a compiled function, so the step ends
+where the compiled function that holds the update returns: an update traced in an XLA context
+marks the outermost compiled ``tf.function`` being called (``Function.__call__`` is wrapped),
+and every later call of it ends a step — right after the call when Python makes it (a custom
+loop's ``@tf.function(jit_compile=True)`` step), or through a ``tf.py_function`` that waits for
+the call when a non-compiled function calls it (Keras ``fit``'s ``multi_step_on_iterator``
+calling its compiled ``one_step_on_data``). Not supported: ParameterServerStrategy (steps run
+in other processes) — use ``opprof.profile()`` there.
 """
 
 from __future__ import annotations

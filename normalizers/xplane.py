@@ -30,6 +30,23 @@ profile); every complete event becomes a row. What each row is:
   gives events, numbers the same executions for Keras ``fit``, but makes every iteration of
   a ``while`` loop a group of its own — 21 "steps" per call of an LSTM's training step —
   which is why steps come from the calls here.)
+* **XLA ops** (``jit_compile=True``; trace viewer events with ``hlo_op`` and ``hlo_module``
+  args, on CPU on the Eigen threads) are HLO instructions: fusions (``broadcast_add_fusion.1``),
+  ``convolution.2``, dots (``MatMul.8``), copies, XLA CPU's single-op ``wrapped_*`` fusions.
+  They are classified as ``"XLA <category>: <TF op name>:<TF op type>"``: xprof's HLO category
+  (XLA's ``ToCategory``: ``loop fusion``, ``convolution``, ``dot``, ``data formatting``,
+  ``non-fusion elementwise``, ``reduce-window`` …; a custom call adds its target) and the TF op
+  of the instruction's HLO metadata, from xprof's ``hlo_category`` and ``tf_op`` args where the
+  trace viewer gives them (GPU and TPU XLA Ops lines), else from the HLO protos the XPlane
+  holds (:func:`_hlo_instructions`). The TF op's name says the phase, as for TF ops: the
+  backward's instructions come from ops under ``gradient_tape/`` (``Conv2DBackpropFilter`` …),
+  the update's from the optimizer's scope. Fusions are ``fused`` / ``fused_backward``; the
+  fusion's name stays ``name`` and ``detail`` is ``"<TF op> @ <module>/<HLO op> = <fused
+  computation>"``. The compiled function's launch (its ``StatefulPartitionedCall`` kernel,
+  ``__inference_*`` executed eagerly, ``CpuExecutable::*``, ``ThunkExecutor::*``,
+  ``BlockUntilReady``) are markers around them. xprof has no HLO aggregate for a CPU profile
+  (hlo_stats and op_profile are empty there); framework_op_stats lists the TF ops around the
+  program.
 * **Phases without opprof markers** (a user's own logdir): the scope says it — ops under
   ``gradient_tape/`` or ``gradients/`` are backward, under the optimizer's name scope (or
   ``*Apply*`` kernels) update, ``IteratorGetNext``/``Iterator::*``/``tf.data`` threads load,
