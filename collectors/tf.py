@@ -620,8 +620,8 @@ class _StepHook:
     def wrap(self, cls: type, method: str, keras: int) -> None:
         """Make ``cls.method`` (an optimizer update of Keras ``keras``) end a step."""
         original = cls.__dict__[method]
-        if getattr(original, "_opprof", False):
-            return
+        if getattr(original, "_opprof", False) or (keras == 3 and _keras_backend() != "tensorflow"):
+            return  # hooked already; Keras 3 on another backend is not TensorFlow's to count
         hook = self
 
         def update(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -722,6 +722,12 @@ class _StepHook:
         call.__wrapped__ = original  # type: ignore[attr-defined]
         call._opprof = True  # type: ignore[attr-defined]
         module.Function.__call__ = call
+
+
+def _keras_backend() -> str:
+    """Keras 3's backend (``tensorflow`` unless ``KERAS_BACKEND`` chose another)."""
+    backend = sys.modules.get("keras.src.backend")
+    return str(backend.backend()) if backend is not None else "tensorflow"
 
 
 def _strategy_facts(tf: Any, variables: list[Any]) -> dict[str, Any]:
