@@ -146,7 +146,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
         "framework": "tf",
         "workers": len(workers),
         "servers": sum(h["role"] == "server" for h in hosts),
-        "device": "cpu",
+        "device": "cuda" if (raw["device"] != "cpu").any() else "cpu",
         "clock": "epoch" if clocked else "profile-relative",
         "clock_offsets_ns": {str(h["rank"]): int(h["epoch_offset"] or 0) for h in hosts},
         "ranks": [{"rank": h["rank"], "role": h["role"], "source": str(h["path"])}
@@ -489,6 +489,7 @@ def _host_events(path: Path) -> dict[str, Any]:
 
     is_call = args["tf_function_call"].notna()
     kind = np.where(is_call | is_step, "marker", "cpu_op")
+    device, kind = _gpu_lanes(meta_ev, pid, thread, name, kind)
     closes_step = np.zeros(len(ev), bool)
     if not is_step.any():
         key, closes_step = _function_steps(key, name, ts, dur, tid.to_numpy(),
@@ -513,7 +514,7 @@ def _host_events(path: Path) -> dict[str, Any]:
             if k in run and run[k].isdigit():
                 run[k] = int(run[k])
     raw = pd.DataFrame({
-        "rank": 0, "role": "worker", "pid": pid, "tid": tid, "device": "cpu",
+        "rank": 0, "role": "worker", "pid": pid, "tid": tid, "device": device,
         "ts": ts.astype(np.int64) + (offset or 0), "dur": dur.astype(np.int64),
         "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
         "link": np.full(len(ev), -1, np.int64), "closes_step": closes_step, "display": name,
@@ -523,6 +524,27 @@ def _host_events(path: Path) -> dict[str, Any]:
         raw = pd.concat([raw, waits], ignore_index=True)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
             "task": task, "run": run}
+
+
+def _gpu_lanes(meta_ev: pd.DataFrame, pid: pd.Series, thread: pd.Series, name: pd.Series,
+               kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Device and kind per event: on a GPU's process (``/device:GPU:N``) its streams' events
+    are kernels (copies: ``Memcpy*``) on ``cuda:N`` — an XLA kernel carries its HLO op as
+    ``hlo_op``/``hlo_module`` args, classified as on the CPU — and the lines xprof derives
+    from them (XLA Ops, XLA Modules, TensorFlow Ops …) are markers; every other event is the
+    host's."""
+    procs = {int(r.pid): str(r.args.get("name", "")) for r in
+             meta_ev[meta_ev["name"] == "process_name"].itertuples() if isinstance(r.args, dict)}
+    gpu = pd.Series([procs.get(int(p), "") for p in pid], dtype=object).str.extract(
+        r"^/device:GPU:(\d+)$")[0]
+    on_gpu = gpu.notna().to_numpy()
+    if not on_gpu.any():
+        return np.full(len(pid), "cpu", dtype=object), kind
+    device = np.where(on_gpu, "cuda:" + gpu.fillna("").astype(str).to_numpy(object), "cpu")
+    stream = on_gpu & thread.str.startswith("Stream").to_numpy()
+    copy = name.str.contains("memcpy", case=False).to_numpy()
+    kind = np.where(stream, np.where(copy, "memcpy", "kernel"), np.where(on_gpu, "marker", kind))
+    return device, kind
 
 
 def _recv_waits(name: pd.Series, args: pd.DataFrame, ts: np.ndarray, dur: np.ndarray,

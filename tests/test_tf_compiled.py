@@ -170,3 +170,75 @@ def test_hlo_categories_and_metadata_of_a_module() -> None:
     assert rows["multiply_add_fusion"][2:] == ("loop fusion", "dense/BiasAdd:BiasAdd",
                                                "fused_computation.1")
     assert rows["iota.1"][2:4] == ("iota", "gradient_tape/pool/MaxPoolGrad:MaxPoolGrad")
+
+
+def _gpu_xspace(path: Path) -> list:
+    """An XPlane of one XLA step on a GPU, built by the XSpace schema as TensorFlow's GPU
+    profiler writes it: the program's HLO proto in ``/host:metadata`` (stat ``Hlo Proto``), a
+    ``/device:GPU:0`` plane whose ``Stream #1(Compute)`` line holds the kernels, each with its
+    ``hlo_op`` and ``hlo_module`` stats, and the host's ``train`` step marker."""
+    from tensorflow.compiler.xla.service import hlo_pb2
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    hlo = hlo_pb2.HloProto()
+    module = hlo.hlo_module
+    module.name, module.id, module.entry_computation_name = "cluster_0", 7, "main"
+    main = module.computations.add(name="main", id=1)
+    fused = module.computations.add(name="fused_computation", id=2)
+    fused.instructions.add(name="p", opcode="parameter", id=20)
+    fused.instructions.add(name="cmp", opcode="compare", id=21)
+    fused.instructions.add(name="sel", opcode="select", id=22)
+    kernels = [  # (kernel, HLO instruction, opcode, TF op, what opprof makes of it)
+        ("sm90_xmma_gemm", "custom-call.1", "custom-call", ("dense/MatMul", "MatMul"),
+         ("fully_connected", "forward")),
+        ("loop_select_fusion", "fusion.2", "fusion", ("gradient_tape/dense/ReluGrad",
+                                                      "ReluGrad"), ("fused_backward", "backward")),
+        ("sm90_xmma_gemm", "custom-call.3", "custom-call",
+         ("gradient_tape/dense/MatMul/MatMul", "MatMul"),
+         ("fully_connected_backward", "backward")),
+    ]
+    for n, (_, op, opcode, (op_name, op_type), _) in enumerate(kernels):
+        ins = main.instructions.add(name=op, opcode=opcode, id=10 + n)
+        ins.metadata.op_name, ins.metadata.op_type = op_name, op_type
+        if opcode == "custom-call":
+            ins.custom_call_target = "__cublas$gemm"
+        else:
+            ins.fusion_kind, ins.called_computation_ids[:] = "kLoop", [2]
+    space = xplane_pb2.XSpace()
+    meta = space.planes.add(id=1, name="/host:metadata")
+    meta.stat_metadata[1].id, meta.stat_metadata[1].name = 1, "Hlo Proto"
+    meta.event_metadata[7].id, meta.event_metadata[7].name = 7, "cluster_0"
+    meta.event_metadata[7].stats.add(metadata_id=1).bytes_value = hlo.SerializeToString()
+    gpu = space.planes.add(id=2, name="/device:GPU:0")
+    for i, stat in enumerate(("hlo_op", "hlo_module"), start=1):
+        gpu.stat_metadata[i].id, gpu.stat_metadata[i].name = i, stat
+    stream = gpu.lines.add(id=1, name="Stream #1(Compute)", timestamp_ns=1_000_000)
+    for n, (kernel, op, *_) in enumerate(kernels, start=1):
+        gpu.event_metadata[n].id, gpu.event_metadata[n].name = n, kernel
+        ev = stream.events.add(metadata_id=n, offset_ps=n * 40_000_000, duration_ps=30_000_000)
+        ev.stats.add(metadata_id=1, str_value=op)
+        ev.stats.add(metadata_id=2, str_value="cluster_0")
+    host = space.planes.add(id=3, name="/host:CPU")
+    host.stat_metadata[1].id, host.stat_metadata[1].name = 1, "step_num"
+    host.event_metadata[1].id, host.event_metadata[1].name = 1, "train"
+    marker = host.lines.add(id=5, name="python", timestamp_ns=1_000_000).events.add(
+        metadata_id=1, offset_ps=0, duration_ps=200_000_000)
+    marker.stats.add(metadata_id=1, int64_value=0)
+    path.write_bytes(space.SerializeToString())
+    return kernels
+
+
+def test_xla_kernels_of_a_gpu_xplane_map_like_cpu_ones(tmp_path: Path) -> None:
+    needs("tensorflow", "xprof")
+    from opprof.normalizers import normalize
+
+    path = tmp_path / "host.xplane.pb"
+    kernels = _gpu_xspace(path)
+    trace = normalize([path], {})
+    ev = trace.events
+    k = ev[ev["kind"].astype(str) == "kernel"].sort_values("ts")
+    assert (k["device"].astype(str) == "cuda:0").all() and (k["step"] == 0).all()
+    assert k["counted"].all()
+    got = list(zip(k["op"].astype(str), k["phase"].astype(str), strict=True))
+    assert got == [want for *_, want in kernels]
+    assert trace.meta["device"] == "cuda"
