@@ -242,3 +242,48 @@ def test_xla_kernels_of_a_gpu_xplane_map_like_cpu_ones(tmp_path: Path) -> None:
     got = list(zip(k["op"].astype(str), k["phase"].astype(str), strict=True))
     assert got == [want for *_, want in kernels]
     assert trace.meta["device"] == "cuda"
+
+
+PROFILE_API = '''
+import numpy as np
+import tensorflow as tf
+import opprof
+
+model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(128, activation="relu"),
+                             tf.keras.layers.Dense(10)])
+optimizer = tf.keras.optimizers.SGD(0.01)
+loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+x, y = np.random.rand(32, 64).astype("float32"), np.random.randint(0, 10, 32)
+
+
+@tf.function(jit_compile=True)
+def train_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
+with opprof.profile(steps=3, warmup=1, timing_steps=1, output="mine.trace") as prof:
+    for _ in range(8):
+        train_step(x, y)
+        prof.step()
+'''
+
+
+@pytest.mark.slow
+def test_profile_api_counts_the_steps_of_an_xla_loop(tmp_path: Path) -> None:
+    needs("tensorflow", "xprof")
+    import subprocess
+    import sys
+
+    (tmp_path / "mine.py").write_text(PROFILE_API)
+    res = subprocess.run([sys.executable, "mine.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(run_cli("report", "mine.trace", "--format", "json",
+                                cwd=tmp_path).stdout)
+    assert len(report["steps"]) == 3
+    for phase in ("forward", "backward", "update"):
+        assert report["phases"][phase]["busy_ns_per_step"] > 0, phase
