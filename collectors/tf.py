@@ -9,10 +9,11 @@ Importing this module imports no TensorFlow; it is imported when a function runs
 process writes ``<task><index>/plugins/profile/<run>/<host>.xplane.pb``. One ``opprof.clock``
 marker carries the process's role, task index, rank, the run's facts and the epoch time (the
 normalizer puts every rank on one clock with it). Each profiled step is a step marker
-``train`` with ``step_num=N`` (xprof's convention), from one step boundary to the next; its
-``step_num`` is attached when the step ends, so a step cut short by the end of the process is
-not a step. A step boundary may be inside a running ``tf.function`` (the hook's), so the
-markers are TraceMe objects started and stopped on whichever thread reaches the boundary.
+``train`` with ``step_num=N`` (xprof's convention) and ``opprof=1`` (Keras 2's ``fit`` marks its
+own steps the same way), from one step boundary to the next; its ``step_num`` is attached when
+the step ends, so a step cut short by the end of the process is not a step. A step boundary
+may be inside a running ``tf.function`` (the hook's), so the markers are TraceMe objects started
+and stopped on whichever thread reaches the boundary.
 
 **Built-in models** (`record`): a ``tf.data`` pipeline (cached uint8 images, then per sample
 resize / scale / normalize / random flip; batched, prefetched); four Python-thread markers per
@@ -27,18 +28,27 @@ chief turns the other tasks' profilers on and off through the run's control file
 execution of the step function on a worker is one step of that worker). ``ps-sync`` is
 refused: TF 2 has no synchronous parameter-server training.
 
-**Hook** (`opprof run`): Keras 3's ``BaseOptimizer.apply`` (what ``apply_gradients`` and
-``Model.fit`` call) marks the end of a step. Called eagerly, the hook runs right after it;
-traced into a ``tf.function`` (``fit``, a custom ``@tf.function`` training step), Python runs
-only once, so the hook adds a ``tf.py_function`` that calls back into the runner every time
-the function runs, after the optimizer has updated every weight: it depends on a read of
-each trainable variable and of the iteration counter, which the function's automatic control
-dependencies order after the variable's update. (Tied to the counter alone, it ran early in
-the function, since Keras increments the counter without waiting for the gradients: a step
-then ended before its own forward pass, and the Python time between two calls fell in the
-previous step's update.) Not supported: functions compiled
-with XLA (``jit_compile=True``: no Python inside) and ParameterServerStrategy (steps run in
-other processes) — use ``opprof.profile()`` there.
+**Hook** (`opprof run`): the optimizer update marks the end of a step — Keras 3's
+``BaseOptimizer.apply`` (what ``apply_gradients`` and ``Model.fit`` call), Keras 2's
+(``tf_keras``, or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``) ``apply_gradients`` of its
+optimizers and of its legacy ones (:data:`OPTIMIZER_UPDATES`). Called eagerly, the hook runs
+right after it; traced into a ``tf.function`` (``fit``, a custom ``@tf.function`` training
+step), Python runs only once, so the hook adds a ``tf.py_function`` that calls back into the
+runner every time the function runs, after the optimizer has updated every weight: it depends
+on a read of each trainable variable and of the iteration counter, which the function's
+automatic control dependencies order after the variable's update. (Tied to the counter alone,
+it ran early in the function, since Keras increments the counter without waiting for the
+gradients: a step then ended before its own forward pass, and the Python time between two
+calls fell in the previous step's update.)
+
+**XLA** (``jit_compile=True``): no Python runs inside a compiled function, so the step ends
+where the compiled function that holds the update returns: an update traced in an XLA context
+marks the outermost compiled ``tf.function`` being called (``Function.__call__`` is wrapped),
+and every later call of it ends a step — right after the call when Python makes it (a custom
+loop's ``@tf.function(jit_compile=True)`` step), or through a ``tf.py_function`` that waits for
+the call when a non-compiled function calls it (Keras ``fit``'s ``multi_step_on_iterator``
+calling its compiled ``one_step_on_data``). Not supported: ParameterServerStrategy (steps run
+in other processes) — use ``opprof.profile()`` there.
 """
 
 from __future__ import annotations
@@ -164,7 +174,7 @@ class TFAdapter:
         self.index, self.marker = index, self.traceme(STEP_MARKER)
 
     def _close(self) -> None:
-        self.marker.SetMetadata(step_num=self.index, _r=1)
+        self.marker.SetMetadata(step_num=self.index, _r=1, opprof=1)
         self.marker.Stop()
         self.marker = None
 
@@ -528,96 +538,208 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
 
 # ------------------------------------------------------------------ the hook of `opprof run`
 
+#: The optimizer updates that end a training step (module, class, method, Keras): Keras 3's
+#: ``BaseOptimizer.apply``; Keras 2's (``tf_keras``) ``apply_gradients`` of its optimizers and
+#: of its legacy ones (``tf_keras.optimizers.legacy``, ``TF_USE_LEGACY_KERAS=1``'s
+#: ``tf.keras.optimizers.legacy``). Each class's subclasses reach it (``super()``).
+OPTIMIZER_UPDATES = (
+    ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "apply", 3),
+    ("tf_keras.src.optimizers.optimizer", "_BaseOptimizer", "apply_gradients", 2),
+    ("tf_keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2", "apply_gradients", 2),
+)
+#: The modules whose import lets :func:`install_hook` hook an optimizer update.
+HOOK_MODULES = tuple(dict.fromkeys(module for module, *_ in OPTIMIZER_UPDATES))
+
 
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
-    """Count steps at Keras 3's ``BaseOptimizer.apply`` (keras' optimizers are being
-    imported); see the module docstring for how a traced function calls back."""
-    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    """Count steps at the optimizer updates of :data:`OPTIMIZER_UPDATES` whose module is
+    imported (the first call in a process sets the hook up; later calls hook what has been
+    imported since). See the module docstring for how a traced or compiled step calls back."""
+    hook = _StepHook.of_process(protocol, folder, started)
+    for module, cls, method, keras in OPTIMIZER_UPDATES:
+        if module in sys.modules:
+            hook.wrap(getattr(sys.modules[module], cls), method, keras)
+    hook.wrap_compiled_calls()
 
-    state: dict[str, Any] = {"depth": 0, "warned": set()}
-    original = BaseOptimizer.apply
 
-    def runner_for(optimizer: Any) -> Runner | None:
-        if state.get("off"):
+class _StepHook:
+    """The process's step counting (one runner, whichever optimizer update steps first)."""
+
+    _instance: _StepHook | None = None
+
+    def __init__(self, protocol: Protocol, folder: Path,
+                 started: Callable[[Runner], bool]) -> None:
+        import weakref
+
+        self.protocol, self.folder, self.started = protocol, Path(folder), started
+        self.runner: Runner | None = None
+        self.optimizer: int | None = None
+        self.off = False
+        self.facts: dict[str, Any] | None = None
+        self.depth = 0
+        self.warned: set[str] = set()
+        #: XLA-compiled functions that hold a step → the callback that ends it.
+        self.compiled: weakref.WeakKeyDictionary[Any, Callable[[], None]] = (
+            weakref.WeakKeyDictionary())
+        self.compiled_traced = 0  # optimizer updates traced in an XLA context so far
+        self.compiled_end: Callable[[], None] | None = None
+
+    @classmethod
+    def of_process(cls, protocol: Protocol, folder: Path,
+                   started: Callable[[Runner], bool]) -> _StepHook:
+        if cls._instance is None:
+            cls._instance = cls(protocol, folder, started)
+        return cls._instance
+
+    # -- counting
+
+    def runner_for(self, optimizer: Any) -> Runner | None:
+        if self.off:
             return None
-        runner = state.get("runner")
+        runner = self.runner
         if runner is None or runner.facts.pid != os.getpid():
-            state["optimizer"] = id(optimizer)
-            facts = {"optimizer": type(optimizer).__name__, **state.get("facts", {})}
-            runner = state["runner"] = Runner(TFAdapter(facts=facts), protocol, folder,
-                                              extra=facts)
-            if not started(runner):
-                state["off"] = True
+            self.optimizer = id(optimizer)
+            facts = {"optimizer": type(optimizer).__name__, **(self.facts or {})}
+            runner = self.runner = Runner(TFAdapter(facts=facts), self.protocol, self.folder,
+                                          extra=facts)
+            if not self.started(runner):
+                self.off = True
                 return None
-        elif id(optimizer) != state["optimizer"]:
+        elif id(optimizer) != self.optimizer:
             return None
         return runner
 
-    def on_step(optimizer: Any) -> None:
-        runner = runner_for(optimizer)
+    def on_step(self, optimizer: Any) -> None:
+        runner = self.runner_for(optimizer)
         if runner is not None:
             runner.step_or_give_up()
 
-    def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
-        state["depth"] += 1
-        try:
-            result = original(self, grads, trainable_variables)
-        finally:
-            state["depth"] -= 1
-        if state["depth"]:
-            return result  # an optimizer wrapping another (LossScaleOptimizer): count once
-        tf = sys.modules["tensorflow"]
-        if "facts" not in state:
-            state["facts"] = _strategy_facts(tf, self)
-        if not tf.inside_function():
-            on_step(self)
+    # -- the optimizer update
+
+    def wrap(self, cls: type, method: str, keras: int) -> None:
+        """Make ``cls.method`` (an optimizer update of Keras ``keras``) end a step."""
+        original = cls.__dict__[method]
+        if getattr(original, "_opprof", False) or (keras == 3 and _keras_backend() != "tensorflow"):
+            return  # hooked already; Keras 3 on another backend is not TensorFlow's to count
+        hook = self
+
+        def update(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if keras == 2:  # grads_and_vars may be a zip: keep the pairs to read the variables
+                pairs = list(args[0] if args else kwargs.pop("grads_and_vars"))
+                args = (pairs, *args[1:])
+                variables = [v for _, v in pairs]
+            hook.depth += 1
+            try:
+                result = original(optimizer, *args, **kwargs)
+            finally:
+                hook.depth -= 1
+            if hook.depth:
+                return result  # an optimizer wrapping another (LossScaleOptimizer): count once
+            if keras == 3:
+                given = args[1] if len(args) > 1 else kwargs.get("trainable_variables")
+                variables = list(given if given is not None else (
+                    getattr(optimizer, "_trainable_variables", None) or []))
+            hook.updated(optimizer, variables)
             return result
-        why = _untraceable(tf)
-        if why:
-            if why not in state["warned"]:
-                state["warned"].add(why)
+
+        update.__doc__ = original.__doc__
+        update.__wrapped__ = original  # type: ignore[attr-defined]
+        update._opprof = True  # type: ignore[attr-defined]
+        setattr(cls, method, update)
+
+    def updated(self, optimizer: Any, variables: list[Any]) -> None:
+        """``optimizer`` has just updated ``variables``: end the step, now (eager), when the
+        function being traced runs (a callback in it), or when the XLA-compiled function
+        being traced returns (:meth:`wrap_compiled_calls`)."""
+        tf = sys.modules["tensorflow"]
+        if self.facts is None:
+            self.facts = _strategy_facts(tf, variables)
+        if not tf.inside_function():
+            self.on_step(optimizer)
+            return
+        from tensorflow.python.ops import control_flow_util
+
+        if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+            self.compiled_traced += 1
+            self.compiled_end = lambda: self.on_step(optimizer)
+            return
+        if tf.distribute.has_strategy() and "ParameterServer" in type(
+                tf.distribute.get_strategy()).__name__:
+            why = "ParameterServerStrategy runs the steps in other processes"
+            if why not in self.warned:
+                self.warned.add(why)
                 print(f"opprof: {why}: steps of this function are not counted; use "
                       "opprof.profile() in the script", file=sys.stderr)
-            return result
-        updated = trainable_variables if trainable_variables is not None else (
-            getattr(self, "_trainable_variables", None) or [])
+            return
         with tf.name_scope(STEP_DONE_SCOPE):  # the reads are weights_update (maps/tf.csv)
-            done = [tf.identity(self.iterations), *(tf.identity(v) for v in updated)]
+            done = [tf.identity(optimizer.iterations), *(tf.identity(v) for v in variables)]
         with tf.control_dependencies(done):
-            tf.py_function(lambda: on_step(self), [], [])
-        return result
+            tf.py_function(lambda: self.on_step(optimizer), [], [])
 
-    apply.__doc__ = original.__doc__
-    apply.__wrapped__ = original  # type: ignore[attr-defined]
-    BaseOptimizer.apply = apply
+    # -- XLA: the step ends where the compiled function returns
+
+    def wrap_compiled_calls(self) -> None:
+        """Make every call of a ``tf.function(jit_compile=True)`` that holds an optimizer
+        update end a step when it returns: right after the call when Python makes it; in a
+        function being traced (Keras ``fit``'s ``multi_step_on_iterator`` calling its
+        compiled ``one_step_on_data``), a callback there that waits for the call. No Python
+        runs inside the compiled function."""
+        module = sys.modules.get(
+            "tensorflow.python.eager.polymorphic_function.polymorphic_function")
+        if module is None:  # no tf.function yet (Keras 3 on another backend)
+            return
+        original = module.Function.__call__
+        if getattr(original, "_opprof", False):
+            return
+        from tensorflow.python.ops import control_flow_util
+
+        tf = sys.modules["tensorflow"]
+        hook = self
+
+        def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if not getattr(fn, "_jit_compile", False):
+                return original(fn, *args, **kwargs)
+            graph = tf.compat.v1.get_default_graph()
+            if control_flow_util.GraphOrParentsInXlaContext(graph):
+                return original(fn, *args, **kwargs)  # inside a compiled caller: it counts
+            traced = not tf.executing_eagerly()
+            before, first = hook.compiled_traced, len(graph.get_operations()) if traced else 0
+            result = original(fn, *args, **kwargs)
+            if hook.compiled_traced != before and hook.compiled_end is not None:
+                hook.compiled[fn] = hook.compiled_end
+            end = hook.compiled.get(fn)
+            if end is None:
+                return result
+            if not traced:
+                end()
+                return result
+            with tf.control_dependencies(graph.get_operations()[first:]):
+                tf.py_function(end, [], [])
+            return result
+
+        call.__doc__ = original.__doc__
+        call.__wrapped__ = original  # type: ignore[attr-defined]
+        call._opprof = True  # type: ignore[attr-defined]
+        module.Function.__call__ = call
 
 
-def _strategy_facts(tf: Any, optimizer: Any) -> dict[str, Any]:
-    """What the hook can tell about the training when it first sees the optimizer."""
+def _keras_backend() -> str:
+    """Keras 3's backend (``tensorflow`` unless ``KERAS_BACKEND`` chose another)."""
+    backend = sys.modules.get("keras.src.backend")
+    return str(backend.backend()) if backend is not None else "tensorflow"
+
+
+def _strategy_facts(tf: Any, variables: list[Any]) -> dict[str, Any]:
+    """What the hook can tell about the training when it first sees the optimizer update."""
     facts: dict[str, Any] = {}
     if tf.distribute.has_strategy():
         strategy = tf.distribute.get_strategy()
         facts["strategy"] = type(strategy).__name__
         facts["replicas"] = int(strategy.num_replicas_in_sync)
-    variables = getattr(optimizer, "_trainable_variables", None) or []
     try:
         facts["params"] = sum(math.prod(int(d) for d in v.shape) for v in variables)
         facts["param_bytes"] = variable_bytes(variables)
     except (TypeError, ValueError, AttributeError):  # shapes not known yet
         pass
     return facts
-
-
-def _untraceable(tf: Any) -> str:
-    """Why a step inside the function being traced cannot call back into Python ('' if it
-    can)."""
-    from tensorflow.python.ops import control_flow_util
-
-    graph = tf.compat.v1.get_default_graph()
-    if control_flow_util.GraphOrParentsInXlaContext(graph):
-        return "the training step is compiled with XLA (jit_compile=True)"
-    if tf.distribute.has_strategy() and "ParameterServer" in type(
-            tf.distribute.get_strategy()).__name__:
-        return "ParameterServerStrategy runs the steps in other processes"
-    return ""

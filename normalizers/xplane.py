@@ -17,10 +17,12 @@ profile); every complete event becomes a row. What each row is:
   ``name`` args: ``_Recv``, ``IteratorGetNext``, collectives) are classified as
   ``"<name>:<kernel_type>"``.
 * **Steps**: any event with a ``step_num`` argument (``tf.profiler.experimental.Trace("train",
-  step_num=N)``, shown as ``train N``) is step marker N. A process without step markers has
-  its steps from its main training function (the ``tf.function`` executed most often,
-  ``EagerLocalExecute: __inference_F_N``): called from Python in the process (a custom loop's
-  ``train_step``, Keras 3 ``fit``'s ``multi_step_on_iterator``), each Python call event
+  step_num=N)``, shown as ``train N``) is step marker N; where opprof's own markers
+  (``opprof=1``) are there, only they are (Keras 2's ``fit`` marks its steps too). A process
+  without step markers has its steps from its main training function (the ``tf.function``
+  executed most often, ``EagerLocalExecute: __inference_F_N``): called from Python in the
+  process (a custom loop's ``train_step``, Keras 3 ``fit``'s ``multi_step_on_iterator``), each
+  Python call event
   (``tf_function_call``) closes a step that reaches back to the previous call's end, so it
   holds fetching the batch (``closes_step`` in the raw frame); executed remotely (a
   ParameterServerStrategy worker runs what the chief schedules, and idles in between), each
@@ -28,6 +30,23 @@ profile); every complete event becomes a row. What each row is:
   gives events, numbers the same executions for Keras ``fit``, but makes every iteration of
   a ``while`` loop a group of its own — 21 "steps" per call of an LSTM's training step —
   which is why steps come from the calls here.)
+* **XLA ops** (``jit_compile=True``; trace viewer events with ``hlo_op`` and ``hlo_module``
+  args, on CPU on the Eigen threads) are HLO instructions: fusions (``broadcast_add_fusion.1``),
+  ``convolution.2``, dots (``MatMul.8``), copies, XLA CPU's single-op ``wrapped_*`` fusions.
+  They are classified as ``"XLA <category>: <TF op name>:<TF op type>"``: xprof's HLO category
+  (XLA's ``ToCategory``: ``loop fusion``, ``convolution``, ``dot``, ``data formatting``,
+  ``non-fusion elementwise``, ``reduce-window`` …; a custom call adds its target) and the TF op
+  of the instruction's HLO metadata, from xprof's ``hlo_category`` and ``tf_op`` args where the
+  trace viewer gives them (GPU and TPU XLA Ops lines), else from the HLO protos the XPlane
+  holds (:func:`_hlo_instructions`). The TF op's name says the phase, as for TF ops: the
+  backward's instructions come from ops under ``gradient_tape/`` (``Conv2DBackpropFilter`` …),
+  the update's from the optimizer's scope. Fusions are ``fused`` / ``fused_backward``; the
+  fusion's name stays ``name`` and ``detail`` is ``"<TF op> @ <module>/<HLO op> = <fused
+  computation>"``. The compiled function's launch (its ``StatefulPartitionedCall`` kernel,
+  ``__inference_*`` executed eagerly, ``CpuExecutable::*``, ``ThunkExecutor::*``,
+  ``BlockUntilReady``) are markers around them. xprof has no HLO aggregate for a CPU profile
+  (hlo_stats and op_profile are empty there); framework_op_stats lists the TF ops around the
+  program.
 * **Phases without opprof markers** (a user's own logdir): the scope says it — ops under
   ``gradient_tape/`` or ``gradients/`` are backward, under the optimizer's name scope (or
   ``*Apply*`` kernels) update, ``IteratorGetNext``/``Iterator::*``/``tf.data`` threads load,
@@ -95,7 +114,8 @@ SUFFIX = ".xplane.pb"
 _RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
              "framework_version"]
 _ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
-         "epoch_ns", "role", "task", "rank", *_RUN_ARGS]
+         "epoch_ns", "role", "task", "rank", "opprof", "hlo_op", "hlo_module", "hlo_category",
+         "tf_op", *_RUN_ARGS]
 _RECV_KERNELS = ("_Recv", "_HostRecv")
 _MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
 _MAX_EVENTS = 2_000_000_000
@@ -126,7 +146,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
         "framework": "tf",
         "workers": len(workers),
         "servers": sum(h["role"] == "server" for h in hosts),
-        "device": "cpu",
+        "device": "cuda" if (raw["device"] != "cpu").any() else "cpu",
         "clock": "epoch" if clocked else "profile-relative",
         "clock_offsets_ns": {str(h["rank"]): int(h["epoch_offset"] or 0) for h in hosts},
         "ranks": [{"rank": h["rank"], "role": h["role"], "source": str(h["path"])}
@@ -295,6 +315,118 @@ def framework_op_stats(path: Path) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
+# --------------------------------------------------------------------------- XLA
+
+#: XLA's category (``HloInstruction::ToCategory``, the one xprof shows) of the opcodes that
+#: are neither fusions nor named by their opcode.
+_DATA_FORMATTING = {"transpose", "copy", "copy-start", "copy-done", "reshape",
+                    "dynamic-reshape", "broadcast", "pad"}
+_ELEMENTWISE = {
+    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert",
+    "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
+    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
+    "not", "or", "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
+    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
+    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"}
+_FUSION_KIND = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion",
+                "kCustom": "custom fusion"}
+_LEAF_OPCODES = {"parameter", "constant"}
+_HLO_COLUMNS = ["module", "hlo_op", "category", "tf_op", "computation"]
+
+
+def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
+    """(xprof's HLO category, the called computation's name) of one HLO instruction. A
+    fusion that wraps a single instruction (XLA's CPU backend wraps ops one by one:
+    ``wrapped_reduce-window``, ``wrapped_scatter``) has that instruction's category."""
+    called = [computations[c] for c in ins.called_computation_ids if c in computations]
+    name = called[0].name if called else ""
+    if ins.opcode == "fusion":
+        inner = [i for c in called for i in c.instructions if i.opcode not in _LEAF_OPCODES]
+        if len(inner) == 1 and inner[0].opcode != "fusion":
+            return _category(inner[0], computations)[0], name
+        return _FUSION_KIND.get(ins.fusion_kind, "fusion"), name
+    if ins.opcode in _DATA_FORMATTING:
+        return "data formatting", name
+    if ins.opcode in _ELEMENTWISE:
+        return "non-fusion elementwise", name
+    if ins.opcode == "custom-call":  # the target says what it is (__cublas$gemm, __cudnn$conv…)
+        return f"custom-call {ins.custom_call_target}", name
+    return ins.opcode, name
+
+
+def _hlo_instructions(path: Path) -> pd.DataFrame:
+    """Per HLO instruction of the XLA programs an XPlane holds: its module, name, xprof's
+    category and the TensorFlow op it comes from (``op_name:op_type`` of its metadata; an
+    instruction XLA made without one takes that of the first instruction using its result,
+    so the helpers of a gradient are backward too). xprof extracts the programs' HLO protos
+    from the XPlane (its tool-names step writes ``<module>(<id>).hlo_proto.pb``); without
+    TensorFlow's HLO proto module, none (XLA ops are then known by their category only
+    where the trace viewer gives it)."""
+    try:
+        from tensorflow.compiler.xla.service import hlo_pb2
+    except ImportError:
+        return pd.DataFrame(columns=_HLO_COLUMNS)
+    convert = _xprof()
+    rows: list[tuple[str, str, str, str, str]] = []
+    with _native_stderr_quiet(), tempfile.TemporaryDirectory(prefix="opprof-xprof-") as tmp:
+        link = Path(tmp) / path.name
+        link.symlink_to(Path(path).resolve())
+        try:
+            convert.xspace_to_tool_names([str(link)])
+        except Exception:  # noqa: BLE001 - the trace viewer reports an unreadable file
+            return pd.DataFrame(columns=_HLO_COLUMNS)
+        protos = sorted(Path(tmp).glob("*.hlo_proto.pb"))
+        for f in protos:
+            proto = hlo_pb2.HloProto()
+            proto.ParseFromString(f.read_bytes())
+            rows += _module_rows(proto.hlo_module)
+    return pd.DataFrame(rows, columns=_HLO_COLUMNS).drop_duplicates(["module", "hlo_op"])
+
+
+def _module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
+    """:func:`_hlo_instructions`' rows of one HLO module."""
+    computations = {c.id: c for c in module.computations}
+    rows = []
+    for comp in module.computations:
+        users: dict[int, list[int]] = {}
+        for i in comp.instructions:
+            for o in i.operand_ids:
+                users.setdefault(o, []).append(i.id)
+        tf_op = {i.id: f"{i.metadata.op_name}:{i.metadata.op_type}"
+                 for i in comp.instructions if i.metadata.op_name}
+        for i in reversed(comp.instructions):  # post order: users come after their operands
+            if i.id not in tf_op:
+                user = next((tf_op[u] for u in users.get(i.id, []) if u in tf_op), None)
+                if user is not None:
+                    tf_op[i.id] = user
+        for i in comp.instructions:
+            category, called = _category(i, computations)
+            rows.append((module.name, i.name, category, tf_op.get(i.id, ":"), called))
+    return rows
+
+
+def xla_keys(args: pd.DataFrame, hlo: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Classification key and detail of XLA op events (trace viewer args ``hlo_op``,
+    ``hlo_module``): ``"XLA <category>: <TF op name>:<TF op type>"`` (maps/tf.csv's XLA
+    rows), with xprof's ``hlo_category`` and ``tf_op`` where the trace viewer gives them (its
+    XLA Ops lines on GPU and TPU), else from the HLO (``hlo``, :func:`_hlo_instructions`);
+    detail: ``"<TF op> @ <module>/<HLO op>[ = <fused computation>]"``."""
+    ev = pd.DataFrame({"module": _text(args["hlo_module"]).to_numpy(object),
+                       "hlo_op": _text(args["hlo_op"]).to_numpy(object)})
+    known = ev.merge(hlo, on=["module", "hlo_op"], how="left")
+    category = _text(args["hlo_category"]).to_numpy(object)
+    category = np.where(category != "", category, _text(known["category"]).to_numpy(object))
+    category = np.where(category != "", category, "unknown")
+    tf_op = _text(args["tf_op"]).to_numpy(object)
+    tf_op = np.where(tf_op != "", tf_op, _text(known["tf_op"]).to_numpy(object))
+    tf_op = np.where(tf_op != "", tf_op, ":")
+    key = pd.Series("XLA " + category + ": " + tf_op, dtype=object)
+    called = _text(known["computation"])
+    detail = (pd.Series(tf_op, dtype=object).str.rstrip(":") + " @ " + ev["module"] + "/"
+              + ev["hlo_op"] + np.where(called != "", " = " + called, ""))
+    return key, detail
+
+
 # --------------------------------------------------------------------------- one host
 
 
@@ -336,7 +468,17 @@ def _host_events(path: Path) -> dict[str, Any]:
     key = key.where(~is_async, async_op + ":" + _text(args["kernel_type"]))
     detail = detail.where(~is_async, async_op)
 
+    is_xla = _text(args["hlo_op"]) != ""
+    if is_xla.any():
+        xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
+        key, detail = key.copy(), detail.copy()
+        key.loc[is_xla] = xla_key.to_numpy(object)
+        detail.loc[is_xla] = xla_detail.to_numpy(object)
+
     step_no = pd.to_numeric(args["step_num"], errors="coerce")
+    ours = pd.to_numeric(args["opprof"], errors="coerce").notna()
+    if ours.any():  # opprof's own step markers; the framework's (Keras 2's fit) are markers
+        step_no = step_no.where(ours)
     is_step = step_no.notna()
     key = key.where(~is_step, "opprof.step#" + step_no.fillna(0).astype(np.int64).astype(str))
     detail = detail.where(~is_step, name)
@@ -347,6 +489,7 @@ def _host_events(path: Path) -> dict[str, Any]:
 
     is_call = args["tf_function_call"].notna()
     kind = np.where(is_call | is_step, "marker", "cpu_op")
+    device, kind = _gpu_lanes(meta_ev, pid, thread, name, kind)
     closes_step = np.zeros(len(ev), bool)
     if not is_step.any():
         key, closes_step = _function_steps(key, name, ts, dur, tid.to_numpy(),
@@ -371,7 +514,7 @@ def _host_events(path: Path) -> dict[str, Any]:
             if k in run and run[k].isdigit():
                 run[k] = int(run[k])
     raw = pd.DataFrame({
-        "rank": 0, "role": "worker", "pid": pid, "tid": tid, "device": "cpu",
+        "rank": 0, "role": "worker", "pid": pid, "tid": tid, "device": device,
         "ts": ts.astype(np.int64) + (offset or 0), "dur": dur.astype(np.int64),
         "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
         "link": np.full(len(ev), -1, np.int64), "closes_step": closes_step, "display": name,
@@ -381,6 +524,27 @@ def _host_events(path: Path) -> dict[str, Any]:
         raw = pd.concat([raw, waits], ignore_index=True)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
             "task": task, "run": run}
+
+
+def _gpu_lanes(meta_ev: pd.DataFrame, pid: pd.Series, thread: pd.Series, name: pd.Series,
+               kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Device and kind per event: on a GPU's process (``/device:GPU:N``) its streams' events
+    are kernels (copies: ``Memcpy*``) on ``cuda:N`` — an XLA kernel carries its HLO op as
+    ``hlo_op``/``hlo_module`` args, classified as on the CPU — and the lines xprof derives
+    from them (XLA Ops, XLA Modules, TensorFlow Ops …) are markers; every other event is the
+    host's."""
+    procs = {int(r.pid): str(r.args.get("name", "")) for r in
+             meta_ev[meta_ev["name"] == "process_name"].itertuples() if isinstance(r.args, dict)}
+    gpu = pd.Series([procs.get(int(p), "") for p in pid], dtype=object).str.extract(
+        r"^/device:GPU:(\d+)$")[0]
+    on_gpu = gpu.notna().to_numpy()
+    if not on_gpu.any():
+        return np.full(len(pid), "cpu", dtype=object), kind
+    device = np.where(on_gpu, "cuda:" + gpu.fillna("").astype(str).to_numpy(object), "cpu")
+    stream = on_gpu & thread.str.startswith("Stream").to_numpy()
+    copy = name.str.contains("memcpy", case=False).to_numpy()
+    kind = np.where(stream, np.where(copy, "memcpy", "kernel"), np.where(on_gpu, "marker", kind))
+    return device, kind
 
 
 def _recv_waits(name: pd.Series, args: pd.DataFrame, ts: np.ndarray, dur: np.ndarray,

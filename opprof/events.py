@@ -235,11 +235,12 @@ def finish(
     phase[in_comm] = _COMM_PHASE
 
     # Device events take the op of the host operator that launched them (via ``link``)
-    # unless their own name maps, and its phase unless their row phase is intrinsic.
+    # unless their own name maps, and its phase unless their row phase is intrinsic; one
+    # with no launcher keeps its row's phase (an XLA kernel: its HLO op names its phase).
     link = df["link"].to_numpy(dtype=np.int64)
     intrinsic = np.isin(row_phase, _INTRINSIC_CODES)
-    phase[is_device_ev] = np.where(intrinsic[is_device_ev], row_phase[is_device_ev],
-                                   _OTHER_PHASE)
+    own = intrinsic | ((link < 0) & matched & (row_phase >= 0))
+    phase[is_device_ev] = np.where(own[is_device_ev], row_phase[is_device_ev], _OTHER_PHASE)
     inherit = is_device_ev & (link >= 0)
     if inherit.any():
         host = np.flatnonzero(~is_device_ev & ~is_marker & (link >= 0))

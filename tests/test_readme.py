@@ -28,7 +28,8 @@ def test_readme_has_the_two_setup_commands() -> None:
     text = (REPO / "README.md").read_text()
     setup = re.search(r"## Set up\s*```\n(.*?)```", text, re.S)
     assert setup and setup.group(1).split("\n")[:2] == [
-        'pip install -e ".[all]" -c constraints.txt', "pytest"]
+        'pip install -e ".[all]" -c constraints.txt'
+        ' && pip install --no-deps tf-keras==2.21.0', "pytest"]
     assert (REPO / ".ci" / "run").read_text().rstrip().endswith("pytest")
 
 
