@@ -15,6 +15,7 @@ never all in memory; ``opprof.job`` does the same in worker processes.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,36 @@ def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
     return None, f"chrome-trace events of no known profiler ({len(doc.traceEvents)} events)"
 
 
+#: The job's metadata a recording leaves in its `.native` folder (model, data set, unprofiled
+#: timing, command, version …: what the `.trace` carries), read back when the folder is
+#: imported. Not a trace suffix, so the folder's listing never takes it for one.
+FOLDER_META = "opprof.meta"
+
+
+def write_folder_meta(folder: Path, meta: dict) -> None:
+    """Keep ``meta`` (the job metadata given to :func:`normalize`) in the run's folder."""
+    from opprof.files import write_atomic
+
+    write_atomic(Path(folder) / FOLDER_META, json.dumps(meta, default=str, indent=1))
+
+
+def folder_meta(paths: list[Path]) -> dict:
+    """The recorded job metadata of the folders among ``paths`` (:data:`FOLDER_META`); a
+    file that cannot be read as a JSON object is ignored (the traces still are read)."""
+    meta: dict = {}
+    for p in paths:
+        f = Path(p) / FOLDER_META
+        if not f.is_file():
+            continue
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            meta.update(doc)
+    return meta
+
+
 def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
     """Files to read, each with whether the user named it: the paths themselves, or the
     candidate trace files found inside folders."""
@@ -108,6 +139,7 @@ def normalize(paths: list[Path], meta: dict | None = None, *,
     listed, memory = split_memory(expand([Path(p) for p in paths]))
     if not listed:
         raise OpprofError(f"{paths[0]}: only sampled memory files, no trace to attach them to")
+    meta = {**folder_meta([Path(p) for p in paths]), **(meta or {})}
     return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
 
 
