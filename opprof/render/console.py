@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from opprof.analysis.commmodel import Network
+from opprof.analysis.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
@@ -599,11 +599,13 @@ def model(result: ModelResult) -> str:
 
     b = result.base
     head = Text("opprof model  ", style="bold") + Text(
-        f"{b.label}  ·  {b.framework or 'unknown framework'} {b.meta.get('model') or ''}  ·  "
+        f"{b.label}  ·  "
+        f"{' '.join(x for x in (b.framework, b.meta.get('model')) if x) or 'unknown framework'}"
+        "  ·  "
         f"base: {b.workers} worker{'s' if b.workers != 1 else ''} ({b.mode})  ·  "
         f"{ms(b.step_ns)} ms/step over {b.terms.steps} rank-step(s)")
     head += Text(f"\nper-worker resources: {b.resources.describe()} — the prediction holds for "
-                 "workers with the same", style="grey50")
+                 "workers with these resources", style="grey50")
     t = Table(title="Terms of the base (ms per step; t_io … other sum to the step)",
               title_justify="left")
     for c in ["term", "phase", "mean", "std", "min", "max", "cv"]:
@@ -637,7 +639,8 @@ def model(result: ModelResult) -> str:
     p.caption = ("speed-up = N × step(1) / step(N); wait = expected wait for the slowest "
                  "worker (inside exposed comm)")
     items: list[object] = [head, t, grads, _messages_table(result), p]
-    items += [Text(f"note: {n}", style="grey50") for n in result.notes]
+    items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
+              for n in result.notes]
     if result.check is not None:
         items.extend(_check_items(result.check))
     return render(*items)
@@ -713,13 +716,15 @@ def calibration(net: Network) -> str:
         f"{net.framework} · {net.backend} · {net.workers} workers"
         f"{f', {net.servers} server(s)' if net.servers else ''}\n") + network_line(net)
     t = Table(title="Message sizes (median per size)", title_justify="left")
-    for c in ["bytes", "calls", "measured", "α–β fit", "error"]:
+    for c in ["size", "calls", "measured", "α–β fit", "fit error", ""]:
         t.add_column(c, justify="right")
     for r in samples_table(net).to_dict("records"):
         err = (r["predicted_ns"] - r["ns"]) / r["ns"] if r["ns"] else float("nan")
         t.add_row(size(r["bytes"]), str(int(r["calls"])), _us(r["ns"]), _us(r["predicted_ns"]),
-                  f"{err:+.1%}")
+                  f"{err:+.1%}", Text("⚠", style="bold yellow") if abs(err) > FIT_LIMIT else "")
     f = net.fit
     t.caption = (f"fit: relative RMS error {f.get('rel_rmse', float('nan')):.1%} over "
-                 f"{f.get('points', 0)} sizes" + (f"; {f['note']}" if f.get("note") else ""))
-    return render(head, t)
+                 f"{f.get('points', 0)} sizes; ⚠ = off by more than ±{FIT_LIMIT:.0%}"
+                 + (f"; {f['note']}" if f.get("note") else ""))
+    warning = fit_warning(net)
+    return render(head, t, *([Text(warning, style="bold yellow")] if warning else []))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
+from opprof.analysis.commmodel import Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
@@ -41,8 +41,8 @@ def _numeric(col: pd.Series) -> bool:
 
 
 #: Columns holding fractions, shown as percentages.
-_SHARES = ("share", "share_of_gap", "share_of_phase", "wait_share", "overlap", "efficiency",
-           "cv", "saving_share", "excess_share", "error")
+_SHARES = ("share", "share_of_gap", "fit_error", "share_of_phase", "wait_share", "overlap",
+           "efficiency", "cv", "saving_share", "excess_share", "error")
 
 
 def readable(df: pd.DataFrame) -> pd.DataFrame:
@@ -140,4 +140,5 @@ def calibration(net: Network) -> str:
 
     return (f"## opprof calibrate: {net.framework} {net.backend}, {net.workers} workers\n\n"
             f"{net.collective}: α = {net.alpha_ns:,.0f} ns, β = {net.beta_ns_per_byte:.4g} "
-            f"ns/B\n\n{md_table(samples_table(net))}\n")
+            f"ns/B\n\n{md_table(samples_table(net))}\n"
+            + (f"\n> {warning}\n" if (warning := fit_warning(net)) else ""))
