@@ -64,7 +64,7 @@ def _spread(noise: dict | None) -> str:
     out = (f" (median of {noise['samples']} timed steps, IQR {ms(noise['q1_ns'])}–"
            f"{ms(noise['q3_ns'])} ms")
     if noise.get("overhead"):
-        out += f"; profiled steps {noise['overhead']:.2f}x"
+        out += f"; {ratio(noise['overhead'], 'profiled/unprofiled')}"
     return out + ")"
 
 
@@ -290,10 +290,15 @@ def memory_line(rep: Report) -> Text | None:
     parts = []
     where = f"rank {int(top['rank'])}" + (
         f", step {int(top['peak_step'])}" if _known(top["peak_step"]) else "")
-    if _known(top["peak_rss_bytes"]):
-        before = (f"; {mib(top['unprofiled_rss_bytes'])} before profiling"
-                  if _known(top["unprofiled_rss_bytes"]) else "")
-        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where}{before})")
+    if _known(top["peak_rss_bytes"]) and _known(top["unprofiled_rss_bytes"]):
+        growth = top["peak_rss_bytes"] - top["unprofiled_rss_bytes"]
+        parts.append(f"peak resident {mib(top['unprofiled_rss_bytes'])} unprofiled "
+                     f"({where.split(',')[0]}; the steps before the profiler started), "
+                     f"{mib(top['peak_rss_bytes'])} while profiling ({where}): "
+                     f"{'+' if growth >= 0 else ''}{mib(growth)} is the profiler's own growth")
+    elif _known(top["peak_rss_bytes"]):
+        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} while profiling ({where}; "
+                     "the profiler's buffers included, no unprofiled peak)")
     if _known(top["peak_allocated_bytes"]):
         parts.append(f"allocator {mib(top['peak_allocated_bytes'])} "
                      f"({top['allocated_device']})")
