@@ -213,7 +213,13 @@ def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict | 
         raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
     kinds = {m.NAME for m in fmt_of.values()}
     if len(kinds) > 1:
-        raise OpprofError(f"mixed native formats in one import: {', '.join(sorted(kinds))}")
+        by_kind: dict[str, list[str]] = {}
+        for f, m in fmt_of.items():
+            by_kind.setdefault(m.NAME, []).append(f.name)
+        raise OpprofError("mixed native formats in one import: " + "; ".join(
+            f"{k}: {', '.join(names[:4])}" + (f" and {len(names) - 4} more" if len(names) > 4
+                                              else "")
+            for k, names in sorted(by_kind.items())) + " — import each format on its own")
     fmt = next(iter(fmt_of.values()))
     if fmt is kineto:
         trace = concat_traces([t for t, _ in parts],

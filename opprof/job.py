@@ -73,9 +73,9 @@ class Plan:
 
 def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     """Decide how to read the job at ``paths`` (validating them as ``opprof.load`` does)."""
-    from opprof.loader import existing_paths, is_opprof_trace
+    from opprof.loader import existing_paths, is_opprof_trace, opprof_traces_in
 
-    files = existing_paths(paths)
+    files = opprof_traces_in(existing_paths(paths))
     if len(files) == 1 and is_opprof_trace(files[0]):
         from opprof.trace import TraceFile
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -364,8 +365,12 @@ def test_report_by_memory(fmt):
 def test_the_default_report_has_a_memory_line():
     res = run_cli("report", str(MEMORY / "torch-lenet5"))
     assert res.returncode == 0, res.stderr
-    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("memory:"))
+    text = " ".join(res.stdout.split())
+    line = text[text.index("memory:"):text.index("(--by memory for more)")]
     assert "peak resident" in line and "allocator" in line and "(cpu)" in line
+    # the profiler's own growth is told apart from the run's memory
+    assert re.search(r"peak resident [\d.,]+ MiB unprofiled, [\d.,]+ MiB while profiling "
+                     r"\(rank 0, step \d+; [+-][\d.,]+ MiB is the profiler's own\)", line), line
 
 
 def test_diff_puts_memory_beside_time():

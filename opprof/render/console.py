@@ -292,10 +292,9 @@ def memory_line(rep: Report) -> Text | None:
         f", step {int(top['peak_step'])}" if _known(top["peak_step"]) else "")
     if _known(top["peak_rss_bytes"]) and _known(top["unprofiled_rss_bytes"]):
         growth = top["peak_rss_bytes"] - top["unprofiled_rss_bytes"]
-        parts.append(f"peak resident {mib(top['unprofiled_rss_bytes'])} unprofiled "
-                     f"({where.split(',')[0]}; the steps before the profiler started), "
-                     f"{mib(top['peak_rss_bytes'])} while profiling ({where}): "
-                     f"{'+' if growth >= 0 else ''}{mib(growth)} is the profiler's own growth")
+        parts.append(f"peak resident {mib(top['unprofiled_rss_bytes'])} unprofiled, "
+                     f"{mib(top['peak_rss_bytes'])} while profiling ({where}; "
+                     f"{'+' if growth >= 0 else ''}{mib(growth)} is the profiler's own)")
     elif _known(top["peak_rss_bytes"]):
         parts.append(f"peak resident {mib(top['peak_rss_bytes'])} while profiling ({where}; "
                      "the profiler's buffers included, no unprofiled peak)")
@@ -381,6 +380,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         items.extend(rank_comm_tables(rep))
     elif by == "step":
         items.append(step_table(rep))
+    elif by == "device" and rep.devices.empty and rep.device_ops.empty:
+        items.append(Text(f"no device activity in this trace (no GPU kernels, copies or "
+                          f"memsets; device: {rep.meta.get('device') or 'unknown'}): --by op "
+                          "shows its host operators"))
     elif by == "device":
         items.extend(device_tables(rep))
         items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator"))

@@ -78,8 +78,11 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
     notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
                     + partial_lines(rep.meta))
-    return (f"## opprof report {title} — by {by}\n\n{notes}"
-            f"{md_table(report_table(rep, by, top))}\n")
+    if by == "device" and rep.devices.empty and rep.device_ops.empty:
+        body = "No device activity in this trace (no GPU kernels, copies or memsets)."
+    else:
+        body = md_table(report_table(rep, by, top))
+    return f"## opprof report {title} — by {by}\n\n{notes}{body}\n"
 
 
 def diff(d: Diff, top: int | None = None) -> str:
