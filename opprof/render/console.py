@@ -502,10 +502,11 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "flags"]:
+    for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
+              "profiled/unprofiled", "scaling", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
                      else "right")
-    for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem ratio",
+    for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem/leanest",
               "profiled mem"]:
         m.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
     for c in [*key, *PHASES, "step"]:
@@ -521,6 +522,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
+                  _overhead(r) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
         if ok:
@@ -537,13 +539,15 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
-    t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker)", *_flag_notes(table), *notes])
+    t.caption = "\n".join(["unprofiled ms: the timed steps without the profiler (samples/s and "
+                           "scaling come from them); profiled ms: the profiled steps (the "
+                           "phase and operator tables); scaling = samples/s ÷ (workers × "
+                           "samples/s of 1 worker)", *_flag_notes(table), *notes])
     m.caption = "\n".join(["predicted: the model from the 1-worker run (profiled ms; scaling = "
                            "step(1) ÷ step(N), predicted vs measured; error of the predicted "
                            "step); mem: resident peak of the largest worker before profiling "
                            "(profiled mem: until the last profiled step, the profiler's buffers "
-                           "included); mem ratio: mem over the leanest run of the same model "
+                           "included); mem/leanest: mem over the leanest run of the same model "
                            "and workers", *model_notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
@@ -555,6 +559,12 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
     return [t, m, p, o]
+
+
+def _overhead(r: dict) -> str:
+    """A run's profiled step over its unprofiled one."""
+    u, p = r.get("unprofiled_step_ns"), r.get("step_ns")
+    return ratio(p / u) if _known(u) and _known(p) and u else "-"
 
 
 def _sps(r: dict) -> str:

@@ -674,14 +674,14 @@ BENCH_COLUMNS: list[Column] = [
     ("fw", "fw", f_text), ("model", "model", f_text), ("workers", "workers", f_int),
     ("mode", "mode", f_text), ("status", "status", f_text),
     ("samples_per_s", "samples/s", lambda v: "-" if _num(v) is None else f"{_num(v):,.1f}"),
-    ("unprofiled_step_ns", "step ms (unprofiled)", f_ms),
-    ("step_ns", "profiled ms", f_ms), *[(p, f"{p} ms", f_ms) for p in PHASES],
+    ("unprofiled_step_ns", "unprofiled ms/step", f_ms),
+    ("step_ns", "profiled ms/step", f_ms), *[(p, f"{p} ms", f_ms) for p in PHASES],
     ("scaling_efficiency", "scaling", f_pct), ("profiled_scaling", "profiled scaling", f_pct),
     ("predicted_step_ns", "predicted ms", f_ms),
     ("predicted_scaling", "predicted scaling", f_pct),
     ("prediction_error", "prediction error", f_pct),
     ("unprofiled_rss_bytes", "mem MiB", f_mib), ("peak_rss_bytes", "profiled mem MiB", f_mib),
-    ("rss_ratio", "mem ratio", f_ratio), ("wall_s", "wall s",
+    ("rss_ratio", "mem/leanest", f_ratio), ("wall_s", "wall s",
                                           lambda v: "-" if _num(v) is None else f"{_num(v):.1f}"),
     ("reason", "reason", f_text)]
 RATIO_COLUMNS: list[Column] = [
