@@ -353,10 +353,13 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
 def _report_summary(rep: Report, n_steps: int, ranks: list, mean: float) -> str:
     meta = rep.meta
     distinct = rep.steps["step"].nunique() if n_steps else 0
-    facts = [("mean step", f"{f_ms(mean)} ms"), ("steps", f"{distinct:,}"),
+    facts = [("mean profiled step", f"{f_ms(mean)} ms"), ("steps", f"{distinct:,}"),
              ("ranks", f"{len(ranks):,}")]
     if meta.get("unprofiled_step_ns"):
         facts.append(("unprofiled step", f"{f_ms(meta['unprofiled_step_ns'])} ms"))
+        facts.append(("profiler overhead",
+                      units.ratio(mean / float(meta["unprofiled_step_ns"]),
+                                  "profiled/unprofiled")))
     if meta.get("samples_per_s"):
         facts.append(("samples/s (unprofiled)", f"{float(meta['samples_per_s']):,.1f}"))
     if rep.comm_overlap is not None:
