@@ -60,6 +60,17 @@ class Diff:
         times (the profiler's overhead differs by framework), else "profiled"."""
         return "unprofiled" if self.a_unprofiled_ns and self.b_unprofiled_ns else "profiled"
 
+    def overhead(self, side: str) -> float | None:
+        """The profiler's overhead of side "a" or "b": median profiled step over median
+        unprofiled step (the report header's figure, opprof.analysis.noise), else the mean
+        profiled step over the unprofiled one."""
+        noise = self.a_noise if side == "a" else self.b_noise
+        if noise and noise.get("overhead"):
+            return float(noise["overhead"])
+        step, unprofiled = ((self.a_step_ns, self.a_unprofiled_ns) if side == "a"
+                            else (self.b_step_ns, self.b_unprofiled_ns))
+        return step / unprofiled if unprofiled else None
+
     @property
     def headline_ratio(self) -> float:
         """A's step time over B's, on :attr:`basis`."""

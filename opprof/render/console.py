@@ -411,8 +411,8 @@ def step_lines(d: Diff) -> list[str]:
                  f"{ratio(d.step_ratio, 'A/B')}")
     if d.basis == "unprofiled":
         what = "profiled/unprofiled"
-        lines.append(f"profiler overhead: A {ratio(d.a_step_ns / d.a_unprofiled_ns, what)}, "
-                     f"B {ratio(d.b_step_ns / d.b_unprofiled_ns, what)}")
+        lines.append(f"profiler overhead: A {ratio(d.overhead('a'), what)}, "
+                     f"B {ratio(d.overhead('b'), what)}")
     else:
         lines.append("(no unprofiled timing in "
                      + " and ".join(s for s, u in (("A", d.a_unprofiled_ns),
@@ -563,6 +563,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
 
 def _overhead(r: dict) -> str:
     """A run's profiled step over its unprofiled one."""
+    if _known(r.get("overhead")):  # median profiled / median unprofiled, as the report's
+        return ratio(r["overhead"])
     u, p = r.get("unprofiled_step_ns"), r.get("step_ns")
     return ratio(p / u) if _known(u) and _known(p) and u else "-"
 

@@ -601,7 +601,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                           "step": d.a_step_ns},
                          {"run": f"B: {d.b_label}", "unprofiled": d.b_unprofiled_ns,
                           "step": d.b_step_ns}])
-    runs["overhead"] = runs["step"] / runs["unprofiled"].astype(float)
+    runs["overhead"] = [d.overhead("a"), d.overhead("b")]
     warn = "".join(note(line) for line in d.mismatches)
     verdict = memory_verdict(d)
     head = (f"<p class=\"summary\">{html.escape(d.summary)}</p>" + warn
