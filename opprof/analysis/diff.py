@@ -80,11 +80,8 @@ class Diff:
 
 
 def label(trace: Trace | Report, fallback: str) -> str:
-    """A short name for a trace: framework and model when the metadata has a model, else
-    ``fallback`` (the file's name: a run of `opprof run` is better named by it)."""
+    """A short name for a trace: framework and model when known."""
     meta = trace.meta
-    if not meta.get("model"):
-        return fallback
     parts = [str(meta[k]) for k in ("framework", "model") if meta.get(k)]
     if meta.get("workers", 1) and int(meta.get("workers", 1)) > 1:
         parts.append(f"x{meta['workers']}")
@@ -133,7 +130,9 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
     oa = ta.groupby("op")["ns_per_step"].sum()
     ob = tb.groupby("op")["ns_per_step"].sum()
     ops = _compare(oa, ob, gap, "op")
-    la, lb = label(a, a_name), label(b, b_name)
+    # a run without a model (`opprof run`, an imported trace) is named by its file
+    la = label(a, a_name) if a.meta.get("model") else a_name
+    lb = label(b, b_name) if b.meta.get("model") else b_name
     if la == lb:
         la, lb = (a_name, b_name) if a_name != b_name else (f"{la} (A)", f"{lb} (B)")
     ua, ub = _unprofiled(a.meta), _unprofiled(b.meta)
