@@ -87,7 +87,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
 
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as markdown."""
-    memory = (f"\n### Memory (bytes)\n\n{md_table(diff_memory_table(d))}\n"
+    memory = (f"\n### Memory\n\n{md_table(diff_memory_table(d))}\n"
               if len(d.memory) else "")
     notes = "".join(f"> {side}: {line}\n\n" for side, noise in (("A", d.a_noise),
                                                                   ("B", d.b_noise))
@@ -113,7 +113,7 @@ def model(result: ModelResult) -> str:
     b, net = result.base, result.network
     out = [f"## opprof model: {b.label} ({b.framework}, {b.workers} worker(s), {b.mode})", "",
            f"Per-worker resources: {b.resources.describe()}.", "",
-           "### Terms (ns per step)", "", md_table(terms_table(result)), "",
+           "### Terms (ms per step)", "", md_table(terms_table(result)), "",
            f"Network ({net.collective}): α = {net.alpha_ns:,.0f} ns, β = "
            f"{net.beta_ns_per_byte:.4g} ns/B — {result.network_note}.", "",
            f"Pipeline: {result.policy.describe}.", "",
