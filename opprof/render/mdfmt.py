@@ -42,18 +42,22 @@ def _numeric(col: pd.Series) -> bool:
 
 #: Columns holding fractions, shown as percentages.
 _SHARES = ("share", "share_of_gap", "fit_error", "share_of_phase", "wait_share", "overlap",
-           "efficiency", "cv", "saving_share", "excess_share", "error")
+           "efficiency", "cv", "saving_share", "excess_share", "error", "scaling_efficiency",
+           "profiled_scaling", "predicted_scaling", "prediction_error")
 
 
 def readable(df: pd.DataFrame) -> pd.DataFrame:
     """Nanoseconds as ms with separators, bytes in binary units, rates in MB/s, fractions as
     percentages and ratios with an x; each column named with its unit."""
     out = {}
-    step_table = "dur_ns" in df.columns
+    step_table = "dur_ns" in df.columns or "step_ns" in df.columns  # phases in ns
+    both = "unprofiled_step_ns" in df.columns
     for c in df.columns:
         col, name = df[c], str(c)
         tokens = name.split("_")
-        if "ns" in tokens or (step_table and name in PHASES):
+        if name == "step_ns" and both:
+            out["profiled step ms"] = col.map(ms)
+        elif "ns" in tokens or (step_table and name in PHASES):
             out[" ".join("ms" if t == "ns" else t for t in tokens)
                 + ("" if "ns" in tokens else " ms")] = col.map(ms)
         elif "bytes" in tokens:
@@ -63,6 +67,8 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
         elif name == "ratio" and {"a_ns_per_step", "b_ns_per_step"} <= set(df.columns):
             out["A/B"] = [ab_ratio(a, b) for a, b in zip(df["a_ns_per_step"],
                                                           df["b_ns_per_step"], strict=True)]
+        elif name == "overhead":
+            out["profiled/unprofiled"] = col.map(lambda v: "-" if pd.isna(v) else ratio(v))
         elif name == "ratio" or name.endswith("_ratio"):
             out[name.replace("_", " ")] = col.map(lambda v: "-" if pd.isna(v) else ratio(v))
         elif name in _SHARES:
