@@ -130,9 +130,7 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
     oa = ta.groupby("op")["ns_per_step"].sum()
     ob = tb.groupby("op")["ns_per_step"].sum()
     ops = _compare(oa, ob, gap, "op")
-    # a run without a model (`opprof run`, an imported trace) is named by its file
-    la = label(a, a_name) if a.meta.get("model") else a_name
-    lb = label(b, b_name) if b.meta.get("model") else b_name
+    la, lb = _name(a, a_name), _name(b, b_name)
     if la == lb:
         la, lb = (a_name, b_name) if a_name != b_name else (f"{la} (A)", f"{lb} (B)")
     ua, ub = _unprofiled(a.meta), _unprofiled(b.meta)
@@ -140,6 +138,15 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
                 _sentence(la, lb, a_step, b_step, phases, ops, ua, ub),
                 a_meta=dict(a.meta), b_meta=dict(b.meta), a_unprofiled_ns=ua,
                 b_unprofiled_ns=ub, mismatches=mismatches(a.meta, b.meta))
+
+
+def _name(trace: Trace | Report, file_name: str) -> str:
+    """Framework and model when the metadata has a model; else (`opprof run`, an imported
+    trace) the file's name, with the framework when the name does not say it."""
+    if trace.meta.get("model"):
+        return label(trace, file_name)
+    fw = str(trace.meta.get("framework") or "")
+    return f"{file_name} ({fw})" if fw and fw not in file_name else file_name
 
 
 def _unprofiled(meta: dict) -> float | None:
