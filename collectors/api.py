@@ -89,7 +89,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
     def _merge(self, runner: Runner) -> None:
         """Write ``output`` from the native traces of this session's processes."""
         from opprof.collectors.jobs import command_recording
-        from opprof.normalizers import normalize
+        from opprof.normalizers import normalize, write_folder_meta
         from opprof.trace import save
 
         folder = self.native
@@ -106,7 +106,9 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
             print(f"opprof: the profiled steps were not reached ({runner.facts.ended}); "
                   f"nothing written to {self.output}", file=sys.stderr)
             return
-        self.trace = normalize(rec.native, {**rec.meta, "native_dir": str(folder)})
+        meta = {**rec.meta, "native_dir": str(folder)}
+        write_folder_meta(folder, meta)  # `opprof import` of the folder reads it back
+        self.trace = normalize(rec.native, meta)
         save(self.trace, self.output)
         print(f"opprof: wrote {self.output} ({len(self.trace.ranks)} rank(s), "
               f"{runner.facts.profiled_steps} profiled step(s)); see `opprof report "

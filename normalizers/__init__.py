@@ -15,6 +15,7 @@ never all in memory; ``opprof.job`` does the same in worker processes.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,36 @@ def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
     return None, f"chrome-trace events of no known profiler ({len(doc.traceEvents)} events)"
 
 
+#: The job's metadata a recording leaves in its `.native` folder (model, data set, unprofiled
+#: timing, command, version …: what the `.trace` carries), read back when the folder is
+#: imported. Not a trace suffix, so the folder's listing never takes it for one.
+FOLDER_META = "opprof.meta"
+
+
+def write_folder_meta(folder: Path, meta: dict) -> None:
+    """Keep ``meta`` (the job metadata given to :func:`normalize`) in the run's folder."""
+    from opprof.files import write_atomic
+
+    write_atomic(Path(folder) / FOLDER_META, json.dumps(meta, default=str, indent=1))
+
+
+def folder_meta(paths: list[Path]) -> dict:
+    """The recorded job metadata of the folders among ``paths`` (:data:`FOLDER_META`); a
+    file that cannot be read as a JSON object is ignored (the traces still are read)."""
+    meta: dict = {}
+    for p in paths:
+        f = Path(p) / FOLDER_META
+        if not f.is_file():
+            continue
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            meta.update(doc)
+    return meta
+
+
 def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
     """Files to read, each with whether the user named it: the paths themselves, or the
     candidate trace files found inside folders."""
@@ -108,6 +139,7 @@ def normalize(paths: list[Path], meta: dict | None = None, *,
     listed, memory = split_memory(expand([Path(p) for p in paths]))
     if not listed:
         raise OpprofError(f"{paths[0]}: only sampled memory files, no trace to attach them to")
+    meta = {**folder_meta([Path(p) for p in paths]), **(meta or {})}
     return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
 
 
@@ -181,7 +213,13 @@ def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict | 
         raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
     kinds = {m.NAME for m in fmt_of.values()}
     if len(kinds) > 1:
-        raise OpprofError(f"mixed native formats in one import: {', '.join(sorted(kinds))}")
+        by_kind: dict[str, list[str]] = {}
+        for f, m in fmt_of.items():
+            by_kind.setdefault(m.NAME, []).append(f.name)
+        raise OpprofError("mixed native formats in one import: " + "; ".join(
+            f"{k}: {', '.join(names[:4])}" + (f" and {len(names) - 4} more" if len(names) > 4
+                                              else "")
+            for k, names in sorted(by_kind.items())) + " — import each format on its own")
     fmt = next(iter(fmt_of.values()))
     if fmt is kineto:
         trace = concat_traces([t for t, _ in parts],

@@ -195,7 +195,9 @@ def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
 def declared_rank(doc: Document, index: int) -> int:
     """The rank a document says it is (``distributedInfo.rank``), else its position."""
     info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
-    return _int(info.get("rank", index), index, 0, _MAX_RANK)
+    if "rank" not in info:
+        return index
+    return _int(info["rank"], index, 0, _MAX_RANK)
 
 
 def assign_ranks(declared: list[int]) -> list[int]:

@@ -73,9 +73,9 @@ class Plan:
 
 def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     """Decide how to read the job at ``paths`` (validating them as ``opprof.load`` does)."""
-    from opprof.loader import existing_paths, is_opprof_trace
+    from opprof.loader import existing_paths, is_opprof_trace, opprof_traces_in
 
-    files = existing_paths(paths)
+    files = opprof_traces_in(existing_paths(paths))
     if len(files) == 1 and is_opprof_trace(files[0]):
         from opprof.trace import TraceFile
 
@@ -87,8 +87,9 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
         return Plan(files, tasks, False, tf.meta, size)
     if any(is_opprof_trace(f) for f in files):
         raise OpprofError("give one opprof .trace, or native traces to normalize, not both")
-    from opprof.normalizers import FILE_FORMATS, expand, head_bytes, split_memory
+    from opprof.normalizers import FILE_FORMATS, expand, folder_meta, head_bytes, split_memory
 
+    meta = {**folder_meta(files), **(meta or {})}
     listed, memory = split_memory(expand(files))
     if not listed:
         raise OpprofError(f"{files[0]}: only sampled memory files, no trace to attach them to")
@@ -128,8 +129,8 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
         if task.named or (doc is not None and mxnet.claims_json(doc)):
             return [], Outcome(other_format=True)  # normalized whole (or its error shown)
         return [], Outcome(skipped=True)  # a sidecar JSON in a folder, as normalize skips
-    declared = kineto.declared_rank(doc, task.index)
-    rank = declared if task.rank is None else task.rank
+    declared = kineto.declared_rank(doc, -1)  # -1: the file does not say
+    rank = (declared if declared >= 0 else task.index) if task.rank is None else task.rank
     trace, info = kineto.rank_trace(path, doc, rank, task.meta)
     del doc
     if task.memory:  # only this rank's own file: no rank is made for another process
@@ -187,7 +188,10 @@ def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine,
     p.damaged = [{"path": p.tasks[i].path, "problem": o.damaged}
                  for i, o in enumerate(outs) if o.damaged]
     if p.tasks and p.tasks[0].kind == "json" and not any(o.other_format for o in outs):
-        final = kineto.assign_ranks([outs[i].declared for i in kept])  # type: ignore[misc]
+        # a file that states no rank is the next one among the traces read (sidecar JSON
+        # files found beside it do not count), as a whole-job import numbers them
+        final = kineto.assign_ranks([pos if outs[i].declared is None or outs[i].declared < 0
+                                     else outs[i].declared for pos, i in enumerate(kept)])
         redo = [i for i, r in zip(kept, final, strict=True) if outs[i].rank != r]
         fixed = [_with_rank(args[i], r) for i, r in zip(kept, final, strict=True)
                  if outs[i].rank != r]

@@ -32,11 +32,27 @@ def existing_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
+def opprof_traces_in(files: list[Path]) -> list[Path]:
+    """A single folder given as TRACE that holds opprof `.trace` files (a run's or a bench's
+    folder) stands for its one `.trace`; several are refused in one line naming them. Any
+    other input is returned as given."""
+    if len(files) != 1 or not files[0].is_dir():
+        return files
+    found = sorted(f for f in files[0].glob("*.trace") if is_opprof_trace(f))
+    if not found:
+        return files
+    if len(found) > 1:
+        names = ", ".join(f.name for f in found[:6]) + (" …" if len(found) > 6 else "")
+        raise OpprofError(f"{files[0]}: holds {len(found)} opprof traces ({names}); give one "
+                          "of them")
+    return found
+
+
 def load(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
     """Load an opprof `.trace`, or normalize native trace files/folders on the fly."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    files = existing_paths(paths)
+    files = opprof_traces_in(existing_paths(paths))
     if len(files) == 1 and is_opprof_trace(files[0]):
         return read_parquet(files[0])
     if any(is_opprof_trace(f) for f in files):

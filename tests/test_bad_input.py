@@ -405,7 +405,7 @@ def test_duplicated_ranks_stay_apart(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case, message", [
-    ("kineto and mxnet", "mixed native formats in one import: kineto, mxnet"),
+    ("kineto and mxnet", "mixed native formats in one import: kineto: a.json; mxnet: b.json.gz"),
     ("a .trace among native files", "cannot be mixed with native traces"),
     ("an xplane among JSON files", "cannot be mixed with other formats"),
     ("no trace files", "folder holds no trace files"),
@@ -428,6 +428,20 @@ def test_folders_mixing_formats(case: str, message: str, good_trace: Path,
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out.trace").exists()
+
+
+def test_a_folder_holding_one_trace_is_that_trace(good_trace: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "a.json").write_text(kineto([GOOD_EVENT]))  # a native file beside it is left
+    shutil.copy(good_trace, run / "mine.trace")
+    code, out, err = cli("report", "run", "--format", "json", cwd=tmp_path)
+    assert code == 0, err
+    whole = cli("report", str(good_trace), "--format", "json", cwd=tmp_path)[1]
+    assert json.loads(out)["meta"] == json.loads(whole)["meta"]
+    shutil.copy(good_trace, run / "other.trace")
+    code, _, err = cli("report", "run", cwd=tmp_path)
+    assert code == 2 and "holds 2 opprof traces (mine.trace, other.trace)" in err
 
 
 def test_symlink_loops_in_a_folder_are_not_followed(tmp_path: Path) -> None:

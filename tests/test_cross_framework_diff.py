@@ -4,6 +4,8 @@ common taxonomy, the same model on both sides."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -50,3 +52,62 @@ def test_diff_command_compares_torch_with_mxnet(torch_trace: Path) -> None:
     doc = json.loads(res.stdout)
     assert doc["a"] == "torch lenet5" and doc["b"].startswith("mxnet")
     assert {r["op"] for r in doc["ops"]} >= set(COMMON)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.3f}"
+
+
+def test_diff_prints_unprofiled_step_times_and_bases_the_headline_on_them(
+        torch_trace: Path, tmp_path: Path) -> None:
+    other = tmp_path / "again.trace"
+    shutil.copy(torch_trace, other)
+    meta = load(torch_trace).meta
+    res = run_cli("diff", str(torch_trace), str(other))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    u = meta["unprofiled_step_ns"]
+    assert f"step, unprofiled: A {_ms(u)} ms, B {_ms(u)} ms → A/B 1.00x (the headline)" in out
+    assert "step, profiled:" in out and "profiler overhead: A profiled/unprofiled" in out
+    # the same model on both sides: the runs are named by their files
+    assert "A = lenet5-torch.trace  ·  B = again.trace" in out
+    assert "0.00x" not in out and "∞" not in out
+    doc = json.loads(run_cli("diff", str(torch_trace), str(MXNET_LENET5), "--format",
+                             "json").stdout)
+    # the MXNet fixture has no unprofiled timing: the headline is on profiled steps, said so
+    assert doc["basis"] == "profiled" and doc["a_unprofiled_step_ns"] == u
+    assert doc["b_unprofiled_step_ns"] is None
+    assert doc["headline_ratio"] == pytest.approx(doc["a_step_ns"] / doc["b_step_ns"])
+    # batch 8 on both, the same device and workers: no warning
+    assert doc["mismatches"] == []
+
+
+def test_importing_the_native_folder_gives_rank_0_and_the_runs_metadata(
+        torch_trace: Path, tmp_path: Path) -> None:
+    native = torch_trace.with_name("lenet5-torch.native")
+    out = tmp_path / "again.trace"
+    res = run_cli("import", str(native), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    recorded, imported = load(torch_trace), load(out)
+    assert sorted(imported.events["rank"].unique()) == [0]
+    for key in ("model", "dataset", "unprofiled_step_ns", "command", "opprof_version",
+                "framework_version", "batch_size", "workers"):
+        assert imported.meta.get(key) is not None and \
+            imported.meta[key] == recorded.meta[key], key
+    rep = run_cli("report", str(out)).stdout
+    assert f"unprofiled: {_ms(recorded.meta['unprofiled_step_ns'])} ms/step" in rep
+    assert "torch  ·  lenet5" in rep
+
+
+#: A byte count in decimal units (rates, MB/s, are decimal and allowed).
+DECIMAL_BYTES = re.compile(r"\d (?:kB|KB|MB|GB|TB)(?!/s)")
+
+
+def test_console_output_uses_binary_units_for_bytes(torch_trace: Path) -> None:
+    for args in (("diff", str(torch_trace), str(MXNET_LENET5)),
+                 ("report", str(torch_trace), "--by", "memory"),
+                 ("model", str(torch_trace), "--workers", "2,4")):
+        res = run_cli(*args)
+        assert res.returncode == 0, res.stderr
+        assert not DECIMAL_BYTES.search(res.stdout), (args, DECIMAL_BYTES.search(res.stdout))
+        assert "MiB" in res.stdout or "KiB" in res.stdout, args

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -357,22 +358,30 @@ def test_report_by_memory(fmt):
         table = pd.read_csv(__import__("io").StringIO(out))
         assert table["peak_rss_bytes"].iloc[0] > 0 and "peak_forward_bytes" in table
     else:
-        assert out.startswith("## opprof report tf") and "| rank | role | peak_rss_bytes |" in out
+        assert out.startswith("## opprof report tf") and "| rank | role | peak rss MiB |" in out
+        assert " MiB |" in out.splitlines()[-1] and "_bytes" not in out
 
 
 def test_the_default_report_has_a_memory_line():
     res = run_cli("report", str(MEMORY / "torch-lenet5"))
     assert res.returncode == 0, res.stderr
-    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("memory:"))
+    text = " ".join(res.stdout.split())
+    line = text[text.index("memory:"):text.index("(--by memory for more)")]
     assert "peak resident" in line and "allocator" in line and "(cpu)" in line
+    # the profiler's own growth is told apart from the run's memory
+    assert re.search(r"peak resident [\d.,]+ MiB unprofiled, [\d.,]+ MiB while profiling "
+                     r"\(rank 0, step \d+; [+-][\d.,]+ MiB is the profiler's own\)", line), line
 
 
 def test_diff_puts_memory_beside_time():
     a, b = str(MEMORY / "tf-lenet5"), str(MEMORY / "torch-lenet5")
     res = run_cli("diff", a, b)
     assert res.returncode == 0, res.stderr
-    assert "Memory" in res.stdout and "Peak resident memory: tf" in res.stdout
-    assert "before profiling: tf" in res.stdout
+    assert "Memory" in res.stdout
+    verdict = " ".join(ln for ln in res.stdout.splitlines() if ln.startswith("Memory verdict"))
+    assert "resident peak before profiling, the profiler's buffers left out" in \
+        " ".join(res.stdout.split())
+    assert verdict.count("Memory verdict") == 1  # one verdict row, on the unprofiled peak
     assert "allocator peaks not compared" in res.stdout  # TF's large tensors vs torch's net
     doc = json.loads(run_cli("diff", a, b, "--format", "json").stdout)
     rows = {r["metric"]: r for r in doc["memory"]}

@@ -105,7 +105,7 @@ def test_diff_says_when_a_side_is_flagged(tmp_path: Path) -> None:
     trace.meta.update(meta_with([ms / 3] * 3, [ms] * 3))  # slower after: the load changed
     save(trace, busy)
     lines = run_cli("diff", str(steady), str(busy)).stdout.splitlines()
-    assert any(ln.startswith("B (torch (B)): ⚠ noisy timing: ") for ln in lines), lines
+    assert any(ln.startswith("B (busy.trace (torch)): ⚠ noisy timing: ") for ln in lines), lines
     assert not any(ln.startswith("A (") for ln in lines), lines  # as fast as its profile
     doc = json.loads(run_cli("diff", str(steady), str(busy), "--format", "json").stdout)
     assert doc["a_noise"]["flags"] == [] and "noisy" in doc["b_noise"]["flags"]

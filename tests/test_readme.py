@@ -1,17 +1,19 @@
-"""The README's quick-start commands run as written, in a fresh folder, so they cannot rot."""
+"""The README's quick-start commands run as written, from the root of a fresh copy of the
+repository (no ../shared beside it), so they cannot rot."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SHARED_TRACES, run_cli
+from tests.conftest import REPO
 
 
 def quick_start_commands() -> list[str]:
@@ -33,22 +35,47 @@ def test_readme_has_the_two_setup_commands() -> None:
     assert (REPO / ".ci" / "run").read_text().rstrip().endswith("pytest")
 
 
+def fresh_clone(dest: Path) -> Path:
+    """The repository's files as a fresh clone has them (tracked, and new ones not ignored:
+    no virtual environment, no build outputs), copied to ``dest/opprof`` with no sibling
+    ``shared/`` folder."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, capture_output=True, check=True)
+    root = dest / "opprof"
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        src = REPO / name
+        if src.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / name)
+    return root
+
+
+def test_quick_start_uses_only_the_repository() -> None:
+    """Every path a quick-start line names is inside the repository (no ../shared)."""
+    for line in quick_start_commands():
+        for arg in shlex.split(line):
+            assert not arg.startswith(("../", "/", "~")), f"{line}: {arg} is outside the clone"
+            if "/" in arg and not arg.startswith("-"):
+                assert (REPO / arg).exists(), f"{line}: {arg} is not in the repository"
+
+
 @pytest.mark.slow
 def test_quick_start_runs_as_written(tmp_path: Path) -> None:
-    if not (SHARED_TRACES / "kineto-gpu").exists():
-        pytest.skip("../shared/traces is not present")
+    """Every quick-start line runs as printed, from the root of a fresh copy of the
+    repository with no ../shared beside it (the installed `opprof` command, as a user who
+    ran the install command has it)."""
+    root = fresh_clone(tmp_path)
+    assert not (root.parent / "shared").exists()
     commands = quick_start_commands()
     assert any(c.startswith("opprof record") for c in commands)
+    script = Path(sys.executable).with_name("opprof")
     for line in commands:
-        line = line.replace("../shared/traces", str(SHARED_TRACES))
-        line = re.sub(r"(?<![\w./])fixtures/", f"{REPO / 'fixtures'}/", line)
-        line = line.replace("tests/scripts/", f"{REPO}/tests/scripts/")
         args = [sys.executable if a == "python" else a for a in shlex.split(line)]
-        if args[0] == "opprof":
-            res = run_cli(*args[1:], cwd=tmp_path, timeout=900)
-        else:
-            res = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True,
-                                 timeout=900)
+        if args[0] == "opprof" and script.exists():
+            args[0] = str(script)
+        elif args[0] == "opprof":
+            args = [sys.executable, "-m", "opprof", *args[1:]]
+        res = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, f"{line}\n{res.stderr}"
         assert "Traceback" not in res.stderr
         if line.startswith("opprof report") and "--format json" in line:
@@ -58,10 +85,11 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
             assert doc["network"]["source"] == "calibrate" and len(doc["predictions"]) == 2
         if line.startswith("opprof diff") and " -o " not in line:
             assert "explains most of it" in " ".join(res.stdout.split())
+            assert re.search(r"step, (unprofiled|profiled):", res.stdout)
         if "--format html" in line:
-            out = tmp_path / shlex.split(line)[shlex.split(line).index("-o") + 1]
+            out = root / shlex.split(line)[shlex.split(line).index("-o") + 1]
             assert out.read_text().rstrip().endswith("</html>")
     for name in ("resnet18-mxnet.trace", "resnet18-torch.trace", "lenet5-torch.trace",
                  "nccl.trace", "resnet18.pftrace", "mine.trace", "ddp.trace", "api.trace",
                  "net.json", "nccl.html", "ddp.html", "diff.html", "phases.svg", "ranks.pdf"):
-        assert (tmp_path / name).exists(), name
+        assert (root / name).exists(), name

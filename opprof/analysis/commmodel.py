@@ -121,6 +121,30 @@ class Network:
         return net
 
 
+#: A fit whose prediction is off by more than this at any measured size is flagged.
+FIT_LIMIT = 0.20
+
+
+def fit_errors(net: Network) -> list[tuple[int, float]]:
+    """(bytes, relative error of the α–β fit) for each measured size, in size order."""
+    return [(int(s["bytes"]), (float(s["predicted_ns"]) - float(s["ns"])) / float(s["ns"]))
+            for s in net.samples if s.get("ns") and s.get("predicted_ns") is not None]
+
+
+def fit_warning(net: Network) -> str | None:
+    """One ⚠ line when the α–β fit misses a measured size by more than :data:`FIT_LIMIT`
+    (so predictions with this network are off by as much); None otherwise."""
+    from opprof.render.units import size
+
+    bad = [(n, e) for n, e in fit_errors(net) if abs(e) > FIT_LIMIT]
+    if not bad:
+        return None
+    where = ", ".join(f"{e:+.0%} at {size(n)}" for n, e in bad)
+    return (f"⚠ poor α–β fit: {where} (limit ±{FIT_LIMIT:.0%}); predictions with this network "
+            "are off by as much at those sizes — calibrate again on a quieter machine, or with "
+            "more --repeat")
+
+
 def assumed(collective: str) -> Network:
     """The default network (``ASSUMED``) for a collective."""
     return Network(collective, ASSUMED["alpha_ns"], ASSUMED["beta_ns_per_byte"], workers=2,

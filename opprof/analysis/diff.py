@@ -41,10 +41,42 @@ class Diff:
     a_meta: dict = field(default_factory=dict)
     b_meta: dict = field(default_factory=dict)
 
+    #: Each side's unprofiled step time (``meta["unprofiled_step_ns"]``: the timed steps
+    #: without the profiler), or None when the trace has none.
+    a_unprofiled_ns: float | None = None
+    b_unprofiled_ns: float | None = None
+    #: One line per way the two runs differ that makes their comparison unfair (device,
+    #: framework version, batch size, workers), each starting with ⚠.
+    mismatches: list[str] = field(default_factory=list)
+
     @property
     def step_ratio(self) -> float:
-        """A's step time over B's."""
+        """A's profiled step time over B's."""
         return self.a_step_ns / self.b_step_ns if self.b_step_ns else float("inf")
+
+    @property
+    def basis(self) -> str:
+        """What the headline ratio divides: "unprofiled" when both runs have unprofiled step
+        times (the profiler's overhead differs by framework), else "profiled"."""
+        return "unprofiled" if self.a_unprofiled_ns and self.b_unprofiled_ns else "profiled"
+
+    def overhead(self, side: str) -> float | None:
+        """The profiler's overhead of side "a" or "b": median profiled step over median
+        unprofiled step (the report header's figure, opprof.analysis.noise), else the mean
+        profiled step over the unprofiled one."""
+        noise = self.a_noise if side == "a" else self.b_noise
+        if noise and noise.get("overhead"):
+            return float(noise["overhead"])
+        step, unprofiled = ((self.a_step_ns, self.a_unprofiled_ns) if side == "a"
+                            else (self.b_step_ns, self.b_unprofiled_ns))
+        return step / unprofiled if unprofiled else None
+
+    @property
+    def headline_ratio(self) -> float:
+        """A's step time over B's, on :attr:`basis`."""
+        if self.basis == "unprofiled":
+            return self.a_unprofiled_ns / self.b_unprofiled_ns  # type: ignore[operator]
+        return self.step_ratio
 
 
 def label(trace: Trace | Report, fallback: str) -> str:
@@ -98,25 +130,72 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
     oa = ta.groupby("op")["ns_per_step"].sum()
     ob = tb.groupby("op")["ns_per_step"].sum()
     ops = _compare(oa, ob, gap, "op")
-    la, lb = label(a, a_name), label(b, b_name)
+    la, lb = _name(a, a_name), _name(b, b_name)
     if la == lb:
-        la, lb = f"{la} (A)", f"{lb} (B)"
-    return Diff(la, lb, a_step, b_step, phases, ops, _sentence(la, lb, a_step, b_step, phases, ops),
-                a_meta=dict(a.meta), b_meta=dict(b.meta))
+        la, lb = (a_name, b_name) if a_name != b_name else (f"{la} (A)", f"{lb} (B)")
+    ua, ub = _unprofiled(a.meta), _unprofiled(b.meta)
+    return Diff(la, lb, a_step, b_step, phases, ops,
+                _sentence(la, lb, a_step, b_step, phases, ops, ua, ub),
+                a_meta=dict(a.meta), b_meta=dict(b.meta), a_unprofiled_ns=ua,
+                b_unprofiled_ns=ub, mismatches=mismatches(a.meta, b.meta))
+
+
+def _name(trace: Trace | Report, file_name: str) -> str:
+    """Framework and model when the metadata has a model; else (`opprof run`, an imported
+    trace) the file's name, with the framework when the name does not say it."""
+    if trace.meta.get("model"):
+        return label(trace, file_name)
+    fw = str(trace.meta.get("framework") or "")
+    return f"{file_name} ({fw})" if fw and fw not in file_name else file_name
+
+
+def _unprofiled(meta: dict) -> float | None:
+    v = meta.get("unprofiled_step_ns")
+    try:
+        return float(v) if v and float(v) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+#: What must match for two runs' times to compare what their frameworks do, and its name.
+MATCH_KEYS = (("device", "device"), ("framework_version", "framework version"),
+              ("batch_size", "batch size"), ("workers", "workers"))
+
+
+def mismatches(a: dict, b: dict) -> list[str]:
+    """One ⚠ line naming how two runs differ in device, framework version (of the same
+    framework), batch size or workers, when both say; empty when they match."""
+    diffs = []
+    for key, name in MATCH_KEYS:
+        va, vb = a.get(key), b.get(key)
+        if key == "framework_version" and a.get("framework") != b.get("framework"):
+            continue
+        if va not in (None, "") and vb not in (None, "") and str(va) != str(vb):
+            diffs.append(f"{name} ({va} vs {vb})")
+    if not diffs:
+        return []
+    return [f"⚠ the runs differ in {', '.join(diffs)}: the gap is not the frameworks' alone"]
 
 
 def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFrame,
-              ops: pd.DataFrame) -> str:
+              ops: pd.DataFrame, ua: float | None = None, ub: float | None = None) -> str:
     if not a_step or not b_step:
         return "One of the traces has no steps, so there is no step-time gap to explain."
     gap = a_step - b_step
     if abs(gap) < 1e-9 * max(a_step, 1):
-        return f"{la} and {lb} take the same step time ({_ms(a_step)})."
+        return f"{la} and {lb} take the same profiled step time ({_ms(a_step)})."
     slow_is_a = gap > 0
     slower, faster = (la, lb) if slow_is_a else (lb, la)
     s_step, f_step = (a_step, b_step) if slow_is_a else (b_step, a_step)
-    head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s step time "
-            f"({_ms(s_step)} vs {_ms(f_step)} per step)")
+    if ua and ub:  # the headline: without the profiler, whose overhead differs by framework
+        slow_u = ua >= ub
+        su, fu = (ua, ub) if slow_u else (ub, ua)
+        head = (f"{la if slow_u else lb} takes {su / fu:.2f}x {lb if slow_u else la}'s "
+                f"unprofiled step time ({_ms(su)} vs {_ms(fu)} per step; profiled "
+                f"{s_step / f_step:.2f}x for {slower}: {_ms(s_step)} vs {_ms(f_step)})")
+    else:
+        head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s profiled step time "
+                f"({_ms(s_step)} vs {_ms(f_step)} per step)")
     same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
     if same_sign.empty:
         return head + "."
@@ -125,7 +204,7 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
                   else (top["b_ns_per_step"], top["a_ns_per_step"]))
     times = f"{s_op / f_op:.2f}x" if f_op else f"only in {slower}"
     text = (f"{head}; {top['op']} explains most of it: {_ms(s_op)} vs {_ms(f_op)} per step "
-            f"({times}), {top['share_of_gap']:.0%} of the gap")
+            f"({times}), {top['share_of_gap']:.0%} of the {'profiled ' if ua and ub else ''}gap")
     ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
     if not ph.empty:
         text += f"; the {ph.iloc[0]['phase']} phase accounts for {ph.iloc[0]['share_of_gap']:.0%}"
@@ -133,4 +212,24 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
 
 
 def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e6:,.2f} ms"
+
+
+def memory_verdict(d: Diff) -> str | None:
+    """One verdict on memory: the largest worker's resident peak before profiling (the
+    profiler's own buffers left out), else while profiling (said so); None without both."""
+    from opprof.render.units import mib
+
+    for metric, what in (("unprofiled_rss", "resident peak before profiling, the profiler's "
+                                            "buffers left out"),
+                         ("peak_rss", "resident peak while profiling, the profiler's buffers "
+                                      "included: no unprofiled peak in both")):
+        row = d.memory[d.memory["metric"] == metric] if len(d.memory) else d.memory
+        if len(row) and row["ratio"].notna().all():
+            r = row.iloc[0]
+            more = (f"{d.a_label} uses {r['ratio']:.2f}x {d.b_label}'s memory"
+                    if r["ratio"] >= 1 else
+                    f"{d.b_label} uses {1 / r['ratio']:.2f}x {d.a_label}'s memory")
+            return (f"Memory verdict: {more} ({what}: {mib(r['a_bytes'])} vs "
+                    f"{mib(r['b_bytes'])}, largest worker).")
+    return None

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network, assumed, collective_of, fit
+from opprof.analysis.commmodel import Network, assumed, collective_of, fit, fit_warning
 from opprof.analysis.gradients import FLOAT_BYTES, GradientProfile, profile
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
 from opprof.analysis.resources import Resources, resource_mismatch, resources
@@ -347,6 +347,9 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
     servers = servers or (base.servers if base.collective == "ps" else 1) or 1
     net, note = network_for(base, collective, network, servers)
     notes = []
+    bad_fit = fit_warning(net)
+    if bad_fit:
+        notes.append(f"network {bad_fit}")
     if base.gradients.bytes_source.startswith("meta"):
         notes.append(f"gradient bytes: {base.gradients.bytes_source}")
     if not base.gradients.total_bytes:

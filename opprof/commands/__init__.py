@@ -46,9 +46,9 @@ def write_output(text: str, fmt: str, output: Path | None) -> None:
         echo_output(text, fmt)
         return
     write_atomic(output, text if text.endswith("\n") else text + "\n")
-    size = output.stat().st_size
-    click.echo(f"wrote {output} ({size / 2**20:.1f} MB)" if size >= 2**20
-               else f"wrote {output} ({size:,} bytes)", err=True)
+    from opprof.render.units import size
+
+    click.echo(f"wrote {output} ({size(output.stat().st_size)})", err=True)
 
 
 def memory_options(f):  # noqa: ANN001, ANN201 (a click decorator)

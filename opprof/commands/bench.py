@@ -362,7 +362,7 @@ def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd
     doc = {"config": config, "runs": records(table), "op_ratios": records(ratios)}
     write_atomic(folder / "bench.json", json.dumps(doc, indent=2, default=str) + "\n")
     write_atomic(folder / "bench.csv", table.to_csv(index=False))
-    md = ["## opprof bench", "", "### Runs (times in ns per step)", "", md_table(table), "",
+    md = ["## opprof bench", "", "### Runs (times in ms per step)", "", md_table(table), "",
           "### Operators with the largest cross-framework ratios", "",
           md_table(ratios) if len(ratios) else "(needs two frameworks recorded with the same "
           "model, batch size and workers)", ""]

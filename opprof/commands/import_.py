@@ -21,7 +21,7 @@ def command(native: tuple[Path, ...], output: Path, scheduler: str | None,
 
     \b
     Example:
-      opprof import ../shared/traces/kineto-gpu/nccl-2rank-rank0.json.gz -o nccl.trace
+      opprof import examples/traces/nccl-2rank-rank0.json.gz -o nccl.trace
       opprof import rank0.json rank1.json -o job.trace
       opprof import traces/ -o job.trace --scheduler tcp://10.0.0.1:8786
     """

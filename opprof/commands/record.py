@@ -35,7 +35,7 @@ from opprof.collectors.jobs import CONFIG_FILE, Recording
 from opprof.collectors.memory import memory_files
 from opprof.commands import echo_output, format_option, memory_options, top_option
 from opprof.errors import Interrupted, OpprofError
-from opprof.normalizers import normalize
+from opprof.normalizers import normalize, write_folder_meta
 from opprof.render import renderer
 from opprof.trace import Trace, save
 
@@ -177,6 +177,7 @@ def _trace_of(recording: Recording, config: RecordConfig, native_dir: Path,
     meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
     meta["native_dir"] = str(native_dir)
+    write_folder_meta(native_dir, meta)  # `opprof import` of the folder reads it back
     # A run cut short may hold a trace half-written by a process killed while writing it.
     return normalize([*recording.native, *recording.memory], meta,
                      skip_damaged="partial" in meta)

@@ -21,7 +21,7 @@ from opprof.collectors.memory import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
 from opprof.commands import echo_output, format_option, memory_options, top_option
 from opprof.errors import Interrupted, OpprofError
-from opprof.normalizers import normalize
+from opprof.normalizers import normalize, write_folder_meta
 from opprof.render import renderer
 from opprof.trace import save
 
@@ -107,6 +107,7 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
     meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
             "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
             "memory_interval_s": memory_interval_s}
+    write_folder_meta(native, meta)  # `opprof import` of the folder reads it back
     trace = normalize([*rec.native, *rec.memory], meta)
     save(trace, output)
     click.echo(f"wrote {output} ({len(trace.events):,} events; native traces in {native})",

@@ -10,11 +10,12 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.diff import Diff
+from opprof.analysis.commmodel import FIT_LIMIT, Network, fit_warning
+from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
+from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.taxonomy import PHASES
 
 PHASE_STYLE = {"load": "cyan", "h2d": "bright_cyan", "forward": "green", "backward": "yellow",
@@ -78,7 +79,7 @@ def _spread(noise: dict | None) -> str:
     out = (f" (median of {noise['samples']} timed steps, IQR {ms(noise['q1_ns'])}–"
            f"{ms(noise['q3_ns'])} ms")
     if noise.get("overhead"):
-        out += f"; profiled steps {noise['overhead']:.2f}x"
+        out += f"; {ratio(noise['overhead'], 'profiled/unprofiled')}"
     return out + ")"
 
 
@@ -200,15 +201,6 @@ def rank_table(rep: Report) -> Table:
     return t
 
 
-def _size(n: float | None, unit: str = "B") -> str:
-    if n is None or n != n or n == 0:
-        return "-"
-    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:,.2f} {prefix}{unit}"
-    return f"{n:,.0f} {unit}"
-
-
 def rank_comm_tables(rep: Report) -> list[Table]:
     """Communication per rank (wait vs transfer, overlap, bytes, bandwidth) and the
     straggler of each step."""
@@ -219,7 +211,7 @@ def rank_comm_tables(rep: Report) -> list[Table]:
     for r in rep.ranks.to_dict("records"):
         t.add_row(str(int(r["rank"])), f"{r['collectives']:,.1f}", ms(r["comm_ns"]),
                   ms(r["wait_ns"]), ms(r["transfer_ns"]), pct(r["wait_share"]),
-                  pct(r["overlap"]), _size(r["bytes"]), _size(r["bandwidth_Bps"], "B/s"))
+                  pct(r["overlap"]), size(r["bytes"]), rate(r["bandwidth_Bps"]))
     t.caption = ("wait = in a collective before the last rank entered it; transfer = the rest; "
                  "hidden = comm while computing; bandwidth = bytes / transfer time")
     s = Table(title="Straggler per step (the rank with the most own time)",
@@ -272,15 +264,6 @@ def device_tables(rep: Report) -> list[Table]:
                      f"{ms(r['idle_unattributed_ns'])} ms ({int(r['idle_gaps']):,} gaps)")
         tables.append(t)
     return tables
-
-
-def mib(n: float | None) -> str:
-    """Bytes as MiB (GiB from 10 GiB) text; '-' for none."""
-    if n is None or pd.isna(n):
-        return "-"
-    if abs(n) >= 10 * 2**30:
-        return f"{n / 2**30:,.2f} GiB"
-    return f"{n / 2**20:,.1f} MiB"
 
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -352,10 +335,14 @@ def memory_line(rep: Report) -> Text | None:
     parts = []
     where = f"rank {int(top['rank'])}" + (
         f", step {int(top['peak_step'])}" if _known(top["peak_step"]) else "")
-    if _known(top["peak_rss_bytes"]):
-        before = (f"; {mib(top['unprofiled_rss_bytes'])} before profiling"
-                  if _known(top["unprofiled_rss_bytes"]) else "")
-        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} ({where}{before})")
+    if _known(top["peak_rss_bytes"]) and _known(top["unprofiled_rss_bytes"]):
+        growth = top["peak_rss_bytes"] - top["unprofiled_rss_bytes"]
+        parts.append(f"peak resident {mib(top['unprofiled_rss_bytes'])} unprofiled, "
+                     f"{mib(top['peak_rss_bytes'])} while profiling ({where}; "
+                     f"{'+' if growth >= 0 else ''}{mib(growth)} is the profiler's own)")
+    elif _known(top["peak_rss_bytes"]):
+        parts.append(f"peak resident {mib(top['peak_rss_bytes'])} while profiling ({where}; "
+                     "the profiler's buffers included, no unprofiled peak)")
     if _known(top["peak_allocated_bytes"]):
         parts.append(f"allocator {mib(top['peak_allocated_bytes'])} "
                      f"({top['allocated_device']})")
@@ -439,6 +426,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         items.extend(rank_comm_tables(rep))
     elif by == "step":
         items.append(step_table(rep))
+    elif by == "device" and rep.devices.empty and rep.device_ops.empty:
+        items.append(Text(f"no device activity in this trace (no GPU kernels, copies or "
+                          f"memsets; device: {rep.meta.get('device') or 'unknown'}): --by op "
+                          "shows its host operators"))
     elif by == "device":
         items.extend(device_tables(rep))
         items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
@@ -457,22 +448,42 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     return render(*items)
 
 
+def step_lines(d: Diff) -> list[str]:
+    """The step times of a diff, unprofiled beside profiled, and which the headline uses."""
+    lines = []
+    if d.basis == "unprofiled":
+        lines.append(f"step, unprofiled: A {ms(d.a_unprofiled_ns)} ms, B {ms(d.b_unprofiled_ns)} "
+                     f"ms → {ratio(d.headline_ratio, 'A/B')} (the headline)")
+    lines.append(f"step, profiled:   A {ms(d.a_step_ns)} ms, B {ms(d.b_step_ns)} ms → "
+                 f"{ratio(d.step_ratio, 'A/B')}")
+    if d.basis == "unprofiled":
+        what = "profiled/unprofiled"
+        lines.append(f"profiler overhead: A {ratio(d.overhead('a'), what)}, "
+                     f"B {ratio(d.overhead('b'), what)}")
+    else:
+        lines.append("(no unprofiled timing in "
+                     + " and ".join(s for s, u in (("A", d.a_unprofiled_ns),
+                                                    ("B", d.b_unprofiled_ns)) if not u)
+                     + ": the headline compares profiled steps)")
+    return lines
+
+
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff for a terminal."""
     head = Text(f"opprof diff  A = {d.a_label}  ·  B = {d.b_label}\n", style="bold")
-    head += Text(f"step: A {ms(d.a_step_ns)} ms, B {ms(d.b_step_ns)} ms, "
-                 f"A/B = {d.step_ratio:.2f}x")
+    head += Text("\n".join(step_lines(d)))
+    for line in d.mismatches:
+        head += Text("\n" + line, style="bold yellow")
     tables = []
-    for df, key, title in [(d.phases, "phase", "Phases (wall ms/step)"),
+    for df, key, title in [(d.phases, "phase", "Phases (wall ms/step, profiled)"),
                            (d.ops if top is None else d.ops.head(top), "op",
-                            "Operators (host ms/step), by share of the gap")]:
+                            "Operators (host ms/step, profiled), by share of the gap")]:
         t = Table(title=title, title_justify="left")
         for c in [key, "A", "B", "A/B", "A−B ms", "share of gap"]:
             t.add_column(c, justify="left" if c == key else "right")
         for r in df.to_dict("records"):
-            ratio = r["ratio"]
-            rtxt = "-" if ratio != ratio else ("∞" if math.isinf(ratio) else f"{ratio:.2f}x")
-            t.add_row(str(r[key]), ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]), rtxt,
+            t.add_row(str(r[key]), ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]),
+                      ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
     items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
@@ -503,27 +514,15 @@ def memory_diff(d: Diff) -> list[object]:
     for r in d.memory.to_dict("records"):
         name = MEMORY_METRIC.get(r["metric"]) or (
             f"peak in {r['metric'].removeprefix('peak_')} (largest worker)")
-        ratio = r["ratio"]
         t.add_row(name, mib(r["a_bytes"]), mib(r["b_bytes"]),
-                  "-" if ratio is None or pd.isna(ratio) else f"{ratio:.2f}x",
-                  mib(r["delta_bytes"]))
+                  "-" if pd.isna(r["ratio"]) else ratio(r["ratio"]), mib(r["delta_bytes"]))
     alloc = d.memory[d.memory["metric"].isin(["peak_allocated", "peak_reserved"])]
     if len(alloc) and alloc["a_bytes"].notna().all() and alloc["b_bytes"].notna().all() \
             and alloc["ratio"].isna().all():
         t.caption = ("allocator peaks not compared: the two runs' allocators count different "
                      "things (--by memory on each says what)")
-    out: list[object] = [t]
-    words = []
-    for metric, what in (("peak_rss", "Peak resident memory"),
-                         ("unprofiled_rss", "before profiling")):
-        row = d.memory[d.memory["metric"] == metric]
-        if len(row) and row["ratio"].notna().all():
-            r = row.iloc[0]
-            words.append(f"{what}: {d.a_label} {mib(r['a_bytes'])}, {d.b_label} "
-                         f"{mib(r['b_bytes'])} ({r['ratio']:.2f}x)")
-    if words:
-        out.append(Text("; ".join(words) + "."))
-    return out
+    verdict = memory_verdict(d)
+    return [t, Text(verdict, style="bold")] if verdict else [t]
 
 
 def whatif_swaps_table(d: Diff, top: int | None) -> Table:
@@ -534,9 +533,8 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
         t.add_column(c, justify="left" if c == "op" else "right")
     rows = d.whatif if top is None else d.whatif.head(top)
     for r in rows.to_dict("records"):
-        ratio = r["ratio"]
         t.add_row(r["op"], ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]),
-                  "∞" if math.isinf(ratio) else f"{ratio:.2f}x", ms(r["whatif_step_ns"]),
+                  ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]), ms(r["whatif_step_ns"]),
                   ms(r["saving_ns"]), pct(r["saving_share"]))
     t.caption = ("re-simulated: A's other operators, overlap and communication kept; "
                  "saving = A's step − the what-if step")
@@ -551,10 +549,11 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
-    for c in [*key, "status", "samples/s", "step ms", "profiled ms", "scaling", "flags"]:
+    for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
+              "profiled/unprofiled", "scaling", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
                      else "right")
-    for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem ratio",
+    for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem/leanest",
               "profiled mem"]:
         m.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
     for c in [*key, *PHASES, "step"]:
@@ -570,6 +569,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
         has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
+                  _overhead(r) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
         if ok:
@@ -586,13 +586,15 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
             p.add_row(*head, *(ms(r[ph]) for ph in PHASES), ms(r["step_ns"]))
         if r["reason"]:
             notes.append(f"{r['fw']} {r['model']} x{r['workers']} {r['mode']}: {r['reason']}")
-    t.caption = "\n".join(["step ms: unprofiled; scaling = samples/s ÷ (workers × samples/s of "
-                           "1 worker)", *_flag_notes(table), *notes])
+    t.caption = "\n".join(["unprofiled ms: the timed steps without the profiler (samples/s and "
+                           "scaling come from them); profiled ms: the profiled steps (the "
+                           "phase and operator tables); scaling = samples/s ÷ (workers × "
+                           "samples/s of 1 worker)", *_flag_notes(table), *notes])
     m.caption = "\n".join(["predicted: the model from the 1-worker run (profiled ms; scaling = "
                            "step(1) ÷ step(N), predicted vs measured; error of the predicted "
                            "step); mem: resident peak of the largest worker before profiling "
                            "(profiled mem: until the last profiled step, the profiler's buffers "
-                           "included); mem ratio: mem over the leanest run of the same model "
+                           "included); mem/leanest: mem over the leanest run of the same model "
                            "and workers", *model_notes])
     o = Table(title="Operators with the largest cross-framework ratios (host ms per rank-step)",
               title_justify="left")
@@ -604,6 +606,14 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
     return [t, m, p, o]
+
+
+def _overhead(r: dict) -> str:
+    """A run's profiled step over its unprofiled one."""
+    if _known(r.get("overhead")):  # median profiled / median unprofiled, as the report's
+        return ratio(r["overhead"])
+    u, p = r.get("unprofiled_step_ns"), r.get("step_ns")
+    return ratio(p / u) if _known(u) and _known(p) and u else "-"
 
 
 def _sps(r: dict) -> str:
@@ -641,7 +651,7 @@ def _us(ns: float | None) -> str:
 
 def network_line(net: Network, note: str = "") -> Text:
     """α, β and bandwidth of a network, and where they come from."""
-    bw = _size(net.bandwidth_Bps, "B/s") if net.bandwidth_Bps else "∞"
+    bw = rate(net.bandwidth_Bps) if net.bandwidth_Bps else "no limit"
     text = Text(f"{net.collective}: α = {_us(net.alpha_ns)}, β = {net.beta_ns_per_byte:.4g} ns/B "
                 f"({bw})")
     if note:
@@ -656,11 +666,13 @@ def model(result: ModelResult) -> str:
 
     b = result.base
     head = Text("opprof model  ", style="bold") + Text(
-        f"{b.label}  ·  {b.framework or 'unknown framework'} {b.meta.get('model') or ''}  ·  "
+        f"{b.label}  ·  "
+        f"{' '.join(x for x in (b.framework, b.meta.get('model')) if x) or 'unknown framework'}"
+        "  ·  "
         f"base: {b.workers} worker{'s' if b.workers != 1 else ''} ({b.mode})  ·  "
         f"{ms(b.step_ns)} ms/step over {b.terms.steps} rank-step(s)")
     head += Text(f"\nper-worker resources: {b.resources.describe()} — the prediction holds for "
-                 "workers with the same", style="grey50")
+                 "workers with these resources", style="grey50")
     t = Table(title="Terms of the base (ms per step; t_io … other sum to the step)",
               title_justify="left")
     for c in ["term", "phase", "mean", "std", "min", "max", "cv"]:
@@ -670,12 +682,12 @@ def model(result: ModelResult) -> str:
                   ms(r["mean_ns"]), ms(r["std_ns"]), ms(r["min_ns"]), ms(r["max_ns"]),
                   pct(r["cv"]))
     g = b.gradients
-    grads = Text(f"gradients: {len(g.layers)} in backward order, {_size(g.total_bytes)} per "
+    grads = Text(f"gradients: {len(g.layers)} in backward order, {size(g.total_bytes)} per "
                  f"step ({g.source}; sizes: {g.bytes_source})")
     if len(g.collectives):
         c = g.collectives
         first = c[(c["rank"] == c["rank"].min()) & (c["step"] == c["step"].min())]
-        sizes = ", ".join(_size(n) for n in first["bytes"] if n) or "sizes not recorded"
+        sizes = ", ".join(size(n) for n in first["bytes"] if n) or "sizes not recorded"
         grads += Text(f"\nthe trace's collectives: {len(c) / max(b.terms.steps, 1):.1f} per "
                       f"rank-step (first: {sizes})")
     grads += Text(f"\npipeline: {result.policy.describe}\nnetwork ")
@@ -694,7 +706,8 @@ def model(result: ModelResult) -> str:
     p.caption = ("speed-up = N × step(1) / step(N); wait = expected wait for the slowest "
                  "worker (inside exposed comm)")
     items: list[object] = [head, t, grads, _messages_table(result), p]
-    items += [Text(f"note: {n}", style="grey50") for n in result.notes]
+    items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
+              for n in result.notes]
     if result.check is not None:
         items.extend(_check_items(result.check))
     return render(*items)
@@ -715,7 +728,7 @@ def _messages_table(result: ModelResult) -> Table:
         return t
     for i, (frac, n) in enumerate(messages(g.layers["ready_frac"].to_numpy(),
                                            g.layers["bytes"].to_numpy(), result.policy)):
-        t.add_row(str(i), _size(n), ms(frac * g.backward_ns), pct(frac))
+        t.add_row(str(i), size(n), ms(frac * g.backward_ns), pct(frac))
     return t
 
 
@@ -770,13 +783,15 @@ def calibration(net: Network) -> str:
         f"{net.framework} · {net.backend} · {net.workers} workers"
         f"{f', {net.servers} server(s)' if net.servers else ''}\n") + network_line(net)
     t = Table(title="Message sizes (median per size)", title_justify="left")
-    for c in ["bytes", "calls", "measured", "α–β fit", "error"]:
+    for c in ["size", "calls", "measured", "α–β fit", "fit error", ""]:
         t.add_column(c, justify="right")
     for r in samples_table(net).to_dict("records"):
         err = (r["predicted_ns"] - r["ns"]) / r["ns"] if r["ns"] else float("nan")
-        t.add_row(_size(r["bytes"]), str(int(r["calls"])), _us(r["ns"]), _us(r["predicted_ns"]),
-                  f"{err:+.1%}")
+        t.add_row(size(r["bytes"]), str(int(r["calls"])), _us(r["ns"]), _us(r["predicted_ns"]),
+                  f"{err:+.1%}", Text("⚠", style="bold yellow") if abs(err) > FIT_LIMIT else "")
     f = net.fit
     t.caption = (f"fit: relative RMS error {f.get('rel_rmse', float('nan')):.1%} over "
-                 f"{f.get('points', 0)} sizes" + (f"; {f['note']}" if f.get("note") else ""))
-    return render(head, t)
+                 f"{f.get('points', 0)} sizes; ⚠ = off by more than ±{FIT_LIMIT:.0%}"
+                 + (f"; {f['note']}" if f.get("note") else ""))
+    warning = fit_warning(net)
+    return render(head, t, *([Text(warning, style="bold yellow")] if warning else []))

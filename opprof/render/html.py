@@ -28,9 +28,9 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from opprof import __version__
-from opprof.analysis.diff import Diff
+from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.report import Report
-from opprof.render import palette, plotdata
+from opprof.render import palette, plotdata, units
 from opprof.render.plotdata import MS, Bench
 from opprof.taxonomy import PHASES
 
@@ -203,7 +203,7 @@ def f_ratio(v: Any) -> str:
     x = _num(v)
     if x is None:
         return "-"
-    return "∞" if math.isinf(x) else f"{x:.2f}x"
+    return "-" if math.isinf(x) else units.ratio(x)
 
 
 def f_int(v: Any) -> str:
@@ -353,10 +353,13 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
 def _report_summary(rep: Report, n_steps: int, ranks: list, mean: float) -> str:
     meta = rep.meta
     distinct = rep.steps["step"].nunique() if n_steps else 0
-    facts = [("mean step", f"{f_ms(mean)} ms"), ("steps", f"{distinct:,}"),
+    facts = [("mean profiled step", f"{f_ms(mean)} ms"), ("steps", f"{distinct:,}"),
              ("ranks", f"{len(ranks):,}")]
     if meta.get("unprofiled_step_ns"):
         facts.append(("unprofiled step", f"{f_ms(meta['unprofiled_step_ns'])} ms"))
+        facts.append(("profiler overhead",
+                      units.ratio(mean / float(meta["unprofiled_step_ns"]),
+                                  "profiled/unprofiled")))
     if meta.get("samples_per_s"):
         facts.append(("samples/s (unprofiled)", f"{float(meta['samples_per_s']):,.1f}"))
     if rep.comm_overlap is not None:
@@ -417,8 +420,8 @@ RANK_COLUMNS: list[Column] = [
     *[(p, f"{p} ms", f_ms) for p in PHASES], ("own_ns", "own ms", f_ms),
     ("comm_ns", "comm ms", f_ms), ("wait_ns", "wait ms", f_ms),
     ("transfer_ns", "transfer ms", f_ms), ("wait_share", "wait share", f_pct),
-    ("overlap", "overlap", f_pct), ("bytes", "bytes/step", f_int),
-    ("bandwidth_Bps", "GB/s", lambda v: "-" if _num(v) is None else f"{_num(v) / 1e9:.3f}")]
+    ("overlap", "overlap", f_pct), ("bytes", "per step", units.size),
+    ("bandwidth_Bps", "bandwidth", units.rate)]
 STRAGGLER_COLUMNS: list[Column] = [
     ("step", "step", f_int), ("ranks", "ranks", f_int), ("slowest_rank", "slowest rank", f_int),
     ("own_ns", "own ms", f_ms), ("median_own_ns", "median own ms", f_ms),
@@ -548,8 +551,14 @@ def _report_memory(rep: Report) -> str:
 
 DIFF_COLUMNS: list[Column] = [
     ("a_ns_per_step", "A ms/step", f_ms), ("b_ns_per_step", "B ms/step", f_ms),
-    ("ratio", "A/B", f_ratio), ("delta_ns", "A−B ms", f_ms),
+    ("ab", "A/B", f_text), ("delta_ns", "A−B ms", f_ms),
     ("share_of_gap", "share of gap", f_pct)]
+
+
+def _with_ab(df: pd.DataFrame) -> pd.DataFrame:
+    """The diff rows with their A/B as text ("only in A" where B has none)."""
+    return df.assign(ab=[units.ab_ratio(a, b) for a, b in
+                         zip(df["a_ns_per_step"], df["b_ns_per_step"], strict=True)])
 
 
 def _waterfall(w: plotdata.Waterfall, height: int) -> go.Figure:
@@ -588,11 +597,23 @@ def diff(d: Diff, top: int | None = None) -> str:
     and by operator, the tables; memory and what-if when present."""
     top = top or 15
     secs = []
-    head = (f"<p class=\"summary\">{html.escape(d.summary)}</p>"
-            + table(pd.DataFrame([{"run": f"A: {d.a_label}", "step": d.a_step_ns},
-                                  {"run": f"B: {d.b_label}", "step": d.b_step_ns}]),
-                    [("run", "run", f_text), ("step", "ms/step", f_ms)], sortable=False)
-            + note(f"A/B step time: {f_ratio(d.step_ratio)}; positive A−B: A spends longer."))
+    runs = pd.DataFrame([{"run": f"A: {d.a_label}", "unprofiled": d.a_unprofiled_ns,
+                          "step": d.a_step_ns},
+                         {"run": f"B: {d.b_label}", "unprofiled": d.b_unprofiled_ns,
+                          "step": d.b_step_ns}])
+    runs["overhead"] = [d.overhead("a"), d.overhead("b")]
+    warn = "".join(note(line) for line in d.mismatches)
+    verdict = memory_verdict(d)
+    head = (f"<p class=\"summary\">{html.escape(d.summary)}</p>" + warn
+            + table(runs, [("run", "run", f_text), ("unprofiled", "unprofiled ms/step", f_ms),
+                           ("step", "profiled ms/step", f_ms),
+                           ("overhead", "profiled/unprofiled", f_ratio)], sortable=False)
+            + note(f"A/B step time, {d.basis} (the headline): {f_ratio(d.headline_ratio)}"
+                   + (f"; profiled: {f_ratio(d.step_ratio)}" if d.basis == "unprofiled"
+                      else " (no unprofiled timing in both runs)")
+                   + ". The phase and operator tables are profiled times; positive A−B: A "
+                     "spends longer.")
+            + (note(verdict) if verdict else ""))
     both = pd.DataFrame({p: [float(d.phases.set_index('phase').get('a_ns_per_step', {}).get(p, 0)),
                              float(d.phases.set_index('phase').get('b_ns_per_step', {}).get(p, 0))]
                          for p in PHASES}) / MS
@@ -605,7 +626,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                  chart(wf) + note("From B's step (left) to A's (right): each phase's A−B; "
                                   "red makes A slower, green faster. The phases sum to the "
                                   "gap exactly.")
-                 + table(d.phases, [("phase", "phase", f_text), *DIFF_COLUMNS])))
+                 + table(_with_ab(d.phases), [("phase", "phase", f_text), *DIFF_COLUMNS])))
     wo = plotdata.diff_waterfall(d, "op", top)
     ops = d.ops.head(top)
     bars = go.Figure()
@@ -623,7 +644,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                  + note(f"The {len(ops)} operators with the largest |A−B| (host time); "
                         "'rest of the step' is the gap outside them (other operators, and "
                         "time that is not operator time, like waiting).")
-                 + chart(bars) + table(d.ops, [("op", "op", f_text), *DIFF_COLUMNS])))
+                 + chart(bars) + table(_with_ab(d.ops), [("op", "op", f_text), *DIFF_COLUMNS])))
     if d.whatif is not None and len(d.whatif):
         w = d.whatif.head(top)
         fig = go.Figure(go.Bar(y=w["op"], x=w["saving_ns"] / MS, orientation="h",
@@ -632,9 +653,9 @@ def diff(d: Diff, top: int | None = None) -> str:
         _layout(fig, 140 + 24 * len(w), xaxis_title="ms shorter A step at B's speed")
         fig.update_yaxes(type="category", autorange="reversed")
         fig.update_layout(margin={"l": 190, "r": 20, "t": 40, "b": 50})
-        secs.append(("whatif", "What if", chart(fig) + table(d.whatif, [
+        secs.append(("whatif", "What if", chart(fig) + table(_with_ab(d.whatif), [
             ("op", "op", f_text), ("a_ns_per_step", "A ms/step", f_ms),
-            ("b_ns_per_step", "B ms/step", f_ms), ("ratio", "A/B", f_ratio),
+            ("b_ns_per_step", "B ms/step", f_ms), ("ab", "A/B", f_text),
             ("whatif_step_ns", "A step at B's speed ms", f_ms),
             ("saving_ns", "saving ms", f_ms), ("saving_share", "saving", f_pct)])))
     if len(d.memory):
@@ -656,14 +677,14 @@ BENCH_COLUMNS: list[Column] = [
     ("fw", "fw", f_text), ("model", "model", f_text), ("workers", "workers", f_int),
     ("mode", "mode", f_text), ("status", "status", f_text),
     ("samples_per_s", "samples/s", lambda v: "-" if _num(v) is None else f"{_num(v):,.1f}"),
-    ("unprofiled_step_ns", "step ms (unprofiled)", f_ms),
-    ("step_ns", "profiled ms", f_ms), *[(p, f"{p} ms", f_ms) for p in PHASES],
+    ("unprofiled_step_ns", "unprofiled ms/step", f_ms),
+    ("step_ns", "profiled ms/step", f_ms), *[(p, f"{p} ms", f_ms) for p in PHASES],
     ("scaling_efficiency", "scaling", f_pct), ("profiled_scaling", "profiled scaling", f_pct),
     ("predicted_step_ns", "predicted ms", f_ms),
     ("predicted_scaling", "predicted scaling", f_pct),
     ("prediction_error", "prediction error", f_pct),
     ("unprofiled_rss_bytes", "mem MiB", f_mib), ("peak_rss_bytes", "profiled mem MiB", f_mib),
-    ("rss_ratio", "mem ratio", f_ratio), ("wall_s", "wall s",
+    ("rss_ratio", "mem/leanest", f_ratio), ("wall_s", "wall s",
                                           lambda v: "-" if _num(v) is None else f"{_num(v):.1f}"),
     ("reason", "reason", f_text)]
 RATIO_COLUMNS: list[Column] = [

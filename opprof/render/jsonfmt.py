@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from opprof.analysis.commmodel import Network
-from opprof.analysis.diff import Diff
+from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.simulate import messages
@@ -91,7 +91,10 @@ def diff(d: Diff, top: int | None = None) -> str:
     ops = d.ops if top is None else d.ops.head(top)
     return json.dumps({
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
-        "step_ratio": _clean(d.step_ratio), "phases": records(d.phases), "ops": records(ops),
+        "step_ratio": _clean(d.step_ratio), "a_unprofiled_step_ns": d.a_unprofiled_ns,
+        "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
+        "headline_ratio": _clean(d.headline_ratio), "mismatches": d.mismatches,
+        "memory_verdict": memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
         "memory": records(d.memory), "summary": d.summary, "a_noise": d.a_noise,
         "b_noise": d.b_noise,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),

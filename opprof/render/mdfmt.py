@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.diff import Diff
+from opprof.analysis.commmodel import Network, fit_warning
+from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
+from opprof.render.units import ab_ratio, mib, ms, rate, ratio
+from opprof.taxonomy import PHASES
 
 
 def md_table(df: pd.DataFrame) -> str:
-    """A DataFrame as a GitHub markdown table (no extra dependency)."""
+    """A DataFrame as a GitHub markdown table (no extra dependency), in readable units."""
+    df = readable(df)
+
     def cell(v: object) -> str:
         if isinstance(v, float):
             if v != v:
@@ -22,12 +26,57 @@ def md_table(df: pd.DataFrame) -> str:
             return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
         if v is None or v is pd.NA:
             return ""
-        return str(v)
+        return str(v).replace("|", "\\|")
 
     head = "| " + " | ".join(map(str, df.columns)) + " |"
-    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    sep = "|" + "|".join("---:" if _numeric(df[c]) else "---" for c in df.columns) + "|"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, sep, *body])
+
+
+def _numeric(col: pd.Series) -> bool:
+    text = col.dropna().astype(str)
+    text = text[text != "-"]
+    return bool(len(text)) and bool(text.str.match(r"^[-+]?[\d,.]+( ?[%xA-Za-z/]+)?$").all())
+
+
+#: Columns holding fractions, shown as percentages.
+_SHARES = ("share", "share_of_gap", "fit_error", "share_of_phase", "wait_share", "overlap",
+           "efficiency", "cv", "saving_share", "excess_share", "error", "scaling_efficiency",
+           "profiled_scaling", "predicted_scaling", "prediction_error")
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """Nanoseconds as ms with separators, bytes in binary units, rates in MB/s, fractions as
+    percentages and ratios with an x; each column named with its unit."""
+    out = {}
+    step_table = "dur_ns" in df.columns or "step_ns" in df.columns  # phases in ns
+    both = "unprofiled_step_ns" in df.columns
+    for c in df.columns:
+        col, name = df[c], str(c)
+        tokens = name.split("_")
+        if name == "step_ns" and both:
+            out["profiled step ms"] = col.map(ms)
+        elif "ns" in tokens or (step_table and name in PHASES):
+            out[" ".join("ms" if t == "ns" else t for t in tokens)
+                + ("" if "ns" in tokens else " ms")] = col.map(ms)
+        elif "bytes" in tokens:
+            out[" ".join("MiB" if t == "bytes" else t for t in tokens)] = col.map(mib)
+        elif name.endswith("Bps"):
+            out[name.removesuffix("_Bps").replace("_", " ")] = col.map(rate)
+        elif name == "ratio" and {"a_ns_per_step", "b_ns_per_step"} <= set(df.columns):
+            out["A/B"] = [ab_ratio(a, b) for a, b in zip(df["a_ns_per_step"],
+                                                          df["b_ns_per_step"], strict=True)]
+        elif name == "overhead":
+            out["profiled/unprofiled"] = col.map(lambda v: "-" if pd.isna(v) else ratio(v))
+        elif name == "ratio" or name.endswith("_ratio"):
+            out[name.replace("_", " ")] = col.map(lambda v: "-" if pd.isna(v) else ratio(v))
+        elif name in _SHARES:
+            out[name.replace("_", " ")] = col.map(
+                lambda v: "-" if v is None or pd.isna(v) else f"{float(v):.1%}")
+        else:
+            out[name.replace("_", " ")] = col
+    return pd.DataFrame(out)
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
@@ -35,18 +84,27 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
     notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
                     + partial_lines(rep.meta) + compile_lines(rep))
-    return (f"## opprof report {title} — by {by}\n\n{notes}"
-            f"{md_table(report_table(rep, by, top))}\n")
+    if by == "device" and rep.devices.empty and rep.device_ops.empty:
+        body = "No device activity in this trace (no GPU kernels, copies or memsets)."
+    else:
+        body = md_table(report_table(rep, by, top))
+    return f"## opprof report {title} — by {by}\n\n{notes}{body}\n"
 
 
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as markdown."""
-    memory = (f"\n### Memory (bytes)\n\n{md_table(diff_memory_table(d))}\n"
+    memory = (f"\n### Memory\n\n{md_table(diff_memory_table(d))}\n"
               if len(d.memory) else "")
     notes = "".join(f"> {side}: {line}\n\n" for side, noise in (("A", d.a_noise),
                                                                   ("B", d.b_noise))
                     for line in quality_lines(noise))
-    out = (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n{notes}"
+    from opprof.render.console import step_lines
+
+    steps = "".join(f"- {line}\n" for line in step_lines(d))
+    warn = "".join(f"> {line}\n\n" for line in d.mismatches)
+    verdict = memory_verdict(d)
+    notes += f"{verdict}\n\n" if verdict else ""
+    out = (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n{steps}\n{warn}{notes}"
            f"{md_table(diff_table(d, top))}\n{memory}")
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
@@ -61,7 +119,7 @@ def model(result: ModelResult) -> str:
     b, net = result.base, result.network
     out = [f"## opprof model: {b.label} ({b.framework}, {b.workers} worker(s), {b.mode})", "",
            f"Per-worker resources: {b.resources.describe()}.", "",
-           "### Terms (ns per step)", "", md_table(terms_table(result)), "",
+           "### Terms (ms per step)", "", md_table(terms_table(result)), "",
            f"Network ({net.collective}): α = {net.alpha_ns:,.0f} ns, β = "
            f"{net.beta_ns_per_byte:.4g} ns/B — {result.network_note}.", "",
            f"Pipeline: {result.policy.describe}.", "",
@@ -91,4 +149,5 @@ def calibration(net: Network) -> str:
 
     return (f"## opprof calibrate: {net.framework} {net.backend}, {net.workers} workers\n\n"
             f"{net.collective}: α = {net.alpha_ns:,.0f} ns, β = {net.beta_ns_per_byte:.4g} "
-            f"ns/B\n\n{md_table(samples_table(net))}\n")
+            f"ns/B\n\n{md_table(samples_table(net))}\n"
+            + (f"\n> {warning}\n" if (warning := fit_warning(net)) else ""))

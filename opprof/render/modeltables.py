@@ -54,4 +54,5 @@ def scenario_table(w: WhatIf) -> pd.DataFrame:
 
 def samples_table(net: Network) -> pd.DataFrame:
     """The measured message sizes of a network fit with their predicted times."""
-    return pd.DataFrame(net.samples, columns=["bytes", "ns", "calls", "predicted_ns"])
+    t = pd.DataFrame(net.samples, columns=["bytes", "ns", "calls", "predicted_ns"])
+    return t.assign(fit_error=(t["predicted_ns"] - t["ns"]) / t["ns"])
