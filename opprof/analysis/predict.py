@@ -53,6 +53,7 @@ from opprof.analysis.simulate import (
 )
 from opprof.analysis.terms import PHASE_OF, TERM_OF, TERMS, Terms, terms_from_steps
 from opprof.errors import OpprofError
+from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
@@ -119,8 +120,16 @@ def infer_mode(trace: Trace, workers: int | None = None) -> str:
     """The trace's distributed mode: from its metadata, else from what ran (imported native
     traces): one worker is ``single``; servers make it a parameter server (``ps-sync`` for
     MXNet, whose kvstore is usually synchronous; ``ps-async`` for TensorFlow, whose only
-    parameter-server strategy is); otherwise ``allreduce``."""
+    parameter-server strategy is); otherwise ``allreduce``. FSDP's ranges or ZeRO's optimizer
+    make a data-parallel trace ``fsdp`` / ``zero`` (:mod:`opprof.sharding`)."""
     meta = trace.meta
+    if meta.get("mode") not in REFINES:
+        return str(meta["mode"])
+    names = trace.events["name"]
+    sharded = sharded_mode(names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype)
+                           else names.unique())
+    if sharded:
+        return sharded
     if meta.get("mode"):
         return str(meta["mode"])
     workers = workers or int(meta.get("workers") or len(trace.ranks) or 1)
