@@ -53,4 +53,5 @@ for step in range(args.steps):
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()
-print(f"rank {rank} of {world}: trained {args.steps} steps (LOCAL_RANK={os.environ.get('LOCAL_RANK')})")
+print(f"rank {rank} of {world}: trained {args.steps} steps "
+      f"(LOCAL_RANK={os.environ.get('LOCAL_RANK')})")

@@ -37,7 +37,8 @@ torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, args.width), *[Block(args.width) for _ in range(args.blocks)],
                       nn.Linear(args.width, 10))
 model = nn.parallel.DistributedDataParallel(model)
-optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                    lr=1e-3)
 loss_fn = nn.CrossEntropyLoss()
 generator = torch.Generator().manual_seed(rank)
 
@@ -51,4 +52,5 @@ for step in range(args.steps):
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()
-print(f"rank {rank} of {world}: trained {args.steps} steps (LOCAL_RANK={os.environ.get('LOCAL_RANK')})")
+print(f"rank {rank} of {world}: trained {args.steps} steps "
+      f"(LOCAL_RANK={os.environ.get('LOCAL_RANK')})")
