@@ -38,6 +38,8 @@ class Mode(str, Enum):
     ALLREDUCE = "allreduce"
     PS_SYNC = "ps-sync"
     PS_ASYNC = "ps-async"
+    FSDP = "fsdp"  # sharded data parallel (torch FSDP2 fully_shard)
+    ZERO = "zero"  # DDP with the optimizer state sharded (torch ZeroRedundancyOptimizer)
 
     def __str__(self) -> str:
         return self.value
@@ -68,7 +70,7 @@ FRAMEWORKS = tuple(f.value for f in Framework)
 MODES = tuple(m.value for m in Mode)
 #: The modes each framework records, and the reason for the ones it cannot.
 SUPPORTED_MODES: dict[Framework, tuple[Mode, ...]] = {
-    Framework.TORCH: (Mode.SINGLE, Mode.ALLREDUCE),
+    Framework.TORCH: (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO),
     Framework.TF: (Mode.SINGLE, Mode.ALLREDUCE, Mode.PS_ASYNC),
     Framework.MXNET: (Mode.SINGLE, Mode.PS_SYNC, Mode.PS_ASYNC),
 }
