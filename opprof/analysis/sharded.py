@@ -81,7 +81,7 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
 
     def send(kind: str, ready: float, n: float) -> float:
         nonlocal link
-        if not talk:
+        if not talk or n <= 0:  # a root that holds no parameters of its own gathers none
             return ready
         start = max(ready, link)
         link = start + float(plan.cost(kind, n)) * plan.comm_scale
