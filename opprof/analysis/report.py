@@ -48,6 +48,9 @@ class Report:
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
     noise: dict | None = None
+    #: Per collective kind (opprof.analysis.ranks ``kinds``): calls, time, wait, transfer,
+    #: hidden share, mean per (rank, step).
+    collective_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass
@@ -103,6 +106,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         memory=combine_memory([p.memory for p in parts]),
         rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
         noise=assess(meta, steps),
+        collective_kinds=ranks.kinds,
     )
 
 
