@@ -175,11 +175,16 @@ def _torch_fsdp(job: Job, rank: int) -> list[dict]:
     full = {n: torch.ones(max(n_ranks, n // 4 // n_ranks * n_ranks), dtype=torch.float32)
             for n in job.sizes}
     shard = {n: torch.ones(full[n].numel() // n_ranks, dtype=torch.float32) for n in job.sizes}
+    # FSDP's copy-out: the gathered buffer split into the unit's parameters (16 here)
+    sizes = {n: [len(c) for c in torch.arange(full[n].numel()).tensor_split(PACK_PIECES)]
+             for n in job.sizes}
+    params = {n: [torch.empty(k) for k in sizes[n]] for n in job.sizes}
     out = []
     for kind, call in (
             ("all_gather", lambda n: dist.all_gather_into_tensor(full[n], shard[n])),
             ("reduce_scatter", lambda n: dist.reduce_scatter_tensor(shard[n], full[n])),
-            ("copy", lambda n: full[n].copy_(torch.cat([shard[n]] * n_ranks)))):
+            ("copy", lambda n: torch.split_with_sizes_copy(full[n], sizes[n],
+                                                           out=params[n]))):
         out += [{**s, "kind": kind} for s in _timed(call, dist.barrier, job, rank)]
     return out
 
