@@ -672,6 +672,17 @@ def _messages_table(result: ModelResult) -> Table:
     from opprof.analysis.simulate import messages
 
     g = result.base.gradients
+    units = result.base.units
+    if result.mode == "fsdp" and units is not None and len(units.bytes):
+        t = Table(title=f"FSDP units, forward order ({result.policy.name})",
+                  title_justify="left")
+        for c in ["unit", "bytes", "share of compute"]:
+            t.add_column(c, justify="right")
+        for i, (n, share) in enumerate(zip(units.bytes, units.share, strict=True)):
+            t.add_row("root" if i == 0 else str(i), _size(n), pct(share))
+        t.caption = ("per step: each all-gathered before forward and (but the root) before "
+                     "backward, reduce-scattered after backward")
+        return t
     t = Table(title=f"Messages per step ({result.policy.name})", title_justify="left")
     for c in ["#", "bytes", "ready ms", "ready"]:
         t.add_column(c, justify="right")
