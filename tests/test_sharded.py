@@ -136,6 +136,17 @@ def test_record_mode_fsdp(recorded) -> None:
 
 
 @pytest.mark.slow
+def test_by_rank_splits_each_collective_into_wait_and_transfer(recorded) -> None:
+    _, report = recorded
+    kinds = {k["op"]: k for k in report["collective_kinds"]}
+    assert "all_gather" in kinds
+    for k in kinds.values():
+        assert k["calls"] > 0 and k["wait_ns"] >= 0 and k["transfer_ns"] >= 0
+        assert k["wait_ns"] + k["transfer_ns"] > 0
+        assert 0 <= k["hidden"] <= 1
+
+
+@pytest.mark.slow
 def test_model_of_an_fsdp_run_at_its_own_size_is_the_measurement(recorded) -> None:
     out, _ = recorded
     res = run_cli("model", str(out), "--workers", "2,4", "--check", str(out),
@@ -188,3 +199,28 @@ def test_blocking_fsdp_pays_every_collective_and_prefetch_hides_some() -> None:
     ahead = simulate_sharded(plan(4, True))
     assert ahead.comm_busy_ns == pytest.approx(expected)
     assert ahead.step_ns < sim.step_ns and ahead.comm_hidden_ns > 0
+
+
+# ------------------------------------------------------------------ calibrate --mode fsdp
+
+
+@pytest.mark.slow
+def test_calibrate_fsdp_fits_all_gather_reduce_scatter_and_copy(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "fsdp-net.json"
+    res = run_cli("calibrate", "--fw", "torch", "--workers", "2", "--mode", "fsdp", "--sizes",
+                  "64K,1M", "--repeat", "1", "-o", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr
+    net = json.loads(out.read_text())
+    assert net["collective"] == "fsdp" and net["workers"] == 2
+    assert net["beta_ns_per_byte"] > 0 or net["alpha_ns"] > 0
+    rs = net["info"]["reduce_scatter"]
+    assert rs["beta_ns_per_byte"] > 0 or rs["alpha_ns"] > 0
+    assert net["info"]["copy_ns_per_byte"] > 0
+
+
+def test_calibrate_fsdp_is_torch_only(tmp_path: Path) -> None:
+    res = run_cli("calibrate", "--fw", "mxnet", "--workers", "2", "--mode", "fsdp", "-o",
+                  str(tmp_path / "x.json"))
+    assert res.returncode != 0 and "FSDP is PyTorch's" in res.stderr
+    assert "Traceback" not in res.stderr
