@@ -45,7 +45,6 @@ from opprof.analysis.resources import Resources, resource_mismatch, resources
 from opprof.analysis.sharded import (
     ASSUMED_COPY_NS_PER_BYTE,
     ShardedPlan,
-    barriers,
     copy_rate,
     fit_network,
     unit_bytes,
@@ -343,8 +342,6 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
             ASSUMED_COPY_NS_PER_BYTE
     wait = base.sigma_ns * expected_max_normal(workers) if straggler else 0.0
     talk = communicate and workers > 1
-    if not policy.overlap:  # every blocking collective is a barrier: the wait accrues at each
-        wait *= math.sqrt(max(1, barriers(units.bytes)))
     return ShardedPlan(
         phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),
         share=units.share, cost=lambda kind, n: network.kind_cost_ns(kind, n, workers),
