@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from opprof.analysis.commmodel import Network
+from opprof.analysis.noise import assess, flags
 from opprof.analysis.predict import check, predict
 from opprof.commands import echo_output, format_option
 from opprof.errors import OpprofError
@@ -94,4 +95,9 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
                      straggler=straggler, label=label)
     if measured is not None:
         result.check = check(result, m, measured.name)
+        for name, t in ((label, tr), (measured.name, m)):
+            if "noisy" in flags(assess(t.meta)):
+                result.notes.append(f"{name}: noisy timing (the machine was busy while it ran); "
+                                    "a check across runs whose speed the load changed "
+                                    "measures the load too")
     echo_output(renderer(fmt).model(result), fmt)
