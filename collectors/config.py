@@ -38,6 +38,8 @@ class Mode(str, Enum):
     ALLREDUCE = "allreduce"
     PS_SYNC = "ps-sync"
     PS_ASYNC = "ps-async"
+    FSDP = "fsdp"  # sharded data parallel (torch FSDP2 fully_shard)
+    ZERO = "zero"  # DDP with the optimizer state sharded (torch ZeroRedundancyOptimizer)
 
     def __str__(self) -> str:
         return self.value
@@ -68,7 +70,7 @@ FRAMEWORKS = tuple(f.value for f in Framework)
 MODES = tuple(m.value for m in Mode)
 #: The modes each framework records, and the reason for the ones it cannot.
 SUPPORTED_MODES: dict[Framework, tuple[Mode, ...]] = {
-    Framework.TORCH: (Mode.SINGLE, Mode.ALLREDUCE),
+    Framework.TORCH: (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO),
     Framework.TF: (Mode.SINGLE, Mode.ALLREDUCE, Mode.PS_ASYNC),
     Framework.MXNET: (Mode.SINGLE, Mode.PS_SYNC, Mode.PS_ASYNC),
 }
@@ -326,7 +328,8 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
         meta.update({"framework": lead.framework, "framework_version": lead.framework_version,
                      "warmup_steps": lead.warmup, "timing_steps": lead.timing_steps,
                      "profiled_steps": lead.profiled_target, "threads": lead.threads})
-        shared = ("params", "param_bytes", "layers", "input_size", "num_classes", "model",
+        shared = ("params", "param_bytes", "unit_param_bytes", "layers", "input_size",
+                  "num_classes", "model",
                   "dataset", "device", "seed")
         meta.update({k: lead.extra[k] for k in shared if k in lead.extra})
     for key in JOB_FACTS:

@@ -92,8 +92,8 @@ def check(config: RecordConfig) -> None:
     if mode not in SUPPORTED_MODES[fw]:
         raise OpprofError({
             Framework.TORCH: f"torch has no --mode {mode} (no parameter-server mode: torch's "
-                             "own distributed training is all-reduce, DistributedDataParallel)"
-                             "; use --mode allreduce",
+                             "own distributed training is DistributedDataParallel or sharded)"
+                             "; use --mode allreduce, fsdp or zero",
             Framework.MXNET: f"mxnet has no --mode {mode} (MXNet's own distributed training "
                              "is the parameter server); use --mode ps-sync or ps-async",
             Framework.TF: "--fw tf --mode ps-sync: TensorFlow's ParameterServerStrategy is "
@@ -124,7 +124,7 @@ def check(config: RecordConfig) -> None:
         if value < low:
             raise OpprofError(f"{name} must be at least {low}, got {value}")
     config.protocol.check(min_timing=1 if fw == Framework.TF else 0)
-    rv.check(config.workers, split_evenly=fw == Framework.TORCH and mode == Mode.ALLREDUCE)
+    rv.check(config.workers, split_evenly=fw == Framework.TORCH and mode != Mode.SINGLE)
 
 
 # ------------------------------------------------------------------ recording

@@ -2,7 +2,10 @@
 over message sizes, through the framework's own backend, on processes started on this host.
 
 - **torch**: ``torch.distributed.all_reduce`` of a float32 tensor over the gloo backend (as
-  DistributedDataParallel uses on CPU), one process per rank, rendezvous over loopback TCP.
+  DistributedDataParallel uses on CPU), one process per rank, rendezvous over loopback TCP;
+  for ``--mode fsdp``, what FSDP does instead: ``all_gather_into_tensor`` and
+  ``reduce_scatter_tensor`` of a unit of the size (each rank holding its 1/N shard), and the
+  copy FSDP makes around them (``kind``: ``all_gather``, ``reduce_scatter``, ``copy``).
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
   servers only aggregate: no optimizer runs on them, so the time is communication alone).
@@ -154,10 +157,36 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{job.master}", rank=rank,
                             world_size=job.workers,
                             timeout=datetime.timedelta(seconds=job.timeout_s))
-    tensors = {n: torch.ones(max(1, n // 4), dtype=torch.float32) for n in job.sizes}
-    samples = _timed(lambda n: dist.all_reduce(tensors[n]), dist.barrier, job, rank)
+    if job.extra.get("mode") == "fsdp":
+        samples = _torch_fsdp(job, rank)
+    else:
+        tensors = {n: torch.ones(max(1, n // 4), dtype=torch.float32) for n in job.sizes}
+        samples = _timed(lambda n: dist.all_reduce(tensors[n]), dist.barrier, job, rank)
     _write(workdir, rank, job, samples, {"torch": torch.__version__})
     dist.destroy_process_group()
+
+
+def _torch_fsdp(job: Job, rank: int) -> list[dict]:
+    """FSDP's collectives and copy for every size (the unit's unsharded bytes)."""
+    import torch
+    import torch.distributed as dist
+
+    n_ranks = job.workers
+    full = {n: torch.ones(max(n_ranks, n // 4 // n_ranks * n_ranks), dtype=torch.float32)
+            for n in job.sizes}
+    shard = {n: torch.ones(full[n].numel() // n_ranks, dtype=torch.float32) for n in job.sizes}
+    # FSDP's copy-out: the gathered buffer split into the unit's parameters (16 here)
+    sizes = {n: [len(c) for c in torch.arange(full[n].numel()).tensor_split(PACK_PIECES)]
+             for n in job.sizes}
+    params = {n: [torch.empty(k) for k in sizes[n]] for n in job.sizes}
+    out = []
+    for kind, call in (
+            ("all_gather", lambda n: dist.all_gather_into_tensor(full[n], shard[n])),
+            ("reduce_scatter", lambda n: dist.reduce_scatter_tensor(shard[n], full[n])),
+            ("copy", lambda n: torch.split_with_sizes_copy(full[n], sizes[n],
+                                                           out=params[n]))):
+        out += [{**s, "kind": kind} for s in _timed(call, dist.barrier, job, rank)]
+    return out
 
 
 def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:

@@ -16,7 +16,9 @@ default the schedule starts a new cycle and the exported trace comes out empty.
 (model + loss), ``opprof.backward`` and ``opprof.update`` (``optimizer.step()`` +
 ``zero_grad()``). Several ranks are started by torchrun (``python -m torch.distributed.run``);
 each joins the process group from torchrun's environment (gloo on CPU, nccl on GPU), trains
-its shard (DistributedSampler) in DistributedDataParallel, and runs the same protocol.
+its shard (DistributedSampler) in DistributedDataParallel (``--mode allreduce``), in DDP with
+``ZeroRedundancyOptimizer`` (``zero``) or sharded by FSDP2's ``fully_shard`` (``fsdp``: each
+residual block or parameter layer a unit, then the root), and runs the same protocol.
 
 **Clock alignment.** Ranks on different hosts read different clocks. Just before profiling,
 each rank r > 0 exchanges ``CLOCK_ROUNDS`` NTP-style pings with rank 0 over gloo: r sends at
@@ -350,13 +352,15 @@ class ImageDataset:
 def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
                    world: int = 1) -> tuple[Callable[[], None], dict[str, Any]]:
     """The marked training step of rank ``rank`` of ``world`` (its shard of the data, the
-    model in DistributedDataParallel when ``world > 1``; the process group must exist), and
-    the model's facts."""
+    model parallelized by ``config.mode`` when ``world > 1``, :func:`parallelize`; the process
+    group must exist), and the model's facts (``unit_param_bytes``: what each FSDP unit
+    gathers, recorded in every mode so that a 1-worker trace can be modelled as FSDP)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from opprof.collectors.torch_models import build, layer_counts
+    from opprof.collectors.config import Mode
+    from opprof.collectors.torch_models import build, layer_counts, unit_param_bytes
 
     torch.manual_seed(config.seed)
     key = canonical_name(config.model)
@@ -376,17 +380,46 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
                             generator=torch.Generator().manual_seed(config.seed))
     model = build(key, classes).to(device)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    trained: nn.Module = model
-    if world > 1:
-        ids = [device.index] if device.type == "cuda" else None
-        trained = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
              "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
-             "layers": counts, "input_size": size,
+             "layers": counts, "input_size": size, "unit_param_bytes": unit_param_bytes(model),
              "num_classes": classes, "seed": config.seed}
+    trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
+                                     device)
     return _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device), facts
+
+
+def parallelize(model: Any, mode: Any, device: torch.device) -> tuple[Any, Any]:
+    """(the module to train, its optimizer: SGD with momentum) for ``mode``: the model itself
+    (one worker); in DistributedDataParallel (``allreduce``); DDP with the optimizer state
+    sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit
+    of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
+    import torch
+    from torch import nn
+
+    from opprof.collectors.config import Mode
+    from opprof.collectors.torch_models import shard_units
+
+    sgd = {"lr": 0.01, "momentum": 0.9}
+    ids = [device.index] if device.type == "cuda" else None
+    if mode == Mode.FSDP:
+        from torch.distributed.fsdp import fully_shard
+
+        for unit in shard_units(model):
+            fully_shard(unit)
+        fully_shard(model)
+        return model, torch.optim.SGD(model.parameters(), **sgd)
+    if mode == Mode.ZERO:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
+                                            **sgd)
+    optimizer = torch.optim.SGD(model.parameters(), **sgd)
+    if mode == Mode.ALLREDUCE:
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+    return model, optimizer
 
 
 def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:

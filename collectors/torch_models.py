@@ -184,6 +184,28 @@ def build(name: str, num_classes: int) -> nn.Module:
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
 
 
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules `record --mode fsdp` shards one by one (``fully_shard`` each, then the
+    root), in forward order: a ResNet's residual blocks; otherwise every layer that holds
+    parameters (LeNet-5's and AlexNet's convolutions and linear layers)."""
+    blocks = [m for m in model.modules() if isinstance(m, BasicBlock | Bottleneck)]
+    if blocks:
+        return blocks
+    return [m for m in model.modules()
+            if m is not model and any(True for _ in m.parameters(recurse=False))]
+
+
+def unit_param_bytes(model: nn.Module) -> list[int]:
+    """Bytes of the parameters each FSDP unit gathers, in the order of a step's forward
+    all-gathers: the root's own (those in no unit of :func:`shard_units`) first, then each
+    unit's."""
+    units = shard_units(model)
+    inside = {id(p) for u in units for p in u.parameters()}
+    root = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in inside)
+    return [int(root)] + [int(sum(p.numel() * p.element_size() for p in u.parameters()))
+                          for u in units]
+
+
 def layer_counts(model: nn.Module) -> dict[str, int]:
     """Number of conv, fc and batchnorm layers, and total parameters (buffers not counted)."""
     modules = list(model.modules())

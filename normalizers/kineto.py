@@ -31,6 +31,7 @@ from opprof.errors import OpprofError
 from opprof.events import finish
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
+from opprof.sharding import refine_mode, sharded_mode
 from opprof.taxonomy import KINDS, ROLES, mapping_table
 from opprof.trace import Trace, concat_traces
 
@@ -231,6 +232,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
                                 [KINDS.index(k) for k in ("kernel", "memcpy", "memset")]).any()),
         "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
         "distributed": doc.distributedInfo or None,
+        "sharded": sharded_mode(raw["name"].cat.categories),
     }
     trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
     if memory is not None:
@@ -257,6 +259,7 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
     if dist:
         info["distributed"] = dist
     info.update(meta)
+    refine_mode(info, next((i["sharded"] for i in infos if i.get("sharded")), None))
     info["clock_offsets_ns"] = {str(i["rank"]): i["offset"] for i in infos}  # as applied
     if all("step_bounds" in i for i in infos):
         bounds = sorted((b for i in infos for b in i["step_bounds"]),

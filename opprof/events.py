@@ -77,6 +77,7 @@ from opprof.graphs import Graphs
 from opprof.intervals import Nesting, label_points
 from opprof.taxonomy import (
     CANONICAL_OPS,
+    COMM_OPS,
     DEVICE_KINDS,
     INTRINSIC_PHASES,
     KINDS,
@@ -105,6 +106,7 @@ _PHASE_NAMES = np.array(PHASES, dtype=object)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
 _FUSED, _FUSED_BACKWARD = _OP["fused"], _OP["fused_backward"]
+_COMM_CODES = [_OP[o] for o in sorted(COMM_OPS)]
 _OTHER_PHASE, _COMM_PHASE = _PHASE["other"], _PHASE["comm"]
 _MARKER_KIND = _KIND["marker"]
 _DEVICE_KIND_CODES = [_KIND[k] for k in DEVICE_KINDS]
@@ -190,16 +192,21 @@ def finish(
     op = np.where(is_marker, -1, row_op)
     op[has_anc] = op[anc[has_anc]]
     counted = is_op & (anc == np.arange(n))
-    # Communication stays communication wherever it is issued: the outermost comm event
-    # inside a compute operator (DDP's all-reduce in a backward hook) is counted as comm;
-    # the enclosing operator's total still includes it.
-    own_comm = is_op & on_host & (row_op == _COMM_OP)
+    # Communication stays communication wherever it is issued: the outermost comm-phase
+    # event inside a compute operator (DDP's all-reduce in a backward hook, FSDP's
+    # all-gather in a pre-backward hook) is counted with its own op; the enclosing
+    # operator's total still includes it. Inside it, a comm-phase event of an op that is no
+    # communication (FSDP's copy-in/out, ``memory``, in its all-gather) is counted as that op.
+    own_comm = is_op & on_host & (row_phase == _COMM_PHASE)
     in_comm = np.zeros(n, bool)
     if own_comm.any():
         _, comm_anc = nesting.nest(own_comm)
         in_comm = comm_anc >= 0
-        op[in_comm] = _COMM_OP
-        counted |= in_comm & (comm_anc == np.arange(n))
+        idx = np.flatnonzero(in_comm)
+        outer_op = row_op[comm_anc[idx]]
+        op[idx] = np.where(own_comm[idx], row_op[idx], outer_op)
+        copy = own_comm[idx] & ~np.isin(row_op[idx], _COMM_CODES) & (row_op[idx] != outer_op)
+        counted[idx] |= (comm_anc[idx] == idx) | copy
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
     outer = (is_op & on_host & (anc == np.arange(n))) | (container & (graphs.inner < 0))

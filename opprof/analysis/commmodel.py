@@ -6,12 +6,18 @@ parameter server of Li et al.)::
 
     ring all-reduce:   T(n) = 2(N−1)·α + 2(N−1)/N · n · β
     PS push + pull:    T(n) = 2·α + 2 · max(1, N/S) · n · β
+    ring all-gather / reduce-scatter (FSDP, ``fsdp``): T(n) = (N−1)·α + (N−1)/N · n · β
 
 α is the per-message latency (ns) and β the time per byte (ns/B, 1/β the bandwidth). The
 ring sends 2(N−1) messages of n/N bytes per worker; with a parameter server every worker pushes
 its n bytes and pulls n bytes back, and each of the S servers (keys split evenly over them)
 receives and sends N·n/S bytes, so the busiest link moves 2·max(n, N·n/S). With N = 1 nothing
 is exchanged in a ring (T = 0); a single worker's parameter server still pushes and pulls.
+For ``fsdp`` n is the unit's unsharded parameter bytes: each rank sends and receives (N−1)
+shards of n/N. Its network holds the all-gather's α and β, and the reduce-scatter's in
+``info["reduce_scatter"]`` (a backend may implement it otherwise: gloo reduces the whole
+buffer, so its fitted β is about twice the all-gather's), with ``info["copy_ns_per_byte"]``
+for FSDP's copy-in/copy-out around each collective.
 
 **Fitting** (:func:`fit`): measured (bytes, ns) pairs are reduced to the median time per
 message size, then α and β are the least-squares solution of the cost equation above over
@@ -32,7 +38,7 @@ import pandas as pd
 
 from opprof.errors import OpprofError
 
-COLLECTIVES = ("allreduce", "ps")
+COLLECTIVES = ("allreduce", "ps", "fsdp")
 FORMAT = 1
 #: The network assumed when neither a calibration nor the trace's own collectives give one:
 #: a 10 Gb/s Ethernet link (1.25 GB/s) with TCP latency of 25 µs.
@@ -45,8 +51,12 @@ def collective_of(mode: str) -> str:
         return "allreduce"
     if mode in ("ps-sync", "ps-async"):
         return "ps"
-    raise OpprofError(f"mode {mode!r} has no collective model; choose allreduce, ps-sync or "
-                      "ps-async")
+    if mode == "fsdp":
+        return "fsdp"
+    if mode == "zero":  # DDP's all-reduce of the gradients; the update on the shard
+        return "allreduce"
+    raise OpprofError(f"mode {mode!r} has no collective model; choose allreduce, fsdp, zero, "
+                      "ps-sync or ps-async")
 
 
 def design(nbytes: np.ndarray, collective: str, workers: int,
@@ -58,6 +68,9 @@ def design(nbytes: np.ndarray, collective: str, workers: int,
                 2.0 * (workers - 1) / max(workers, 1) * nbytes)
     if collective == "ps":
         return np.full_like(nbytes, 2.0), 2.0 * max(1.0, workers / max(servers, 1)) * nbytes
+    if collective == "fsdp":
+        return (np.full_like(nbytes, float(workers - 1)),
+                (workers - 1) / max(workers, 1) * nbytes)
     raise OpprofError(f"unknown collective {collective!r}; choose {', '.join(COLLECTIVES)}")
 
 
@@ -85,10 +98,24 @@ class Network:
     def cost_ns(self, nbytes: float | np.ndarray, workers: int,
                 servers: int = 1) -> np.ndarray:
         """Predicted time of one collective of ``nbytes`` among ``workers`` (and ``servers``)."""
-        if self.collective == "allreduce" and workers <= 1:
+        if self.collective in ("allreduce", "fsdp") and workers <= 1:
             return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
         a, b = design(np.asarray(nbytes), self.collective, workers, servers)
         return a * self.alpha_ns + b * self.beta_ns_per_byte
+
+    def kind_cost_ns(self, kind: str, nbytes: float, workers: int) -> float:
+        """``fsdp``: one ``all_gather`` or ``reduce_scatter`` of a unit of ``nbytes``
+        (unsharded) among ``workers``; the reduce-scatter's α–β from ``info`` (else the
+        all-gather's)."""
+        if workers <= 1:
+            return 0.0
+        rs = self.info.get("reduce_scatter") or {}
+        alpha = float(rs.get("alpha_ns", self.alpha_ns)) if kind == "reduce_scatter" \
+            else self.alpha_ns
+        beta = float(rs.get("beta_ns_per_byte", self.beta_ns_per_byte)) \
+            if kind == "reduce_scatter" else self.beta_ns_per_byte
+        a, b = design(np.array([float(nbytes)]), "fsdp", workers)
+        return float(a[0] * alpha + b[0] * beta)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``opprof calibrate -o net.json`` writes it)."""
@@ -158,8 +185,8 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
     s = samples[(samples["bytes"] > 0) & (samples["ns"] > 0)]
     if s.empty:
         raise OpprofError("no collective with a known size and duration to fit α and β to")
-    if collective == "allreduce" and workers < 2:
-        raise OpprofError("an all-reduce among one worker moves nothing; α and β need at least "
+    if collective in ("allreduce", "fsdp") and workers < 2:
+        raise OpprofError("a collective among one worker moves nothing; α and β need at least "
                           "two workers")
     g = s.groupby("bytes")["ns"]
     pts = pd.DataFrame({"ns": g.median(), "calls": g.size()}).reset_index()

@@ -42,6 +42,15 @@ from opprof.analysis.commmodel import Network, assumed, collective_of, fit, fit_
 from opprof.analysis.gradients import FLOAT_BYTES, GradientProfile, profile
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
 from opprof.analysis.resources import Resources, resource_mismatch, resources
+from opprof.analysis.sharded import (
+    ASSUMED_COPY_NS_PER_BYTE,
+    ShardedPlan,
+    copy_rate,
+    fit_network,
+    unit_bytes,
+    unit_shares,
+)
+from opprof.analysis.sharded import trace_samples as sharded_samples
 from opprof.analysis.simulate import (
     COMPUTE_PHASES,
     Policy,
@@ -53,6 +62,7 @@ from opprof.analysis.simulate import (
 )
 from opprof.analysis.terms import PHASE_OF, TERM_OF, TERMS, Terms, terms_from_steps
 from opprof.errors import OpprofError
+from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
@@ -76,6 +86,7 @@ class Baseline:
     samples_note: str
     sigma_ns: float  # std of the per-step compute time (step minus exposed comm)
     meta: dict[str, Any] = field(default_factory=dict)
+    units: Units | None = None  # FSDP units (:func:`fsdp_units`)
 
     @property
     def phases(self) -> dict[str, float]:
@@ -90,10 +101,15 @@ class Baseline:
     @property
     def collective(self) -> str | None:
         """The collective of the base's mode, if it communicates."""
-        if self.mode in ("allreduce", "ps-sync", "ps-async") and (
-                self.workers > 1 or self.mode != "allreduce"):
+        if self.mode in ("allreduce", "ps-sync", "ps-async", "fsdp") and (
+                self.workers > 1 or self.mode not in ("allreduce", "fsdp")):
             return collective_of(self.mode)
         return None
+
+    @property
+    def device(self) -> str:
+        """Where the base trained (``cpu``, ``cuda``)."""
+        return str(self.meta.get("device") or "cpu")
 
 
 def baseline(trace: Trace, label: str = "") -> Baseline:
@@ -107,20 +123,54 @@ def baseline(trace: Trace, label: str = "") -> Baseline:
     mode = infer_mode(trace, workers)
     samples, note = _trace_samples(trace, steps, mode, workers)
     sigma = _compute_sigma(t.per_step)
+    gradients = profile(trace)
     return Baseline(label=label, framework=str(meta.get("framework") or ""), mode=mode,
                     workers=workers, servers=int(meta.get("servers") or 0), terms=t,
-                    gradients=profile(trace), resources=resources(meta), samples=samples,
+                    gradients=gradients, resources=resources(meta), samples=samples,
                     samples_note=note, sigma_ns=sigma,
                     meta={k: meta.get(k) for k in ("framework", "model", "batch_size",
-                                                   "dataset")})
+                                                   "dataset", "device")},
+                    units=fsdp_units(trace, gradients, t.steps))
+
+
+@dataclass
+class Units:
+    """What the FSDP model needs from a trace: each unit's unsharded bytes (root first,
+    forward order), its share of the compute, where they come from, and FSDP's copy rate
+    measured in an FSDP trace (ns per byte; None when it ran no FSDP)."""
+
+    bytes: np.ndarray
+    share: np.ndarray
+    source: str
+    copy_ns_per_byte: float | None
+
+
+def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
+    """The :class:`Units` of a trace (:mod:`opprof.analysis.sharded`)."""
+    nbytes, source = unit_bytes(trace)
+    if not len(nbytes):
+        total = gradients.total_bytes
+        nbytes = np.array([total], np.int64) if total else np.zeros(0, np.int64)
+        source = "one unit of all the gradient bytes (the trace names no FSDP units)"
+    layers = gradients.layers if len(nbytes) > 1 else None
+    return Units(nbytes, unit_shares(layers, nbytes), source,
+                 copy_rate(trace, nbytes, steps) if len(nbytes) else None)
 
 
 def infer_mode(trace: Trace, workers: int | None = None) -> str:
     """The trace's distributed mode: from its metadata, else from what ran (imported native
     traces): one worker is ``single``; servers make it a parameter server (``ps-sync`` for
     MXNet, whose kvstore is usually synchronous; ``ps-async`` for TensorFlow, whose only
-    parameter-server strategy is); otherwise ``allreduce``."""
+    parameter-server strategy is); otherwise ``allreduce``. FSDP's ranges or ZeRO's optimizer
+    make a data-parallel trace ``fsdp`` / ``zero`` (:mod:`opprof.sharding`)."""
     meta = trace.meta
+    if meta.get("mode") not in REFINES:
+        return str(meta["mode"])
+    names = trace.events["name"]
+    sharded = sharded_mode(names.cat.categories if isinstance(names.dtype, pd.CategoricalDtype)
+                           else names.unique())
+    if sharded:
+        return sharded
     if meta.get("mode"):
         return str(meta["mode"])
     workers = workers or int(meta.get("workers") or len(trace.ranks) or 1)
@@ -149,6 +199,10 @@ def _trace_samples(trace: Trace, steps: pd.DataFrame, mode: str,
     """(bytes, ns) of the gradient collectives in the trace: their transfer time (waiting for
     the last rank excluded, in synchronous modes) and payload."""
     empty = pd.DataFrame(columns=["bytes", "ns"])
+    if mode == "fsdp":
+        s = sharded_samples(trace)
+        return s[(s["bytes"] > 0) & (s["ns"] > 0)].reset_index(drop=True), \
+            "the backend's all-gather / reduce-scatter spans (unsharded bytes)"
     if mode not in ("allreduce", "ps-sync", "ps-async") or (mode == "allreduce" and workers < 2):
         return empty, ""
     timing, _ = collectives(trace)
@@ -208,6 +262,10 @@ def _fit_trace(base: Baseline) -> Network | None:
     if base.collective is None or not len(base.samples):
         return None
     try:
+        if base.collective == "fsdp":
+            copy = base.units.copy_ns_per_byte if base.units is not None else None
+            return fit_network(base.samples, base.workers, copy, source="trace",
+                               framework=base.framework, backend="collectives in the trace")
         net = fit(base.samples, base.collective, base.workers, max(base.servers, 1),
                   source="trace", framework=base.framework, backend="collectives in the trace")
     except OpprofError:
@@ -224,6 +282,9 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
     changes ``deltas`` (ns per step, per phase) applied."""
     collective = collective_of(mode) if mode != "single" else "allreduce"
+    if collective == "fsdp":
+        return _sharded_plan(base, workers, network, deltas, comm_scale, communicate,
+                             io_hidden, straggler)
     policy = policy_for(base.framework, collective)
     phases = {p: base.phases[p] for p in COMPUTE_PHASES}
     for p, d in (deltas or {}).items():
@@ -257,6 +318,37 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
                     cost=cost, comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
                     server_update_ns=server_update, communicate=talk, pack_ns=pack), policy
+
+
+def _sharded_plan(base: Baseline, workers: int, network: Network,
+                  deltas: dict[str, float] | None, comm_scale: float, communicate: bool,
+                  io_hidden: bool, straggler: bool) -> tuple[ShardedPlan, Policy]:
+    """:func:`plan` for ``fsdp``: the base's compute, the optimizer on a 1/N shard (of the
+    base's shard, 1/N_base, in an FSDP base), its units' bytes and compute shares."""
+    policy = policy_for(base.framework, "fsdp", base.device)
+    phases = {p: base.phases[p] for p in COMPUTE_PHASES}
+    for p, d in (deltas or {}).items():
+        if p in phases:
+            phases[p] = max(0.0, phases[p] + d)
+    shard_of_base = base.workers if base.mode == "fsdp" else 1
+    phases["update"] = phases["update"] * shard_of_base / max(workers, 1)
+    if io_hidden:
+        phases["load"] = 0.0
+    io_busy = base.terms.extra()["io_busy_ns"]
+    units = base.units or Units(np.zeros(0, np.int64), np.ones(1), "", None)
+    copy = network.info.get("copy_ns_per_byte")
+    if copy is None:
+        copy = units.copy_ns_per_byte if units.copy_ns_per_byte is not None else \
+            ASSUMED_COPY_NS_PER_BYTE
+    wait = base.sigma_ns * expected_max_normal(workers) if straggler else 0.0
+    talk = communicate and workers > 1
+    return ShardedPlan(
+        phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),
+        share=units.share, cost=lambda kind, n: network.kind_cost_ns(kind, n, workers),
+        copy_ns_per_byte=float(copy), workers=workers, overlap=policy.overlap,
+        comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
+        io_prefetch=io_busy > 1.01 * base.phases["load"] + 1e3 and not io_hidden,
+        straggler_ns=wait if talk else 0.0, communicate=talk), policy
 
 
 def calibrated(measured: dict[str, float], sim_base: SimResult, sim_new: SimResult,
@@ -350,12 +442,18 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
     bad_fit = fit_warning(net)
     if bad_fit:
         notes.append(f"network {bad_fit}")
+    if collective == "fsdp" and base.units is not None:
+        notes.append(f"FSDP units: {len(base.units.bytes)} ({base.units.source}); FSDP's "
+                     "copies " + ("from the network file" if "copy_ns_per_byte" in net.info
+                                  else "measured in the trace" if base.units.copy_ns_per_byte
+                                  is not None else f"assumed {ASSUMED_COPY_NS_PER_BYTE} ns/B"))
     if base.gradients.bytes_source.startswith("meta"):
         notes.append(f"gradient bytes: {base.gradients.bytes_source}")
     if not base.gradients.total_bytes:
         notes.append("no gradient bytes known: communication is predicted as zero")
     result = ModelResult(base, mode, servers if collective == "ps" else 0, net, note,
-                         policy_for(base.framework, collective), [], None, notes, straggler)
+                         policy_for(base.framework, collective, base.device), [], None, notes,
+                         straggler)
     result.predictions = [predict_one(result, n, servers) for n in workers]
     return result
 

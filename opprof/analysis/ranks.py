@@ -33,20 +33,23 @@ Definitions (worker ranks only; times on the common clock the normalizer aligned
   a backward hook). ``overlap`` = overlap / comm.
 - **Bandwidth** = payload bytes / transfer time, over the profiled steps: the algorithm
   bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
+- **By collective** (``kinds``): per canonical collective (``all_gather``, ``reduce_scatter``,
+  ``all_reduce`` …), calls, the union of their time, the sums of their wait and transfer
+  parts, and the share of their time hidden behind compute — mean per (rank, step).
 
 All times are per step (means over the rank's steps) unless named ``total``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
 from opprof.intervals import Sweep
-from opprof.taxonomy import DEVICE_KINDS, PHASES
+from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
@@ -55,6 +58,8 @@ ASYNC_MODES = ("ps-async",)
 RANK_COLUMNS = ["rank", "steps", "dur_ns", *PHASES, "own_ns", "collectives", "comm_ns",
                 "wait_ns", "transfer_ns", "wait_share", "overlap_ns", "overlap", "bytes",
                 "bandwidth_Bps"]
+KIND_COLUMNS = ["op", "calls", "comm_ns", "wait_ns", "transfer_ns", "wait_share",
+                "overlap_ns", "hidden"]
 STRAGGLER_COLUMNS = ["step", "ranks", "slowest_rank", "own_ns", "median_own_ns", "excess_ns",
                      "excess_share", "dur_ns", "wait_ns"]
 
@@ -68,19 +73,20 @@ class RankAnalysis:
     stragglers: pd.DataFrame
     collectives: pd.DataFrame
     synchronous: bool
+    kinds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=KIND_COLUMNS))
 
 
 def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(timing events: rank, step, pid, tid, name, ts, dur, end, bytes; payload: rank, step,
     bytes) of every worker rank, per the rules above."""
     ev = trace.events
-    base = (ev["role"] == "worker") & (ev["step"] >= 0) & (ev["op"] == "comm")
+    base = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["op"].isin(COMM_OPS)
     on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
     host = ev["device"] == "cpu"
     is_span = _name_matches(ev, BACKEND_SPAN)
     device, spans = base & on_device, base & host & is_span
     calls = base & host & ev["counted"]
-    cols = ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes"]
+    cols = ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes", "op"]
 
     def first_per_rank(options: list[pd.DataFrame]) -> pd.DataFrame:
         done: set[int] = set()
@@ -93,6 +99,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     timing = first_per_rank([ev.loc[m, cols] for m in (device, spans, calls)])
     timing["name"] = timing["name"].astype(str)
+    timing["op"] = timing["op"].astype(str)
     timing["end"] = timing["ts"] + timing["dur"]
     timing = timing.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
 
@@ -150,6 +157,8 @@ class RankLocal:
     timing: pd.DataFrame
     payload: pd.DataFrame
     comm: pd.DataFrame
+    kinds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=["rank", "step", "op", "comm_ns", "overlap_ns"]))
 
 
 def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
@@ -157,17 +166,23 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
     timing, payload = collectives(trace)
     ev = trace.events
     compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
-    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & (ev["op"] == "comm")
+    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & ev["op"].isin(COMM_OPS)
                    & (ev["device"] == "cpu")]
     blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
-    frames = []
+    frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
         c = timing[timing["rank"] == rank]
-        frames.append(_comm_overlap(b.sort_values("start"), c, compute[compute["rank"] == rank],
-                                    blocked[blocked["rank"] == rank]))
+        args = (b.sort_values("start"), compute[compute["rank"] == rank],
+                blocked[blocked["rank"] == rank])
+        frames.append(_comm_overlap(args[0], c, *args[1:]))
+        kinds += [_comm_overlap(args[0], c[c["op"] == op], *args[1:]).assign(op=op)
+                  for op in pd.unique(c["op"])]
     cols = ["rank", "step", "comm_ns", "overlap_ns"]
     comm = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
-    return RankLocal(timing, payload, comm)
+    local = RankLocal(timing, payload, comm)
+    if kinds:
+        local.kinds = pd.concat(kinds, ignore_index=True)
+    return local
 
 
 def concat_local(parts: list[RankLocal]) -> RankLocal:
@@ -176,7 +191,7 @@ def concat_local(parts: list[RankLocal]) -> RankLocal:
         frames = [f for f in frames if len(f)] or frames[:1]
         return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     return RankLocal(cat([p.timing for p in parts]), cat([p.payload for p in parts]),
-                     cat([p.comm for p in parts]))
+                     cat([p.comm for p in parts]), cat([p.kinds for p in parts]))
 
 
 def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalysis:
@@ -197,7 +212,25 @@ def combine_ranks(steps: pd.DataFrame, local: RankLocal, synchronous: bool) -> R
     coll = match(local.timing, bounds, synchronous)
     per_step = _per_step(steps, coll, local)
     return RankAnalysis(_rank_rows(per_step), per_step, _stragglers(per_step), coll,
-                        synchronous)
+                        synchronous, _kinds(coll, local.kinds, len(steps)))
+
+
+def _kinds(coll: pd.DataFrame, kinds: pd.DataFrame, pairs: int) -> pd.DataFrame:
+    """Per collective kind, mean per (rank, step): calls, time (union), wait and transfer
+    (sums over its collectives), and the share of its time hidden behind compute."""
+    if coll.empty or kinds.empty:
+        return pd.DataFrame(columns=KIND_COLUMNS)
+    n = max(pairs, 1)
+    g = coll.groupby("op")
+    k = kinds.groupby("op")[["comm_ns", "overlap_ns"]].sum()
+    out = pd.DataFrame({"calls": g.size() / n, "wait_ns": g["wait_ns"].sum() / n,
+                        "transfer_ns": g["transfer_ns"].sum() / n,
+                        "wait_share": g["wait_ns"].sum() / g["dur"].sum().where(
+                            g["dur"].sum() > 0)})
+    out = out.join(k / n, how="left")
+    out["hidden"] = out["overlap_ns"] / out["comm_ns"].where(out["comm_ns"] > 0)
+    out = out.reset_index().sort_values("comm_ns", ascending=False, kind="stable")
+    return out.reset_index(drop=True)[KIND_COLUMNS]
 
 
 def _per_step(steps: pd.DataFrame, coll: pd.DataFrame, local: RankLocal) -> pd.DataFrame:

@@ -54,6 +54,9 @@ class Report:
     #: What the fused rows hold, by native name (opprof.analysis.compiled), with
     #: ``ns_per_step``.
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: Per collective kind (opprof.analysis.ranks ``kinds``): calls, time, wait, transfer,
+    #: hidden share, mean per (rank, step).
+    collective_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass
@@ -117,6 +120,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         noise=assess(meta, steps),
         compile_steps=_concat([p.compile_steps for p in parts]),
         fused_kernels=kernels,
+        collective_kinds=ranks.kinds,
     )
 
 

@@ -37,8 +37,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from opprof.analysis.sharded import ShardedPlan
 
 COMPUTE_PHASES = ("load", "h2d", "forward", "backward", "update", "other")
 MiB = 1 << 20
@@ -72,14 +76,26 @@ KVSTORE = Policy("kvstore", False, 0, 0, True,
                  "on the link; the servers run the optimizer between push and pull",
                  per_tensor=True)
 
+FSDP_PREFETCH = Policy("fsdp-prefetch", True, 0, 0, False,
+                       "FSDP: per unit, all-gather before forward (the next unit's prefetched "
+                       "beside this one's compute) and before backward, reduce-scatter after "
+                       "backward beside the next unit's; the update on the shard after the last")
+FSDP_BLOCKING = Policy("fsdp-blocking", False, 0, 0, False,
+                       "FSDP on gloo: per unit, all-gather before forward and before backward, "
+                       "reduce-scatter after backward, each waited for by the training thread; "
+                       "the update on the shard")
+
 #: (framework, collective) → its policy; other combinations use GENERIC.
 POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): MWMS,
             ("mxnet", "ps"): KVSTORE, ("tf", "ps"): KVSTORE}
-GENERIC = {"allreduce": DDP, "ps": KVSTORE}
+GENERIC = {"allreduce": DDP, "ps": KVSTORE, "fsdp": FSDP_BLOCKING}
 
 
-def policy_for(framework: str, collective: str) -> Policy:
-    """The pipeline policy of a framework's collective (a generic one where it has none)."""
+def policy_for(framework: str, collective: str, device: str = "cpu") -> Policy:
+    """The pipeline policy of a framework's collective (a generic one where it has none);
+    FSDP prefetches beside compute on GPUs and blocks on CPU (gloo)."""
+    if collective == "fsdp":
+        return FSDP_PREFETCH if str(device).startswith("cuda") else FSDP_BLOCKING
     return POLICIES.get((framework, collective), GENERIC[collective])
 
 
@@ -136,8 +152,12 @@ def messages(ready_frac: np.ndarray, grad_bytes: np.ndarray,
     return out
 
 
-def simulate(plan: StepPlan) -> SimResult:
-    """Run the step (see the module docstring)."""
+def simulate(plan: StepPlan | ShardedPlan) -> SimResult:
+    """Run the step (see the module docstring; an FSDP step: :mod:`.sharded`)."""
+    if not isinstance(plan, StepPlan):
+        from opprof.analysis.sharded import simulate_sharded
+
+        return simulate_sharded(plan)
     ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
     b0 = ph["h2d"] + ph["forward"]  # backward starts (load placed below)
     b1 = b0 + ph["backward"]

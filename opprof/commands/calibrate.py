@@ -13,7 +13,8 @@ import click
 import pandas as pd
 from rich.console import Console
 
-from opprof.analysis.commmodel import fit
+from opprof.analysis.commmodel import Network, fit
+from opprof.analysis.sharded import fit_network
 from opprof.commands import echo_output, format_option
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
@@ -50,6 +51,10 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--workers", type=click.IntRange(min=1), required=True)
 @click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Parameter servers (mxnet).")
+@click.option("--mode", type=click.Choice(["allreduce", "fsdp"]), default="allreduce",
+              show_default=True,
+              help="fsdp (torch): FSDP's all-gather and reduce-scatter (each its own α–β) and "
+                   "its copy, instead of DDP's all-reduce.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads per worker (default: the host's CPUs split among the processes, "
                    "as `opprof record` does).")
@@ -61,20 +66,25 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="The network file to write (JSON).")
 @format_option
-def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tuple[int, ...],
-            repeat: int, timeout_s: float, output: Path, fmt: str) -> None:
+def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
+            sizes: tuple[int, ...], repeat: int, timeout_s: float, output: Path,
+            fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
     and fit α (latency) and β (time per byte).
 
     \b
     Example:
       opprof calibrate --fw torch --workers 2 -o net.json
+      opprof calibrate --fw torch --workers 2 --mode fsdp -o fsdp-net.json
       opprof calibrate --fw mxnet --workers 2 --servers 1 --sizes 64K,1M,16M -o ps.json
     """
     from opprof.collectors import netbench
 
+    if mode == "fsdp" and fw != "torch":
+        raise OpprofError(f"--mode fsdp: FSDP is PyTorch's; use --fw torch (not {fw})")
     job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=sizes, repeat=repeat,
-                       threads=threads, timeout_s=timeout_s)
+                       threads=threads, timeout_s=timeout_s,
+                       extra={"mode": mode} if mode == "fsdp" else {})
     workdir = Path(tempfile.mkdtemp(prefix="opprof-calibrate-"))
     status = (f"calibrating {fw} {netbench.BACKEND[fw]} on {workers} worker(s): "
               f"{len(sizes)} sizes × {repeat}")
@@ -82,7 +92,15 @@ def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tup
         samples = netbench.run(job, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     df = pd.DataFrame(samples)
-    info = {}
+    info = {"host": socket.gethostname(),
+            "threads": threads or netbench.default_threads(fw, workers, servers),
+            "repeat": repeat}
+    if mode == "fsdp":
+        net = fsdp_network(df, workers, info)
+        write_atomic(output, json.dumps(net.to_dict(), indent=2) + "\n")
+        echo_output(renderer(fmt).calibration(net), fmt)
+        click.echo(f"wrote {output}", err=True)
+        return
     if "kind" in df:
         pack = df[df["kind"] == "pack"]
         big = pack[pack["bytes"] >= 1 << 20]
@@ -94,9 +112,7 @@ def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tup
     calls = df.groupby(["bytes", "call"], as_index=False)["ns"].mean()
     net = fit(calls, netbench.COLLECTIVE[fw], workers, servers, source="calibrate",
               framework=fw, backend=netbench.BACKEND[fw],
-              info={"host": socket.gethostname(),
-                    "threads": threads or netbench.default_threads(fw, workers, servers),
-                    "repeat": repeat, **info})
+              info=info)
     if net.collective == "ps":
         net.servers = servers
     if not net.beta_ns_per_byte and not net.alpha_ns:
@@ -104,3 +120,18 @@ def command(fw: str, workers: int, servers: int, threads: int | None, sizes: tup
     write_atomic(output, json.dumps(net.to_dict(), indent=2) + "\n")
     echo_output(renderer(fmt).calibration(net), fmt)
     click.echo(f"wrote {output}", err=True)
+
+
+def fsdp_network(df: pd.DataFrame, workers: int, info: dict) -> Network:
+    """The ``fsdp`` network of FSDP's timed collectives and copy (a call's time: the mean
+    over the workers, as for the all-reduce)."""
+    df = df.assign(call=df.groupby(["rank", "kind", "bytes"]).cumcount())
+    calls = df.groupby(["kind", "bytes", "call"], as_index=False)["ns"].mean()
+    copy = calls[calls["kind"] == "copy"]
+    big = copy[copy["bytes"] >= 1 << 20]
+    rate = float((big["ns"] / big["bytes"]).median()) if len(big) else None
+    net = fit_network(calls[calls["kind"] != "copy"], workers, rate, source="calibrate",
+                      framework="torch",
+                      backend="gloo all_gather_into_tensor / reduce_scatter_tensor")
+    net.info.update(info)
+    return net

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from opprof.analysis.commmodel import Network
+from opprof.analysis.noise import assess, flags
 from opprof.analysis.predict import check, predict
 from opprof.commands import echo_output, format_option
 from opprof.errors import OpprofError
@@ -46,9 +47,9 @@ network_option = click.option(
     help="α–β of the collective from `opprof calibrate -o net.json` (default: fitted to the "
          "trace's own collectives, else an assumed 10 Gb/s Ethernet).")
 mode_option = click.option(
-    "--mode", type=click.Choice(["allreduce", "ps-sync", "ps-async"]), default=None,
+    "--mode", type=click.Choice(["allreduce", "fsdp", "ps-sync", "ps-async"]), default=None,
     help="Distributed mode (default: the trace's, or the framework's usual: torch and tf "
-         "allreduce, mxnet ps-sync).")
+         "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP).")
 servers_option = click.option("--servers", type=click.IntRange(min=1), default=None,
                               help="Parameter servers (ps modes; default the trace's, or 1).")
 
@@ -77,6 +78,7 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
     Example:
       opprof model resnet18-torch.trace --workers 1,2,4,8,16 --mode allreduce
       opprof model resnet18-torch.trace --workers 2 --check resnet18-ddp2.trace
+      opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
     label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
@@ -93,4 +95,9 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
                      straggler=straggler, label=label)
     if measured is not None:
         result.check = check(result, m, measured.name)
+        for name, t in ((label, tr), (measured.name, m)):
+            if "noisy" in flags(assess(t.meta)):
+                result.notes.append(f"{name}: noisy timing (the machine was busy while it ran); "
+                                    "a check across runs whose speed the load changed "
+                                    "measures the load too")
     echo_output(renderer(fmt).model(result), fmt)

@@ -98,6 +98,7 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     Example:
       opprof record --fw torch --model resnet18
       opprof record --fw mxnet --model resnet18 --workers 3 --mode ps-sync
+      opprof record --fw torch --model resnet18 --workers 2 --mode fsdp
     """
     if nsys:
         require_nsys()
@@ -110,7 +111,8 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
     if mode is None:
         mode = "single" if workers == 1 else DEFAULT_MODE[Framework(fw)].value
     if workers > 1 and mode == "single":
-        raise OpprofError("--mode single runs one worker; pick allreduce, ps-sync or ps-async")
+        raise OpprofError("--mode single runs one worker; pick allreduce, fsdp, zero, ps-sync or "
+                          "ps-async")
     output = output or Path(f"{model}-{fw}.trace")
     given = {"nnodes": nnodes, "node_rank": node_rank, "master_addr": master_addr,
              "master_port": master_port,

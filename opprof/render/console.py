@@ -225,7 +225,20 @@ def rank_comm_tables(rep: Report) -> list[Table]:
                   pct(r["excess_share"]))
     if rep.stragglers.empty:
         s.caption = "needs the same steps on at least two ranks"
-    return [t, s]
+    tables = [t]
+    if len(rep.collective_kinds):
+        k = Table(title="Communication by collective (mean per rank and step)",
+                  title_justify="left")
+        for c in ["collective", "calls", "time ms", "wait ms", "transfer ms", "wait share",
+                  "hidden"]:
+            k.add_column(c, justify="left" if c == "collective" else "right")
+        for r in rep.collective_kinds.to_dict("records"):
+            k.add_row(str(r["op"]), f"{r['calls']:,.1f}", ms(r["comm_ns"]), ms(r["wait_ns"]),
+                      ms(r["transfer_ns"]), pct(r["wait_share"]), pct(r["hidden"]))
+        k.caption = ("time = the union of its calls; wait and transfer summed over them; "
+                     "hidden = its time while computing")
+        tables.append(k)
+    return [*tables, s]
 
 
 DEVICE_STYLE = {"compute": "green", "comm": "red", "memcpy": "bright_cyan", "idle": "grey50"}
@@ -719,6 +732,17 @@ def _messages_table(result: ModelResult) -> Table:
     from opprof.analysis.simulate import messages
 
     g = result.base.gradients
+    units = result.base.units
+    if result.mode == "fsdp" and units is not None and len(units.bytes):
+        t = Table(title=f"FSDP units, forward order ({result.policy.name})",
+                  title_justify="left")
+        for c in ["unit", "bytes", "share of compute"]:
+            t.add_column(c, justify="right")
+        for i, (n, share) in enumerate(zip(units.bytes, units.share, strict=True)):
+            t.add_row("root" if i == 0 else str(i), _size(n), pct(share))
+        t.caption = ("per step: each all-gathered before forward and (but the root) before "
+                     "backward, reduce-scattered after backward")
+        return t
     t = Table(title=f"Messages per step ({result.policy.name})", title_justify="left")
     for c in ["#", "bytes", "ready ms", "ready"]:
         t.add_column(c, justify="right")

@@ -53,6 +53,7 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
             "stragglers": records(rep.stragglers), "noise": rep.noise,
+            "collective_kinds": records(rep.collective_kinds),
             "memory": memory_records(rep),
             "memory_unprofiled": [{"rank": int(r["rank"]), "role": str(r["role"]),
                                    "peak_rss_bytes": _int_or_none(r["unprofiled_rss_bytes"])}

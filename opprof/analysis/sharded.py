@@ -1,0 +1,252 @@
+"""The model of a sharded data-parallel (FSDP) training step: what `opprof model --mode fsdp`
+simulates, its inputs from a trace (units, their bytes, the collectives' α–β) and its
+prediction for N workers.
+
+**Units.** FSDP shards the parameters by unit (FSDP2: every ``fully_shard``-ed module, then
+the root for what is left). Each unit's unsharded parameter bytes come from the trace's
+metadata (``unit_param_bytes``: `opprof record` notes them in every torch recording, so a
+1-worker trace can be modelled as FSDP), else from the all-gathers of one forward pass in an
+FSDP trace (the full buffer ``c10d::_allgather_base_`` gathers), else the model is one unit of
+all the gradient bytes. Each unit's share of the forward and backward compute follows its
+gradients in the backward pass (the unit whose gradients take a third of backward gets a third
+of both), else its share of the bytes.
+
+**The step**, on a compute lane and one link (collectives one at a time, in issue order)::
+
+    forward:  AG(root) · [AG(u) → forward(u) → copy-out]  for u = root, 1 … U
+    backward: [AG(u) → backward(u) → copy-out → RS(u)]    for u = U … 1, then the root's
+              backward and RS (the root stays gathered after forward: no second AG)
+    update:   the optimizer on this rank's 1/N shard, after the last RS
+
+- all-gather (AG) of a unit of n bytes and reduce-scatter (RS): the ring's α–β cost
+  ``(N−1)·α + (N−1)/N·n·β`` (:mod:`opprof.analysis.commmodel`), each kind its own α, β;
+  FSDP's copies around them (copy-in of the shard, copy-out of the gathered unit, the
+  gradient's copy-in before RS) cost ``copy_ns_per_byte`` per byte on the compute lane;
+- **prefetch** (``overlap``, NCCL on GPU: collectives on their own streams): the AG of the
+  next unit is issued as the current unit's compute starts, so it runs beside it; the RS of a
+  unit runs beside the next unit's backward; the update waits for the last RS;
+- **blocking** (gloo on CPU): the issuing thread waits for every collective (FSDP2's ranges
+  enclose the whole gloo transfer in the traces), so AG and RS add to the step in full.
+- the wait for the slowest worker is that of :mod:`.predict`: σ·E[max of N normals] once per
+  step (σ: the base's per-step compute). Every blocking collective is a barrier, and were the
+  compute between the k of them independent, the wait would be √k times that; but a busy
+  machine's σ is mostly common to all ranks (it moves no rank ahead of another), and on
+  three ResNet-18 runs the √k form overestimated the measured wait 1.0–7.6×, the once-per-step
+  form was within 0.3–1.5× of it.
+
+Phases of the simulated step: forward, backward, update, load, h2d, other as given;
+``comm`` is everything else — the waits for collectives and FSDP's copies, as the measured
+breakdown files FSDP's copies (op ``memory``, phase ``comm``) — so they sum to the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.commmodel import Network, fit
+from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
+from opprof.errors import OpprofError
+from opprof.trace import Trace
+
+KINDS = ("all_gather", "reduce_scatter")
+#: FSDP's copies when neither a calibration nor the trace gives them: 4 GB/s, a memcpy of a
+#: CPU core.
+ASSUMED_COPY_NS_PER_BYTE = 0.25
+_BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
+
+
+@dataclass
+class ShardedPlan:
+    """The inputs of one simulated FSDP step (times in ns, bytes unsharded)."""
+
+    phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
+    unit_bytes: np.ndarray  # root first, then each unit, in forward order
+    share: np.ndarray  # each unit's share of the forward and backward compute (sums to 1)
+    cost: Callable[[str, float], float]  # (kind, bytes) -> ns of one collective
+    copy_ns_per_byte: float
+    workers: int
+    overlap: bool
+    comm_scale: float = 1.0
+    io_busy_ns: float = 0.0
+    io_prefetch: bool = False
+    straggler_ns: float = 0.0
+    communicate: bool = True
+
+
+def simulate_sharded(plan: ShardedPlan) -> SimResult:
+    """Run the step (see the module docstring)."""
+    ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
+    b = np.asarray(plan.unit_bytes, np.float64)
+    talk = plan.communicate and plan.workers > 1 and len(b) > 0
+    sent: list[dict[str, float]] = []
+    link = 0.0
+
+    def send(kind: str, ready: float, n: float) -> float:
+        nonlocal link
+        if not talk or n <= 0:  # a root that holds no parameters of its own gathers none
+            return ready
+        start = max(ready, link)
+        link = start + float(plan.cost(kind, n)) * plan.comm_scale
+        sent.append({"kind": kind, "ready_ns": ready, "start_ns": start, "end_ns": link,
+                     "bytes": n})
+        return link
+
+    copy = (lambda n: plan.copy_ns_per_byte * n) if talk else (lambda n: 0.0)
+    fwd = ph["forward"] * plan.share
+    bwd = ph["backward"] * plan.share
+    t = ph["h2d"]
+    units = len(b)
+    gathered = {0: send("all_gather", t, b[0])} if units else {}
+    for i in range(units):
+        start = max(t, gathered[i])
+        nxt = i + 1 < units
+        if nxt and plan.overlap:
+            gathered[i + 1] = send("all_gather", start, b[i + 1])
+        t = start + copy(b[i] / max(plan.workers, 1) + b[i]) + fwd[i]
+        if nxt and not plan.overlap:
+            gathered[i + 1] = send("all_gather", t, b[i + 1])
+    order = list(range(units - 1, 0, -1)) + ([0] if units else [])
+    gathered = {order[0]: send("all_gather", t, b[order[0]])} if units > 1 else {0: t}
+    for k, i in enumerate(order):
+        start = max(t, gathered.get(i, t))
+        nxt = order[k + 1] if k + 1 < len(order) and order[k + 1] != 0 else None
+        if nxt is not None and plan.overlap:
+            gathered[nxt] = send("all_gather", start, b[nxt])
+        gather_copy = copy(b[i] / max(plan.workers, 1) + b[i]) if i != 0 else 0.0
+        t = start + gather_copy + bwd[i] + copy(b[i])
+        done = send("reduce_scatter", t, b[i])
+        if not plan.overlap:
+            t = done
+        if nxt is not None and not plan.overlap:
+            gathered[nxt] = send("all_gather", t, b[nxt])
+    compute = ph["h2d"] + ph["forward"] + ph["backward"]
+    sync = max(t, link) + (plan.straggler_ns if sent else 0.0)
+    exposed = sync - compute
+    rest = sync + ph["update"] + ph["other"]
+    load = max(0.0, plan.io_busy_ns - rest) if plan.io_prefetch else ph["load"]
+    phases = {"load": load, "h2d": ph["h2d"], "forward": ph["forward"],
+              "backward": ph["backward"], "update": ph["update"], "comm": exposed,
+              "other": ph["other"]}
+    busy = sum(m["end_ns"] - m["start_ns"] for m in sent)
+    compute_end = ph["h2d"] + ph["forward"] + ph["backward"]
+    hidden = sum(max(0.0, min(m["end_ns"], compute_end) - m["start_ns"]) for m in sent) \
+        if plan.overlap else 0.0
+    for m in sent:
+        for key in ("ready_ns", "start_ns", "end_ns"):
+            m[key] += load
+    return SimResult(sum(phases.values()), phases, busy, hidden, sent)
+
+
+# ------------------------------------------------------------------ inputs from a trace
+
+
+def unit_bytes(trace: Trace) -> tuple[np.ndarray, str]:
+    """Each unit's unsharded parameter bytes (root first, forward order) and where they come
+    from (see the module docstring); empty when the trace tells nothing."""
+    given = trace.meta.get("unit_param_bytes")
+    if given:
+        return np.asarray([int(v) for v in given], np.int64), \
+            "the model's FSDP units (recorded parameter sizes)"
+    ev = trace.events
+    calls = ev[(ev["op"] == "all_gather") & (ev["bytes"] > 0) & (ev["step"] >= 0)
+               & ev["name"].astype(str).str.startswith("c10d::")]
+    if len(calls):
+        first = calls[(calls["rank"] == calls["rank"].min())]
+        first = first[first["step"] == first["step"].min()].sort_values("ts")
+        n = first["bytes"].to_numpy(np.int64)
+        # Every unit but the root is gathered again in backward: forward's are the first
+        # ones, up to where the same sizes come round again.
+        units = (len(n) + 1) // 2
+        return n[:units], "the all-gathers of one forward pass in the trace"
+    return np.zeros(0, np.int64), ""
+
+
+def unit_shares(trace_layers: pd.DataFrame, nbytes: np.ndarray) -> np.ndarray:
+    """Each unit's share of the compute: the backward time of its gradients (gradients in
+    backward order matched to units in reverse forward order by cumulative bytes), else its
+    share of the bytes."""
+    total = float(nbytes.sum())
+    if not len(nbytes) or total <= 0:
+        return np.ones(max(len(nbytes), 1)) / max(len(nbytes), 1)
+    fallback = nbytes / total
+    g = trace_layers
+    if g is None or not len(g) or "backward_ns" not in g or float(g["bytes"].sum()) <= 0:
+        return fallback
+    back = np.r_[nbytes[1:][::-1], nbytes[:1]]  # backward order: units U … 1, then the root
+    edges = np.cumsum(back) / float(back.sum())
+    mid = (np.cumsum(g["bytes"].to_numpy(np.float64)) - g["bytes"].to_numpy(np.float64) / 2)
+    mid /= float(g["bytes"].sum())
+    which = np.minimum(np.searchsorted(edges, mid, side="right"), len(back) - 1)
+    work = np.bincount(which, weights=g["backward_ns"].to_numpy(np.float64),
+                       minlength=len(back))
+    if work.sum() <= 0:
+        return fallback
+    work = work / work.sum()
+    return np.r_[work[-1:], work[:-1][::-1]]  # back to forward order, root first
+
+
+def trace_samples(trace: Trace) -> pd.DataFrame:
+    """(kind, bytes, ns) of the FSDP collectives a multi-worker trace holds, for fitting:
+    the backend's own spans (``gloo:all_gather`` …) with their unsharded bytes — an
+    all-gather's payload is its input shard (× N), a reduce-scatter's (gloo: an all-reduce
+    of the whole buffer, during backward) the whole buffer — and their transfer time (the
+    wait for the last rank left out, :func:`opprof.analysis.ranks.match`)."""
+    from opprof.analysis.breakdown import step_breakdown
+    from opprof.analysis.ranks import match
+
+    ev = trace.events
+    workers = int(trace.meta.get("workers") or len(trace.ranks) or 1)
+    sel = (ev["role"] == "worker") & (ev["step"] >= 0) & (ev["device"] == "cpu") \
+        & ev["name"].astype(str).str.match(_BACKEND_SPAN) & (ev["bytes"] > 0) \
+        & ev["op"].isin(["all_gather", "reduce_scatter", "all_reduce"])
+    spans = ev.loc[sel, ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes", "op"]]
+    if spans.empty or workers < 2:
+        return pd.DataFrame(columns=["kind", "bytes", "ns"])
+    spans = spans.assign(name=spans["name"].astype(str), end=spans["ts"] + spans["dur"])
+    bounds = step_breakdown(trace)[["rank", "step", "start", "end"]]
+    c = match(spans.sort_values(["rank", "ts"]).reset_index(drop=True), bounds, True)
+    gather = c["op"] == "all_gather"
+    return pd.DataFrame({
+        "kind": np.where(gather, "all_gather", "reduce_scatter"),
+        "bytes": np.where(gather, c["bytes"] * workers, c["bytes"]).astype(np.int64),
+        "ns": c["transfer_ns"].to_numpy(np.float64)})
+
+
+def copy_rate(trace: Trace, nbytes: np.ndarray, steps: int) -> float | None:
+    """ns per byte of FSDP's copies in a multi-worker FSDP trace: its ``memory`` time in
+    phase ``comm`` per step over the bytes the model copies per step (None: none)."""
+    ev = trace.events
+    workers = int(trace.meta.get("workers") or len(trace.ranks) or 1)
+    sel = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["counted"] \
+        & (ev["op"] == "memory") & (ev["phase"] == "comm")
+    per_step = float(ev.loc[sel, "dur"].sum()) / max(steps, 1)
+    total = nbytes.astype(np.float64)
+    copied = float(np.sum(2 * (total / workers + total)) - (total[0] / workers + total[0])
+                   + total.sum()) if len(total) else 0.0
+    if per_step <= 0 or copied <= 0 or workers < 2:
+        return None
+    return per_step / copied
+
+
+def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | None,
+                **fields: object) -> Network:
+    """An ``fsdp`` network from (kind, bytes, ns) samples: the all-gather's α–β, the
+    reduce-scatter's in ``info`` (the all-gather's where it has none)."""
+    ag = samples[samples["kind"] == "all_gather"]
+    rs = samples[samples["kind"] == "reduce_scatter"]
+    if ag.empty and rs.empty:
+        raise OpprofError("no all-gather or reduce-scatter with a size and a time to fit")
+    main = fit(ag if len(ag) else rs, "fsdp", workers, **fields)  # type: ignore[arg-type]
+    info = dict(main.info)
+    if len(rs) and len(ag):
+        other = fit(rs, "fsdp", workers)
+        info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
+                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit}
+    if copy_ns_per_byte is not None:
+        info["copy_ns_per_byte"] = float(copy_ns_per_byte)
+    main.info = info
+    return main

@@ -1,0 +1,226 @@
+"""Sharded data parallelism, for real: users' FSDP2 (``fully_shard``), FSDP1
+(``FullyShardedDataParallel``) and ZeroRedundancyOptimizer scripts under
+``opprof run -- torchrun`` (gloo on loopback), ``opprof record --mode fsdp``, and the FSDP step
+model (its identities and the simulation's)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.sharded import ShardedPlan, simulate_sharded
+from opprof.loader import load
+from opprof.taxonomy import COMM_OPS, PHASES
+from tests.conftest import run_cli
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FSDP_NAME = r"^(?:FSDP::|fsdp::|FullyShardedDataParallel\.|RegisterPostBackwardFunction)"
+COMPUTE_OPS_OF = ("forward", "backward", "update")
+
+
+def opprof_run(tmp: Path, script: str, *args: str) -> Path:
+    """``opprof run`` of a user's script under torchrun with two ranks; the trace."""
+    pytest.importorskip("torch")
+    out = tmp / f"{Path(script).stem}.trace"
+    res = run_cli("run", "--steps", "2", "--warmup", "1", "--timing-steps", "1", "-o",
+                  str(out), "--format", "json", "--", sys.executable, "-m",
+                  "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPTS / script),
+                  "--steps", "6", *args, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp2(tmp_path_factory: pytest.TempPathFactory):
+    return load(opprof_run(tmp_path_factory.mktemp("fsdp2"), "torch_fsdp2.py", "--blocks", "3"))
+
+
+@pytest.fixture(scope="module")
+def fsdp1(tmp_path_factory: pytest.TempPathFactory):
+    return load(opprof_run(tmp_path_factory.mktemp("fsdp1"), "torch_fsdp1.py", "--blocks", "3"))
+
+
+@pytest.fixture(scope="module")
+def zero(tmp_path_factory: pytest.TempPathFactory):
+    return load(opprof_run(tmp_path_factory.mktemp("zero"), "torch_zero.py", "--blocks", "2"))
+
+
+def comm_time(trace) -> dict[str, int]:
+    """Counted communication time in the steps of worker ranks, per op."""
+    ev = trace.events
+    c = ev[(ev["role"] == "worker") & (ev["step"] >= 0) & ev["counted"]
+           & ev["op"].isin(COMM_OPS)]
+    return {str(k): int(v) for k, v in c.groupby("op", observed=True)["dur"].sum().items()}
+
+
+def fsdp_ranges(trace):
+    ev = trace.events
+    return ev[ev["name"].astype(str).str.match(FSDP_NAME)]
+
+
+def check_phases_sum(trace) -> None:
+    steps = step_breakdown(trace)
+    assert len(steps) and (steps[list(PHASES)].sum(axis=1) == steps["dur_ns"]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fsdp2", "fsdp1"])
+def test_fsdp_run_is_recognized_and_its_collectives_named(which, request) -> None:
+    tr = request.getfixturevalue(which)
+    assert tr.meta["mode"] == "fsdp" and tr.ranks == [0, 1]
+    comm = comm_time(tr)
+    assert comm.get("all_gather", 0) > 0 and comm.get("reduce_scatter", 0) > 0
+    assert sum(v for k, v in comm.items() if k != "comm") >= 0.9 * sum(comm.values())
+    check_phases_sum(tr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fsdp2", "fsdp1"])
+def test_no_fsdp_range_is_a_compute_operator(which, request) -> None:
+    f = fsdp_ranges(request.getfixturevalue(which))
+    assert len(f) > 0
+    ops = set(f["op"].dropna().astype(str))
+    assert ops <= {"all_gather", "reduce_scatter", "memory"}, ops
+    assert set(f["phase"].dropna().astype(str)) <= {"comm"}
+    # gathering parameters and reducing gradients are there, with FSDP's copies beside them
+    assert {"all_gather", "reduce_scatter"} <= ops
+
+
+@pytest.mark.slow
+def test_fsdp2_copies_are_memory_inside_the_all_gather(fsdp2) -> None:
+    ev = fsdp2.events
+    copy_in = ev[ev["name"] == "fsdp::all_gather_copy_in"]
+    assert len(copy_in) and (copy_in["op"] == "memory").all() and copy_in["counted"].all()
+    gathers = ev[ev["name"].astype(str).str.match(r"FSDP::all_gather \(")]
+    assert len(gathers) and (gathers["op"] == "all_gather").all()
+
+
+@pytest.mark.slow
+def test_zero_run_is_recognized(zero) -> None:
+    assert zero.meta["mode"] == "zero"
+    assert comm_time(zero).get("all_reduce", 0) > 0  # DDP's gradients
+    check_phases_sum(zero)
+
+
+# ------------------------------------------------------------------ record --mode fsdp
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("record-fsdp") / "job.trace"
+    res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--batch-size", "8",
+                  "--steps", "2", "--warmup", "1", "--timing-steps", "1", "--workers", "2",
+                  "--mode", "fsdp", "-o", str(out), "--format", "json", timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out, json.loads(res.stdout)
+
+
+@pytest.mark.slow
+def test_record_mode_fsdp(recorded) -> None:
+    out, report = recorded
+    tr = load(out)
+    assert (tr.meta["mode"], tr.meta["workers"], report["meta"]["mode"]) == ("fsdp", 2, "fsdp")
+    units = tr.meta["unit_param_bytes"]
+    assert len(units) == 6 and sum(units) == tr.meta["param_bytes"]  # root + 5 layers
+    comm = comm_time(tr)
+    assert comm.get("all_gather", 0) > 0 and comm.get("reduce_scatter", 0) > 0
+    assert set(fsdp_ranges(tr)["op"].dropna().astype(str)) <= {"all_gather",
+                                                                "reduce_scatter", "memory"}
+    check_phases_sum(tr)
+
+
+@pytest.mark.slow
+def test_by_rank_splits_each_collective_into_wait_and_transfer(recorded) -> None:
+    _, report = recorded
+    kinds = {k["op"]: k for k in report["collective_kinds"]}
+    assert "all_gather" in kinds
+    for k in kinds.values():
+        assert k["calls"] > 0 and k["wait_ns"] >= 0 and k["transfer_ns"] >= 0
+        assert k["wait_ns"] + k["transfer_ns"] > 0
+        assert 0 <= k["hidden"] <= 1
+
+
+@pytest.mark.slow
+def test_model_of_an_fsdp_run_at_its_own_size_is_the_measurement(recorded) -> None:
+    out, _ = recorded
+    res = run_cli("model", str(out), "--workers", "2,4", "--check", str(out),
+                  "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["base"]["mode"] == "fsdp"
+    assert [p["mode"] for p in doc["predictions"]] == ["fsdp", "fsdp"]
+    check = doc["check"]
+    assert check["predicted_step_ns"] == pytest.approx(check["measured_step_ns"], rel=1e-9)
+    res = run_cli("whatif", str(out), "--comm", "1", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    w = json.loads(res.stdout)
+    assert w["step_ns"] == pytest.approx(w["base_step_ns"], rel=1e-9)
+
+
+# ------------------------------------------------------------------ the simulation
+
+
+def plan(workers: int, overlap: bool, copy: float = 0.0) -> ShardedPlan:
+    phases = {"load": 1e6, "h2d": 0.0, "forward": 30e6, "backward": 60e6, "update": 5e6,
+              "other": 1e5}
+    return ShardedPlan(phases=phases, unit_bytes=np.array([1e5, 4e6, 4e6, 8e6]),
+                       share=np.array([0.1, 0.3, 0.3, 0.3]),
+                       cost=lambda kind, n: (workers - 1) * (1e4 + n / workers),
+                       copy_ns_per_byte=copy, workers=workers, overlap=overlap)
+
+
+def test_sharded_step_phases_sum_and_one_worker_moves_nothing() -> None:
+    for workers in (1, 2, 8):
+        for overlap in (False, True):
+            sim = simulate_sharded(plan(workers, overlap, 0.1))
+            assert sum(sim.phases.values()) == pytest.approx(sim.step_ns)
+    one = simulate_sharded(plan(1, False, 0.1))
+    assert one.phases["comm"] == 0 and not one.messages
+
+
+def test_blocking_fsdp_pays_every_collective_and_prefetch_hides_some() -> None:
+    p = plan(4, False)
+    sim = simulate_sharded(p)
+    units = p.unit_bytes
+    # forward: every unit gathered; backward: every unit but the root gathered again; every
+    # unit reduce-scattered
+    expected = sum(p.cost("all_gather", n) for n in units) \
+        + sum(p.cost("all_gather", n) for n in units[1:]) \
+        + sum(p.cost("reduce_scatter", n) for n in units)
+    assert [m["kind"] for m in sim.messages].count("all_gather") == 2 * len(units) - 1
+    assert sim.phases["comm"] == pytest.approx(expected)
+    assert sim.comm_busy_ns == pytest.approx(expected)
+    ahead = simulate_sharded(plan(4, True))
+    assert ahead.comm_busy_ns == pytest.approx(expected)
+    assert ahead.step_ns < sim.step_ns and ahead.comm_hidden_ns > 0
+
+
+# ------------------------------------------------------------------ calibrate --mode fsdp
+
+
+@pytest.mark.slow
+def test_calibrate_fsdp_fits_all_gather_reduce_scatter_and_copy(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "fsdp-net.json"
+    res = run_cli("calibrate", "--fw", "torch", "--workers", "2", "--mode", "fsdp", "--sizes",
+                  "64K,1M", "--repeat", "1", "-o", str(out), timeout=300)
+    assert res.returncode == 0, res.stderr
+    net = json.loads(out.read_text())
+    assert net["collective"] == "fsdp" and net["workers"] == 2
+    assert net["beta_ns_per_byte"] > 0 or net["alpha_ns"] > 0
+    rs = net["info"]["reduce_scatter"]
+    assert rs["beta_ns_per_byte"] > 0 or rs["alpha_ns"] > 0
+    assert net["info"]["copy_ns_per_byte"] > 0
+
+
+def test_calibrate_fsdp_is_torch_only(tmp_path: Path) -> None:
+    res = run_cli("calibrate", "--fw", "mxnet", "--workers", "2", "--mode", "fsdp", "-o",
+                  str(tmp_path / "x.json"))
+    assert res.returncode != 0 and "FSDP is PyTorch's" in res.stderr
+    assert "Traceback" not in res.stderr
