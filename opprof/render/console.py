@@ -739,7 +739,7 @@ def _messages_table(result: ModelResult) -> Table:
         for c in ["unit", "bytes", "share of compute"]:
             t.add_column(c, justify="right")
         for i, (n, share) in enumerate(zip(units.bytes, units.share, strict=True)):
-            t.add_row("root" if i == 0 else str(i), _size(n), pct(share))
+            t.add_row("root" if i == 0 else str(i), size(n), pct(share))
         t.caption = ("per step: each all-gathered before forward and (but the root) before "
                      "backward, reduce-scattered after backward")
         return t
