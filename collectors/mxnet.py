@@ -51,6 +51,7 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
 )
+from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
 from opprof.collectors.runner import Runner, drive
 from opprof.files import write_atomic
@@ -297,7 +298,12 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                            facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
                     scale, adapter)
-    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
+    mean, std = dataset.mean.reshape(3), dataset.std.reshape(3)
+    convergence = image_convergence(
+        config, images[shard], labels[shard], size=size, mean=mean, std=std,
+        predict=lambda x: net(mx.nd.array(x.transpose(0, 3, 1, 2))).asnumpy(),
+        loss=lambda loss: float(loss.mean().asscalar()))
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
 
 
 def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
@@ -307,9 +313,10 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any,
-             trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], None]:
-    """One training step; its phases are Tasks while the profiler runs (Tasks record even
-    while the profiler is stopped, so unprofiled steps use none)."""
+             trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], Any]:
+    """One training step, returning its per-sample losses (read them after the step); its
+    phases are Tasks while the profiler runs (Tasks record even while the profiler is
+    stopped, so unprofiled steps use none)."""
     tasks = [mx.profiler.Task(adapter.domain, name) for name in PHASES]
     state: dict[str, Any] = {}
 
@@ -326,7 +333,7 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
     def update() -> None:
         trainer.step(scale)
 
-    def step() -> None:
+    def step() -> Any:
         marks = adapter.profiling
         # Without a wait at each phase boundary the work of one phase would run (and be
         # timed) inside the next: each phase ends with nd.waitall().
@@ -337,6 +344,7 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
             mx.nd.waitall()
             if marks:
                 task.stop()
+        return state["loss"]
 
     return step
 

@@ -72,8 +72,9 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
 )
+from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
-from opprof.collectors.runner import Runner, drive
+from opprof.collectors.runner import Convergence, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
 
@@ -344,10 +345,12 @@ class ImageDataset:
 
 
 def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
-                   world: int = 1) -> tuple[Callable[[], None], dict[str, Any]]:
+                   world: int = 1) -> tuple[Callable[[], Any], dict[str, Any],
+                                            Convergence | None]:
     """The marked training step of rank ``rank`` of ``world`` (its shard of the data, the
-    model in DistributedDataParallel when ``world > 1``; the process group must exist), and
-    the model's facts."""
+    model in DistributedDataParallel when ``world > 1``; the process group must exist), the
+    model's facts, and with ``--converge`` its :class:`Convergence` (the step returns its
+    loss, detached)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler
@@ -382,7 +385,20 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
              "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
              "layers": counts, "input_size": size,
              "num_classes": classes, "seed": config.seed}
-    return _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device), facts
+    mean, std = channel_stats(images)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.from_numpy(x).permute(0, 3, 1, 2).to(device)).cpu().numpy()
+        model.train(was)
+        return out
+
+    convergence = image_convergence(config, images, labels, size=size, mean=mean, std=std,
+                                    predict=predict, loss=lambda loss: loss.item())
+    step = _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device)
+    return step, facts, convergence
 
 
 def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
@@ -398,13 +414,14 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _stepper(batches: Iterator[tuple[Any, Any]], model: Any, loss_fn: Any, optimizer: Any,
-             device: torch.device) -> Callable[[], None]:
-    """One training step with its four phase markers, as a function of no arguments."""
+             device: torch.device) -> Callable[[], Any]:
+    """One training step with its four phase markers, as a function of no arguments that
+    returns the step's loss (detached: read it after the step)."""
     from torch.profiler import record_function
 
     non_blocking = device.type == "cuda"
 
-    def step() -> None:
+    def step() -> Any:
         with record_function("opprof.load"):
             x, y = next(batches)
             x = x.to(device, non_blocking=non_blocking)
@@ -416,6 +433,7 @@ def _stepper(batches: Iterator[tuple[Any, Any]], model: Any, loss_fn: Any, optim
         with record_function("opprof.update"):
             optimizer.step()
             optimizer.zero_grad()
+        return loss.detach()
 
     return step
 
@@ -441,10 +459,10 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                                 timeout=timedelta(seconds=max(config.timeout_s, 1.0)))
     if config.threads:
         torch.set_num_threads(config.threads)
-    step, facts = build_training(config, device, rank=rank, world=world)
+    step, facts, convergence = build_training(config, device, rank=rank, world=world)
     adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts,
                            profile_memory=config.profile_memory)
-    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
     if world > 1:
         dist.destroy_process_group()
 

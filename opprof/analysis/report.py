@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
+from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -48,6 +49,8 @@ class Report:
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
     noise: dict | None = None
+    #: The convergence curve's summary (opprof.analysis.convergence); None without one.
+    convergence: dict | None = None
 
 
 @dataclass
@@ -103,6 +106,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         memory=combine_memory([p.memory for p in parts]),
         rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
         noise=assess(meta, steps),
+        convergence=convergence_summary(meta),
     )
 
 

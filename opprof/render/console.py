@@ -383,6 +383,20 @@ def render(*items: object, width: int = 120) -> str:
     return buf.getvalue()
 
 
+def convergence_line(c: dict) -> Text:
+    """The convergence curve in one line (`record --converge`)."""
+    def acc(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    reached = c["time_to_accuracy"]
+    targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c['steps_to_accuracy'][t]})"
+                        for t, ns in reached.items()) or "none of 50/70/90% reached"
+    return Text(f"convergence: {c['steps']} steps, {c['time_ns'] / 1e9:.2f} s training; loss "
+                f"{c['first_loss']:.3f} → {c['final_loss']:.3f} (mean of the last steps); "
+                f"best test accuracy {acc(c['best_test_accuracy'])} (train "
+                f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
+
+
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[object] = [_header(rep.meta, rep.noise)]
@@ -402,6 +416,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         line = memory_line(rep)
         if line is not None:
             items.append(line)
+        if rep.convergence:
+            items.append(convergence_line(rep.convergence))
         items.append(phase_table(rep))
         items.append(op_table(rep.ops, 10 if top is None else top, "Top host operators"))
         if not rep.device_ops.empty:
@@ -429,6 +445,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
     items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    if d.convergence:
+        items.append(Text(d.convergence["sentence"], style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
               for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
               for line in quality_lines(noise)]
