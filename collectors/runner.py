@@ -30,8 +30,9 @@ exception, and :func:`writing` tells a signal handler not to interrupt the write
 training after the protocol until STEPS steps in all (the protocol's steps among them, so the
 profiled steps are taken inside), keeping each step's loss and duration, and every
 ``eval_every`` steps the model's train and test accuracy (never inside the protocol's timed
-or profiled steps: an evaluation due there runs right after them). The loss a step returns is read after the step
-(outside the profiled steps: there it is kept and read after the profile). ``time_ns`` is
+or profiled steps: an evaluation due there runs right after them). The loss a step returns
+is read after the step (outside the profiled steps: there it is kept and read after the
+profile). ``time_ns`` is
 the training time so far: the sum of the step durations (each ended by the adapter's
 ``sync``; the profiled ones are slower by the profiler's overhead), without the
 evaluations, the profiler's start, stop and trace writing. The rows
