@@ -173,3 +173,32 @@ def test_a_trace_without_the_table_reads_as_before(runs, tmp_path: Path) -> None
     out = json.loads(res.stdout)
     assert out["convergence"] == [] and out["time_to_accuracy"] == {}
     assert out["convergence_summary"] is None
+
+
+@pytest.mark.slow
+def test_bench_columns_curves_and_figure(runs, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from opprof.analysis.matrix import CONVERGENCE_COLUMNS as BENCH_COLUMNS
+    from opprof.analysis.matrix import convergence_columns
+    from opprof.render.plotdata import Bench, bench_curves
+
+    trace, report = runs["torch"]
+    cols = convergence_columns(TraceFile(trace).meta)
+    s = report["convergence_summary"]
+    assert cols["final_loss"] == s["final_loss"]
+    assert cols["best_test_accuracy"] == s["best_test_accuracy"]
+    for t in ("50", "70", "90"):
+        ns = s["time_to_accuracy"].get(f"0.{t[0]}")
+        assert cols[f"time_to_{t}_s"] == (None if ns is None else ns / 1e9)
+    assert set(BENCH_COLUMNS) <= set(cols)
+    assert cols["curve"]["step"] == list(range(1, 61))  # under 200 points: all kept
+    table = pd.DataFrame([{"fw": "torch", "model": "lenet5", "workers": 1, "mode": "single"}])
+    curves = bench_curves(Bench(table, pd.DataFrame(), {}, None,
+                                {"lenet5-torch-w1-single": [cols["curve"], cols["curve"]]}))
+    assert len(curves) == 120 and curves["repeat"].tolist() == [1] * 60 + [2] * 60
+    assert curves["test_accuracy"].notna().sum() == 6
+    out = tmp_path / "conv.svg"
+    res = run_cli("plot", str(trace), str(runs["mxnet"][0]), "--figure", "convergence",
+                  "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "test accuracy" in out.read_text()

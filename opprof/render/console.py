@@ -574,7 +574,34 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    return [t, m, p, o]
+    c = convergence_table(table)
+    return [t, m, p, *([c] if c is not None else []), o]
+
+
+def convergence_table(table: pd.DataFrame) -> Table | None:
+    """`bench --converge`: each run's final loss, best test accuracy and training time to
+    each target accuracy (None when no run has a convergence table)."""
+    if "best_test_accuracy" not in table or table["best_test_accuracy"].isna().all():
+        return None
+    targets = [c for c in table.columns if c.startswith("time_to_") and c.endswith("_s")]
+    t = Table(title="Convergence (--converge): training seconds to each test accuracy",
+              title_justify="left")
+    for c in ["fw", "model", "workers", "mode", "final loss", "best test acc",
+              *(f"to {c[8:-2]}% s" for c in targets)]:
+        t.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
+
+    def num(v: object, fmt: str) -> str:
+        return "-" if v is None or v != v else format(v, fmt)
+
+    for r in table.to_dict("records"):
+        best = r.get("best_test_accuracy")
+        if best is None or best != best:
+            continue
+        t.add_row(r["fw"], r["model"], str(r["workers"]), r["mode"], num(r["final_loss"], ".3f"),
+                  num(r["best_test_accuracy"], ".1%"), *(num(r[c], ".2f") for c in targets))
+    t.caption = ("with --repeat: medians over the repetitions; '-': the target was not "
+                 "reached")
+    return t
 
 
 def _sps(r: dict) -> str:
