@@ -466,6 +466,50 @@ class Curve:
             self.rows[-1].update(train_accuracy=float(train), test_accuracy=float(test))
 
 
+class LossLog:
+    """The loss of a user's own training steps (`opprof run`): a framework's hook calls
+    :meth:`seen` with the scalar ``backward()`` ran on (the last one of a step counts) and
+    :meth:`step_end` at each step end. Values are read (``read``: a list of them → floats,
+    one device transfer for all) outside the profiled steps, at most every ``batch`` steps
+    and at :meth:`rows`; ``time_ns`` is wall time since the first ``backward()``."""
+
+    def __init__(self, read: Callable[[list[Any]], list[float]], batch: int = 100) -> None:
+        self.read, self.batch = read, batch
+        self.t0: int | None = None
+        self.last: Any = None
+        self.steps = 0
+        self._rows: list[dict[str, Any]] = []
+        self._pending: list[tuple[int, Any]] = []
+
+    def seen(self, loss: Any) -> None:
+        if self.t0 is None:
+            self.t0 = time.perf_counter_ns()
+        self.last = loss
+
+    def step_end(self, profiling: bool) -> None:
+        if self.last is None:  # no backward() on a scalar in this step
+            return
+        self.steps += 1
+        self._rows.append({"step": self.steps, "time_ns": time.perf_counter_ns() - (self.t0 or 0),
+                           "loss": None, "train_accuracy": None, "test_accuracy": None})
+        self._pending.append((len(self._rows) - 1, self.last))
+        self.last = None
+        if not profiling and len(self._pending) >= self.batch:
+            self._settle()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every step's row, each loss read."""
+        self._settle()
+        return self._rows
+
+    def _settle(self) -> None:
+        if self._pending:
+            values = self.read([v for _, v in self._pending])
+            for (i, _), value in zip(self._pending, values, strict=True):
+                self._rows[i]["loss"] = float(value)
+            self._pending.clear()
+
+
 def drive(runner: Runner, step: Callable[[], object],
           convergence: Convergence | None = None) -> None:
     """Run ``step`` until the runner's protocol is done (the built-in models of `record`),

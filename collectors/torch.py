@@ -51,6 +51,7 @@ a torch race at exit (pytorch/pytorch#190489) that profiling makes more likely o
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import socket
@@ -74,7 +75,7 @@ from opprof.collectors.config import (
 )
 from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
-from opprof.collectors.runner import Convergence, Runner, drive
+from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
 
@@ -473,11 +474,11 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
     """Count steps at the end of every ``Optimizer.step`` (torch.optim is being imported)."""
-    import functools
 
     from torch.optim import optimizer as module
 
     state: dict[str, Any] = {"depth": 0}
+    log = hook_loss() if os.environ.get(LOSS_ENV, "1") != "0" else None
 
     def after_optimizer_step(optimizer: Any) -> None:
         if state.get("off"):
@@ -497,8 +498,11 @@ def install_hook(protocol: Protocol, folder: Path,
                 state["off"] = True
                 return
             atexit.register(let_threads_finish)  # after opprof's own exit handler
+            runner.loss_log = log  # type: ignore[attr-defined]
         elif id(optimizer) != state["optimizer"]:
             return
+        if log is not None:
+            log.step_end(runner.profiling)
         runner.step_or_give_up()
 
     original = getattr(module.Optimizer, "profile_hook_step", None)
@@ -528,6 +532,42 @@ def install_hook(protocol: Protocol, folder: Path,
         return step
 
     module.Optimizer.profile_hook_step = staticmethod(profile_hook_step)
+
+
+#: ``0``: `opprof run` does not keep the loss of each step.
+LOSS_ENV = "OPPROF_LOSS"
+
+
+def hook_loss() -> LossLog:
+    """Keep the scalar every ``Tensor.backward()`` / ``torch.autograd.backward()`` of one
+    element runs on (detached; the last of a step is the step's loss), for the
+    :class:`LossLog` of `opprof run`. Under AMP's GradScaler that is the scaled loss."""
+    import torch
+    import torch.autograd
+
+    def read(values: list[Any]) -> list[float]:
+        return torch.stack([v.float() for v in values]).cpu().tolist()
+
+    log = LossLog(read)
+    tensor_backward, autograd_backward = torch.Tensor.backward, torch.autograd.backward
+
+    def keep(t: Any) -> None:
+        if isinstance(t, torch.Tensor) and t.numel() == 1 and t.requires_grad:
+            log.seen(t.detach())
+
+    @functools.wraps(tensor_backward)
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        keep(self)
+        return tensor_backward(self, *args, **kwargs)
+
+    @functools.wraps(autograd_backward)
+    def autograd(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        keep(tensors)  # a list of tensors is no one loss: skipped
+        return autograd_backward(tensors, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+    torch.autograd.backward = autograd
+    return log
 
 
 def let_threads_finish(limit_s: float = 0.2, slice_s: float = 0.002) -> float:

@@ -388,12 +388,15 @@ def convergence_line(c: dict) -> Text:
     def acc(v: float | None) -> str:
         return "-" if v is None else f"{v:.1%}"
 
+    head = (f"convergence: {c['steps']} steps, {c['time_ns'] / 1e9:.2f} s; loss "
+            f"{c['first_loss']:.3f} → {c['final_loss']:.3f} (mean of the last steps)")
+    if c["best_test_accuracy"] is None:  # `opprof run`: the loss only
+        return Text(head + "; no accuracy (the loss backward() ran on, per step: --format "
+                    "json)")
     reached = c["time_to_accuracy"]
     targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c['steps_to_accuracy'][t]})"
                         for t, ns in reached.items()) or "none of 50/70/90% reached"
-    return Text(f"convergence: {c['steps']} steps, {c['time_ns'] / 1e9:.2f} s training; loss "
-                f"{c['first_loss']:.3f} → {c['final_loss']:.3f} (mean of the last steps); "
-                f"best test accuracy {acc(c['best_test_accuracy'])} (train "
+    return Text(f"{head}; best test accuracy {acc(c['best_test_accuracy'])} (train "
                 f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
 
 
