@@ -546,27 +546,20 @@ def hook_loss() -> LossLog:
     import torch.autograd
 
     def read(values: list[Any]) -> list[float]:
-        return torch.stack([v.float() for v in values]).cpu().tolist()
+        return torch.stack([v.reshape(()).float() for v in values]).cpu().tolist()
 
     log = LossLog(read)
-    tensor_backward, autograd_backward = torch.Tensor.backward, torch.autograd.backward
+    autograd_backward = torch.autograd.backward
 
-    def keep(t: Any) -> None:
-        if isinstance(t, torch.Tensor) and t.numel() == 1 and t.requires_grad:
-            log.seen(t.detach())
-
-    @functools.wraps(tensor_backward)
-    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        keep(self)
-        return tensor_backward(self, *args, **kwargs)
-
+    # Tensor.backward() calls torch.autograd.backward (looked up at each call): one wrapper
+    # sees both.
     @functools.wraps(autograd_backward)
-    def autograd(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        keep(tensors)  # a list of tensors is no one loss: skipped
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1:
+            log.seen(tensors.detach())  # a list of tensors is no one loss: skipped
         return autograd_backward(tensors, *args, **kwargs)
 
-    torch.Tensor.backward = backward
-    torch.autograd.backward = autograd
+    torch.autograd.backward = backward
     return log
 
 

@@ -202,3 +202,50 @@ def test_bench_columns_curves_and_figure(runs, tmp_path: Path) -> None:
                   "-o", str(out))
     assert res.returncode == 0, res.stderr
     assert "test accuracy" in out.read_text()
+
+
+USER_SCRIPT = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x = torch.randn(512, 16)
+y = (x @ torch.randn(16, 4)).argmax(1)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+for step in range(30):
+    i = torch.arange(step * 16, step * 16 + 16) % 512
+    loss = nn.functional.cross_entropy(model(x[i]), y[i])
+    opt.zero_grad()
+    if step % 2:
+        loss.backward()
+    else:
+        torch.autograd.backward(loss)
+    opt.step()
+    print("loss", repr(loss.item()))
+"""
+
+
+@pytest.mark.slow
+def test_opprof_run_keeps_the_loss_of_each_step(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    trace = tmp_path / "mine.trace"
+    res = run_cli("run", "--steps", "2", "-o", str(trace), "--format", "json", "--",
+                  "python", str(script), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    printed = [float(line.split()[1]) for line in res.stderr.splitlines()  # JSON on stdout
+               if line.startswith("loss ")]
+    report = json.loads(res.stdout)
+    rows = report["convergence"]
+    assert len(printed) == 30 and [r["step"] for r in rows] == list(range(1, 31))
+    assert [r["loss"] for r in rows] == printed  # exactly the scalar backward() ran on
+    assert all(r["test_accuracy"] is None for r in rows)
+    assert [r["time_ns"] for r in rows] == sorted(r["time_ns"] for r in rows)
+    assert report["convergence_summary"]["final_loss"] < report["convergence_summary"][
+        "first_loss"]
+    off = run_cli("run", "--steps", "2", "-o", str(tmp_path / "off.trace"), "--format", "json",
+                  "--", "python", str(script), cwd=tmp_path, env={"OPPROF_LOSS": "0"})
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert json.loads(off.stdout)["convergence"] == []
