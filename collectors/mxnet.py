@@ -53,7 +53,7 @@ from opprof.collectors.config import (
 )
 from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
-from opprof.collectors.runner import Runner, drive
+from opprof.collectors.runner import LossLog, Runner, drive
 from opprof.files import write_atomic
 
 DOMAIN = "opprof"
@@ -352,12 +352,45 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
 # ------------------------------------------------------------------ the hook of `opprof run`
 
 
+#: ``0``: `opprof run` does not keep the loss of each step.
+LOSS_ENV = "OPPROF_LOSS"
+
+
+def hook_loss() -> LossLog:
+    """Keep the array every ``NDArray.backward()`` / ``autograd.backward()`` of one array runs
+    on (detached), for the :class:`LossLog` of `opprof run`; its value is the array's mean
+    (a Gluon loss is one value per sample), read outside the profiled steps."""
+    import mxnet as mx
+
+    def read(values: list[Any]) -> list[float]:
+        return [float(v) for v in mx.nd.stack(*[v.mean().reshape((1,)) for v in values])
+                .asnumpy().ravel()]
+
+    log = LossLog(read)
+    nd_backward, autograd_backward = mx.nd.NDArray.backward, mx.autograd.backward
+
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        log.seen(self.detach())
+        return nd_backward(self, *args, **kwargs)
+
+    def autograd(heads: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(heads, mx.nd.NDArray):  # a list of heads is no one loss: skipped
+            log.seen(heads.detach())
+        return autograd_backward(heads, *args, **kwargs)
+
+    backward.__doc__, autograd.__doc__ = nd_backward.__doc__, autograd_backward.__doc__
+    mx.nd.NDArray.backward = backward
+    mx.autograd.backward = autograd
+    return log
+
+
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
     """Count steps at ``gluon.Trainer.step`` / ``update`` (mxnet.gluon is being imported)."""
     from mxnet.gluon.trainer import Trainer  # mxnet.gluon itself is still being imported
 
     state: dict[str, Any] = {"depth": 0}
+    log = hook_loss() if os.environ.get(LOSS_ENV, "1") != "0" else None
 
     def counted(method: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
@@ -395,8 +428,11 @@ def install_hook(protocol: Protocol, folder: Path,
             if not started(runner):
                 state["off"] = True
                 return
+            runner.loss_log = log  # type: ignore[attr-defined]
         elif id(trainer) != state["trainer"]:
             return
+        if log is not None:
+            log.step_end(runner.profiling)
         runner.step_or_give_up()
 
     Trainer.step = counted(Trainer.step)
