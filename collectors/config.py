@@ -95,8 +95,10 @@ def require_installed(fw: Framework) -> None:
 # ------------------------------------------------------------------ the built-in models
 
 #: Input side (pixels) of each built-in model; the model docstrings are in torch_models.py.
-INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32}
+INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32, "fcn": 32}
 MODELS = tuple(INPUT_SIZE)
+#: The fully connected network's hidden layers (width, count; torch_models.py, FCN).
+FCN_WIDTH, FCN_HIDDEN = 1024, 3
 
 
 def canonical_name(name: str) -> str:
