@@ -97,6 +97,11 @@ def test_compare_splits_the_gap_into_step_time_and_steps() -> None:
     only = compare(a, {"convergence": _curve(0, 5, {80: 0.3}, steps=100)}, "A", "B")
     assert only["first"] == "a" and only["sentence"].startswith("Only A reaches 50%")
     assert compare({}, {}, "A", "B") is None
+    loss_only = [{**r, "train_accuracy": None, "test_accuracy": None} for r in _curve(0, 5, {})]
+    c = compare({"convergence": loss_only}, {}, "A", "B")
+    assert c["targets"] == [] and c["first"] is None
+    assert c["sentence"] == ("No accuracy was evaluated; final loss (mean of the last 10 "
+                             f"steps): A {np.mean([2.0 / k for k in range(31, 41)]):.3f}.")
 
 
 # ------------------------------------------------------------------ real recordings

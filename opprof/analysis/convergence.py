@@ -79,6 +79,13 @@ def compare(a_meta: dict[str, Any], b_meta: dict[str, Any], la: str,
     ca, cb = convergence_frame(a_meta), convergence_frame(b_meta)
     if ca.empty and cb.empty:
         return None
+    if _best(ca) is None and _best(cb) is None:  # `opprof run`: the loss only
+        fa, fb = summary(a_meta), summary(b_meta)
+        losses = ", ".join(f"{name} {s['final_loss']:.3f}" for name, s in ((la, fa), (lb, fb))
+                           if s is not None and s["final_loss"] is not None)
+        return {"targets": [], "first": None,
+                "sentence": f"No accuracy was evaluated; final loss (mean of the last "
+                            f"{FINAL_STEPS} steps): {losses}."}
     per = [_compare_at(ca, cb, t, la, lb) for t in TARGETS]
     both = [c for c in per if c["a"] and c["b"]]
     said = [per[0]] + ([both[-1]] if both and both[-1] is not per[0] else [])
