@@ -10,10 +10,11 @@ user's steps (`opprof run`) costs.
    test accuracy at each evaluation, the time and step to 50/70/90%. It fails (exit 1) when a
    framework's loss does not fall or its test accuracy stays under 50%.
 2. **loss-cost**: a torch training step (an MLP on random data, batch 64, 1 thread) timed in
-   one process with and without :func:`opprof.collectors.torch.hook_loss` — the wrapper of
-   ``Tensor.backward`` that `opprof run` installs, and the :class:`LossLog` step end and
-   batched reads — in alternating blocks of 200 steps (so a change of the machine's load hits
-   both alike); printed: the medians of the per-step means, their difference in µs and %.
+   one process without :func:`opprof.collectors.torch.hook_loss`, with its
+   ``torch.autograd.backward`` wrapper only, and with the :class:`LossLog` step end and
+   batched reads too — rounds of 200 steps each, the order reversed every other round (so a
+   change of the machine's load hits all alike); printed: the medians of the per-step
+   means, the difference in µs and %; then the pieces' cost timed alone.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def accuracy(fws: list[str], steps: int, every: int) -> bool:
     return ok
 
 
-def loss_cost(blocks: int, block: int = 200) -> None:
+def loss_cost(blocks: int, hidden: int = 256, block: int = 200) -> None:
     import torch
     from torch import nn
 
@@ -68,14 +69,14 @@ def loss_cost(blocks: int, block: int = 200) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     x, y = torch.randn(4096, 64), torch.randint(0, 10, (4096,))
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     plain = torch.autograd.backward
     log = hook_loss()
     hooked = torch.autograd.backward
 
-    def run(with_loss: bool) -> float:
-        torch.autograd.backward = hooked if with_loss else plain
+    def run(mode: str) -> float:
+        torch.autograd.backward = plain if mode == "off" else hooked
         t0 = time.perf_counter_ns()
         for _ in range(block):
             i = torch.randint(0, len(x), (64,))
@@ -83,16 +84,19 @@ def loss_cost(blocks: int, block: int = 200) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if with_loss:
+            if mode == "on":
                 log.step_end(False)
         return (time.perf_counter_ns() - t0) / block
 
-    run(False)
-    run(True)  # warm both
-    off, on = [], []
-    for _ in range(blocks):
-        off.append(run(False))
-        on.append(run(True))
+    modes = ["off", "wrapper", "on"]  # without; the backward() wrapper only; all of it
+    for m in modes:
+        run(m)  # warm each
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for k in range(blocks):  # the order reversed every other round: none always runs first
+        for m in (modes if k % 2 == 0 else modes[::-1]):
+            times[m].append(run(m))
+    off, on = times["off"], times["on"]
+    wrapper = statistics.median(times["wrapper"])
     a, b = statistics.median(off), statistics.median(on)
     # The pieces alone (steady, where the A/B above swings with the machine's load): a
     # backward() of a scalar with no graph work, through the wrappers and without, plus the
@@ -116,9 +120,10 @@ def loss_cost(blocks: int, block: int = 200) -> None:
     ends = (time.perf_counter_ns() - t0) / n
     torch.autograd.backward = plain
     assert len(log.rows()) == log.steps and all(r["loss"] is not None for r in log.rows())
-    print(f"loss capture: {blocks} blocks of {block} steps each way; step {a / 1e3:.1f} µs "
-          f"without, {b / 1e3:.1f} µs with: {(b - a) / 1e3:+.1f} µs per step "
-          f"({(b - a) / a:+.2%}); load average {os.getloadavg()[0]:.1f}")
+    print(f"loss capture: {blocks} rounds of {block} steps each way; step {a / 1e3:.1f} µs "
+          f"without, {wrapper / 1e3:.1f} µs with the wrapper only, {b / 1e3:.1f} µs with all "
+          f"of it: {(b - a) / 1e3:+.1f} µs per step "
+          f"({(b - a) / a:+.2%}; MLP width {hidden}); load average {os.getloadavg()[0]:.1f}")
     print(f"loss capture, its pieces alone: the backward() wrapper {pieces / 1e3:.1f} µs, the "
           f"step end with its share of the batched read {ends / 1e3:.1f} µs: "
           f"{(pieces + ends) / 1e3:.1f} µs per step")
@@ -130,11 +135,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--blocks", type=int, default=11)
+    ap.add_argument("--hidden", type=int, default=256, help="the MLP's width (loss-cost)")
     ap.add_argument("--part", choices=["all", "accuracy", "loss-cost"], default="all")
     args = ap.parse_args()
     ok = True
     if args.part in ("all", "loss-cost"):
-        loss_cost(args.blocks)
+        loss_cost(args.blocks, args.hidden)
     if args.part in ("all", "accuracy"):
         ok = accuracy(args.fw.split(","), args.steps, args.eval_every)
     return 0 if ok else 1
