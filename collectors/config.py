@@ -97,8 +97,10 @@ def require_installed(fw: Framework) -> None:
 # ------------------------------------------------------------------ the built-in models
 
 #: Input side (pixels) of each built-in model; the model docstrings are in torch_models.py.
-INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32}
+INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32, "fcn": 32}
 MODELS = tuple(INPUT_SIZE)
+#: The fully connected network's hidden layers (width, count; torch_models.py, FCN).
+FCN_WIDTH, FCN_HIDDEN = 1024, 3
 
 
 def canonical_name(name: str) -> str:
@@ -213,6 +215,10 @@ class RecordConfig:
     #: Compute threads per worker (OpenMP / torch threads, TF intra- and inter-op threads);
     #: None: the host's CPUs split among the processes that compute.
     threads: int | None = None
+    #: `--converge STEPS`: train this many steps in all (0: the protocol's only), the loss of
+    #: each and the accuracy every ``eval_every`` steps (0: at the end only).
+    converge: int = 0
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         for name, enum in (("fw", Framework), ("mode", Mode), ("device", Device)):
@@ -282,6 +288,10 @@ class Facts:
     native: list[str] = field(default_factory=list)
     ended: str | None = None  # why the process stopped early (an exception, a signal)
     error: str | None = None  # the one-line error a failing process gives
+    #: `record --converge`: [steps done, steps] while it trains, then one row per step
+    #: (step, time_ns, loss, train_accuracy, test_accuracy; :class:`.runner.Convergence`).
+    converge: list[int] = field(default_factory=list)
+    convergence: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -366,6 +376,10 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
                          if f.extra.get("param_bytes") is not None else {}),
                       **({"ended": f.ended} if f.ended else {})} for f in facts],
     })
+    curves = [{"rank": f.rank if f.rank is not None else i, **row}
+              for i, f in enumerate(facts) if f.convergence for row in f.convergence]
+    if curves:  # `record --converge`: one row per step and process (a TF ps-async chief's)
+        meta["convergence"] = curves
     meta.update(job)
     batch = meta.get("batch_size")
     if step_ns and batch and meta["workers"]:

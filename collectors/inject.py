@@ -10,6 +10,10 @@ the user's code (as coverage.py measures subprocesses). The hook then runs any
 protocol); a process without it, or started with ``python -E``/``-I``/``-S``, is not
 profiled.
 
+**The loss.** A framework's hook may give the runner a :class:`~.runner.LossLog`
+(``runner.loss_log``): the loss of every step, written to the process's status at exit
+(``$OPPROF_LOSS=0`` turns it off).
+
 **What the hook does.** Nothing until a framework is imported: it only adds a finder to
 ``sys.meta_path`` that waits for the module defining a framework's optimizer step
 (``torch.optim.optimizer``, ``keras.src.optimizers.base_optimizer``, Keras 2's
@@ -181,7 +185,16 @@ def _forget() -> None:
 
 def _at_exit() -> None:
     runner = _state["runner"]
-    if runner is None or _state["pid"] != os.getpid() or runner.finished:
+    if runner is None or _state["pid"] != os.getpid():
+        return
+    log = getattr(runner, "loss_log", None)
+    if log is not None and log.steps:  # the loss of every step (a framework's hook)
+        try:
+            runner.reporter.update(convergence=log.rows())
+        except Exception as exc:  # noqa: BLE001 - never break the user's exit
+            print(f"opprof: the loss per step was not kept ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+    if runner.finished:
         return
     runner.close(_state["error"] or "the process ended")
 

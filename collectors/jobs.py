@@ -124,6 +124,11 @@ def check(config: RecordConfig) -> None:
         if value < low:
             raise OpprofError(f"{name} must be at least {low}, got {value}")
     config.protocol.check(min_timing=1 if fw == Framework.TF else 0)
+    if config.converge < 0 or config.eval_every < 0:
+        raise OpprofError(f"--converge {config.converge} / --eval-every {config.eval_every}: "
+                          "steps cannot be negative")
+    if config.eval_every and not config.converge:
+        raise OpprofError("--eval-every needs --converge STEPS (the steps to train)")
     rv.check(config.workers, split_evenly=fw == Framework.TORCH and mode != Mode.SINGLE)
 
 

@@ -61,9 +61,10 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
 )
+from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
 from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
-from opprof.collectors.runner import Runner, drive
+from opprof.collectors.runner import LossLog, Runner, drive
 from opprof.files import write_atomic
 
 DOMAIN = "opprof"
@@ -338,7 +339,12 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                            facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
                     scale, adapter)
-    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
+    mean, std = dataset.mean.reshape(3), dataset.std.reshape(3)
+    convergence = image_convergence(
+        config, images[shard], labels[shard], size=size, mean=mean, std=std,
+        predict=lambda x: net(mx.nd.array(x.transpose(0, 3, 1, 2))).asnumpy(),
+        loss=lambda loss: float(loss.mean().asscalar()))
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
 
 
 def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
@@ -348,9 +354,10 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any,
-             trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], None]:
-    """One training step; its phases are Tasks while the profiler runs (Tasks record even
-    while the profiler is stopped, so unprofiled steps use none)."""
+             trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], Any]:
+    """One training step, returning its per-sample losses (read them after the step); its
+    phases are Tasks while the profiler runs (Tasks record even while the profiler is
+    stopped, so unprofiled steps use none)."""
     tasks = [mx.profiler.Task(adapter.domain, name) for name in PHASES]
     state: dict[str, Any] = {}
 
@@ -367,7 +374,7 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
     def update() -> None:
         trainer.step(scale)
 
-    def step() -> None:
+    def step() -> Any:
         marks = adapter.profiling
         # Without a wait at each phase boundary the work of one phase would run (and be
         # timed) inside the next: each phase ends with nd.waitall().
@@ -378,6 +385,7 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
             mx.nd.waitall()
             if marks:
                 task.stop()
+        return state["loss"]
 
     return step
 
@@ -388,6 +396,38 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
 _HOOKS: dict[str, Any] = {"depth": 0, "hooked": set()}
 
 
+#: ``0``: `opprof run` does not keep the loss of each step.
+LOSS_ENV = "OPPROF_LOSS"
+
+
+def hook_loss() -> LossLog:
+    """Keep the array every ``NDArray.backward()`` / ``autograd.backward()`` of one array runs
+    on (detached), for the :class:`LossLog` of `opprof run`; its value is the array's mean
+    (a Gluon loss is one value per sample), read outside the profiled steps."""
+    import mxnet as mx
+
+    def read(values: list[Any]) -> list[float]:
+        return [float(v) for v in mx.nd.stack(*[v.mean().reshape((1,)) for v in values])
+                .asnumpy().ravel()]
+
+    log = LossLog(read)
+    nd_backward, autograd_backward = mx.nd.NDArray.backward, mx.autograd.backward
+
+    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        log.seen(self.detach())
+        return nd_backward(self, *args, **kwargs)
+
+    def autograd(heads: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(heads, mx.nd.NDArray):  # a list of heads is no one loss: skipped
+            log.seen(heads.detach())
+        return autograd_backward(heads, *args, **kwargs)
+
+    backward.__doc__, autograd.__doc__ = nd_backward.__doc__, autograd_backward.__doc__
+    mx.nd.NDArray.backward = backward
+    mx.autograd.backward = autograd
+    return log
+
+
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
     """Count steps at ``gluon.Trainer.step`` / ``update`` and ``Module.update``, whichever of
@@ -396,6 +436,8 @@ def install_hook(protocol: Protocol, folder: Path,
     import sys
 
     hooked = _HOOKS["hooked"]
+    if "loss" not in _HOOKS:  # the loss backward() ran on, kept unless OPPROF_LOSS=0
+        _HOOKS["loss"] = hook_loss() if os.environ.get(LOSS_ENV, "1") != "0" else None
     if "mxnet.gluon.trainer" in sys.modules and "trainer" not in hooked:
         hooked.add("trainer")
         _hook_trainer(protocol, folder, started)
@@ -443,8 +485,11 @@ def _count(owner: Any, make: Callable[[], tuple[Any, dict[str, Any]]], protocol:
         if not started(runner):
             _HOOKS["off"] = True
             return
+        runner.loss_log = _HOOKS.get("loss")  # type: ignore[attr-defined]
     elif id(owner) != _HOOKS["owner"]:
         return
+    if _HOOKS.get("loss") is not None:
+        _HOOKS["loss"].step_end(runner.profiling)
     runner.step_or_give_up()
 
 

@@ -48,6 +48,22 @@ def lenet5(num_classes: int = 10) -> Any:
     return net
 
 
+def fcn(num_classes: int = 10) -> Any:
+    """The fully connected network (torch_models.FCN): three hidden ReLU layers on the
+    flattened image (Dense flattens its input)."""
+    from opprof.collectors.config import FCN_HIDDEN as hidden
+    from opprof.collectors.config import FCN_WIDTH as width
+
+    net = nn.HybridSequential(prefix="fcn_")
+    with net.name_scope():
+        units = 3 * 32 * 32
+        for _ in range(hidden):
+            net.add(nn.Dense(width, in_units=units), _relu())
+            units = width
+        net.add(nn.Dense(num_classes, in_units=units))
+    return net
+
+
 def alexnet(num_classes: int = 10) -> Any:
     """CIFAR-style AlexNet for 64×64×3 input: 5 conv + 3 fc, no BatchNorm."""
     net = nn.HybridSequential(prefix="alexnet_")
@@ -150,6 +166,8 @@ def build(name: str, num_classes: int) -> Any:
         return lenet5(num_classes)
     if key == "alexnet":
         return alexnet(num_classes)
+    if key == "fcn":
+        return fcn(num_classes)
     if key == "resnet18":
         return resnet(BasicBlock, [2, 2, 2, 2], num_classes, prefix="resnet18_")
     return resnet(Bottleneck, [3, 4, 6, 3], num_classes, prefix="resnet50_")

@@ -28,6 +28,19 @@ exception, a signal, the end of the script) calls :meth:`Runner.close`: the prof
 that completed are written, the incomplete one is not; :func:`drive` does so for any
 exception, and :func:`writing` tells a signal handler not to interrupt the write.
 
+**Convergence** (`record --converge STEPS`, :class:`Convergence`): :func:`drive` goes on
+training after the protocol until STEPS steps in all (the protocol's steps among them, so the
+profiled steps are taken inside), keeping each step's loss and duration, and every
+``eval_every`` steps the model's train and test accuracy (never inside the protocol's timed
+or profiled steps: an evaluation due there runs right after them). The loss a step returns
+is read after the step (outside the profiled steps: there it is kept and read after the
+profile). ``time_ns`` is
+the training time so far: the sum of the step durations (each ended by the adapter's
+``sync``; the profiled ones are slower by the profiler's overhead), without the
+evaluations, the profiler's start, stop and trace writing. The rows
+go to the process's status at the end (``Facts.convergence``). It is the same for every
+mode: only the step and the two readers come from the framework.
+
 An adapter (:class:`Adapter`) holds only framework calls. Test-only fault injection is here
 too, and only here (:func:`fault_point`, from ``$OPPROF_TEST_FAULT``).
 """
@@ -43,6 +56,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from typing import Protocol as TypingProtocol
@@ -407,17 +421,132 @@ class Runner:
                 "extra": {**self.facts.extra, **facts, "progress": dict(self.progress)}}
 
 
-def drive(runner: Runner, step: Callable[[], object]) -> None:
-    """Run ``step`` until the runner's protocol is done (the built-in models of `record`).
+@dataclass
+class Convergence:
+    """A convergence run (see the module docstring): ``steps`` in all, an evaluation every
+    ``eval_every`` (0: at the last step only); ``loss`` reads a step's return value as one
+    float, ``accuracy`` gives the model's (train, test) accuracy now."""
+
+    steps: int
+    eval_every: int
+    loss: Callable[[Any], float]
+    accuracy: Callable[[], tuple[float, float]]
+
+
+class Curve:
+    """The convergence rows of one process as it trains (:class:`Convergence`)."""
+
+    def __init__(self, spec: Convergence) -> None:
+        self.spec = spec
+        self.rows: list[dict[str, Any]] = []
+        self.elapsed = 0
+        self._unread: list[tuple[int, Any]] = []  # (row index, step output) not read yet
+        self._due = False  # an evaluation is due (deferred out of the protocol)
+
+    def add(self, step: int, duration_ns: int, output: Any, profiling: bool,
+            timing: bool) -> None:
+        """Step ``step`` (1-based) took ``duration_ns`` and returned ``output``; the losses
+        are read outside the ``profiling`` steps, evaluations outside the protocol's
+        ``timing`` (timed or profiled) steps."""
+        self.elapsed += duration_ns
+        self.rows.append({"step": step, "time_ns": self.elapsed, "loss": None,
+                          "train_accuracy": None, "test_accuracy": None})
+        self._unread.append((len(self.rows) - 1, output))
+        every = self.spec.eval_every
+        self._due = self._due or bool(every and step % every == 0)
+        if not profiling:
+            self._settle(evaluate=not timing)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The rows, every loss read and the last step evaluated."""
+        if self.rows and self.rows[-1]["test_accuracy"] is None:
+            self._due = True
+        self._settle()
+        return self.rows
+
+    def _settle(self, evaluate: bool = True) -> None:
+        for i, out in self._unread:
+            self.rows[i]["loss"] = float(self.spec.loss(out))
+        self._unread.clear()
+        if self._due and evaluate:
+            self._due = False
+            train, test = self.spec.accuracy()
+            self.rows[-1].update(train_accuracy=float(train), test_accuracy=float(test))
+
+
+class LossLog:
+    """The loss of a user's own training steps (`opprof run`): a framework's hook calls
+    :meth:`seen` with the scalar ``backward()`` ran on (the last one of a step counts) and
+    :meth:`step_end` at each step end. Values are read (``read``: a list of them → floats,
+    one device transfer for all) outside the profiled steps, at most every ``batch`` steps
+    and at :meth:`rows`; ``time_ns`` is wall time since the first ``backward()``."""
+
+    def __init__(self, read: Callable[[list[Any]], list[float]], batch: int = 100) -> None:
+        self.read, self.batch = read, batch
+        self.t0: int | None = None
+        self.last: Any = None
+        self.steps = 0
+        self._rows: list[dict[str, Any]] = []
+        self._pending: list[tuple[int, Any]] = []
+
+    def seen(self, loss: Any) -> None:
+        if self.t0 is None:
+            self.t0 = time.perf_counter_ns()
+        self.last = loss
+
+    def step_end(self, profiling: bool) -> None:
+        if self.last is None:  # no backward() on a scalar in this step
+            return
+        self.steps += 1
+        self._rows.append({"step": self.steps, "time_ns": time.perf_counter_ns() - (self.t0 or 0),
+                           "loss": None, "train_accuracy": None, "test_accuracy": None})
+        self._pending.append((len(self._rows) - 1, self.last))
+        self.last = None
+        if not profiling and len(self._pending) >= self.batch:
+            self._settle()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every step's row, each loss read."""
+        self._settle()
+        return self._rows
+
+    def _settle(self) -> None:
+        if self._pending:
+            values = self.read([v for _, v in self._pending])
+            for (i, _), value in zip(self._pending, values, strict=True):
+                self._rows[i]["loss"] = float(value)
+            self._pending.clear()
+
+
+def drive(runner: Runner, step: Callable[[], object],
+          convergence: Convergence | None = None) -> None:
+    """Run ``step`` until the runner's protocol is done (the built-in models of `record`),
+    and with ``convergence`` on until its steps are done too.
     Whatever ends it early (an error, a peer that died, SIGTERM: raised again after the step
     where a handler's exception was swallowed) first has the runner keep the profiled steps
     that completed."""
+    curve = Curve(convergence) if convergence is not None else None
     try:
         runner.begin()
-        while not runner.finished:
-            step()
+        if curve is None:
+            while not runner.finished:
+                step()
+                runner.step()
+                raise_pending()
+            return
+        done = 0
+        while not runner.finished or done < curve.spec.steps:
+            t0 = time.perf_counter_ns()
+            out = step()
+            runner.adapter.sync()
+            done += 1
+            curve.add(done, time.perf_counter_ns() - t0, out, runner.profiling,
+                      timing=not runner.finished and done >= runner.protocol.warmup)
             runner.step()
+            if done % 10 == 0 or done == curve.spec.steps:
+                runner.reporter.update(converge=[done, curve.spec.steps])
             raise_pending()
+        runner.reporter.update(convergence=curve.finish())
     except BaseException as exc:
         why = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else (
             f"{type(exc).__name__}: {first_line(exc)}")

@@ -451,6 +451,9 @@ class Supervisor:
             if value and self._shown.get(stage) != value:
                 self._shown[stage] = value
                 self.progress(stage, int(value[0]), int(value[1]))
+        if lead.converge and self._shown.get("converge") != lead.converge:  # --converge
+            self._shown["converge"] = lead.converge
+            self.progress("converge", int(lead.converge[0]), int(lead.converge[1]))
 
     # -- one-line explanations
 

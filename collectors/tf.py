@@ -75,8 +75,10 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
 )
+from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images
 from opprof.collectors.runner import (
+    Convergence,
     Runner,
     drive,
     env_identity,
@@ -300,7 +302,7 @@ def _loss_fn(tf: Any, model: Any, global_batch: int) -> Callable[[Any, Any], Any
 
 
 def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
-             global_batch: int, state: dict[str, Any]) -> Callable[[], None]:
+             global_batch: int, state: dict[str, Any]) -> Callable[[], Any]:
     """One training step with its four phase markers (see the module docstring).
 
     Forward, backward and update are separate ``tf.function`` executions (rather than one
@@ -332,7 +334,7 @@ def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
         def opprof_update(grads: list[Any]) -> None:
             strategy.run(update_replica, (grads,))
 
-    def step() -> None:
+    def step() -> Any:
         with trace("opprof.load"):
             x, y = next(iterator)
         with tf.GradientTape() as tape:
@@ -343,8 +345,22 @@ def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
         with trace("opprof.update"):
             opprof_update(grads)
         state["loss"] = loss
+        return loss
 
     return step
+
+
+def _convergence(config: RecordConfig, model: Any, size: int, shards: int,
+                 loss: Callable[[Any], float]) -> Convergence | None:
+    """The :class:`Convergence` of ``--converge`` (None without): the pool of training
+    images the input pipeline normalizes with, the model's logits in inference mode."""
+    if not config.converge:
+        return None
+    images, labels, _ = load_images(config.dataset, n=max(config.batch_size * 8, 256) * shards,
+                                    seed=config.seed)
+    mean, std = channel_stats(images)
+    return image_convergence(config, images, labels, size=size, mean=mean, std=std,
+                             predict=lambda x: model(x, training=False), loss=loss)
 
 
 def _barrier(tf: Any, strategy: Any) -> Callable[[], None] | None:
@@ -418,8 +434,9 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 
         classes = _dataset(tf, config, size)[1]
         iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+        shards = workers
     else:
-        workers = 1
+        workers = shards = 1
         ds, classes = _dataset(tf, config, size)
         iterator = iter(ds)
     model, optimizer, counts = _model(config, classes, strategy)
@@ -430,7 +447,10 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     adapter = TFAdapter(run=_run_facts(config), barrier=_barrier(tf, strategy),
                         sync=lambda: float(state["loss"]) if "loss" in state else None,
                         facts=facts)
-    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
+    # A replica's loss is its sum over the global batch: times the replicas, its mean.
+    convergence = _convergence(config, model, size, shards,
+                               lambda loss: float(loss) * workers)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
 
 
 def _serve(config: RecordConfig, folder: Path) -> None:
@@ -509,10 +529,11 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
         x, y = next(it)
         return strategy.run(replica, (x, y))
 
-    def round_of_steps() -> None:
-        for _ in range(config.workers):
-            coordinator.schedule(opprof_step, args=(iterator,))
+    def round_of_steps() -> list[Any]:
+        losses = [coordinator.schedule(opprof_step, args=(iterator,))
+                  for _ in range(config.workers)]
         coordinator.join()
+        return losses
 
     others = config.workers + config.servers
 
@@ -533,7 +554,11 @@ def _coordinate(config: RecordConfig, folder: Path) -> None:
     adapter = TFAdapter(run=_run_facts(config), role=Role.SCHEDULER,
                         rank=config.workers + config.servers, servers=servers,
                         facts=facts)
-    drive(Runner(adapter, config.protocol, folder, extra=facts), round_of_steps)
+    # One convergence step is one round: the mean loss of its `workers` scheduled steps.
+    convergence = _convergence(config, model, size, 1,
+                               lambda losses: sum(float(v.fetch()) for v in losses)
+                               / len(losses))
+    drive(Runner(adapter, config.protocol, folder, extra=facts), round_of_steps, convergence)
 
 
 # ------------------------------------------------------------------ the hook of `opprof run`

@@ -1,4 +1,4 @@
-"""The four benchmark models in Keras (TensorFlow backend), matching collectors/torch_models.py.
+"""The benchmark models in Keras (TensorFlow backend), matching collectors/torch_models.py.
 
 Same CIFAR forms, layer counts and trainable parameter counts as the PyTorch reference (its
 docstring gives the exact layer configs). Differences that are TensorFlow idiom, not
@@ -33,6 +33,17 @@ def lenet5(num_classes: int) -> keras.Model:
     x = layers.Dense(120, activation="relu")(x)
     x = layers.Dense(84, activation="relu")(x)
     return keras.Model(inp, layers.Dense(num_classes)(x), name="lenet5")
+
+
+def fcn(num_classes: int) -> keras.Model:
+    """The fully connected network (torch_models.FCN): three hidden ReLU layers."""
+    from opprof.collectors.config import FCN_HIDDEN, FCN_WIDTH
+
+    x = inp = keras.Input((32, 32, 3))
+    x = layers.Flatten()(x)
+    for _ in range(FCN_HIDDEN):
+        x = layers.Dense(FCN_WIDTH, activation="relu")(x)
+    return keras.Model(inp, layers.Dense(num_classes)(x), name="fcn")
 
 
 def alexnet(num_classes: int) -> keras.Model:
@@ -102,6 +113,8 @@ def build(name: str, num_classes: int) -> keras.Model:
         return lenet5(num_classes)
     if key == "alexnet":
         return alexnet(num_classes)
+    if key == "fcn":
+        return fcn(num_classes)
     return resnet(key, num_classes)
 
 

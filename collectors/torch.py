@@ -55,6 +55,7 @@ a torch race at exit (pytorch/pytorch#190489) that profiling makes more likely o
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import socket
@@ -76,8 +77,9 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
 )
+from opprof.collectors.convergence import image_convergence
 from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
-from opprof.collectors.runner import Runner, drive
+from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
 
@@ -350,11 +352,13 @@ class ImageDataset:
 
 
 def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
-                   world: int = 1) -> tuple[Callable[[], None], dict[str, Any]]:
+                   world: int = 1) -> tuple[Callable[[], Any], dict[str, Any],
+                                            Convergence | None]:
     """The marked training step of rank ``rank`` of ``world`` (its shard of the data, the
     model parallelized by ``config.mode`` when ``world > 1``, :func:`parallelize`; the process
-    group must exist), and the model's facts (``unit_param_bytes``: what each FSDP unit
-    gathers, recorded in every mode so that a 1-worker trace can be modelled as FSDP)."""
+    group must exist), the model's facts (``unit_param_bytes``: what each FSDP unit gathers,
+    recorded in every mode so that a 1-worker trace can be modelled as FSDP), and with
+    ``--converge`` its :class:`Convergence` (the step returns its loss, detached)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler
@@ -387,7 +391,20 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
              "num_classes": classes, "seed": config.seed}
     trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
                                      device)
-    return _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device), facts
+    mean, std = channel_stats(images)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.from_numpy(x).permute(0, 3, 1, 2).to(device)).cpu().numpy()
+        model.train(was)
+        return out
+
+    convergence = image_convergence(config, images, labels, size=size, mean=mean, std=std,
+                                    predict=predict, loss=lambda loss: loss.item())
+    step = _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device)
+    return step, facts, convergence
 
 
 def parallelize(model: Any, mode: Any, device: torch.device) -> tuple[Any, Any]:
@@ -435,13 +452,14 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _stepper(batches: Iterator[tuple[Any, Any]], model: Any, loss_fn: Any, optimizer: Any,
-             device: torch.device) -> Callable[[], None]:
-    """One training step with its four phase markers, as a function of no arguments."""
+             device: torch.device) -> Callable[[], Any]:
+    """One training step with its four phase markers, as a function of no arguments that
+    returns the step's loss (detached: read it after the step)."""
     from torch.profiler import record_function
 
     non_blocking = device.type == "cuda"
 
-    def step() -> None:
+    def step() -> Any:
         with record_function("opprof.load"):
             x, y = next(batches)
             x = x.to(device, non_blocking=non_blocking)
@@ -453,6 +471,7 @@ def _stepper(batches: Iterator[tuple[Any, Any]], model: Any, loss_fn: Any, optim
         with record_function("opprof.update"):
             optimizer.step()
             optimizer.zero_grad()
+        return loss.detach()
 
     return step
 
@@ -478,10 +497,10 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                                 timeout=timedelta(seconds=max(config.timeout_s, 1.0)))
     if config.threads:
         torch.set_num_threads(config.threads)
-    step, facts = build_training(config, device, rank=rank, world=world)
+    step, facts, convergence = build_training(config, device, rank=rank, world=world)
     adapter = TorchAdapter(config.steps, str(device), config.rendezvous.clock_sync, facts,
                            profile_memory=config.profile_memory)
-    drive(Runner(adapter, config.protocol, folder, extra=facts), step)
+    drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
     if world > 1:
         dist.destroy_process_group()
 
@@ -492,8 +511,10 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 def _step_counter(protocol: Protocol, folder: Path,
                   started: Callable[[Runner], bool]) -> Callable[[Any, list[Any]], None]:
     """``on_step(optimizer, params)``: the end of one step of the first optimizer that steps
-    in this process (its runner is made then, from the parameters it updates)."""
+    in this process (its runner is made then, from the parameters it updates); the loss of
+    each step is kept unless ``OPPROF_LOSS=0`` (:func:`hook_loss`)."""
     state: dict[str, Any] = {}
+    log = hook_loss() if os.environ.get(LOSS_ENV, "1") != "0" else None
 
     def on_step(optimizer: Any, params: list[Any]) -> None:
         if state.get("off"):
@@ -512,8 +533,11 @@ def _step_counter(protocol: Protocol, folder: Path,
                 state["off"] = True
                 return
             atexit.register(let_threads_finish)  # after opprof's own exit handler
+            runner.loss_log = log  # type: ignore[attr-defined]
         elif id(optimizer) != state["optimizer"]:
             return
+        if log is not None:
+            log.step_end(runner.profiling)
         runner.step_or_give_up()
 
     return on_step
@@ -591,6 +615,36 @@ def install_keras_hook(protocol: Protocol, folder: Path,
     apply.__doc__ = original.__doc__
     apply.__wrapped__ = original  # type: ignore[attr-defined]
     BaseOptimizer.apply = apply
+
+
+#: ``0``: `opprof run` does not keep the loss of each step.
+LOSS_ENV = "OPPROF_LOSS"
+
+
+@functools.cache  # one wrapper per process, whichever of the step hooks asks first
+def hook_loss() -> LossLog:
+    """Keep the scalar every ``Tensor.backward()`` / ``torch.autograd.backward()`` of one
+    element runs on (detached; the last of a step is the step's loss), for the
+    :class:`LossLog` of `opprof run`. Under AMP's GradScaler that is the scaled loss."""
+    import torch
+    import torch.autograd
+
+    def read(values: list[Any]) -> list[float]:
+        return torch.stack([v.reshape(()).float() for v in values]).cpu().tolist()
+
+    log = LossLog(read)
+    autograd_backward = torch.autograd.backward
+
+    # Tensor.backward() calls torch.autograd.backward (looked up at each call): one wrapper
+    # sees both.
+    @functools.wraps(autograd_backward)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1:
+            log.seen(tensors.detach())  # a list of tensors is no one loss: skipped
+        return autograd_backward(tensors, *args, **kwargs)
+
+    torch.autograd.backward = backward
+    return log
 
 
 def let_threads_finish(limit_s: float = 0.2, slice_s: float = 0.002) -> float:

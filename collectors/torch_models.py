@@ -1,4 +1,4 @@
-"""The four benchmark models in PyTorch, in their CIFAR forms (the reference for all frameworks).
+"""The benchmark models in PyTorch, in their CIFAR forms (the reference for all frameworks).
 
 The MXNet and TensorFlow collectors build the same networks and must match the layer counts
 and parameter counts below (see :func:`layer_counts`). Notation: ``conv(in→out, k, s, p)`` is a
@@ -37,14 +37,20 @@ fc(final channels→classes).
   s ≠ 1 or in ≠ 4w (the first block of every stage, stage 1 included), else identity.
   Final channels 2048. 53 conv (1 + 48 + 4 shortcut), 1 fc, 53 batchnorm;
   23,520,842 parameters (10 classes) / 23,705,252 (100 classes).
+
+**FCN** (32×32, fully connected: the shape of the GPU framework comparisons' FCN-S, three
+hidden ReLU layers, at width 1024 for a CPU): flatten (3072); fc(3072→1024), ReLU;
+fc(1024→1024), ReLU; fc(1024→1024), ReLU; fc(1024→classes).
+0 conv, 4 fc, 0 batchnorm; 5,256,202 parameters (10 classes) / 5,348,452 (100 classes).
 """
+
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from opprof.collectors.config import INPUT_SIZE, canonical_name
+from opprof.collectors.config import FCN_HIDDEN, FCN_WIDTH, INPUT_SIZE, canonical_name
 
 __all__ = ["INPUT_SIZE", "build", "canonical_name", "layer_counts"]
 
@@ -66,6 +72,22 @@ class LeNet5(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(self.features(x), 1))
+
+
+class FCN(nn.Module):
+    """A fully connected network on the flattened 32×32×3 image (see the module docstring)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = 3 * 32 * 32
+        for _ in range(FCN_HIDDEN):
+            layers += [nn.Linear(width, FCN_WIDTH), nn.ReLU(inplace=True)]
+            width = FCN_WIDTH
+        self.classifier = nn.Sequential(*layers, nn.Linear(width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(x, 1))
 
 
 class AlexNet(nn.Module):
@@ -179,6 +201,8 @@ def build(name: str, num_classes: int) -> nn.Module:
         return LeNet5(num_classes)
     if key == "alexnet":
         return AlexNet(num_classes)
+    if key == "fcn":
+        return FCN(num_classes)
     if key == "resnet18":
         return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)

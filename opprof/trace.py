@@ -5,6 +5,11 @@ rank is read without the others (:class:`TraceFile`); categorical columns are
 dictionary<int32, string>, the metadata is JSON under the schema's ``opprof`` key. Files
 from before the per-rank layout (all ranks in one row group) read as they always did.
 
+The convergence table (`record --converge`: rank, step, time_ns, loss, train_accuracy,
+test_accuracy) is a second key of the schema metadata, ``opprof.convergence``, holding its
+rows as a JSON array (``meta["convergence"]`` once read; files without it have none):
+:func:`convergence_frame`, or in DuckDB ``parquet_kv_metadata`` (README, Convergence).
+
 The memory table is the rows with kind ``memory`` (zero-duration samples of a memory series:
 resident set, the kernel's high-water mark, the allocator's allocated / reserved bytes),
 in the same events table and the same per-rank row groups (:mod:`opprof.memory`).
@@ -32,6 +37,9 @@ from opprof.taxonomy import CANONICAL_OPS, KINDS, PHASES, ROLES
 #: still format 1: older opprof reads them unchanged.
 FORMAT_VERSION = 1
 META_KEY = b"opprof"
+CONVERGENCE_KEY = b"opprof.convergence"
+CONVERGENCE_COLUMNS = {"rank": "int32", "step": "int32", "time_ns": "int64", "loss": "float64",
+                       "train_accuracy": "float64", "test_accuracy": "float64"}
 
 #: The events table's columns and their pandas dtypes, in file order. ``counted`` is the
 #: flag DESIGN.md's "nested events are counted once" implies: True for the outermost
@@ -216,7 +224,12 @@ class TraceWriter:
     :func:`opprof.files.atomic_path`."""
 
     def __init__(self, tmp: Path, meta: dict[str, Any]) -> None:
-        schema = SCHEMA.with_metadata({META_KEY: file_meta(meta)})
+        meta = dict(meta)
+        curve = meta.pop("convergence", None)
+        kv = {META_KEY: file_meta(meta)}
+        if curve:
+            kv[CONVERGENCE_KEY] = json.dumps(curve, default=_json_default).encode()
+        schema = SCHEMA.with_metadata(kv)
         self._writer = pq.ParquetWriter(tmp, schema, compression="zstd")
         self.row_groups: dict[str, list[int]] = {}
         self._next = 0
@@ -268,6 +281,13 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
     return path
 
 
+def convergence_frame(meta: dict[str, Any]) -> pd.DataFrame:
+    """The convergence table of a trace's metadata (empty without ``--converge``): one row per
+    step and rank; the accuracies are NaN between evaluations."""
+    df = pd.DataFrame(meta.get("convergence") or [], columns=list(CONVERGENCE_COLUMNS))
+    return df.astype(CONVERGENCE_COLUMNS)
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, np.integer):
         return int(obj)
@@ -311,6 +331,13 @@ class TraceFile:
             raise OpprofError(
                 f"{path}: opprof trace format {meta['format_version']} is newer than this "
                 f"opprof reads ({FORMAT_VERSION}); upgrade opprof")
+        curve = (self._pf.schema_arrow.metadata or {}).get(CONVERGENCE_KEY)
+        if curve is not None:
+            try:
+                meta["convergence"] = json.loads(curve)
+            except ValueError as exc:
+                raise OpprofError(f"{path}: damaged convergence table "
+                                  f"({first_line(exc)})") from None
         self.meta: dict[str, Any] = meta
         self.row_groups = self._rank_groups()
 

@@ -146,3 +146,28 @@ def test_channel_stats() -> None:
     mean, std = channel_stats(images)
     assert mean.shape == std.shape == (3,)
     assert ((mean > 0) & (mean < 1)).all() and (std > 0).all()
+
+
+def test_synthetic_tokens_follow_a_learnable_chain() -> None:
+    from opprof.collectors.datasets import (
+        TOKEN_VOCAB,
+        chain_entropy,
+        synthetic_tokens,
+        token_chain,
+    )
+
+    train = synthetic_tokens(200, 32, seed=1)
+    assert train.shape == (200, 33) and train.dtype == np.int64
+    assert train.min() >= 0 and train.max() < TOKEN_VOCAB
+    assert np.array_equal(train, synthetic_tokens(200, 32, seed=1))
+    test = synthetic_tokens(200, 32, seed=1, train=False)
+    assert not np.array_equal(train, test)
+    # the transitions drawn are the chain's: its counts match the matrix, and knowing the
+    # previous token beats the uniform guess by far (the loss a model can reach)
+    chain = token_chain()
+    counts = np.zeros_like(chain)
+    np.add.at(counts, (train[:, :-1].ravel(), train[:, 1:].ravel()), 1)
+    seen = counts.sum(axis=1) > 50
+    empirical = counts[seen] / counts[seen].sum(axis=1, keepdims=True)
+    assert np.abs(empirical - chain[seen]).max() < 0.2
+    assert chain_entropy() < 0.5 * np.log(TOKEN_VOCAB)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-MODELS = ("lenet5", "alexnet", "resnet18", "resnet50")
+MODELS = ("lenet5", "alexnet", "resnet18", "resnet50", "fcn")
 LAYERS = ("conv", "fc", "batchnorm")
 
 

@@ -169,6 +169,15 @@ def test_gluon_loop_steps_and_phases(gluon) -> None:
 
 
 @pytest.mark.slow
+def test_gluon_loop_keeps_the_loss_of_each_step(gluon) -> None:
+    _, res, report = gluon
+    last = float(res.stderr.split("last loss ")[1].split()[0])  # the script's own print
+    rows = report["convergence"]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows[-1]["loss"] == pytest.approx(last, abs=1e-4)  # the mean of its last loss
+
+
+@pytest.mark.slow
 def test_gluon_loop_other_is_small(gluon) -> None:
     assert other_share(gluon[2]) <= 0.10
 

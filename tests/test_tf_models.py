@@ -12,10 +12,11 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
                                 reason="needs tensorflow")
 
-EXACT = {"lenet5": 62006, "alexnet": 5871434, "resnet18": 11173962, "resnet50": 23520842}
+EXACT = {"lenet5": 62006, "alexnet": 5871434, "resnet18": 11173962, "resnet50": 23520842,
+         "fcn": 5256202}
 
 
-@pytest.mark.parametrize("model", ["lenet5", "alexnet", "resnet18"])
+@pytest.mark.parametrize("model", ["lenet5", "alexnet", "resnet18", "fcn"])
 def test_keras_networks_give_one_score_per_class(model: str) -> None:
     from opprof.collectors import tf_models
 

@@ -16,6 +16,7 @@ EXPECTED = {
     "alexnet": (5, 3, 0, 5_871_434, 5_963_684),
     "resnet18": (20, 1, 20, 11_173_962, 11_220_132),
     "resnet50": (53, 1, 53, 23_520_842, 23_705_252),
+    "fcn": (0, 4, 0, 5_256_202, 5_348_452),
 }
 
 
@@ -47,7 +48,8 @@ def test_docstring_states_the_counts(name: str) -> None:
 
 
 def test_input_sizes_and_names() -> None:
-    assert INPUT_SIZE == {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32}
+    assert INPUT_SIZE == {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32,
+                          "fcn": 32}
     assert layer_counts(build("LeNet-5", 10))["params"] == 62_006
     assert layer_counts(build("ResNet-18", 10))["conv"] == 20
 

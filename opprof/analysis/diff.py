@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.convergence import compare as compare_convergence
 from opprof.analysis.memory import compare_memory, memory_part
 from opprof.analysis.noise import assess
 from opprof.analysis.ops import op_table
@@ -40,6 +41,9 @@ class Diff:
     #: Each side's file metadata (framework, model, batch size, …), shown by the HTML page.
     a_meta: dict = field(default_factory=dict)
     b_meta: dict = field(default_factory=dict)
+    #: Which run reaches a test accuracy first, split into step time and steps needed
+    #: (opprof.analysis.convergence.compare); None when neither has a convergence table.
+    convergence: dict | None = None
 
     #: Each side's unprofiled step time (``meta["unprofiled_step_ns"]``: the timed steps
     #: without the profiler), or None when the trace has none.
@@ -137,7 +141,8 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
     return Diff(la, lb, a_step, b_step, phases, ops,
                 _sentence(la, lb, a_step, b_step, phases, ops, ua, ub),
                 a_meta=dict(a.meta), b_meta=dict(b.meta), a_unprofiled_ns=ua,
-                b_unprofiled_ns=ub, mismatches=mismatches(a.meta, b.meta))
+                b_unprofiled_ns=ub, mismatches=mismatches(a.meta, b.meta),
+                convergence=compare_convergence(a.meta, b.meta, la, lb))
 
 
 def _name(trace: Trace | Report, file_name: str) -> str:

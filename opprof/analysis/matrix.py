@@ -15,13 +15,15 @@ import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.commmodel import Network
+from opprof.analysis.convergence import TARGETS
+from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.memory import memory_part, run_memory
 from opprof.analysis.noise import NOISE_SPREAD, assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
-from opprof.trace import Trace
+from opprof.trace import Trace, convergence_frame
 
 #: An operator enters the cross-framework table when it takes at least this share of the
 #: slower run's step time (tiny operators give huge, meaningless ratios).
@@ -67,7 +69,36 @@ def summarize(trace: Trace) -> dict[str, Any]:
         "batch_size": m.get("batch_size"),
         "framework_version": m.get("framework_version"),
         "noise": assess(m, steps),
+        **convergence_columns(m),
     }
+
+
+#: The bench table's convergence columns (`bench --converge`): final loss, best test
+#: accuracy, and seconds of training to each target test accuracy (None: not reached).
+CONVERGENCE_COLUMNS = ("final_loss", "best_test_accuracy",
+                       *(f"time_to_{round(t * 100)}_s" for t in TARGETS))
+#: Points kept per curve in bench.json (every evaluation, and the loss thinned to this).
+CURVE_POINTS = 200
+
+
+def convergence_columns(meta: dict[str, Any]) -> dict[str, Any]:
+    """A run's convergence in the bench table's terms, and its curve (thinned) for
+    bench.json's ``curves``; empty without a convergence table."""
+    s = convergence_summary(meta)
+    if s is None:
+        return {}
+    out: dict[str, Any] = {"final_loss": s["final_loss"],
+                           "best_test_accuracy": s["best_test_accuracy"]}
+    for t in TARGETS:
+        ns = s["time_to_accuracy"].get(str(t))
+        out[f"time_to_{round(t * 100)}_s"] = ns / 1e9 if ns is not None else None
+    curve = convergence_frame(meta)
+    curve = curve[curve["rank"] == curve["rank"].min()]
+    every = max(1, -(-len(curve) // CURVE_POINTS))
+    keep = (curve["step"] % every == 0) | curve["test_accuracy"].notna()
+    kept = curve[keep].drop(columns=["rank"]).astype(object)
+    out["curve"] = kept.where(kept.notna(), None).to_dict("list")
+    return out
 
 
 def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -91,6 +122,10 @@ def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
     for key in ("samples_per_s", "unprofiled_step_ns"):
         out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
+    if any("curve" in x for x in summaries):  # every repetition's curve, for the spread
+        out["curves"] = [x.get("curve") for x in summaries]
+        for key in CONVERGENCE_COLUMNS:
+            out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
     med, low, high = stats("samples_per_s")
     spread = (high - low) / med if med else None
     noise = dict(out.get("noise") or {})
@@ -126,7 +161,8 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "overhead": noise.get("overhead"), "repeats": s.get("repeats"),
                "samples_per_s_min": s.get("samples_per_s_min"),
                "samples_per_s_max": s.get("samples_per_s_max"),
-               "repeat_spread": s.get("repeat_spread")}
+               "repeat_spread": s.get("repeat_spread"),
+               **{k: s.get(k) for k in CONVERGENCE_COLUMNS if k in s}}
         rows.append(row)
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)

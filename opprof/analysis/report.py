@@ -17,6 +17,7 @@ import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
 from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
+from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -57,6 +58,8 @@ class Report:
     #: Per collective kind (opprof.analysis.ranks ``kinds``): calls, time, wait, transfer,
     #: hidden share, mean per (rank, step).
     collective_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: The convergence curve's summary (opprof.analysis.convergence); None without one.
+    convergence: dict | None = None
 
 
 @dataclass
@@ -121,6 +124,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         compile_steps=_concat([p.compile_steps for p in parts]),
         fused_kernels=kernels,
         collective_kinds=ranks.kinds,
+        convergence=convergence_summary(meta),
     )
 
 

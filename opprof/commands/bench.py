@@ -105,13 +105,19 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
               help="Compute threads per worker in every run (as `opprof record --threads`); "
                    "the same number everywhere lets the model predict the multi-worker runs "
                    "from the 1-worker ones.")
+@click.option("--converge", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Train STEPS steps per run, keeping loss and accuracy (`record "
+                   "--converge`): final loss, best test accuracy and time to 50/70/90%.")
+@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --converge: train and test accuracy every K steps.")
 @click.option("--network", type=click.Path(path_type=Path), default=None,
               help="α–β from `opprof calibrate` for the predictions (default: fitted to each "
                    "measured run's own collectives).")
 def command(fws: list[str], models: list[str], workers: list[int], modes: list[str],
             steps: int, batch_size: int, warmup: int, timing_steps: int, servers: int,
             dataset: str, timeout_s: float, output: Path, resume: bool, repeat: int,
-            top: int, threads: int | None, network: Path | None) -> None:
+            top: int, threads: int | None, converge: int, eval_every: int,
+            network: Path | None) -> None:
     """Record every valid combination and compare them (samples/s, phases, scaling and the
     model's predicted scaling, the operators with the largest cross-framework ratios).
 
@@ -123,7 +129,8 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     output.mkdir(parents=True, exist_ok=True)
     base = RecordConfig(fw="torch", model="lenet5", dataset=dataset, batch_size=batch_size,
                         steps=steps, warmup=warmup, timing_steps=timing_steps, servers=servers,
-                        timeout_s=timeout_s, threads=threads)
+                        timeout_s=timeout_s, threads=threads, converge=converge,
+                        eval_every=eval_every)
     net = read_network(network)  # a bad file fails before anything is recorded
 
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
@@ -221,7 +228,7 @@ def write_visuals(folder: Path) -> str:
     b = plotdata.read_bench(folder)
     write_atomic(folder / "bench.html", html.bench(b))
     made = []
-    for name in figures.BENCH_FIGURES:
+    for name in figures.BENCH_FIGURES + (("convergence",) if b.curves else ()):
         try:
             fig = figures.make(name, b)
         except OpprofError as exc:
@@ -360,6 +367,10 @@ def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd
     from opprof.render.jsonfmt import records
 
     doc = {"config": config, "runs": records(table), "op_ratios": records(ratios)}
+    curves = {r.name: r.summary.get("curves") or [r.summary["curve"]] for r in runs
+              if r.summary.get("curve")}
+    if curves:  # `--converge`: each run's curve (every repetition's), thinned
+        doc["curves"] = curves
     write_atomic(folder / "bench.json", json.dumps(doc, indent=2, default=str) + "\n")
     write_atomic(folder / "bench.csv", table.to_csv(index=False))
     md = ["## opprof bench", "", "### Runs (times in ms per step)", "", md_table(table), "",

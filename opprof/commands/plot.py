@@ -9,7 +9,8 @@ import click
 from opprof.commands import engine_options
 from opprof.errors import OpprofError
 
-FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices")
+FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices",
+                "convergence")
 
 
 @click.command("plot")
@@ -21,7 +22,8 @@ FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices
                    "speed-up vs workers, measured and predicted (bench); memory: per run or "
                    "rank; steps: phases of every step (one trace); ranks: rank × step heatmap "
                    "with stragglers, wait vs transfer (one trace); devices: GPU compute/comm/"
-                   "memcpy/idle (one trace).")
+                   "memcpy/idle (one trace); convergence: loss and test accuracy against time and "
+                   "step (bench or traces recorded with --converge).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="The figure file: .svg, .png or .pdf.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,

@@ -67,6 +67,11 @@ from opprof.trace import Trace, save
                    "workers. Give the same number to a baseline that `opprof model` predicts "
                    "from and to the runs it checks against.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--converge", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Train STEPS steps in all (the profiled ones among them), keeping each "
+                   "step's loss and time: the convergence table beside the breakdown.")
+@click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --converge: train and test accuracy every K steps (0: at the end).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
               help="Seconds before a hung run is stopped.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
@@ -87,7 +92,8 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
             timing_steps: int, workers: int, servers: int, mode: str | None, device: str,
             nsys: bool, profile_memory: bool, memory_interval_s: float,
             threads: int | None,
-            seed: int, timeout_s: float, output: Path | None, nnodes: int | None,
+            seed: int, converge: int, eval_every: int, timeout_s: float,
+            output: Path | None, nnodes: int | None,
             node_rank: int | None, master_addr: str | None, master_port: int | None,
             cluster: str | None, top: int | None, fmt: str) -> None:
     """Train MODEL with framework FW under its native profiler and report it.
@@ -122,8 +128,8 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
         fw=fw, model=model, dataset=dataset, batch_size=batch_size, steps=steps,
         warmup=warmup, timing_steps=timing_steps, workers=workers, servers=servers, mode=mode,
         device=device, seed=seed, timeout_s=timeout_s, profile_memory=profile_memory,
-        memory_interval_s=memory_interval_s, threads=threads,
-        command=shlex.join(["opprof", *sys.argv[1:]]),
+        memory_interval_s=memory_interval_s, threads=threads, converge=converge,
+        eval_every=eval_every, command=shlex.join(["opprof", *sys.argv[1:]]),
         rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
     )
     with _progress() as progress:

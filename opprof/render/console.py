@@ -428,6 +428,23 @@ def render(*items: object, width: int = 120) -> str:
     return buf.getvalue()
 
 
+def convergence_line(c: dict) -> Text:
+    """The convergence curve in one line (`record --converge`)."""
+    def acc(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    head = (f"convergence: {c['steps']} steps, {c['time_ns'] / 1e9:.2f} s; loss "
+            f"{c['first_loss']:.3f} → {c['final_loss']:.3f} (mean of the last steps)")
+    if c["best_test_accuracy"] is None:  # `opprof run`: the loss only
+        return Text(head + "; no accuracy (the loss backward() ran on, per step: --format "
+                    "json)")
+    reached = c["time_to_accuracy"]
+    targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c['steps_to_accuracy'][t]})"
+                        for t, ns in reached.items()) or "none of 50/70/90% reached"
+    return Text(f"{head}; best test accuracy {acc(c['best_test_accuracy'])} (train "
+                f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
+
+
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[object] = [_header(rep.meta, rep.noise)]
@@ -453,6 +470,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         line = memory_line(rep)
         if line is not None:
             items.append(line)
+        if rep.convergence:
+            items.append(convergence_line(rep.convergence))
         items.append(phase_table(rep))
         items.append(op_table(rep.ops, 10 if top is None else top, "Top host operators"))
         if not rep.device_ops.empty:
@@ -500,6 +519,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
     items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    if d.convergence:
+        items.append(Text(d.convergence["sentence"], style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
               for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
               for line in quality_lines(noise)]
@@ -618,7 +639,34 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    return [t, m, p, o]
+    c = convergence_table(table)
+    return [t, m, p, *([c] if c is not None else []), o]
+
+
+def convergence_table(table: pd.DataFrame) -> Table | None:
+    """`bench --converge`: each run's final loss, best test accuracy and training time to
+    each target accuracy (None when no run has a convergence table)."""
+    if "best_test_accuracy" not in table or table["best_test_accuracy"].isna().all():
+        return None
+    targets = [c for c in table.columns if c.startswith("time_to_") and c.endswith("_s")]
+    t = Table(title="Convergence (--converge): training seconds to each test accuracy",
+              title_justify="left")
+    for c in ["fw", "model", "workers", "mode", "final loss", "best test acc",
+              *(f"to {c[8:-2]}% s" for c in targets)]:
+        t.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
+
+    def num(v: object, fmt: str) -> str:
+        return "-" if v is None or v != v else format(v, fmt)
+
+    for r in table.to_dict("records"):
+        best = r.get("best_test_accuracy")
+        if best is None or best != best:
+            continue
+        t.add_row(r["fw"], r["model"], str(r["workers"]), r["mode"], num(r["final_loss"], ".3f"),
+                  num(r["best_test_accuracy"], ".1%"), *(num(r[c], ".2f") for c in targets))
+    t.caption = ("with --repeat: medians over the repetitions; '-': the target was not "
+                 "reached")
+    return t
 
 
 def _overhead(r: dict) -> str:

@@ -35,6 +35,8 @@ FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ranks": ("ranks × steps heatmap of own time, stragglers marked; wait vs transfer",
               ("traces",)),
     "devices": ("GPU compute / comm / memcpy / idle per device", ("traces",)),
+    "convergence": ("loss and test accuracy against training time and step (runs recorded "
+                    "with --converge)", ("bench", "traces")),
 }
 SUFFIXES = (".svg", ".png", ".pdf")
 #: Figures `opprof bench` writes into its figures/ folder.
@@ -343,3 +345,35 @@ def _devices_traces(traces: Traces, top: int) -> Figure:
     ax.grid(axis="y", visible=False)
     fig.legend(loc="outside upper center", ncols=4, frameon=False)
     return fig
+
+
+def _convergence(curves: pd.DataFrame) -> Figure:
+    if curves.empty:
+        raise _empty("convergence curves (record or bench with --converge)")
+    fig = _figure(9.0, 6.0)
+    axes = fig.subplots(2, 2)
+    for i, (lab, g) in enumerate(curves.groupby("label", sort=False)):
+        color = palette.series_color(i)
+        for k, (_, r) in enumerate(g.groupby("repeat")):
+            ev = r.dropna(subset=["test_accuracy"])
+            style = {"color": color, "alpha": 1.0 if k == 0 else 0.5, "linewidth": 1.2}
+            for col, x in enumerate(("time_s", "step")):
+                axes[0][col].plot(r[x], r["loss"], label=lab if col == 0 and k == 0 else None,
+                                  **style)
+                axes[1][col].plot(ev[x], ev["test_accuracy"], marker="o", markersize=3,
+                                  **style)
+    for col, xl in enumerate(("training time (s)", "step")):
+        axes[1][col].set_xlabel(xl)
+        axes[1][col].yaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+    axes[0][0].set_ylabel("loss")
+    axes[1][0].set_ylabel("test accuracy")
+    fig.legend(loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 1.04))
+    return fig
+
+
+def _convergence_bench(b: Bench, top: int) -> Figure:
+    return _convergence(plotdata.bench_curves(b))
+
+
+def _convergence_traces(traces: Traces, top: int) -> Figure:
+    return _convergence(plotdata.trace_curves(traces))

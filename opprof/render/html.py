@@ -673,6 +673,14 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 # --- bench --------------------------------------------------------------------------------
 
+def _f_loss(v: Any) -> str:
+    return "-" if _num(v) is None else f"{_num(v):.3f}"
+
+
+def _f_s(v: Any) -> str:
+    return "-" if _num(v) is None else f"{_num(v):.2f}"
+
+
 BENCH_COLUMNS: list[Column] = [
     ("fw", "fw", f_text), ("model", "model", f_text), ("workers", "workers", f_int),
     ("mode", "mode", f_text), ("status", "status", f_text),
@@ -684,7 +692,9 @@ BENCH_COLUMNS: list[Column] = [
     ("predicted_scaling", "predicted scaling", f_pct),
     ("prediction_error", "prediction error", f_pct),
     ("unprofiled_rss_bytes", "mem MiB", f_mib), ("peak_rss_bytes", "profiled mem MiB", f_mib),
-    ("rss_ratio", "mem/leanest", f_ratio), ("wall_s", "wall s",
+    ("rss_ratio", "mem/leanest", f_ratio), ("final_loss", "final loss", _f_loss),
+    ("best_test_accuracy", "best test acc", f_pct),
+    *[(f"time_to_{t}_s", f"s to {t}%", _f_s) for t in (50, 70, 90)], ("wall_s", "wall s",
                                           lambda v: "-" if _num(v) is None else f"{_num(v):.1f}"),
     ("reason", "reason", f_text)]
 RATIO_COLUMNS: list[Column] = [
@@ -692,6 +702,35 @@ RATIO_COLUMNS: list[Column] = [
     ("slower", "slower", f_text), ("faster", "faster", f_text),
     ("slower_ns_per_step", "slower ms", f_ms), ("faster_ns_per_step", "faster ms", f_ms),
     ("ratio", "ratio", f_ratio)]
+
+
+def convergence_figure(curves: pd.DataFrame) -> go.Figure:
+    """Loss and test accuracy against training time and against step, one colour per run
+    (:func:`opprof.render.plotdata.bench_curves`' rows)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=2, shared_yaxes=False, horizontal_spacing=0.08,
+                        vertical_spacing=0.12)
+    for i, (lab, g) in enumerate(curves.groupby("label", sort=False)):
+        color = palette.series_color(i)
+        for k, (rep, r) in enumerate(g.groupby("repeat")):
+            ev = r.dropna(subset=["test_accuracy"])
+            name = lab + (f" (repeat {rep})" if g["repeat"].nunique() > 1 else "")
+            for row, y, data in ((1, "loss", r), (2, "test_accuracy", ev)):
+                for col, x in ((1, "time_s"), (2, "step")):
+                    fig.add_trace(go.Scatter(
+                        x=data[x], y=data[y], mode="lines" if y == "loss" else "lines+markers",
+                        name=name, legendgroup=lab, showlegend=row == 1 and col == 1 and k == 0,
+                        line={"color": color, "width": 1.5 if k == 0 else 1},
+                        opacity=1.0 if k == 0 else 0.6,
+                        hovertemplate=f"{x}: %{{x}}<br>{y}: %{{y:.3f}}<extra>{name}</extra>"),
+                        row=row, col=col)
+    fig.update_xaxes(title_text="training time (s)", col=1, row=2)
+    fig.update_xaxes(title_text="step", col=2, row=2)
+    fig.update_yaxes(title_text="loss", row=1, col=1)
+    fig.update_yaxes(title_text="test accuracy", row=2, col=1, tickformat=".0%")
+    fig.update_yaxes(tickformat=".0%", row=2, col=2)
+    return _layout(fig, 640)
 
 
 def bench(b: Bench) -> str:
@@ -754,6 +793,14 @@ def bench(b: Bench) -> str:
                      chart(fig) + note("Measured on the profiled steps, and predicted by "
                                        "`opprof model` from the same framework and model's "
                                        "1-worker run.")))
+    curves = plotdata.bench_curves(b)
+    if len(curves):
+        secs.append(("convergence", "Convergence: loss and test accuracy",
+                     chart(convergence_figure(curves)) + note(
+                         "Per framework × workers × mode (`bench --converge`); with --repeat "
+                         "one line per repetition (their spread). Time is training time: the "
+                         "steps' durations, without evaluations and the profiler's start and "
+                         "stop.")))
     mem = plotdata.bench_memory(b)
     if len(mem):
         fig = go.Figure()

@@ -15,6 +15,7 @@ from opprof.analysis.report import Report
 from opprof.analysis.simulate import messages
 from opprof.analysis.whatif import WhatIf
 from opprof.taxonomy import PHASES
+from opprof.trace import convergence_frame
 
 
 def _clean(v: Any) -> Any:
@@ -48,7 +49,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
               for p, row in rep.phases.to_dict("index").items()}
     ops = rep.ops if top is None else rep.ops.head(top)
     dev = rep.device_ops if top is None else rep.device_ops.head(top)
-    return {"meta": rep.meta, "steps": steps, "phases": phases,
+    meta = {k: v for k, v in rep.meta.items() if k != "convergence"}  # its own key below
+    return {"meta": meta, "steps": steps, "phases": phases,
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
@@ -60,7 +62,18 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
                                   for r in rep.memory.ranks.to_dict("records")],
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
-            "fused_kernels": records(rep.fused_kernels)}
+            "fused_kernels": records(rep.fused_kernels),
+            **convergence_dict(rep)}
+
+
+def convergence_dict(rep: Report) -> dict:
+    """``convergence`` (one row per rank and step: rank, step, time_ns, loss,
+    train_accuracy, test_accuracy; null between evaluations), ``time_to_accuracy``
+    ({target: ns} for the targets reached) and ``convergence_summary`` (null: no curve)."""
+    summary = rep.convergence
+    return {"convergence": records(convergence_frame(rep.meta)),
+            "time_to_accuracy": summary["time_to_accuracy"] if summary else {},
+            "convergence_summary": summary}
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -99,6 +112,7 @@ def diff(d: Diff, top: int | None = None) -> str:
         "memory": records(d.memory), "summary": d.summary, "a_noise": d.a_noise,
         "b_noise": d.b_noise,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
+        "convergence": d.convergence,
     }, indent=2)
 
 

@@ -9,7 +9,7 @@ trace's event count.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +193,9 @@ class Bench:
     ratios: pd.DataFrame
     config: dict
     path: Path | None = None
+    #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
+    #: train_accuracy, test_accuracy lists).
+    curves: dict = field(default_factory=dict)
 
 
 def read_bench(path: Path) -> Bench:
@@ -206,7 +209,46 @@ def read_bench(path: Path) -> Bench:
             from None
     except (ValueError, KeyError, TypeError) as exc:
         raise OpprofError(f"{f}: not a bench.json written by `opprof bench` ({exc})") from None
-    return Bench(table, ratios, doc.get("config") or {}, path)
+    return Bench(table, ratios, doc.get("config") or {}, path, doc.get("curves") or {})
+
+
+def bench_curves(b: Bench) -> pd.DataFrame:
+    """`bench --converge`: one row per point of every run's curves — ``label`` (model, then
+    :func:`run_label`), ``fw``, ``repeat`` (from 1), ``step``, ``time_s``, ``loss``,
+    ``test_accuracy`` (NaN between evaluations)."""
+    frames = []
+    t = b.table
+    for _, row in t.iterrows():
+        name = f"{row['model']}-{row['fw']}-w{int(row['workers'])}-{row['mode']}"
+        for k, curve in enumerate(b.curves.get(name) or [], 1):
+            if not curve:
+                continue
+            df = pd.DataFrame(curve)
+            frames.append(pd.DataFrame({
+                "label": f"{row['model']} · {run_label(row)}", "fw": row["fw"], "repeat": k,
+                "step": df["step"], "time_s": df["time_ns"] / 1e9,
+                "loss": pd.to_numeric(df["loss"]),
+                "test_accuracy": pd.to_numeric(df["test_accuracy"])}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["label", "fw", "repeat", "step", "time_s", "loss", "test_accuracy"])
+
+
+def trace_curves(traces: list[tuple[str, Report]]) -> pd.DataFrame:
+    """:func:`bench_curves`' rows from traces recorded with ``--converge`` (rank 0's curve
+    of each, the lowest rank's)."""
+    from opprof.trace import convergence_frame
+
+    frames = []
+    for label, rep in traces:
+        c = convergence_frame(rep.meta)
+        if c.empty:
+            continue
+        c = c[c["rank"] == c["rank"].min()]
+        frames.append(pd.DataFrame({"label": label, "fw": rep.meta.get("framework", ""),
+                                    "repeat": 1, "step": c["step"], "time_s": c["time_ns"] / 1e9,
+                                    "loss": c["loss"], "test_accuracy": c["test_accuracy"]}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["label", "fw", "repeat", "step", "time_s", "loss", "test_accuracy"])
 
 
 def is_bench(path: Path) -> bool:

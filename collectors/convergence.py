@@ -1,0 +1,53 @@
+"""What a convergence run (`record --converge`) needs beside the framework: the evaluation
+sets (a fixed slice of the training images and held-out test images, normalized like the
+training data) and the accuracy of a framework's ``predict`` on them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from opprof.collectors.config import RecordConfig
+from opprof.collectors.datasets import load_images, resize_nearest
+from opprof.collectors.runner import Convergence
+
+#: Images of each evaluation set (train slice, test split).
+EVAL_IMAGES = 512
+EVAL_BATCH = 128
+#: Test accuracies whose time-to-accuracy the reports give.
+TARGETS = (0.5, 0.7, 0.9)
+
+
+def normalized(images: np.ndarray, size: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """uint8 NHWC images → float32 NHWC, resized and normalized as the training data is."""
+    x = resize_nearest(images, size).astype(np.float32) / 255.0
+    return ((x - mean) / std).astype(np.float32)
+
+
+def image_convergence(config: RecordConfig, train_images: np.ndarray,
+                      train_labels: np.ndarray, *, size: int, mean: np.ndarray,
+                      std: np.ndarray, predict: Callable[[np.ndarray], Any],
+                      loss: Callable[[Any], float]) -> Convergence | None:
+    """The :class:`Convergence` of an image classifier (None without ``--converge``):
+    ``predict`` maps a float32 NHWC batch to logits (anything ``np.asarray`` reads)."""
+    if not config.converge:
+        return None
+    n = min(EVAL_IMAGES, len(train_images))
+    test_images, test_labels, _ = load_images(config.dataset, n=EVAL_IMAGES, seed=config.seed,
+                                              train=False)
+    sets = [(normalized(train_images[:n], size, mean, std), train_labels[:n]),
+            (normalized(test_images, size, mean, std), test_labels)]
+
+    def accuracy() -> tuple[float, float]:
+        out = []
+        for x, y in sets:
+            right = 0
+            for i in range(0, len(x), EVAL_BATCH):
+                logits = np.asarray(predict(x[i:i + EVAL_BATCH]))
+                right += int((logits.argmax(axis=1) == y[i:i + EVAL_BATCH]).sum())
+            out.append(right / len(x))
+        return out[0], out[1]
+
+    return Convergence(config.converge, config.eval_every, loss, accuracy)

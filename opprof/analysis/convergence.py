@@ -1,0 +1,150 @@
+"""Convergence beside speed (`record --converge`): the curve's summary, time and steps to a
+test accuracy, and which of two runs reaches it first — split into step time and steps.
+
+A job reaches a target when every worker's model has: per rank the first evaluation whose
+test accuracy is at least the target, then the latest of the ranks (a ps-async worker that
+trains worse holds the job back). ``time_ns`` is training time (runner.Curve), so time to
+accuracy = steps needed × the mean step time up to there; A's time over B's is the product
+of the two ratios, and each one's share of the difference is its share of the log ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from opprof.trace import convergence_frame
+
+#: Test accuracies reported (fractions).
+TARGETS = (0.5, 0.7, 0.9)
+#: The final loss is the mean of this many last steps (one step's loss is noisy).
+FINAL_STEPS = 10
+
+
+def reached(curve: pd.DataFrame, target: float) -> tuple[int, int] | None:
+    """(time_ns, step) at which every rank's test accuracy first reached ``target``."""
+    if curve.empty:
+        return None
+    hits = []
+    for _, rows in curve.groupby("rank"):
+        ok = rows[rows["test_accuracy"] >= target]
+        if ok.empty:
+            return None
+        hits.append((int(ok["time_ns"].iloc[0]), int(ok["step"].iloc[0])))
+    return max(hits)
+
+
+def time_to_accuracy(curve: pd.DataFrame,
+                     targets: tuple[float, ...] = TARGETS) -> dict[str, int]:
+    """``{target: ns}`` for the targets reached (keys as ``"0.5"``)."""
+    out = {}
+    for t in targets:
+        hit = reached(curve, t)
+        if hit is not None:
+            out[str(t)] = hit[0]
+    return out
+
+
+def summary(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The curve in a few numbers (None without a convergence table)."""
+    curve = convergence_frame(meta)
+    if curve.empty:
+        return None
+    last = curve.sort_values(["rank", "step"]).groupby("rank").tail(FINAL_STEPS)
+    first = curve[curve["step"] == curve["step"].min()]
+    evals = curve.dropna(subset=["test_accuracy"])
+    steps_to = {}
+    for t in TARGETS:
+        hit = reached(curve, t)
+        if hit is not None:
+            steps_to[str(t)] = hit[1]
+    return {"steps": int(curve["step"].max()), "ranks": int(curve["rank"].nunique()),
+            "time_ns": int(curve.groupby("rank")["time_ns"].max().max()),
+            "first_loss": _num(first["loss"].mean()), "final_loss": _num(last["loss"].mean()),
+            "best_test_accuracy": _num(evals["test_accuracy"].max()) if len(evals) else None,
+            "best_train_accuracy": _num(evals["train_accuracy"].max()) if len(evals) else None,
+            "final_test_accuracy": (_num(evals.sort_values("step").groupby("rank")
+                                         ["test_accuracy"].last().min())
+                                    if len(evals) else None),
+            "time_to_accuracy": time_to_accuracy(curve), "steps_to_accuracy": steps_to}
+
+
+def compare(a_meta: dict[str, Any], b_meta: dict[str, Any], la: str,
+            lb: str) -> dict[str, Any] | None:
+    """Which run reaches each target test accuracy first, and how much of the difference is
+    step time and how much steps needed (``targets``, one dict per target); the sentence
+    names the first target (50%) and the highest both reach."""
+    ca, cb = convergence_frame(a_meta), convergence_frame(b_meta)
+    if ca.empty and cb.empty:
+        return None
+    if _best(ca) is None and _best(cb) is None:  # `opprof run`: the loss only
+        fa, fb = summary(a_meta), summary(b_meta)
+        losses = ", ".join(f"{name} {s['final_loss']:.3f}" for name, s in ((la, fa), (lb, fb))
+                           if s is not None and s["final_loss"] is not None)
+        return {"targets": [], "first": None,
+                "sentence": f"No accuracy was evaluated; final loss (mean of the last "
+                            f"{FINAL_STEPS} steps): {losses}."}
+    per = [_compare_at(ca, cb, t, la, lb) for t in TARGETS]
+    both = [c for c in per if c["a"] and c["b"]]
+    said = [per[0]] + ([both[-1]] if both and both[-1] is not per[0] else [])
+    return {"targets": per, "first": per[0]["first"],
+            "sentence": " ".join(c["sentence"] for c in said)}
+
+
+def _compare_at(ca: pd.DataFrame, cb: pd.DataFrame, target: float, la: str,
+                lb: str) -> dict[str, Any]:
+    ha, hb = reached(ca, target), reached(cb, target)
+    out: dict[str, Any] = {"target": target, "a": _side(ha), "b": _side(hb), "first": None,
+                           "step_time_share": None, "steps_share": None}
+    name = f"{target:.0%} test accuracy"
+    if ha is None and hb is None:
+        out["sentence"] = (f"Neither run reaches {name} (best: {la} "
+                           f"{_pct(_best(ca))}, {lb} {_pct(_best(cb))}).")
+        return out
+    if ha is None or hb is None:
+        who, hit, other, other_curve = ((lb, hb, la, ca) if ha is None else (la, ha, lb, cb))
+        out["first"] = "b" if ha is None else "a"
+        out["sentence"] = (f"Only {who} reaches {name} ({_s(hit[0])}, step {hit[1]}); "
+                           f"{other} stops at {_pct(_best(other_curve))}.")
+        return out
+    (ta, na), (tb, nb) = ha, hb
+    sa, sb = ta / na, tb / nb
+    first = "a" if ta <= tb else "b"
+    log_t = math.log(ta / tb) if ta and tb else 0.0
+    share_step = math.log(sa / sb) / log_t if log_t else None
+    out.update(first=first, step_time_share=share_step,
+               steps_share=None if share_step is None else 1.0 - share_step)
+    fast, slow = (la, lb) if first == "a" else (lb, la)
+    (tf, nf, sf), (ts, ns_, ss) = (((ta, na, sa), (tb, nb, sb)) if first == "a"
+                                   else ((tb, nb, sb), (ta, na, sa)))
+    text = (f"{fast} reaches {name} first: {_s(tf)} vs {_s(ts)} for {slow} "
+            f"({ts / tf:.2f}x); steps needed {nf} vs {ns_}, time per step "
+            f"{sf / 1e6:.1f} ms vs {ss / 1e6:.1f} ms")
+    if share_step is not None:
+        text += (f": the step time explains {share_step:.0%} of the difference, the steps "
+                 f"needed {1 - share_step:.0%}")
+    out["sentence"] = text + "."
+    return out
+
+
+def _side(hit: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if hit is None else {"time_ns": hit[0], "step": hit[1]}
+
+
+def _best(curve: pd.DataFrame) -> float | None:
+    acc = curve["test_accuracy"].dropna()
+    return float(acc.max()) if len(acc) else None
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def _pct(v: float | None) -> str:
+    return "no evaluation" if v is None else f"{v:.0%}"
+
+
+def _s(ns: float) -> str:
+    return f"{ns / 1e9:.2f} s"
