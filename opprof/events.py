@@ -70,6 +70,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from opprof import drops
+from opprof.errors import OpprofError
 from opprof.intervals import Nesting, label_points
 from opprof.taxonomy import (
     CANONICAL_OPS,
@@ -128,8 +130,10 @@ def finish(
     """Classify, nest, attribute and number the raw events; return the finished Trace.
 
     Operators, phases and kinds are carried as integer codes into the closed sets of the
-    taxonomy (-1 for none), so that no per-event string is compared or hashed."""
-    df = raw.reset_index(drop=True)
+    taxonomy (-1 for none), so that no per-event string is compared or hashed. Events that
+    cannot be placed on the timeline are dropped and counted first (:func:`usable`)."""
+    meta = {**meta, drops.KEY: dict(meta.get(drops.KEY) or {})}
+    df = usable(raw, meta, step_pattern).reset_index(drop=True)
     n = len(df)
     names = df["name"]
     names = (names.array if isinstance(names.dtype, pd.CategoricalDtype)
@@ -150,7 +154,7 @@ def finish(
     kind = np.where(row_kind >= 0, row_kind, _codes(df["kind"], _KIND))
     rank = df["rank"].to_numpy(dtype=np.int64)
     ts = df["ts"].to_numpy(dtype=np.int64)
-    dur = np.maximum(df["dur"].to_numpy(dtype=np.int64), 0)
+    dur = df["dur"].to_numpy(dtype=np.int64)
     end = ts + dur
     device = df["device"]
     on_host = (_codes(device, {"cpu": 0}) == 0)
@@ -250,13 +254,14 @@ def finish(
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
         "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
     }, copy=False)
-    meta = dict(meta)
     if len(spans):
         out = pd.concat([out, _span_events(spans, df, rank, on_host, bounds)],
                         ignore_index=True)
     if len(inferred):
         meta["inferred_phases"] = [int(r) for r in inferred]
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
+    if not meta[drops.KEY]:
+        del meta[drops.KEY]
     return Trace(conform(out), meta)
 
 
@@ -401,6 +406,49 @@ def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarra
     out = np.where(marker_phase >= 0, marker_phase, row_phase)
     out = np.where(intrinsic, row_phase, out)
     return np.where(out < 0, _OTHER_PHASE, out)
+
+
+#: Events this far past the bulk of a trace's times (the 0.1 to 99.9 percentiles), in spans
+#: of the bulk, are outside the trace: a damaged or wrapped timestamp, not a real event.
+SPAN_MARGIN = 10
+#: ... and at least this many ns (an hour): ranks' clocks and a profiler's set-up differ.
+SPAN_MARGIN_NS = 3600 * 10**9
+
+
+def usable(raw: pd.DataFrame, meta: dict, step_pattern: str = STEP_PATTERN) -> pd.DataFrame:
+    """The raw events that can be placed on the timeline: a duration >= 0 and a start and
+    end inside the trace's span (see :data:`SPAN_MARGIN`). The others are dropped and
+    counted in ``meta`` (:mod:`opprof.drops`), a step marker among them as an unusable step
+    marker; a trace with no usable event is one error line naming its file."""
+    n = len(raw)
+    if n == 0:
+        return raw
+    ts = raw["ts"].to_numpy(dtype=np.int64)
+    dur = raw["dur"].to_numpy(dtype=np.int64)
+    negative = dur < 0
+    end = ts + np.maximum(dur, 0)
+    ok = ~negative
+    outside = np.zeros(n, bool)
+    if ok.any():
+        lo, hi = np.percentile(ts[ok], 0.1), np.percentile(end[ok], 99.9)
+        margin = max(SPAN_MARGIN * (hi - lo), SPAN_MARGIN_NS)
+        outside = ok & ((ts < lo - margin) | (end > hi + margin))
+    bad = negative | outside
+    if not bad.any():
+        return raw
+    names = raw["name"].astype(object).to_numpy()
+    marker = np.zeros(n, bool)
+    sel = np.flatnonzero(bad)
+    marker[sel] = pd.Series(names[sel], dtype=object).astype(str).str.fullmatch(
+        step_pattern).to_numpy(bool)
+    drops.note(meta, "step markers unusable (negative duration or time outside the "
+               "trace)", int(marker.sum()))
+    drops.skip(meta, negative & ~marker, "negative duration")
+    drops.skip(meta, outside & ~marker, "time outside the trace's span")
+    if bad.all():
+        source = (meta.get("sources") or ["trace"])[0]
+        raise OpprofError(f"{source}: no usable events ({drops.describe(meta[drops.KEY])})")
+    return raw[~bad]
 
 
 def cover_label(rank: np.ndarray, ts: np.ndarray, i_rank: np.ndarray, i_start: np.ndarray,

@@ -274,6 +274,7 @@ class Imported:
     steps: int
     formats: list[str]
     damaged: list[dict] = field(default_factory=list)
+    read_warnings: dict = field(default_factory=dict)  # opprof.drops: what was dropped
 
 
 def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -327,7 +328,7 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
                 n_events = sum(rows for _, _, rows in ranks)
                 return Imported(output, n_events, len(ranks),
                                 len(meta.get("step_bounds", [])), meta["source_formats"],
-                                meta.get("damaged_files", []))
+                                meta.get("damaged_files", []), meta.get("read_warnings", {}))
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -336,4 +337,5 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     return Imported(output, len(ev), int(ev["rank"].nunique()),
                     len(trace.meta.get("step_bounds", [])),
                     list(trace.meta.get("source_formats", [])),
-                    trace.meta.get("damaged_files", []))
+                    trace.meta.get("damaged_files", []),
+                    trace.meta.get("read_warnings", {}))
