@@ -47,3 +47,26 @@ def lines(warnings: Mapping[str, int] | None) -> list[str]:
 def describe(warnings: Mapping[str, int] | None) -> str:
     """Every kind on one line, for an error that refuses a file where nothing was usable."""
     return "; ".join(f"{count:,} {kind}" for kind, count in (warnings or {}).items()) or "none"
+
+
+#: Events this far past the bulk of a trace's times (its 0.1 to 99.9 percentiles), in spans
+#: of the bulk, are outside the trace: a damaged or wrapped timestamp, not a real event ...
+SPAN_MARGIN = 10
+#: ... and at least this many ns (an hour): ranks' clocks and a profiler's set-up differ.
+SPAN_MARGIN_NS = 3600 * 10**9
+
+
+def timeline_problems(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(negative duration, outside the trace's span) masks of int64 ns starts and durations:
+    the events that cannot be placed on a trace's timeline (see :data:`SPAN_MARGIN`)."""
+    ts = np.asarray(ts, np.int64)
+    dur = np.asarray(dur, np.int64)
+    negative = dur < 0
+    outside = np.zeros(len(ts), bool)
+    ok = ~negative
+    if ok.any():
+        end = ts + np.maximum(dur, 0)
+        lo, hi = np.percentile(ts[ok], 0.1), np.percentile(end[ok], 99.9)
+        margin = max(SPAN_MARGIN * (hi - lo), SPAN_MARGIN_NS)
+        outside = ok & ((ts < lo - margin) | (end > hi + margin))
+    return negative, outside

@@ -408,31 +408,16 @@ def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarra
     return np.where(out < 0, _OTHER_PHASE, out)
 
 
-#: Events this far past the bulk of a trace's times (the 0.1 to 99.9 percentiles), in spans
-#: of the bulk, are outside the trace: a damaged or wrapped timestamp, not a real event.
-SPAN_MARGIN = 10
-#: ... and at least this many ns (an hour): ranks' clocks and a profiler's set-up differ.
-SPAN_MARGIN_NS = 3600 * 10**9
-
-
 def usable(raw: pd.DataFrame, meta: dict, step_pattern: str = STEP_PATTERN) -> pd.DataFrame:
     """The raw events that can be placed on the timeline: a duration >= 0 and a start and
-    end inside the trace's span (see :data:`SPAN_MARGIN`). The others are dropped and
+    end inside the trace's span (:func:`opprof.drops.timeline_problems`). The others are dropped and
     counted in ``meta`` (:mod:`opprof.drops`), a step marker among them as an unusable step
     marker; a trace with no usable event is one error line naming its file."""
     n = len(raw)
     if n == 0:
         return raw
-    ts = raw["ts"].to_numpy(dtype=np.int64)
-    dur = raw["dur"].to_numpy(dtype=np.int64)
-    negative = dur < 0
-    end = ts + np.maximum(dur, 0)
-    ok = ~negative
-    outside = np.zeros(n, bool)
-    if ok.any():
-        lo, hi = np.percentile(ts[ok], 0.1), np.percentile(end[ok], 99.9)
-        margin = max(SPAN_MARGIN * (hi - lo), SPAN_MARGIN_NS)
-        outside = ok & ((ts < lo - margin) | (end > hi + margin))
+    negative, outside = drops.timeline_problems(raw["ts"].to_numpy(dtype=np.int64),
+                                                raw["dur"].to_numpy(dtype=np.int64))
     bad = negative | outside
     if not bad.any():
         return raw

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opprof import parallel
+from opprof import drops, parallel
 from opprof.errors import OpprofError
 
 _PARQUET_MAGIC = b"PAR1"
@@ -56,6 +56,7 @@ class Outcome:
     skipped: bool = False  # a JSON file found in a folder that is no trace
     damaged: str | None = None  # a file found in a folder that cannot be read: the problem
     events: int = 0
+    warnings: dict = field(default_factory=dict)  # what reading a .trace rank dropped
 
 
 @dataclass
@@ -114,8 +115,10 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     if task.kind == "trace":
         from opprof.trace import TraceFile
 
-        tr = TraceFile(task.path).read_rank(int(task.rank), detail)  # type: ignore[arg-type]
-        return [tr], Outcome(rank=task.rank, events=len(tr.events))
+        tf = TraceFile(task.path)
+        tr = tf.read_rank(int(task.rank), detail)  # type: ignore[arg-type]
+        return [tr], Outcome(rank=task.rank, events=len(tr.events),
+                             warnings=tf.found.get("read_warnings", {}))
     from opprof.normalizers import chrome, head_bytes, kineto, sampled
 
     path = Path(task.path)
@@ -237,6 +240,9 @@ def _job_meta(p: Plan, outs: list[Outcome]) -> dict:
         if p.damaged:
             meta["damaged_files"] = p.damaged
         return meta
+    found = drops.merged(o.warnings for o in outs)
+    if found:
+        return {**p.meta, drops.KEY: drops.merged([p.meta.get(drops.KEY), found])}
     return p.meta
 
 

@@ -134,10 +134,10 @@ REFUSED: dict[str, tuple[str, Callable[[], bytes | str], str]] = {
         [("Convolution", "B", 1)]), "MXNet trace with no complete events"),
     "mxnet timestamp text": ("mx_ts.json", lambda: mxnet(
         [("Convolution", "B", "x"), ("Convolution", "E", 2)]),
-        "MXNet events without a numeric timestamp"),
+        "1 events skipped: timestamp missing"),
     "mxnet times out of range": ("mx_huge.json", lambda: mxnet(
         [("Convolution", "B", "__HUGE__"), ("Convolution", "E", "__HUGE__")]),
-        "MXNet event times out of range"),
+        "MXNet trace with no usable events"),
     # TensorFlow XPlane
     "xplane garbage": ("host.xplane.pb", lambda: random.Random(3).randbytes(3000),
                        "not a readable XPlane"),
