@@ -49,9 +49,10 @@ def describe(warnings: Mapping[str, int] | None) -> str:
     return "; ".join(f"{count:,} {kind}" for kind, count in (warnings or {}).items()) or "none"
 
 
-#: Events this far past the bulk of a trace's times (its 0.1 to 99.9 percentiles), in spans
-#: of the bulk, are outside the trace: a damaged or wrapped timestamp, not a real event ...
-SPAN_MARGIN = 10
+#: Events this far past the bulk of a trace's times (from the first quartile of the starts
+#: to the third of the ends: robust to a few wild values whatever the trace's size), in
+#: spans of the bulk, are outside the trace: a damaged or wrapped time, not a real event ...
+SPAN_MARGIN = 20
 #: ... and at least this many ns (an hour): ranks' clocks and a profiler's set-up differ.
 SPAN_MARGIN_NS = 3600 * 10**9
 
@@ -66,7 +67,7 @@ def timeline_problems(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.n
     ok = ~negative
     if ok.any():
         end = ts + np.maximum(dur, 0)
-        lo, hi = np.percentile(ts[ok], 0.1), np.percentile(end[ok], 99.9)
+        lo, hi = np.percentile(ts[ok], 25), np.percentile(end[ok], 75)
         margin = max(SPAN_MARGIN * (hi - lo), SPAN_MARGIN_NS)
         outside = ok & ((ts < lo - margin) | (end > hi + margin))
     return negative, outside

@@ -125,15 +125,17 @@ def _codes(values: pd.Series | np.ndarray, index: dict[str, int]) -> np.ndarray:
 
 
 def finish(
-    raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN
+    raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN,
+    checked: bool = False,
 ) -> Trace:
     """Classify, nest, attribute and number the raw events; return the finished Trace.
 
     Operators, phases and kinds are carried as integer codes into the closed sets of the
     taxonomy (-1 for none), so that no per-event string is compared or hashed. Events that
-    cannot be placed on the timeline are dropped and counted first (:func:`usable`)."""
+    cannot be placed on the timeline are dropped and counted first (:func:`usable`), unless
+    the normalizer did (``checked``: it keeps rows aligned with columns of its own)."""
     meta = {**meta, drops.KEY: dict(meta.get(drops.KEY) or {})}
-    df = usable(raw, meta, step_pattern).reset_index(drop=True)
+    df = (raw if checked else usable(raw, meta, step_pattern)).reset_index(drop=True)
     n = len(df)
     names = df["name"]
     names = (names.array if isinstance(names.dtype, pd.CategoricalDtype)
