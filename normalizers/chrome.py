@@ -90,7 +90,54 @@ def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
             data = data[len(_UTF8_BOM):]
     if not data or data.isspace():  # (not strip(): a copy of the whole text)
         raise OpprofError(f"{path}: file is empty")
-    return data
+    return repair_utf8(data)
+
+
+class Repaired(bytearray):
+    """JSON text whose bytes that were not UTF-8 are replaced by :data:`INVALID` (one per
+    byte, so nothing moves); ``invalid_utf8`` counts them. msgspec skips an object key it
+    does not know without checking its bytes, so a flipped byte in a key would otherwise
+    lose that field without a word: the readers drop and count the events holding one."""
+
+    invalid_utf8 = 0
+
+
+#: What a byte that is not UTF-8 becomes (DEL: valid in JSON strings, never in a real name).
+INVALID = 0x7F
+_UTF8_PIECE = 1 << 20
+
+
+def repair_utf8(data: bytes | bytearray) -> bytes | bytearray:
+    """``data`` when it is UTF-8 (checked at memory speed when it is ASCII, in pieces
+    otherwise: no copy of the whole text); else a :class:`Repaired` copy."""
+    if data.isascii():
+        return data
+    import codecs
+
+    view = memoryview(data)
+    bad: list[tuple[int, int]] = []
+    pos, n = 0, len(data)
+    while pos < n:
+        piece = view[pos:pos + _UTF8_PIECE]
+        final = pos + len(piece) >= n
+        try:
+            _, used = codecs.utf_8_decode(piece, "strict", final)
+        except UnicodeDecodeError as exc:
+            bad.append((pos + exc.start, pos + exc.end))
+            pos += exc.end
+            continue
+        if used == 0:  # a sequence cut at the piece's end that cannot complete
+            bad.append((pos, pos + 1))
+            used = 1
+        pos += used
+    view.release()
+    if not bad:
+        return data
+    out = data if isinstance(data, Repaired) else Repaired(data)
+    for a, b in bad:
+        out[a:b] = bytes([INVALID]) * (b - a)
+    out.invalid_utf8 = sum(b - a for a, b in bad)
+    return out
 
 
 def _gunzip(data: bytes, path: Path, budget: int) -> bytearray:

@@ -96,6 +96,8 @@ class Document(msgspec.Struct, gc=False):
     deviceProperties: Any = None
     baseTimeNanoseconds: Any = None
     opprofClock: Any = None
+    #: bytes of the text that were not UTF-8 (set after decoding, chrome.Repaired)
+    invalid_utf8: int = msgspec.field(default=0, name="\u00a7opprof invalid utf-8\u00a7")
 
 
 _DECODER = msgspec.json.Decoder(Document)
@@ -126,6 +128,7 @@ def decode(data: bytes, path: Path) -> Document | None:
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
+    doc.invalid_utf8 = getattr(data, "invalid_utf8", 0)
     typed_events(doc, 0, HEAD, path)
     return doc
 
@@ -392,6 +395,11 @@ def _raw_events(doc: Document, rank: int, path: Path,
     of) are dropped (``doc.traceEvents`` emptied) before the table is built. Events whose
     times or ids cannot be used are dropped and counted in ``warnings``."""
     warnings = {} if warnings is None else warnings
+    if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
+        mark = bytes([chrome.INVALID])
+        dirty = [mark in bytes(r) for r in doc.traceEvents]
+        drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
+        doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
     pieces: list[dict[str, Any]] = []
     mem: list[Event] = []
     for chunk in event_chunks(doc, path):
@@ -403,7 +411,9 @@ def _raw_events(doc: Document, rank: int, path: Path,
         del x
     doc.traceEvents = []
     if not pieces:
-        raise OpprofError(f"{path}: Kineto trace with no complete events")
+        dropped = warnings.get(drops.KEY)
+        raise OpprofError(f"{path}: Kineto trace with no complete events"
+                          + (f" ({drops.describe(dropped)})" if dropped else ""))
     n = sum(p["n"] for p in pieces)
     ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, corr, comm_bytes = (
         _joined([p.pop(k) for p in pieces])

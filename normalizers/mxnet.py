@@ -140,6 +140,8 @@ class Document(msgspec.Struct, gc=False):
     """An MXNet profiler dump."""
 
     traceEvents: list[Event]
+    #: bytes of the text that were not UTF-8 (set after decoding, chrome.Repaired)
+    invalid_utf8: int = msgspec.field(default=0, name="\u00a7opprof invalid utf-8\u00a7")
 
 
 _DECODER = msgspec.json.Decoder(Document)
@@ -147,7 +149,9 @@ _DECODER = msgspec.json.Decoder(Document)
 
 def decode(data: bytes, path: Path) -> Document:
     """Decode an MXNet dump for :func:`from_docs` (typed: unread fields are skipped)."""
-    return chrome.decode(data, path, _DECODER, "MXNet profiler dump")
+    doc = chrome.decode(data, path, _DECODER, "MXNet profiler dump")
+    doc.invalid_utf8 = getattr(data, "invalid_utf8", 0)
+    return doc
 
 
 def _events_frame(doc: Document | dict) -> pd.DataFrame:
@@ -174,6 +178,8 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     frames, memory = [], []
     warnings: dict = {}
     for (path, doc), (rank, role) in zip(docs, roles, strict=True):
+        drops.note(warnings, "bytes of JSON text not UTF-8 (the fields holding them unread)",
+                   getattr(doc, "invalid_utf8", 0))
         raw, mem = _raw_events(doc, rank, role, path, pids.get(rank, -1), warnings)
         frames.append(raw)
         memory.append(mem)
