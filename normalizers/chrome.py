@@ -23,7 +23,8 @@ import gc
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_
 from pathlib import Path
 from typing import Any
 
@@ -286,13 +287,19 @@ def numbers(values: Sequence[Any], fill: float = np.nan) -> np.ndarray:
     return out
 
 
-def number_column(items: Sequence[Any], field: str, fill: float = np.nan) -> np.ndarray:
+def number_column(items: Sequence[Any], field: str, fill: float = np.nan,
+                  strict: bool = False) -> np.ndarray:
     """``numbers`` of one field of every struct, read straight into float64 (no list in
-    between) when every value is a number or None; else as :func:`numbers` reads it."""
+    between) when every value is a number or None; else as :func:`numbers` reads it.
+    ``strict``: JSON ``true``/``false`` are no numbers (NaN, so the reader drops them).
+    """
     try:
         out = np.fromiter(map(attrgetter(field), items), np.float64, len(items))
     except (TypeError, ValueError, OverflowError):
-        return numbers(list(map(attrgetter(field), items)), fill)
+        out = numbers(list(map(attrgetter(field), items)))
+    if strict and bool in set(map(type, map(attrgetter(field), items))):
+        out[np.fromiter(map(is_, map(type, map(attrgetter(field), items)), repeat(bool)),
+                        bool, len(items))] = np.nan
     if not np.isnan(fill):
         out[np.isnan(out)] = fill
     return out

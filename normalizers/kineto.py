@@ -473,8 +473,8 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     n = len(x)
     cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
         x, ("cat", "name", "pid", "tid", "args"))
-    out: dict[str, Any] = {"n": n, "ts": chrome.number_column(x, "ts"),
-                           "dur": chrome.number_column(x, "dur")}
+    out: dict[str, Any] = {"n": n, "ts": chrome.number_column(x, "ts", strict=True),
+                           "dur": chrome.number_column(x, "dur", strict=True)}
     args_v = [a if a is not None else _NO_ARGS for a in args_v]
     corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
     out["device"] = chrome.number_column(args_v, "device")

@@ -222,7 +222,7 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
         memory = (_memory_usage(con, names, rank_of, offset)
                   if "CUDA_GPU_MEMORY_USAGE_EVENTS" in names else _NO_MEMORY)
         return ev.drop(columns=["proc"]), memory
-    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
         raise OpprofError(f"{source}: damaged nsys export ({exc})") from None
     finally:
         con.close()

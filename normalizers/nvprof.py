@@ -138,7 +138,7 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         ev["rank"] = rank
         ev["role"] = "worker"
         return ev, _gpu_names(con, names, strings)
-    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
         raise OpprofError(f"{path}: damaged nvprof export ({exc})") from None
     finally:
         con.close()
