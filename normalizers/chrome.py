@@ -150,7 +150,8 @@ def repair_utf8(data: bytes | bytearray) -> bytes | bytearray:
 def _gunzip(data: bytes, path: Path, budget: int) -> bytearray:
     """gunzip (ISA-L's where installed, else zlib's) in pieces of :data:`_PIECE` bytes
     (faster than the gzip module's reader); several gzip members one after another
-    (``cat a.gz b.gz``) are joined as gzip does. Stops, with one line, at ``budget`` bytes or a decompression bomb's ratio.
+    (``cat a.gz b.gz``) are joined as gzip does. Stops, with one line, at ``budget`` bytes
+    or a decompression bomb's ratio.
 
     The pieces are copied into one buffer as they come, so the text is held once: never
     as pieces and their join, nor as zlib's output blocks and the bytes object made of
