@@ -29,7 +29,7 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import OpprofError
-from opprof.events import finish
+from opprof.events import STEP_PATTERN, finish
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.taxonomy import KINDS, ROLES, mapping_table
@@ -370,20 +370,24 @@ _PH = attrgetter("ph")
 
 
 def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
-                  tid_frac: np.ndarray, warnings: dict) -> np.ndarray:
+                  tid_frac: np.ndarray, warnings: dict, is_step: np.ndarray) -> np.ndarray:
     """Which events have a usable start, duration and ids: numbers, finite, in the range of
     int64 nanoseconds, ids integral (a string pid such as Kineto's ``Spans`` is no number
-    and stays). The rest are counted in ``warnings`` (:mod:`opprof.drops`)."""
+    and stays). The rest are counted in ``warnings`` (:mod:`opprof.drops`), the step
+    markers among them (``is_step``) on their own."""
     limit = 2**62 / 1000
     with np.errstate(invalid="ignore"):
         bad_ts = ~(np.abs(ts_us) < limit)  # NaN (missing, text) and infinities too
         bad_dur = ~bad_ts & ~(np.abs(dur_us) < limit)
         frac = ((np.isfinite(pid) & (pid != np.floor(pid)))
                 | tid_frac) & ~bad_ts & ~bad_dur
-    drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
-    drops.skip(warnings, bad_dur, "duration missing, not a number or out of range")
-    drops.skip(warnings, frac, "process or thread id not an integer")
-    return ~(bad_ts | bad_dur | frac)
+    bad = bad_ts | bad_dur | frac
+    drops.note(warnings, "step markers unusable (time, duration or id not a usable number)",
+               int((bad & is_step).sum()))
+    drops.skip(warnings, bad_ts & ~is_step, "timestamp missing, not a number or out of range")
+    drops.skip(warnings, bad_dur & ~is_step, "duration missing, not a number or out of range")
+    drops.skip(warnings, frac & ~is_step, "process or thread id not an integer")
+    return ~bad
 
 
 def _raw_events(doc: Document, rank: int, path: Path,
@@ -426,7 +430,9 @@ def _raw_events(doc: Document, rank: int, path: Path,
                                  for p in pieces])
     del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
-    keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings)
+    step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
+    is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
+    keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
     if not keep.any():
         raise OpprofError(f"{path}: Kineto trace with no usable events "
                           f"({drops.describe(warnings[drops.KEY])})")
