@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.diff import Diff
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.simulate import messages
-from opprof.analysis.whatif import WhatIf
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
+    from opprof.analysis.commmodel import Network
+    from opprof.analysis.diff import Diff
+    from opprof.analysis.predict import ModelResult
+    from opprof.analysis.whatif import WhatIf
 
 
 def _clean(v: Any) -> Any:
@@ -98,6 +99,7 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 def model_dict(result: ModelResult) -> dict:
     """`opprof model`'s JSON (README: "JSON output")."""
+    from opprof.analysis.simulate import messages
     from opprof.render.modeltables import terms_table
 
     b = result.base
