@@ -16,12 +16,14 @@ never all in memory; ``opprof.job`` does the same in worker processes.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from opprof.errors import OpprofError
+from opprof.files import check_input
 from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, sampled, xplane
 from opprof.trace import Trace, concat_traces
 
@@ -35,12 +37,13 @@ _CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".
 
 def head_bytes(path: Path, n: int = 64) -> bytes:
     """The first n bytes of a file, with clear errors for missing or empty files."""
-    if not path.exists():
-        raise OpprofError(f"{path}: no such file or folder")
-    if path.is_dir():
+    if stat.S_ISDIR(check_input(path).st_mode):
         raise OpprofError(f"{path}: is a folder")
-    with open(path, "rb") as f:
-        head = f.read(n)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(n)
+    except OSError as exc:
+        raise OpprofError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if not head:
         raise OpprofError(f"{path}: file is empty")
     return head

@@ -57,10 +57,16 @@ def connect(path: Path) -> sqlite3.Connection:
     """Open a SQLite file read-only; a file that is not one is a one-line OpprofError."""
     try:
         con = sqlite3.connect(_uri(path), uri=True)
+        con.text_factory = _text
         con.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # (a damaged schema's text)
         raise OpprofError(f"{path}: unreadable SQLite file ({exc})") from None
     return con
+
+
+def _text(data: bytes) -> str:
+    """SQLite text as str; bytes that are not UTF-8 (a damaged page) replaced, not raised."""
+    return data.decode("utf-8", "replace")
 
 
 def _uri(path: Path) -> str:
@@ -85,11 +91,12 @@ def sqlite_tables(path: Path) -> set[str]:
     """Table names of a SQLite file, or an empty set when it cannot be read."""
     try:
         con = sqlite3.connect(_uri(path), uri=True)
+        con.text_factory = _text
         try:
             return tables(con)
         finally:
             con.close()
-    except sqlite3.DatabaseError:
+    except (sqlite3.DatabaseError, UnicodeDecodeError):  # (a damaged schema's own text)
         return set()
 
 

@@ -27,8 +27,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from opprof import drops
 from opprof.errors import OpprofError
-from opprof.events import finish
+from opprof.events import STEP_PATTERN, finish
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.sharding import refine_mode, sharded_mode
@@ -96,6 +97,8 @@ class Document(msgspec.Struct, gc=False):
     deviceProperties: Any = None
     baseTimeNanoseconds: Any = None
     opprofClock: Any = None
+    #: bytes of the text that were not UTF-8 (set after decoding, chrome.Repaired)
+    invalid_utf8: int = msgspec.field(default=0, name="\u00a7opprof invalid utf-8\u00a7")
 
 
 _DECODER = msgspec.json.Decoder(Document)
@@ -126,6 +129,7 @@ def decode(data: bytes, path: Path) -> Document | None:
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
+    doc.invalid_utf8 = getattr(data, "invalid_utf8", 0)
     typed_events(doc, 0, HEAD, path)
     return doc
 
@@ -201,6 +205,18 @@ def declared_rank(doc: Document, index: int) -> int:
     return _int(info["rank"], index, 0, _MAX_RANK)
 
 
+def _rank_unusable(doc: Document) -> bool:
+    """True when the document declares a rank that is no usable rank (text, a fraction,
+    negative or past the .trace's int32)."""
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    if "rank" not in info:
+        return False
+    value = info["rank"]
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer())
+    return not (ok and 0 <= value <= _MAX_RANK)
+
+
 def assign_ranks(declared: list[int]) -> list[int]:
     """Final ranks, in file order: the declared rank, or one past the largest so far when
     an earlier file already has it (two traces of one rank stay apart)."""
@@ -215,8 +231,11 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
     import), and the facts about it that :func:`merge_meta` combines across ranks."""
     base_ns = _int(doc.baseTimeNanoseconds or 0)
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
+    warnings: dict = {}
+    if _rank_unusable(doc):
+        drops.note(warnings, "rank in distributedInfo unusable (file order used)", 1)
     with pd.option_context("future.infer_string", False):
-        raw, mem = _raw_events(doc, rank, path)
+        raw, mem = _raw_events(doc, rank, path, warnings)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -233,8 +252,10 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
         "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
         "distributed": doc.distributedInfo or None,
         "sharded": sharded_mode(raw["name"].cat.categories),
+        drops.KEY: warnings.get(drops.KEY, {}),
     }
     trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
+    info[drops.KEY] = trace.meta.get(drops.KEY, {})
     if memory is not None:
         memory["ts"] += offset
         trace = add_memory(trace, memory)
@@ -265,6 +286,9 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
         bounds = sorted((b for i in infos for b in i["step_bounds"]),
                         key=lambda b: (b[0], b[2]))
         info["step_bounds"] = bounds
+    warned = drops.merged(i.get(drops.KEY) for i in infos)
+    if warned:
+        info[drops.KEY] = warned
     inferred = sorted({r for i in infos for r in i.get("inferred_phases", [])})
     if inferred:
         info["inferred_phases"] = inferred
@@ -350,12 +374,41 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 _PH = attrgetter("ph")
 
 
-def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, list[Event]]:
+def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
+                  tid_frac: np.ndarray, warnings: dict, is_step: np.ndarray) -> np.ndarray:
+    """Which events have a usable start, duration and ids: numbers, finite, in the range of
+    int64 nanoseconds, ids integral (a string pid such as Kineto's ``Spans`` is no number
+    and stays). The rest are counted in ``warnings`` (:mod:`opprof.drops`), the step
+    markers among them (``is_step``) on their own."""
+    limit = 2**62 / 1000
+    with np.errstate(invalid="ignore"):
+        bad_ts = ~(np.abs(ts_us) < limit)  # NaN (missing, text) and infinities too
+        bad_dur = ~bad_ts & ~(np.abs(dur_us) < limit)
+        frac = ((np.isfinite(pid) & (pid != np.floor(pid)))
+                | tid_frac) & ~bad_ts & ~bad_dur
+    bad = bad_ts | bad_dur | frac
+    drops.note(warnings, "step markers unusable (time, duration or id not a usable number)",
+               int((bad & is_step).sum()))
+    drops.skip(warnings, bad_ts & ~is_step, "timestamp missing, not a number or out of range")
+    drops.skip(warnings, bad_dur & ~is_step, "duration missing, not a number or out of range")
+    drops.skip(warnings, frac & ~is_step, "process or thread id not an integer")
+    return ~bad
+
+
+def _raw_events(doc: Document, rank: int, path: Path,
+                warnings: dict | None = None) -> tuple[pd.DataFrame, list[Event]]:
     """The complete (``X``) events of one document as raw columns (see events.finish), and
     its allocator's ``[memory]`` instant events. The events are typed a chunk at a time
     (:data:`CHUNK`) and each chunk's columns taken before the next is decoded, so only one
     chunk's structs are ever alive; the document's events (and so the text they are views
-    of) are dropped (``doc.traceEvents`` emptied) before the table is built."""
+    of) are dropped (``doc.traceEvents`` emptied) before the table is built. Events whose
+    times or ids cannot be used are dropped and counted in ``warnings``."""
+    warnings = {} if warnings is None else warnings
+    if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
+        mark = bytes([chrome.INVALID])
+        dirty = [mark in bytes(r) for r in doc.traceEvents]
+        drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
+        doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
     pieces: list[dict[str, Any]] = []
     mem: list[Event] = []
     for chunk in event_chunks(doc, path):
@@ -367,11 +420,13 @@ def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, lis
         del x
     doc.traceEvents = []
     if not pieces:
-        raise OpprofError(f"{path}: Kineto trace with no complete events")
+        dropped = warnings.get(drops.KEY)
+        raise OpprofError(f"{path}: Kineto trace with no complete events"
+                          + (f" ({drops.describe(dropped)})" if dropped else ""))
     n = sum(p["n"] for p in pieces)
-    ts_us, dur_us, dev_no, nbytes, pid, tid, corr, comm_bytes = (
+    ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, corr, comm_bytes = (
         _joined([p.pop(k) for p in pieces])
-        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "link", "comm"))
+        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm"))
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     detail = None
     if any(p["detail"] is not None for p in pieces):
@@ -380,11 +435,14 @@ def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, lis
                                  for p in pieces])
     del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
-    if np.isnan(ts_us).any():
-        raise OpprofError(f"{path}: Kineto events without a numeric timestamp")
-    if not (np.isfinite(ts_us).all() and np.isfinite(dur_us).all()
-            and np.abs(ts_us).max() < 2**62 / 1000 and np.abs(dur_us).max() < 2**62 / 1000):
-        raise OpprofError(f"{path}: Kineto event times out of range")
+    step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
+    is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
+    keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
+    if not keep.any():
+        raise OpprofError(f"{path}: Kineto trace with no usable events "
+                          f"({drops.describe(warnings[drops.KEY])})")
+    ts_us, dur_us = np.where(keep, ts_us, 0), np.where(keep, dur_us, 0)
+    pid = np.where(keep, pid, -1)
     cat_lower = pd.Index(cat.categories.astype(str)).str.lower()
     codes = cat.codes
     on_device = np.isin(cat_lower, list(_DEVICE_CATS))[codes]
@@ -402,7 +460,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, lis
     device = pd.Categorical.from_codes(
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "rank": rank,
         "role": pd.Categorical.from_codes(np.zeros(n, np.int8), categories=ROLES),
         "pid": np.where(np.isnan(pid), -1, pid).astype(np.int64),
@@ -415,7 +473,8 @@ def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, lis
         "bytes": nbytes,
         "detail": detail,
         "link": corr,
-    }, copy=False), mem  # every column is made here: no copy
+    }, copy=False)  # every column is made here: no copy
+    return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
 
 def _chunk_columns(x: list[Event]) -> dict[str, Any]:
@@ -425,8 +484,8 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     n = len(x)
     cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
         x, ("cat", "name", "pid", "tid", "args"))
-    out: dict[str, Any] = {"n": n, "ts": chrome.number_column(x, "ts"),
-                           "dur": chrome.number_column(x, "dur", fill=0.0)}
+    out: dict[str, Any] = {"n": n, "ts": chrome.number_column(x, "ts", strict=True),
+                           "dur": chrome.number_column(x, "dur", strict=True)}
     args_v = [a if a is not None else _NO_ARGS for a in args_v]
     corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
     out["device"] = chrome.number_column(args_v, "device")
@@ -438,6 +497,8 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     out["cat"] = chrome.strings(cat_v)
     out["pid"] = chrome.numbers(pid_v)
     out["tid"] = chrome.integers(tid_v)
+    tid_f = chrome.numbers(tid_v)
+    out["tid_frac"] = np.isfinite(tid_f) & (tid_f != np.floor(tid_f))
     out["link"] = chrome.integers(corr_v)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None

@@ -60,6 +60,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from opprof import drops
 from opprof.errors import OpprofError
 from opprof.events import cover_label, finish
 from opprof.memory import add_memory, samples
@@ -139,6 +140,8 @@ class Document(msgspec.Struct, gc=False):
     """An MXNet profiler dump."""
 
     traceEvents: list[Event]
+    #: bytes of the text that were not UTF-8 (set after decoding, chrome.Repaired)
+    invalid_utf8: int = msgspec.field(default=0, name="\u00a7opprof invalid utf-8\u00a7")
 
 
 _DECODER = msgspec.json.Decoder(Document)
@@ -146,7 +149,9 @@ _DECODER = msgspec.json.Decoder(Document)
 
 def decode(data: bytes, path: Path) -> Document:
     """Decode an MXNet dump for :func:`from_docs` (typed: unread fields are skipped)."""
-    return chrome.decode(data, path, _DECODER, "MXNet profiler dump")
+    doc = chrome.decode(data, path, _DECODER, "MXNet profiler dump")
+    doc.invalid_utf8 = getattr(data, "invalid_utf8", 0)
+    return doc
 
 
 def _events_frame(doc: Document | dict) -> pd.DataFrame:
@@ -171,8 +176,11 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     meta = {**_sidecar_meta([p for p, _ in docs], roles), **meta}
     pids = {int(k): int(v) for k, v in (meta.get("rank_pids") or {}).items()}
     frames, memory = [], []
+    warnings: dict = {}
     for (path, doc), (rank, role) in zip(docs, roles, strict=True):
-        raw, mem = _raw_events(doc, rank, role, path, pids.get(rank, -1))
+        drops.note(warnings, "bytes of JSON text not UTF-8 (the fields holding them unread)",
+                   getattr(doc, "invalid_utf8", 0))
+        raw, mem = _raw_events(doc, rank, role, path, pids.get(rank, -1), warnings)
         frames.append(raw)
         memory.append(mem)
     raw = pd.concat(frames, ignore_index=True)
@@ -189,6 +197,8 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
         "clock_offsets_ns": {str(r): 0 for r, _ in roles},
     }
     info.update(meta)
+    if warnings:
+        info[drops.KEY] = drops.merged([info.get(drops.KEY), warnings[drops.KEY]])
     trace = _server_steps(finish(raw, mapping_table(NAME), info), set(workers))
     trace = _window_bytes(trace, info.get("comm_bytes_per_step") or {})
     return add_memory(trace, pd.concat(memory, ignore_index=True))
@@ -307,9 +317,10 @@ def _storage_samples(ev: pd.DataFrame, ph: pd.Series, rank: int, role: str,
                    value[ok].astype(np.int64), NAME)
 
 
-def _raw_events(doc: Document | dict, rank: int, role: str, path: Path,
-                os_pid: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the raw events of one dump, its storage counters as memory samples)."""
+def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: int,
+                warnings: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the raw events of one dump, its storage counters as memory samples); the events
+    that cannot be used are dropped and counted in ``warnings`` (:mod:`opprof.drops`)."""
     ev = _events_frame(doc)
     ph = ev["ph"].astype(object).fillna("").astype(str)
     memory = _storage_samples(ev, ph, rank, role, os_pid)
@@ -319,19 +330,27 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path,
     cat = ev["cat"].astype(object).fillna("").astype(str)
     keep = (ph.isin([*_BEGIN, *_END, *_INSTANT, "X"]) & ~cat.isin(_DROP_CATS)).to_numpy()
     ev, ph, cat = ev[keep].reset_index(drop=True), ph[keep].to_numpy(), cat[keep].to_numpy()
-    ts = pd.to_numeric(ev["ts"], errors="coerce")
-    if ts.isna().any():
-        raise OpprofError(f"{path}: MXNet events without a numeric timestamp")
-    us = ts.to_numpy(np.float64)
-    if len(us) and not (np.isfinite(us).all() and np.abs(us).max() < 2**62 / 1000):
-        raise OpprofError(f"{path}: MXNet event times out of range")
-    ev["ts"] = _us_to_ns(us)
+    us = pd.to_numeric(ev["ts"], errors="coerce").to_numpy(np.float64)
+    with np.errstate(invalid="ignore"):
+        bad_ts = ~(np.abs(us) < 2**62 / 1000)  # NaN (missing, text) and infinities too
+        negative = ~bad_ts & (us < 0)  # microseconds since the epoch: never negative
+    usable = drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
+    usable &= drops.skip(warnings, negative, "negative timestamp")
+    if len(us) and not usable.any():
+        raise OpprofError(f"{path}: MXNet trace with no usable events "
+                          f"({drops.describe(warnings.get(drops.KEY))})")
+    # unusable begin/end events stay until paired, so that their partners are left out too
+    # (and no later pair is shifted): see _pair
+    ev["ts"] = _us_to_ns(np.where(usable, us, 0))
+    ev["bad"] = ~usable
     ev["name"] = ev["name"].astype(object).fillna("").astype(str)
     ev["cat"] = cat
 
-    spans = _pair(ev, ph)
+    spans = _pair(ev, ph, warnings)
     if spans.empty:
-        raise OpprofError(f"{path}: MXNet trace with no complete events")
+        dropped = warnings.get(drops.KEY)
+        raise OpprofError(f"{path}: MXNet trace with no complete events"
+                          + (f" ({drops.describe(dropped)})" if dropped else ""))
     spans = _drop_domain_copies(spans)
     kind = np.select([spans["cat"] == "operator", spans["cat"] == "MXNET_C_API"],
                      ["cpu_op", "runtime"], "marker")
@@ -391,8 +410,10 @@ def _us_to_ns(us: np.ndarray) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
 
 
-def _pair(ev: pd.DataFrame, ph: np.ndarray) -> pd.DataFrame:
-    """Begin/end pairs → spans (ts, dur); complete and instant events pass through."""
+def _pair(ev: pd.DataFrame, ph: np.ndarray, warnings: dict) -> pd.DataFrame:
+    """Begin/end pairs → spans (ts, dur); complete and instant events pass through. A pair
+    that ends before it begins, and a complete event whose duration is not a number >= 0,
+    are dropped and counted in ``warnings``."""
     begin = np.isin(ph, list(_BEGIN))
     end = np.isin(ph, list(_END))
     opener = pd.Series(ph).map({**_BEGIN, **_END}).fillna("").to_numpy()
@@ -400,17 +421,33 @@ def _pair(ev: pd.DataFrame, ph: np.ndarray) -> pd.DataFrame:
                         "i": np.where(opener == "b", ev["id"], 0), "n": ev["name"]})
     gid = key.groupby(list(key.columns), sort=False).ngroup().to_numpy()
     cols = ["cat", "name", "pid", "tid", "ts", "args"]
-    b = ev.loc[begin, cols].assign(g=gid[begin], o=opener[begin])
-    e = ev.loc[end, ["ts", "args"]].assign(g=gid[end])
+    b = ev.loc[begin, cols + ["bad"]].assign(g=gid[begin], o=opener[begin])
+    e = ev.loc[end, ["ts", "args", "bad"]].assign(g=gid[end])
     b["nth"] = b.groupby("g").cumcount()
     e["nth"] = e.groupby("g").cumcount()
     pairs = b.merge(e, on=["g", "nth"], suffixes=("", "_end"))
-    pairs["dur"] = np.maximum(pairs["ts_end"] - pairs["ts"], 0)
+    one_bad = (pairs["bad"] ^ pairs["bad_end"]).to_numpy()
+    if (pairs["bad"] | pairs["bad_end"]).any():
+        drops.note(warnings, "events skipped: the partner of an unusable begin or end",
+                   int(one_bad.sum()))
+        pairs = pairs[~(pairs["bad"] | pairs["bad_end"]).to_numpy()]
+    pairs["dur"] = pairs["ts_end"] - pairs["ts"]
+    backwards = (pairs["dur"] < 0).to_numpy()
+    if backwards.any():
+        pairs = pairs[drops.skip(warnings, backwards, "end before begin")]
     pairs["args"] = pairs["args"].where(pairs["args"].notna(), pairs["args_end"])
     pairs["async"] = pairs["o"] == "b"
-    single = ~begin & ~end
+    single = ~begin & ~end & ~ev["bad"].to_numpy(bool)
     x = ev.loc[single, cols + ["dur"]].copy()
-    x["dur"] = _us_to_ns(pd.to_numeric(x["dur"], errors="coerce").fillna(0).to_numpy(np.float64))
+    dur = pd.to_numeric(x["dur"], errors="coerce").to_numpy(np.float64)
+    instant = ~np.isin(ph[single], ["X"])  # instants have no duration
+    dur = np.where(instant & np.isnan(dur), 0, dur)
+    with np.errstate(invalid="ignore"):
+        bad = ~((dur >= 0) & (dur < 2**62 / 1000))
+    if bad.any():
+        x, dur = x[drops.skip(warnings, bad, "duration missing, negative or not a number")], \
+            dur[~bad]
+    x["dur"] = _us_to_ns(dur)
     x["async"] = False
     return pd.concat([pairs[cols + ["dur", "async"]], x], ignore_index=True)
 

@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from opprof import drops
 from opprof.errors import OpprofError
 from opprof.events import finish
 from opprof.memory import add_memory, samples
@@ -129,6 +130,8 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     if info.versions:
         out["nsys_version"] = sorted(set(info.versions))
     out.update(meta)
+    if info.warnings:
+        out[drops.KEY] = drops.merged([out.get(drops.KEY), info.warnings[drops.KEY]])
     return add_memory(finish(raw, cupti_table(), out), pd.concat(memory, ignore_index=True))
 
 
@@ -141,6 +144,7 @@ class _Info:
         self.processes: dict[str, str] = {}
         self.skipped = 0
         self.versions: list[str] = []
+        self.warnings: dict = {}  # opprof.drops: rows dropped, per kind
 
 
 def _export(report: Path, tmp: Path) -> Path:
@@ -187,6 +191,15 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
             return pd.DataFrame(columns=["rank", "role", "pid", "tid", "device", "ts", "dur",
                                          "name", "kind", "bytes", "detail", "link"]), _NO_MEMORY
         ev = pd.concat(frames, ignore_index=True)
+        missing = ev.pop("missing").to_numpy(bool)
+        keep = drops.skip(info.warnings, missing, "start or end missing (NULL)")
+        keep &= drops.skip(info.warnings, keep & (ev["dur"].to_numpy() < 0),
+                           "end before start")
+        if not keep.all():
+            ev = ev[keep].reset_index(drop=True)
+        if ev.empty:
+            raise OpprofError(f"{source}: nsys export with no usable events "
+                              f"({drops.describe(info.warnings.get(drops.KEY))})")
         base = max(info.ranks) + 1 if info.ranks else 0
         rank_of = _ranks(ev, base)
         if not rank_of:
@@ -209,7 +222,7 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
         memory = (_memory_usage(con, names, rank_of, offset)
                   if "CUDA_GPU_MEMORY_USAGE_EVENTS" in names else _NO_MEMORY)
         return ev.drop(columns=["proc"]), memory
-    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
         raise OpprofError(f"{source}: damaged nsys export ({exc})") from None
     finally:
         con.close()
@@ -279,6 +292,8 @@ def _strings(con: sqlite3.Connection) -> pd.Series:
 def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
     """Strings for id columns (missing ids give None), via one indexer."""
     idx = int_col(ids)
+    if strings.empty:  # an export whose StringIds table is empty: no name is known
+        return pd.Series(np.full(len(idx), None, dtype=object), dtype=object)
     pos = strings.index.get_indexer(idx)
     out = np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], None)
     return pd.Series(out, dtype=object)
@@ -294,14 +309,30 @@ def _tid(global_id: pd.Series) -> np.ndarray:
     return np.where(g >= 0, g & 0xFFFFFF, -1)
 
 
+def _start_end(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, missing): the rows' times as int64 and which rows lack one (NULL, read
+    as -1 by ``read_table``, or not a number); :func:`_read` drops and counts those, and
+    those that end before they start."""
+    start, end = _times(df["start"]), _times(df["end"])
+    missing = (start < 0) | (end < 0)
+    return np.maximum(start, 0), np.maximum(end, 0), missing
+
+
+def _times(col: pd.Series) -> np.ndarray:
+    """A time column as int64 ns; -1 where it is NULL, negative or not a number."""
+    v = pd.to_numeric(col, errors="coerce")
+    return v.where(v >= 0, -1).fillna(-1).to_numpy(np.int64)
+
+
 def _device_frame(df: pd.DataFrame, names, kind: str, nbytes) -> pd.DataFrame:
-    start, end = int_col(df["start"], 0), int_col(df["end"], 0)
+    start, end, missing = _start_end(df)
     dev = int_col(df["deviceId"], 0)
     return pd.DataFrame({
         "proc": _pid(df["globalPid"]), "pid": dev, "tid": int_col(df["streamId"], 0),
         "device": pd.Series(dev).map({d: f"cuda:{d}" for d in np.unique(dev).tolist()}),
-        "ts": start, "dur": np.maximum(end - start, 0), "name": names, "kind": kind,
+        "ts": start, "dur": end - start, "name": names, "kind": kind,
         "bytes": nbytes, "detail": None, "link": int_col(df["correlationId"]),
+        "missing": missing,
     })
 
 
@@ -334,13 +365,14 @@ def _memset(con: sqlite3.Connection) -> pd.DataFrame:
 def _runtime(con: sqlite3.Connection, strings: pd.Series) -> pd.DataFrame:
     df = read_table(con, "CUPTI_ACTIVITY_KIND_RUNTIME",
                     ["start", "end", "globalTid", "correlationId", "nameId"])
-    start, end = int_col(df["start"], 0), int_col(df["end"], 0)
+    start, end, missing = _start_end(df)
     pid = _pid(df["globalTid"])
     return pd.DataFrame({
         "proc": pid, "pid": pid, "tid": _tid(df["globalTid"]), "device": "cpu",
-        "ts": start, "dur": np.maximum(end - start, 0),
+        "ts": start, "dur": end - start,
         "name": _lookup(strings, df["nameId"]).fillna("CUDA API").to_numpy(dtype=object),
         "kind": "runtime", "bytes": 0, "detail": None, "link": int_col(df["correlationId"]),
+        "missing": missing,
     })
 
 
@@ -352,15 +384,16 @@ def _nvtx(con: sqlite3.Connection, strings: pd.Series) -> pd.DataFrame:
     text = df["text"].astype(object)
     text = text.where(text.notna(), _lookup(strings, df["textId"]))
     name, detail, torch_op = split_nvtx(text.fillna(""))
-    start = int_col(df["start"], 0)
-    end = int_col(df["end"])
-    end = np.where(end >= start, end, start)  # marks and unfinished ranges: zero length
+    start, end = _times(df["start"]), _times(df["end"])
+    # marks and unfinished ranges (NULL end) have zero length; an end before its start is
+    # dropped and counted (_read)
+    end = np.where(end < 0, np.maximum(start, 0), end)
     pid = _pid(df["globalTid"])
     return pd.DataFrame({
         "proc": pid, "pid": pid, "tid": _tid(df["globalTid"]), "device": "cpu",
-        "ts": start, "dur": end - start, "name": name,
+        "ts": np.maximum(start, 0), "dur": end - np.maximum(start, 0), "name": name,
         "kind": nvtx_kinds(name, torch_op, cupti_table()), "bytes": 0,
-        "detail": detail, "link": -1,
+        "detail": detail, "link": -1, "missing": start < 0,
     })
 
 

@@ -138,7 +138,7 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         ev["rank"] = rank
         ev["role"] = "worker"
         return ev, _gpu_names(con, names, strings)
-    except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+    except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
         raise OpprofError(f"{path}: damaged nvprof export ({exc})") from None
     finally:
         con.close()
@@ -150,13 +150,19 @@ def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
                      dtype=object)
 
 
+def _duration(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``end - start``; negative (so that ``finish`` drops and counts the row) where the
+    row ends before it starts or lacks a time (NULL, read as -1)."""
+    return np.where((start < 0) | (end < 0), -1, end - start)
+
+
 def _device_frame(df: pd.DataFrame, names, kind: str, nbytes, link) -> pd.DataFrame:
     start, end = int_col(df["start"], 0), int_col(df["end"], 0)
     dev = int_col(df["deviceId"], 0)
     return pd.DataFrame({
         "pid": dev, "tid": int_col(df["streamId"], 0),
         "device": pd.Series(dev).map({d: f"cuda:{d}" for d in np.unique(dev).tolist()}),
-        "ts": start, "dur": np.maximum(end - start, 0), "name": names, "kind": kind,
+        "ts": np.maximum(start, 0), "dur": _duration(start, end), "name": names, "kind": kind,
         "bytes": nbytes, "detail": None, "link": link,
     })
 
@@ -203,7 +209,7 @@ def _api(con: sqlite3.Connection, names: set[str]) -> pd.DataFrame | None:
         start, end = int_col(df["start"], 0), int_col(df["end"], 0)
         frame = pd.DataFrame({
             "pid": int_col(df["processId"]), "tid": int_col(df["threadId"]), "device": "cpu",
-            "ts": start, "dur": np.maximum(end - start, 0),
+            "ts": np.maximum(start, 0), "dur": _duration(start, end),
             "name": label.to_numpy(dtype=object), "kind": "runtime", "bytes": 0,
             "detail": None, "link": int_col(df["correlationId"]),
         })
@@ -246,7 +252,7 @@ def _markers(con: sqlite3.Connection, names: set[str], strings: pd.Series) -> pd
         detail = detail.where(detail.notna(), extra)
         detail[both] = detail[both].to_numpy() + ", " + extra[both].to_numpy()
     return pd.DataFrame({
-        "pid": pid, "tid": tid, "device": "cpu", "ts": ts, "dur": np.maximum(end - ts, 0),
+        "pid": pid, "tid": tid, "device": "cpu", "ts": ts, "dur": _duration(ts, end),
         "name": name, "kind": nvtx_kinds(name, torch_op, cupti_table()), "bytes": 0,
         "detail": detail.to_numpy(dtype=object),
         "link": -1,

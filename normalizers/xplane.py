@@ -102,6 +102,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from opprof import drops
 from opprof.errors import OpprofError, first_line
 from opprof.events import finish
 from opprof.memory import add_memory, samples
@@ -137,6 +138,17 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     hosts = [_host_events(Path(p)) for p in paths]
     _assign_ranks(hosts)
     raw = pd.concat([h["raw"] for h in hosts], ignore_index=True)
+    # dropped here, not in finish, so that the rows stay aligned with their display names
+    warnings = {drops.KEY: drops.merged(h["warnings"] for h in hosts)}
+    negative, outside = drops.timeline_problems(raw["ts"].to_numpy(np.int64),
+                                                raw["dur"].to_numpy(np.int64))
+    if (negative | outside).any():
+        keep = drops.skip(warnings, negative, "negative duration")
+        keep &= drops.skip(warnings, outside, "time outside the trace's span")
+        if not keep.any():
+            raise OpprofError(f"{paths[0]}: XPlane with no usable events "
+                              f"({drops.describe(warnings[drops.KEY])})")
+        raw = raw[keep].reset_index(drop=True)
     display = raw.pop("display")
     clocked = all(h["epoch_offset"] is not None for h in hosts)
     workers = sorted(h["rank"] for h in hosts if h["role"] == "worker")
@@ -158,7 +170,9 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
         for k, v in h["run"].items():
             info.setdefault(k, v)
     info.update(meta)
-    trace = finish(raw, mapping_table(TABLE), info)
+    if warnings[drops.KEY]:
+        info[drops.KEY] = drops.merged([info.get(drops.KEY), warnings[drops.KEY]])
+    trace = finish(raw, mapping_table(TABLE), info, checked=True)
     ev = trace.events
     # xprof's names for the native events; what opprof adds after them keeps its own.
     names = ev["name"].astype(object).to_numpy().copy()
@@ -448,10 +462,19 @@ def _host_events(path: Path) -> dict[str, Any]:
     pid = pd.to_numeric(ev["pid"], errors="coerce").fillna(-1).astype(np.int64)
     tid = pd.to_numeric(ev["tid"], errors="coerce").fillna(-1).astype(np.int64)
     ts = np.rint(pd.to_numeric(ev["ts"], errors="coerce").to_numpy(np.float64) * 1000)
-    if np.isnan(ts).any():
-        raise OpprofError(f"{path}: trace viewer events without a numeric timestamp")
-    dur = np.rint(pd.to_numeric(ev["dur"], errors="coerce").fillna(0).to_numpy(np.float64)
-                  * 1000)
+    dur = np.rint(pd.to_numeric(ev["dur"], errors="coerce").to_numpy(np.float64) * 1000)
+    warnings: dict = {}
+    with np.errstate(invalid="ignore"):
+        bad_ts = ~(np.abs(ts) < 2**62)
+        bad_dur = ~bad_ts & ~(np.abs(dur) < 2**62)
+    keep = drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
+    keep &= drops.skip(warnings, bad_dur, "duration missing, not a number or out of range")
+    if not keep.any():
+        raise OpprofError(f"{path}: XPlane with no usable events "
+                          f"({drops.describe(warnings[drops.KEY])})")
+    if not keep.all():
+        ev, name, pid, tid = (x[keep].reset_index(drop=True) for x in (ev, name, pid, tid))
+        args, ts, dur = args[keep].reset_index(drop=True), ts[keep], dur[keep]
 
     long_name = _text(args["long_name"])
     is_op = long_name.str.fullmatch(r"[^:]+:\w+")
@@ -523,7 +546,7 @@ def _host_events(path: Path) -> dict[str, Any]:
         waits["ts"] += offset or 0
         raw = pd.concat([raw, waits], ignore_index=True)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
-            "task": task, "run": run}
+            "task": task, "run": run, "warnings": warnings.get(drops.KEY, {})}
 
 
 def _gpu_lanes(meta_ev: pd.DataFrame, pid: pd.Series, thread: pd.Series, name: pd.Series,

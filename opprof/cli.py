@@ -53,20 +53,35 @@ def main() -> None:
     """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2; a run
     stopped by a signal is one line and 128 + the signal's number."""
     raise_on_signals()
+    _main()
+
+
+def _say(text: str) -> None:
+    """One line on stderr, whatever the message holds (a newline in a file name)."""
+    from opprof.files import shown
+
+    click.echo(shown(text), err=True)
+
+
+def _main() -> None:
     try:
         cli.main(standalone_mode=False)
     except BrokenPipeError:
         sys.exit(0)
     except Interrupted as exc:
-        click.echo(f"opprof: {exc}", err=True)
+        _say(f"opprof: {exc}")
         sys.exit(exc.exit_code)
     except OpprofError as exc:
-        click.echo(f"opprof: error: {exc}", err=True)
+        _say(f"opprof: error: {exc}")
         sys.exit(exc.exit_code)
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        click.echo(f"opprof: error: {where}{exc.strerror or exc}", err=True)
+        _say(f"opprof: error: {where}{exc.strerror or exc}")
         sys.exit(2)
+    except click.exceptions.UsageError as exc:  # one line, not click's usage block
+        cmd = exc.ctx.command_path if exc.ctx else "opprof"
+        _say(f"opprof: error: {exc.format_message()} (see {cmd} --help)")
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("opprof: aborted", err=True)
         sys.exit(130)

@@ -73,6 +73,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from opprof import drops
+from opprof.errors import OpprofError
 from opprof.graphs import Graphs
 from opprof.intervals import Nesting, label_points
 from opprof.taxonomy import (
@@ -130,13 +132,17 @@ def _codes(values: pd.Series | np.ndarray, index: dict[str, int]) -> np.ndarray:
 
 
 def finish(
-    raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN
+    raw: pd.DataFrame, table: MappingTable, meta: dict, *, step_pattern: str = STEP_PATTERN,
+    checked: bool = False,
 ) -> Trace:
     """Classify, nest, attribute and number the raw events; return the finished Trace.
 
     Operators, phases and kinds are carried as integer codes into the closed sets of the
-    taxonomy (-1 for none), so that no per-event string is compared or hashed."""
-    df = raw.reset_index(drop=True)
+    taxonomy (-1 for none), so that no per-event string is compared or hashed. Events that
+    cannot be placed on the timeline are dropped and counted first (:func:`usable`), unless
+    the normalizer did (``checked``: it keeps rows aligned with columns of its own)."""
+    meta = {**meta, drops.KEY: dict(meta.get(drops.KEY) or {})}
+    df = (raw if checked else usable(raw, meta, step_pattern)).reset_index(drop=True)
     n = len(df)
     names = df["name"]
     names = (names.array if isinstance(names.dtype, pd.CategoricalDtype)
@@ -158,7 +164,7 @@ def finish(
     kind = np.where(row_kind >= 0, row_kind, _codes(df["kind"], _KIND))
     rank = df["rank"].to_numpy(dtype=np.int64)
     ts = df["ts"].to_numpy(dtype=np.int64)
-    dur = np.maximum(df["dur"].to_numpy(dtype=np.int64), 0)
+    dur = df["dur"].to_numpy(dtype=np.int64)
     end = ts + dur
     device = df["device"]
     on_host = (_codes(device, {"cpu": 0}) == 0)
@@ -278,7 +284,6 @@ def finish(
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
         "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
     }, copy=False)
-    meta = dict(meta)
     if container.any():
         out = pd.concat([out, graphs.own_time(out)], ignore_index=True)
     if len(spans):
@@ -287,6 +292,8 @@ def finish(
     if len(inferred):
         meta["inferred_phases"] = [int(r) for r in inferred]
     meta["step_bounds"] = bounds[["rank", "step", "start", "end"]].to_numpy().tolist()
+    if not meta[drops.KEY]:
+        del meta[drops.KEY]
     return Trace(conform(out), meta)
 
 
@@ -431,6 +438,34 @@ def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarra
     out = np.where(marker_phase >= 0, marker_phase, row_phase)
     out = np.where(intrinsic, row_phase, out)
     return np.where(out < 0, _OTHER_PHASE, out)
+
+
+def usable(raw: pd.DataFrame, meta: dict, step_pattern: str = STEP_PATTERN) -> pd.DataFrame:
+    """The raw events that can be placed on the timeline: a duration >= 0 and a start and
+    end inside the trace's span (:func:`opprof.drops.timeline_problems`). The others are dropped and
+    counted in ``meta`` (:mod:`opprof.drops`), a step marker among them as an unusable step
+    marker; a trace with no usable event is one error line naming its file."""
+    n = len(raw)
+    if n == 0:
+        return raw
+    negative, outside = drops.timeline_problems(raw["ts"].to_numpy(dtype=np.int64),
+                                                raw["dur"].to_numpy(dtype=np.int64))
+    bad = negative | outside
+    if not bad.any():
+        return raw
+    names = raw["name"].astype(object).to_numpy()
+    marker = np.zeros(n, bool)
+    sel = np.flatnonzero(bad)
+    marker[sel] = pd.Series(names[sel], dtype=object).astype(str).str.fullmatch(
+        step_pattern).to_numpy(bool)
+    drops.note(meta, "step markers unusable (negative duration or time outside the "
+               "trace)", int(marker.sum()))
+    drops.skip(meta, negative & ~marker, "negative duration")
+    drops.skip(meta, outside & ~marker, "time outside the trace's span")
+    if bad.all():
+        source = (meta.get("sources") or ["trace"])[0]
+        raise OpprofError(f"{source}: no usable events ({drops.describe(meta[drops.KEY])})")
+    return raw[~bad]
 
 
 def cover_label(rank: np.ndarray, ts: np.ndarray, i_rank: np.ndarray, i_start: np.ndarray,

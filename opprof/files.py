@@ -5,6 +5,7 @@ that fails (disk full, a file size limit) removes the temporary file and is one
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -69,3 +70,36 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_input(path: Path) -> os.stat_result:
+    """The stat of a path a command reads, which must be a regular file or a folder: a FIFO,
+    a device (a link to ``/dev/zero``), a socket, a missing or unreadable path is one
+    :class:`~opprof.errors.OpprofError` line at once, before anything is opened."""
+    if str(path) == "":
+        raise OpprofError("an empty path was given as a trace")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise OpprofError(f"{path}: no such file or folder") from None
+    except OSError as exc:  # a loop of links, a name too long, no permission to look
+        raise OpprofError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        what = next((w for test, w in _NOT_REGULAR if test(st.st_mode)), "not a regular file")
+        raise OpprofError(f"{path}: {what}, not a regular file; only files and folders are "
+                          "read")
+    if not os.access(path, os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)):
+        raise OpprofError(f"{path}: cannot be read (permission denied)")
+    return st
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print on one line: newlines, other control characters and bytes that
+    are not UTF-8 (in file names) escaped as Python writes them."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)

@@ -25,8 +25,10 @@ import numpy as np
 
 def lane_keys(lanes: list[np.ndarray], times: list[np.ndarray]) -> list[np.ndarray]:
     """The same lanes and times as one sortable int64 key each (``lane * width + t - t0``),
-    for several arrays sharing one axis. Raises OverflowError when the lanes times the span
-    do not fit in int64."""
+    for several arrays sharing one axis. Keys keep the order and equality of (lane, time),
+    which is all their users compare; when the lanes times the span would not fit in int64
+    (times far apart), each time is replaced by its rank among all the times first, which
+    keeps both."""
     present = [t for t in times if len(t)]
     if not present:
         return [np.zeros(len(t), np.int64) for t in times]
@@ -34,7 +36,9 @@ def lane_keys(lanes: list[np.ndarray], times: list[np.ndarray]) -> list[np.ndarr
     width = max(int(t.max()) for t in present) - t0 + 2
     top = max((int(lane.max()) for lane in lanes if len(lane)), default=0) + 1
     if top * width >= np.iinfo(np.int64).max:
-        raise OverflowError("timeline too long for int64 lane keys")
+        uniq = np.unique(np.concatenate([np.asarray(t, np.int64) for t in present]))
+        times = [np.searchsorted(uniq, np.asarray(t, np.int64)) for t in times]
+        t0, width = 0, len(uniq) + 2
     return [np.asarray(lane, np.int64) * width + (np.asarray(t, np.int64) - t0)
             for lane, t in zip(lanes, times, strict=True)]
 

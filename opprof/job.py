@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opprof import parallel
+from opprof import drops, parallel
 from opprof.errors import OpprofError
 
 _PARQUET_MAGIC = b"PAR1"
@@ -56,6 +56,7 @@ class Outcome:
     skipped: bool = False  # a JSON file found in a folder that is no trace
     damaged: str | None = None  # a file found in a folder that cannot be read: the problem
     events: int = 0
+    warnings: dict = field(default_factory=dict)  # what reading a .trace rank dropped
 
 
 @dataclass
@@ -115,8 +116,10 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     if task.kind == "trace":
         from opprof.trace import TraceFile
 
-        tr = TraceFile(task.path).read_rank(int(task.rank), detail)  # type: ignore[arg-type]
-        return [tr], Outcome(rank=task.rank, events=len(tr.events))
+        tf = TraceFile(task.path)
+        tr = tf.read_rank(int(task.rank), detail)  # type: ignore[arg-type]
+        return [tr], Outcome(rank=task.rank, events=len(tr.events),
+                             warnings=tf.found.get("read_warnings", {}))
     from opprof.normalizers import chrome, head_bytes, kineto, sampled
 
     path = Path(task.path)
@@ -241,6 +244,9 @@ def _job_meta(p: Plan, outs: list[Outcome]) -> dict:
         if p.damaged:
             meta["damaged_files"] = p.damaged
         return meta
+    found = drops.merged(o.warnings for o in outs)
+    if found:
+        return {**p.meta, drops.KEY: drops.merged([p.meta.get(drops.KEY), found])}
     return p.meta
 
 
@@ -278,6 +284,7 @@ class Imported:
     steps: int
     formats: list[str]
     damaged: list[dict] = field(default_factory=list)
+    read_warnings: dict = field(default_factory=dict)  # opprof.drops: what was dropped
 
 
 def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
@@ -331,7 +338,7 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
                 n_events = sum(rows for _, _, rows in ranks)
                 return Imported(output, n_events, len(ranks),
                                 len(meta.get("step_bounds", [])), meta["source_formats"],
-                                meta.get("damaged_files", []))
+                                meta.get("damaged_files", []), meta.get("read_warnings", {}))
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -340,4 +347,5 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
     return Imported(output, len(ev), int(ev["rank"].nunique()),
                     len(trace.meta.get("step_bounds", [])),
                     list(trace.meta.get("source_formats", [])),
-                    trace.meta.get("damaged_files", []))
+                    trace.meta.get("damaged_files", []),
+                    trace.meta.get("read_warnings", {}))

@@ -7,17 +7,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from opprof.errors import OpprofError
+from opprof.files import check_input
 from opprof.trace import Trace, read_parquet
 
 _PARQUET_MAGIC = b"PAR1"
 
 
 def is_opprof_trace(path: Path) -> bool:
-    """True when the path is a file that starts like Parquet (an opprof trace or another one)."""
+    """True when the path is a regular file that starts like Parquet (an opprof trace or
+    another one)."""
+    if not path.is_file():  # a FIFO or a device is never opened here
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == _PARQUET_MAGIC
-    except (IsADirectoryError, FileNotFoundError, PermissionError):
+    except OSError:
         return False
 
 
@@ -27,8 +31,7 @@ def existing_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
     if not files:
         raise OpprofError("no trace given")
     for f in files:
-        if not f.exists():
-            raise OpprofError(f"{f}: no such file or folder")
+        check_input(f)
     return files
 
 

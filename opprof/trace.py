@@ -339,6 +339,7 @@ class TraceFile:
                 raise OpprofError(f"{path}: damaged convergence table "
                                   f"({first_line(exc)})") from None
         self.meta: dict[str, Any] = meta
+        self.found: dict[str, Any] = {}  # what reading dropped (opprof.drops), once read
         self.row_groups = self._rank_groups()
 
     def _rank_groups(self) -> dict[int, list[int]] | None:
@@ -388,12 +389,43 @@ class TraceFile:
             events["link"] = -1
         if "detail" not in events:
             events["detail"] = None
-        return events
+        return self._usable(events)
+
+    def _usable(self, events: pd.DataFrame) -> pd.DataFrame:
+        """The rows that can be placed on the timeline (a duration >= 0, a time inside the
+        trace's span); the others are dropped and counted in :attr:`found`."""
+        from opprof import drops
+
+        if not len(events) or "ts" not in events or "dur" not in events:
+            return events  # (a column missing: conform says so)
+        negative, outside = drops.timeline_problems(events["ts"].to_numpy(np.int64),
+                                                    events["dur"].to_numpy(np.int64))
+        bad = negative | outside
+        if not bad.any():
+            return events
+        drops.skip(self.found, negative, "negative duration")
+        drops.skip(self.found, outside, "time outside the trace's span")
+        if bad.all():
+            raise OpprofError(f"{self.path}: no usable events "
+                              f"({drops.describe(self.found[drops.KEY])})")
+        return events[~bad].reset_index(drop=True)
+
+    @property
+    def read_meta(self) -> dict[str, Any]:
+        """The file's metadata with what reading it dropped so far added to its read
+        warnings (those the import counted are stored in the file)."""
+        from opprof import drops
+
+        if not self.found:
+            return self.meta
+        return {**self.meta, drops.KEY: drops.merged([self.meta.get(drops.KEY),
+                                                      self.found[drops.KEY]])}
 
     def read(self) -> Trace:
         """The whole trace."""
         try:
-            return Trace(conform(self._read(None)), self.meta)
+            events = conform(self._read(None))
+            return Trace(events, self.read_meta)
         except (ValueError, TypeError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
 
@@ -402,9 +434,10 @@ class TraceFile:
         detail column empty (the analyses do not read it)."""
         if self.row_groups is None:
             ev = self.read().events
-            return Trace(ev[ev["rank"] == rank].reset_index(drop=True), self.meta)
+            return Trace(ev[ev["rank"] == rank].reset_index(drop=True), self.read_meta)
         try:
-            return Trace(conform(self._read(self.row_groups[rank], detail)), self.meta)
+            events = conform(self._read(self.row_groups[rank], detail))
+            return Trace(events, self.read_meta)
         except (ValueError, TypeError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
 

@@ -143,7 +143,8 @@ def test_an_error_in_a_worker_is_one_line(tmp_path: Path) -> None:
     res = run_cli("report", str(good), str(bad), "--jobs", "2")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        f"opprof: error: {bad}: Kineto events without a numeric timestamp"]
+        f"opprof: error: {bad}: Kineto trace with no usable events (1 events skipped: "
+        "timestamp missing, not a number or out of range)"]
 
 
 def _free_port() -> int:

@@ -84,3 +84,12 @@ def warn_damaged(damaged: list[dict]) -> None:
     more = f"; and {len(damaged) - 3} more" if len(damaged) > 3 else ""
     click.echo(f"opprof: skipped {len(damaged)} damaged file(s), read the rest: {shown}{more}",
                err=True)
+
+
+def warn_read(meta: dict) -> None:
+    """One ⚠ line on stderr per kind of event the reader dropped or repaired
+    (``meta["read_warnings"]``), so that no number changed without a word."""
+    from opprof.drops import KEY, lines
+
+    for line in lines(meta.get(KEY)):
+        click.echo(f"opprof: {line}", err=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from opprof.commands import engine_options, warn_damaged
+from opprof.commands import engine_options, warn_damaged, warn_read
 from opprof.job import import_
 
 
@@ -27,5 +27,6 @@ def command(native: tuple[Path, ...], output: Path, scheduler: str | None,
     """
     done = import_(list(native), output, scheduler=scheduler, jobs=jobs)
     warn_damaged(done.damaged)
+    warn_read({"read_warnings": done.read_warnings})
     click.echo(f"wrote {output}: {done.events:,} events, {done.ranks} rank(s), "
                f"{done.steps} step(s), formats {', '.join(done.formats)}")

@@ -13,6 +13,7 @@ from opprof.commands import (
     report_format_option,
     top_option,
     warn_damaged,
+    warn_read,
     write_output,
 )
 from opprof.job import report
@@ -49,4 +50,5 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))
+    warn_read(rep.meta)
     write_output(render.report(rep, by=by, top=top), fmt, output)

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.diff import Diff, memory_verdict
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.simulate import messages
-from opprof.analysis.whatif import WhatIf
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
+
+if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
+    from opprof.analysis.commmodel import Network
+    from opprof.analysis.diff import Diff
+    from opprof.analysis.predict import ModelResult
+    from opprof.analysis.whatif import WhatIf
 
 
 def _clean(v: Any) -> Any:
@@ -100,6 +101,12 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     return json.dumps(report_dict(rep, top), indent=2, default=str)
 
 
+def _memory_verdict(d: Diff) -> Any:
+    from opprof.analysis.diff import memory_verdict
+
+    return memory_verdict(d)
+
+
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as JSON."""
     ops = d.ops if top is None else d.ops.head(top)
@@ -108,7 +115,7 @@ def diff(d: Diff, top: int | None = None) -> str:
         "step_ratio": _clean(d.step_ratio), "a_unprofiled_step_ns": d.a_unprofiled_ns,
         "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
         "headline_ratio": _clean(d.headline_ratio), "mismatches": d.mismatches,
-        "memory_verdict": memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
+        "memory_verdict": _memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
         "memory": records(d.memory), "summary": d.summary, "a_noise": d.a_noise,
         "b_noise": d.b_noise,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
@@ -118,6 +125,7 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 def model_dict(result: ModelResult) -> dict:
     """`opprof model`'s JSON (README: "JSON output")."""
+    from opprof.analysis.simulate import messages
     from opprof.render.modeltables import terms_table
 
     b = result.base

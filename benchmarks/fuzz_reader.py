@@ -1,0 +1,67 @@
+"""Fuzz the reader: several hundred deterministic mutations of real traces of every format
+(Kineto JSON and gzip, MXNet JSON, TensorFlow XPlane, nsys SQLite, opprof `.trace`), each
+read as ``opprof report`` reads it, and a summary: outcomes, failures (traceback, hang,
+multi-line or unnamed error, an unusable value read without a ⚠ line), peak memory.
+
+    python benchmarks/fuzz_reader.py                 # seed 1, ~500 cases
+    python benchmarks/fuzz_reader.py --seed 7 --values 40 --damage 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.fuzzing import FAILURES, all_cases, check, peak_rss_bytes  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--values", type=int, default=40,
+                    help="value mutations per JSON source (each owes a ⚠ or a refusal)")
+    ap.add_argument("--damage", type=int, default=40,
+                    help="byte-level damage per JSON source (truncations, flips, zeros)")
+    ap.add_argument("--no-xplane", action="store_true", help="skip XPlane (imports TF)")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    outcomes: Counter[str] = Counter()
+    by_format: dict[str, Counter[str]] = {}
+    failures = []
+    warned = owed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in all_cases(Path(tmp), args.seed, args.values, args.damage,
+                              xplane=not args.no_xplane):
+            r = check(case)
+            source = case.name.split(":")[0]
+            fmt = ("mxnet" if source.startswith("rank0_worker") else "kineto"
+                   if source.endswith(".json.gz") else source.strip("."))
+            by_format.setdefault(fmt, Counter())[r.outcome] += 1
+            outcomes[r.outcome] += 1
+            owed += case.must_warn
+            warned += case.must_warn and r.outcome == "ok" and bool(r.warnings)
+            if r.outcome in FAILURES:
+                failures.append(r)
+    total = sum(outcomes.values())
+    print(f"{total} cases in {time.perf_counter() - t0:.0f} s, peak memory "
+          f"{peak_rss_bytes() / 2**20:.0f} MiB")
+    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
+    for fmt, c in sorted(by_format.items()):
+        print(f"  {fmt:10} " + ", ".join(f"{k} {v}" for k, v in c.most_common()))
+    print(f"unusable values: {owed} cases, {warned} read with a ⚠ line, "
+          f"{owed - warned - sum(r.outcome == 'silent' for r in failures)} refused, "
+          f"{sum(r.outcome == 'silent' for r in failures)} silent")
+    print(f"failures: {len(failures)}")
+    for r in failures[:20]:
+        print(f"  {r.outcome}: {r.case.name}: {r.detail.strip().splitlines()[-1][:200]}")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
