@@ -51,7 +51,8 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "lo
                 "Int": 4, "signed char": 1, "unsigned char": 1, "bool": 1, "long": 8}
 
 
-_COMM_NAME = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::")
+_COMM_NAME = re.compile(
+    r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::|(?:void )?nccl(?:Dev)?Kernel")
 
 
 class Args(msgspec.Struct, gc=False):
@@ -64,6 +65,10 @@ class Args(msgspec.Struct, gc=False):
     input_type: Any = msgspec.field(default=None, name="Input type")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     dtype: Any = None
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    group_name: Any = msgspec.field(default=None, name="Process Group Name")
+    group_desc: Any = msgspec.field(default=None, name="Process Group Description")
     name: Any = None  # process_name / thread_name metadata (format detection)
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
     total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
@@ -364,9 +369,9 @@ def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, lis
     if not pieces:
         raise OpprofError(f"{path}: Kineto trace with no complete events")
     n = sum(p["n"] for p in pieces)
-    ts_us, dur_us, dev_no, nbytes, pid, tid, corr, comm_bytes = (
+    ts_us, dur_us, dev_no, nbytes, pid, tid, corr, comm_bytes, collective = (
         _joined([p.pop(k) for p in pieces])
-        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "link", "comm"))
+        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "link", "comm", "collective"))
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     detail = None
     if any(p["detail"] is not None for p in pieces):
@@ -410,6 +415,7 @@ def _raw_events(doc: Document, rank: int, path: Path) -> tuple[pd.DataFrame, lis
         "bytes": nbytes,
         "detail": detail,
         "link": corr,
+        "collective": collective,
     }, copy=False), mem  # every column is made here: no copy
 
 
@@ -428,7 +434,7 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
     out["name"] = chrome.strings(name_v)
     del name_v
-    out["comm"] = _comm_bytes(out["name"], args_v)
+    out["comm"], out["collective"], group = _comm_args(out["name"], args_v)
     del args_v
     out["cat"] = chrome.strings(cat_v)
     out["pid"] = chrome.numbers(pid_v)
@@ -436,10 +442,14 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     out["link"] = chrome.integers(corr_v)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None
-    if has_dims.any():
+    if has_dims.any() or group is not None:
         detail = np.full(n, None, dtype=object)
         detail[has_dims] = [d if type(d) is str else str(d)
                             for d, h in zip(dims_v, has_dims, strict=True) if h]
+        if group is not None:  # a collective's process group, before its dims
+            has = np.flatnonzero(group != None)  # noqa: E711 (element-wise)
+            detail[has] = [g if d is None else f"{g} dims={d}"
+                           for g, d in zip(group[has], detail[has], strict=True)]
         out["detail"] = detail
     return out
 
@@ -462,14 +472,23 @@ def _join_strings(parts: list[pd.Categorical]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
-def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:
-    """Payload of collectives: message elements x dtype size, else the first input's size
-    (NaN for every other event). The name test runs once per distinct name."""
-    out = np.full(len(names), np.nan)
+def _comm_args(names: pd.Categorical,
+               args: list[Args]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per event, for communication events (NaN / None for every other one): the payload
+    (message elements x dtype size, else the first input's size), the collective its args
+    name (Kineto's ``Collective name``, mapped by ``maps/collectives.csv``: the op of a
+    ``record_param_comms``) and its process group as ``detail`` text (``pg=NAME size=N``,
+    None without one). The name test runs once per distinct name."""
+    n = len(names)
+    out = np.full(n, np.nan)
+    collective = np.full(n, None, dtype=object)
+    group = np.full(n, None, dtype=object)
     is_comm_name = np.array([bool(_COMM_NAME.match(n)) for n in names.categories], bool)
     idx = np.flatnonzero(is_comm_name[names.codes]) if len(is_comm_name) else []
     for i in idx:
         a = args[i]
+        collective[i] = a.collective if isinstance(a.collective, str) else None
+        group[i] = _group_text(a)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = chrome.numbers([a.in_nelems])[0]
         if size is not None and not np.isnan(nel):
@@ -481,7 +500,26 @@ def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:
             t[0], str) else None
         if first is not None:
             out[i] = numel * first
-    return out
+    if len(idx) and any(c is not None for c in collective[idx]):
+        has = np.flatnonzero(collective != None)  # noqa: E711 (element-wise)
+        cls = mapping_table("collectives").classify(collective[has])
+        collective[has] = cls["op"].reindex(collective[has]).to_numpy(object)
+    has_group = any(g is not None for g in group[idx]) if len(idx) else False
+    return out, collective, group if has_group else None
+
+
+def _group_text(a: Args) -> str | None:
+    """``pg=NAME size=N desc=DESC`` of a collective's args (each part only where the args
+    have it), or None."""
+    parts = []
+    if isinstance(a.group_name, (str, int)) and not isinstance(a.group_name, bool):
+        parts.append(f"pg={a.group_name}")
+    size = _int(a.group_size, 0, 1, _MAX_RANK)
+    if size:
+        parts.append(f"size={size}")
+    if parts and isinstance(a.group_desc, str) and a.group_desc and " " not in a.group_desc:
+        parts.append(f"desc={a.group_desc}")
+    return " ".join(parts) or None
 
 
 def _first_numel(dims: Any) -> float:
