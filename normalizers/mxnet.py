@@ -22,11 +22,12 @@ Timestamps are integer microseconds on the host's clock (all ranks on one host s
 pid and tid are 64-bit hashes: a rank's pid becomes its OS process id when the recording's
 metadata has it (``rank_pids``), else -1, and tid the thread's ordinal in the file. MXNet's
 async engine operators (kvstore push/pull, ops ``push``/``pull``) run concurrently on one
-thread: they go to a lane of their own (tid + 2**40), where each group of overlapping ones nests inside
-one ``opprof.comm_window`` event that the normalizer adds (the only event it adds), so that
-communication is counted once per instant — MXNet's aggregate sums them, 62 concurrent
-ResNet-18 pushes making 62 times the wait. Other operators that overlap without nesting get
-sub-lanes (tid + 65536·k); operators contained in another nest under it, counted once.
+thread: they go to a lane of their own (tid + 2**40), where each group of overlapping ones
+nests inside one ``opprof.comm_window`` event that the normalizer adds (the only event
+it adds), so that communication is counted once per instant — MXNet's aggregate sums
+them, 62 concurrent ResNet-18 pushes making 62 times the wait. Other operators that
+overlap without nesting get sub-lanes (tid + 65536·k); operators contained in another
+nest under it, counted once.
 
 Without opprof's step frames and phase tasks (a user's own ``mx.profiler`` dump), phases come
 from the operators (``_backward_*`` backward, ``*_update`` update, kvstore comm, the rest of

@@ -30,7 +30,10 @@ Definitions (worker ranks only; times on the common clock the normalizer aligned
 - **Overlap**: collective time during which the rank also ran a compute
   (forward/backward/update) operator; a compute operator is not counted as running while
   it is blocked in a communication call it issued on its own thread (DDP's all-reduce from
-  a backward hook). ``overlap`` = overlap / comm.
+  a backward hook). ``overlap`` = overlap / comm. On a rank whose collectives run as device
+  kernels, the device's: its comm kernels against its compute kernels, per step the kernels
+  it launched, the last step left out of the ratio (``opprof.analysis.breakdown``: Holistic
+  Trace Analysis' ``get_comm_comp_overlap``).
 - **Bandwidth** = payload bytes / transfer time, over the profiled steps: the algorithm
   bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
 
@@ -44,9 +47,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
+from opprof.analysis.breakdown import COMPUTE, comm_overlap_ratio, container, step_breakdown
 from opprof.intervals import Sweep
-from opprof.taxonomy import DEVICE_KINDS, PHASES
+from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
@@ -74,7 +77,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(timing events: rank, step, pid, tid, name, ts, dur, end, bytes; payload: rank, step,
     bytes) of every worker rank, per the rules above."""
     ev = trace.events
-    base = (ev["role"] == "worker") & (ev["step"] >= 0) & (ev["op"] == "comm")
+    base = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["op"].isin(COMM_OPS)
     on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
     host = ev["device"] == "cpu"
     is_span = _name_matches(ev, BACKEND_SPAN)
@@ -157,14 +160,18 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
     timing, payload = collectives(trace)
     ev = trace.events
     compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
-    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & (ev["op"] == "comm")
+    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & ev["op"].isin(COMM_OPS)
                    & (ev["device"] == "cpu")]
     blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
     frames = []
     for rank, b in steps.groupby("rank", sort=True):
+        b = b.sort_values("start")
         c = timing[timing["rank"] == rank]
-        frames.append(_comm_overlap(b.sort_values("start"), c, compute[compute["rank"] == rank],
-                                    blocked[blocked["rank"] == rank]))
+        part = _comm_overlap(b, c, compute[compute["rank"] == rank],
+                             blocked[blocked["rank"] == rank])
+        if "comm_on_device" in b and b["comm_on_device"].any():  # the device's overlap
+            part["overlap_ns"] = b["comm_overlap_ns"].to_numpy(np.int64)
+        frames.append(part)
     cols = ["rank", "step", "comm_ns", "overlap_ns"]
     comm = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     return RankLocal(timing, payload, comm)
@@ -266,6 +273,11 @@ def _rank_rows(per_step: pd.DataFrame) -> pd.DataFrame:
     comm = tot["comm_ns"].where(tot["comm_ns"] > 0)
     out["wait_share"] = tot["wait_ns"] / comm
     out["overlap"] = tot["overlap_ns"] / comm
+    if "comm_on_device" in per_step:  # the device's ratio, as the step breakdown's
+        ratio = pd.Series({r: comm_overlap_ratio(s) for r, s in
+                           per_step[per_step["comm_on_device"].astype(bool)].groupby("rank")},
+                          dtype=float)
+        out.loc[ratio.index, "overlap"] = ratio
     xfer = tot["transfer_ns"].where(tot["transfer_ns"] > 0)
     out["bandwidth_Bps"] = (tot["bytes"] / (xfer / 1e9)).where(tot["bytes"] > 0)
     return out.reset_index()[RANK_COLUMNS]

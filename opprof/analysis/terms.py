@@ -10,8 +10,9 @@ with ``t_io`` = load, ``t_h2d`` = h2d, ``t_f`` = forward, ``t_b`` = backward, ``
 ``t_comm`` = the communication *exposed* on the critical path (comm no compute ran beside)
 and ``other`` = time nothing covers. Beside them, ``comm_busy_ns`` is all the time a
 collective ran (the union of comm events and markers; on a GPU rank, of its comm kernels)
-and ``comm_hidden_ns`` the part of it hidden behind compute (kernels, on a GPU rank); ``io_busy_ns`` likewise for loading (larger than ``t_io``
-when a prefetching input pipeline loads during compute).
+and ``comm_hidden_ns`` the part of it hidden behind compute (kernels, on a GPU rank);
+``io_busy_ns`` likewise for loading (larger than ``t_io`` when a prefetching input pipeline
+loads during compute).
 
 The summary is the mean over all (rank, step) rows (what the model predicts: the step of a
 typical worker), with the spread of each term: standard deviation, min, median, max and the
