@@ -64,6 +64,7 @@ class Args(msgspec.Struct, gc=False):
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_type: Any = msgspec.field(default=None, name="Input type")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
     collective: Any = msgspec.field(default=None, name="Collective name")
     group_size: Any = msgspec.field(default=None, name="Group size")
@@ -475,7 +476,9 @@ def _join_strings(parts: list[pd.Categorical]) -> pd.Categorical:
 def _comm_args(names: pd.Categorical,
                args: list[Args]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per event, for communication events (NaN / None for every other one): the payload
-    (message elements x dtype size, else the first input's size), the collective its args
+    (the larger of the in and out messages' elements x dtype size, else the largest input
+    tensor's: nccl-tests' message size, all-gather's gathered and reduce-scatter's scattered
+    buffer), the collective its args
     name (Kineto's ``Collective name``, mapped by ``maps/collectives.csv``: the op of a
     ``record_param_comms``) and its process group as ``detail`` text (``pg=NAME size=N``,
     None without one). The name test runs once per distinct name."""
@@ -490,11 +493,11 @@ def _comm_args(names: pd.Categorical,
         collective[i] = a.collective if isinstance(a.collective, str) else None
         group[i] = _group_text(a)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
-        nel = chrome.numbers([a.in_nelems])[0]
-        if size is not None and not np.isnan(nel):
+        nel = np.nanmax(np.r_[chrome.numbers([a.in_nelems, a.out_nelems]), -1.0])
+        if size is not None and nel >= 0:
             out[i] = nel * size
             continue
-        numel = _first_numel(a.input_dims)
+        numel = _largest_numel(a.input_dims)
         t = a.input_type
         first = _DTYPE_BYTES.get(t[0]) if isinstance(t, list) and t and isinstance(
             t[0], str) else None
@@ -522,10 +525,16 @@ def _group_text(a: Args) -> str | None:
     return " ".join(parts) or None
 
 
-def _first_numel(dims: Any) -> float:
-    if isinstance(dims, list) and dims and isinstance(dims[0], list):
-        try:
-            return float(np.prod(np.array(dims[0], dtype=np.float64))) if dims[0] else np.nan
-        except (TypeError, ValueError):
-            return np.nan
-    return np.nan
+def _largest_numel(dims: Any) -> float:
+    """Elements of the largest tensor in ``Input Dims`` (NaN when none has a shape)."""
+    if not isinstance(dims, list):
+        return np.nan
+    best = np.nan
+    for d in dims:
+        if isinstance(d, list) and d:
+            try:
+                n = float(np.prod(np.array(d, dtype=np.float64)))
+            except (TypeError, ValueError):
+                continue
+            best = n if np.isnan(best) else max(best, n)
+    return best

@@ -74,8 +74,9 @@ class RankAnalysis:
 
 
 def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(timing events: rank, step, pid, tid, name, ts, dur, end, bytes; payload: rank, step,
-    bytes) of every worker rank, per the rules above."""
+    """(timing events: rank, step, pid, tid, name, op, link, ts, dur, end, bytes, event (its
+    row label in ``trace.events``); payload: rank, step, bytes) of every worker rank, per the
+    rules above."""
     ev = trace.events
     base = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["op"].isin(COMM_OPS)
     on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
@@ -83,7 +84,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     is_span = _name_matches(ev, BACKEND_SPAN)
     device, spans = base & on_device, base & host & is_span
     calls = base & host & ev["counted"]
-    cols = ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes"]
+    cols = ["rank", "step", "pid", "tid", "name", "op", "link", "ts", "dur", "bytes"]
 
     def first_per_rank(options: list[pd.DataFrame]) -> pd.DataFrame:
         done: set[int] = set()
@@ -97,6 +98,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     timing = first_per_rank([ev.loc[m, cols] for m in (device, spans, calls)])
     timing["name"] = timing["name"].astype(str)
     timing["end"] = timing["ts"] + timing["dur"]
+    timing["event"] = timing.index  # its row in the events table
     timing = timing.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
 
     # A call's payload: the largest byte count among it and the comm events nested in it.

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
+from opprof.analysis.collectives import COLUMNS as COLLECTIVE_COLUMNS
+from opprof.analysis.collectives import collective_part, combine_collectives
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -48,6 +50,9 @@ class Report:
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
     noise: dict | None = None
+    #: One row per (collective, process group, size): opprof.analysis.collectives.
+    collectives: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))
 
 
 @dataclass
@@ -62,13 +67,15 @@ class RankPart:
     devices: pd.DataFrame
     local: RankLocal
     memory: MemoryPart = field(default_factory=MemoryPart)
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
-    if "detail" in trace.events:  # no analysis reads it; every filter would copy it
-        trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     steps = step_breakdown(trace)
+    comm = collective_part(trace, steps)  # reads the process groups in ``detail``
+    if "detail" in trace.events:  # no other analysis reads it; every filter would copy it
+        trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     return RankPart(
         ranks=[int(r) for r in pd.unique(trace.events["rank"])],
         events=len(trace.events),
@@ -78,6 +85,7 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         devices=device_breakdown(trace, device_span),
         local=rank_local(trace, steps),
         memory=memory_part(trace),
+        collectives=comm,
     )
 
 
@@ -103,6 +111,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         memory=combine_memory([p.memory for p in parts]),
         rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
         noise=assess(meta, steps),
+        collectives=combine_collectives([p.collectives for p in parts], n),
     )
 
 
