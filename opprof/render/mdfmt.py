@@ -35,10 +35,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
     notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
                     + partial_lines(rep.meta))
-    comm = (f"\n### Collectives\n\n{md_table(rep.collectives)}\n"
-            if by in ("op", "rank") and not rep.collectives.empty else "")
     return (f"## opprof report {title} — by {by}\n\n{notes}"
-            f"{md_table(report_table(rep, by, top))}\n{comm}")
+            f"{md_table(report_table(rep, by, top))}\n")
 
 
 def diff(d: Diff, top: int | None = None) -> str:
