@@ -36,8 +36,7 @@ from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
 #: Per rank (summed over its steps): what :func:`combine_collectives` adds up.
-PART_COLUMNS = ["rank", "op", "group", "size", "steps", "calls", "bytes", "time_ns",
-                "hidden_ns"]
+PART_COLUMNS = ["rank", "op", "group", "size", "calls", "bytes", "time_ns", "hidden_ns"]
 COLUMNS = ["op", "group", "size", "ranks", "calls", "calls_per_step", "bytes_per_call",
            "ns_per_step", "time_ns", "bytes", "algbw_Bps", "busbw_Bps", "hidden"]
 _GROUP = r"pg=(?P<group>\S+)"
@@ -58,9 +57,9 @@ def bus_factor(op: str, n: int | float) -> float:
     return np.nan
 
 
-def collective_part(trace: Trace, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, op, group, size) of the ranks of ``trace``: steps, calls, bytes, time_ns and
-    hidden_ns, summed over the rank's steps (``steps``: its step breakdown)."""
+def collective_part(trace: Trace) -> pd.DataFrame:
+    """Per (rank, op, group, size) of the ranks of ``trace``: calls, bytes, time_ns and
+    hidden_ns, summed over the rank's steps."""
     timing, _ = collectives(trace)
     if timing.empty:
         return pd.DataFrame(columns=PART_COLUMNS)
@@ -69,11 +68,9 @@ def collective_part(trace: Trace, steps: pd.DataFrame) -> pd.DataFrame:
     timing["hidden_ns"] = _hidden(ev, timing)
     world = {r: _world_size(trace.meta, int(r)) for r in timing["rank"].unique()}
     timing["size"] = timing["size"].fillna(timing["rank"].map(world)).astype(np.int64)
-    n_steps = steps.groupby("rank").size()
     g = timing.groupby(["rank", "op", "group", "size"], sort=True, observed=True)
     out = g.agg(calls=("ts", "size"), bytes=("bytes", "sum"), time_ns=("dur", "sum"),
                 hidden_ns=("hidden_ns", "sum")).reset_index()
-    out["steps"] = out["rank"].map(n_steps).fillna(0).astype(np.int64)
     return out[PART_COLUMNS]
 
 

@@ -73,7 +73,7 @@ class RankPart:
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
     steps = step_breakdown(trace)
-    comm = collective_part(trace, steps)  # reads the process groups in ``detail``
+    comm = collective_part(trace)  # reads the process groups in ``detail``
     if "detail" in trace.events:  # no other analysis reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     return RankPart(
