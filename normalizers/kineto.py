@@ -29,6 +29,7 @@ import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.events import finish
+from opprof.intervals import containing
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.taxonomy import KINDS, ROLES, mapping_table
@@ -220,6 +221,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path)
+        raw["collective"], raw["bytes"] = served_collectives(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -471,6 +473,48 @@ def _join_strings(parts: list[pd.Categorical]) -> pd.Categorical:
     codes = np.concatenate([np.array([pos[t] for t in p.categories], np.int64)[p.codes]
                             for p in parts])
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
+
+
+def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The ``collective`` and ``bytes`` columns with gloo's own spans named by the c10d calls
+    they serve, and given their message size where the call's is larger (a
+    ``gloo:all_gather`` span's shapes are its input only).
+
+    gloo runs each collective on its own thread, as a ``gloo:<op>`` span that starts after
+    the ``c10d::`` call that enqueued it, first in first out; it runs a reduce-scatter as an
+    all-reduce (``c10d::_reduce_scatter_base_`` is served by ``gloo:all_reduce``). When the
+    rank's queued calls and spans pair one to one in order, each of the same collective or
+    that reduce-scatter case, a span takes its call's collective; otherwise (several
+    process groups interleaving) they keep their own. Spans run inline inside their call
+    (``gloo:send`` in ``c10d::send``) are their call's already."""
+    out = raw["collective"].to_numpy(object).copy()
+    nbytes = raw["bytes"].to_numpy(np.int64).copy()
+    names = raw["name"].astype("category")
+    cats = pd.Index(names.cat.categories.astype(str))
+    codes = names.cat.codes.to_numpy()
+    call = np.append(cats.str.startswith("c10d::"), False)[codes]
+    span = np.append(cats.str.startswith("gloo:"), False)[codes]
+    if not call.any() or not span.any():
+        return out, nbytes
+    tid = raw["tid"].to_numpy(np.int64)
+    ts = raw["ts"].to_numpy(np.int64)
+    end = ts + raw["dur"].to_numpy(np.int64)
+    calls, spans = np.flatnonzero(call), np.flatnonzero(span)
+    inline = containing(tid[spans], ts[spans], end[spans], tid[calls], ts[calls], end[calls])
+    calls = np.setdiff1d(calls, calls[inline[inline >= 0]])
+    spans = spans[inline < 0]
+    if len(calls) != len(spans) or not len(spans):
+        return out, nbytes
+    calls, spans = calls[np.argsort(ts[calls], kind="stable")], spans[np.argsort(ts[spans],
+                                                                                 kind="stable")]
+    table = mapping_table(NAME).classify(cats)["op"]
+    call_op = table.reindex(cats[codes[calls]]).to_numpy(object)
+    span_op = table.reindex(cats[codes[spans]]).to_numpy(object)
+    pairs = (call_op == span_op) | ((span_op == "all_reduce") & (call_op == "reduce_scatter"))
+    if pairs.all() and (ts[spans] >= ts[calls]).all():
+        out[spans] = call_op
+        nbytes[spans] = np.maximum(nbytes[spans], nbytes[calls])
+    return out, nbytes
 
 
 def _comm_args(names: pd.Categorical,

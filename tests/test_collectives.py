@@ -18,7 +18,7 @@ from opprof.analysis.collectives import bus_factor
 from opprof.analysis.report import build_report
 from opprof.taxonomy import COMM_OPS, mapping_table
 from opprof.trace import Trace, save
-from tests.conftest import shared_trace
+from tests.conftest import FIXTURES, shared_trace
 
 #: (table, a real native name, its collective). Names are the frameworks' own: torch c10d's
 #: dispatcher ops and its backends' spans, ProcessGroup methods, NCCL's kernels (before and
@@ -152,6 +152,26 @@ def test_sendrecv_kernels_take_the_collective_that_launched_them() -> None:
     assert dict(calls.groupby("name", observed=True)["op"].first().astype(str)) == {
         "c10d::_allgather_base_": "all_gather", "c10d::allreduce_": "all_reduce",
         "c10d::alltoall_base_": "all_to_all"}
+
+
+def test_every_gloo_collective_is_named_from_its_call() -> None:
+    """A real 2-rank gloo job (fixtures/torch-collectives) runs each collective once; gloo
+    runs the reduce-scatter as a gloo:all_reduce span, which takes its call's name."""
+    trace = load(sorted((FIXTURES / "torch-collectives").glob("rank*.pt.trace.json.gz")))
+    rep = build_report(trace)
+    c = rep.collectives.set_index("op")
+    assert set(c.index) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                            "all_to_all", "send", "recv", "barrier"}
+    assert (c["calls"] == pd.Series({"send": 1, "recv": 1}).reindex(c.index).fillna(2)).all()
+    assert (c["size"] == 2).all()
+    ev = trace.events
+    spans = ev[ev["name"].astype(str).str.startswith("gloo:") & (ev["tid"] != ev["pid"])]
+    assert sorted(spans.loc[spans["name"] == "gloo:all_reduce", "op"].astype(str)) == [
+        "all_reduce", "all_reduce", "reduce_scatter", "reduce_scatter"]
+    # bytes from the shapes: 1,024 float32 for the all-reduce, 2,048 gathered
+    assert c.loc["all_reduce", "bytes_per_call"] == 4096
+    assert c.loc["all_gather", "bytes_per_call"] == 2 * 4096
+    assert c.loc["all_reduce", "busbw_Bps"] == pytest.approx(c.loc["all_reduce", "algbw_Bps"])
 
 
 def test_collective_table_bandwidth_follows_nccl_tests() -> None:

@@ -6,7 +6,8 @@ events that time a collective on a rank are those of :func:`opprof.analysis.rank
 counted host comm calls); each takes the payload and the process group of the call it
 belongs to where it has none of its own (an NCCL kernel of a sampled trace: the bytes of the
 ``c10d::`` call that launched it, found through ``link`` and the call that encloses the
-launch).
+launch), and its call's bytes where they are more (``gloo:all_gather`` names only its input,
+``c10d::_allgather_base_`` the gathered buffer too).
 
 - **bytes**: the collective's message size as nccl-tests defines it (``S``: the buffer an
   all-reduce reduces, the gathered buffer of an all-gather, the scattered one of a
@@ -118,7 +119,8 @@ def _group_of(detail: pd.Series) -> pd.DataFrame:
 
 
 def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
-    """``timing`` with bytes, group and size: each event's own, else its call's."""
+    """``timing`` with bytes (the larger of its own and its call's), group and size (its
+    own, else its call's)."""
     host = (ev["role"] == "worker") & (ev["device"] == "cpu")
     comm = ev[host & ev["op"].isin(COMM_OPS)]
     calls = comm[comm["counted"]]
@@ -147,8 +149,8 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     own = _group_of(ev.loc[timing["event"]])
     own_bytes = ev.loc[timing["event"], "bytes"].to_numpy(np.int64)
     out = timing.copy()
-    out["bytes"] = np.where(own_bytes > 0, own_bytes,
-                            c["bytes"].fillna(0).to_numpy()).astype(np.int64)
+    # the larger: a span may see only its input (gloo:all_gather), its call the whole
+    out["bytes"] = np.maximum(own_bytes, c["bytes"].fillna(0).to_numpy()).astype(np.int64)
     group = np.where(own["group"].notna(), own["group"].to_numpy(object),
                      c["group"].to_numpy(object))
     out["group"] = pd.Series(group).fillna("").to_numpy(object)
