@@ -108,16 +108,6 @@ def _world_size(meta: dict, rank: int) -> int:
         return int(meta.get("workers") or 1)
 
 
-def _group_of(detail: pd.Series) -> pd.DataFrame:
-    """``group`` (name, with its description) and ``size`` parsed from comm events' detail."""
-    text = detail.astype(object).where(detail.notna(), "").astype(str)
-    name = text.str.extract(_GROUP)["group"]
-    desc = text.str.extract(_DESC)["desc"]
-    group = name.where(desc.isna(), name + " (" + desc + ")")
-    size = pd.to_numeric(text.str.extract(_SIZE)["size"], errors="coerce")
-    return pd.DataFrame({"group": group, "size": size}, index=detail.index)
-
-
 def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     """``timing`` with bytes (the larger of its own and its call's), group and size (its
     own, else its call's)."""
