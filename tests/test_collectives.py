@@ -172,6 +172,11 @@ def test_every_gloo_collective_is_named_from_its_call() -> None:
     assert c.loc["all_reduce", "bytes_per_call"] == 4096
     assert c.loc["all_gather", "bytes_per_call"] == 2 * 4096
     assert c.loc["all_reduce", "busbw_Bps"] == pytest.approx(c.loc["all_reduce", "algbw_Bps"])
+    # matched across the two ranks: the wait for the later one is not transfer time
+    assert (c["wait_ns"] + c["transfer_ns"] == c["time_ns"]).all() and c["wait_ns"].sum() > 0
+    ag = c.loc["all_gather"]
+    assert ag["algbw_Bps"] == pytest.approx(ag["bytes"] / (ag["transfer_ns"] / 1e9))
+    assert ag["busbw_Bps"] == pytest.approx(ag["algbw_Bps"] * (2 - 1) / 2)
 
 
 def test_collective_table_bandwidth_follows_nccl_tests() -> None:

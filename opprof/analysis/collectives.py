@@ -16,7 +16,10 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
   (Kineto's ``Process Group Name`` / ``Group size``, kept in ``detail`` as ``pg=NAME size=N``);
   else the group is unnamed and its size the job's world size (``distributedInfo``, else the
   worker count);
-- **algbw** = bytes / time (sum over the collective's executions), **busbw** = algbw × the
+- **wait** / **transfer**: the part of each execution before the last rank entered it, and
+  the rest (:mod:`opprof.analysis.ranks`; all transfer when it is not matched across ranks);
+- **algbw** = bytes / transfer time (sums over the collective's executions: nccl-tests times
+  a collective all ranks have entered), **busbw** = algbw × the
   collective's factor (nccl-tests' convention, n the group size): all-reduce 2(n−1)/n,
   all-gather, reduce-scatter and all-to-all (n−1)/n, broadcast, send, recv, push and pull 1;
   none for a barrier or an unnamed ``comm``;
@@ -36,10 +39,12 @@ from opprof.intervals import Sweep
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
-#: Per rank (summed over its steps): what :func:`combine_collectives` adds up.
-PART_COLUMNS = ["rank", "op", "group", "size", "calls", "bytes", "time_ns", "hidden_ns"]
+#: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
+#: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
+PART_COLUMNS = ["rank", "event", "op", "group", "size", "bytes", "dur", "hidden_ns"]
 COLUMNS = ["op", "group", "size", "ranks", "calls", "calls_per_step", "bytes_per_call",
-           "ns_per_step", "time_ns", "bytes", "algbw_Bps", "busbw_Bps", "hidden"]
+           "ns_per_step", "time_ns", "wait_ns", "transfer_ns", "bytes", "algbw_Bps",
+           "busbw_Bps", "hidden"]
 _GROUP = r"pg=(?P<group>\S+)"
 _SIZE = r"size=(?P<size>\d+)"
 _DESC = r"desc=(?P<desc>\S+)"
@@ -59,8 +64,8 @@ def bus_factor(op: str, n: int | float) -> float:
 
 
 def collective_part(trace: Trace) -> pd.DataFrame:
-    """Per (rank, op, group, size) of the ranks of ``trace``: calls, bytes, time_ns and
-    hidden_ns, summed over the rank's steps."""
+    """Every execution of a collective in the steps of the ranks of ``trace``: its op,
+    group, size, bytes, duration and the ns of it hidden behind compute."""
     timing, _ = collectives(trace)
     if timing.empty:
         return pd.DataFrame(columns=PART_COLUMNS)
@@ -69,27 +74,35 @@ def collective_part(trace: Trace) -> pd.DataFrame:
     timing["hidden_ns"] = _hidden(ev, timing)
     world = {r: _world_size(trace.meta, int(r)) for r in timing["rank"].unique()}
     timing["size"] = timing["size"].fillna(timing["rank"].map(world)).astype(np.int64)
-    g = timing.groupby(["rank", "op", "group", "size"], sort=True, observed=True)
-    out = g.agg(calls=("ts", "size"), bytes=("bytes", "sum"), time_ns=("dur", "sum"),
-                hidden_ns=("hidden_ns", "sum")).reset_index()
-    return out[PART_COLUMNS]
+    return timing[PART_COLUMNS].reset_index(drop=True)
 
 
-def combine_collectives(parts: list[pd.DataFrame], rank_steps: int) -> pd.DataFrame:
+def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
+                        matched: pd.DataFrame | None = None) -> pd.DataFrame:
     """The job's table from every rank's part (``rank_steps``: the (rank, step) rows of the
-    job, the denominator of the per-step figures)."""
+    job, the denominator of the per-step figures; ``matched``: the collectives matched
+    across ranks, :class:`opprof.analysis.ranks.RankAnalysis`'s, whose wait for the last
+    rank to enter each is left out of the bandwidth's time, as nccl-tests times a collective
+    that every rank has entered)."""
     parts = [p for p in parts if len(p)]
     if not parts:
         return pd.DataFrame(columns=COLUMNS)
     df = pd.concat(parts, ignore_index=True)
+    df["wait_ns"] = 0
+    if matched is not None and len(matched) and "event" in matched:
+        wait = matched.set_index(["rank", "event"])["wait_ns"]
+        key = pd.MultiIndex.from_arrays([df["rank"], df["event"]])
+        df["wait_ns"] = wait.reindex(key).fillna(0).to_numpy(np.int64)
     g = df.groupby(["op", "group", "size"], sort=False)
-    out = g.agg(ranks=("rank", "nunique"), calls=("calls", "sum"), bytes=("bytes", "sum"),
-                time_ns=("time_ns", "sum"), hidden_ns=("hidden_ns", "sum")).reset_index()
+    out = g.agg(ranks=("rank", "nunique"), calls=("dur", "size"), bytes=("bytes", "sum"),
+                time_ns=("dur", "sum"), wait_ns=("wait_ns", "sum"),
+                hidden_ns=("hidden_ns", "sum")).reset_index()
+    out["transfer_ns"] = out["time_ns"] - out["wait_ns"]
     per = max(rank_steps, 1)
     out["calls_per_step"] = out["calls"] / per
     out["bytes_per_call"] = out["bytes"] / out["calls"]
     out["ns_per_step"] = out["time_ns"] / per
-    secs = out["time_ns"].where(out["time_ns"] > 0) / 1e9
+    secs = out["transfer_ns"].where(out["transfer_ns"] > 0) / 1e9
     out["algbw_Bps"] = (out["bytes"] / secs).where(out["bytes"] > 0)
     factor = np.array([bus_factor(o, n) for o, n in zip(out["op"], out["size"], strict=True)])
     out["busbw_Bps"] = out["algbw_Bps"] * factor

@@ -111,7 +111,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         memory=combine_memory([p.memory for p in parts]),
         rank_steps=ranks.per_step.reindex(columns=RANK_STEP_COLUMNS),
         noise=assess(meta, steps),
-        collectives=combine_collectives([p.collectives for p in parts], n),
+        collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
     )
 
 

@@ -199,15 +199,17 @@ def collective_table(rep: Report) -> Table | Text:
         return Text("no collectives in the trace's steps")
     t = Table(title="Collectives (per step; bandwidth by the nccl-tests convention)",
               title_justify="left")
-    for col in ["collective", "group", "ranks in group", "calls", "bytes/call", "ms/step",
+    for col in ["collective", "group", "n", "calls", "bytes/call", "ms/step", "wait",
                 "algbw", "busbw", "hidden"]:
         t.add_column(col, justify="left" if col in ("collective", "group") else "right")
     for r in c.to_dict("records"):
+        wait = r["wait_ns"] / r["time_ns"] if r["time_ns"] else None
         t.add_row(r["op"], r["group"] or "-", str(int(r["size"])),
                   f"{r['calls_per_step']:,.1f}", _size(r["bytes_per_call"]),
-                  ms(r["ns_per_step"]), _size(r["algbw_Bps"], "B/s"),
+                  ms(r["ns_per_step"]), pct(wait), _size(r["algbw_Bps"], "B/s"),
                   _size(r["busbw_Bps"], "B/s"), pct(r["hidden"]))
-    t.caption = ("algbw = bytes / time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
+    t.caption = ("n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
+                 "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
                  "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
                  "beside it (GPU: compute kernels)")
     return t

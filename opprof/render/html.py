@@ -488,12 +488,15 @@ COLLECTIVE_COLUMNS: list[Column] = [
     ("op", "collective", f_text), ("group", "group", f_text), ("size", "ranks in group", f_int),
     ("calls_per_step", "calls/step", lambda v: f"{_num(v) or 0:,.1f}"),
     ("bytes_per_call", "bytes/call", lambda v: f_bytes(v) + "B"),
-    ("ns_per_step", "ms/step", f_ms), ("algbw_Bps", "algbw", lambda v: f_bytes(v) + "B/s"),
+    ("ns_per_step", "ms/step", f_ms), ("wait_ns", "wait ms (total)", f_ms),
+    ("transfer_ns", "transfer ms (total)", f_ms),
+    ("algbw_Bps", "algbw", lambda v: f_bytes(v) + "B/s"),
     ("busbw_Bps", "busbw", lambda v: f_bytes(v) + "B/s"), ("hidden", "hidden", f_pct)]
 
 
 def _report_collectives(rep: Report) -> str:
-    return (note("Per collective and process group: algbw = bytes / time, busbw = algbw × "
+    return (note("Per collective and process group: wait = before the last rank entered it; "
+                 "algbw = bytes / transfer time, busbw = algbw × "
                  "2(n−1)/n for all_reduce, (n−1)/n for all_gather, reduce_scatter and "
                  "all_to_all, 1 otherwise (the nccl-tests convention); hidden = the share "
                  "of its time the rank computed beside it (on a GPU: compute kernels).")
