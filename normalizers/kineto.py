@@ -30,6 +30,7 @@ import pandas as pd
 from opprof import drops
 from opprof.errors import OpprofError
 from opprof.events import STEP_PATTERN, finish
+from opprof.intervals import containing
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.sharding import refine_mode, sharded_mode
@@ -53,7 +54,8 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "lo
                 "Int": 4, "signed char": 1, "unsigned char": 1, "bool": 1, "long": 8}
 
 
-_COMM_NAME = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::")
+_COMM_NAME = re.compile(
+    r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::|(?:void )?nccl(?:Dev)?Kernel")
 
 
 class Args(msgspec.Struct, gc=False):
@@ -65,7 +67,12 @@ class Args(msgspec.Struct, gc=False):
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_type: Any = msgspec.field(default=None, name="Input type")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    group_name: Any = msgspec.field(default=None, name="Process Group Name")
+    group_desc: Any = msgspec.field(default=None, name="Process Group Description")
     name: Any = None  # process_name / thread_name metadata (format detection)
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
     total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
@@ -236,6 +243,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace,
         drops.note(warnings, "rank in distributedInfo unusable (file order used)", 1)
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings)
+        raw["collective"], raw["bytes"] = served_collectives(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -424,9 +432,10 @@ def _raw_events(doc: Document, rank: int, path: Path,
         raise OpprofError(f"{path}: Kineto trace with no complete events"
                           + (f" ({drops.describe(dropped)})" if dropped else ""))
     n = sum(p["n"] for p in pieces)
-    ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, corr, comm_bytes = (
+    ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, corr, comm_bytes, collective = (
         _joined([p.pop(k) for p in pieces])
-        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm"))
+        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm",
+                  "collective"))
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     detail = None
     if any(p["detail"] is not None for p in pieces):
@@ -473,6 +482,7 @@ def _raw_events(doc: Document, rank: int, path: Path,
         "bytes": nbytes,
         "detail": detail,
         "link": corr,
+        "collective": collective,
     }, copy=False)  # every column is made here: no copy
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
@@ -492,7 +502,7 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
     out["name"] = chrome.strings(name_v)
     del name_v
-    out["comm"] = _comm_bytes(out["name"], args_v)
+    out["comm"], out["collective"], group = _comm_args(out["name"], args_v)
     del args_v
     out["cat"] = chrome.strings(cat_v)
     out["pid"] = chrome.numbers(pid_v)
@@ -502,10 +512,14 @@ def _chunk_columns(x: list[Event]) -> dict[str, Any]:
     out["link"] = chrome.integers(corr_v)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None
-    if has_dims.any():
+    if has_dims.any() or group is not None:
         detail = np.full(n, None, dtype=object)
         detail[has_dims] = [d if type(d) is str else str(d)
                             for d, h in zip(dims_v, has_dims, strict=True) if h]
+        if group is not None:  # a collective's process group, before its dims
+            has = np.flatnonzero(group != None)  # noqa: E711 (element-wise)
+            detail[has] = [g if d is None else f"{g} dims={d}"
+                           for g, d in zip(group[has], detail[has], strict=True)]
         out["detail"] = detail
     return out
 
@@ -528,32 +542,110 @@ def _join_strings(parts: list[pd.Categorical]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
-def _comm_bytes(names: pd.Categorical, args: list[Args]) -> np.ndarray:
-    """Payload of collectives: message elements x dtype size, else the first input's size
-    (NaN for every other event). The name test runs once per distinct name."""
-    out = np.full(len(names), np.nan)
+def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The ``collective`` and ``bytes`` columns with gloo's own spans named by the c10d calls
+    they serve, and given their message size where the call's is larger (a
+    ``gloo:all_gather`` span's shapes are its input only).
+
+    gloo runs each collective on its own thread, as a ``gloo:<op>`` span that starts after
+    the ``c10d::`` call that enqueued it, first in first out; it runs a reduce-scatter as an
+    all-reduce (``c10d::_reduce_scatter_base_`` is served by ``gloo:all_reduce``). When the
+    rank's queued calls and spans pair one to one in order, each of the same collective or
+    that reduce-scatter case, a span takes its call's collective; otherwise (several
+    process groups interleaving) they keep their own. Spans run inline inside their call
+    (``gloo:send`` in ``c10d::send``) are their call's already."""
+    out = raw["collective"].to_numpy(object).copy()
+    nbytes = raw["bytes"].to_numpy(np.int64).copy()
+    names = raw["name"].astype("category")
+    cats = pd.Index(names.cat.categories.astype(str))
+    codes = names.cat.codes.to_numpy()
+    call = np.append(cats.str.startswith("c10d::"), False)[codes]
+    span = np.append(cats.str.startswith("gloo:"), False)[codes]
+    if not call.any() or not span.any():
+        return out, nbytes
+    tid = raw["tid"].to_numpy(np.int64)
+    ts = raw["ts"].to_numpy(np.int64)
+    end = ts + raw["dur"].to_numpy(np.int64)
+    calls, spans = np.flatnonzero(call), np.flatnonzero(span)
+    inline = containing(tid[spans], ts[spans], end[spans], tid[calls], ts[calls], end[calls])
+    calls = np.setdiff1d(calls, calls[inline[inline >= 0]])
+    spans = spans[inline < 0]
+    if len(calls) != len(spans) or not len(spans):
+        return out, nbytes
+    calls, spans = calls[np.argsort(ts[calls], kind="stable")], spans[np.argsort(ts[spans],
+                                                                                 kind="stable")]
+    table = mapping_table(NAME).classify(cats)["op"]
+    call_op = table.reindex(cats[codes[calls]]).to_numpy(object)
+    span_op = table.reindex(cats[codes[spans]]).to_numpy(object)
+    pairs = (call_op == span_op) | ((span_op == "all_reduce") & (call_op == "reduce_scatter"))
+    if pairs.all() and (ts[spans] >= ts[calls]).all():
+        out[spans] = call_op
+        nbytes[spans] = np.maximum(nbytes[spans], nbytes[calls])
+    return out, nbytes
+
+
+def _comm_args(names: pd.Categorical,
+               args: list[Args]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per event, for communication events (NaN / None for every other one): the payload
+    (the larger of the in and out messages' elements x dtype size, else the largest input
+    tensor's: nccl-tests' message size, all-gather's gathered and reduce-scatter's scattered
+    buffer), the collective its args
+    name (Kineto's ``Collective name``, mapped by ``maps/collectives.csv``: the op of a
+    ``record_param_comms``) and its process group as ``detail`` text (``pg=NAME size=N``,
+    None without one). The name test runs once per distinct name."""
+    n = len(names)
+    out = np.full(n, np.nan)
+    collective = np.full(n, None, dtype=object)
+    group = np.full(n, None, dtype=object)
     is_comm_name = np.array([bool(_COMM_NAME.match(n)) for n in names.categories], bool)
     idx = np.flatnonzero(is_comm_name[names.codes]) if len(is_comm_name) else []
     for i in idx:
         a = args[i]
+        collective[i] = a.collective if isinstance(a.collective, str) else None
+        group[i] = _group_text(a)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
-        nel = chrome.numbers([a.in_nelems])[0]
-        if size is not None and not np.isnan(nel):
+        nel = np.nanmax(np.r_[chrome.numbers([a.in_nelems, a.out_nelems]), -1.0])
+        if size is not None and nel >= 0:
             out[i] = nel * size
             continue
-        numel = _first_numel(a.input_dims)
+        numel = _largest_numel(a.input_dims)
         t = a.input_type
         first = _DTYPE_BYTES.get(t[0]) if isinstance(t, list) and t and isinstance(
             t[0], str) else None
         if first is not None:
             out[i] = numel * first
-    return out
+    if len(idx) and any(c is not None for c in collective[idx]):
+        has = np.flatnonzero(collective != None)  # noqa: E711 (element-wise)
+        cls = mapping_table("collectives").classify(collective[has])
+        collective[has] = cls["op"].reindex(collective[has]).to_numpy(object)
+    has_group = any(g is not None for g in group[idx]) if len(idx) else False
+    return out, collective, group if has_group else None
 
 
-def _first_numel(dims: Any) -> float:
-    if isinstance(dims, list) and dims and isinstance(dims[0], list):
-        try:
-            return float(np.prod(np.array(dims[0], dtype=np.float64))) if dims[0] else np.nan
-        except (TypeError, ValueError):
-            return np.nan
-    return np.nan
+def _group_text(a: Args) -> str | None:
+    """``pg=NAME size=N desc=DESC`` of a collective's args (each part only where the args
+    have it), or None."""
+    parts = []
+    if isinstance(a.group_name, (str, int)) and not isinstance(a.group_name, bool):
+        parts.append(f"pg={a.group_name}")
+    size = _int(a.group_size, 0, 1, _MAX_RANK)
+    if size:
+        parts.append(f"size={size}")
+    if parts and isinstance(a.group_desc, str) and a.group_desc and " " not in a.group_desc:
+        parts.append(f"desc={a.group_desc}")
+    return " ".join(parts) or None
+
+
+def _largest_numel(dims: Any) -> float:
+    """Elements of the largest tensor in ``Input Dims`` (NaN when none has a shape)."""
+    if not isinstance(dims, list):
+        return np.nan
+    best = np.nan
+    for d in dims:
+        if isinstance(d, list) and d:
+            try:
+                n = float(np.prod(np.array(d, dtype=np.float64)))
+            except (TypeError, ValueError):
+                continue
+            best = n if np.isnan(best) else max(best, n)
+    return best

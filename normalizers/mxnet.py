@@ -21,12 +21,13 @@ What MXNet 1.x writes (``mx.profiler.set_config(profile_all=True)`` then ``dump(
 Timestamps are integer microseconds on the host's clock (all ranks on one host share it).
 pid and tid are 64-bit hashes: a rank's pid becomes its OS process id when the recording's
 metadata has it (``rank_pids``), else -1, and tid the thread's ordinal in the file. MXNet's
-async engine operators (kvstore push/pull, op ``comm``) run concurrently on one thread: they
-go to a lane of their own (tid + 2**40), where each group of overlapping ones nests inside
-one ``opprof.comm_window`` event that the normalizer adds (the only event it adds), so that
-communication is counted once per instant — MXNet's aggregate sums them, 62 concurrent
-ResNet-18 pushes making 62 times the wait. Other operators that overlap without nesting get
-sub-lanes (tid + 65536·k); operators contained in another nest under it, counted once.
+async engine operators (kvstore push/pull, ops ``push``/``pull``) run concurrently on one
+thread: they go to a lane of their own (tid + 2**40), where each group of overlapping ones
+nests inside one ``opprof.comm_window`` event that the normalizer adds (the only event
+it adds), so that communication is counted once per instant — MXNet's aggregate sums
+them, 62 concurrent ResNet-18 pushes making 62 times the wait. Other operators that
+overlap without nesting get sub-lanes (tid + 65536·k); operators contained in another
+nest under it, counted once.
 
 Without opprof's step frames and phase tasks (a user's own ``mx.profiler`` dump), phases come
 from the operators (``_backward_*`` backward, ``*_update`` update, kvstore comm, the rest of
@@ -65,7 +66,7 @@ from opprof.errors import OpprofError
 from opprof.events import cover_label, finish
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
-from opprof.taxonomy import mapping_table
+from opprof.taxonomy import COMM_OPS, mapping_table
 from opprof.trace import Trace
 
 NAME = "mxnet"
@@ -84,7 +85,7 @@ COMM_WINDOW = "opprof.comm_window"
 def _is_comm(names: pd.Series) -> np.ndarray:
     """Which names the mapping table classifies as communication."""
     cls = mapping_table(NAME).classify(names.unique())
-    return names.map(cls["op"]).eq("comm").to_numpy()
+    return names.map(cls["op"]).isin(COMM_OPS).to_numpy()
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -359,7 +360,7 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
     device = np.where(gpu.notna() & (spans["cat"] == "operator"), "cuda:" + gpu.fillna(""),
                       "cpu")
     tid = pd.factorize(spans["tid"])[0].astype(np.int64)
-    # Operators of one engine thread nest; async ones (kvstore push/pull: op comm) run
+    # Operators of one engine thread nest; async ones (kvstore push/pull: comm ops) run
     # concurrently on it: they go to a lane of their own, inside comm windows.
     comm = (kind == "cpu_op") & _is_comm(spans["name"])
     sync = (kind == "cpu_op") & ~comm

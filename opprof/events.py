@@ -10,9 +10,15 @@ function) — and calls :func:`finish`, which does what every format shares:
 2. find, per lane (rank, pid, tid), each event's nesting depth and its outermost enclosing
    operator event; nested events take that operator's op and phase and are not ``counted``
    (``aten::conv2d > … > aten::mkldnn_convolution`` is one ``convolution``); the one
-   exception is communication, which stays ``comm`` (and is counted) wherever it is issued;
+   exception is communication, which stays communication (and is counted) wherever it is
+   issued, the events nested in a collective taking its collective (``c10d::allreduce_ >
+   record_param_comms > nccl:all_reduce`` is one ``all_reduce``); an optional raw column
+   ``collective`` names the collective of a communication event whose name does not (torch's
+   ``record_param_comms``, an MXNet comm window);
 3. give device events (kernels, memcpy, memset) the op and phase of the host operator that
-   launched them (via ``link``) unless their own name maps to an op (NCCL kernels → comm);
+   launched them (via ``link``) unless their own name maps to an op (NCCL kernels → their
+   collective; a kernel of no collective of its own, NCCL's ``SendRecv``, takes its
+   launching call's);
 4. resolve phases (intrinsic row phase > enclosing phase marker > row phase > other);
 5. find each rank's steps (step markers, else the optimizer step, else one step) and number
    every event with the step it starts in.
@@ -108,7 +114,8 @@ _PHASE_NAMES = np.array(PHASES, dtype=object)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
 _FUSED, _FUSED_BACKWARD = _OP["fused"], _OP["fused_backward"]
-_COMM_CODES = [_OP[o] for o in sorted(COMM_OPS)]
+#: Every communication op (the collectives, push/pull, and ``comm`` for an unnamed one).
+_COMM_CODES = np.array(sorted(_OP[o] for o in COMM_OPS), np.int64)
 _OTHER_PHASE, _COMM_PHASE = _PHASE["other"], _PHASE["comm"]
 _MARKER_KIND = _KIND["marker"]
 _DEVICE_KIND_CODES = [_KIND[k] for k in DEVICE_KINDS]
@@ -160,6 +167,9 @@ def finish(
     u_container = np.append(cls["container"].eq(True).to_numpy(bool), False)
     row_op, row_phase, row_kind = u_op[codes], u_phase[codes], u_kind[codes]
     matched = u_matched[codes]
+    if "collective" in df:  # the collective a comm event's args name (not its name)
+        named = _codes(df["collective"], _OP)
+        row_op = np.where((named >= 0) & np.isin(row_op, _COMM_CODES), named, row_op)
 
     kind = np.where(row_kind >= 0, row_kind, _codes(df["kind"], _KIND))
     rank = df["rank"].to_numpy(dtype=np.int64)
@@ -198,21 +208,31 @@ def finish(
     op = np.where(is_marker, -1, row_op)
     op[has_anc] = op[anc[has_anc]]
     counted = is_op & (anc == np.arange(n))
-    # Communication stays communication wherever it is issued: the outermost comm-phase
-    # event inside a compute operator (DDP's all-reduce in a backward hook, FSDP's
-    # all-gather in a pre-backward hook) is counted with its own op; the enclosing
-    # operator's total still includes it. Inside it, a comm-phase event of an op that is no
-    # communication (FSDP's copy-in/out, ``memory``, in its all-gather) is counted as that op.
-    own_comm = is_op & on_host & (row_phase == _COMM_PHASE)
+    # Communication stays communication wherever it is issued: the outermost comm event
+    # (a comm op, or an event of phase comm such as FSDP's copy-in/out) inside a compute
+    # operator (DDP's all-reduce in a backward hook, FSDP's all-gather in a pre-backward hook)
+    # is counted with its own op; the enclosing operator's total still includes it. What it
+    # encloses takes its collective (an unnamed one, ``comm``, that of the collectives inside
+    # it when they are all of one kind: an MXNet comm window of pushes is a push). Inside it, a
+    # comm-phase event of an op that is no communication (FSDP's copy-in/out, ``memory``, in
+    # its all-gather) keeps that op and is counted as it.
+    is_comm_op = np.isin(row_op, _COMM_CODES)
+    own_comm = is_op & on_host & (is_comm_op | (row_phase == _COMM_PHASE))
     in_comm = np.zeros(n, bool)
     if own_comm.any():
         _, comm_anc = nesting.nest(own_comm)
         in_comm = comm_anc >= 0
-        idx = np.flatnonzero(in_comm)
-        outer_op = row_op[comm_anc[idx]]
-        op[idx] = np.where(own_comm[idx], row_op[idx], outer_op)
-        copy = own_comm[idx] & ~np.isin(row_op[idx], _COMM_CODES) & (row_op[idx] != outer_op)
-        counted[idx] |= (comm_anc[idx] == idx) | copy
+        top_op = row_op[np.maximum(comm_anc, 0)]
+        inner = in_comm & own_comm & is_comm_op & (row_op != _COMM_OP)
+        if inner.any():  # an unnamed call around collectives of one kind takes their name
+            kinds = pd.Series(row_op[inner]).groupby(comm_anc[inner]).agg(["first", "nunique"])
+            one = kinds.loc[kinds["nunique"] == 1, "first"]
+            named = one.reindex(comm_anc).to_numpy(dtype=float)
+            fill = in_comm & (top_op == _COMM_OP) & ~np.isnan(named)
+            top_op[fill] = named[fill].astype(np.int64)
+        copy = in_comm & own_comm & ~is_comm_op & (row_op != top_op)
+        op[in_comm] = np.where(copy[in_comm], row_op[in_comm], top_op[in_comm])
+        counted |= in_comm & ((comm_anc == np.arange(n)) | copy)
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
     outer = (is_op & on_host & (anc == np.arange(n))) | (container & (graphs.inner < 0))
@@ -263,7 +283,10 @@ def finish(
         pos = key_host.get_indexer(rank[inherit] * (1 << 40) + link[inherit])
         idx = np.flatnonzero(inherit)
         ok = pos >= 0
-        take_op = ok & ~matched[idx]
+        # a comm kernel of no collective of its own (NCCL's SendRecv) takes its call's
+        launcher_op = op[src[np.maximum(pos, 0)]]
+        unnamed = (row_op[idx] == _COMM_OP) & np.isin(launcher_op, _COMM_CODES)
+        take_op = ok & (~matched[idx] | unnamed)
         op[idx[take_op]] = op[src[pos[take_op]]]
         take_phase = ok & ~intrinsic[idx]
         phase[idx[take_phase]] = phase[src[pos[take_phase]]]
@@ -504,7 +527,7 @@ def _step_bounds(rank, ts, end, names, codes, step_pattern, on_host, is_marker, 
         host_op = in_rest & on_host & counted & ~np.isin(rank, np.unique(rank[flagged]))
         upd = host_op & (op == _UPDATE_OP)
         # A worker updated elsewhere (parameter server): its communication closes the step.
-        comm = host_op & (op == _COMM_OP) & ~np.isin(rank, np.unique(rank[upd]))
+        comm = host_op & np.isin(op, _COMM_CODES) & ~np.isin(rank, np.unique(rank[upd]))
         closing = flagged | upd | comm
         if closing.any():
             u = optimizer_steps(rank, ts, end, closing, is_forward & in_rest, first,

@@ -2,7 +2,8 @@
 spread over local processes or a Dask cluster (``opprof.parallel``).
 
 A job is what a command takes as TRACE or NATIVE: an opprof `.trace` (one row group per
-rank, read rank by rank), native Kineto traces (one file per rank, each normalized on its
+rank, read rank by rank; several: the hosts of one job, :mod:`opprof.merge`), native Kineto
+traces (one file per rank, each normalized on its
 own), or any other native format (MXNet, TensorFlow XPlane, nsys, nvprof: normalized
 whole — their ranks depend on each other — then analyzed rank by rank).
 
@@ -86,8 +87,22 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
             return Plan(files, [], True, tf.meta, size)
         tasks = [Task("trace", str(files[0]), i, r) for i, r in enumerate(tf.ranks)]
         return Plan(files, tasks, False, tf.meta, size)
-    if any(is_opprof_trace(f) for f in files):
-        raise OpprofError("give one opprof .trace, or native traces to normalize, not both")
+    traces = [is_opprof_trace(f) for f in files]
+    if len(files) > 1 and all(traces):  # the hosts of one job: rank by rank, file by file
+        from opprof.merge import job_meta
+        from opprof.trace import TraceFile
+
+        tfs = [TraceFile(f) for f in files]
+        meta = job_meta(tfs)
+        size = sum(f.stat().st_size * 8 for f in files)
+        if not all(tf.by_rank for tf in tfs):
+            return Plan(files, [], True, meta, size)
+        tasks = [Task("trace", str(tf.path), i, r)
+                 for tf in tfs for i, r in enumerate(tf.ranks)]
+        return Plan(files, tasks, False, meta, size)
+    if any(traces):
+        raise OpprofError("give opprof .trace files (one per host of a job), or native traces "
+                          "to normalize, not both")
     from opprof.normalizers import FILE_FORMATS, expand, folder_meta, head_bytes, split_memory
 
     meta = {**folder_meta(files), **(meta or {})}

@@ -52,14 +52,21 @@ def opprof_traces_in(files: list[Path]) -> list[Path]:
 
 
 def load(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
-    """Load an opprof `.trace`, or normalize native trace files/folders on the fly."""
+    """Load an opprof `.trace` (several: the hosts of one job, merged), or normalize native
+    trace files/folders on the fly."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     files = opprof_traces_in(existing_paths(paths))
-    if len(files) == 1 and is_opprof_trace(files[0]):
+    traces = [is_opprof_trace(f) for f in files]
+    if len(files) == 1 and traces[0]:
         return read_parquet(files[0])
-    if any(is_opprof_trace(f) for f in files):
-        raise OpprofError("give one opprof .trace, or native traces to normalize, not both")
+    if all(traces):  # the hosts of one job (opprof.merge)
+        from opprof.merge import merge_traces
+
+        return merge_traces(files)
+    if any(traces):
+        raise OpprofError("give opprof .trace files (one per host of a job), or native traces "
+                          "to normalize, not both")
     from opprof.normalizers import normalize
 
     return normalize(files)

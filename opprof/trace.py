@@ -31,7 +31,7 @@ from pandas.api.types import union_categoricals
 
 from opprof.errors import OpprofError, first_line
 from opprof.files import write_atomic
-from opprof.taxonomy import CANONICAL_OPS, KINDS, PHASES, ROLES
+from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
 
 #: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
 #: still format 1: older opprof reads them unchanged.
@@ -375,13 +375,13 @@ class TraceFile:
         return self.row_groups is not None
 
     def _read(self, groups: list[int] | None, detail: bool = True) -> pd.DataFrame:
-        cols = None if detail else [c for c in self._pf.schema_arrow.names if c != "detail"]
         try:
-            table = (self._pf.read(columns=cols) if groups is None
-                     else self._pf.read_row_groups(groups, columns=cols))
+            table = (self._pf.read() if groups is None else self._pf.read_row_groups(groups))
             problem = _table_problem(table)
             if problem:
                 raise OpprofError(f"{self.path}: damaged opprof trace ({problem})")
+            if not detail and "detail" in table.column_names:
+                table = _comm_detail_only(table)
             events = table.to_pandas()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
@@ -430,8 +430,9 @@ class TraceFile:
             raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
 
     def read_rank(self, rank: int, detail: bool = True) -> Trace:
-        """One rank's events (with the file's metadata); ``detail=False`` leaves the native
-        detail column empty (the analyses do not read it)."""
+        """One rank's events (with the file's metadata); ``detail=False`` keeps the native
+        detail of communication events only (their process group, which the collectives
+        analysis reads; no other analysis reads it)."""
         if self.row_groups is None:
             ev = self.read().events
             return Trace(ev[ev["rank"] == rank].reset_index(drop=True), self.read_meta)
@@ -521,6 +522,18 @@ def _table_problem(table: pa.Table) -> str | None:
         if bad:
             return f"column {name} holds values opprof does not know: {', '.join(bad[:3])}"
     return None
+
+
+def _comm_detail_only(table: pa.Table) -> pa.Table:
+    """``table`` with ``detail`` null except on communication events."""
+    import pyarrow.compute as pc
+
+    is_comm = pc.is_in(pc.cast(table.column("op"), pa.string()),
+                       value_set=pa.array(sorted(COMM_OPS)))
+    i = table.column_names.index("detail")
+    kept = pc.if_else(pc.fill_null(is_comm, False), table.column("detail"),
+                      pa.nulls(len(table), table.schema.field("detail").type))
+    return table.set_column(i, table.schema.field("detail"), kept)
 
 
 def read_parquet(path: Path) -> Trace:

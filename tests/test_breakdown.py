@@ -25,17 +25,20 @@ def test_wall_time_never_exceeds_busy_time(name: str) -> None:
     for p in PRIORITY:
         assert (steps[p] <= steps[f"busy_{p}"]).all(), p
         assert (steps[f"busy_{p}"] <= steps["dur_ns"]).all(), p
-    assert (steps["comm_overlap_ns"] <= steps["busy_comm"]).all()
+    assert (steps["comm_overlap_ns"] <= steps["comm_time_ns"]).all()
 
 
-def test_ddp_trace_has_forward_backward_update_and_mostly_hidden_comm() -> None:
+def test_ddp_trace_has_forward_backward_update_and_mostly_exposed_device_comm() -> None:
+    """On the GPU the NCCL kernels overlap compute kernels for a small part of their time
+    (HTA: 14.31%; the host view said 79%): the overlap is the device's."""
     steps = step_breakdown(load(shared_trace("nccl-2rank-rank0.json.gz")))
     s = phase_summary(steps)
     assert s.loc["forward", "share"] > 0.2 and s.loc["backward", "share"] > 0.2
     assert s.loc["update", "ns_per_step"] > 0
     assert s.loc["comm", "busy_ns_per_step"] > s.loc["comm", "ns_per_step"] > 0
+    assert steps["comm_on_device"].all()
     ratio = comm_overlap_ratio(steps)
-    assert ratio is not None and 0.5 < ratio <= 1.0
+    assert ratio is not None and 0.05 < ratio < 0.3
     assert s["share"].sum() == pytest.approx(1.0)
 
 

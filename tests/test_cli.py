@@ -58,7 +58,7 @@ def test_json_report_has_the_documented_schema(nccl_trace: Path) -> None:
     assert all(v == pytest.approx(1.0) for v in by_phase.values())
 
 
-@pytest.mark.parametrize("by", ["phase", "op", "rank", "step", "device"])
+@pytest.mark.parametrize("by", ["phase", "op", "rank", "step", "device", "comm"])
 def test_csv_and_markdown_views(nccl_trace: Path, by: str) -> None:
     res = run_cli("report", str(nccl_trace), "--by", by, "--format", "csv", "--top", "5")
     assert res.returncode == 0, res.stderr

@@ -17,7 +17,7 @@ from opprof.analysis.devices import device_breakdown
 from opprof.events import finish
 from opprof.loader import load
 from opprof.normalizers.cupti import cupti_table
-from opprof.taxonomy import DEVICE_KINDS
+from opprof.taxonomy import COMM_OPS, DEVICE_KINDS
 from opprof.trace import Trace
 from tests.conftest import run_cli, shared_trace
 from tests.nvidia_sqlite import torch_job, write_nsys
@@ -53,7 +53,7 @@ def test_categories_sum_to_the_span_on_every_shared_gpu_trace(name: str) -> None
         s, e = dev["ts"].to_numpy(), (dev["ts"] + dev["dur"]).to_numpy()
         assert r["span_ns"] == e.max() - s.min() and r["start"] == s.min()
         assert r["span_ns"] - r["idle_ns"] == _union(s, e)
-        comm = (dev["kind"] == "kernel") & (dev["op"] == "comm")
+        comm = (dev["kind"] == "kernel") & dev["op"].isin(COMM_OPS)
         assert r["busy_comm_ns"] == _union(s[comm.to_numpy()], e[comm.to_numpy()])
         assert r["sum_comm_ns"] == dev.loc[comm, "dur"].sum()
         assert r["kernels"] == (dev["kind"] == "kernel").sum()
@@ -67,7 +67,8 @@ def test_nccl_kernels_are_comm_and_htod_copies_are_h2d() -> None:
     ev = tr.events
     nccl = ev[ev["name"].astype(str).str.startswith("ncclKernel_")]
     assert len(nccl) == 21
-    assert set(nccl["op"].astype(str)) == {"comm"} and set(nccl["kind"].astype(str)) == {"kernel"}
+    assert set(nccl["op"].astype(str)) == {"all_reduce", "broadcast"}
+    assert set(nccl["kind"].astype(str)) == {"kernel"}
     d = device_breakdown(tr).iloc[0]
     assert d["comm_ns"] > 0 and d["busy_comm_ns"] == d["sum_comm_ns"]  # one NCCL stream
     for name in ("alexnet-1gpu.json.gz", "amd-mi250-toy-train.json.gz"):

@@ -10,6 +10,7 @@ import pytest
 
 from opprof import load
 from opprof.events import INFERRED_TID
+from opprof.taxonomy import COMM_OPS
 from tests.conftest import native_x_events, shared_trace
 
 SHARED = [
@@ -58,7 +59,10 @@ def test_nccl_kernels_are_comm_and_htod_copies_are_h2d() -> None:
     ev = load(shared_trace("nccl-2rank-rank0.json.gz")).events
     nccl = ev[ev["name"].astype(str).str.contains("nccl", case=False) & (ev["kind"] == "kernel")]
     assert len(nccl) > 0
-    assert (nccl["op"] == "comm").all() and (nccl["phase"] == "comm").all()
+    named = nccl["name"].astype(str).str.extract(r"Kernel_(AllReduce|Broadcast)_")[0]
+    assert (nccl["op"].astype(str) == named.map({"AllReduce": "all_reduce",
+                                                  "Broadcast": "broadcast"})).all()
+    assert (nccl["phase"] == "comm").all()
     for name in ("alexnet-1gpu.json.gz", "sampled-128rank-rank0.json.gz"):
         ev = load(shared_trace(name)).events
         htod = ev[ev["name"].astype(str).str.startswith("Memcpy HtoD")]
@@ -124,6 +128,8 @@ def test_allreduce_issued_inside_a_backward_hook_stays_comm() -> None:
     ev = load(shared_trace("nccl-2rank-rank0.json.gz")).events
     ar = ev[(ev["name"] == "c10d::allreduce_")]
     assert len(ar) > 0 and (ar["depth"] > 0).all()
-    assert (ar["op"] == "comm").all() and (ar["phase"] == "comm").all() and ar["counted"].all()
+    assert (ar["op"] == "all_reduce").all() and (ar["phase"] == "comm").all()
+    assert ar["counted"].all()
     inner = ev[(ev["name"] == "record_param_comms") & (ev["device"] == "cpu")]
-    assert (inner["op"] == "comm").all()
+    assert inner["op"].isin(COMM_OPS).all()
+    assert set(inner.loc[~inner["counted"], "op"].astype(str)) == {"all_reduce", "broadcast"}

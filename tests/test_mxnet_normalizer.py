@@ -107,10 +107,12 @@ def test_concurrent_kvstore_operators_count_once_per_instant(ps_sync) -> None:
     workers = ev[ev["role"] == "worker"]
     kv = workers[workers["name"].astype(str).str.startswith("KVStore")]
     assert len(kv) == 2 * 2 * 10  # 2 workers x 2 steps x 10 parameter arrays
-    assert (kv["op"] == "comm").all() and (kv["phase"] == "comm").all()
+    # push-pulls keep the parameter server's name, and so do the windows around them
+    assert (kv["op"] == "push").all() and (kv["phase"] == "comm").all()
     assert not kv["counted"].any()  # nested in their window
     windows = workers[workers["name"] == mxnorm.COMM_WINDOW]
     assert windows["counted"].all() and (windows["kind"] == "comm").all()
+    assert (windows["op"] == "push").all()
     assert set(windows["step"]) == {0, 1}
     for rank in (0, 1):
         mine = kv[kv["rank"] == rank]

@@ -125,7 +125,7 @@ def test_kernels_land_under_the_operator_that_launched_them(trace) -> None:
     assert ops_of(K["bn_bw"]) == {("batch_norm_backward", "backward")}
     assert ops_of(K["relu_bw"]) == {("activation_backward", "backward")}
     assert ops_of(K["nll_bw"]) == {("loss_backward", "backward")}
-    assert ops_of(K["nccl"]) == {("comm", "comm")}
+    assert ops_of(K["nccl"]) == {("all_reduce", "comm")}
     assert ops_of(K["sgd"]) == {("weights_update", "update")}
     # launched outside every range, or with no recorded launch: other, and still there
     assert ops_of(K["fill"]) == ops_of(K["copy"]) == {("other", "other")}

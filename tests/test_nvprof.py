@@ -86,7 +86,7 @@ def test_kernels_land_under_the_operator_that_launched_them(trace) -> None:
     assert ops_of(K["conv"]) == {("convolution", "forward")}
     assert ops_of(K["dgrad"]) == {("convolution_backward", "backward")}
     assert ops_of(K["bn_bw"]) == {("batch_norm_backward", "backward")}
-    assert ops_of(K["nccl"]) == {("comm", "comm")}
+    assert ops_of(K["nccl"]) == {("all_reduce", "comm")}
     assert ops_of(K["sgd"]) == {("weights_update", "update")}
     assert ops_of(K["fill"]) == ops_of(K["copy"]) == {("other", "other")}
     assert len(kern) == 2 * 18

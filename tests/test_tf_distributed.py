@@ -56,7 +56,7 @@ def test_ring_all_reduce_is_comm_every_step_on_every_rank(run) -> None:
     ev = trace.events
     coll = ev[(ev["name"] == "CollectiveReduceV2") & (ev["step"] >= 0)]
     assert coll.groupby("rank")["step"].nunique().to_dict() == {0: 2, 1: 2}
-    assert set(coll["op"]) == {"comm"} and coll["counted"].all()
+    assert set(coll["op"]) == {"all_reduce"} and coll["counted"].all()
     sb = step_breakdown(trace)
     assert (sb[list(PHASES)].sum(axis=1) == sb["dur_ns"]).all()
     assert (sb["busy_comm"] > 0).all() and (sb["forward"] > 0).all()

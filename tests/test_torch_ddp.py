@@ -113,8 +113,10 @@ def test_each_rank_agrees_with_its_key_averages(ddp) -> None:
         assert "gloo:all_reduce" in counts and "c10d::allreduce_" in counts
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """The multi-host path: the same command per node with --nnodes/--node-rank."""
+    """The multi-host path: the same command per node with --nnodes/--node-rank; the two
+    nodes' .trace files merge into the job's (`opprof import node0.trace node1.trace`)."""
     port = str(free_port())
     procs = [subprocess.Popen(
         [sys.executable, "-m", "opprof", "record", "--fw", "torch", *TINY, "--workers", "2",
@@ -131,6 +133,15 @@ def test_two_nodes_on_loopback(tmp_path: Path) -> None:
     job = load([tmp_path / f"node{n}.native" / f"rank{n}.pt.trace.json" for n in (0, 1)])
     assert job.ranks == [0, 1]
     assert (rank_analysis(job).collectives["matched"]).all()
+    res = run_cli("import", *(str(tmp_path / f"node{n}.trace") for n in (0, 1)),
+                  "-o", str(tmp_path / "job.trace"))
+    assert res.returncode == 0, res.stderr
+    assert "2 rank(s)" in res.stdout
+    merged = load(tmp_path / "job.trace")
+    assert merged.ranks == [0, 1] and merged.meta["workers"] == 2
+    assert sorted(merged.meta["clock_offsets_ns"]) == ["0", "1"]
+    assert (rank_analysis(merged).collectives["matched"]).all()
+    assert set(merged.events.loc[merged.events["op"].isin(["all_reduce"]), "rank"]) == {0, 1}
 
 
 def test_measured_clock_offsets_are_applied_when_asked(tmp_path: Path) -> None:

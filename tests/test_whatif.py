@@ -13,7 +13,7 @@ from opprof.analysis.predict import predict
 from opprof.analysis.whatif import context, op_swaps, whatif
 from opprof.errors import OpprofError
 from opprof.loader import load
-from opprof.taxonomy import PHASES
+from opprof.taxonomy import COMM_OPS, PHASES
 from tests.conftest import FIXTURES, run_cli
 from tests.test_model import TORCH, TRACES
 
@@ -42,7 +42,7 @@ def test_serial_run_moves_by_exactly_the_operator_delta(contexts: dict) -> None:
     checked = 0
     for op, ta in a.op_time.items():
         tb = float(b.op_time.get(op, 0.0))
-        if ta <= 0 or op == "comm":
+        if ta <= 0 or op in COMM_OPS:
             continue
         w = whatif(a, {op: b})
         assert w.delta_ns == pytest.approx(tb - ta, rel=1e-9, abs=1e-3), op

@@ -120,7 +120,7 @@ def test_collectives_are_comm_on_every_rank(allreduce) -> None:
     ev = allreduce.events
     coll = ev[(ev["name"] == "CollectiveReduceV2") & (ev["step"] >= 0)]
     assert sorted(coll["rank"].unique()) == [0, 1]
-    assert (coll["op"] == "comm").all() and (coll["phase"] == "comm").all()
+    assert (coll["op"] == "all_reduce").all() and (coll["phase"] == "comm").all()
     assert coll["counted"].all()
     sb = step_breakdown(allreduce)
     assert (sb["busy_comm"] > 0).all()
@@ -180,10 +180,10 @@ def test_parameter_server_roles_steps_and_receive_waits(ps) -> None:
     assert (ev.loc[ev["role"] != "worker", "step"] == -1).all()
     # Receives wait on a lane of their own as comm; their Start/Done halves are markers.
     waits = ev[(ev["tid"] == -1) & (ev["role"] == "worker")]
-    assert len(waits) and (waits["op"] == "comm").all() and waits["counted"].all()
+    assert len(waits) and (waits["op"] == "recv").all() and waits["counted"].all()
     assert waits["detail"].astype(str).str.startswith("waiting for ").all()
     sends = ev[(ev["name"] == "_Send") & (ev["role"] == "worker")]
-    assert len(sends) and (sends["op"] == "comm").all()
+    assert len(sends) and (sends["op"] == "send").all()
     # The optimizer runs on the parameter server.
     server_update = ev[(ev["role"] == "server") & (ev["op"] == "weights_update")]
     assert len(server_update) and not len(ev[(ev["role"] == "worker")

@@ -17,6 +17,19 @@ thus the communication not hidden behind compute. Busy time per phase is the uni
 phase's events and markers (phases may overlap there), and ``comm_overlap_ns`` is comm
 operator time during which a compute (forward/backward/update) operator also ran on the
 same rank.
+
+**On the device where there is one.** On a rank whose communication runs as device kernels
+(NCCL), hidden and exposed communication come from the device timeline, as Holistic Trace
+Analysis' ``get_comm_comp_overlap`` defines them: ``comm_time_ns`` is the union of the comm
+kernels the step launched (whole, wherever they run: a kernel belongs to the step of the host
+call that launched it), ``comm_overlap_ns`` the part of it during which a compute kernel the
+step launched ran on the rank's devices, and the overlap ratio leaves out each such rank's
+last step (its device work may be cut off where the profiler stopped: HTA's "complete
+steps"). An instant where a comm kernel runs and no compute kernel does is ``comm`` in the
+wall-time breakdown even while the host runs compute operators (it launches work the device
+runs only after the collective). A rank without device comm (CPU training) keeps the host
+view: ``comm_time_ns`` is the union of its comm operators and ``comm_overlap_ns`` the part of
+it during which a compute operator ran.
 """
 
 from __future__ import annotations
@@ -27,20 +40,23 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from opprof.analysis.devices import launch_times
 from opprof.events import lane_ids
 from opprof.intervals import Sweep, containing
-from opprof.taxonomy import PHASES
+from opprof.taxonomy import COMM_OPS, PHASES
 from opprof.trace import Trace
 
 PRIORITY = ("forward", "backward", "update", "comm", "h2d", "load")
 COMPUTE = ("forward", "backward", "update")
 _TIERS = [(p, "op") for p in PRIORITY] + [(p, "marker") for p in PRIORITY]
 _COMPUTE_CODES = [PHASES.index(p) for p in COMPUTE]
+_COMM_CODE = PHASES.index("comm")
 
 
 def step_breakdown(trace: Trace) -> pd.DataFrame:
     """One row per (rank, step): start, end, dur_ns, wall ns per phase (summing to dur_ns),
-    ``busy_<phase>`` ns, ``comm_overlap_ns``."""
+    ``busy_<phase>`` ns, ``comm_time_ns`` and ``comm_overlap_ns`` (the device's where comm
+    runs on one: ``comm_on_device``)."""
     bounds = trace.step_bounds()
     ev = trace.events
     workers = ev["role"] == "worker"
@@ -50,14 +66,23 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     markers = ev[workers & (ev["kind"] == "marker") & (ev["device"] == "cpu")
                  & ev["phase"].isin(PRIORITY)]
     blocked = blocked_in_comm(ops)
+    kernels = ev[workers & (ev["kind"] == "kernel") & (ev["device"] != "cpu")]
+    launched = launch_times(ev, kernels)
+    kernels = kernels.assign(launched=np.where(launched >= 0, launched,
+                                               kernels["ts"].to_numpy(np.int64)))
     rows = []
     for rank, b in bounds.groupby("rank", sort=True):
         b = b.sort_values("start")
         o = ops[ops["rank"] == rank]
         m = markers[markers["rank"] == rank]
-        rows.append(_rank_breakdown(rank, b, o, m, blocked[blocked["rank"] == rank]))
+        out = _rank_breakdown(rank, b, o, m, blocked[blocked["rank"] == rank])
+        k = kernels[kernels["rank"] == rank]
+        if out["comm_on_device"].any():
+            out["comm_time_ns"], out["comm_overlap_ns"] = device_overlap(b, k)
+        rows.append(out)
     cols = ["rank", "step", "start", "end", "dur_ns", *PHASES,
-            *(f"busy_{p}" for p in PRIORITY), "comm_overlap_ns"]
+            *(f"busy_{p}" for p in PRIORITY), "comm_time_ns", "comm_overlap_ns",
+            "comm_on_device"]
     if not rows:
         return pd.DataFrame(columns=cols)
     return pd.concat(rows, ignore_index=True)[cols]
@@ -85,6 +110,7 @@ class _RankArrays(NamedTuple):
     ends: np.ndarray
     phase: np.ndarray
     is_op: np.ndarray
+    on_device: np.ndarray
     k_start: np.ndarray
     k_end: np.ndarray
     k_phase: np.ndarray
@@ -95,9 +121,11 @@ class _RankArrays(NamedTuple):
         starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
         durs = np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
         k_start = blk["ts"].to_numpy(np.int64)
+        on_device = np.concatenate([(o["device"] != "cpu").to_numpy(bool),
+                                    np.zeros(len(m), bool)])
         return cls(b["start"].to_numpy(np.int64), b["end"].to_numpy(np.int64), starts,
                    starts + durs, np.concatenate([_phase_codes(o), _phase_codes(m)]),
-                   np.repeat([True, False], [len(o), len(m)]), k_start,
+                   np.repeat([True, False], [len(o), len(m)]), on_device, k_start,
                    k_start + blk["dur"].to_numpy(np.int64), _phase_codes(blk))
 
     def cover(self, sweep: Sweep, mask: np.ndarray,
@@ -119,7 +147,23 @@ class _RankArrays(NamedTuple):
             mine = (self.phase == code) & (self.is_op if src == "op" else ~self.is_op)
             cov = self.cover(sweep, mine, (self.k_phase == code) if src == "op" else None)
             winner[cov] = code
+        exposed = self.device_comm_exposed(sweep)
+        if exposed is not None:
+            winner[exposed] = _COMM_CODE
         return winner
+
+    @property
+    def device_comm(self) -> np.ndarray:
+        """Which intervals are device communication kernels."""
+        return self.on_device & self.is_op & (self.phase == _COMM_CODE)
+
+    def device_comm_exposed(self, sweep: Sweep) -> np.ndarray | None:
+        """Per segment: a device comm kernel runs and no device compute kernel does (None on
+        a rank without device communication)."""
+        if not self.device_comm.any():
+            return None
+        compute = self.on_device & self.is_op & np.isin(self.phase, _COMPUTE_CODES)
+        return self.cover(sweep, self.device_comm) & ~self.cover(sweep, compute)
 
 
 def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
@@ -141,10 +185,39 @@ def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame
     for p in PRIORITY:
         out[f"busy_{p}"] = sweep.total(cover(a.phase == PHASES.index(p)), step_i, n_steps)
     compute = np.isin(a.phase, _COMPUTE_CODES)
-    comm_ops = cover((a.phase == PHASES.index("comm")) & a.is_op)
+    comm_ops = cover((a.phase == _COMM_CODE) & a.is_op)
     compute_ops = cover(compute & a.is_op, np.isin(a.k_phase, _COMPUTE_CODES))
+    out["comm_time_ns"] = sweep.total(comm_ops, step_i, n_steps)
     out["comm_overlap_ns"] = sweep.total(comm_ops & compute_ops, step_i, n_steps)
+    out["comm_on_device"] = bool(a.device_comm.any())  # then device_overlap's figures
     return out
+
+
+def device_overlap(b: pd.DataFrame, kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per step of one rank (``b`` sorted): the union of the comm kernels it launched, and
+    the part of it during which a compute kernel it launched ran (``kernels``: the rank's,
+    with ``launched``, the start of the host call that launched each)."""
+    n = len(b)
+    step = np.searchsorted(b["start"].to_numpy(np.int64), kernels["launched"].to_numpy(np.int64),
+                           side="right") - 1
+    inside = (step >= 0) & (kernels["launched"].to_numpy(np.int64)
+                            < b["end"].to_numpy(np.int64)[np.maximum(step, 0)])
+    k = kernels[inside]
+    step = step[inside]
+    if k.empty:
+        return np.zeros(n, np.int64), np.zeros(n, np.int64)
+    ts = k["ts"].to_numpy(np.int64)
+    end = ts + k["dur"].to_numpy(np.int64)
+    # each step on a lane of its own: one sweep answers every step
+    t0, width = int(ts.min()), int(end.max() - ts.min()) + 2
+    ks, ke = step * width + (ts - t0), step * width + (end - t0)
+    sweep = Sweep(ks, ke)
+    comm = k["op"].isin(COMM_OPS).to_numpy()
+    compute = ~comm  # every other kernel computes, whatever its phase (as HTA)
+    c_cov = sweep.covered(ks[comm], ke[comm])
+    p_cov = sweep.covered(ks[compute], ke[compute])
+    seg_step = sweep.start // width
+    return (sweep.total(c_cov, seg_step, n), sweep.total(c_cov & p_cov, seg_step, n))
 
 
 def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -215,8 +288,15 @@ def phase_summary(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def comm_overlap_ratio(steps: pd.DataFrame) -> float | None:
-    """Share of communication time hidden behind compute, over all steps (None: no comm)."""
-    comm = int(steps["busy_comm"].sum()) if len(steps) else 0
+    """Share of communication time hidden behind compute, over all steps (None: no comm):
+    on the device timeline where communication runs on one (module docstring)."""
+    if "comm_on_device" in steps and steps["comm_on_device"].any():
+        # HTA's complete steps: not the last one of a GPU rank that has several
+        last = steps.groupby("rank")["step"].transform("max") == steps["step"]
+        several = steps.groupby("rank")["step"].transform("size") > 1
+        steps = steps[~(steps["comm_on_device"] & last & several)]
+    col = "comm_time_ns" if "comm_time_ns" in steps else "busy_comm"  # older tables
+    comm = int(steps[col].sum()) if len(steps) else 0
     return None if comm == 0 else float(steps["comm_overlap_ns"].sum()) / comm
 
 

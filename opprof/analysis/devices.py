@@ -5,7 +5,7 @@ the *span* runs from the first device event's start to the last one's end, the c
 of Holistic Trace Analysis' temporal breakdown, so the two can be compared. Every instant
 of the span goes to exactly one category, by priority:
 
-1. ``comm``: a communication kernel runs (kernel whose op is ``comm``: NCCL/RCCL kernels by
+1. ``comm``: a communication kernel runs (kernel whose op is a collective: NCCL/RCCL kernels by
    name, or kernels launched by a collective);
 2. ``compute``: any other kernel runs;
 3. ``memcpy``: a memcpy or memset runs (copies and sets; ``memcpy_ns`` includes memsets);
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.intervals import Sweep
-from opprof.taxonomy import DEVICE_KINDS
+from opprof.taxonomy import COMM_OPS, DEVICE_KINDS
 from opprof.trace import Trace
 
 CATEGORIES = ("comm", "compute", "memcpy")  # priority order; idle is the rest
@@ -63,7 +63,7 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     dev = ev[ev["kind"].isin(DEVICE_KINDS) & (ev["device"].astype(str) != "cpu")]
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
-    launch_ts = _launch_times(ev, dev)
+    launch_ts = launch_times(ev, dev)
     left_out = np.zeros(len(dev), bool)
     if span == "steps":
         cutoff = _last_step_starts(trace, dev["rank"].to_numpy(np.int64))
@@ -76,7 +76,7 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     cat = np.where(dev["kind"].to_numpy() != "kernel", 2,
-                   np.where(dev["op"].astype(object).to_numpy() == "comm", 0, 1))
+                   np.where(dev["op"].isin(COMM_OPS).to_numpy(), 0, 1))
     rows = []
     keys = pd.DataFrame({"rank": dev["rank"].to_numpy(), "device": dev["device"].astype(str)})
     for (rank, device), idx in keys.groupby(["rank", "device"], sort=True).indices.items():
@@ -105,7 +105,7 @@ def _last_step_starts(trace: Trace, rank: np.ndarray) -> np.ndarray:
     return out
 
 
-def _launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
+def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
     """Start of the host call that launched each device event (-1 when unknown)."""
     out = np.full(len(dev), -1, dtype=np.int64)
     if "link" not in ev.columns:

@@ -30,7 +30,10 @@ Definitions (worker ranks only; times on the common clock the normalizer aligned
 - **Overlap**: collective time during which the rank also ran a compute
   (forward/backward/update) operator; a compute operator is not counted as running while
   it is blocked in a communication call it issued on its own thread (DDP's all-reduce from
-  a backward hook). ``overlap`` = overlap / comm.
+  a backward hook). ``overlap`` = overlap / comm. On a rank whose collectives run as device
+  kernels, the device's: its comm kernels against its compute kernels, per step the kernels
+  it launched, the last step left out of the ratio (``opprof.analysis.breakdown``: Holistic
+  Trace Analysis' ``get_comm_comp_overlap``).
 - **Bandwidth** = payload bytes / transfer time, over the profiled steps: the algorithm
   bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
 - **By collective** (``kinds``): per canonical collective (``all_gather``, ``reduce_scatter``,
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.breakdown import COMPUTE, container, step_breakdown
+from opprof.analysis.breakdown import COMPUTE, comm_overlap_ratio, container, step_breakdown
 from opprof.intervals import Sweep
 from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
@@ -77,8 +80,9 @@ class RankAnalysis:
 
 
 def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(timing events: rank, step, pid, tid, name, ts, dur, end, bytes; payload: rank, step,
-    bytes) of every worker rank, per the rules above."""
+    """(timing events: rank, step, pid, tid, name, op, link, ts, dur, end, bytes, event (its
+    row label in ``trace.events``); payload: rank, step, bytes) of every worker rank, per the
+    rules above."""
     ev = trace.events
     base = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["op"].isin(COMM_OPS)
     on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
@@ -86,7 +90,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     is_span = _name_matches(ev, BACKEND_SPAN)
     device, spans = base & on_device, base & host & is_span
     calls = base & host & ev["counted"]
-    cols = ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes", "op"]
+    cols = ["rank", "step", "pid", "tid", "name", "op", "link", "ts", "dur", "bytes"]
 
     def first_per_rank(options: list[pd.DataFrame]) -> pd.DataFrame:
         done: set[int] = set()
@@ -101,6 +105,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     timing["name"] = timing["name"].astype(str)
     timing["op"] = timing["op"].astype(str)
     timing["end"] = timing["ts"] + timing["dur"]
+    timing["event"] = timing.index  # its row in the events table
     timing = timing.sort_values(["rank", "ts"], kind="stable").reset_index(drop=True)
 
     # A call's payload: the largest byte count among it and the comm events nested in it.
@@ -171,11 +176,14 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
     blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
+        b = b.sort_values("start")
         c = timing[timing["rank"] == rank]
-        args = (b.sort_values("start"), compute[compute["rank"] == rank],
-                blocked[blocked["rank"] == rank])
-        frames.append(_comm_overlap(args[0], c, *args[1:]))
-        kinds += [_comm_overlap(args[0], c[c["op"] == op], *args[1:]).assign(op=op)
+        args = (compute[compute["rank"] == rank], blocked[blocked["rank"] == rank])
+        part = _comm_overlap(b, c, *args)
+        if "comm_on_device" in b and b["comm_on_device"].any():  # the device's overlap
+            part["overlap_ns"] = b["comm_overlap_ns"].to_numpy(np.int64)
+        frames.append(part)
+        kinds += [_comm_overlap(b, c[c["op"] == op], *args).assign(op=op)
                   for op in pd.unique(c["op"])]
     cols = ["rank", "step", "comm_ns", "overlap_ns"]
     comm = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
@@ -299,6 +307,11 @@ def _rank_rows(per_step: pd.DataFrame) -> pd.DataFrame:
     comm = tot["comm_ns"].where(tot["comm_ns"] > 0)
     out["wait_share"] = tot["wait_ns"] / comm
     out["overlap"] = tot["overlap_ns"] / comm
+    if "comm_on_device" in per_step:  # the device's ratio, as the step breakdown's
+        ratio = pd.Series({r: comm_overlap_ratio(s) for r, s in
+                           per_step[per_step["comm_on_device"].astype(bool)].groupby("rank")},
+                          dtype=float)
+        out.loc[ratio.index, "overlap"] = ratio
     xfer = tot["transfer_ns"].where(tot["transfer_ns"] > 0)
     out["bandwidth_Bps"] = (tot["bytes"] / (xfer / 1e9)).where(tot["bytes"] > 0)
     return out.reset_index()[RANK_COLUMNS]

@@ -18,6 +18,8 @@ import pandas as pd
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
 from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
 from opprof.analysis.convergence import summary as convergence_summary
+from opprof.analysis.collectives import COLUMNS as COLLECTIVE_COLUMNS
+from opprof.analysis.collectives import collective_part, combine_collectives
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -60,6 +62,9 @@ class Report:
     collective_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The convergence curve's summary (opprof.analysis.convergence); None without one.
     convergence: dict | None = None
+    #: One row per (collective, process group, size): opprof.analysis.collectives.
+    collectives: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))
 
 
 @dataclass
@@ -76,13 +81,15 @@ class RankPart:
     memory: MemoryPart = field(default_factory=MemoryPart)
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
-    if "detail" in trace.events:  # no analysis reads it; every filter would copy it
-        trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     steps = step_breakdown(trace)
+    comm = collective_part(trace)  # reads the process groups in ``detail``
+    if "detail" in trace.events:  # no other analysis reads it; every filter would copy it
+        trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     return RankPart(
         ranks=[int(r) for r in pd.unique(trace.events["rank"])],
         events=len(trace.events),
@@ -94,6 +101,7 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         memory=memory_part(trace),
         compile_steps=compile_steps(trace),
         fused_kernels=fused_kernels(trace),
+        collectives=comm,
     )
 
 
@@ -125,6 +133,7 @@ def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Re
         fused_kernels=kernels,
         collective_kinds=ranks.kinds,
         convergence=convergence_summary(meta),
+        collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
     )
 
 

@@ -9,9 +9,10 @@ instant of a step belongs to exactly one phase — so for every (rank, step)::
 with ``t_io`` = load, ``t_h2d`` = h2d, ``t_f`` = forward, ``t_b`` = backward, ``t_u`` = update,
 ``t_comm`` = the communication *exposed* on the critical path (comm no compute ran beside)
 and ``other`` = time nothing covers. Beside them, ``comm_busy_ns`` is all the time a
-collective ran (the union of comm events and markers) and ``comm_hidden_ns`` the part of it
-hidden behind compute operators; ``io_busy_ns`` likewise for loading (larger than ``t_io``
-when a prefetching input pipeline loads during compute).
+collective ran (the union of comm events and markers; on a GPU rank, of its comm kernels)
+and ``comm_hidden_ns`` the part of it hidden behind compute (kernels, on a GPU rank);
+``io_busy_ns`` likewise for loading (larger than ``t_io`` when a prefetching input pipeline
+loads during compute).
 
 The summary is the mean over all (rank, step) rows (what the model predicts: the step of a
 typical worker), with the spread of each term: standard deviation, min, median, max and the
@@ -87,7 +88,10 @@ def terms_from_steps(steps: pd.DataFrame) -> Terms:
                         "dur_ns": steps["dur_ns"].to_numpy(np.int64)})
     for t, p in PHASE_OF.items():
         out[t] = steps[p].to_numpy(np.int64)
-    out["comm_busy_ns"] = steps["busy_comm"].to_numpy(np.int64)
+    # on a GPU rank, the device's comm kernels (opprof.analysis.breakdown)
+    device = steps["comm_on_device"].to_numpy(bool) if "comm_on_device" in steps else False
+    out["comm_busy_ns"] = np.where(device, steps.get("comm_time_ns", 0),
+                                   steps["busy_comm"]).astype(np.int64)
     out["comm_hidden_ns"] = steps["comm_overlap_ns"].to_numpy(np.int64)
     out["io_busy_ns"] = steps["busy_load"].to_numpy(np.int64)
     per_rank = out.groupby("rank")[["dur_ns", *TERMS, *EXTRA]].mean().reset_index()

@@ -11,7 +11,8 @@ Changes and how each moves the step:
 - ``--op OP=B.trace``: FACTOR = B's time of OP per step / this trace's (canonical operators,
   so any two frameworks compare): device time where the trace has GPU kernels, else host.
 - ``--comm hidden`` (all communication behind compute: the exposed comm term becomes 0) or
-  ``--comm FACTOR`` (every collective × FACTOR, re-simulated); ``--op comm=…`` is the same.
+  ``--comm FACTOR`` (every collective × FACTOR, re-simulated); ``--op comm=…`` (or any
+  communication op: ``--op all_reduce=…``) is the same.
 - ``--io hidden``: loading fully prefetched (the load term becomes 0).
 - ``--workers N`` (with ``--mode``, ``--servers``, ``--network``): as ``opprof model``.
 
@@ -43,7 +44,7 @@ from opprof.analysis.predict import (
 )
 from opprof.analysis.simulate import simulate
 from opprof.errors import OpprofError
-from opprof.taxonomy import CANONICAL_OPS, DEVICE_KINDS, PHASES
+from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
 
@@ -152,7 +153,7 @@ def whatif(ctx: Context, ops: dict[str, OpValue] | None = None, comm: str | floa
     result.scenario = changes
     for op, f in factors.items():
         if f is not None and not float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum()) \
-                and op != "comm":
+                and op not in COMM_OPS:
             result.notes.append(f"{op} does not run in {ctx.label or 'the trace'}; "
                                 "nothing to scale")
     return result
@@ -180,7 +181,7 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     for op, f in factors.items():
         if f is None:
             continue
-        if op == "comm":
+        if op in COMM_OPS:  # the model's one communication lane: any collective scales it
             comm_scale *= f
             continue
         rows = ctx.wall[ctx.wall["op"] == op]

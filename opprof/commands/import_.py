@@ -1,4 +1,5 @@
-"""`opprof import`: normalize native traces (one per rank, or folders) into one `.trace`."""
+"""`opprof import`: normalize native traces (one per rank, or folders) into one `.trace`, or
+merge the `.trace` files of one job's hosts."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from opprof.job import import_
 @engine_options
 def command(native: tuple[Path, ...], output: Path, scheduler: str | None,
             jobs: int | None) -> None:
-    """Normalize NATIVE traces (files or folders, any supported format) into an opprof trace.
+    """Normalize NATIVE traces (files or folders, any supported format) into an opprof trace,
+    or merge the `.trace` files of one job's hosts (ranks kept, one clock).
 
     \b
     Example:
       opprof import examples/traces/nccl-2rank-rank0.json.gz -o nccl.trace
       opprof import rank0.json rank1.json -o job.trace
+      opprof import node0.trace node1.trace -o job.trace
       opprof import traces/ -o job.trace --scheduler tcp://10.0.0.1:8786
     """
     done = import_(list(native), output, scheduler=scheduler, jobs=jobs)

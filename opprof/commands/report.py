@@ -23,8 +23,10 @@ from opprof.render import renderer
 
 @click.command("report")
 @click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory"]),
-              default="phase", show_default=True, help="Which view to show.")
+@click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory",
+                                         "comm"]),
+              default="phase", show_default=True,
+              help="Which view to show (comm: per collective, bytes and bus bandwidth).")
 @top_option
 @report_format_option
 @output_option
@@ -41,6 +43,7 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     Example:
       opprof report resnet18-torch.trace --by op --top 15
       opprof report resnet18-torch.trace --by memory
+      opprof report rank*.pt.trace.json.gz --by comm
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html

@@ -241,6 +241,30 @@ def rank_comm_tables(rep: Report) -> list[Table]:
     return [*tables, s]
 
 
+def collective_table(rep: Report) -> Table | Text:
+    """Communication per collective (opprof.analysis.collectives): calls, bytes, time,
+    algorithm and bus bandwidth, hidden share."""
+    c = rep.collectives
+    if c.empty:
+        return Text("no collectives in the trace's steps")
+    t = Table(title="Collectives (per step; bandwidth by the nccl-tests convention)",
+              title_justify="left")
+    for col in ["collective", "group", "n", "calls", "bytes/call", "ms/step", "wait",
+                "algbw", "busbw", "hidden"]:
+        t.add_column(col, justify="left" if col in ("collective", "group") else "right")
+    for r in c.to_dict("records"):
+        wait = r["wait_ns"] / r["time_ns"] if r["time_ns"] else None
+        t.add_row(r["op"], r["group"] or "-", str(int(r["size"])),
+                  f"{r['calls_per_step']:,.1f}", _size(r["bytes_per_call"]),
+                  ms(r["ns_per_step"]), pct(wait), _size(r["algbw_Bps"], "B/s"),
+                  _size(r["busbw_Bps"], "B/s"), pct(r["hidden"]))
+    t.caption = ("n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
+                 "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
+                 "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
+                 "beside it (GPU: compute kernels)")
+    return t
+
+
 DEVICE_STYLE = {"compute": "green", "comm": "red", "memcpy": "bright_cyan", "idle": "grey50"}
 
 
@@ -451,9 +475,18 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     if by == "op":
         items.append(op_table(rep.ops, top, "Host operators", rep.fused_kernels))
+        if not rep.device_ops.empty:
+            items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
+                                  rep.fused_kernels))
+        if not rep.collectives.empty:
+            items.append(collective_table(rep))
     elif by == "rank":
         items.append(rank_table(rep))
         items.extend(rank_comm_tables(rep))
+        if not rep.collectives.empty:
+            items.append(collective_table(rep))
+    elif by == "comm":
+        items.append(collective_table(rep))
     elif by == "step":
         items.append(step_table(rep))
     elif by == "device" and rep.devices.empty and rep.device_ops.empty:

@@ -336,6 +336,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
                      _report_ops(rep.device_ops, top, "device")))
     if len(ranks) > 1:
         secs.append(("ranks", "Ranks", _report_ranks(rep)))
+    if len(rep.collectives):
+        secs.append(("collectives", "Collectives", _report_collectives(rep)))
     if len(rep.devices):
         secs.append(("devices", "GPU time per device", _report_devices(rep)))
     if len(rep.memory.ranks):
@@ -472,6 +474,36 @@ def _report_ranks(rep: Report) -> str:
     if len(rep.stragglers):
         parts.append("<h3>Stragglers</h3>" + table(rep.stragglers, STRAGGLER_COLUMNS))
     return "".join(parts)
+
+
+def f_bytes(v: Any) -> str:
+    """Bytes (or bytes per second) with a decimal prefix."""
+    x = _num(v)
+    if x is None or x == 0:
+        return "-"
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= scale:
+            return f"{x / scale:,.2f} {prefix}"
+    return f"{x:,.0f} "
+
+
+COLLECTIVE_COLUMNS: list[Column] = [
+    ("op", "collective", f_text), ("group", "group", f_text), ("size", "ranks in group", f_int),
+    ("calls_per_step", "calls/step", lambda v: f"{_num(v) or 0:,.1f}"),
+    ("bytes_per_call", "bytes/call", lambda v: f_bytes(v) + "B"),
+    ("ns_per_step", "ms/step", f_ms), ("wait_ns", "wait ms (total)", f_ms),
+    ("transfer_ns", "transfer ms (total)", f_ms),
+    ("algbw_Bps", "algbw", lambda v: f_bytes(v) + "B/s"),
+    ("busbw_Bps", "busbw", lambda v: f_bytes(v) + "B/s"), ("hidden", "hidden", f_pct)]
+
+
+def _report_collectives(rep: Report) -> str:
+    return (note("Per collective and process group: wait = before the last rank entered it; "
+                 "algbw = bytes / transfer time, busbw = algbw × "
+                 "2(n−1)/n for all_reduce, (n−1)/n for all_gather, reduce_scatter and "
+                 "all_to_all, 1 otherwise (the nccl-tests convention); hidden = the share "
+                 "of its time the rank computed beside it (on a GPU: compute kernels).")
+            + table(rep.collectives, COLLECTIVE_COLUMNS))
 
 
 DEVICE_COLUMNS: list[Column] = [

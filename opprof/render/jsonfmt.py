@@ -43,7 +43,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
         {"rank": int(r["rank"]), "step": int(r["step"]), "dur_ns": int(r["dur_ns"]),
          "phases": {p: int(r[p]) for p in PHASES},
          "busy": {c[5:]: int(r[c]) for c in rep.steps.columns if c.startswith("busy_")},
-         "comm_overlap_ns": int(r["comm_overlap_ns"])}
+         "comm_overlap_ns": int(r["comm_overlap_ns"]),
+         "comm_time_ns": int(r.get("comm_time_ns", 0))}
         for r in rep.steps.to_dict("records")
     ]
     phases = {p: {k: _clean(v) for k, v in row.items()}
@@ -57,6 +58,7 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "devices": records(rep.devices), "device_span": rep.device_span,
             "stragglers": records(rep.stragglers), "noise": rep.noise,
             "collective_kinds": records(rep.collective_kinds),
+            "collectives": records(rep.collectives),
             "memory": memory_records(rep),
             "memory_unprofiled": [{"rank": int(r["rank"]), "role": str(r["role"]),
                                    "peak_rss_bytes": _int_or_none(r["unprofiled_rss_bytes"])}

@@ -20,6 +20,8 @@ def report_table(rep: Report, by: str, top: int | None) -> pd.DataFrame:
         return rep.devices
     if by == "memory":
         return rep.memory.ranks
+    if by == "comm":
+        return rep.collectives
     return rep.phases.reset_index()
 
 

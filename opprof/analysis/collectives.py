@@ -1,0 +1,217 @@
+"""Communication per collective: count, bytes, time, algorithm and bus bandwidth, hidden share.
+
+One row per (collective op, process group, group size) over the worker ranks' steps. The
+events that time a collective on a rank are those of :func:`opprof.analysis.ranks.collectives`
+(its device comm kernels if it has any, else its backend spans ``gloo:all_reduce``, else its
+counted host comm calls); each takes the payload and the process group of the call it
+belongs to where it has none of its own (an NCCL kernel of a sampled trace: the bytes of the
+``c10d::`` call that launched it, found through ``link`` and the call that encloses the
+launch), and its call's bytes where they are more (``gloo:all_gather`` names only its input,
+``c10d::_allgather_base_`` the gathered buffer too).
+
+- **bytes**: the collective's message size as nccl-tests defines it (``S``: the buffer an
+  all-reduce reduces, the gathered buffer of an all-gather, the scattered one of a
+  reduce-scatter), from the trace's ``bytes`` column;
+- **group**, **size**: the process group's name and rank count where the trace names them
+  (Kineto's ``Process Group Name`` / ``Group size``, kept in ``detail`` as ``pg=NAME size=N``);
+  else the group is unnamed and its size the job's world size (``distributedInfo``, else the
+  worker count);
+- **wait** / **transfer**: the part of each execution before the last rank entered it, and
+  the rest (:mod:`opprof.analysis.ranks`; all transfer when it is not matched across ranks);
+- **algbw** = bytes / transfer time (sums over the collective's executions: nccl-tests times
+  a collective all ranks have entered), **busbw** = algbw × the
+  collective's factor (nccl-tests' convention, n the group size): all-reduce 2(n−1)/n,
+  all-gather, reduce-scatter and all-to-all (n−1)/n, broadcast, send, recv, push and pull 1;
+  none for a barrier or an unnamed ``comm``;
+- **hidden**: the share of the collective's time during which the rank computed — compute
+  kernels on a rank whose collectives run on its GPU (Holistic Trace Analysis' definition),
+  compute operators not blocked in a call they issued otherwise (:mod:`opprof.analysis.ranks`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.breakdown import COMPUTE, container
+from opprof.analysis.ranks import collectives
+from opprof.intervals import Sweep
+from opprof.taxonomy import COMM_OPS
+from opprof.trace import Trace
+
+#: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
+#: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
+PART_COLUMNS = ["rank", "event", "op", "group", "size", "bytes", "dur", "hidden_ns"]
+COLUMNS = ["op", "group", "size", "ranks", "calls", "calls_per_step", "bytes_per_call",
+           "ns_per_step", "time_ns", "wait_ns", "transfer_ns", "bytes", "algbw_Bps",
+           "busbw_Bps", "hidden"]
+_GROUP = r"pg=(?P<group>\S+)"
+_SIZE = r"size=(?P<size>\d+)"
+_DESC = r"desc=(?P<desc>\S+)"
+
+
+def bus_factor(op: str, n: int | float) -> float:
+    """nccl-tests' bus bandwidth factor of a collective over ``n`` ranks (NaN: none)."""
+    if not n or n != n:
+        return np.nan
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op in ("broadcast", "send", "recv", "push", "pull"):
+        return 1.0
+    return np.nan
+
+
+def collective_part(trace: Trace) -> pd.DataFrame:
+    """Every execution of a collective in the steps of the ranks of ``trace``: its op,
+    group, size, bytes, duration and the ns of it hidden behind compute."""
+    timing, _ = collectives(trace)
+    if timing.empty:
+        return pd.DataFrame(columns=PART_COLUMNS)
+    ev = trace.events
+    timing = _with_calls(ev, timing)
+    timing["hidden_ns"] = _hidden(ev, timing)
+    world = {r: _world_size(trace.meta, int(r)) for r in timing["rank"].unique()}
+    timing["size"] = timing["size"].fillna(timing["rank"].map(world)).astype(np.int64)
+    return timing[PART_COLUMNS].reset_index(drop=True)
+
+
+def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
+                        matched: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The job's table from every rank's part (``rank_steps``: the (rank, step) rows of the
+    job, the denominator of the per-step figures; ``matched``: the collectives matched
+    across ranks, :class:`opprof.analysis.ranks.RankAnalysis`'s, whose wait for the last
+    rank to enter each is left out of the bandwidth's time, as nccl-tests times a collective
+    that every rank has entered)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    df = pd.concat(parts, ignore_index=True)
+    df["wait_ns"] = 0
+    if matched is not None and len(matched) and "event" in matched:
+        wait = matched.set_index(["rank", "event"])["wait_ns"]
+        key = pd.MultiIndex.from_arrays([df["rank"], df["event"]])
+        df["wait_ns"] = wait.reindex(key).fillna(0).to_numpy(np.int64)
+    g = df.groupby(["op", "group", "size"], sort=False)
+    out = g.agg(ranks=("rank", "nunique"), calls=("dur", "size"), bytes=("bytes", "sum"),
+                time_ns=("dur", "sum"), wait_ns=("wait_ns", "sum"),
+                hidden_ns=("hidden_ns", "sum")).reset_index()
+    out["transfer_ns"] = out["time_ns"] - out["wait_ns"]
+    per = max(rank_steps, 1)
+    out["calls_per_step"] = out["calls"] / per
+    out["bytes_per_call"] = out["bytes"] / out["calls"]
+    out["ns_per_step"] = out["time_ns"] / per
+    secs = out["transfer_ns"].where(out["transfer_ns"] > 0) / 1e9
+    out["algbw_Bps"] = (out["bytes"] / secs).where(out["bytes"] > 0)
+    factor = np.array([bus_factor(o, n) for o, n in zip(out["op"], out["size"], strict=True)])
+    out["busbw_Bps"] = out["algbw_Bps"] * factor
+    out["hidden"] = out["hidden_ns"] / out["time_ns"].where(out["time_ns"] > 0)
+    return out.sort_values("time_ns", ascending=False, kind="stable")[COLUMNS].reset_index(
+        drop=True)
+
+
+def _world_size(meta: dict, rank: int) -> int:
+    """The job's world size as rank ``rank``'s trace says it, else the worker count."""
+    info = (meta.get("distributed") or {}).get(str(rank)) or {}
+    size = info.get("world_size") if isinstance(info, dict) else None
+    try:
+        return int(size) if size else int(meta.get("workers") or 1)
+    except (TypeError, ValueError):
+        return int(meta.get("workers") or 1)
+
+
+def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
+    """``timing`` with bytes (the larger of its own and its call's), group and size (its
+    own, else its call's)."""
+    host = (ev["role"] == "worker") & (ev["device"] == "cpu")
+    comm = ev[host & ev["op"].isin(COMM_OPS)]
+    calls = comm[comm["counted"]]
+    cols = ["rank", "pid", "tid", "ts", "dur"]
+    # a call's payload and group: the largest bytes and the first group among its events
+    info = _group_of(comm)
+    inner = pd.DataFrame({"call": container(comm[cols], calls[cols]),
+                          "bytes": comm["bytes"].to_numpy(np.int64),
+                          "group": info["group"].to_numpy(object),
+                          "size": info["size"].to_numpy(float)})
+    call = inner[inner["call"] >= 0].groupby("call").agg(
+        bytes=("bytes", "max"), group=("group", "first"), size=("size", "first"))
+    # a device kernel's call: the one enclosing the runtime call that launched it
+    launches = ev[host & (ev["link"] >= 0)]
+    key = pd.Index(launches["rank"].to_numpy(np.int64) * (1 << 40)
+                   + launches["link"].to_numpy(np.int64))
+    first = ~key.duplicated(keep="first")
+    via_launch = pd.Series(container(launches[cols], calls[cols])[first], index=key[first])
+    t_key = timing["rank"].to_numpy(np.int64) * (1 << 40) + timing["link"].to_numpy(np.int64)
+    from_launch = via_launch.reindex(t_key).to_numpy(dtype=float)
+    # a host event's call: the call itself, or the one enclosing it
+    from_host = container(timing[cols], calls[cols]).astype(float)
+    on_device = (ev.loc[timing["event"], "device"] != "cpu").to_numpy()
+    which = np.where(on_device, from_launch, from_host)
+    c = call.reindex(np.where(np.isnan(which), -1, which).astype(np.int64))
+    own = _group_of(ev.loc[timing["event"]])
+    own_bytes = ev.loc[timing["event"], "bytes"].to_numpy(np.int64)
+    out = timing.copy()
+    # the larger: a span may see only its input (gloo:all_gather), its call the whole
+    out["bytes"] = np.maximum(own_bytes, c["bytes"].fillna(0).to_numpy()).astype(np.int64)
+    group = np.where(own["group"].notna(), own["group"].to_numpy(object),
+                     c["group"].to_numpy(object))
+    out["group"] = pd.Series(group).fillna("").to_numpy(object)
+    out["size"] = np.where(own["size"].notna(), own["size"].to_numpy(float),
+                           c["size"].to_numpy(float))
+    out["op"] = out["op"].astype(str)
+    out["on_device"] = on_device
+    return out
+
+
+def _group_of(events: pd.DataFrame) -> pd.DataFrame:
+    """``group`` (name, with its description) and ``size`` of events, from their detail."""
+    if "detail" not in events:
+        return pd.DataFrame({"group": None, "size": np.nan}, index=events.index)
+    detail = events["detail"]
+    text = detail.astype(object).where(detail.notna(), "").astype(str)
+    name = text.str.extract(_GROUP)["group"]
+    desc = text.str.extract(_DESC)["desc"]
+    group = name.where(desc.isna(), name + " (" + desc + ")")
+    size = pd.to_numeric(text.str.extract(_SIZE)["size"], errors="coerce")
+    return pd.DataFrame({"group": group, "size": size}, index=events.index)
+
+
+def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
+    """Per timing event: ns of it during which its rank computed (compute kernels where the
+    event is a device kernel, unblocked compute operators otherwise)."""
+    out = np.zeros(len(timing), np.int64)
+    workers = ev[ev["role"] == "worker"]
+    kernels = workers[(workers["kind"] == "kernel") & (workers["device"] != "cpu")]
+    dev_compute = kernels[~kernels["op"].isin(COMM_OPS)]
+    host = workers[workers["counted"] & (workers["device"] == "cpu")]
+    host_compute = host[host["phase"].isin(COMPUTE)]
+    host_comm = host[host["op"].isin(COMM_OPS)]
+    blocked = host_comm[container(host_comm, host_compute) >= 0]
+    ranks = timing["rank"].to_numpy()
+    on_device = timing["on_device"].to_numpy(bool)
+    ts, end = timing["ts"].to_numpy(np.int64), timing["end"].to_numpy(np.int64)
+    for rank in np.unique(ranks):
+        for dev, comp, blk in ((True, dev_compute, None), (False, host_compute, blocked)):
+            sel = np.flatnonzero((ranks == rank) & (on_device == dev))
+            if len(sel):
+                out[sel] = _covered_within(ts[sel], end[sel], comp[comp["rank"] == rank],
+                                           None if blk is None else blk[blk["rank"] == rank])
+    return out
+
+
+def _covered_within(s: np.ndarray, e: np.ndarray, comp: pd.DataFrame,
+                    blocked: pd.DataFrame | None) -> np.ndarray:
+    """Per interval [s, e): ns during which a ``comp`` event ran (less ``blocked`` calls)."""
+    p_ts = comp["ts"].to_numpy(np.int64)
+    p_end = p_ts + comp["dur"].to_numpy(np.int64)
+    k_ts = np.zeros(0, np.int64) if blocked is None else blocked["ts"].to_numpy(np.int64)
+    k_end = k_ts + (np.zeros(0, np.int64) if blocked is None
+                    else blocked["dur"].to_numpy(np.int64))
+    sweep = Sweep(s, e, p_ts, p_end, k_ts, k_end)
+    if not len(sweep.length):
+        return np.zeros(len(s), np.int64)
+    busy = sweep.covered(p_ts, p_end, (k_ts, k_end))
+    cum = np.r_[0, np.cumsum(np.where(busy, sweep.length, 0))]
+    return (cum[np.searchsorted(sweep.points, e)]
+            - cum[np.searchsorted(sweep.points, s)]).astype(np.int64)
