@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_breakdown
-from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
-from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.collectives import COLUMNS as COLLECTIVE_COLUMNS
 from opprof.analysis.collectives import collective_part, combine_collectives
+from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
+from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part

@@ -255,9 +255,9 @@ def collective_table(rep: Report) -> Table | Text:
     for r in c.to_dict("records"):
         wait = r["wait_ns"] / r["time_ns"] if r["time_ns"] else None
         t.add_row(r["op"], r["group"] or "-", str(int(r["size"])),
-                  f"{r['calls_per_step']:,.1f}", _size(r["bytes_per_call"]),
-                  ms(r["ns_per_step"]), pct(wait), _size(r["algbw_Bps"], "B/s"),
-                  _size(r["busbw_Bps"], "B/s"), pct(r["hidden"]))
+                  f"{r['calls_per_step']:,.1f}", size(r["bytes_per_call"]),
+                  ms(r["ns_per_step"]), pct(wait), rate(r["algbw_Bps"]),
+                  rate(r["busbw_Bps"]), pct(r["hidden"]))
     t.caption = ("n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
                  "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
                  "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
