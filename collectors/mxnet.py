@@ -54,6 +54,7 @@ import numpy as np
 
 from opprof.collectors.config import (
     INPUT_SIZE,
+    SEQUENCE_MODELS,
     Framework,
     Mode,
     Protocol,
@@ -61,8 +62,8 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
 )
-from opprof.collectors.convergence import image_convergence
-from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.convergence import image_convergence, token_convergence, token_data
+from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
 from opprof.collectors.runner import LossLog, Runner, drive
 from opprof.files import write_atomic
@@ -312,10 +313,17 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_worker = max(config.batch_size * 8, 256)
-    images, labels, classes = load_images(config.dataset, n=per_worker * world, seed=config.seed)
     shard = slice(rank * per_worker, (rank + 1) * per_worker)
     seed = config.seed * 1000 + rank
-    dataset = ImageDataset(images[shard], labels[shard], size=size, seed=seed)
+    if key in SEQUENCE_MODELS:  # tokens as float32, MXNet's convention for indices
+        tokens = token_data(config, per_worker * world)[shard]
+        classes = TOKEN_VOCAB
+        dataset: Any = mx.gluon.data.ArrayDataset(tokens[:, :-1].astype(np.float32),
+                                                  tokens[:, 1:].astype(np.float32))
+    else:
+        images, labels, classes = load_images(config.dataset, n=per_worker * world,
+                                              seed=config.seed)
+        dataset = ImageDataset(images[shard], labels[shard], size=size, seed=seed)
     loader = mx.gluon.data.DataLoader(dataset, batch_size=config.batch_size,
                                       last_batch="discard", num_workers=0,
                                       sampler=EpochSampler(len(dataset), seed))
@@ -339,11 +347,16 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                            facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
                     scale, adapter)
-    mean, std = dataset.mean.reshape(3), dataset.std.reshape(3)
-    convergence = image_convergence(
-        config, images[shard], labels[shard], size=size, mean=mean, std=std,
-        predict=lambda x: net(mx.nd.array(x.transpose(0, 3, 1, 2))).asnumpy(),
-        loss=lambda loss: float(loss.mean().asscalar()))
+    if key in SEQUENCE_MODELS:
+        convergence = token_convergence(
+            config, tokens, predict=lambda x: net(mx.nd.array(x)).asnumpy(),
+            loss=lambda loss: float(loss.mean().asscalar()))
+    else:
+        mean, std = dataset.mean.reshape(3), dataset.std.reshape(3)
+        convergence = image_convergence(
+            config, images[shard], labels[shard], size=size, mean=mean, std=std,
+            predict=lambda x: net(mx.nd.array(x.transpose(0, 3, 1, 2))).asnumpy(),
+            loss=lambda loss: float(loss.mean().asscalar()))
     drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
 
 

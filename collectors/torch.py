@@ -71,14 +71,15 @@ import numpy as np
 
 from opprof.collectors.config import (
     INPUT_SIZE,
+    SEQUENCE_MODELS,
     Framework,
     Protocol,
     RecordConfig,
     Role,
     canonical_name,
 )
-from opprof.collectors.convergence import image_convergence
-from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.convergence import image_convergence, token_convergence, token_data
+from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
@@ -361,17 +362,29 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     ``--converge`` its :class:`Convergence` (the step returns its loss, detached)."""
     import torch
     from torch import nn
-    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from opprof.collectors.config import Mode
-    from opprof.collectors.torch_models import build, layer_counts, unit_param_bytes
+    from opprof.collectors.torch_models import (
+        TokenCrossEntropy,
+        build,
+        layer_counts,
+        unit_param_bytes,
+    )
 
     torch.manual_seed(config.seed)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_rank = max(config.batch_size * 8, 256)
-    images, labels, classes = load_images(config.dataset, n=per_rank * world, seed=config.seed)
-    dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
+    if key in SEQUENCE_MODELS:
+        tokens = token_data(config, per_rank * world)
+        images, classes = tokens, TOKEN_VOCAB
+        dataset: Any = TensorDataset(torch.from_numpy(tokens[:, :-1]),
+                                     torch.from_numpy(tokens[:, 1:]))
+    else:
+        images, labels, classes = load_images(config.dataset, n=per_rank * world,
+                                              seed=config.seed)
+        dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
     pin = device.type == "cuda"
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
@@ -391,19 +404,28 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
              "num_classes": classes, "seed": config.seed}
     trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
                                      device)
-    mean, std = channel_stats(images)
 
     def predict(x: np.ndarray) -> np.ndarray:
         was = model.training
         model.eval()
         with torch.no_grad():
-            out = model(torch.from_numpy(x).permute(0, 3, 1, 2).to(device)).cpu().numpy()
+            tensor = torch.from_numpy(x)
+            if key not in SEQUENCE_MODELS:
+                tensor = tensor.permute(0, 3, 1, 2)
+            out = model(tensor.to(device)).cpu().numpy()
         model.train(was)
         return out
 
-    convergence = image_convergence(config, images, labels, size=size, mean=mean, std=std,
-                                    predict=predict, loss=lambda loss: loss.item())
-    step = _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device)
+    if key in SEQUENCE_MODELS:
+        convergence = token_convergence(config, tokens, predict=predict,
+                                        loss=lambda loss: loss.item())
+        loss_fn: Any = TokenCrossEntropy()
+    else:
+        mean, std = channel_stats(images)
+        convergence = image_convergence(config, images, labels, size=size, mean=mean,
+                                        std=std, predict=predict, loss=lambda loss: loss.item())
+        loss_fn = nn.CrossEntropyLoss()
+    step = _stepper(_cycle(loader), trained, loss_fn, optimizer, device)
     return step, facts, convergence
 
 

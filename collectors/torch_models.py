@@ -152,6 +152,13 @@ class TransformerLanguageModel(nn.Module):
         return self.head(x)
 
 
+class TokenCrossEntropy(nn.Module):
+    """Cross-entropy of next-token logits (batch × length × vocab), mean over every token."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
 class AlexNet(nn.Module):
     """CIFAR-style AlexNet for 64×64×3 input: 5 conv + 3 fc, no BatchNorm."""
 
