@@ -61,6 +61,7 @@ from opprof.collectors.config import (
     RecordConfig,
     Role,
     canonical_name,
+    learning_rate,
 )
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
 from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
@@ -334,7 +335,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     # (update_on_kvstore, the only choice MXNet allows for dist_async): ``opprof.update``
     # on a worker is pushing gradients and pulling weights.
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
-                               {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
+                               {"learning_rate": learning_rate(key), "momentum": 0.9}, kvstore=kv)
     # dist_sync servers sum the gradients of all workers before the update.
     scale = config.batch_size * (world if kv is not None and "sync" in kv.type else 1)
     counts = layer_counts(net)

@@ -75,6 +75,7 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
     is_sequence_model,
+    learning_rate,
 )
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
 from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images
@@ -292,7 +293,8 @@ def _model(config: RecordConfig, classes: int, strategy: Any = None):
     keras.utils.set_random_seed(config.seed)
     with strategy.scope() if strategy is not None else nullcontext():
         model = build(config.model, classes)
-        optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        optimizer = keras.optimizers.SGD(learning_rate=learning_rate(config.model),
+                                             momentum=0.9)
         optimizer.build(model.trainable_variables)
     return model, optimizer, layer_counts(model)
 

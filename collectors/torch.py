@@ -77,6 +77,7 @@ from opprof.collectors.config import (
     RecordConfig,
     Role,
     canonical_name,
+    learning_rate,
 )
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
 from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
@@ -403,7 +404,7 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
              "layers": counts, "input_size": size, "unit_param_bytes": unit_param_bytes(model),
              "num_classes": classes, "seed": config.seed}
     trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
-                                     device)
+                                     device, learning_rate(key))
 
     def predict(x: np.ndarray) -> np.ndarray:
         was = model.training
@@ -429,9 +430,10 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     return step, facts, convergence
 
 
-def parallelize(model: Any, mode: Any, device: torch.device) -> tuple[Any, Any]:
-    """(the module to train, its optimizer: SGD with momentum) for ``mode``: the model itself
-    (one worker); in DistributedDataParallel (``allreduce``); DDP with the optimizer state
+def parallelize(model: Any, mode: Any, device: torch.device,
+                lr: float = 0.01) -> tuple[Any, Any]:
+    """(the module to train, its optimizer: SGD with momentum at ``lr``) for ``mode``: the
+    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the optimizer state
     sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit
     of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
     import torch
@@ -440,7 +442,7 @@ def parallelize(model: Any, mode: Any, device: torch.device) -> tuple[Any, Any]:
     from opprof.collectors.config import Mode
     from opprof.collectors.torch_models import shard_units
 
-    sgd = {"lr": 0.01, "momentum": 0.9}
+    sgd = {"lr": lr, "momentum": 0.9}
     ids = [device.index] if device.type == "cuda" else None
     if mode == Mode.FSDP:
         from torch.distributed.fsdp import fully_shard
