@@ -433,9 +433,9 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
 def parallelize(model: Any, mode: Any, device: torch.device,
                 lr: float = 0.01) -> tuple[Any, Any]:
     """(the module to train, its optimizer: SGD with momentum at ``lr``) for ``mode``: the
-    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the optimizer state
-    sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit
-    of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
+    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the
+    optimizer state sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard``
+    on every unit of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
     import torch
     from torch import nn
 
