@@ -12,7 +12,7 @@ torch's default (uniform in ±1/sqrt(fan_in)).
 The language models: Gluon's ``rnn.LSTM`` is MXNet's fused ``RNN`` operator with torch's
 parameters (two biases per layer); Gluon has no attention layer, so multi-head self-attention
 is built from a Dense for q, k, v (torch's ``in_proj``), ``batch_dot``, a masked ``softmax``
-and a Dense output projection.
+and a Dense output projection. Embeddings start as torch's, normal with standard deviation 1.
 """
 
 from __future__ import annotations
@@ -69,13 +69,17 @@ def fcn(num_classes: int = 10) -> Any:
     return net
 
 
+def _embedding(rows: int, dim: int) -> Any:
+    return nn.Embedding(rows, dim, weight_initializer=mx.init.Normal(1.0))
+
+
 def lstm(vocab: int) -> Any:
     """The LSTM language model (torch_models.LSTMLanguageModel), batch-major (NTC)."""
     from opprof.collectors.config import EMBED_DIM, LSTM_HIDDEN, LSTM_LAYERS
 
     net = nn.HybridSequential(prefix="lstm_")
     with net.name_scope():
-        net.add(nn.Embedding(vocab, EMBED_DIM),
+        net.add(_embedding(vocab, EMBED_DIM),
                 mx.gluon.rnn.LSTM(LSTM_HIDDEN, num_layers=LSTM_LAYERS, layout="NTC",
                                   input_size=EMBED_DIM),
                 nn.Dense(vocab, in_units=LSTM_HIDDEN, flatten=False))
@@ -132,8 +136,8 @@ class TransformerLanguageModel(nn.HybridBlock):
 
         super().__init__(**kwargs)
         with self.name_scope():
-            self.embed = nn.Embedding(vocab, D_MODEL)
-            self.position = nn.Embedding(SEQ_LEN, D_MODEL)
+            self.embed = _embedding(vocab, D_MODEL)
+            self.position = _embedding(SEQ_LEN, D_MODEL)
             self.layers = nn.HybridSequential()
             for _ in range(ENCODER_LAYERS):
                 self.layers.add(EncoderLayer(D_MODEL, HEADS, FF_DIM))

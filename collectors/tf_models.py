@@ -13,7 +13,8 @@ The language models: Keras' LSTM keeps one bias per gate where torch (and cuDNN)
 (input and recurrent), so the LSTM here is Keras' ``LSTMCell`` with torch's second bias added
 (same parameters; on a CPU Keras runs the cell in a loop either way). Attention is Keras'
 ``MultiHeadAttention`` (4 heads of 16, causal mask), whose projections hold torch's in/out
-projection parameters exactly.
+projection parameters exactly. Embeddings start as torch's, normal with standard deviation 1
+(Keras' default, uniform in ±0.05, leaves an LSTM's loss nearly flat for hundreds of steps).
 """
 
 from __future__ import annotations
@@ -71,12 +72,17 @@ class TwoBiasLSTMCell(layers.LSTMCell):
         return h, [h, c]
 
 
+def _embedding(rows: int, dim: int) -> layers.Embedding:
+    return layers.Embedding(rows, dim,
+                            embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0))
+
+
 def lstm(vocab: int) -> keras.Model:
     """The LSTM language model (torch_models.LSTMLanguageModel)."""
     from opprof.collectors.config import EMBED_DIM, LSTM_HIDDEN, LSTM_LAYERS, SEQ_LEN
 
     x = inp = keras.Input((SEQ_LEN,), dtype="int64")
-    x = layers.Embedding(vocab, EMBED_DIM)(x)
+    x = _embedding(vocab, EMBED_DIM)(x)
     for _ in range(LSTM_LAYERS):
         x = layers.RNN(TwoBiasLSTMCell(LSTM_HIDDEN), return_sequences=True)(x)
     return keras.Model(inp, layers.Dense(vocab)(x), name="lstm")
@@ -87,7 +93,7 @@ class PositionEmbedding(layers.Layer):
 
     def __init__(self, length: int, dim: int, **kwargs) -> None:  # noqa: ANN003
         super().__init__(**kwargs)
-        self.table = layers.Embedding(length, dim)
+        self.table = _embedding(length, dim)
 
     def call(self, x):  # noqa: ANN001, ANN201
         return x + self.table(keras.ops.arange(keras.ops.shape(x)[1]))
@@ -99,7 +105,7 @@ def transformer(vocab: int) -> keras.Model:
     from opprof.collectors.config import D_MODEL, ENCODER_LAYERS, FF_DIM, HEADS, SEQ_LEN
 
     x = inp = keras.Input((SEQ_LEN,), dtype="int64")
-    x = PositionEmbedding(SEQ_LEN, D_MODEL)(layers.Embedding(vocab, D_MODEL)(x))
+    x = PositionEmbedding(SEQ_LEN, D_MODEL)(_embedding(vocab, D_MODEL)(x))
     for _ in range(ENCODER_LAYERS):
         attended = layers.MultiHeadAttention(HEADS, D_MODEL // HEADS)(x, x, use_causal_mask=True)
         x = layers.LayerNormalization(epsilon=1e-5)(x + attended)
