@@ -42,3 +42,23 @@ def test_record_maps_the_language_model(fw: str, model: str, tmp_path: Path) -> 
     assert by_op["other"] <= 0.10 * total, f"op other {by_op['other'] / total:.1%} of the step"
     assert report["meta"]["layers"][kind] == 2
     assert report["meta"]["num_classes"] == 64  # the token vocabulary
+
+
+def test_torch_transformer_learns_the_tokens_and_counts_next_token_accuracy() -> None:
+    """The training step and the convergence run's accuracy of `--model transformer`, in
+    process: 40 steps lower the next-token loss from about ln(64), and the held-out next-token
+    accuracy is a share of every predicted position."""
+    torch = pytest.importorskip("torch")
+    from opprof.collectors.config import RecordConfig
+    from opprof.collectors.torch import build_training
+
+    torch.set_num_threads(1)
+    config = RecordConfig(fw="torch", model="transformer", batch_size=16, converge=40)
+    step, facts, convergence = build_training(config, torch.device("cpu"))
+    assert facts["num_classes"] == 64 and facts["input_size"] == 32
+    assert convergence is not None
+    losses = [convergence.loss(step()) for _ in range(40)]
+    assert losses[0] == pytest.approx(4.16, abs=0.4)  # ln(64): the untrained guess
+    assert sum(losses[-5:]) / 5 < losses[0] - 0.5
+    train, test = convergence.accuracy()
+    assert 1 / 64 < test <= 1 and 0 <= train <= 1
