@@ -283,9 +283,11 @@ def build(name: str, num_classes: int) -> nn.Module:
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules `record --mode fsdp` shards one by one (``fully_shard`` each, then the
-    root), in forward order: a ResNet's residual blocks; otherwise every layer that holds
-    parameters (LeNet-5's and AlexNet's convolutions and linear layers)."""
-    blocks = [m for m in model.modules() if isinstance(m, BasicBlock | Bottleneck)]
+    root), in forward order: a ResNet's residual blocks, a transformer's encoder layers;
+    otherwise every layer that holds parameters (LeNet-5's and AlexNet's convolutions and
+    linear layers, the LSTM model's embedding, LSTM and linear layer)."""
+    blocks = [m for m in model.modules()
+              if isinstance(m, BasicBlock | Bottleneck | nn.TransformerEncoderLayer)]
     if blocks:
         return blocks
     return [m for m in model.modules()
