@@ -97,10 +97,34 @@ def require_installed(fw: Framework) -> None:
 # ------------------------------------------------------------------ the built-in models
 
 #: Input side (pixels) of each built-in model; the model docstrings are in torch_models.py.
-INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32, "fcn": 32}
+#: The sequence models' input is SEQ_LEN tokens (their "size"), not an image.
+SEQ_LEN = 32
+INPUT_SIZE = {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32, "fcn": 32,
+              "lstm": SEQ_LEN, "transformer": SEQ_LEN}
 MODELS = tuple(INPUT_SIZE)
+#: The language models, trained on ``datasets.synthetic_tokens`` (next-token prediction).
+SEQUENCE_MODELS = ("lstm", "transformer")
 #: The fully connected network's hidden layers (width, count; torch_models.py, FCN).
 FCN_WIDTH, FCN_HIDDEN = 1024, 3
+#: The sequence models' sizes (torch_models.py): token embedding width, LSTM hidden units
+#: and layers; transformer model width, heads, feed-forward width and encoder layers.
+EMBED_DIM, LSTM_HIDDEN, LSTM_LAYERS = 64, 128, 2
+D_MODEL, HEADS, FF_DIM, ENCODER_LAYERS = 64, 4, 128, 2
+
+
+#: SGD's learning rate (momentum 0.9) in every framework: 0.01, but the LSTM's 0.1 (at 0.01
+#: its loss hardly moves in a few hundred steps).
+LEARNING_RATE = {"lstm": 0.1}
+
+
+def learning_rate(name: str) -> float:
+    """The built-in model's SGD learning rate, the same in every framework."""
+    return LEARNING_RATE.get(canonical_name(name), 0.01)
+
+
+def is_sequence_model(name: str) -> bool:
+    """True for the language models (token input), False for the image classifiers."""
+    return canonical_name(name) in SEQUENCE_MODELS
 
 
 def canonical_name(name: str) -> str:

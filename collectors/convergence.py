@@ -1,6 +1,8 @@
 """What a convergence run (`record --converge`) needs beside the framework: the evaluation
 sets (a fixed slice of the training images and held-out test images, normalized like the
-training data) and the accuracy of a framework's ``predict`` on them."""
+training data; for the language models a slice of the training sequences and held-out ones)
+and the accuracy of a framework's ``predict`` on them (next-token accuracy for the language
+models)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from opprof.collectors.config import RecordConfig
-from opprof.collectors.datasets import load_images, resize_nearest
+from opprof.collectors.config import SEQ_LEN, RecordConfig
+from opprof.collectors.datasets import load_images, resize_nearest, synthetic_tokens
 from opprof.collectors.runner import Convergence
 
 #: Images of each evaluation set (train slice, test split).
@@ -48,6 +50,37 @@ def image_convergence(config: RecordConfig, train_images: np.ndarray,
                 logits = np.asarray(predict(x[i:i + EVAL_BATCH]))
                 right += int((logits.argmax(axis=1) == y[i:i + EVAL_BATCH]).sum())
             out.append(right / len(x))
+        return out[0], out[1]
+
+    return Convergence(config.converge, config.eval_every, loss, accuracy)
+
+
+def token_data(config: RecordConfig, n: int, *, train: bool = True) -> np.ndarray:
+    """The language models' data: ``n`` sequences of SEQ_LEN + 1 synthetic tokens (inputs
+    ``[:, :-1]``, next-token targets ``[:, 1:]``)."""
+    return synthetic_tokens(n, SEQ_LEN, seed=config.seed, train=train)
+
+
+def token_convergence(config: RecordConfig, train_tokens: np.ndarray, *,
+                      predict: Callable[[np.ndarray], Any],
+                      loss: Callable[[Any], float]) -> Convergence | None:
+    """The :class:`Convergence` of a language model (None without ``--converge``):
+    ``predict`` maps int64 N×T tokens to N×T×vocab logits; accuracy is next-token accuracy
+    over every position."""
+    if not config.converge:
+        return None
+    n = min(EVAL_IMAGES, len(train_tokens))
+    sets = [train_tokens[:n], token_data(config, EVAL_IMAGES, train=False)]
+
+    def accuracy() -> tuple[float, float]:
+        out = []
+        for tokens in sets:
+            right = 0
+            for i in range(0, len(tokens), EVAL_BATCH):
+                batch = tokens[i:i + EVAL_BATCH]
+                logits = np.asarray(predict(batch[:, :-1]))
+                right += int((logits.argmax(axis=-1) == batch[:, 1:]).sum())
+            out.append(right / tokens[:, 1:].size)
         return out[0], out[1]
 
     return Convergence(config.converge, config.eval_every, loss, accuracy)

@@ -54,15 +54,17 @@ import numpy as np
 
 from opprof.collectors.config import (
     INPUT_SIZE,
+    SEQUENCE_MODELS,
     Framework,
     Mode,
     Protocol,
     RecordConfig,
     Role,
     canonical_name,
+    learning_rate,
 )
-from opprof.collectors.convergence import image_convergence
-from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.convergence import image_convergence, token_convergence, token_data
+from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
 from opprof.collectors.runner import LossLog, Runner, drive
 from opprof.files import write_atomic
@@ -312,10 +314,17 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_worker = max(config.batch_size * 8, 256)
-    images, labels, classes = load_images(config.dataset, n=per_worker * world, seed=config.seed)
     shard = slice(rank * per_worker, (rank + 1) * per_worker)
     seed = config.seed * 1000 + rank
-    dataset = ImageDataset(images[shard], labels[shard], size=size, seed=seed)
+    if key in SEQUENCE_MODELS:  # tokens as float32, MXNet's convention for indices
+        tokens = token_data(config, per_worker * world)[shard]
+        classes = TOKEN_VOCAB
+        dataset: Any = mx.gluon.data.ArrayDataset(tokens[:, :-1].astype(np.float32),
+                                                  tokens[:, 1:].astype(np.float32))
+    else:
+        images, labels, classes = load_images(config.dataset, n=per_worker * world,
+                                              seed=config.seed)
+        dataset = ImageDataset(images[shard], labels[shard], size=size, seed=seed)
     loader = mx.gluon.data.DataLoader(dataset, batch_size=config.batch_size,
                                       last_batch="discard", num_workers=0,
                                       sampler=EpochSampler(len(dataset), seed))
@@ -326,7 +335,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     # (update_on_kvstore, the only choice MXNet allows for dist_async): ``opprof.update``
     # on a worker is pushing gradients and pulling weights.
     trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
-                               {"learning_rate": 0.01, "momentum": 0.9}, kvstore=kv)
+                               {"learning_rate": learning_rate(key), "momentum": 0.9}, kvstore=kv)
     # dist_sync servers sum the gradients of all workers before the update.
     scale = config.batch_size * (world if kv is not None and "sync" in kv.type else 1)
     counts = layer_counts(net)
@@ -339,11 +348,16 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                            facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
                     scale, adapter)
-    mean, std = dataset.mean.reshape(3), dataset.std.reshape(3)
-    convergence = image_convergence(
-        config, images[shard], labels[shard], size=size, mean=mean, std=std,
-        predict=lambda x: net(mx.nd.array(x.transpose(0, 3, 1, 2))).asnumpy(),
-        loss=lambda loss: float(loss.mean().asscalar()))
+    if key in SEQUENCE_MODELS:
+        convergence = token_convergence(
+            config, tokens, predict=lambda x: net(mx.nd.array(x)).asnumpy(),
+            loss=lambda loss: float(loss.mean().asscalar()))
+    else:
+        mean, std = dataset.mean.reshape(3), dataset.std.reshape(3)
+        convergence = image_convergence(
+            config, images[shard], labels[shard], size=size, mean=mean, std=std,
+            predict=lambda x: net(mx.nd.array(x.transpose(0, 3, 1, 2))).asnumpy(),
+            loss=lambda loss: float(loss.mean().asscalar()))
     drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
 
 

@@ -8,6 +8,11 @@ counts are known before the first forward pass. Differences that do not change t
 Gluon's BatchNorm ``momentum=0.9`` is torch's ``momentum=0.1`` (the weight of the running
 average); ``Dense`` flattens its input itself; the weight initializer is chosen to match
 torch's default (uniform in ±1/sqrt(fan_in)).
+
+The language models: Gluon's ``rnn.LSTM`` is MXNet's fused ``RNN`` operator with torch's
+parameters (two biases per layer); Gluon has no attention layer, so multi-head self-attention
+is built from a Dense for q, k, v (torch's ``in_proj``), ``batch_dot``, a masked ``softmax``
+and a Dense output projection. Embeddings start as torch's, normal with standard deviation 1.
 """
 
 from __future__ import annotations
@@ -62,6 +67,86 @@ def fcn(num_classes: int = 10) -> Any:
             units = width
         net.add(nn.Dense(num_classes, in_units=units))
     return net
+
+
+def _embedding(rows: int, dim: int) -> Any:
+    return nn.Embedding(rows, dim, weight_initializer=mx.init.Normal(1.0))
+
+
+def lstm(vocab: int) -> Any:
+    """The LSTM language model (torch_models.LSTMLanguageModel), batch-major (NTC)."""
+    from opprof.collectors.config import EMBED_DIM, LSTM_HIDDEN, LSTM_LAYERS
+
+    net = nn.HybridSequential(prefix="lstm_")
+    with net.name_scope():
+        net.add(_embedding(vocab, EMBED_DIM),
+                mx.gluon.rnn.LSTM(LSTM_HIDDEN, num_layers=LSTM_LAYERS, layout="NTC",
+                                  input_size=EMBED_DIM),
+                nn.Dense(vocab, in_units=LSTM_HIDDEN, flatten=False))
+    return net
+
+
+class SelfAttention(nn.HybridBlock):
+    """Causal multi-head self-attention: one Dense for q, k and v, scaled dot products per
+    head (``batch_dot``), a softmax masked to positions ≤ t, a Dense output projection."""
+
+    def __init__(self, dim: int, heads: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dim, self.heads = dim, heads
+        with self.name_scope():
+            self.qkv = nn.Dense(3 * dim, in_units=dim, flatten=False)
+            self.out = nn.Dense(dim, in_units=dim, flatten=False)
+
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+        heads, depth = self.heads, self.dim // self.heads
+        qkv = self.qkv(x).reshape((0, 0, 3, heads, depth))  # N×T×3×H×D
+        qkv = qkv.transpose((2, 0, 3, 1, 4)).reshape((3, -3, 0, 0))  # 3×(N·H)×T×D
+        q, k, v = F.split(qkv, num_outputs=3, axis=0, squeeze_axis=True)
+        scores = F.batch_dot(q, k, transpose_b=True) / float(np.sqrt(depth))  # (N·H)×T×T
+        steps = F.contrib.arange_like(scores, axis=-1)
+        causal = F.broadcast_lesser_equal(steps.reshape((1, -1)), steps.reshape((-1, 1)))
+        scores = F.broadcast_add(scores, ((1 - causal) * -1e9).expand_dims(0))
+        mixed = F.batch_dot(F.softmax(scores, axis=-1), v)  # (N·H)×T×D
+        mixed = mixed.reshape((-4, -1, heads, 0, 0)).transpose((0, 2, 1, 3))
+        return self.out(mixed.reshape((0, 0, -3)))
+
+
+class EncoderLayer(nn.HybridBlock):
+    """Post-norm encoder layer: x + attention, LayerNorm; x + feed-forward, LayerNorm."""
+
+    def __init__(self, dim: int, heads: int, ff: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.attention = SelfAttention(dim, heads)
+            self.norm1 = nn.LayerNorm(epsilon=1e-5, in_channels=dim)
+            self.ff1 = nn.Dense(ff, in_units=dim, flatten=False, activation="relu")
+            self.ff2 = nn.Dense(dim, in_units=ff, flatten=False)
+            self.norm2 = nn.LayerNorm(epsilon=1e-5, in_channels=dim)
+
+    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+        x = self.norm1(x + self.attention(x))
+        return self.norm2(x + self.ff2(self.ff1(x)))
+
+
+class TransformerLanguageModel(nn.HybridBlock):
+    """Token + position embedding → causal encoder layers → Dense to the vocabulary."""
+
+    def __init__(self, vocab: int, **kwargs: Any) -> None:
+        from opprof.collectors.config import D_MODEL, ENCODER_LAYERS, FF_DIM, HEADS, SEQ_LEN
+
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = _embedding(vocab, D_MODEL)
+            self.position = _embedding(SEQ_LEN, D_MODEL)
+            self.layers = nn.HybridSequential()
+            for _ in range(ENCODER_LAYERS):
+                self.layers.add(EncoderLayer(D_MODEL, HEADS, FF_DIM))
+            self.head = nn.Dense(vocab, in_units=D_MODEL, flatten=False)
+
+    def hybrid_forward(self, F: Any, tokens: Any) -> Any:  # noqa: N803 (Gluon's signature)
+        positions = F.contrib.arange_like(tokens, axis=1)
+        x = F.broadcast_add(self.embed(tokens), self.position(positions).expand_dims(0))
+        return self.head(self.layers(x))
 
 
 def alexnet(num_classes: int = 10) -> Any:
@@ -168,6 +253,10 @@ def build(name: str, num_classes: int) -> Any:
         return alexnet(num_classes)
     if key == "fcn":
         return fcn(num_classes)
+    if key == "lstm":
+        return lstm(num_classes)
+    if key == "transformer":
+        return TransformerLanguageModel(num_classes, prefix="transformer_")
     if key == "resnet18":
         return resnet(BasicBlock, [2, 2, 2, 2], num_classes, prefix="resnet18_")
     return resnet(Bottleneck, [3, 4, 6, 3], num_classes, prefix="resnet50_")
@@ -185,9 +274,21 @@ def layer_counts(net: Any) -> dict[str, int]:
     statistics, ``grad_req='null'``, are not counted — as torch's buffers are not)."""
     blocks = _blocks(net)
     params = net.collect_params().values()
-    return {
+    attention = [b for b in blocks if isinstance(b, SelfAttention)]
+    inside = {id(b) for a in attention for b in _blocks(a) if b is not a}
+    counts = {
         "conv": sum(isinstance(b, nn.Conv2D) for b in blocks),
-        "fc": sum(isinstance(b, nn.Dense) for b in blocks),
+        "fc": sum(isinstance(b, nn.Dense) and id(b) not in inside for b in blocks),
         "batchnorm": sum(isinstance(b, nn.BatchNorm) for b in blocks),
         "params": int(sum(np.prod(p.shape) for p in params if p.grad_req != "null")),
     }
+    embedding = sum(isinstance(b, nn.Embedding) for b in blocks)
+    if embedding:
+        counts |= {
+            "embedding": embedding,
+            "recurrent": sum(b._num_layers for b in blocks
+                             if isinstance(b, mx.gluon.rnn.LSTM)),
+            "attention": len(attention),
+            "layernorm": sum(isinstance(b, nn.LayerNorm) for b in blocks),
+        }
+    return counts

@@ -74,9 +74,11 @@ from opprof.collectors.config import (
     RecordConfig,
     Role,
     canonical_name,
+    is_sequence_model,
+    learning_rate,
 )
-from opprof.collectors.convergence import image_convergence
-from opprof.collectors.datasets import channel_stats, load_images
+from opprof.collectors.convergence import image_convergence, token_convergence, token_data
+from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images
 from opprof.collectors.runner import (
     Convergence,
     Runner,
@@ -255,8 +257,15 @@ def xplanes(folder: Path) -> list[Path]:
 
 
 def _dataset(tf: Any, config: RecordConfig, size: int, shard: tuple[int, int] = (0, 1)):
-    """The input pipeline: cached uint8 images, per-sample resize/scale/normalize/flip."""
+    """The input pipeline: cached uint8 images, per-sample resize/scale/normalize/flip (the
+    language models: cached token sequences split into inputs and next-token targets)."""
     n = max(config.batch_size * 8, 256) * shard[1]
+    if is_sequence_model(config.model):
+        tokens = token_data(config, n)[shard[0]::shard[1]]
+        ds = tf.data.Dataset.from_tensor_slices((tokens[:, :-1], tokens[:, 1:])).cache()
+        ds = ds.shuffle(len(tokens), seed=config.seed + shard[0],
+                        reshuffle_each_iteration=True).repeat()
+        return ds.batch(config.batch_size, drop_remainder=True).prefetch(1), TOKEN_VOCAB
     images, labels, classes = load_images(config.dataset, n=n, seed=config.seed)
     mean, std = channel_stats(images)
     images, labels = images[shard[0]::shard[1]], labels[shard[0]::shard[1]]
@@ -284,7 +293,8 @@ def _model(config: RecordConfig, classes: int, strategy: Any = None):
     keras.utils.set_random_seed(config.seed)
     with strategy.scope() if strategy is not None else nullcontext():
         model = build(config.model, classes)
-        optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        optimizer = keras.optimizers.SGD(learning_rate=learning_rate(config.model),
+                                             momentum=0.9)
         optimizer.build(model.trainable_variables)
     return model, optimizer, layer_counts(model)
 
@@ -295,8 +305,10 @@ def _loss_fn(tf: Any, model: Any, global_batch: int) -> Callable[[Any, Any], Any
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     def loss(x: Any, y: Any) -> Any:
-        return tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
-                                          global_batch_size=global_batch)
+        losses = per_example(y, model(x, training=True))
+        if losses.shape.rank > 1:  # a language model's sequence: its mean over the tokens
+            losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+        return tf.nn.compute_average_loss(losses, global_batch_size=global_batch)
 
     return loss
 
@@ -356,8 +368,11 @@ def _convergence(config: RecordConfig, model: Any, size: int, shards: int,
     images the input pipeline normalizes with, the model's logits in inference mode."""
     if not config.converge:
         return None
-    images, labels, _ = load_images(config.dataset, n=max(config.batch_size * 8, 256) * shards,
-                                    seed=config.seed)
+    n = max(config.batch_size * 8, 256) * shards
+    if is_sequence_model(config.model):
+        return token_convergence(config, token_data(config, n),
+                                 predict=lambda x: model(x, training=False), loss=loss)
+    images, labels, _ = load_images(config.dataset, n=n, seed=config.seed)
     mean, std = channel_stats(images)
     return image_convergence(config, images, labels, size=size, mean=mean, std=std,
                              predict=lambda x: model(x, training=False), loss=loss)

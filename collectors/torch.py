@@ -71,14 +71,16 @@ import numpy as np
 
 from opprof.collectors.config import (
     INPUT_SIZE,
+    SEQUENCE_MODELS,
     Framework,
     Protocol,
     RecordConfig,
     Role,
     canonical_name,
+    learning_rate,
 )
-from opprof.collectors.convergence import image_convergence
-from opprof.collectors.datasets import channel_stats, load_images, resize_nearest
+from opprof.collectors.convergence import image_convergence, token_convergence, token_data
+from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
@@ -361,17 +363,29 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     ``--converge`` its :class:`Convergence` (the step returns its loss, detached)."""
     import torch
     from torch import nn
-    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from opprof.collectors.config import Mode
-    from opprof.collectors.torch_models import build, layer_counts, unit_param_bytes
+    from opprof.collectors.torch_models import (
+        TokenCrossEntropy,
+        build,
+        layer_counts,
+        unit_param_bytes,
+    )
 
     torch.manual_seed(config.seed)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_rank = max(config.batch_size * 8, 256)
-    images, labels, classes = load_images(config.dataset, n=per_rank * world, seed=config.seed)
-    dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
+    if key in SEQUENCE_MODELS:
+        tokens = token_data(config, per_rank * world)
+        images, classes = tokens, TOKEN_VOCAB
+        dataset: Any = TensorDataset(torch.from_numpy(tokens[:, :-1]),
+                                     torch.from_numpy(tokens[:, 1:]))
+    else:
+        images, labels, classes = load_images(config.dataset, n=per_rank * world,
+                                              seed=config.seed)
+        dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
     pin = device.type == "cuda"
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
@@ -390,35 +404,45 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
              "layers": counts, "input_size": size, "unit_param_bytes": unit_param_bytes(model),
              "num_classes": classes, "seed": config.seed}
     trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
-                                     device)
-    mean, std = channel_stats(images)
+                                     device, learning_rate(key))
 
     def predict(x: np.ndarray) -> np.ndarray:
         was = model.training
         model.eval()
         with torch.no_grad():
-            out = model(torch.from_numpy(x).permute(0, 3, 1, 2).to(device)).cpu().numpy()
+            tensor = torch.from_numpy(x)
+            if key not in SEQUENCE_MODELS:
+                tensor = tensor.permute(0, 3, 1, 2)
+            out = model(tensor.to(device)).cpu().numpy()
         model.train(was)
         return out
 
-    convergence = image_convergence(config, images, labels, size=size, mean=mean, std=std,
-                                    predict=predict, loss=lambda loss: loss.item())
-    step = _stepper(_cycle(loader), trained, nn.CrossEntropyLoss(), optimizer, device)
+    if key in SEQUENCE_MODELS:
+        convergence = token_convergence(config, tokens, predict=predict,
+                                        loss=lambda loss: loss.item())
+        loss_fn: Any = TokenCrossEntropy()
+    else:
+        mean, std = channel_stats(images)
+        convergence = image_convergence(config, images, labels, size=size, mean=mean,
+                                        std=std, predict=predict, loss=lambda loss: loss.item())
+        loss_fn = nn.CrossEntropyLoss()
+    step = _stepper(_cycle(loader), trained, loss_fn, optimizer, device)
     return step, facts, convergence
 
 
-def parallelize(model: Any, mode: Any, device: torch.device) -> tuple[Any, Any]:
-    """(the module to train, its optimizer: SGD with momentum) for ``mode``: the model itself
-    (one worker); in DistributedDataParallel (``allreduce``); DDP with the optimizer state
-    sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit
-    of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
+def parallelize(model: Any, mode: Any, device: torch.device,
+                lr: float = 0.01) -> tuple[Any, Any]:
+    """(the module to train, its optimizer: SGD with momentum at ``lr``) for ``mode``: the
+    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the
+    optimizer state sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard``
+    on every unit of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
     import torch
     from torch import nn
 
     from opprof.collectors.config import Mode
     from opprof.collectors.torch_models import shard_units
 
-    sgd = {"lr": 0.01, "momentum": 0.9}
+    sgd = {"lr": lr, "momentum": 0.9}
     ids = [device.index] if device.type == "cuda" else None
     if mode == Mode.FSDP:
         from torch.distributed.fsdp import fully_shard

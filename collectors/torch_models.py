@@ -42,6 +42,21 @@ fc(final channels→classes).
 hidden ReLU layers, at width 1024 for a CPU): flatten (3072); fc(3072→1024), ReLU;
 fc(1024→1024), ReLU; fc(1024→1024), ReLU; fc(1024→classes).
 0 conv, 4 fc, 0 batchnorm; 5,256,202 parameters (10 classes) / 5,348,452 (100 classes).
+
+The two **language models** read 32 tokens of the 64-token synthetic vocabulary
+(``datasets.synthetic_tokens``; their "classes" are the vocabulary) and give next-token logits
+at every position (batch × 32 × vocab), trained with cross-entropy averaged over the tokens.
+
+**LSTM**: embedding(vocab→64); LSTM(64→128) of 2 layers (each gate's input and recurrent
+weights, two biases per layer as torch and cuDNN keep them); fc(128→vocab).
+2 recurrent layers, 1 fc; 243,776 parameters (vocab 64).
+
+**Transformer** (encoder, causal self-attention so that position t sees tokens ≤ t):
+embedding(vocab→64) + a learned position embedding(32→64); 2 post-norm encoder layers of
+multi-head self-attention (4 heads of 16; q, k, v and output projections with bias) then
+feed-forward fc(64→128), ReLU, fc(128→64), each with a residual and LayerNorm (eps 1e-5),
+no dropout; fc(64→vocab). 2 attention, 5 fc (the projections inside attention not counted),
+4 layernorm; 77,248 parameters (vocab 64).
 """
 
 
@@ -50,7 +65,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from opprof.collectors.config import FCN_HIDDEN, FCN_WIDTH, INPUT_SIZE, canonical_name
+from opprof.collectors.config import (
+    D_MODEL,
+    EMBED_DIM,
+    ENCODER_LAYERS,
+    FCN_HIDDEN,
+    FCN_WIDTH,
+    FF_DIM,
+    HEADS,
+    INPUT_SIZE,
+    LSTM_HIDDEN,
+    LSTM_LAYERS,
+    SEQ_LEN,
+    canonical_name,
+)
 
 __all__ = ["INPUT_SIZE", "build", "canonical_name", "layer_counts"]
 
@@ -88,6 +116,47 @@ class FCN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(x, 1))
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding → 2-layer LSTM → fc to the vocabulary, logits at every position."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, EMBED_DIM)
+        self.lstm = nn.LSTM(EMBED_DIM, LSTM_HIDDEN, num_layers=LSTM_LAYERS, batch_first=True)
+        self.head = nn.Linear(LSTM_HIDDEN, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embed(tokens))[0])
+
+
+class TransformerLanguageModel(nn.Module):
+    """Token + position embedding → causal encoder layers → fc to the vocabulary."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, D_MODEL)
+        self.position = nn.Embedding(SEQ_LEN, D_MODEL)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(D_MODEL, HEADS, FF_DIM, dropout=0.0, batch_first=True)
+            for _ in range(ENCODER_LAYERS))
+        self.head = nn.Linear(D_MODEL, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        x = self.embed(tokens) + self.position(torch.arange(length, device=tokens.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask, is_causal=True)
+        return self.head(x)
+
+
+class TokenCrossEntropy(nn.Module):
+    """Cross-entropy of next-token logits (batch × length × vocab), mean over every token."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 class AlexNet(nn.Module):
@@ -203,6 +272,10 @@ def build(name: str, num_classes: int) -> nn.Module:
         return AlexNet(num_classes)
     if key == "fcn":
         return FCN(num_classes)
+    if key == "lstm":
+        return LSTMLanguageModel(num_classes)
+    if key == "transformer":
+        return TransformerLanguageModel(num_classes)
     if key == "resnet18":
         return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
@@ -210,9 +283,11 @@ def build(name: str, num_classes: int) -> nn.Module:
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
     """The modules `record --mode fsdp` shards one by one (``fully_shard`` each, then the
-    root), in forward order: a ResNet's residual blocks; otherwise every layer that holds
-    parameters (LeNet-5's and AlexNet's convolutions and linear layers)."""
-    blocks = [m for m in model.modules() if isinstance(m, BasicBlock | Bottleneck)]
+    root), in forward order: a ResNet's residual blocks, a transformer's encoder layers;
+    otherwise every layer that holds parameters (LeNet-5's and AlexNet's convolutions and
+    linear layers, the LSTM model's embedding, LSTM and linear layer)."""
+    blocks = [m for m in model.modules()
+              if isinstance(m, BasicBlock | Bottleneck | nn.TransformerEncoderLayer)]
     if blocks:
         return blocks
     return [m for m in model.modules()
@@ -231,11 +306,24 @@ def unit_param_bytes(model: nn.Module) -> list[int]:
 
 
 def layer_counts(model: nn.Module) -> dict[str, int]:
-    """Number of conv, fc and batchnorm layers, and total parameters (buffers not counted)."""
+    """Number of conv, fc and batchnorm layers, and total parameters (buffers not counted);
+    for the language models also their embedding, recurrent (LSTM layers), attention and
+    layernorm layers (an attention's own projections are not counted as fc)."""
     modules = list(model.modules())
-    return {
+    attention = [m for m in modules if isinstance(m, nn.MultiheadAttention)]
+    inside = {id(m) for a in attention for m in a.modules() if m is not a}
+    counts = {
         "conv": sum(isinstance(m, nn.modules.conv._ConvNd) for m in modules),
-        "fc": sum(isinstance(m, nn.Linear) for m in modules),
+        "fc": sum(isinstance(m, nn.Linear) and id(m) not in inside for m in modules),
         "batchnorm": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules),
         "params": sum(p.numel() for p in model.parameters()),
     }
+    embedding = sum(isinstance(m, nn.Embedding) for m in modules)
+    if embedding:
+        counts |= {
+            "embedding": embedding,
+            "recurrent": sum(m.num_layers for m in modules if isinstance(m, nn.LSTM)),
+            "attention": len(attention),
+            "layernorm": sum(isinstance(m, nn.LayerNorm) for m in modules),
+        }
+    return counts

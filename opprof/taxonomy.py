@@ -36,7 +36,7 @@ from opprof.errors import OpprofError
 
 BASE_OPS = (
     "convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss",
-    "elementwise", "normalization", "embedding", "attention", "dropout", "memory",
+    "elementwise", "normalization", "embedding", "attention", "recurrent", "dropout", "memory",
 )
 #: Communication by collective (phase ``comm``), named from the framework call; ``comm`` is
 #: a communication call whose collective is unknown (and the op of every comm event in

@@ -82,3 +82,29 @@ def test_mxnet_parameter_counts_are_exactly_torchs() -> None:
     _need("torch")
     for model in MODELS:
         assert _mxnet(model, 10) == _torch(model, 10)
+
+
+#: The language models (vocabulary 64): every layer kind and the parameters exactly torch's.
+SEQUENCE_MODELS = ("lstm", "transformer")
+
+
+@pytest.mark.parametrize("model", SEQUENCE_MODELS)
+@pytest.mark.parametrize("fw", OTHERS)
+def test_language_models_match_torch_exactly(fw: str, model: str) -> None:
+    _need(REFERENCE)
+    _need(fw)
+    ref = COUNTERS[REFERENCE][1](model, 64)
+    assert ref["recurrent"] + ref["attention"] > 0
+    assert COUNTERS[fw][1](model, 64) == ref
+
+
+@pytest.mark.parametrize("model", SEQUENCE_MODELS)
+def test_mxnet_language_models_give_next_token_logits(model: str) -> None:
+    _need("mxnet")
+    from opprof.collectors import mxnet_models
+
+    mx = mxnet_models.mx
+    net = mxnet_models.build(model, 64)
+    net.initialize(mxnet_models.initializer())
+    net.hybridize()
+    assert net(mx.nd.ones((2, mxnet_models.INPUT_SIZE[model]))).shape == (2, 32, 64)

@@ -49,7 +49,7 @@ def test_docstring_states_the_counts(name: str) -> None:
 
 def test_input_sizes_and_names() -> None:
     assert INPUT_SIZE == {"lenet5": 32, "alexnet": 64, "resnet18": 32, "resnet50": 32,
-                          "fcn": 32}
+                          "fcn": 32, "lstm": 32, "transformer": 32}
     assert layer_counts(build("LeNet-5", 10))["params"] == 62_006
     assert layer_counts(build("ResNet-18", 10))["conv"] == 20
 
@@ -64,3 +64,33 @@ def test_conv_bias_only_without_batchnorm() -> None:
         convs = [m for m in build(name, 10).modules() if isinstance(m, torch.nn.Conv2d)]
         with_bn = EXPECTED[name][2] > 0
         assert all((m.bias is None) == with_bn for m in convs), name
+
+
+# (embedding, recurrent, attention, fc, layernorm, params at vocabulary 64), computed by hand
+SEQUENCE = {"lstm": (1, 2, 0, 1, 0, 243_776), "transformer": (2, 0, 2, 5, 4, 77_248)}
+
+
+@pytest.mark.parametrize("name", sorted(SEQUENCE))
+def test_language_models_give_next_token_logits_and_their_counts(name: str) -> None:
+    embedding, recurrent, attention, fc, layernorm, params = SEQUENCE[name]
+    torch.manual_seed(0)
+    model = build(name, 64)
+    tokens = torch.randint(0, 64, (2, INPUT_SIZE[name]))
+    assert tuple(model(tokens).shape) == (2, INPUT_SIZE[name], 64)
+    assert layer_counts(model) == {"conv": 0, "fc": fc, "batchnorm": 0, "params": params,
+                                   "embedding": embedding, "recurrent": recurrent,
+                                   "attention": attention, "layernorm": layernorm}
+    assert f"{params:,} parameters (vocab 64)" in torch_models.__doc__
+
+
+def test_transformer_is_causal() -> None:
+    """A position's logits do not depend on later tokens (next-token prediction is honest)."""
+    torch.manual_seed(0)
+    model = build("transformer", 64).eval()
+    tokens = torch.randint(0, 64, (1, 32))
+    changed = tokens.clone()
+    changed[0, 20:] = (changed[0, 20:] + 1) % 64
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert torch.allclose(a[0, :20], b[0, :20], atol=1e-5)
+    assert not torch.allclose(a[0, 20:], b[0, 20:])

@@ -37,7 +37,8 @@ from opprof.trace import Trace
 
 #: Backward ops of these canonical kinds produce parameter gradients.
 PARAM_OPS = ("convolution_backward", "fully_connected_backward", "batch_norm_backward",
-             "normalization_backward", "embedding_backward", "attention_backward")
+             "normalization_backward", "embedding_backward", "attention_backward",
+             "recurrent_backward")
 ACCUMULATE = "torch::autograd::AccumulateGrad"
 FLOAT_BYTES = 4
 _TF_LAYER = re.compile(r"^gradients/[^/]+/([^/]+)/")
