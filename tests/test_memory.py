@@ -535,7 +535,7 @@ def test_bench_tables_carry_peak_memory_and_its_ratio(tmp_path):
                   "--steps", "2", "--warmup", "1", "--timing-steps", "1", "--batch-size", "8",
                   "-o", str(tmp_path / "bench"), cwd=tmp_path, timeout=1200)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "profiled mem" in res.stdout and "mem ratio" in res.stdout
+    assert "profiled mem" in res.stdout and "mem/leanest" in res.stdout
     runs = json.loads((tmp_path / "bench" / "bench.json").read_text())["runs"]
     assert all(r["peak_rss_bytes"] >= r["unprofiled_rss_bytes"] * 0.9 for r in runs)
     peaks = [r["unprofiled_rss_bytes"] for r in runs]

@@ -208,7 +208,7 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
               if k not in ("fw", "model", "rendezvous", "fault")}
     config["repeat"] = repeat
     write_outputs(output, runs, table, ratios, config)
-    click.echo(render(*bench_tables(table, ratios)).rstrip("\n"))
+    click.echo(render(*bench_tables(table, ratios), width=150).rstrip("\n"))
     traces = sum(r.status in ("ok", "resumed") for r in runs) * repeat
     if not quiet:
         visual = write_visuals(output)

@@ -616,10 +616,15 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
+    # samples/s keeps its full width: a `--repeat` range below the median is never cut
+    sps_width = max([len(line) for r in table.to_dict("records")
+                     if r["status"] in ("ok", "resumed") and r["samples_per_s"]
+                     for line in _sps(r).splitlines()] + [len("samples/s")])
     for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
-              "profiled/unprofiled", "scaling", "flags"]:
+              "profiled/\nunprofiled", "scaling", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
-                     else "right")
+                     else "right", no_wrap=c == "samples/s",
+                     min_width=sps_width if c == "samples/s" else max(map(len, c.split())))
     for c in [*key, "predicted ms", "predicted scaling", "error", "mem", "mem/leanest",
               "profiled mem"]:
         m.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
