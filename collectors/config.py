@@ -13,6 +13,7 @@ no framework, so `--fw tf` works where torch is not installed.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -426,3 +427,10 @@ def clock_meta(clocks: dict[str, dict[str, Any]]) -> dict[str, Any]:
                                              for r, c in clocks.items()},
                        "machines": {r: c["machine"] for r, c in clocks.items()}},
     }
+
+
+def keras_backend() -> str:
+    """The backend of the Keras 3 imported in this process (``KERAS_BACKEND``, keras.json, …;
+    ``tensorflow`` when none is imported yet)."""
+    config = sys.modules.get("keras.src.backend.config")
+    return str(config.backend()) if config is not None else "tensorflow"

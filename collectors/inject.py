@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from opprof.collectors.channel import watch_faults
-from opprof.collectors.config import Framework, Protocol
+from opprof.collectors.config import Framework, Protocol, keras_backend
 from opprof.collectors.runner import Runner, writing
 
 RUN_ENV = "OPPROF_RUN"
@@ -165,18 +165,12 @@ def explicit(runner: Runner) -> None:
 def _install(fw: Framework, protocol: Protocol, folder: Path,
              wanted: set[Framework]) -> None:
     hook = "install_hook"
-    if fw is Framework.TF and _keras_backend() == "torch":
+    if fw is Framework.TF and keras_backend() == "torch":
         # Keras 3 on the torch backend: its optimizer's apply is the step, under torch.profiler
         fw, hook = Framework.TORCH, "install_keras_hook"
     if fw in wanted:
         getattr(importlib.import_module(f"opprof.collectors.{fw}"), hook)(
             protocol, folder, claim)
-
-
-def _keras_backend() -> str:
-    """The backend of the Keras 3 being imported (``KERAS_BACKEND``, keras.json, …)."""
-    config = sys.modules.get("keras.src.backend.config")
-    return str(config.backend()) if config is not None else "tensorflow"
 
 
 def _forget() -> None:

@@ -75,6 +75,7 @@ from opprof.collectors.config import (
     Role,
     canonical_name,
     is_sequence_model,
+    keras_backend,
     learning_rate,
 )
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
@@ -660,7 +661,7 @@ class _StepHook:
     def wrap(self, cls: type, method: str, keras: int) -> None:
         """Make ``cls.method`` (an optimizer update of Keras ``keras``) end a step."""
         original = cls.__dict__[method]
-        if getattr(original, "_opprof", False) or (keras == 3 and _keras_backend() != "tensorflow"):
+        if getattr(original, "_opprof", False) or (keras == 3 and keras_backend() != "tensorflow"):
             return  # hooked already; Keras 3 on another backend is not TensorFlow's to count
         hook = self
 
@@ -762,12 +763,6 @@ class _StepHook:
         call.__wrapped__ = original  # type: ignore[attr-defined]
         call._opprof = True  # type: ignore[attr-defined]
         module.Function.__call__ = call
-
-
-def _keras_backend() -> str:
-    """Keras 3's backend (``tensorflow`` unless ``KERAS_BACKEND`` chose another)."""
-    backend = sys.modules.get("keras.src.backend")
-    return str(backend.backend()) if backend is not None else "tensorflow"
 
 
 def _strategy_facts(tf: Any, variables: list[Any]) -> dict[str, Any]:

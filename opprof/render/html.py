@@ -476,25 +476,14 @@ def _report_ranks(rep: Report) -> str:
     return "".join(parts)
 
 
-def f_bytes(v: Any) -> str:
-    """Bytes (or bytes per second) with a decimal prefix."""
-    x = _num(v)
-    if x is None or x == 0:
-        return "-"
-    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(x) >= scale:
-            return f"{x / scale:,.2f} {prefix}"
-    return f"{x:,.0f} "
-
-
 COLLECTIVE_COLUMNS: list[Column] = [
     ("op", "collective", f_text), ("group", "group", f_text), ("size", "ranks in group", f_int),
     ("calls_per_step", "calls/step", lambda v: f"{_num(v) or 0:,.1f}"),
-    ("bytes_per_call", "bytes/call", lambda v: f_bytes(v) + "B"),
+    ("bytes_per_call", "bytes/call", units.size),
     ("ns_per_step", "ms/step", f_ms), ("wait_ns", "wait ms (total)", f_ms),
     ("transfer_ns", "transfer ms (total)", f_ms),
-    ("algbw_Bps", "algbw", lambda v: f_bytes(v) + "B/s"),
-    ("busbw_Bps", "busbw", lambda v: f_bytes(v) + "B/s"), ("hidden", "hidden", f_pct)]
+    ("algbw_Bps", "algbw", units.rate),
+    ("busbw_Bps", "busbw", units.rate), ("hidden", "hidden", f_pct)]
 
 
 def _report_collectives(rep: Report) -> str:
