@@ -80,22 +80,27 @@ def test_a_dead_worker_ends_the_job_at_once(tmp_path: Path) -> None:
 
 
 def test_a_frozen_scheduler_is_named_before_the_time_limit(tmp_path: Path) -> None:
-    thread, out = run_in_thread(tmp_path, timeout_s=45)
-    # Freeze the scheduler during the first profiled step: the workers wait for it forever;
-    # the supervisor names it once it has been stopped (state T) for STOPPED_S seconds, well
-    # before the run's time limit, and says what was recorded.
+    limit_s = 120.0
+    thread, out = run_in_thread(tmp_path, timeout_s=limit_s)
+    # Freeze the scheduler once a worker has started its profile: the workers then wait for it
+    # (at the latest at the job's final barrier); the supervisor names it once it has been
+    # stopped (state T) for STOPPED_S seconds, well before the run's time limit, and says what
+    # was recorded. The "profile" progress entry stays once set, so a slow poll cannot miss it
+    # (a test that waited for one particular step raced the step itself on a fast machine).
     def profiling() -> bool:
-        return any(s.extra.get("progress", {}).get("profile") == [1, 2]
-                   for s in channel.read_all(tmp_path))
+        return any("profile" in s.extra.get("progress", {}) for s in channel.read_all(tmp_path))
 
-    wait_for(profiling, limit=60)
+    wait_for(profiling, limit=limit_s)
     scheduler = [p for p, role in job_processes(tmp_path) if role == "scheduler"]
     assert len(scheduler) == 1
+    stopped_at = time.monotonic()
     os.kill(scheduler[0], signal.SIGSTOP)
-    thread.join(90)
+    thread.join(limit_s)
     assert not thread.is_alive()
     assert (f"mxnet ps-sync: scheduler stopped running (process state T, SIGSTOP or a debugger) "
             f"for {supervisor.STOPPED_S:g} s; stopped all processes; ") in out["error"], out
     assert str(tmp_path) in out["error"]
-    assert out["seconds"] < 45
+    assert out["seconds"] < limit_s
+    # named by the stopped-process watch, not by the time limit: soon after the freeze
+    assert time.monotonic() - stopped_at < supervisor.STOPPED_S + 30
     assert job_processes(tmp_path) == []
