@@ -183,16 +183,16 @@ def tables_markdown() -> str:
            "In each table the first row whose pattern (a Python regular expression) matches the "
            "whole native name wins; an empty op marks a marker (a step or phase annotation); an "
            "empty phase takes the phase of the enclosing phase marker (on a worker without phase "
-           "markers, the phase inferred from the operators around it: see the README's "
-           "*Traces without opprof markers*). Names no row matches are `other`. A "
+           "markers, the phase inferred from the operators around it: see "
+           "[ops.md](ops.md#traces-without-opprof-markers)). Names no row matches are `other`. A "
            "`(container)` row is a compiled graph (torch.compile): its operators keep their "
            "own op, and its op gets only the time no mapped operator inside it covers (see "
-           "the README's *Compiled graphs*).", "",
+           "[frameworks.md](frameworks.md#compiled-graphs)).", "",
            "Kinds: " + ", ".join(f"`{k}`" for k in KINDS) + ". The memory table is the rows "
            "with kind `memory`: no mapping table makes them (a name is a memory series, not an "
            "operator); each is one sample of a series (" + ", ".join(
                f"`{s}`" for s in MEMORY_SERIES) + ") with its bytes, never counted in "
-           "operator time (see the README's *Memory*).", ""]
+           "operator time (see [memory.md](memory.md)).", ""]
     for name in names:
         out += [f"## {name}", "", "| pattern | op | phase | kind | example |",
                 "|---|---|---|---|---|"]

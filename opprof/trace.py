@@ -8,7 +8,7 @@ from before the per-rank layout (all ranks in one row group) read as they always
 The convergence table (`record --converge`: rank, step, time_ns, loss, train_accuracy,
 test_accuracy) is a second key of the schema metadata, ``opprof.convergence``, holding its
 rows as a JSON array (``meta["convergence"]`` once read; files without it have none):
-:func:`convergence_frame`, or in DuckDB ``parquet_kv_metadata`` (README, Convergence).
+:func:`convergence_frame`, or in DuckDB ``parquet_kv_metadata`` (docs/convergence.md).
 
 The memory table is the rows with kind ``memory`` (zero-duration samples of a memory series:
 resident set, the kernel's high-water mark, the allocator's allocated / reserved bytes),

@@ -155,7 +155,8 @@ def test_record_converge_keeps_a_falling_loss_and_the_accuracy(runs, fw: str) ->
 def test_duckdb_reads_the_table_and_diff_names_the_first(runs) -> None:
     duckdb = pytest.importorskip("duckdb")
     trace, report = runs["torch"]
-    sql = (REPO / "README.md").read_text().split("-- convergence table\n")[1].split("\n```")[0]
+    sql = (REPO / "docs" / "convergence.md").read_text().split(
+        "-- convergence table\n")[1].split("\n```")[0]
     got = duckdb.sql(sql.replace("run.trace", str(trace))).df()
     assert got["step"].tolist() == list(range(1, 61))
     assert np.allclose(got["loss"], [r["loss"] for r in report["convergence"]])

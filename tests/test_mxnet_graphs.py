@@ -27,7 +27,7 @@ SEGMENT = re.compile(r"\w+(?:,\w+)+")
 
 
 def opprof_run(tmp: Path, name: str) -> tuple[Path, dict]:
-    """``opprof run --steps 5 --warmup 2`` on a script, as in the README; (trace, report)."""
+    """``opprof run --steps 5 --warmup 2`` on a script (docs/frameworks.md); (trace, report)."""
     import sys
 
     res = run_cli("run", "--steps", str(STEPS), "--warmup", "2", "-o", "x.trace", "--format",

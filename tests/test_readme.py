@@ -1,5 +1,6 @@
-"""The README's quick-start commands run as written, from the root of a fresh copy of the
-repository (no ../shared beside it), so they cannot rot."""
+"""The README's quick-start commands (and the tested blocks of docs/*.md) run as written,
+from the root of a fresh copy of the repository (no ../shared beside it), so they cannot
+rot."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.docs_pages import tested_blocks
 
 
 def quick_start_commands() -> list[str]:
-    """The command lines of the README blocks marked as tested, in order."""
-    text = (REPO / "README.md").read_text()
-    blocks = re.findall(r"<!-- tested:.*?-->\s*```\n(.*?)```\s*<!-- end tested -->", text,
-                        re.S)
+    """The command lines of the blocks marked as tested, README.md's first, then the docs
+    pages', in order."""
+    blocks = tested_blocks()
     assert blocks, "README has no tested quick-start block"
     return [ln.strip() for block in blocks for ln in block.splitlines()
             if ln.strip().startswith(("opprof ", "python "))]

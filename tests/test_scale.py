@@ -227,14 +227,13 @@ def test_report_import_and_diff_never_import_a_framework(tmp_path: Path) -> None
 
 
 def test_readme_scale_examples_run_as_written(job_dir: Path, tmp_path: Path) -> None:
-    import re
     import shlex
 
-    text = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- tested-scale:.*?-->\s*```\n(.*?)```\s*<!-- end tested-scale -->",
-                      text, re.S)
-    assert block, "README has no tested-scale block"
-    lines = [ln.strip() for ln in block.group(1).splitlines() if ln.startswith("opprof ")]
+    from tests.docs_pages import tested_blocks
+
+    blocks = tested_blocks("tested-scale")
+    assert blocks, "docs/scale.md has no tested-scale block"
+    lines = [ln.strip() for ln in blocks[0].splitlines() if ln.startswith("opprof ")]
     assert len(lines) >= 3
     for line in lines:
         res = run_cli(*shlex.split(line.replace("JOB_DIR", str(job_dir)))[1:], cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""JSON output for machines: the report and diff schemas documented in the README."""
+"""JSON output for machines: the report and diff schemas documented in docs/json.md."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 
 def model_dict(result: ModelResult) -> dict:
-    """`opprof model`'s JSON (README: "JSON output")."""
+    """`opprof model`'s JSON (docs/json.md)."""
     from opprof.analysis.simulate import messages
     from opprof.render.modeltables import terms_table
 
