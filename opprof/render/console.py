@@ -469,6 +469,21 @@ def convergence_line(c: dict) -> Text:
                 f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
 
 
+def critical_table(rep: Report) -> Table:
+    """What bound each step on each rank: the critical path's bound-by split (ms, share)."""
+    from opprof.analysis.critpath import BOUND_BY
+
+    t = Table(title="Critical path: what bound each step (ms, share of the step)")
+    for c in ("rank", "step", "step ms", "path ms", *BOUND_BY):
+        t.add_column(c, justify="right")
+    for r in rep.critical.to_dict("records"):
+        step = max(int(r["step_ns"]), 1)
+        t.add_row(str(r["rank"]), str(r["step"]), f"{r['step_ns'] / 1e6:.3f}",
+                  f"{r['path_ns'] / 1e6:.3f}",
+                  *(f"{r[k] / 1e6:.3f} ({r[k] / step:.0%})" for k in BOUND_BY))
+    return t
+
+
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[object] = [_header(rep.meta, rep.noise)]
@@ -487,6 +502,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
             items.append(collective_table(rep))
     elif by == "comm":
         items.append(collective_table(rep))
+    elif by == "critical":
+        items.append(critical_table(rep))
     elif by == "step":
         items.append(step_table(rep))
     elif by == "device" and rep.devices.empty and rep.device_ops.empty:

@@ -66,7 +66,20 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep)}
+            **convergence_dict(rep), **critical_dict(rep)}
+
+
+def critical_dict(rep: Report) -> dict:
+    """``critical`` (with `--by critical`): per rank and step, ``step_ns``, ``path_ns`` and
+    ``bound_by`` ({compute, comm, launch, sync, load, idle}: ns, summing to ``step_ns``)."""
+    if rep.critical.empty:
+        return {}
+    from opprof.analysis.critpath import BOUND_BY
+
+    return {"critical": [{"rank": int(r["rank"]), "step": int(r["step"]),
+                          "step_ns": int(r["step_ns"]), "path_ns": int(r["path_ns"]),
+                          "bound_by": {k: int(r[k]) for k in BOUND_BY}}
+                         for r in rep.critical.to_dict("records")]}
 
 
 def convergence_dict(rep: Report) -> dict:

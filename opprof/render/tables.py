@@ -22,6 +22,8 @@ def report_table(rep: Report, by: str, top: int | None) -> pd.DataFrame:
         return rep.memory.ranks
     if by == "comm":
         return rep.collectives
+    if by == "critical":
+        return rep.critical
     return rep.phases.reset_index()
 
 
