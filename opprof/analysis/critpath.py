@@ -435,6 +435,20 @@ def bound_by(g: Graph) -> pd.DataFrame:
         pd.DataFrame(columns=COLUMNS)
 
 
+def graph_of(trace: Trace, steps: pd.DataFrame | None = None
+             ) -> tuple[Graph, np.ndarray] | None:
+    """The graph and a topological order of its vertices, or None where the trace gives no
+    usable graph (no worker steps, or dependencies that contradict each other)."""
+    steps = step_breakdown(trace) if steps is None else steps
+    if steps.empty:
+        return None
+    g = build_graph(trace, steps)
+    if not len(g.start) or (g.steps["end_vertex"] < 0).any():
+        return None
+    order = topological_order(g)
+    return None if order is None else (g, order)
+
+
 def topological_order(g: Graph) -> np.ndarray | None:
     """The vertices in an order that respects every edge (None: the graph has a cycle)."""
     nv = 2 * len(g.start)
@@ -455,21 +469,19 @@ def topological_order(g: Graph) -> np.ndarray | None:
     return np.array(order, np.int64) if len(order) == nv else None
 
 
-def replay(g: Graph, factor: np.ndarray | None = None, comm_factor: float = 1.0,
+def replay(g: Graph, factor: np.ndarray | None = None,
            order: np.ndarray | None = None) -> pd.DataFrame:
     """Replay the graph: each vertex at the latest ``t(src) + lag`` of its predecessors
-    (sources at their measured times), with each node's own time × ``factor[node]`` and
-    each collective's transfer × ``comm_factor``. One row per (rank, step): ``step_ns``
-    (measured) and ``replay_ns``."""
+    (sources at their measured times), with each node's own time (and a collective's
+    transfer after the last rank entered it) × ``factor[node]``. One row per (rank, step):
+    ``step_ns`` (measured) and ``replay_ns``."""
     order = topological_order(g) if order is None else order
     if order is None:
         raise ValueError("the dependency graph has a cycle")
     lag = g.lag.astype(np.float64)
     if factor is not None:
-        own = g.kind == OWN
+        own = (g.kind == OWN) | (g.kind == COLLECTIVE)
         lag[own] *= factor[g.dst[own] >> 1]
-    if comm_factor != 1.0:
-        lag[g.kind == COLLECTIVE] *= comm_factor
     o = np.argsort(g.dst, kind="stable")
     in_src = g.src[o].tolist()
     in_lag = lag[o].tolist()
