@@ -101,7 +101,9 @@ def test_replay_moves_with_an_edit() -> None:
 def test_graph_built_once_serves_both() -> None:
     trace = load(CPU["mxnet-ps-sync"])
     g = build_graph(trace)
-    assert critpath.critical_path(trace, graph=g).equals(bound_by(g))
+    table = critpath.critical_path(trace, graph=g)
+    assert table.drop(columns=["replay_ns"]).equals(bound_by(g))
+    assert np.allclose(table["replay_ns"], table["step_ns"], rtol=1e-9, atol=1.0)
 
 
 def test_report_by_critical_cli() -> None:
@@ -114,6 +116,7 @@ def test_report_by_critical_cli() -> None:
         assert set(r["bound_by"]) == set(BOUND_BY)
         assert sum(r["bound_by"].values()) == r["step_ns"]
         assert r["path_ns"] == r["step_ns"] - r["bound_by"]["idle"]
+        assert abs(r["replay_ns"] - r["step_ns"]) <= 1
     text = run_cli("report", str(path), "--by", "critical")
     assert text.returncode == 0 and "Critical path" in text.stdout and "launch" in text.stdout
 

@@ -371,10 +371,15 @@ def _anchors(g: Graph, steps: pd.DataFrame, is_main: np.ndarray) -> pd.DataFrame
 def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
                   graph: Graph | None = None) -> pd.DataFrame:
     """One row per (worker rank, step): ``step_ns``, ``path_ns`` (the busy length of the
-    critical path inside the step: ``step_ns − idle``) and the ``bound_by`` split
-    (:data:`BOUND_BY`, integer ns summing to ``step_ns``)."""
+    critical path inside the step: ``step_ns − idle``), the ``bound_by`` split
+    (:data:`BOUND_BY`, integer ns summing to ``step_ns``) and ``replay_ns`` (the step
+    replayed through the unedited graph; NaN where the graph cannot be ordered)."""
     g = build_graph(trace, steps) if graph is None else graph
-    return bound_by(g)
+    out = bound_by(g)
+    order = topological_order(g) if len(out) else None
+    out["replay_ns"] = replay(g, None, order)["replay_ns"].to_numpy() if order is not None \
+        else np.nan
+    return out
 
 
 def bound_by(g: Graph) -> pd.DataFrame:

@@ -16,6 +16,15 @@ Changes and how each moves the step:
 - ``--io hidden``: loading fully prefetched (the load term becomes 0).
 - ``--workers N`` (with ``--mode``, ``--servers``, ``--network``): as ``opprof model``.
 
+Engine. Where the trace has a dependency graph (:mod:`opprof.analysis.critpath`: host order,
+launch → kernel, stream order, syncs, collectives matched across ranks), operator and
+communication factors replay it: every node of the operator (each collective's transfer) ×
+its factor, each step re-timed through its dependencies, the step moved by the mean change
+(``engine`` ``graph``; an unedited replay gives every measured step back exactly, so a null
+what-if is still the measurement). Hidden communication or I/O (terms the phase model
+defines) and another worker count use the phase-level model (``engine`` ``phases``); with the
+graph, the phases carry the graph's step (the gap to the model goes to the phases it moved).
+
 The new step is the measured one moved by what the simulation changed
 (:func:`opprof.analysis.predict.calibrated`), so a what-if that changes nothing returns the
 measured step exactly, and on a serial run (one operator at a time, one worker) replacing an
