@@ -473,14 +473,16 @@ def critical_table(rep: Report) -> Table:
     """What bound each step on each rank: the critical path's bound-by split (ms, share)."""
     from opprof.analysis.critpath import BOUND_BY
 
-    t = Table(title="Critical path: what bound each step (ms, share of the step)")
-    for c in ("rank", "step", "step ms", "path ms", *BOUND_BY):
-        t.add_column(c, justify="right")
+    t = Table(title="Critical path: what bound each step (ms; the parts sum to the step)",
+              caption="docs/critical-path.md: the graph and what each part holds")
+    for c in ("rank", "step", "step ms", "path ms", *BOUND_BY, "bound by"):
+        t.add_column(c, justify="left" if c == "bound by" else "right", no_wrap=True)
     for r in rep.critical.to_dict("records"):
         step = max(int(r["step_ns"]), 1)
+        top = max(BOUND_BY, key=lambda k: r[k])
         t.add_row(str(r["rank"]), str(r["step"]), f"{r['step_ns'] / 1e6:.3f}",
-                  f"{r['path_ns'] / 1e6:.3f}",
-                  *(f"{r[k] / 1e6:.3f} ({r[k] / step:.0%})" for k in BOUND_BY))
+                  f"{r['path_ns'] / 1e6:.3f}", *(f"{r[k] / 1e6:.3f}" for k in BOUND_BY),
+                  f"{top} {r[top] / step:.0%}")
     return t
 
 

@@ -71,7 +71,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
 
 def critical_dict(rep: Report) -> dict:
     """``critical`` (with `--by critical`): per rank and step, ``step_ns``, ``path_ns``,
-    ``replay_ns`` (the unedited graph's replay of the step) and ``bound_by`` ({compute, comm, launch, sync, load, idle}: ns, summing to ``step_ns``)."""
+    ``replay_ns`` (the unedited graph's replay of the step) and ``bound_by`` ({compute, comm,
+    launch, sync, load, idle}: ns, summing to ``step_ns``)."""
     if rep.critical.empty:
         return {}
     from opprof.analysis.critpath import BOUND_BY
