@@ -900,6 +900,10 @@ def whatif(w: WhatIf) -> str:
     items: list[object] = [head, t, s]
     if w.network_note:
         items.append(Text(f"network: {w.network_note}", style="grey50"))
+    if w.engine == "graph":
+        items.append(Text("step: the trace's dependency graph replayed with the changes "
+                          "(docs/critical-path.md); phases: the phase model's, carrying it",
+                          style="grey50"))
     items += [Text(f"note: {n}", style="grey50") for n in w.notes]
     return render(*items)
 
