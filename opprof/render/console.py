@@ -504,6 +504,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
             items.append(collective_table(rep))
     elif by == "comm":
         items.append(collective_table(rep))
+    elif by == "critical" and rep.critical.empty:
+        items.append(Text("no profiled steps on a worker rank: no critical path to follow"))
     elif by == "critical":
         items.append(critical_table(rep))
     elif by == "step":
