@@ -132,3 +132,14 @@ def test_whatif_runs_over_the_graph() -> None:
     assert slower.engine == "graph" and slower.step_ns > ctx.base.step_ns
     assert sum(slower.phases.values()) == pytest.approx(slower.step_ns, rel=1e-9)
     assert whatif(ctx, comm="hidden").engine == "phases"  # exposed comm is a phase term
+
+
+def test_faster_kernels_do_not_shorten_a_host_bound_gpu_step() -> None:
+    g, order = graph_of(load(shared_trace("nccl-2rank-rank0.json.gz")))
+    base = replay(g, None, order)
+    kernels = g.on_device & (g.category == critpath.COMPUTE)
+    fast = replay(g, np.where(kernels, 0.5, 1.0), order)
+    delta = fast["replay_ns"] - base["replay_ns"]
+    assert (delta <= 0).all() and (delta > -0.01 * base["step_ns"]).all()
+    slow_comm = replay(g, np.where(g.category == critpath.COMM, 2.0, 1.0), order)
+    assert (slow_comm["replay_ns"] > base["replay_ns"]).all()  # NCCL kernels are on the path
