@@ -86,6 +86,12 @@ def test_collectives_are_matched_across_ranks() -> None:
     assert (g.rank[g.src[coll] >> 1] != g.rank[g.dst[coll] >> 1]).all()
     assert set(b["rank"]) == {0, 1}
     assert (b["sync"] > 0).any()  # a rank waited for the other inside a collective
+    # two ranks of a 128-rank NCCL job: their NCCL kernels are matched as one collective
+    g, b = _check([shared_trace("sampled-128rank-rank0.json.gz"),
+                   shared_trace("sampled-128rank-rank1.json.gz")])
+    coll = g.kind == critpath.COLLECTIVE
+    assert coll.any() and g.on_device[g.dst[coll] >> 1].all()
+    assert set(b["rank"]) == {0, 1}
 
 
 def test_replay_moves_with_an_edit() -> None:
