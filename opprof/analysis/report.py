@@ -65,6 +65,9 @@ class Report:
     #: One row per (collective, process group, size): opprof.analysis.collectives.
     collectives: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))
+    #: One row per (rank, step): the critical path's bound-by split
+    #: (opprof.analysis.critpath); filled by `report --by critical` and the HTML report.
+    critical: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass

@@ -16,6 +16,15 @@ Changes and how each moves the step:
 - ``--io hidden``: loading fully prefetched (the load term becomes 0).
 - ``--workers N`` (with ``--mode``, ``--servers``, ``--network``): as ``opprof model``.
 
+Engine. Where the trace has a dependency graph (:mod:`opprof.analysis.critpath`: host order,
+launch → kernel, stream order, syncs, collectives matched across ranks), operator and
+communication factors replay it: every node of the operator (each collective's transfer) ×
+its factor, each step re-timed through its dependencies, the step moved by the mean change
+(``engine`` ``graph``; an unedited replay gives every measured step back exactly, so a null
+what-if is still the measurement). Hidden communication or I/O (terms the phase model
+defines) and another worker count use the phase-level model (``engine`` ``phases``); with the
+graph, the phases carry the graph's step (the gap to the model goes to the phases it moved).
+
 The new step is the measured one moved by what the simulation changed
 (:func:`opprof.analysis.predict.calibrated`), so a what-if that changes nothing returns the
 measured step exactly, and on a serial run (one operator at a time, one worker) replacing an
@@ -28,11 +37,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.commmodel import Network, collective_of
 from opprof.analysis.critical import op_wall
+from opprof.analysis.critpath import COMM as COMM_PART
+from opprof.analysis.critpath import Graph, graph_of, replay
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import (
     DEFAULT_MODE,
@@ -55,6 +67,9 @@ class Context:
     base: Baseline
     wall: pd.DataFrame  # op, phase, wall_ns (mean per step)
     op_time: pd.Series  # op → time per step (device where the trace has GPU kernels)
+    #: The trace's dependency graph and a topological order (opprof.analysis.critpath);
+    #: None where it has none: the phase-level model answers alone.
+    graph: tuple[Graph, np.ndarray] | None = None
 
     @property
     def label(self) -> str:
@@ -62,8 +77,8 @@ class Context:
         return self.base.label
 
 
-def context(trace: Trace, label: str = "") -> Context:
-    """Read a trace for what-ifs."""
+def context(trace: Trace, label: str = "", graph: bool = True) -> Context:
+    """Read a trace for what-ifs (``graph``: build its dependency graph for replay)."""
     steps = step_breakdown(trace)
     base = baseline(trace, label)
     n = max(len(steps), 1)
@@ -73,7 +88,7 @@ def context(trace: Trace, label: str = "") -> Context:
     has_device = bool((ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")).any())
     t = op_table(trace, "device" if has_device else "host", n_steps=n)
     op_time = t.groupby("op")["ns_per_step"].sum() if len(t) else pd.Series(dtype=float)
-    return Context(base, wall, op_time)
+    return Context(base, wall, op_time, graph_of(trace, steps) if graph else None)
 
 
 @dataclass
@@ -107,6 +122,9 @@ class WhatIf:
     mode: str
     network_note: str = ""
     notes: list[str] = field(default_factory=list)
+    #: What computed the step: ``graph`` (the dependency graph replayed,
+    #: opprof.analysis.critpath) or ``phases`` (the phase-level model).
+    engine: str = "phases"
 
     @property
     def delta_ns(self) -> float:
@@ -213,9 +231,53 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
             and n == m and mode in (base_mode, base.mode):
         phases = dict(base.phases)  # nothing changed: the measurement itself
     step = base.step_ns + sum(phases[p] - base.phases[p] for p in PHASES)
+    engine = "phases"
+    if ctx.graph is not None and n == m and not hidden and not io_hidden and (
+            any(f is not None and f != 1.0 for f in factors.values()) or comm_scale != 1.0):
+        step = base.step_ns + _replay_delta(ctx.graph, factors, comm_scale)
+        _spread(phases, base.phases, step - base.step_ns)
+        engine = "graph"
     talks = n > 1
     return WhatIf(base.label, base.step_ns, step, dict(base.phases), phases, [], n,
-                  mode if talks else "single", note if talks or base.collective else "")
+                  mode if talks else "single", note if talks or base.collective else "",
+                  engine=engine)
+
+
+def _replay_delta(graph: tuple[Graph, np.ndarray], factors: dict[str, float | None],
+                  comm_scale: float) -> float:
+    """Mean change of the step over every (rank, step) when the graph is replayed with
+    the operators' node times × their factors and communication × ``comm_scale`` (0: the
+    graph replays the measured steps exactly)."""
+    g, order = graph
+    factor = np.ones(len(g.start))
+    for op, f in factors.items():
+        if f is not None and op not in COMM_OPS:
+            factor[g.op == op] *= f
+    comm = g.category == COMM_PART
+    for op, f in factors.items():
+        if f is not None and op in COMM_OPS:
+            factor[comm & (g.op == op)] *= f
+    if comm_scale != 1.0:
+        factor[comm] *= comm_scale
+    edited = replay(g, factor, order)
+    measured = replay(g, None, order)
+    return float((edited["replay_ns"] - measured["replay_ns"]).mean())
+
+
+def _spread(phases: dict[str, float], base: dict[str, float], delta: float) -> None:
+    """Make ``phases`` sum to the base step + ``delta``: the gap between the graph's and
+    the phase model's step goes to the phases the change moved (in proportion), else to
+    ``other``."""
+    gap = base and delta - sum(phases[p] - base[p] for p in PHASES)
+    if not gap:
+        return
+    moved = {p: abs(phases[p] - base[p]) for p in PHASES}
+    total = sum(moved.values())
+    if total <= 0:
+        phases["other"] += gap
+        return
+    for p in PHASES:
+        phases[p] += gap * moved[p] / total
 
 
 def op_swaps(a: Context, b: Context) -> pd.DataFrame:

@@ -24,9 +24,10 @@ from opprof.render import renderer
 @click.command("report")
 @click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory",
-                                         "comm"]),
+                                         "comm", "critical"]),
               default="phase", show_default=True,
-              help="Which view to show (comm: per collective, bytes and bus bandwidth).")
+              help="Which view to show (comm: per collective, bytes and bus bandwidth; "
+                   "critical: what bound each step, from its dependency graph).")
 @top_option
 @report_format_option
 @output_option
@@ -44,6 +45,7 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report resnet18-torch.trace --by op --top 15
       opprof report resnet18-torch.trace --by memory
       opprof report rank*.pt.trace.json.gz --by comm
+      opprof report rank*.pt.trace.json.gz --by critical
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html
@@ -54,4 +56,9 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))
     warn_read(rep.meta)
+    if by == "critical" or fmt == "html":
+        from opprof.analysis.critpath import critical_path
+        from opprof.loader import load
+
+        rep.critical = critical_path(load(list(trace)))
     write_output(render.report(rep, by=by, top=top), fmt, output)

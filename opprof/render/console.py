@@ -469,6 +469,23 @@ def convergence_line(c: dict) -> Text:
                 f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
 
 
+def critical_table(rep: Report) -> Table:
+    """What bound each step on each rank: the critical path's bound-by split (ms, share)."""
+    from opprof.analysis.critpath import BOUND_BY
+
+    t = Table(title="Critical path: what bound each step (ms; the parts sum to the step)",
+              caption="docs/critical-path.md: the graph and what each part holds")
+    for c in ("rank", "step", "step ms", "path ms", *BOUND_BY, "bound by"):
+        t.add_column(c, justify="left" if c == "bound by" else "right", no_wrap=True)
+    for r in rep.critical.to_dict("records"):
+        step = max(int(r["step_ns"]), 1)
+        top = max(BOUND_BY, key=lambda k: r[k])
+        t.add_row(str(r["rank"]), str(r["step"]), f"{r['step_ns'] / 1e6:.3f}",
+                  f"{r['path_ns'] / 1e6:.3f}", *(f"{r[k] / 1e6:.3f}" for k in BOUND_BY),
+                  f"{top} {r[top] / step:.0%}")
+    return t
+
+
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[object] = [_header(rep.meta, rep.noise)]
@@ -487,6 +504,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
             items.append(collective_table(rep))
     elif by == "comm":
         items.append(collective_table(rep))
+    elif by == "critical" and rep.critical.empty:
+        items.append(Text("no profiled steps on a worker rank: no critical path to follow"))
+    elif by == "critical":
+        items.append(critical_table(rep))
     elif by == "step":
         items.append(step_table(rep))
     elif by == "device" and rep.devices.empty and rep.device_ops.empty:
@@ -881,6 +902,10 @@ def whatif(w: WhatIf) -> str:
     items: list[object] = [head, t, s]
     if w.network_note:
         items.append(Text(f"network: {w.network_note}", style="grey50"))
+    if w.engine == "graph":
+        items.append(Text("step: the trace's dependency graph replayed with the changes "
+                          "(docs/critical-path.md); phases: the phase model's, carrying it",
+                          style="grey50"))
     items += [Text(f"note: {n}", style="grey50") for n in w.notes]
     return render(*items)
 

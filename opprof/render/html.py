@@ -340,6 +340,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         secs.append(("collectives", "Collectives", _report_collectives(rep)))
     if len(rep.devices):
         secs.append(("devices", "GPU time per device", _report_devices(rep)))
+    if len(rep.critical):
+        secs.append(("critical", "Critical path", _report_critical(rep)))
     if len(rep.memory.ranks):
         secs.append(("memory", "Memory", _report_memory(rep)))
     secs.append(("metadata", "Metadata", meta_table(meta)))
@@ -493,6 +495,37 @@ def _report_collectives(rep: Report) -> str:
                  "all_to_all, 1 otherwise (the nccl-tests convention); hidden = the share "
                  "of its time the rank computed beside it (on a GPU: compute kernels).")
             + table(rep.collectives, COLLECTIVE_COLUMNS))
+
+
+#: Colours of the critical path's bound-by parts (the phase palette where they match).
+BOUND_COLORS = {"compute": palette.PHASE_COLORS["forward"], "comm": palette.PHASE_COLORS["comm"],
+                "launch": palette.PHASE_COLORS["update"], "sync": palette.PHASE_COLORS["h2d"],
+                "load": palette.PHASE_COLORS["load"], "idle": palette.PHASE_COLORS["other"]}
+
+
+def _report_critical(rep: Report) -> str:
+    from opprof.analysis.critpath import BOUND_BY
+
+    df = rep.critical
+    label = [f"rank {r} step {s}" for r, s in zip(df["rank"], df["step"], strict=True)]
+    fig = go.Figure()
+    for k in BOUND_BY:
+        v = df[k].to_numpy(float) / 1e6
+        if (v > 0).any():
+            fig.add_trace(go.Bar(name=k, x=v, y=label, orientation="h",
+                                 marker_color=BOUND_COLORS[k],
+                                 hovertemplate=f"{k}: %{{x:.3f}} ms<extra>%{{y}}</extra>"))
+    _layout(fig, 120 + 24 * len(df), barmode="stack", xaxis_title="ms")
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_layout(margin={"l": 130, "r": 20, "t": 40, "b": 40})
+    cols: list[Column] = [("rank", "rank", f_int), ("step", "step", f_int),
+                          ("step_ns", "step ms", f_ms), ("path_ns", "path ms", f_ms),
+                          *((k, f"{k} ms", f_ms) for k in BOUND_BY)]
+    return (chart(fig) + note("Each step's critical path through its dependency graph (host "
+                              "order per thread, launch → kernel, stream order, syncs, "
+                              "collectives matched across ranks), every nanosecond of the step "
+                              "given to what bound it: docs/critical-path.md.")
+            + table(df, cols))
 
 
 DEVICE_COLUMNS: list[Column] = [

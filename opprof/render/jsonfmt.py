@@ -66,7 +66,22 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep)}
+            **convergence_dict(rep), **critical_dict(rep)}
+
+
+def critical_dict(rep: Report) -> dict:
+    """``critical`` (with `--by critical`): per rank and step, ``step_ns``, ``path_ns``,
+    ``replay_ns`` (the unedited graph's replay of the step) and ``bound_by`` ({compute, comm,
+    launch, sync, load, idle}: ns, summing to ``step_ns``)."""
+    if rep.critical.empty:
+        return {}
+    from opprof.analysis.critpath import BOUND_BY
+
+    return {"critical": [{"rank": int(r["rank"]), "step": int(r["step"]),
+                          "step_ns": int(r["step_ns"]), "path_ns": int(r["path_ns"]),
+                          "replay_ns": _clean(r.get("replay_ns")),
+                          "bound_by": {k: int(r[k]) for k in BOUND_BY}}
+                         for r in rep.critical.to_dict("records")]}
 
 
 def convergence_dict(rep: Report) -> dict:
@@ -174,7 +189,8 @@ def whatif(w: WhatIf) -> str:
                        "delta_ns": w.delta_ns, "phases": w.phases,
                        "base_phases": w.base_phases, "workers": w.workers, "mode": w.mode,
                        "scenario": [c.to_dict() for c in w.scenario],
-                       "network": w.network_note, "notes": w.notes}, indent=2, default=_clean)
+                       "network": w.network_note, "notes": w.notes, "engine": w.engine},
+                      indent=2, default=_clean)
 
 
 def calibration(net: Network) -> str:

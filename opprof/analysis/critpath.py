@@ -1,0 +1,516 @@
+"""The critical path of each step across ranks: a dependency graph built from the trace, the
+step split by what bound it (``bound_by``), and a replay of the graph for what-ifs.
+
+The graph (docs/critical-path.md). Nodes: on each host thread, the thread's time cut into
+pieces, each owned by the innermost event covering it (markers are not nodes: time only a
+marker covers is a gap between pieces); every GPU kernel, copy, memset and device
+collective. Each node has a start vertex S and an end vertex E. Edges (``src → dst`` with a
+lag: ``t(dst) ≥ t(src) + lag``):
+
+- ``own``: S → E of the node, lag its duration (0 for a synchronizing call and a matched
+  collective: they end when what they wait for ends);
+- ``order``: the previous node on the same thread or GPU stream, E → S (lag: the measured
+  gap on the rank's main thread, where the gap is the framework's own work; 0 elsewhere);
+- ``launch``: the runtime call that launched a kernel or copy (the ``link`` correlation id),
+  S → S (a blocking copy starts inside its call);
+- ``sync``: a synchronizing runtime call (``*Synchronize``, blocking ``cudaMemcpy``) waits for
+  the rank's device work that ended last before it returned, E(device) → E(call);
+- ``collective``: the k-th call of the same collective in a step on every rank is one
+  collective: each rank's call ends after every rank entered it, S(other rank) → E(call);
+- ``thread``: on a host thread other than the main one, a node after a gap waits for the
+  latest node that ended on another thread of the rank before it started, E → S.
+
+Measured times satisfy every edge with its lag clipped to what was measured, and the edge
+that set each vertex's time (the latest ``t(src) + lag``) is its binding predecessor; its lag
+is then the measured difference, so replaying the graph with the measured durations gives
+every measured time back exactly. The critical path of a step on a rank is the chain of
+binding predecessors from the node that ended last in the step back to the step's start; each
+nanosecond of the step goes to one ``bound_by`` category (:data:`BOUND_BY`), so they sum to
+the step exactly (integer ns).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.ranks import collectives, match, synchronous
+from opprof.events import lane_ids
+from opprof.intervals import Nesting, containing, lane_keys
+from opprof.taxonomy import COMM_OPS
+from opprof.trace import Trace
+
+#: What bound each nanosecond of a step, in report order.
+BOUND_BY = ("compute", "comm", "launch", "sync", "load", "idle")
+COLUMNS = ["rank", "step", "step_ns", "path_ns", *BOUND_BY]
+COMPUTE, COMM, LAUNCH, SYNC, LOAD, IDLE = range(6)
+#: Edge types, in the order that breaks ties between equally late predecessors.
+OWN, THREAD, LAUNCH_EDGE, ORDER, SYNC_EDGE, COLLECTIVE = range(6)
+EDGE_NAMES = ("own", "thread", "launch", "order", "sync", "collective")
+#: Host runtime calls that block until the device is done.
+SYNC_CALL = re.compile(r"(?i).*synchroni[sz]e.*|(cuda|hip)Memcpy(2D|3D)?(_v\d+)?$"
+                       r"|MXNDArrayWait(All|ToRead|ToWrite)")
+_DEVICE_KINDS = ("kernel", "memcpy", "memset", "comm")
+
+
+@dataclass
+class Graph:
+    """The dependency graph of a trace's worker ranks (vertex ``2i`` starts node ``i``,
+    ``2i + 1`` ends it)."""
+
+    rank: np.ndarray  # per node
+    start: np.ndarray  # per node, ns
+    end: np.ndarray
+    op: np.ndarray  # canonical op (object), per node
+    category: np.ndarray  # BOUND_BY code of the node's own time
+    src: np.ndarray  # per edge: vertex
+    dst: np.ndarray
+    lag: np.ndarray  # int64: replay-exact lags
+    kind: np.ndarray  # edge type
+    binding: np.ndarray  # per vertex: the edge that set its time, or -1
+    steps: pd.DataFrame  # rank, step, start, end, end_vertex, start_vertex
+    main: np.ndarray  # per node: on its rank's main host thread
+    on_device: np.ndarray  # per node: a GPU activity
+    entry: np.ndarray  # per node: the node a collective call that ends with it began with
+
+    @property
+    def times(self) -> np.ndarray:
+        """Measured time of every vertex."""
+        t = np.empty(2 * len(self.start), np.int64)
+        t[0::2], t[1::2] = self.start, self.end
+        return t
+
+
+def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
+    """The dependency graph of ``trace`` (all its worker ranks at once: collectives join
+    them)."""
+    steps = step_breakdown(trace) if steps is None else steps
+    ev = trace.events
+    worker = (ev["role"] == "worker").to_numpy()
+    ts = ev["ts"].to_numpy(np.int64)
+    te = ts + ev["dur"].to_numpy(np.int64)
+    kind = ev["kind"].astype(str).to_numpy()
+    is_cpu = (ev["device"].astype(str) == "cpu").to_numpy()
+    dev_rows = np.flatnonzero(worker & ~is_cpu & np.isin(kind, _DEVICE_KINDS))
+    host_rows = np.flatnonzero(worker & is_cpu & (kind != "marker") & (te > ts))
+    rank_all = ev["rank"].to_numpy(np.int64)
+    pid, tid = ev["pid"].to_numpy(np.int64), ev["tid"].to_numpy(np.int64)
+    op_all = ev["op"].astype(str).to_numpy()
+    phase_all = ev["phase"].astype(str).to_numpy()
+    name_cat = ev["name"].astype("category")
+    sync_name = pd.Series(name_cat.cat.categories.astype(str)).str.fullmatch(
+        SYNC_CALL.pattern).to_numpy(bool)
+    codes = name_cat.cat.codes.to_numpy()
+    is_sync_ev = (codes >= 0) & sync_name[np.maximum(codes, 0)] if len(sync_name) else \
+        np.zeros(len(ev), bool)
+    counted = ev["counted"].to_numpy(bool)
+    link = ev["link"].to_numpy(np.int64) if "link" in ev else np.full(len(ev), -1, np.int64)
+
+    # host pieces
+    lane_all = lane_ids(rank_all * 2 + (~is_cpu), pid, tid)
+    hp = _host_pieces(lane_all[host_rows], ts[host_rows], te[host_rows])
+    p_lane, p_s, p_e, p_own = hp
+    p_row = host_rows[p_own]
+    # the counted operator each piece lies in gives it its op and phase
+    crow = host_rows[counted[host_rows]]
+    pos = containing(p_lane, p_s, p_e, lane_all[crow], ts[crow], te[crow])
+    anc = np.where(pos >= 0, crow[np.maximum(pos, 0)], p_row)
+    n_host, n_dev = len(p_s), len(dev_rows)
+    n = n_host + n_dev
+    rank = np.concatenate([rank_all[p_row], rank_all[dev_rows]])
+    lane = np.concatenate([p_lane, lane_all[dev_rows]])
+    start = np.concatenate([p_s, ts[dev_rows]])
+    end = np.concatenate([p_e, te[dev_rows]])
+    row = np.concatenate([p_row, dev_rows])
+    op = np.concatenate([op_all[anc], op_all[dev_rows]]).astype(object)
+    phase = np.concatenate([phase_all[anc], phase_all[dev_rows]])
+    on_dev = np.concatenate([np.zeros(n_host, bool), np.ones(n_dev, bool)])
+    k = kind[row]
+    is_comm = np.isin(op, list(COMM_OPS)) | (k == "comm")
+    is_load = np.isin(phase, ("load", "h2d")) | (k == "io")
+    is_sync = ~on_dev & is_sync_ev[row]
+    gpu_ranks = np.unique(rank[on_dev])
+    host_bound = np.isin(rank, gpu_ranks)  # host time on a GPU rank delays launches
+    category = np.full(n, COMPUTE, np.int64)
+    category[~on_dev & host_bound] = LAUNCH
+    category[~on_dev & (k == "runtime")] = LAUNCH
+    category[is_load] = LOAD
+    category[is_comm] = COMM
+    category[is_sync] = SYNC
+
+    # the main thread of each rank: the host lane busiest inside its steps
+    main = _main_lanes(rank, lane, start, end, on_dev)
+    is_main = np.isin(lane, main)
+
+    t = np.empty(2 * n, np.int64)
+    t[0::2], t[1::2] = start, end
+    src, dst, nat, etype = [], [], [], []
+
+    def add(s: np.ndarray, d: np.ndarray, lag: np.ndarray | int, e: int) -> None:
+        src.append(np.asarray(s, np.int64))
+        dst.append(np.asarray(d, np.int64))
+        nat.append(np.broadcast_to(np.asarray(lag, np.int64), len(s)).copy())
+        etype.append(np.full(len(s), e, np.int64))
+
+    idx = np.arange(n)
+    own_lag = end - start
+    # order on each thread / stream
+    order = np.lexsort((end, start, lane))
+    same = lane[order][1:] == lane[order][:-1]
+    a, b = order[:-1][same], order[1:][same]
+    gap = np.where(is_main[b] & ~on_dev[b], start[b] - end[a], 0)
+    add(2 * a + 1, 2 * b, gap, ORDER)
+    first_after_gap = np.ones(n, bool)
+    first_after_gap[b] = start[b] > end[a]
+    # launch → kernel
+    if n_dev and (link[dev_rows] >= 0).any():
+        hl = host_rows[link[host_rows] >= 0]
+        calls = pd.DataFrame({"rank": rank_all[hl], "link": link[hl], "row": hl,
+                              "rt": kind[hl] != "runtime"})
+        calls = calls.sort_values(["rt"], kind="stable").drop_duplicates(["rank", "link"])
+        kern = pd.DataFrame({"rank": rank[n_host:], "link": link[dev_rows],
+                             "node": idx[n_host:]})
+        j = kern.merge(calls, on=["rank", "link"], how="inner")
+        crow_ = j["row"].to_numpy(np.int64)
+        call_piece = containing(lane_all[crow_], ts[crow_], ts[crow_] + 1, p_lane, p_s, p_e)
+        ok = call_piece >= 0
+        # from the call's start: a blocking copy runs inside its call
+        add(2 * call_piece[ok], 2 * j["node"].to_numpy(np.int64)[ok], 0, LAUNCH_EDGE)
+    # device work → the synchronizing call that waited for it
+    sync_nodes = idx[is_sync & host_bound]
+    if len(sync_nodes) and n_dev:
+        dn = idx[on_dev]
+        kd, ks = lane_keys([rank[dn], rank[sync_nodes]], [end[dn], end[sync_nodes]])
+        o = np.argsort(kd, kind="stable")
+        p = np.searchsorted(kd[o], ks, side="right") - 1
+        cand = dn[o[np.maximum(p, 0)]]
+        ok = (p >= 0) & (rank[cand] == rank[sync_nodes]) & (end[cand] > start[sync_nodes])
+        add(2 * cand[ok] + 1, 2 * sync_nodes[ok] + 1, 0, SYNC_EDGE)
+        own_lag[sync_nodes[ok]] = 0
+    # collectives matched across ranks
+    c_first, c_last = _collective_nodes(trace, steps, ev, host_rows, dev_rows, p_lane, p_s,
+                                        p_e, lane_all, ts, te, n_host)
+    entry = idx.copy()
+    if len(c_first):
+        add(2 * c_first[:, 0], 2 * c_last[:, 1] + 1, 0, COLLECTIVE)
+        own_lag[np.unique(c_last[:, 1])] = 0
+        entry[c_last[:, 1]] = c_first[:, 1]
+    # a CPU rank's waiting call (MXNet's WaitAll) waits for its other threads' work
+    cpu_sync = idx[is_sync & ~host_bound]
+    if len(cpu_sync):
+        best = _latest_elsewhere(idx[~on_dev], cpu_sync, end[cpu_sync], rank, lane, start, end)
+        ok = best >= 0
+        add(2 * best[ok] + 1, 2 * cpu_sync[ok] + 1, 0, SYNC_EDGE)
+        own_lag[cpu_sync[ok]] = 0
+    # other host threads wait for what ended last elsewhere on the rank
+    waiting = idx[~on_dev & ~is_main & first_after_gap]
+    if len(waiting):
+        best = _latest_elsewhere(idx[~on_dev], waiting, start[waiting], rank, lane, start, end)
+        ok = best >= 0
+        add(2 * best[ok] + 1, 2 * waiting[ok], 0, THREAD)
+    add(2 * idx, 2 * idx + 1, own_lag, OWN)
+
+    src_a, dst_a = np.concatenate(src), np.concatenate(dst)
+    nat_a, type_a = np.concatenate(nat), np.concatenate(etype)
+    keep = (src_a != dst_a) & (t[src_a] <= t[dst_a])  # a later event cannot have set it
+    src_a, dst_a, nat_a, type_a = src_a[keep], dst_a[keep], nat_a[keep], type_a[keep]
+    capped = np.minimum(t[src_a] + nat_a, t[dst_a])
+    lag = np.minimum(nat_a, t[dst_a] - t[src_a])
+    o = np.lexsort((type_a, capped, dst_a))
+    last = np.ones(len(o), bool)
+    last[:-1] = dst_a[o][1:] != dst_a[o][:-1]
+    bind_edges = o[last]
+    lag[bind_edges] = t[dst_a[bind_edges]] - t[src_a[bind_edges]]
+    binding = np.full(2 * n, -1, np.int64)
+    binding[dst_a[bind_edges]] = bind_edges
+    g = Graph(rank, start, end, op, category, src_a, dst_a, lag, type_a, binding,
+              pd.DataFrame(), is_main, on_dev, entry)
+    g.steps = _anchors(g, steps, is_main)
+    return g
+
+
+def _host_pieces(lane: np.ndarray, s: np.ndarray, e: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each host lane's time cut at every event boundary, each piece owned by the innermost
+    event covering it (consecutive pieces of one owner merged): lane, start, end, owner."""
+    if len(s) == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z, z
+    depth = Nesting(lane, s, e).depth
+    pts_lane = np.concatenate([lane, lane])
+    pts_t = np.concatenate([s, e])
+    (key,) = lane_keys([pts_lane], [pts_t])
+    u, first = np.unique(key, return_index=True)
+    u_lane, u_t = pts_lane[first], pts_t[first]
+    seg = u_lane[1:] == u_lane[:-1]
+    g_lane, g_s, g_e = u_lane[:-1][seg], u_t[:-1][seg], u_t[1:][seg]
+    owner = np.full(len(g_s), -1, np.int64)
+    ke, kg = lane_keys([lane, g_lane], [s, g_s])
+    for d in range(int(depth.max()) + 1):
+        at = np.flatnonzero(depth == d)
+        o = at[np.argsort(ke[at], kind="stable")]
+        p = np.searchsorted(ke[o], kg, side="right") - 1
+        c = o[np.maximum(p, 0)]
+        cover = (p >= 0) & (lane[c] == g_lane) & (e[c] > g_s)
+        owner = np.where(cover, c, owner)
+    keep = owner >= 0
+    g_lane, g_s, g_e, owner = g_lane[keep], g_s[keep], g_e[keep], owner[keep]
+    new = np.ones(len(g_s), bool)
+    new[1:] = (owner[1:] != owner[:-1]) | (g_lane[1:] != g_lane[:-1]) | (g_s[1:] != g_e[:-1])
+    last = np.r_[np.flatnonzero(new)[1:] - 1, len(g_s) - 1]
+    return g_lane[new], g_s[new], g_e[last], owner[new]
+
+
+def _latest_elsewhere(pool: np.ndarray, query: np.ndarray, at: np.ndarray, rank: np.ndarray,
+                     lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per ``query`` node: the ``pool`` node of the same rank on another lane that ended last
+    at or before ``at`` (and after the query node started), or -1."""
+    best = np.full(len(query), -1, np.int64)
+    best_t = np.full(len(query), np.iinfo(np.int64).min)
+    for ln in np.unique(lane[pool]):
+        mine = pool[lane[pool] == ln]
+        mine = mine[np.argsort(end[mine], kind="stable")]
+        sel = (rank[query] == rank[mine[0]]) & (lane[query] != ln)
+        p = np.searchsorted(end[mine], at, side="right") - 1
+        c = mine[np.maximum(p, 0)]
+        better = sel & (p >= 0) & (end[c] > best_t)
+        best = np.where(better, c, best)
+        best_t = np.where(better, end[c], best_t)
+    return best
+
+
+def _main_lanes(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray,
+                on_dev: np.ndarray) -> np.ndarray:
+    """The busiest host lane of each rank."""
+    df = pd.DataFrame({"rank": rank[~on_dev], "lane": lane[~on_dev],
+                       "busy": (end - start)[~on_dev]})
+    if df.empty:
+        return np.zeros(0, np.int64)
+    busy = df.groupby(["rank", "lane"])["busy"].sum().reset_index()
+    return busy.loc[busy.groupby("rank")["busy"].idxmax(), "lane"].to_numpy(np.int64)
+
+
+def _collective_nodes(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,
+                      host_rows: np.ndarray, dev_rows: np.ndarray, p_lane: np.ndarray,
+                      p_s: np.ndarray, p_e: np.ndarray, lane_all: np.ndarray, ts: np.ndarray,
+                      te: np.ndarray, n_host: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first node, last node) pairs: rows ``[j_first, i_last]`` for every two ranks i ≠ j
+    of every matched collective (the k-th call of one collective in a step on all ranks)."""
+    none = np.zeros((0, 2), np.int64)
+    if not synchronous(trace.meta) or steps.empty:
+        return none, none
+    timing, _ = collectives(trace)
+    if timing.empty:
+        return none, none
+    c = match(timing, steps[["rank", "step"]], True)
+    c = c[c["matched"]]
+    if c.empty:
+        return none, none
+    rows = ev.index.get_indexer(c["event"].to_numpy())
+    dev_pos = pd.Series(np.arange(len(dev_rows)), index=dev_rows)
+    on_dev = np.isin(rows, dev_rows)
+    first = np.full(len(rows), -1, np.int64)
+    last = np.full(len(rows), -1, np.int64)
+    if on_dev.any():
+        node = n_host + dev_pos.reindex(rows[on_dev]).to_numpy(np.int64)
+        first[on_dev], last[on_dev] = node, node
+    h = ~on_dev
+    if h.any():
+        r = rows[h]
+        first[h] = containing(lane_all[r], ts[r], ts[r] + 1, p_lane, p_s, p_e)
+        last[h] = containing(lane_all[r], te[r] - 1, te[r], p_lane, p_s, p_e)
+    c = c.assign(first=first, last=last)
+    c = c[(c["first"] >= 0) & (c["last"] >= 0)]
+    pairs = c.merge(c, on=["step", "name", "seq"], suffixes=("_j", "_i"))
+    pairs = pairs[pairs["rank_j"] != pairs["rank_i"]]
+    f = np.column_stack([pairs["first_j"].to_numpy(np.int64), pairs["first_i"].to_numpy(
+        np.int64)])
+    la = np.column_stack([pairs["last_j"].to_numpy(np.int64), pairs["last_i"].to_numpy(
+        np.int64)])
+    return f, la
+
+
+def _anchors(g: Graph, steps: pd.DataFrame, is_main: np.ndarray) -> pd.DataFrame:
+    """Per (rank, step): the vertex that ended it (the node that ended last in it) and the
+    vertex its start hangs on (the last main-thread vertex at or before it)."""
+    out = steps[["rank", "step", "start", "end"]].copy().reset_index(drop=True)
+    endv = np.full(len(out), -1, np.int64)
+    startv = np.full(len(out), -1, np.int64)
+    t = g.times
+    for r, rows in out.groupby("rank").groups.items():
+        nodes = np.flatnonzero(g.rank == r)
+        if not len(nodes):
+            continue
+        o = nodes[np.argsort(g.start[nodes], kind="stable")]
+        s_sorted = g.start[o]
+        mains = o[is_main[o]]
+        mv = np.sort(np.concatenate([2 * mains, 2 * mains + 1]))
+        mt = t[mv]
+        mo = np.argsort(mt, kind="stable")
+        mv, mt = mv[mo], mt[mo]
+        for i in rows:
+            s0, e0 = int(out.at[i, "start"]), int(out.at[i, "end"])
+            k = int(np.searchsorted(s_sorted, e0, side="left"))
+            if k:
+                cand = o[:k]
+                key = np.minimum(g.end[cand], e0)
+                best = cand[key == key.max()]
+                endv[i] = 2 * best[np.argmax(g.end[best])] + 1
+            j = int(np.searchsorted(mt, s0, side="right")) - 1
+            startv[i] = mv[j] if j >= 0 else -1
+    out["end_vertex"] = endv
+    out["start_vertex"] = startv
+    return out
+
+
+def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
+                  graph: Graph | None = None) -> pd.DataFrame:
+    """One row per (worker rank, step): ``step_ns``, ``path_ns`` (the busy length of the
+    critical path inside the step: ``step_ns − idle``), the ``bound_by`` split
+    (:data:`BOUND_BY`, integer ns summing to ``step_ns``) and ``replay_ns`` (the step
+    replayed through the unedited graph; NaN where the graph cannot be ordered)."""
+    g = build_graph(trace, steps) if graph is None else graph
+    out = bound_by(g)
+    order = topological_order(g) if len(out) else None
+    out["replay_ns"] = replay(g, None, order)["replay_ns"].to_numpy() if order is not None \
+        else np.nan
+    return out
+
+
+def bound_by(g: Graph) -> pd.DataFrame:
+    """The bound-by split of every step of ``g``."""
+    t = g.times.tolist()
+    binding = g.binding.tolist()
+    src, kind, lag = g.src.tolist(), g.kind.tolist(), g.lag.tolist()
+    cat = g.category.tolist()
+    rank = g.rank.tolist()
+    main = g.main.tolist()
+    dev = g.on_device.tolist()
+    entry = g.entry.tolist()
+    rows = []
+    for s in g.steps.itertuples(index=False):
+        start, end = int(s.start), int(s.end)
+        parts = [0] * len(BOUND_BY)
+        cursor = end
+        v = int(s.end_vertex)
+        if v >= 0:
+            cursor = max(min(cursor, t[v]), start)
+            parts[IDLE] += end - cursor
+        seen = set()
+        while v >= 0 and cursor > start and v not in seen:
+            seen.add(v)
+            e = binding[v]
+            if e < 0:
+                break
+            u, ek = src[e], kind[e]
+            node = v >> 1
+            if ek == COLLECTIVE and rank[u >> 1] != rank[node]:
+                entered = 2 * entry[node]
+                new = max(min(t[u], cursor), start)
+                parts[COMM] += cursor - new
+                cursor = new
+                new = max(min(t[entered], cursor), start)
+                parts[SYNC] += cursor - new
+                cursor = new
+                v = entered
+                continue
+            new = max(min(t[u], cursor), start)
+            if ek == OWN:
+                c = cat[node]
+            elif ek == ORDER:
+                c = LAUNCH if (main[node] and not dev[node] and lag[e] > 0) else IDLE
+            elif ek == LAUNCH_EDGE:
+                c = LAUNCH
+            elif ek == SYNC_EDGE:
+                c = SYNC
+            else:
+                c = IDLE
+            parts[c] += cursor - new
+            cursor = new
+            v = u
+        parts[IDLE] += cursor - start
+        step_ns = end - start
+        rows.append([int(s.rank), int(s.step), step_ns, step_ns - parts[IDLE], *parts])
+    return pd.DataFrame(rows, columns=COLUMNS).astype(np.int64) if rows else \
+        pd.DataFrame(columns=COLUMNS)
+
+
+def graph_of(trace: Trace, steps: pd.DataFrame | None = None
+             ) -> tuple[Graph, np.ndarray] | None:
+    """The graph and a topological order of its vertices, or None where the trace gives no
+    usable graph (no worker steps, or dependencies that contradict each other)."""
+    steps = step_breakdown(trace) if steps is None else steps
+    if steps.empty:
+        return None
+    g = build_graph(trace, steps)
+    if not len(g.start) or (g.steps["end_vertex"] < 0).any():
+        return None
+    order = topological_order(g)
+    return None if order is None else (g, order)
+
+
+def topological_order(g: Graph) -> np.ndarray | None:
+    """The vertices in an order that respects every edge (None: the graph has a cycle)."""
+    nv = 2 * len(g.start)
+    o = np.argsort(g.src, kind="stable")
+    out_dst = g.dst[o].tolist()
+    indptr = np.searchsorted(g.src[o], np.arange(nv + 1)).tolist()
+    indeg = np.bincount(g.dst, minlength=nv).tolist()
+    queue = deque(v for v in range(nv) if indeg[v] == 0)
+    order = []
+    while queue:
+        v = queue.popleft()
+        order.append(v)
+        for k in range(indptr[v], indptr[v + 1]):
+            w = out_dst[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                queue.append(w)
+    return np.array(order, np.int64) if len(order) == nv else None
+
+
+def replay(g: Graph, factor: np.ndarray | None = None,
+           order: np.ndarray | None = None) -> pd.DataFrame:
+    """Replay the graph: each vertex at the latest ``t(src) + lag`` of its predecessors
+    (sources at their measured times), with each node's own time (and a collective's
+    transfer after the last rank entered it) × ``factor[node]``. One row per (rank, step):
+    ``step_ns`` (measured) and ``replay_ns``."""
+    order = topological_order(g) if order is None else order
+    if order is None:
+        raise ValueError("the dependency graph has a cycle")
+    lag = g.lag.astype(np.float64)
+    if factor is not None:
+        own = (g.kind == OWN) | (g.kind == COLLECTIVE)
+        lag[own] *= factor[g.dst[own] >> 1]
+    o = np.argsort(g.dst, kind="stable")
+    in_src = g.src[o].tolist()
+    in_lag = lag[o].tolist()
+    indptr = np.searchsorted(g.dst[o], np.arange(2 * len(g.start) + 1)).tolist()
+    measured = g.times
+    t0 = int(measured.min()) if len(measured) else 0
+    t = (measured - t0).astype(np.float64).tolist()  # relative: float64 keeps the ns
+    for v in order.tolist():
+        a, b = indptr[v], indptr[v + 1]
+        if a == b:
+            continue
+        best = t[in_src[a]] + in_lag[a]
+        for k in range(a + 1, b):
+            x = t[in_src[k]] + in_lag[k]
+            if x > best:
+                best = x
+        t[v] = best
+    out = g.steps[["rank", "step"]].copy()
+    out["step_ns"] = (g.steps["end"] - g.steps["start"]).to_numpy(np.int64)
+    rep = []
+    for s in g.steps.itertuples(index=False):
+        ev_, sv = int(s.end_vertex), int(s.start_vertex)
+        e = t[ev_] + (int(s.end) - int(measured[ev_])) if ev_ >= 0 else float(s.end - t0)
+        b = t[sv] + (int(s.start) - int(measured[sv])) if sv >= 0 else float(s.start - t0)
+        rep.append(e - b)
+    out["replay_ns"] = np.array(rep, np.float64)
+    return out.reset_index(drop=True)

@@ -1,0 +1,151 @@
+"""The critical path across ranks on real traces (the shared Kineto GPU traces, the nsys
+export, the committed torch / torch-ddp / TF / MXNet recordings): every step's bound-by parts
+sum to the step exactly, replaying the unedited graph gives every measured step back, the
+graph has the edges the trace holds, and `report --by critical` shows it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from opprof.analysis import critpath
+from opprof.analysis.critpath import BOUND_BY, bound_by, build_graph, graph_of, replay
+from opprof.loader import load
+from tests.conftest import FIXTURES, SHARED_TRACES, run_cli, shared_trace
+
+GPU = ["nccl-2rank-rank0.json.gz", "sampled-128rank-rank0.json.gz",
+       "sampled-128rank-rank1.json.gz", "alexnet-1gpu.json.gz", "amd-mi250-toy-train.json.gz",
+       "compiled-triton-1gpu.json.gz", "cpu-only-gloo-rank34.json.gz"]
+CPU = {"torch": FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
+       "torch-ddp": FIXTURES / "torch-ddp",
+       "tf-allreduce": FIXTURES / "tf" / "lenet5-allreduce-2w",
+       "tf-ps-async": FIXTURES / "tf" / "lenet5-ps-async-2w1s",
+       "mxnet": FIXTURES / "mxnet" / "lenet5-single",
+       "mxnet-ps-sync": FIXTURES / "mxnet" / "lenet5-ps-sync"}
+
+
+def _nsys() -> object:
+    path = SHARED_TRACES / "nsys" / "saxpy-mpi-cuda.sqlite"
+    if not path.is_file():
+        pytest.skip(f"shared trace {path} not present")
+    return path
+
+
+def _check(path: object) -> tuple[critpath.Graph, object]:
+    trace = load(path)
+    got = graph_of(trace)
+    assert got is not None, f"{path}: no usable graph"
+    g, order = got
+    b = bound_by(g)
+    assert len(b) and len(b) == len(g.steps)
+    parts = b[list(BOUND_BY)].to_numpy(np.int64)
+    assert (parts >= 0).all()
+    assert (parts.sum(axis=1) == b["step_ns"].to_numpy()).all()  # exactly, in ns
+    assert (b["path_ns"] == b["step_ns"] - b["idle"]).all()
+    r = replay(g, None, order)
+    assert np.allclose(r["replay_ns"], r["step_ns"], rtol=1e-9, atol=1.0)
+    return g, b
+
+
+@pytest.mark.parametrize("name", GPU)
+def test_gpu_traces_bound_by_sums_to_the_step_and_replay_is_exact(name: str) -> None:
+    _check(shared_trace(name))
+
+
+def test_nsys_export() -> None:
+    g, _ = _check(_nsys())
+    assert (g.kind == critpath.LAUNCH_EDGE).sum() >= 15  # 5 kernels + 15 copies, linked
+    assert (g.kind == critpath.SYNC_EDGE).any()  # blocking cudaMemcpy waits for the device
+
+
+@pytest.mark.parametrize("name", list(CPU))
+def test_cpu_recordings_of_every_framework(name: str) -> None:
+    _check(CPU[name])
+
+
+def test_gpu_graph_has_launch_stream_and_sync_edges() -> None:
+    g, _ = _check(shared_trace("alexnet-1gpu.json.gz"))
+    assert (g.kind == critpath.SYNC_EDGE).any()  # cudaDeviceSynchronize / blocking copies
+    g, b = _check(shared_trace("nccl-2rank-rank0.json.gz"))
+    kinds = set(np.unique(g.kind))
+    assert {critpath.OWN, critpath.ORDER, critpath.LAUNCH_EDGE, critpath.THREAD} <= kinds
+    # every edge runs forward in time, and binding edges carry the measured difference
+    t = g.times
+    assert (t[g.src] <= t[g.dst]).all()
+    bound = g.binding[g.binding >= 0]
+    assert (t[g.src[bound]] + g.lag[bound] == t[g.dst[bound]]).all()
+    assert (b["comm"] > 0).all()  # NCCL kernels on the path
+
+
+def test_collectives_are_matched_across_ranks() -> None:
+    g, b = _check(CPU["torch-ddp"])
+    coll = g.kind == critpath.COLLECTIVE
+    assert coll.any()
+    assert (g.rank[g.src[coll] >> 1] != g.rank[g.dst[coll] >> 1]).all()
+    assert set(b["rank"]) == {0, 1}
+    assert (b["sync"] > 0).any()  # a rank waited for the other inside a collective
+    # two ranks of a 128-rank NCCL job: their NCCL kernels are matched as one collective
+    g, b = _check([shared_trace("sampled-128rank-rank0.json.gz"),
+                   shared_trace("sampled-128rank-rank1.json.gz")])
+    coll = g.kind == critpath.COLLECTIVE
+    assert coll.any() and g.on_device[g.dst[coll] >> 1].all()
+    assert set(b["rank"]) == {0, 1}
+
+
+def test_replay_moves_with_an_edit() -> None:
+    g, order = graph_of(load(CPU["torch"]))
+    base = replay(g, None, order)["replay_ns"].to_numpy()
+    factor = np.where(g.op == "convolution", 2.0, 1.0)
+    slower = replay(g, factor, order)["replay_ns"].to_numpy()
+    assert (slower > base).all()
+    faster = replay(g, np.where(g.op == "convolution", 0.5, 1.0), order)["replay_ns"]
+    assert (faster.to_numpy() < base).all()
+
+
+def test_graph_built_once_serves_both() -> None:
+    trace = load(CPU["mxnet-ps-sync"])
+    g = build_graph(trace)
+    table = critpath.critical_path(trace, graph=g)
+    assert table.drop(columns=["replay_ns"]).equals(bound_by(g))
+    assert np.allclose(table["replay_ns"], table["step_ns"], rtol=1e-9, atol=1.0)
+
+
+def test_report_by_critical_cli() -> None:
+    path = CPU["torch-ddp"]
+    out = run_cli("report", str(path), "--by", "critical", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["critical"]
+    assert {r["rank"] for r in rows} == {0, 1}
+    for r in rows:
+        assert set(r["bound_by"]) == set(BOUND_BY)
+        assert sum(r["bound_by"].values()) == r["step_ns"]
+        assert r["path_ns"] == r["step_ns"] - r["bound_by"]["idle"]
+        assert abs(r["replay_ns"] - r["step_ns"]) <= 1
+    text = run_cli("report", str(path), "--by", "critical")
+    assert text.returncode == 0 and "Critical path" in text.stdout and "launch" in text.stdout
+
+
+def test_whatif_runs_over_the_graph() -> None:
+    from opprof.analysis.whatif import context, whatif
+
+    ctx = context(load(CPU["torch-ddp"]), "ddp")
+    assert ctx.graph is not None
+    null = whatif(ctx, comm=1.0)
+    assert null.step_ns == ctx.base.step_ns and null.engine == "phases"
+    slower = whatif(ctx, comm=2.0)
+    assert slower.engine == "graph" and slower.step_ns > ctx.base.step_ns
+    assert sum(slower.phases.values()) == pytest.approx(slower.step_ns, rel=1e-9)
+    assert whatif(ctx, comm="hidden").engine == "phases"  # exposed comm is a phase term
+
+
+def test_faster_kernels_do_not_shorten_a_host_bound_gpu_step() -> None:
+    g, order = graph_of(load(shared_trace("nccl-2rank-rank0.json.gz")))
+    base = replay(g, None, order)
+    kernels = g.on_device & (g.category == critpath.COMPUTE)
+    fast = replay(g, np.where(kernels, 0.5, 1.0), order)
+    delta = fast["replay_ns"] - base["replay_ns"]
+    assert (delta <= 0).all() and (delta > -0.01 * base["step_ns"]).all()
+    slow_comm = replay(g, np.where(g.category == critpath.COMM, 2.0, 1.0), order)
+    assert (slow_comm["replay_ns"] > base["replay_ns"]).all()  # NCCL kernels are on the path
