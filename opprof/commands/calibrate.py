@@ -101,6 +101,9 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
         echo_output(renderer(fmt).calibration(net), fmt)
         click.echo(f"wrote {output}", err=True)
         return
+    if "kind" in df and (df["kind"] == "beside").any():
+        info["interference"] = interference(df)
+        df = df[~df["kind"].isin(["alone", "beside"])]
     if "kind" in df:
         pack = df[df["kind"] == "pack"]
         big = pack[pack["bytes"] >= 1 << 20]
@@ -120,6 +123,14 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
     write_atomic(output, json.dumps(net.to_dict(), indent=2) + "\n")
     echo_output(renderer(fmt).calibration(net), fmt)
     click.echo(f"wrote {output}", err=True)
+
+
+def interference(df: pd.DataFrame) -> float:
+    """How much slower the compute loop ran beside the collective than alone (the median
+    chunk of each, per worker; the median over workers; at least 0)."""
+    per = df[df["kind"].isin(["alone", "beside"])].groupby(["rank", "kind"])["ns"].median()
+    ratio = (per.xs("beside", level="kind") / per.xs("alone", level="kind")).dropna()
+    return max(0.0, float(ratio.median()) - 1.0) if len(ratio) else 0.0
 
 
 def fsdp_network(df: pd.DataFrame, workers: int, info: dict) -> Network:
