@@ -386,7 +386,7 @@ def calibrated(measured: dict[str, float], sim_base: SimResult, sim_new: SimResu
             else:
                 out[p] = max(0.0, m + sim_new.phases["comm"] - sim_base.phases["comm"])
         else:
-            out[p] = max(0.0, m + sim_new.phases[p] - sim_base.phases[p])
+            out[p] = max(0.0, m + (sim_new.phases[p] - sim_base.phases[p]))
     return out
 
 
@@ -568,7 +568,7 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     phases = calibrated(base.phases, sim_base, sim)
     measured_interf = base.interference.extra_ns if base.interference is not None else 0.0
     interf_ns = min(phases["backward"], max(
-        0.0, measured_interf + sim.interference_ns - sim_base.interference_ns))
+        0.0, measured_interf + (sim.interference_ns - sim_base.interference_ns)))
     step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
     speedup = workers * single / step if step > 0 else float("nan")
     busy = sim.comm_busy_ns
