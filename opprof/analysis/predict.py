@@ -442,10 +442,22 @@ NOISY_CV = 0.10
 NOISY_HALF_WIDTH = 0.05
 
 
+#: Student's t, 97.5% quantile, by degrees of freedom (at least the key; 1.96 beyond 30).
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (conservative: the
+    table's next smaller df)."""
+    keys = [k for k in _T975 if k <= df]
+    return _T975[max(keys)] if keys and df <= 30 else (1.96 if df > 30 else math.inf)
+
+
 @dataclass
 class Spread:
     """How well a measured run pins its mean step, and what that says of a prediction: the
-    95% interval of the measured mean (t-free: 1.96 · std / √n over its (rank, step)s), the
+    95% interval of the measured mean (t · std / √n over its n (rank, step)s), the
     prediction's error over that interval, and a verdict."""
 
     steps: int
@@ -471,7 +483,7 @@ def spread(step_ns: np.ndarray, predicted_ns: float) -> Spread:
     mean = float(v.mean()) if n else math.nan
     std = float(v.std(ddof=1)) if n > 1 else 0.0
     cv = std / mean if mean else math.nan
-    h = 1.96 * std / math.sqrt(n) / mean if n > 1 and mean else math.inf
+    h = t975(n - 1) * std / math.sqrt(n) / mean if n > 1 and mean else math.inf
     lo_m, hi_m = mean * (1 - h), mean * (1 + h)
     err = (predicted_ns - mean) / mean if mean else math.nan
     e_lo = predicted_ns / hi_m - 1 if hi_m > 0 else -math.inf
