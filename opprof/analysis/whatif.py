@@ -39,6 +39,7 @@ from opprof.analysis.predict import (
     Baseline,
     baseline,
     calibrated,
+    interference_for,
     network_for,
     plan,
 )
@@ -202,10 +203,15 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
                           "mode (model another mode from a 1-worker trace)")
     s = servers or (base.servers if base.collective == "ps" else 1) or 1
     net, note = network_for(base, collective, network, s)
-    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True)
+    # compute slowed beside collectives, re-timed with them (not when comm is hidden: that
+    # what-if removes exactly the exposed communication)
+    s0, s1 = (0.0, 0.0) if hidden else (interference_for(base, net, m).slowdown,
+                                        interference_for(base, net, n).slowdown)
+    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
+                 interference=s0)
     p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
-                 io_hidden=io_hidden, straggler=True)
+                 io_hidden=io_hidden, straggler=True, interference=s1)
     phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
     if io_hidden:
         phases["load"] = 0.0
