@@ -149,10 +149,11 @@ def _timed(call: Any, barrier: Any, job: Job, rank: int, wait: Any = None) -> li
     return samples
 
 
-def _beside(collective: Any, barrier: Any, job: Job, rank: int) -> list[dict]:
+def _beside(collective: Any, nbytes: int, barrier: Any, job: Job, rank: int) -> list[dict]:
     """A compute loop (a convolution's forward and backward on the worker's threads) timed
     alone, then while another thread runs the collective (the largest size, back to back) as
-    DDP's gloo does beside backward: ``kind`` ``alone`` / ``beside`` samples, ns per chunk."""
+    DDP's gloo does beside backward: ``kind`` ``alone`` / ``beside`` samples, ns per chunk,
+    and the collective's calls beside the loop (``collective_beside``, ns per call)."""
     import threading
 
     import torch
@@ -174,12 +175,21 @@ def _beside(collective: Any, barrier: Any, job: Job, rank: int) -> list[dict]:
         out.append({"rank": rank, "bytes": 0, "ns": chunk(), "kind": "alone"})
     barrier()
     calls = max(3, job.repeat)
-    thread = threading.Thread(target=lambda: [collective() for _ in range(calls)])
+    timed: list[dict] = []
+
+    def reduce() -> None:
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            collective()
+            timed.append({"rank": rank, "bytes": int(nbytes), "ns": time.perf_counter_ns() - t0,
+                          "kind": "collective_beside"})
+
+    thread = threading.Thread(target=reduce)
     thread.start()
     while thread.is_alive():
         out.append({"rank": rank, "bytes": 0, "ns": chunk(), "kind": "beside"})
     thread.join()
-    return out
+    return out + timed
 
 
 def _torch_main(job: Job, rank: int, workdir: Path) -> None:
@@ -198,7 +208,8 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
         tensors = {n: torch.ones(max(1, n // 4), dtype=torch.float32) for n in job.sizes}
         samples = _timed(lambda n: dist.all_reduce(tensors[n]), dist.barrier, job, rank)
         big = tensors[max(job.sizes)]
-        samples += _beside(lambda: dist.all_reduce(big), dist.barrier, job, rank)
+        samples += _beside(lambda: dist.all_reduce(big), max(job.sizes), dist.barrier, job,
+                           rank)
     _write(workdir, rank, job, samples, {"torch": torch.__version__})
     dist.destroy_process_group()
 

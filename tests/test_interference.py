@@ -42,13 +42,14 @@ def traces() -> dict:
     return {k: load(v) for k, v in TRACES.items()}
 
 
-def _plan(policy, interference: float = 0.0, communicate: bool = True) -> StepPlan:
+def _plan(policy, interference: float = 0.0, communicate: bool = True,
+          comm_interference: float = 0.0) -> StepPlan:
     phases = {"load": 10.0, "h2d": 0.0, "forward": 100.0, "backward": 200.0, "update": 30.0,
               "other": 5.0}
     return StepPlan(phases=phases, ready_frac=np.array([0.25, 0.5, 1.0]),
                     grad_bytes=np.array([2 << 20, 30 << 20, 10]), policy=policy,
                     cost=lambda n: 40.0 * n / (30 << 20), communicate=communicate,
-                    interference=interference)
+                    interference=interference, comm_interference=comm_interference)
 
 
 def test_interference_is_zero_when_nothing_overlaps(traces: dict) -> None:
@@ -79,10 +80,26 @@ def test_interference_lengthens_backward_by_the_overlap() -> None:
     assert slowed.step_ns == pytest.approx(sum(slowed.phases.values()))
 
 
+def test_a_collective_beside_backward_runs_slower_by_its_own_slowdown() -> None:
+    plain = simulate(_plan(DDP)).messages
+    slowed = simulate(_plan(DDP, comm_interference=1.0)).messages
+    # bucket 1 (2 MiB, 2.7 ns of work) starts at 25% of backward and ends inside it: 2× as long
+    d0 = plain[0]["end_ns"] - plain[0]["start_ns"]
+    assert slowed[0]["end_ns"] - slowed[0]["start_ns"] == pytest.approx(2 * d0)
+    # the last bucket starts when backward ends: nothing beside it, its cost as calibrated
+    assert slowed[-1]["end_ns"] - slowed[-1]["start_ns"] == pytest.approx(
+        plain[-1]["end_ns"] - plain[-1]["start_ns"])
+    # slower collectives beside backward: more of it beside compute, more interference
+    a = simulate(_plan(DDP, interference=0.5)).interference_ns
+    b = simulate(_plan(DDP, interference=0.5, comm_interference=1.0)).interference_ns
+    assert 0 < a < b
+
+
 @pytest.mark.parametrize("name", list(TRACES))
 def test_predicted_terms_sum_to_the_predicted_step(traces: dict, name: str) -> None:
     net = Network("allreduce", 50_000.0, 1.0, source="calibrate",
-                  info={"interference": 0.5}) if name in ("torch", "torch-ddp") else None
+                  info={"interference": 0.5, "comm_interference": 2.0}) \
+        if name in ("torch", "torch-ddp") else None
     r = predict(traces[name], [1, 2, 4, 8], network=net)
     for p in r.predictions:
         t = p.terms()
@@ -108,6 +125,7 @@ def test_calibrated_interference_adds_to_a_ddp_prediction(traces: dict) -> None:
 def test_interference_sources() -> None:
     cpu = Resources("cpu", threads=1, cpus=2, hosts=1, workers=1)
     assert from_cores(cpu, 2).slowdown == pytest.approx(1.0)  # 1 thread + gloo on 1 core
+    assert from_cores(cpu, 2).comm_slowdown == pytest.approx(1.0)  # a fair share each
     assert from_cores(cpu, 1).slowdown == 0  # a free core for the collective
     assert from_cores(Resources("cpu", 2, 2, 1, 1), 2).slowdown == pytest.approx(0.5)
     assert from_cores(Resources("cuda:0", 8, 64, 1, 1), 8).slowdown == 0

@@ -11,7 +11,9 @@ SMs on a GPU), from what the model can measure:
 
 The slowdown ``s`` means: compute beside a collective takes ``(1 + s)`` times its time alone.
 Over ``T`` ns of wall time in which a collective runs beside compute, the compute loses
-``T · s / (1 + s)`` ns (:meth:`Interference.extra_ns`): the interference term.
+``T · s / (1 + s)`` ns (:meth:`Interference.extra_ns`): the interference term. The other way
+round, the collective beside compute takes ``(1 + comm_slowdown)`` times its calibrated time
+(it shares the cores too), which makes ``T`` longer.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Interference:
 
     slowdown: float  # compute beside a collective takes (1 + slowdown) × its time alone
     source: str
+    #: and the collective beside compute takes (1 + comm_slowdown) × its calibrated time
+    comm_slowdown: float = 0.0
 
     def extra_ns(self, beside_ns: float) -> float:
         """Wall ns compute loses over ``beside_ns`` ns in which a collective ran beside it."""
@@ -41,7 +45,8 @@ class Interference:
 
     def to_dict(self) -> dict[str, float | str]:
         """JSON form."""
-        return {"slowdown": self.slowdown, "source": self.source}
+        return {"slowdown": self.slowdown, "comm_slowdown": self.comm_slowdown,
+                "source": self.source}
 
 
 NONE = Interference(0.0, "none: nothing runs beside compute")
@@ -50,8 +55,8 @@ NONE = Interference(0.0, "none: nothing runs beside compute")
 def from_cores(res: Resources, workers: int) -> Interference:
     """The slowdown when ``workers`` workers with ``res``'s threads share its host: the
     collective needs one core; with ``t`` compute threads on ``c`` cores per worker
-    (``c < t + 1``) compute and collective share them, compute running at ``c / (t + 1)`` of
-    its rate: ``s = (t + 1) / c − 1``. Not on GPUs (NCCL's SM use is not modelled)."""
+    (``c < t + 1``) compute and collective share them, each running at ``c / (t + 1)`` of
+    its rate: ``s = (t + 1) / c − 1`` for both. Not on GPUs (NCCL's SM use is not modelled)."""
     if str(res.device).startswith("cuda"):
         return Interference(0.0, "GPU: NCCL's use of the SMs beside compute is not modelled "
                                  "(0); measure it with a multi-worker base trace")
@@ -63,7 +68,7 @@ def from_cores(res: Resources, workers: int) -> Interference:
     c = max(cores, float(t))  # fewer cores than threads: the resource check refuses it
     s = max(0.0, (t + 1) / c - 1.0)
     return Interference(s, f"cores: {t:g} compute thread(s) and the collective's on "
-                           f"{cores:g} core(s) per worker")
+                           f"{cores:g} core(s) per worker", comm_slowdown=s)
 
 
 @dataclass(frozen=True)

@@ -282,7 +282,8 @@ def _fit_trace(base: Baseline) -> Network | None:
 def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network, *,
          deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
          communicate: bool = True, io_hidden: bool = False,
-         straggler: bool = False, interference: float = 0.0) -> tuple[StepPlan, Policy]:
+         straggler: bool = False, interference: float = 0.0,
+         comm_interference: float = 0.0) -> tuple[StepPlan, Policy]:
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
     changes ``deltas`` (ns per step, per phase) applied."""
     collective = collective_of(mode) if mode != "single" else "allreduce"
@@ -322,7 +323,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
                     cost=cost, comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
                     server_update_ns=server_update, communicate=talk, pack_ns=pack,
-                    interference=interference), policy
+                    interference=interference, comm_interference=comm_interference), policy
 
 
 def interference_for(base: Baseline, network: Network, workers: int) -> Interference:
@@ -331,10 +332,12 @@ def interference_for(base: Baseline, network: Network, workers: int) -> Interfer
     with compute beside its collectives), else from the cores each worker has."""
     s = network.info.get("interference")
     if s is not None and network.source == "calibrate":
-        return Interference(float(s), "calibrate: a compute loop timed alone and beside the "
-                                      "collective")
+        return Interference(float(s), "calibrate: a compute loop and the collective timed alone "
+                                      "and beside each other",
+                            float(network.info.get("comm_interference") or 0.0))
     m = base.interference
     if m is not None and m.matched:
+        # the collective's own slowdown is in the α–β fitted to the trace's collectives
         return Interference(m.slowdown, f"the trace: {m.matched} operators beside a "
                                         "collective against the same away from one")
     return from_cores(base.resources, workers)
@@ -570,12 +573,14 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     base_interf = interference_for(base, net, base.workers)
     base_plan, _ = plan(base, base.workers, base.mode if base.collective else "single",
                         max(base.servers, 1), net, straggler=result.straggler,
-                        interference=base_interf.slowdown)
+                        interference=base_interf.slowdown,
+                        comm_interference=base_interf.comm_slowdown)
     sim_base = simulate(base_plan)
     single = base.step_ns - base.phases["comm"]
     interf = interference_for(base, net, workers)
     p, _ = plan(base, workers, mode if workers > 1 else "single", servers, net,
-                straggler=result.straggler, interference=interf.slowdown)
+                straggler=result.straggler, interference=interf.slowdown,
+                comm_interference=interf.comm_slowdown)
     sim = simulate(p)
     phases = calibrated(base.phases, sim_base, sim)
     measured_interf = base.interference.extra_ns if base.interference is not None else 0.0

@@ -118,6 +118,8 @@ class StepPlan:
     #: compute beside a collective takes (1 + interference) × its time alone
     #: (:mod:`opprof.analysis.interference`)
     interference: float = 0.0
+    #: a collective beside compute takes (1 + comm_interference) × its cost
+    comm_interference: float = 0.0
 
 
 @dataclass
@@ -208,12 +210,16 @@ def _send(plan: StepPlan, sends: list[tuple[float, int]], b0: float,
     """The collectives on the link (FIFO), for a backward of ``backward`` ns from ``b0``."""
     total = sum(n for _, n in sends) or 1
     free, sent = 0.0, []
+    b1, slow = b0 + backward, 1.0 + max(0.0, plan.comm_interference)
     for frac, n in sends:
         ready = b0 + frac * backward if plan.policy.overlap else b0 + backward
         start = max(ready, free)
         dur = float(plan.cost(n)) * plan.comm_scale
         if plan.policy.server_update:  # the servers' optimizer on this key's share
             dur += plan.server_update_ns * n / total  # compute: comm_scale leaves it
+        if start < b1 and slow > 1.0:  # beside the backward it runs at 1/slow of its speed
+            inside = (b1 - start) / slow  # the work it gets done before backward ends
+            dur = dur * slow if dur <= inside else (b1 - start) + (dur - inside)
         free = start + dur
         sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
     return sent

@@ -205,13 +205,14 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     net, note = network_for(base, collective, network, s)
     # compute slowed beside collectives, re-timed with them (not when comm is hidden: that
     # what-if removes exactly the exposed communication)
-    s0, s1 = (0.0, 0.0) if hidden else (interference_for(base, net, m).slowdown,
-                                        interference_for(base, net, n).slowdown)
+    i0, i1 = interference_for(base, net, m), interference_for(base, net, n)
+    s0, s1 = (0.0, 0.0) if hidden else (i0.slowdown, i1.slowdown)
     p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
-                 interference=s0)
+                 interference=s0, comm_interference=0.0 if hidden else i0.comm_slowdown)
     p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
-                 io_hidden=io_hidden, straggler=True, interference=s1)
+                 io_hidden=io_hidden, straggler=True, interference=s1,
+                 comm_interference=0.0 if hidden else i1.comm_slowdown)
     phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
     if io_hidden:
         phases["load"] = 0.0
