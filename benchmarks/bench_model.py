@@ -103,10 +103,11 @@ def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dic
     folder.mkdir(parents=True, exist_ok=True)
     net = folder / f"{fw}-net.json"
     t0 = time.time()
-    print(f"[{name} #{rep}] calibrate (load {load()})", file=sys.stderr, flush=True)
-    opprof("calibrate", "--fw", fw, "--workers", str(n), "--threads", str(threads),
-           "--repeat", str(args.calib_repeat), "-o", str(net), "--format", "json",
-           *(["--mode", "fsdp"] if mode == "fsdp" else []))
+    if not args.recheck:
+        print(f"[{name} #{rep}] calibrate (load {load()})", file=sys.stderr, flush=True)
+        opprof("calibrate", "--fw", fw, "--workers", str(n), "--threads", str(threads),
+               "--repeat", str(args.calib_repeat), "-o", str(net), "--format", "json",
+               *(["--mode", "fsdp"] if mode == "fsdp" else []))
     measured = folder / f"{fw}-{mode}-{n}w.trace"
     loads: dict[str, str] = {}
 
@@ -123,7 +124,12 @@ def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dic
         opprof(*record(measured, fw, args.model, args, threads, n, mode))
         loads["measured"] = load()
 
-    if rep % 2:
+    if args.recheck:  # the recordings of an earlier run, checked with this model
+        base = folder / f"{fw}-base.trace"
+        if not (base.exists() and measured.exists() and net.exists()):
+            return {"case": name, "rep": rep, "error": f"no recordings in {folder}"}
+        loads.update(base="-", measured="-")
+    elif rep % 2:
         base = record_base()
         record_measured()
     else:
@@ -195,6 +201,9 @@ def main() -> None:
     ap.add_argument("--baseline", choices=["colocated", "alone"], default="colocated")
     ap.add_argument("--no-straggler", action="store_true",
                     help="pass --no-straggler to opprof model")
+    ap.add_argument("--recheck", action="store_true",
+                    help="record nothing: check the recordings (and network files) an earlier "
+                         "run left in --output with this opprof's model")
     ap.add_argument("-o", "--output", type=Path, default=Path("bench-model"))
     args = ap.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -224,7 +233,8 @@ def main() -> None:
               "run(s) too noisy to judge by --check's verdict")
         print(f"with the measured compute: median {statistics.median(comm):.1%}, largest "
               f"{max(comm):.1%}")
-    (args.output / "bench_model.json").write_text(json.dumps(results, indent=2) + "\n")
+    out = "bench_model-recheck.json" if args.recheck else "bench_model.json"
+    (args.output / out).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
