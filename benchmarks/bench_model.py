@@ -180,7 +180,8 @@ def show(r: dict) -> None:
           f"{r['comm_error']:+.1%}")
     if r.get("interference"):
         i = r["interference"]
-        print(f"  interference: compute beside a collective ×{1 + i['slowdown']:.2f} "
+        print(f"  interference: compute beside a collective ×{1 + i['slowdown']:.2f}, the "
+              f"collective beside compute ×{1 + i.get('comm_slowdown', 0.0):.2f} "
               f"({i['source']})")
     if r.get("spread"):
         print(f"  measured run: {r['spread']['verdict']}")

@@ -808,7 +808,8 @@ def model(result: ModelResult) -> str:
     last = result.predictions[-1].interference if result.predictions else None
     if last is not None:
         p.caption += (f"\ninterference at {result.predictions[-1].workers} workers: compute "
-                      f"beside a collective ×{1 + last.slowdown:.2f} ({last.source})")
+                      f"beside a collective ×{1 + last.slowdown:.2f}, the collective beside "
+                      f"compute ×{1 + last.comm_slowdown:.2f} ({last.source})")
     items: list[object] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
               for n in result.notes]
