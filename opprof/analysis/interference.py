@@ -110,10 +110,11 @@ def measure(trace: Trace, rank_steps: int) -> Measured | None:
         hit = i < len(s)
         hit[hit] = s[i[hit]] < end[o][hit]
         beside[o[hit]] = True
-    detail = ev["detail"].astype("string").fillna("") if "detail" in ev else ""
-    key = ev["name"].astype("string") + "|" + detail
-    df = pd.DataFrame({"key": key[ops].to_numpy(), "dur": (end - ts)[ops],
-                       "beside": beside[ops]})
+    sel = ev.loc[ops]
+    key = sel["name"].astype("string")
+    if "detail" in sel:
+        key = key + "|" + sel["detail"].astype("string").fillna("")
+    df = pd.DataFrame({"key": key.to_numpy(), "dur": (end - ts)[ops], "beside": beside[ops]})
     if not df["beside"].any():
         return None
     ref = df[~df["beside"]].groupby("key")["dur"].mean()
