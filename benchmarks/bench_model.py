@@ -34,7 +34,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 CASES = {"torch-allreduce": ("torch", "allreduce"), "mxnet-ps-sync": ("mxnet", "ps-sync"),
          "tf-allreduce": ("tf", "allreduce"), "torch-fsdp": ("torch", "fsdp")}
@@ -91,6 +95,17 @@ def baseline(folder: Path, fw: str, args: argparse.Namespace, threads: int,
         if p.returncode != 0:
             raise SystemExit(f"baseline recording failed:\n{err.strip()[-2000:]}")
     return path
+
+
+def retried(step: Callable[[], T]) -> T:
+    """``step()``, once more if it fails (a framework crashing while it writes its profile —
+    TensorFlow's profiler stop has segfaulted here — is not what the benchmark measures)."""
+    try:
+        return step()
+    except SystemExit as exc:
+        print(f"failed, once more: {str(exc).splitlines()[-1][:300]}", file=sys.stderr,
+              flush=True)
+        return step()
 
 
 def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dict:
@@ -196,6 +211,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--from-repeat", type=int, default=1,
+                    help="start at this repeat (the earlier ones' recordings stay in --output)")
     ap.add_argument("--threads", type=int, default=None,
                     help="threads per worker for both runs (default: the host's CPUs ÷ workers)")
     ap.add_argument("--calib-repeat", type=int, default=5)
@@ -214,7 +231,7 @@ def main() -> None:
     results = []
     start = time.time()
     print(f"uptime at the start: {uptime()}", flush=True)
-    for rep in range(1, args.repeat + 1):
+    for rep in range(args.from_repeat, args.repeat + 1):
         for name in cases:
             r = run_case(name, args.output / f"{name}-{rep}", args, rep)
             show(r)
