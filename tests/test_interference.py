@@ -4,7 +4,9 @@ traces, the thread defaults of multi-worker runs per framework, the resource ref
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +28,8 @@ from opprof.collectors.config import RecordConfig
 from opprof.collectors.jobs import compute_processes, with_default_threads
 from opprof.errors import OpprofError
 from opprof.loader import load
-from tests.conftest import FIXTURES
+from opprof.trace import save
+from tests.conftest import FIXTURES, run_cli
 
 TRACES = {
     "torch": [FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz"],
@@ -137,9 +140,7 @@ def test_measured_interference_in_a_ddp_trace(traces: dict) -> None:
     ddp = traces["torch-ddp"]
     m = measure(ddp, terms(ddp).steps)
     base = baseline(ddp)
-    if m is None:  # no backward operator ran beside gloo in this fixture
-        assert base.interference is None
-        return
+    assert m is not None and base.interference == m  # its backward ran beside gloo
     assert m.slowdown >= 0 and 0 <= m.extra_ns <= m.beside_ns and m.matched > 0
     assert interference_for(base, Network("allreduce", 1.0, 1.0, source="trace"),
                             2).slowdown == pytest.approx(m.slowdown)
@@ -203,3 +204,23 @@ def test_check_reports_its_spread(traces: dict) -> None:
     assert c.spread is not None and c.spread.steps == terms(ddp).steps
     assert c.spread.interval_ns[0] <= c.predicted_step_ns <= c.spread.interval_ns[1]
     assert c.error == 0
+
+
+def test_model_json_and_console_show_the_term_and_the_verdict(traces: dict,
+                                                              tmp_path: Path) -> None:
+    path = tmp_path / "ddp.trace"
+    save(traces["torch-ddp"], path)
+    res = run_cli("model", str(path), "--workers", "2,4", "--check", str(path),
+                  "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    for p in doc["predictions"]:
+        assert p["terms"]["t_interf"] == p["interference_ns"] >= 0
+        assert p["interference"]["source"].startswith("the trace")
+        assert sum(p["terms"].values()) == pytest.approx(p["step_ns"])
+    spread = doc["check"]["spread"]
+    assert {"steps", "cv", "half_width", "interval_ns", "error_interval", "noisy",
+            "verdict"} <= set(spread)
+    text = run_cli("model", str(path), "--workers", "2", "--check", str(path)).stdout
+    assert "interference" in text and "t_interf" in text
+    assert spread["verdict"].split(":")[0] in text

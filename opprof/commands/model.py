@@ -89,7 +89,7 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
         m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
         if m_workers not in workers:
             workers = [*workers, m_workers]
-        mode = mode or (str(m.meta.get("mode")) if m_workers > 1 else None)
+        mode = mode or (str(m.meta["mode"]) if m_workers > 1 and m.meta.get("mode") else None)
         servers = servers or (int(m.meta.get("servers") or 0) or None)
     result = predict(tr, workers, mode=mode, servers=servers, network=net,
                      straggler=straggler, label=label)
