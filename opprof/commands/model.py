@@ -63,7 +63,8 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
 @network_option
 @click.option("--check", "measured", type=click.Path(path_type=Path), default=None,
               help="A measured multi-worker trace: the prediction for its worker count beside "
-                   "its terms, with the error.")
+                   "its terms, with the error, an interval from the measured steps' spread and "
+                   "a verdict (too noisy to judge / within the noise / off beyond it).")
 @click.option("--straggler/--no-straggler", default=True, show_default=True,
               help="Add the expected wait for the slowest of N workers in each synchronous "
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
