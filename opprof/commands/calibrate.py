@@ -70,7 +70,8 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
             sizes: tuple[int, ...], repeat: int, timeout_s: float, output: Path,
             fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
-    and fit α (latency) and β (time per byte).
+    and fit α (latency) and β (time per byte). For torch's all-reduce, also time a compute loop
+    and the collective alone and beside each other: the model's interference term.
 
     \b
     Example:
