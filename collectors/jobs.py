@@ -27,7 +27,7 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,7 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
         require_cuda(str(config.fw))
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    config = with_default_threads(config)
     cfg = workdir / CONFIG_FILE
     cfg.write_text(config.to_json())
     argv = [sys.executable, "-m", "opprof.collectors.worker", str(cfg), str(workdir)]
@@ -240,6 +241,36 @@ def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
         job["server_traces"] = len(servers)
     meta = record_meta(config, facts, order, job)
     return Recording(native=native + servers, meta=meta, memory=memory_files(workdir))
+
+
+def compute_processes(config: RecordConfig) -> int:
+    """The processes of the job that compute on this host: torch's ranks on this node, MXNet's
+    workers and servers on it (the servers run the optimizer), TensorFlow's tasks on it (all
+    the workers of a one-host cluster, this one task of a given cluster; the workers and
+    parameter servers of ps-async)."""
+    rv = config.rendezvous
+    if config.mode == Mode.SINGLE:
+        return 1
+    if config.fw == Framework.TORCH:
+        return max(1, config.workers // max(rv.nnodes, 1))
+    if config.fw == Framework.MXNET:
+        def share(total: int) -> int:
+            return total // rv.nnodes + (1 if rv.node_rank < total % rv.nnodes else 0)
+        return max(1, share(config.workers) + share(config.servers))
+    if config.mode == Mode.ALLREDUCE:
+        return 1 if rv.cluster else config.workers
+    return config.workers + config.servers
+
+
+def with_default_threads(config: RecordConfig) -> RecordConfig:
+    """``config`` with its compute threads per process set, one rule for every framework: the
+    user's ``--threads``, else this host's CPUs split among the processes that compute on it
+    (:func:`compute_processes`; at least 1). A 1-process run keeps the framework's own default
+    (every CPU)."""
+    if config.threads or config.mode == Mode.SINGLE:
+        return config
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return replace(config, threads=max(1, (cpus or 1) // compute_processes(config)))
 
 
 # ------------------------------------------------------------------ torch

@@ -6,6 +6,8 @@ over message sizes, through the framework's own backend, on processes started on
   for ``--mode fsdp``, what FSDP does instead: ``all_gather_into_tensor`` and
   ``reduce_scatter_tensor`` of a unit of the size (each rank holding its 1/N shard), and the
   copy FSDP makes around them (``kind``: ``all_gather``, ``reduce_scatter``, ``copy``).
+  Then a compute loop timed alone and beside the all-reduce (``kind`` ``alone``, ``beside``):
+  how much compute slows while gloo reduces on the same cores (the model's interference).
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
   servers only aggregate: no optimizer runs on them, so the time is communication alone).
@@ -147,6 +149,49 @@ def _timed(call: Any, barrier: Any, job: Job, rank: int, wait: Any = None) -> li
     return samples
 
 
+def _beside(collective: Any, nbytes: int, barrier: Any, job: Job, rank: int) -> list[dict]:
+    """A compute loop (a convolution's forward and backward on the worker's threads) timed
+    alone, then while another thread runs the collective (the largest size, back to back) as
+    DDP's gloo does beside backward: ``kind`` ``alone`` / ``beside`` samples, ns per chunk,
+    and the collective's calls beside the loop (``collective_beside``, ns per call)."""
+    import threading
+
+    import torch
+
+    x = torch.ones(8, 64, 28, 28, requires_grad=True)
+    w = torch.ones(64, 64, 3, 3, requires_grad=True)
+
+    def chunk() -> int:  # a convolution's forward and backward, as in training
+        t0 = time.perf_counter_ns()
+        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+        return time.perf_counter_ns() - t0
+
+    for _ in range(5):
+        chunk()
+    out = []
+    barrier()
+    end = time.perf_counter_ns() + 300_000_000
+    while time.perf_counter_ns() < end:
+        out.append({"rank": rank, "bytes": 0, "ns": chunk(), "kind": "alone"})
+    barrier()
+    calls = max(3, job.repeat)
+    timed: list[dict] = []
+
+    def reduce() -> None:
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            collective()
+            timed.append({"rank": rank, "bytes": int(nbytes), "ns": time.perf_counter_ns() - t0,
+                          "kind": "collective_beside"})
+
+    thread = threading.Thread(target=reduce)
+    thread.start()
+    while thread.is_alive():
+        out.append({"rank": rank, "bytes": 0, "ns": chunk(), "kind": "beside"})
+    thread.join()
+    return out + timed
+
+
 def _torch_main(job: Job, rank: int, workdir: Path) -> None:
     import datetime
 
@@ -162,6 +207,9 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
     else:
         tensors = {n: torch.ones(max(1, n // 4), dtype=torch.float32) for n in job.sizes}
         samples = _timed(lambda n: dist.all_reduce(tensors[n]), dist.barrier, job, rank)
+        big = tensors[max(job.sizes)]
+        samples += _beside(lambda: dist.all_reduce(big), max(job.sizes), dist.barrier, job,
+                           rank)
     _write(workdir, rank, job, samples, {"torch": torch.__version__})
     dist.destroy_process_group()
 

@@ -218,7 +218,9 @@ def test_check_compares_term_by_term(traces: dict) -> None:
     r = predict(tr, [2])
     c = check(r, tr, "itself")
     assert c.error == 0 and (c.terms["error_ns"] == 0).all()
-    assert list(c.terms["term"]) == [*TERMS, "step"]
+    with_interference = [t for term in TERMS for t in
+                         ((term, "t_interf") if term == "t_b" else (term,))]
+    assert list(c.terms["term"]) == [*with_interference, "step"]
 
 
 def test_model_json_has_the_documented_shape(tmp_path: Path) -> None:

@@ -50,6 +50,9 @@ def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) ->
     assert json.loads(res.stdout)["alpha_ns"] == net.alpha_ns
     if fw == "tf":  # and the copies MultiWorkerMirroredStrategy packs the gradients with
         assert net.info["pack_ns_per_byte"] > 0
+    if fw == "torch":  # and a compute loop beside gloo's all-reduce: the interference
+        assert net.info["interference"] >= 0
+        assert not any(s["bytes"] == 0 for s in net.samples)  # kept out of the fit
 
 
 def test_calibrate_refuses_an_all_reduce_of_one(tmp_path: Path) -> None:
@@ -88,6 +91,11 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
     assert abs(own) / check["measured_step_ns"] < OWN_BOUND, terms
     assert sum(terms[t]["measured_ns"] for t in terms if t != "step") == pytest.approx(
         check["measured_step_ns"])
+    assert sum(terms[t]["predicted_ns"] for t in terms if t != "step") == pytest.approx(
+        check["predicted_step_ns"])
+    spread = check["spread"]
+    assert spread["steps"] == 8 and spread["interval_ns"][0] <= check["predicted_step_ns"]
+    assert spread["verdict"].startswith(("too noisy", "within", "off by"))
     if fw == "torch":
         # the DDP buckets the model sends are the ones DDP all-reduced
         two = load(tmp_path / "two.trace")

@@ -40,6 +40,7 @@ import pandas as pd
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.commmodel import Network, assumed, collective_of, fit, fit_warning
 from opprof.analysis.gradients import FLOAT_BYTES, GradientProfile, profile
+from opprof.analysis.interference import Interference, Measured, from_cores, measure
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
 from opprof.analysis.resources import Resources, resource_mismatch, resources
 from opprof.analysis.sharded import (
@@ -60,7 +61,7 @@ from opprof.analysis.simulate import (
     policy_for,
     simulate,
 )
-from opprof.analysis.terms import PHASE_OF, TERM_OF, TERMS, Terms, terms_from_steps
+from opprof.analysis.terms import PHASE_OF, TERM_OF, Terms, terms_from_steps
 from opprof.errors import OpprofError
 from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
@@ -87,6 +88,8 @@ class Baseline:
     sigma_ns: float  # std of the per-step compute time (step minus exposed comm)
     meta: dict[str, Any] = field(default_factory=dict)
     units: Units | None = None  # FSDP units (:func:`fsdp_units`)
+    #: compute slowed beside the trace's own collectives (:mod:`.interference`)
+    interference: Measured | None = None
 
     @property
     def phases(self) -> dict[str, float]:
@@ -130,7 +133,8 @@ def baseline(trace: Trace, label: str = "") -> Baseline:
                     samples_note=note, sigma_ns=sigma,
                     meta={k: meta.get(k) for k in ("framework", "model", "batch_size",
                                                    "dataset", "device")},
-                    units=fsdp_units(trace, gradients, t.steps))
+                    units=fsdp_units(trace, gradients, t.steps),
+                    interference=measure(trace, t.steps) if workers > 1 else None)
 
 
 @dataclass
@@ -278,7 +282,8 @@ def _fit_trace(base: Baseline) -> Network | None:
 def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network, *,
          deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
          communicate: bool = True, io_hidden: bool = False,
-         straggler: bool = False) -> tuple[StepPlan, Policy]:
+         straggler: bool = False, interference: float = 0.0,
+         comm_interference: float = 0.0) -> tuple[StepPlan, Policy]:
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
     changes ``deltas`` (ns per step, per phase) applied."""
     collective = collective_of(mode) if mode != "single" else "allreduce"
@@ -317,7 +322,25 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     return StepPlan(phases=phases, ready_frac=ready, grad_bytes=nbytes, policy=policy,
                     cost=cost, comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
-                    server_update_ns=server_update, communicate=talk, pack_ns=pack), policy
+                    server_update_ns=server_update, communicate=talk, pack_ns=pack,
+                    interference=interference, comm_interference=comm_interference), policy
+
+
+def interference_for(base: Baseline, network: Network, workers: int) -> Interference:
+    """How much compute slows beside the collectives of ``workers`` workers: measured by
+    `opprof calibrate` (the network file), else in the base's own trace (a multi-worker base
+    with compute beside its collectives), else from the cores each worker has."""
+    s = network.info.get("interference")
+    if s is not None and network.source == "calibrate":
+        return Interference(float(s), "calibrate: a compute loop and the collective timed alone "
+                                      "and beside each other",
+                            float(network.info.get("comm_interference") or 0.0))
+    m = base.interference
+    if m is not None and m.matched:
+        # the collective's own slowdown is in the α–β fitted to the trace's collectives
+        return Interference(m.slowdown, f"the trace: {m.matched} operators beside a "
+                                        "collective against the same away from one")
+    return from_cores(base.resources, workers)
 
 
 def _sharded_plan(base: Baseline, workers: int, network: Network,
@@ -366,7 +389,7 @@ def calibrated(measured: dict[str, float], sim_base: SimResult, sim_new: SimResu
             else:
                 out[p] = max(0.0, m + sim_new.phases["comm"] - sim_base.phases["comm"])
         else:
-            out[p] = max(0.0, m + sim_new.phases[p] - sim_base.phases[p])
+            out[p] = max(0.0, m + (sim_new.phases[p] - sim_base.phases[p]))
     return out
 
 
@@ -385,10 +408,21 @@ class Prediction:
     wait_ns: float
     phases: dict[str, float]
     messages: int
+    #: the part of the backward phase lost to compute slowed beside collectives (ns)
+    interference_ns: float = 0.0
+    interference: Interference | None = None
 
     def terms(self) -> dict[str, float]:
-        """The predicted terms (t_io … other)."""
-        return {TERM_OF[p]: v for p, v in self.phases.items()}
+        """The predicted terms: t_io … other, with the backward's slowdown beside
+        collectives as its own term ``t_interf`` (t_b without it); they sum to the step."""
+        out: dict[str, float] = {}
+        for p, v in self.phases.items():
+            if p == "backward":
+                out["t_b"] = v - self.interference_ns
+                out["t_interf"] = self.interference_ns
+            else:
+                out[TERM_OF[p]] = v
+        return out
 
 
 @dataclass
@@ -401,6 +435,77 @@ class Check:
     error: float  # (predicted − measured) / measured
     terms: pd.DataFrame  # term, predicted_ns, measured_ns, error_ns, error
     resources: Resources
+    spread: Spread | None = None
+
+
+#: A measured run whose steps vary more than this (coefficient of variation) is too noisy to
+#: judge a prediction by.
+NOISY_CV = 0.10
+#: ... or whose mean step is known to less than this (95% interval half-width / mean).
+NOISY_HALF_WIDTH = 0.05
+
+
+#: Student's t, 97.5% quantile, by degrees of freedom (at least the key; 1.96 beyond 30).
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+         10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (conservative: the
+    table's next smaller df)."""
+    keys = [k for k in _T975 if k <= df]
+    return _T975[max(keys)] if keys and df <= 30 else (1.96 if df > 30 else math.inf)
+
+
+@dataclass
+class Spread:
+    """How well a measured run pins its mean step, and what that says of a prediction: the
+    95% interval of the measured mean (t · std / √n over its n (rank, step)s), the
+    prediction's error over that interval, and a verdict."""
+
+    steps: int
+    cv: float  # std / mean of the measured steps
+    half_width: float  # 95% half-width of the measured mean, relative to it
+    interval_ns: tuple[float, float]  # the predicted step ± the half-width
+    error_interval: tuple[float, float]  # the error against the measured mean's interval
+    noisy: bool
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"steps": self.steps, "cv": self.cv, "half_width": self.half_width,
+                "interval_ns": list(self.interval_ns),
+                "error_interval": list(self.error_interval), "noisy": self.noisy,
+                "verdict": self.verdict}
+
+
+def spread(step_ns: np.ndarray, predicted_ns: float) -> Spread:
+    """The :class:`Spread` of measured steps ``step_ns`` against a predicted step."""
+    v = np.asarray(step_ns, np.float64)
+    n = len(v)
+    mean = float(v.mean()) if n else math.nan
+    std = float(v.std(ddof=1)) if n > 1 else 0.0
+    cv = std / mean if mean else math.nan
+    h = t975(n - 1) * std / math.sqrt(n) / mean if n > 1 and mean else math.inf
+    lo_m, hi_m = mean * (1 - h), mean * (1 + h)
+    err = (predicted_ns - mean) / mean if mean else math.nan
+    e_lo = predicted_ns / hi_m - 1 if hi_m > 0 else -math.inf
+    e_hi = predicted_ns / lo_m - 1 if lo_m > 0 else math.inf
+    noisy = not (cv <= NOISY_CV and h <= NOISY_HALF_WIDTH)
+    if noisy:
+        why = (f"its {n} step(s) vary by {cv:.1%} (cv; limit {NOISY_CV:.0%})" if n > 1 and
+               not cv <= NOISY_CV else
+               f"its mean is known to ±{h:.1%} only (limit ±{NOISY_HALF_WIDTH:.0%}; "
+               f"{n} step(s))")
+        verdict = f"too noisy to judge: {why}; record more steps on a quieter machine"
+    elif e_lo <= 0 <= e_hi:
+        verdict = f"within the measured noise (error {err:+.1%}, interval {e_lo:+.1%} … " \
+                  f"{e_hi:+.1%})"
+    else:
+        verdict = (f"off by {err:+.1%}, beyond the measured noise (interval {e_lo:+.1%} … "
+                   f"{e_hi:+.1%})")
+    return Spread(n, cv, h, (predicted_ns * (1 - h), predicted_ns * (1 + h)), (e_lo, e_hi),
+                  noisy, verdict)
 
 
 @dataclass
@@ -465,14 +570,22 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     base, mode, net = result.base, result.mode, result.network
     collective = collective_of(mode)
     servers = servers or result.servers or 1
+    base_interf = interference_for(base, net, base.workers)
     base_plan, _ = plan(base, base.workers, base.mode if base.collective else "single",
-                        max(base.servers, 1), net, straggler=result.straggler)
+                        max(base.servers, 1), net, straggler=result.straggler,
+                        interference=base_interf.slowdown,
+                        comm_interference=base_interf.comm_slowdown)
     sim_base = simulate(base_plan)
     single = base.step_ns - base.phases["comm"]
+    interf = interference_for(base, net, workers)
     p, _ = plan(base, workers, mode if workers > 1 else "single", servers, net,
-                straggler=result.straggler)
+                straggler=result.straggler, interference=interf.slowdown,
+                comm_interference=interf.comm_slowdown)
     sim = simulate(p)
     phases = calibrated(base.phases, sim_base, sim)
+    measured_interf = base.interference.extra_ns if base.interference is not None else 0.0
+    interf_ns = min(phases["backward"], max(
+        0.0, measured_interf + (sim.interference_ns - sim_base.interference_ns)))
     step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
     speedup = workers * single / step if step > 0 else float("nan")
     busy = sim.comm_busy_ns
@@ -485,7 +598,22 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
                       speedup=speedup, efficiency=speedup / workers,
                       exposed_comm_ns=phases["comm"], comm_busy_ns=busy,
                       wait_ns=p.straggler_ns if p.communicate else 0.0, phases=phases,
-                      messages=len(sim.messages))
+                      messages=len(sim.messages), interference_ns=interf_ns,
+                      interference=interf)
+
+
+def resource_fix(base: Resources, target: Resources, workers: int) -> str:
+    """The command line that makes the two runs' per-worker resources the same: both with
+    the thread count each of the measured run's workers can keep busy."""
+    cores = target.cores_per_worker
+    want = int(cores) if cores and cores >= 1 else (target.threads or base.threads or 1)
+    if base.threads == want and target.threads != want:
+        return (f"record the {workers}-worker run with the baseline's threads (opprof "
+                f"record --workers {workers} ... --threads {want})")
+    if target.threads == want and base.threads != want:
+        return f"record the baseline with the workers' threads (opprof record ... --threads {want})"
+    return (f"record both with the same threads, {want} per worker on this host (opprof record "
+            f"... --threads {want} for the baseline and the {workers}-worker run)")
 
 
 def check(result: ModelResult, measured: Trace, label: str = "measured") -> Check:
@@ -506,19 +634,21 @@ def check(result: ModelResult, measured: Trace, label: str = "measured") -> Chec
     target = resources(meta)
     why = resource_mismatch(base.resources, target)
     if why:
-        raise OpprofError(
-            f"{label}'s workers had other resources than the modelled trace's ({why}); a "
-            "prediction holds only for the same per-worker resources — record the baseline "
-            f"with the workers' thread count (opprof record ... --threads "
-            f"{target.threads or 'N'})")
+        raise OpprofError(f"{label}'s workers had other resources than the modelled trace's "
+                          f"({why}); a prediction holds only for the same per-worker "
+                          f"resources — {resource_fix(base.resources, target, m_workers)}")
     m_servers = int(meta.get("servers") or 0)
     pred = predict_one(result, m_workers, m_servers or None)
     mt = terms_from_steps(step_breakdown(measured))
     if not mt.steps:
         raise OpprofError(f"{label}: no steps on worker ranks")
-    meas = mt.mean()
+    meas = dict(mt.mean())
+    mi = measure(measured, mt.steps)
+    # the measured run's own slowdown beside its collectives, out of its t_b
+    meas["t_interf"] = min(meas["t_b"], mi.extra_ns) if mi is not None else 0.0
+    meas["t_b"] -= meas["t_interf"]
     rows = []
-    for t in TERMS:
+    for t in pred.terms():
         p, m = pred.terms()[t], meas[t]
         rows.append({"term": t, "predicted_ns": p, "measured_ns": m, "error_ns": p - m,
                      "error": (p - m) / m if m else (0.0 if p == 0 else math.inf)})
@@ -527,4 +657,5 @@ def check(result: ModelResult, measured: Trace, label: str = "measured") -> Chec
                  "error_ns": pred.step_ns - step_m,
                  "error": (pred.step_ns - step_m) / step_m if step_m else math.nan})
     return Check(label, step_m, pred.step_ns, (pred.step_ns - step_m) / step_m if step_m
-                 else math.nan, pd.DataFrame(rows), target)
+                 else math.nan, pd.DataFrame(rows), target,
+                 spread(mt.per_step["dur_ns"].to_numpy(np.float64), pred.step_ns))

@@ -115,6 +115,11 @@ class StepPlan:
     server_update_ns: float = 0.0
     communicate: bool = True
     pack_ns: float = 0.0  # packing and unpacking the gradients (policies with ``pack``)
+    #: compute beside a collective takes (1 + interference) × its time alone
+    #: (:mod:`opprof.analysis.interference`)
+    interference: float = 0.0
+    #: a collective beside compute takes (1 + comm_interference) × its cost
+    comm_interference: float = 0.0
 
 
 @dataclass
@@ -126,6 +131,8 @@ class SimResult:
     comm_busy_ns: float
     comm_hidden_ns: float
     messages: list[dict[str, float]] = field(default_factory=list)
+    #: the part of ``phases["backward"]`` that is compute slowed beside collectives
+    interference_ns: float = 0.0
 
 
 def messages(ready_frac: np.ndarray, grad_bytes: np.ndarray,
@@ -160,20 +167,25 @@ def simulate(plan: StepPlan | ShardedPlan) -> SimResult:
         return simulate_sharded(plan)
     ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
     b0 = ph["h2d"] + ph["forward"]  # backward starts (load placed below)
+    sends = messages(plan.ready_frac, plan.grad_bytes, plan.policy) if plan.communicate \
+        else []
+    s = max(0.0, plan.interference)
+    extra, sent = 0.0, _send(plan, sends, b0, ph["backward"])
+    for _ in range(50 if s and plan.policy.overlap else 0):
+        # Compute beside a collective runs at 1 / (1 + s) of its speed: the backward grows by
+        # T·s/(1+s) over the T ns a collective runs inside it, which moves the gradients'
+        # ready times and so the collectives: iterate to the fixed point (a contraction).
+        b1 = b0 + ph["backward"] + extra
+        beside = sum(max(0.0, min(m["end_ns"], b1) - max(m["start_ns"], b0)) for m in sent)
+        new = beside * s / (1.0 + s)
+        if abs(new - extra) < 1.0:
+            extra = new
+            break
+        extra = new
+        sent = _send(plan, sends, b0, ph["backward"] + extra)
+    ph["backward"] += extra
     b1 = b0 + ph["backward"]
-    free = 0.0
-    sent = []
-    if plan.communicate:
-        sends = messages(plan.ready_frac, plan.grad_bytes, plan.policy)
-        total = sum(n for _, n in sends) or 1
-        for frac, n in sends:
-            ready = b0 + frac * ph["backward"] if plan.policy.overlap else b1
-            start = max(ready, free)
-            dur = float(plan.cost(n)) * plan.comm_scale
-            if plan.policy.server_update:  # the servers' optimizer on this key's share
-                dur += plan.server_update_ns * n / total  # compute: comm_scale leaves it
-            free = start + dur
-            sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
+    free = sent[-1]["end_ns"] if sent else 0.0
     sync = b1
     if sent:
         sync = max(b1, free + plan.straggler_ns)
@@ -190,7 +202,27 @@ def simulate(plan: StepPlan | ShardedPlan) -> SimResult:
     for m in sent:
         for k in ("ready_ns", "start_ns", "end_ns"):
             m[k] += load
-    return SimResult(sum(phases.values()), phases, busy, hidden, sent)
+    return SimResult(sum(phases.values()), phases, busy, hidden, sent, extra)
+
+
+def _send(plan: StepPlan, sends: list[tuple[float, int]], b0: float,
+          backward: float) -> list[dict[str, float]]:
+    """The collectives on the link (FIFO), for a backward of ``backward`` ns from ``b0``."""
+    total = sum(n for _, n in sends) or 1
+    free, sent = 0.0, []
+    b1, slow = b0 + backward, 1.0 + max(0.0, plan.comm_interference)
+    for frac, n in sends:
+        ready = b0 + frac * backward if plan.policy.overlap else b0 + backward
+        start = max(ready, free)
+        dur = float(plan.cost(n)) * plan.comm_scale
+        if plan.policy.server_update:  # the servers' optimizer on this key's share
+            dur += plan.server_update_ns * n / total  # compute: comm_scale leaves it
+        if start < b1 and slow > 1.0:  # beside the backward it runs at 1/slow of its speed
+            inside = (b1 - start) / slow  # the work it gets done before backward ends
+            dur = dur * slow if dur <= inside else (b1 - start) + (dur - inside)
+        free = start + dur
+        sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
+    return sent
 
 
 def expected_max_normal(n: int) -> float:

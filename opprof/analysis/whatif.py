@@ -51,6 +51,7 @@ from opprof.analysis.predict import (
     Baseline,
     baseline,
     calibrated,
+    interference_for,
     network_for,
     plan,
 )
@@ -220,10 +221,16 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
                           "mode (model another mode from a 1-worker trace)")
     s = servers or (base.servers if base.collective == "ps" else 1) or 1
     net, note = network_for(base, collective, network, s)
-    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True)
+    # compute slowed beside collectives, re-timed with them (not when comm is hidden: that
+    # what-if removes exactly the exposed communication)
+    i0, i1 = interference_for(base, net, m), interference_for(base, net, n)
+    s0, s1 = (0.0, 0.0) if hidden else (i0.slowdown, i1.slowdown)
+    p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
+                 interference=s0, comm_interference=0.0 if hidden else i0.comm_slowdown)
     p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
-                 io_hidden=io_hidden, straggler=True)
+                 io_hidden=io_hidden, straggler=True, interference=s1,
+                 comm_interference=0.0 if hidden else i1.comm_slowdown)
     phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
     if io_hidden:
         phases["load"] = 0.0

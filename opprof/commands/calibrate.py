@@ -70,7 +70,8 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
             sizes: tuple[int, ...], repeat: int, timeout_s: float, output: Path,
             fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
-    and fit α (latency) and β (time per byte).
+    and fit α (latency) and β (time per byte). For torch's all-reduce, also time a compute loop
+    and the collective alone and beside each other: the model's interference term.
 
     \b
     Example:
@@ -101,6 +102,9 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
         echo_output(renderer(fmt).calibration(net), fmt)
         click.echo(f"wrote {output}", err=True)
         return
+    if "kind" in df and (df["kind"] == "beside").any():
+        info["interference"], info["comm_interference"] = interference(df)
+        df = df[~df["kind"].isin(["alone", "beside", "collective_beside"])]
     if "kind" in df:
         pack = df[df["kind"] == "pack"]
         big = pack[pack["bytes"] >= 1 << 20]
@@ -120,6 +124,32 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
     write_atomic(output, json.dumps(net.to_dict(), indent=2) + "\n")
     echo_output(renderer(fmt).calibration(net), fmt)
     click.echo(f"wrote {output}", err=True)
+
+
+def interference(df: pd.DataFrame) -> tuple[float, float]:
+    """How much slower the compute loop ran beside the collective than alone, and the
+    collective beside the loop than alone (its timed calls of the same size): the median of
+    each per worker, the median over workers, at least 0."""
+    kind = df["kind"].fillna("collective") if "kind" in df else pd.Series("collective", df.index)
+    per = df.assign(kind=kind).groupby(["rank", "kind"])["ns"].median()
+
+    def slower(a: str, b: str) -> float:
+        if a not in per.index.get_level_values("kind") or b not in \
+                per.index.get_level_values("kind"):
+            return 0.0
+        ratio = (per.xs(a, level="kind") / per.xs(b, level="kind")).dropna()
+        return max(0.0, float(ratio.median()) - 1.0) if len(ratio) else 0.0
+
+    beside = df[kind == "collective_beside"]
+    alone = df[(kind == "collective") & df["bytes"].isin(beside["bytes"].unique())]
+    both = pd.concat([alone.assign(kind="collective"), beside.assign(kind="collective_beside")])
+    per_coll = both.groupby(["rank", "kind"])["ns"].median()
+    comm = 0.0
+    if {"collective", "collective_beside"} <= set(per_coll.index.get_level_values("kind")):
+        r = (per_coll.xs("collective_beside", level="kind")
+             / per_coll.xs("collective", level="kind")).dropna()
+        comm = max(0.0, float(r.median()) - 1.0) if len(r) else 0.0
+    return slower("beside", "alone"), comm
 
 
 def fsdp_network(df: pd.DataFrame, workers: int, info: dict) -> Network:

@@ -63,7 +63,8 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
 @network_option
 @click.option("--check", "measured", type=click.Path(path_type=Path), default=None,
               help="A measured multi-worker trace: the prediction for its worker count beside "
-                   "its terms, with the error.")
+                   "its terms, with the error, an interval from the measured steps' spread and "
+                   "a verdict (too noisy to judge / within the noise / off beyond it).")
 @click.option("--straggler/--no-straggler", default=True, show_default=True,
               help="Add the expected wait for the slowest of N workers in each synchronous "
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
@@ -89,7 +90,7 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
         m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
         if m_workers not in workers:
             workers = [*workers, m_workers]
-        mode = mode or (str(m.meta.get("mode")) if m_workers > 1 else None)
+        mode = mode or (str(m.meta["mode"]) if m_workers > 1 and m.meta.get("mode") else None)
         servers = servers or (int(m.meta.get("servers") or 0) or None)
     result = predict(tr, workers, mode=mode, servers=servers, network=net,
                      straggler=straggler, label=label)

@@ -63,9 +63,11 @@ from opprof.trace import Trace, save
 @memory_options
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op "
-                   "threads). Default: the framework's, or the host's CPUs split among the "
-                   "workers. Give the same number to a baseline that `opprof model` predicts "
-                   "from and to the runs it checks against.")
+                   "threads, MXNet's OpenMP). Default: one worker, the framework's (every "
+                   "CPU); several, every framework the same: the host's CPUs split among the "
+                   "processes that compute on it (MXNet's servers count). Give the same "
+                   "number to a baseline that `opprof model` predicts from and to the runs it "
+                   "checks against.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--converge", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train STEPS steps in all (the profiled ones among them), keeping each "

@@ -816,15 +816,21 @@ def model(result: ModelResult) -> str:
                     f"{f', {result.servers} server(s)' if result.servers else ''}; ms)",
               title_justify="left")
     for c in ["workers", "step", "speed-up", "efficiency", "exposed comm", "comm busy",
-              "wait", "compute"]:
+              "wait", "interference", "compute"]:
         p.add_column(c, justify="right")
     for r in predictions_table(result).to_dict("records"):
         compute = r["step_ns"] - r["exposed_comm_ns"]
         p.add_row(str(r["workers"]), ms(r["step_ns"]), f"{r['speedup']:.2f}x",
                   pct(r["efficiency"]), ms(r["exposed_comm_ns"]), ms(r["comm_busy_ns"]),
-                  ms(r["wait_ns"]), ms(compute))
+                  ms(r["wait_ns"]), ms(r["t_interf"]), ms(compute))
     p.caption = ("speed-up = N × step(1) / step(N); wait = expected wait for the slowest "
-                 "worker (inside exposed comm)")
+                 "worker (inside exposed comm); interference = backward time lost to compute "
+                 "slowed beside collectives (t_interf, inside compute)")
+    last = result.predictions[-1].interference if result.predictions else None
+    if last is not None:
+        p.caption += (f"\ninterference at {result.predictions[-1].workers} workers: compute "
+                      f"beside a collective ×{1 + last.slowdown:.2f}, the collective beside "
+                      f"compute ×{1 + last.comm_slowdown:.2f} ({last.source})")
     items: list[object] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
               for n in result.notes]
@@ -873,6 +879,11 @@ def _check_items(c: Check) -> list[object]:
                   "-" if err != err or math.isinf(err) else f"{err:+.1%}")
     line = Text(f"predicted {ms(c.predicted_step_ns)} ms vs measured {ms(c.measured_step_ns)} "
                 f"ms per step: error {c.error:+.1%}", style="bold")
+    if c.spread is not None:
+        sp = c.spread
+        line += Text(f"\npredicted {ms(sp.interval_ns[0])} … {ms(sp.interval_ns[1])} ms (± the "
+                     f"measured mean's 95% interval, {sp.steps} rank-steps, cv {sp.cv:.1%}): "
+                     f"{sp.verdict}", style="bold yellow" if sp.noisy else "")
     return [t, line]
 
 

@@ -149,13 +149,16 @@ def model_dict(result: ModelResult) -> dict:
     preds = [{"workers": p.workers, "mode": p.mode, "servers": p.servers, "step_ns": p.step_ns,
               "speedup": _clean(p.speedup), "efficiency": _clean(p.efficiency),
               "exposed_comm_ns": p.exposed_comm_ns, "comm_busy_ns": p.comm_busy_ns,
-              "wait_ns": p.wait_ns, "terms": p.terms()} for p in result.predictions]
+              "wait_ns": p.wait_ns, "interference_ns": p.interference_ns,
+              "interference": p.interference.to_dict() if p.interference else None,
+              "terms": p.terms()} for p in result.predictions]
     check = None
     if result.check is not None:
         c = result.check
         check = {"label": c.label, "measured_step_ns": c.measured_step_ns,
                  "predicted_step_ns": c.predicted_step_ns, "error": _clean(c.error),
-                 "terms": records(c.terms), "resources": c.resources.to_dict()}
+                 "terms": records(c.terms), "resources": c.resources.to_dict(),
+                 "spread": c.spread.to_dict() if c.spread is not None else None}
     g = b.gradients
     return {
         "base": {"label": b.label, "framework": b.framework, "model": b.meta.get("model"),

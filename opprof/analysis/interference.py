@@ -1,0 +1,128 @@
+"""Interference: how much compute slows down while a collective runs beside it on the same
+cores (gloo's reduction and copies, gRPC, kvstore threads on a CPU host; NCCL kernels taking
+SMs on a GPU), from what the model can measure:
+
+1. ``opprof calibrate``'s compute loop timed alone and beside the collective (the network
+   file's ``info.interference``);
+2. the trace's own operators: the same operator (name and shapes) beside a collective and away
+   from one, in a trace that communicates (:func:`measure`);
+3. the cores each worker has: a collective needs a core of its own; where a worker's compute
+   threads leave none free, compute and communication share them (:func:`from_cores`).
+
+The slowdown ``s`` means: compute beside a collective takes ``(1 + s)`` times its time alone.
+Over ``T`` ns of wall time in which a collective runs beside compute, the compute loses
+``T · s / (1 + s)`` ns (:meth:`Interference.extra_ns`): the interference term. The other way
+round, the collective beside compute takes ``(1 + comm_slowdown)`` times its calibrated time
+(it shares the cores too), which makes ``T`` longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opprof.analysis.resources import Resources
+from opprof.intervals import merge
+from opprof.taxonomy import COMM_OPS
+from opprof.trace import Trace
+
+
+@dataclass(frozen=True)
+class Interference:
+    """A compute slowdown beside communication and where it comes from."""
+
+    slowdown: float  # compute beside a collective takes (1 + slowdown) × its time alone
+    source: str
+    #: and the collective beside compute takes (1 + comm_slowdown) × its calibrated time
+    comm_slowdown: float = 0.0
+
+    def extra_ns(self, beside_ns: float) -> float:
+        """Wall ns compute loses over ``beside_ns`` ns in which a collective ran beside it."""
+        s = max(0.0, self.slowdown)
+        return max(0.0, beside_ns) * s / (1.0 + s)
+
+    def to_dict(self) -> dict[str, float | str]:
+        """JSON form."""
+        return {"slowdown": self.slowdown, "comm_slowdown": self.comm_slowdown,
+                "source": self.source}
+
+
+NONE = Interference(0.0, "none: nothing runs beside compute")
+
+
+def from_cores(res: Resources, workers: int) -> Interference:
+    """The slowdown when ``workers`` workers with ``res``'s threads share its host: the
+    collective needs one core; with ``t`` compute threads on ``c`` cores per worker
+    (``c < t + 1``) compute and collective share them, each running at ``c / (t + 1)`` of
+    its rate: ``s = (t + 1) / c − 1`` for both. Not on GPUs (NCCL's SM use is not modelled)."""
+    if str(res.device).startswith("cuda"):
+        return Interference(0.0, "GPU: NCCL's use of the SMs beside compute is not modelled "
+                                 "(0); measure it with a multi-worker base trace")
+    t = res.threads or res.effective
+    if not t or not res.cpus:
+        return Interference(0.0, "threads or CPUs unknown: assumed 0")
+    hosts = max(res.hosts, 1)
+    cores = res.cpus / max(1, -(-workers // hosts))
+    c = max(cores, float(t))  # fewer cores than threads: the resource check refuses it
+    s = max(0.0, (t + 1) / c - 1.0)
+    return Interference(s, f"cores: {t:g} compute thread(s) and the collective's on "
+                           f"{cores:g} core(s) per worker", comm_slowdown=s)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Interference measured in a trace: the slowdown of the operators that ran beside a
+    collective over the same operators away from one, and what it cost per rank-step."""
+
+    slowdown: float
+    extra_ns: float  # mean per (rank, step): the compute time lost beside collectives
+    beside_ns: float  # mean per (rank, step): operator time beside a collective
+    matched: int  # operators beside a collective with a reference away from one
+
+
+def measure(trace: Trace, rank_steps: int) -> Measured | None:
+    """The backward operators of the trace's workers beside a collective (overlapping one in
+    time on the same rank) against the same operators (name and input shapes) away from one.
+    None: no operator ran beside a collective, or none has a reference (GPU traces: not
+    measured here)."""
+    ev = trace.events
+    if not len(ev) or rank_steps <= 0 or (ev["kind"] == "kernel").any():
+        return None
+    worker = (ev["role"] == "worker").to_numpy() & (ev["step"] >= 0).to_numpy()
+    comm = worker & ((ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy())
+    ops = worker & (ev["kind"] == "cpu_op").to_numpy() & ev["counted"].to_numpy(bool) & (
+        ev["phase"] == "backward").to_numpy() & ~comm
+    if not comm.any() or not ops.any():
+        return None
+    rank = ev["rank"].to_numpy(np.int64)
+    ts = ev["ts"].to_numpy(np.int64)
+    end = ts + ev["dur"].to_numpy(np.int64)
+    beside = np.zeros(len(ev), bool)
+    for r in np.unique(rank[ops]):
+        c = comm & (rank == r)
+        s, e = merge(ts[c], end[c])
+        if not len(s):
+            continue
+        o = np.flatnonzero(ops & (rank == r))
+        i = np.searchsorted(e, ts[o], side="right")  # first comm interval ending after start
+        hit = i < len(s)
+        hit[hit] = s[i[hit]] < end[o][hit]
+        beside[o[hit]] = True
+    sel = ev.loc[ops]
+    key = sel["name"].astype("string")
+    if "detail" in sel:
+        key = key + "|" + sel["detail"].astype("string").fillna("")
+    df = pd.DataFrame({"key": key.to_numpy(), "dur": (end - ts)[ops], "beside": beside[ops]})
+    if not df["beside"].any():
+        return None
+    ref = df[~df["beside"]].groupby("key")["dur"].mean()
+    near = df[df["beside"]].assign(ref=lambda d: d["key"].map(ref))
+    matched = near.dropna(subset=["ref"])
+    if not len(matched) or not matched["ref"].sum():
+        return None
+    s = max(0.0, float(matched["dur"].sum() / matched["ref"].sum()) - 1.0)
+    total = float(near["dur"].sum())
+    return Measured(slowdown=s, extra_ns=total * s / (1.0 + s) / rank_steps,
+                    beside_ns=total / rank_steps, matched=len(matched))
