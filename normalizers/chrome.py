@@ -328,6 +328,17 @@ def integers(values: Sequence[Any], fill: int = -1) -> np.ndarray:
 def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     """A column of names as a Categorical with sorted string categories: factorized once,
     converted to text once per distinct value (non-strings as ``str`` does; None → missing)."""
+    codes, text = string_codes(values, missing)
+    cats = sorted(set(text))
+    pos = {t: i for i, t in enumerate(cats)}
+    remap = np.array([pos[t] for t in text], dtype=np.int64)
+    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes,
+                                     categories=pd.Index(cats, dtype=object))
+
+
+def string_codes(values: Sequence[Any], missing: str = "") -> tuple[np.ndarray, list[str]]:
+    """(codes, distinct text) of a column of names, as :func:`strings` reads them but
+    unsorted and with no pandas object made (what a reader keeps per chunk, joined once)."""
     fast = _text_codes(values)
     if fast is not None:
         codes, text = fast
@@ -342,11 +353,7 @@ def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     if (codes < 0).any():
         text.append(missing)
         codes = np.where(codes < 0, len(text) - 1, codes)
-    cats = sorted(set(text))
-    pos = {t: i for i, t in enumerate(cats)}
-    remap = np.array([pos[t] for t in text], dtype=np.int64)
-    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes,
-                                     categories=pd.Index(cats, dtype=object))
+    return codes, text
 
 
 def _text_codes(values: Sequence[Any]) -> tuple[np.ndarray, list[str]] | None:
