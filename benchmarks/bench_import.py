@@ -5,6 +5,11 @@ the JSON decoders side by side.
     python benchmarks/bench_import.py                  # the shared NCCL trace 5x and 50x longer
     python benchmarks/bench_import.py TRACE.json[.gz]  # or any Kineto trace
     python benchmarks/bench_import.py --record         # or a 30-step ResNet-18 torch run
+    python benchmarks/bench_import.py --hta-python /work/hta-venv/bin/python  # HTA beside
+
+HTA is no opprof dependency: install it in a virtual environment of its own
+(``python3 -m venv hta-venv && hta-venv/bin/pip install HolisticTraceAnalysis==0.5.0``) and
+name its python with ``--hta-python``.
 
 Every measurement runs in a fresh process, is repeated (best of ``--repeat``; once on the
 long copy), and reports the whole process's wall time as a user meets it (the headline:
@@ -84,12 +89,17 @@ print(sum(len(df) for df in a.t.traces.values()), time.perf_counter() - t0)
 }
 
 
-def hta_installed() -> bool:
+def hta_python(given: str | None) -> str | None:
+    """The interpreter to run HTA with: ``--hta-python`` (HTA in its own virtual
+    environment: it is no opprof dependency and pins its own pandas and numpy), else this
+    one when HTA is importable here; None without HTA."""
+    if given:
+        return given
     try:
         import hta  # noqa: F401
     except ImportError:
-        return False
-    return True
+        return None
+    return sys.executable
 
 
 def record(steps: int, workdir: Path) -> Path:
@@ -117,13 +127,17 @@ def work(out: str) -> float:
     return min(float(x) for x in out.split()[1:]) if len(out.split()) > 1 else float("nan")
 
 
-def measure_file(path: Path, hta_dir: Path, repeat: int, decoders: bool) -> dict:
-    """Every figure for one file: per child, (work s, process s, peak bytes, events)."""
-    py = sys.executable
+def measure_file(path: Path, hta_dir: Path, repeat: int, decoders: bool,
+                 hta: str | None = None) -> dict:
+    """Every figure for one file: per child, (work s, process s, peak bytes, events).
+    ``hta``: the interpreter HTA runs with (None: no HTA figures)."""
     out: dict[str, tuple[float, float, int, str]] = {}
     for label, code in CHILD.items():
-        if label.startswith("HTA") and not hta_installed():
-            continue
+        py = sys.executable
+        if label.startswith("HTA"):
+            if hta is None:
+                continue
+            py = hta
         if not decoders and label in ("orjson.loads", "msgspec typed (opprof's decoder)"):
             continue
         runs = [best([py, "-c", code, str(path), str(hta_dir)], 1) for _ in range(repeat)]
@@ -159,7 +173,8 @@ def show(path: Path, rows: dict) -> None:
               f"{hta[0] / work_ours[0]:.1f}x faster work (goal >= 6x, at least 4x); "
               f"{ours[2] / hta[2]:.2f}x its peak memory (goal <= 0.5x)")
     else:
-        print("HTA not installed (pip install HolisticTraceAnalysis): no HTA figures")
+        print("HTA not installed (pip install HolisticTraceAnalysis, or --hta-python PATH "
+              "to a virtual environment's python that has it): no HTA figures")
 
 
 def main() -> None:
@@ -171,6 +186,9 @@ def main() -> None:
                     help="also a copy this many times longer again (0: none), for memory")
     ap.add_argument("--record", action="store_true", help="record a 30-step ResNet-18 run")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--hta-python", metavar="PATH",
+                    help="the python of a virtual environment with HolisticTraceAnalysis "
+                         "installed (e.g. /work/hta-venv/bin/python): HTA's figures beside")
     ap.add_argument("--decoders", action="store_true",
                     help="also time orjson and msgspec alone on the text")
     args = ap.parse_args()
@@ -193,7 +211,8 @@ def main() -> None:
             hta_dir = tmp / f"hta{i}"
             hta_dir.mkdir()
             (hta_dir / f.name).symlink_to(f.resolve())
-            show(f, measure_file(f, hta_dir, args.repeat if i == 0 else 1, args.decoders))
+            show(f, measure_file(f, hta_dir, args.repeat if i == 0 else 1, args.decoders,
+                                 hta_python(args.hta_python)))
 
 
 if __name__ == "__main__":
