@@ -143,7 +143,7 @@ def measure_file(path: Path, hta_dir: Path, repeat: int, decoders: bool,
         runs = [best([py, "-c", code, str(path), str(hta_dir)], 1) for _ in range(repeat)]
         out[label] = (min(work(r[2]) for r in runs), min(r[0] for r in runs),
                       max(r[1] for r in runs), runs[0][2].split()[0])
-    rep = best([py, "-m", "opprof", "report", str(path), "--format", "json"], repeat)
+    rep = best([sys.executable, "-m", "opprof", "report", str(path), "--format", "json"], repeat)
     out["opprof report FILE --format json"] = (float("nan"), rep[0], rep[1], "")
     return out
 
