@@ -149,7 +149,7 @@ def prefetched(path: str | os.PathLike) -> bytearray | None:
         return None
     thread, box, when = entry
     thread.join()
-    data = box.get("data")
+    data = box.pop("data", None)
     return data if isinstance(data, bytearray) and ident[1] == when else None
 
 
