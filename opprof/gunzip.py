@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import types
 import zlib
 from pathlib import Path
 
@@ -21,11 +22,12 @@ from opprof.errors import OpprofError
 
 GZIP_MAGIC = b"\x1f\x8b"
 
+_inflater: types.ModuleType
 try:  # ISA-L's inflate (the ``fast`` extra): the same stream API as zlib, about 2x faster
     from isal import isal_zlib as _inflater
 except ImportError:  # pragma: no cover - the standard one
     _inflater = zlib
-_INFLATE_ERRORS = (zlib.error, _inflater.error)
+_INFLATE_ERRORS: tuple[type[BaseException], ...] = (zlib.error, _inflater.error)
 
 
 #: A gzip stream inflating to more than this many times its compressed size (once past
@@ -102,7 +104,7 @@ def gunzip(data: bytes, path: Path, budget: int) -> bytearray:
 _ahead: dict[tuple[int, int], tuple[threading.Thread, dict[str, object], tuple[int, int]]] = {}
 
 
-def _identity(path: str | os.PathLike) -> tuple[tuple[int, int], tuple[int, int]] | None:
+def _identity(path: str | os.PathLike[str]) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """((device, inode), (size, mtime ns)) of a regular file; None for anything else."""
     try:
         st = os.stat(path)
@@ -113,7 +115,7 @@ def _identity(path: str | os.PathLike) -> tuple[tuple[int, int], tuple[int, int]
     return (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns)
 
 
-def prefetch(path: str | os.PathLike) -> bool:
+def prefetch(path: str | os.PathLike[str]) -> bool:
     """Start reading and inflating ``path`` on a second thread when it is a regular gzip
     file within the memory budget; True when started. Its text is kept for the reader
     (:func:`prefetched`)."""
@@ -140,11 +142,13 @@ def prefetch(path: str | os.PathLike) -> bool:
     return True
 
 
-def prefetched(path: str | os.PathLike) -> bytearray | None:
+def prefetched(path: str | os.PathLike[str]) -> bytearray | None:
     """The inflated text of ``path`` when :func:`prefetch` started on it (waiting for the
     thread) and the file is unchanged since; None otherwise. Handed out once."""
     ident = _identity(path)
-    entry = _ahead.pop(ident[0], None) if ident is not None else None
+    if ident is None:
+        return None
+    entry = _ahead.pop(ident[0], None)
     if entry is None:
         return None
     thread, box, when = entry
