@@ -19,12 +19,16 @@ from dataclasses import dataclass
 
 @dataclass
 class Measured:
-    """One run: wall seconds, peak bytes (tree), exit status, and the output's last line."""
+    """One run: wall seconds, peak bytes (tree), exit status, the output's last line, and
+    the CPU seconds (user + system) it and its waited-for children spent: on a loaded
+    machine the wall time mostly says how busy the machine was, the CPU time what the
+    program costs."""
 
     wall_s: float
     peak_bytes: int
     rc: int
     out: str
+    cpu_s: float = float("nan")
 
 
 def _tree_rss(proc) -> int:  # noqa: ANN001 (psutil.Process)
@@ -49,9 +53,12 @@ def _tree_rss(proc) -> int:  # noqa: ANN001 (psutil.Process)
 def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
         timeout: float | None = None) -> Measured:
     """Run ``cmd``; time it and watch its memory."""
+    import resource
+
     import psutil
 
     peak = 0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**os.environ, **(env or {})}, cwd=cwd)
@@ -72,10 +79,12 @@ def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
         done.set()
         t.join()
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if p.returncode != 0:
         sys.stderr.write(err[-2000:])
     lines = out.strip().splitlines()
-    return Measured(wall, peak, p.returncode, lines[-1] if lines else "")
+    return Measured(wall, peak, p.returncode, lines[-1] if lines else "", cpu)
 
 
 def load_line() -> str:

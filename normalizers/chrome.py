@@ -20,7 +20,6 @@ bomb is stopped after one chunk over the limit, not after filling memory.
 from __future__ import annotations
 
 import gc
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from itertools import repeat
@@ -33,45 +32,14 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
+from opprof.gunzip import GZIP_MAGIC, gib, gunzip, memory_budget, prefetched
 
-GZIP_MAGIC = b"\x1f\x8b"
-
-try:  # ISA-L's inflate (the ``fast`` extra): the same stream API as zlib, about 2x faster
-    from isal import isal_zlib as _inflater
-except ImportError:  # pragma: no cover - the standard one
-    _inflater = zlib
-_INFLATE_ERRORS = (zlib.error, _inflater.error)
-
-
-#: A gzip stream inflating to more than this many times its compressed size (once past
-#: _RATIO_FROM bytes) is a decompression bomb, not a trace.
-MAX_INFLATE_RATIO = 200
-_RATIO_FROM = 64 << 20
-_PIECE = 4 << 20  # bytes inflated at a time
 _UTF8_BOM = b"\xef\xbb\xbf"
-
-
-def memory_budget() -> int:
-    """Bytes of JSON text one file may have: a third of the memory available now (decoding
-    takes several times the text), at least 256 MiB; 4 GiB where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return max(256 << 20, int(line.split()[1]) * 1024 // 3)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 4 << 30
-
-
-def _gib(n: float) -> str:
-    """A size in GiB, or MiB below one GiB."""
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
 def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
     """The file's bytes, gunzipped when it is gzip (then a bytearray: filled in place, see
-    :func:`_gunzip`); damaged data, or more than memory can hold (see the module
+    :func:`opprof.gunzip.gunzip`); damaged data, or more than memory can hold (see the module
     docstring), is a clear error."""
     if head.startswith(b"SQLite format 3\x00"):  # no format claimed it (nsys, nvprof)
         from opprof.normalizers.cupti import sqlite_tables
@@ -79,17 +47,20 @@ def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
         shown = ", ".join(sorted(sqlite_tables(path))[:6])
         raise OpprofError(f"{path}: a SQLite file but not an nsys or nvprof export ("
                           + (f"tables: {shown})" if shown else "unreadable or empty)"))
-    budget = memory_budget()
-    try:
-        size = path.stat().st_size
-        if size > budget and not head.startswith(GZIP_MAGIC):
-            raise OpprofError(f"{path}: {_gib(size)} of JSON is more than this machine can "
-                              f"decode now ({_gib(budget)}: a third of the memory available)")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if head.startswith(GZIP_MAGIC):
-        data = _gunzip(data, path, budget)
+    data = prefetched(path) if head.startswith(GZIP_MAGIC) else None
+    if data is None:
+        budget = memory_budget()
+        try:
+            size = path.stat().st_size
+            if size > budget and not head.startswith(GZIP_MAGIC):
+                raise OpprofError(f"{path}: {gib(size)} of JSON is more than this machine "
+                                  f"can decode now ({gib(budget)}: a third of the memory "
+                                  "available)")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if head.startswith(GZIP_MAGIC):
+            data = gunzip(data, path, budget)
     if data.startswith(_UTF8_BOM):  # written by some Windows tools; JSON has no BOM
         if isinstance(data, bytearray):
             del data[:len(_UTF8_BOM)]  # in place: no copy of the text
@@ -144,50 +115,6 @@ def repair_utf8(data: bytes | bytearray) -> bytes | bytearray:
     for a, b in bad:
         out[a:b] = bytes([INVALID]) * (b - a)
     out.invalid_utf8 = sum(b - a for a, b in bad)
-    return out
-
-
-def _gunzip(data: bytes, path: Path, budget: int) -> bytearray:
-    """gunzip (ISA-L's where installed, else zlib's) in pieces of :data:`_PIECE` bytes
-    (faster than the gzip module's reader); several gzip members one after another
-    (``cat a.gz b.gz``) are joined as gzip does. Stops, with one line, at ``budget`` bytes
-    or a decompression bomb's ratio.
-
-    The pieces are copied into one buffer as they come, so the text is held once: never
-    as pieces and their join, nor as zlib's output blocks and the bytes object made of
-    them (each twice the text at its peak). The buffer is sized up front from the gzip
-    trailer's ISIZE (the text's size mod 2**32) — only a hint: at most what the checks
-    allow (the budget, the bomb ratio), and grown or cut to what is really inflated."""
-    total, size = 0, len(data)
-    hint = int.from_bytes(data[-4:], "little") if size >= 18 else 0
-    out = bytearray(min(hint, budget, max(_RATIO_FROM, MAX_INFLATE_RATIO * size)))
-    try:
-        while data:
-            d = _inflater.decompressobj(wbits=31)
-            rest = data
-            while True:
-                piece = d.decompress(rest, _PIECE)
-                out[total:total + len(piece)] = piece  # grows the buffer past its end
-                total += len(piece)
-                used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
-                if total > budget:
-                    raise OpprofError(
-                        f"{path}: gzip data inflating to more than {_gib(budget)} (a third of "
-                        "the memory available); not read")
-                if total > _RATIO_FROM and total > MAX_INFLATE_RATIO * max(used, 1):
-                    raise OpprofError(
-                        f"{path}: gzip data inflating over {MAX_INFLATE_RATIO}x its size "
-                        f"({_gib(total)} from {_gib(used)} so far): a "
-                        "decompression bomb, not a trace; not read")
-                rest = d.unconsumed_tail
-                if d.eof or not rest and not piece:
-                    break
-            if not d.eof:
-                raise OpprofError(f"{path}: truncated or damaged gzip data (ends early)")
-            data = d.unused_data.lstrip(b"\x00")
-    except _INFLATE_ERRORS as exc:
-        raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
-    del out[total:]
     return out
 
 
@@ -328,6 +255,17 @@ def integers(values: Sequence[Any], fill: int = -1) -> np.ndarray:
 def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     """A column of names as a Categorical with sorted string categories: factorized once,
     converted to text once per distinct value (non-strings as ``str`` does; None → missing)."""
+    codes, text = string_codes(values, missing)
+    cats = sorted(set(text))
+    pos = {t: i for i, t in enumerate(cats)}
+    remap = np.array([pos[t] for t in text], dtype=np.int64)
+    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes,
+                                     categories=pd.Index(cats, dtype=object))
+
+
+def string_codes(values: Sequence[Any], missing: str = "") -> tuple[np.ndarray, list[str]]:
+    """(codes, distinct text) of a column of names, as :func:`strings` reads them but
+    unsorted and with no pandas object made (what a reader keeps per chunk, joined once)."""
     fast = _text_codes(values)
     if fast is not None:
         codes, text = fast
@@ -342,11 +280,7 @@ def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     if (codes < 0).any():
         text.append(missing)
         codes = np.where(codes < 0, len(text) - 1, codes)
-    cats = sorted(set(text))
-    pos = {t: i for i, t in enumerate(cats)}
-    remap = np.array([pos[t] for t in text], dtype=np.int64)
-    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes,
-                                     categories=pd.Index(cats, dtype=object))
+    return codes, text
 
 
 def _text_codes(values: Sequence[Any]) -> tuple[np.ndarray, list[str]] | None:

@@ -16,6 +16,7 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from itertools import compress, repeat
@@ -233,16 +234,18 @@ def assign_ranks(declared: list[int]) -> list[int]:
     return out
 
 
-def rank_trace(path: Path, doc: Document, rank: int, meta: dict) -> tuple[Trace, dict]:
+def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
+               detail: bool = True) -> tuple[Trace, dict]:
     """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
-    import), and the facts about it that :func:`merge_meta` combines across ranks."""
+    import), and the facts about it that :func:`merge_meta` combines across ranks. Without
+    ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     base_ns = _int(doc.baseTimeNanoseconds or 0)
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     warnings: dict = {}
     if _rank_unusable(doc):
         drops.note(warnings, "rank in distributedInfo unusable (file order used)", 1)
     with pd.option_context("future.infer_string", False):
-        raw, mem = _raw_events(doc, rank, path, warnings)
+        raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
@@ -380,6 +383,7 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 
 
 _PH = attrgetter("ph")
+_CORRELATION, _INPUT_DIMS = attrgetter("correlation"), attrgetter("input_dims")
 
 
 def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
@@ -403,14 +407,16 @@ def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
     return ~bad
 
 
-def _raw_events(doc: Document, rank: int, path: Path,
-                warnings: dict | None = None) -> tuple[pd.DataFrame, list[Event]]:
+def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = None,
+                detail: bool = True) -> tuple[pd.DataFrame, list[Event]]:
     """The complete (``X``) events of one document as raw columns (see events.finish), and
     its allocator's ``[memory]`` instant events. The events are typed a chunk at a time
     (:data:`CHUNK`) and each chunk's columns taken before the next is decoded, so only one
     chunk's structs are ever alive; the document's events (and so the text they are views
     of) are dropped (``doc.traceEvents`` emptied) before the table is built. Events whose
-    times or ids cannot be used are dropped and counted in ``warnings``."""
+    times or ids cannot be used are dropped and counted in ``warnings``. Without ``detail``
+    only collectives get their ``detail`` text (their process group: what a report reads).
+    """
     warnings = {} if warnings is None else warnings
     if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
         mark = bytes([chrome.INVALID])
@@ -420,11 +426,14 @@ def _raw_events(doc: Document, rank: int, path: Path,
     pieces: list[dict[str, Any]] = []
     mem: list[Event] = []
     for chunk in event_chunks(doc, path):
-        mem += [e for e in _with_ph(chunk, "i") if e.name == "[memory]" and e.args is not None]
-        x = _with_ph(chunk, "X")
-        del chunk
+        phs = list(map(_PH, chunk))
+        if "i" in phs:  # instant events: the allocator's samples among them
+            mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
+                    if e.name == "[memory]" and e.args is not None]
+        x = list(compress(chunk, map(eq, phs, repeat("X"))))
+        del chunk, phs
         if x:
-            pieces.append(_chunk_columns(x))
+            pieces.append(_chunk_columns(x, detail))
         del x
     doc.traceEvents = []
     if not pieces:
@@ -436,6 +445,7 @@ def _raw_events(doc: Document, rank: int, path: Path,
         _joined([p.pop(k) for p in pieces])
         for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm",
                   "collective"))
+    collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     detail = None
     if any(p["detail"] is not None for p in pieces):
@@ -487,24 +497,33 @@ def _raw_events(doc: Document, rank: int, path: Path,
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
 
-def _chunk_columns(x: list[Event]) -> dict[str, Any]:
+def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     """The columns of one chunk of complete events: numbers as numpy arrays, names and
-    categories as Categoricals (joined by :func:`_join_strings`), ``Input Dims`` as text
-    (None where absent; no array when no event has them)."""
+    categories as (codes, distinct text) (joined by :func:`_join_strings`), ``Input Dims``
+    as text (None where absent; no array when no event has them; without ``detail``, only
+    on the collectives that have a process group)."""
     n = len(x)
     cat_v, name_v, pid_v, tid_v, args_v = chrome.columns(
         x, ("cat", "name", "pid", "tid", "args"))
     out: dict[str, Any] = {"n": n, "ts": chrome.number_column(x, "ts", strict=True),
                            "dur": chrome.number_column(x, "dur", strict=True)}
-    args_v = [a if a is not None else _NO_ARGS for a in args_v]
-    corr_v, dims_v = chrome.columns(args_v, ("correlation", "input_dims"))
+    if None in args_v:  # (a scan in C; Kineto writes args on every complete event)
+        args_v = [a if a is not None else _NO_ARGS for a in args_v]
+    corr_v = list(map(_CORRELATION, args_v))
     out["device"] = chrome.number_column(args_v, "device")
     out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
-    out["name"] = chrome.strings(name_v)
+    out["name"] = chrome.string_codes(name_v)
     del name_v
     out["comm"], out["collective"], group = _comm_args(out["name"], args_v)
+    if detail:
+        dims_v = list(map(_INPUT_DIMS, args_v))
+    else:  # the collectives' alone, for their group's text
+        dims_v = [None] * n
+        if group is not None:
+            for i in np.flatnonzero(group != None).tolist():  # noqa: E711 (element-wise)
+                dims_v[i] = args_v[i].input_dims
     del args_v
-    out["cat"] = chrome.strings(cat_v)
+    out["cat"] = chrome.string_codes(cat_v)
     out["pid"] = chrome.numbers(pid_v)
     out["tid"] = chrome.integers(tid_v)
     tid_f = chrome.numbers(tid_v)
@@ -529,16 +548,14 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _join_strings(parts: list[pd.Categorical]) -> pd.Categorical:
-    """One Categorical of the chunks' columns, as :func:`chrome.strings` makes it of the
-    whole column: the sorted union of their categories, each chunk's codes mapped into it
-    (once per category, not per event)."""
-    if len(parts) == 1:
-        return parts[0]
-    cats = sorted(set().union(*(p.categories for p in parts)))
+def _join_strings(parts: list[tuple[np.ndarray, list[str]]]) -> pd.Categorical:
+    """One Categorical of the chunks' columns (:func:`chrome.string_codes`), as
+    :func:`chrome.strings` makes it of the whole column: the sorted union of their text,
+    each chunk's codes mapped into it (once per distinct value, not per event)."""
+    cats = sorted(set().union(*(text for _, text in parts)))
     pos = {t: i for i, t in enumerate(cats)}
-    codes = np.concatenate([np.array([pos[t] for t in p.categories], np.int64)[p.codes]
-                            for p in parts])
+    codes = np.concatenate([np.array([pos[t] for t in text], np.int64)[c] if len(c)
+                            else np.zeros(0, np.int64) for c, text in parts])
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
@@ -584,21 +601,23 @@ def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return out, nbytes
 
 
-def _comm_args(names: pd.Categorical,
+def _comm_args(names: tuple[np.ndarray, list[str]],
                args: list[Args]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per event, for communication events (NaN / None for every other one): the payload
     (the larger of the in and out messages' elements x dtype size, else the largest input
     tensor's: nccl-tests' message size, all-gather's gathered and reduce-scatter's scattered
     buffer), the collective its args
-    name (Kineto's ``Collective name``, mapped by ``maps/collectives.csv``: the op of a
-    ``record_param_comms``) and its process group as ``detail`` text (``pg=NAME size=N``,
-    None without one). The name test runs once per distinct name."""
-    n = len(names)
+    name (Kineto's ``Collective name`` as written: :func:`_collective_ops` maps the whole
+    column once) and its process group as ``detail`` text (``pg=NAME size=N``,
+    None without one). ``names``: the events' (codes, distinct names); the name test runs
+    once per distinct name."""
+    codes, text = names
+    n = len(codes)
     out = np.full(n, np.nan)
     collective = np.full(n, None, dtype=object)
     group = np.full(n, None, dtype=object)
-    is_comm_name = np.array([bool(_COMM_NAME.match(n)) for n in names.categories], bool)
-    idx = np.flatnonzero(is_comm_name[names.codes]) if len(is_comm_name) else []
+    is_comm_name = np.fromiter(map(_is_comm_name, text), bool, len(text))
+    idx = np.flatnonzero(is_comm_name[codes]).tolist() if len(is_comm_name) else []
     for i in idx:
         a = args[i]
         collective[i] = a.collective if isinstance(a.collective, str) else None
@@ -614,12 +633,24 @@ def _comm_args(names: pd.Categorical,
             t[0], str) else None
         if first is not None:
             out[i] = numel * first
-    if len(idx) and any(c is not None for c in collective[idx]):
-        has = np.flatnonzero(collective != None)  # noqa: E711 (element-wise)
-        cls = mapping_table("collectives").classify(collective[has])
-        collective[has] = cls["op"].reindex(collective[has]).to_numpy(object)
     has_group = any(g is not None for g in group[idx]) if len(idx) else False
     return out, collective, group if has_group else None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _is_comm_name(name: str) -> bool:
+    """Whether an event of this name may be a collective (matched once per distinct name)."""
+    return bool(_COMM_NAME.match(name))
+
+
+def _collective_ops(collective: np.ndarray) -> np.ndarray:
+    """The ``Collective name`` column mapped by ``maps/collectives.csv`` (the op of a
+    ``record_param_comms``), in place: one classification of the whole column."""
+    has = np.flatnonzero(collective != None)  # noqa: E711 (element-wise)
+    if len(has):
+        cls = mapping_table("collectives").classify(collective[has])
+        collective[has] = cls["op"].reindex(collective[has]).to_numpy(object)
+    return collective
 
 
 def _group_text(a: Args) -> str | None:

@@ -53,6 +53,9 @@ def main() -> None:
     """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2; a run
     stopped by a signal is one line and 128 + the signal's number."""
     raise_on_signals()
+    from opprof.gunzip import prefetch_argv
+
+    prefetch_argv(sys.argv[1:])  # inflates a report's trace while the imports run
     _main()
 
 

@@ -149,7 +149,7 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
         return [], Outcome(skipped=True)  # a sidecar JSON in a folder, as normalize skips
     declared = kineto.declared_rank(doc, -1)  # -1: the file does not say
     rank = (declared if declared >= 0 else task.index) if task.rank is None else task.rank
-    trace, info = kineto.rank_trace(path, doc, rank, task.meta)
+    trace, info = kineto.rank_trace(path, doc, rank, task.meta, detail)
     del doc
     if task.memory:  # only this rank's own file: no rank is made for another process
         trace = sampled.attach(trace, [Path(m) for m in task.memory], new_ranks=False)

@@ -14,16 +14,18 @@ have opprof installed at the same version.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opprof.errors import OpprofError, first_line
+
+if TYPE_CHECKING:  # imported when a pool starts: a serial report never needs it
+    import multiprocessing.context
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 JOBS_ENV = "OPPROF_JOBS"
@@ -98,6 +100,8 @@ def run_ordered(engine: Engine, fn: Callable[[T], R], tasks: Iterable[T]) -> Ite
 def _context() -> multiprocessing.context.BaseContext:
     """forkserver where there is one (workers start from a clean, preloaded process; plain
     fork would copy this process's threads and memory), else spawn."""
+    import multiprocessing
+
     try:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["opprof.job", "opprof.analysis.report",
