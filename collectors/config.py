@@ -204,10 +204,10 @@ class Protocol:
 @dataclass(frozen=True)
 class Fault:
     """Test-only: make one process fail when it reaches a stage (``setup``, ``warmup``,
-    ``timing``, ``profile``, ``write``): ``exit`` (code 3), ``hang``, ``kill`` (SIGKILL),
-    ``stop`` (SIGSTOP) or ``fsize`` (killed by the kernel half-way through writing its trace;
-    see :func:`.runner.fault_point`). ``who`` is a process label: ``rank 1``, ``worker 1``,
-    ``server 0``, ``scheduler``."""
+    ``timing``, ``profile``, ``write``): ``exit`` (code 3), ``hang``, ``pause`` (30 s, then
+    go on), ``kill`` (SIGKILL), ``stop`` (SIGSTOP) or ``fsize`` (killed by the kernel
+    half-way through writing its trace; see :func:`.runner.fault_point`). ``who`` is a
+    process label: ``rank 1``, ``worker 1``, ``server 0``, ``scheduler``."""
 
     who: str
     at: str = "warmup"

@@ -138,7 +138,9 @@ def _env_identity() -> tuple[Role, int | None, str]:
 
 
 #: Test-only: what a fault does to the process it names (:func:`fault_point`).
-FAULT_ACTIONS = ("exit", "hang", "kill", "stop", "fsize")
+FAULT_ACTIONS = ("exit", "hang", "pause", "kill", "stop", "fsize")
+#: How long the ``pause`` fault sleeps before the process goes on.
+FAULT_PAUSE_S = 30.0  # under the supervisor's HANG_MIN_S: a pause is no hang
 #: The file size limit of the ``fsize`` fault: the next trace written is cut at this size.
 FAULT_FSIZE = 64 * 1024
 
@@ -146,7 +148,8 @@ FAULT_FSIZE = 64 * 1024
 def fault_point(label: str, stage: str) -> None:
     """Test-only: fail here if ``$OPPROF_TEST_FAULT`` names this process (``{"who": "rank 1",
     "at": "warmup", "action": ...}``) and this stage: ``exit`` (code 3), ``hang`` (sleep
-    forever), ``kill`` (a real SIGKILL to itself), ``stop`` (a real SIGSTOP: frozen), or
+    forever), ``pause`` (sleep FAULT_PAUSE_S seconds, then go on: a window a test can act
+    in), ``kill`` (a real SIGKILL to itself), ``stop`` (a real SIGSTOP: frozen), or
     ``fsize`` (a file size limit of FAULT_FSIZE bytes, so that the kernel kills the process
     with SIGXFSZ in the middle of writing its trace, leaving it half-written)."""
     spec = os.environ.get(FAULT_ENV)
@@ -159,6 +162,9 @@ def fault_point(label: str, stage: str) -> None:
     if action == "hang":
         while True:
             time.sleep(3600)
+    if action == "pause":
+        time.sleep(FAULT_PAUSE_S)
+        return
     if action in ("kill", "stop"):
         os.kill(os.getpid(), signal.SIGKILL if action == "kill" else signal.SIGSTOP)
         return

@@ -15,7 +15,8 @@ import pytest
 if importlib.util.find_spec("mxnet") is None:
     pytest.skip("needs mxnet", allow_module_level=True)
 
-from opprof.collectors import RecordConfig, channel, record, supervisor  # noqa: E402
+from opprof.collectors import Fault, RecordConfig, channel, record, supervisor  # noqa: E402
+from opprof.collectors.runner import FAULT_PAUSE_S  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
 
 
@@ -39,9 +40,11 @@ def job_processes(workdir: Path) -> list[tuple[int, str]]:
     return out
 
 
-def run_in_thread(workdir: Path, timeout_s: float) -> tuple[threading.Thread, dict]:
+def run_in_thread(workdir: Path, timeout_s: float,
+                  fault: Fault | None = None) -> tuple[threading.Thread, dict]:
     config = RecordConfig(fw="mxnet", model="lenet5", batch_size=8, steps=2, warmup=1,
-                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=timeout_s)
+                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=timeout_s,
+                          fault=fault)
     out: dict = {}
 
     def run() -> None:
@@ -81,12 +84,17 @@ def test_a_dead_worker_ends_the_job_at_once(tmp_path: Path) -> None:
 
 def test_a_frozen_scheduler_is_named_before_the_time_limit(tmp_path: Path) -> None:
     limit_s = 120.0
-    thread, out = run_in_thread(tmp_path, timeout_s=limit_s)
-    # Freeze the scheduler once a worker has started its profile: the workers then wait for it
-    # (at the latest at the job's final barrier); the supervisor names it once it has been
-    # stopped (state T) for STOPPED_S seconds, well before the run's time limit, and says what
-    # was recorded. The "profile" progress entry stays once set, so a slow poll cannot miss it
-    # (a test that waited for one particular step raced the step itself on a fast machine).
+    # Worker 1 pauses FAULT_PAUSE_S seconds after its first profiled step, so the job cannot
+    # end before the test acts, however fast or loaded the machine (freezing the scheduler
+    # right after a progress report raced the end of a short job). Once a worker has started
+    # its profile the scheduler is frozen: the workers then wait for it (at the latest at the
+    # job's final barrier); the supervisor names it once it has been stopped (state T) for
+    # STOPPED_S seconds, well before the run's time limit and before the pause ends, and says
+    # what was recorded. The "profile" progress entry stays once set (no poll can miss it).
+    assert supervisor.STOPPED_S + 10 < FAULT_PAUSE_S < supervisor.HANG_MIN_S
+    thread, out = run_in_thread(tmp_path, timeout_s=limit_s,
+                                fault=Fault("worker 1", "profile", "pause"))
+
     def profiling() -> bool:
         return any("profile" in s.extra.get("progress", {}) for s in channel.read_all(tmp_path))
 
