@@ -41,6 +41,7 @@ from opprof.collectors.config import (
 from opprof.collectors.jobs import Recording, check, record
 from opprof.collectors.supervisor import Progress, no_progress
 from opprof.errors import OpprofError
+from opprof.kinds import framework_info
 
 __all__ = ["FRAMEWORKS", "MODELS", "MODES", "Device", "Fault", "Framework", "Mode", "Progress",
            "Protocol", "RecordConfig", "Recording", "Rendezvous", "Role", "adapter", "check",
@@ -55,4 +56,4 @@ def adapter(fw: str | Framework) -> ModuleType:
         raise OpprofError(
             f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}") from None
     require_installed(fw)
-    return importlib.import_module(f"opprof.collectors.{fw}")
+    return importlib.import_module(framework_info(fw).adapter)

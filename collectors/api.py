@@ -32,8 +32,8 @@ from opprof.collectors import channel, inject
 from opprof.collectors.config import Framework, Protocol
 from opprof.collectors.runner import Runner
 from opprof.errors import OpprofError, first_line
+from opprof.kinds import FRAMEWORK_INFO
 
-_MODULES = {Framework.TORCH: "torch", Framework.TF: "tensorflow", Framework.MXNET: "mxnet"}
 MERGE_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' traces
 
 
@@ -118,7 +118,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
 def _framework(fw: str) -> Framework:
     if fw != "auto":
         return Framework(fw)
-    loaded = [f for f, module in _MODULES.items() if module in sys.modules]
+    loaded = [f for f, info in FRAMEWORK_INFO.items() if info.module in sys.modules]
     if len(loaded) != 1:
         raise OpprofError(
             "opprof.profile(): import the framework you train with first" if not loaded else

@@ -33,7 +33,6 @@ from typing import Any
 
 from opprof.collectors import channel
 from opprof.collectors.config import (
-    SUPPORTED_MODES,
     Device,
     Facts,
     Framework,
@@ -58,6 +57,7 @@ from opprof.collectors.supervisor import (
     no_progress,
 )
 from opprof.errors import Interrupted, OpprofError
+from opprof.kinds import framework_info
 
 CONFIG_FILE = "record.config"
 
@@ -89,7 +89,7 @@ def check(config: RecordConfig) -> None:
     """Reject, with one clear line, what cannot be recorded — before anything starts."""
     fw, mode = config.fw, config.mode
     canonical_name(config.model)
-    if mode not in SUPPORTED_MODES[fw]:
+    if mode not in framework_info(fw).modes:
         raise OpprofError({
             Framework.TORCH: f"torch has no --mode {mode} (no parameter-server mode: torch's "
                              "own distributed training is DistributedDataParallel or sharded)"

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
+from opprof.kinds import Role
 
 BASE_OPS = (
     "convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss",
@@ -75,7 +76,7 @@ MEMORY_SERIES = ("rss", "hwm", "allocated", "reserved")
 MEMORY_SOURCES = ("sampled", "kineto", "xprof", "mxnet", "nsys")
 #: The kinds that run on a device (GPU kernels and copies), not a host thread.
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
-ROLES = ("worker", "server", "scheduler")
+ROLES = Role.values()
 
 
 @dataclass(frozen=True)

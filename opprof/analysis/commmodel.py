@@ -36,25 +36,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from opprof import kinds
 from opprof.errors import OpprofError
+from opprof.kinds import Collective
 
-COLLECTIVES = ("allreduce", "ps", "fsdp")
+COLLECTIVES = Collective.values()
 FORMAT = 1
 #: The network assumed when neither a calibration nor the trace's own collectives give one:
 #: a 10 Gb/s Ethernet link (1.25 GB/s) with TCP latency of 25 µs.
 ASSUMED = {"alpha_ns": 25_000.0, "beta_ns_per_byte": 0.8, "name": "10 Gb/s Ethernet (assumed)"}
 
 
-def collective_of(mode: str) -> str:
-    """The collective a distributed mode uses: ``allreduce`` or ``ps``."""
-    if mode == "allreduce":
-        return "allreduce"
-    if mode in ("ps-sync", "ps-async"):
-        return "ps"
-    if mode == "fsdp":
-        return "fsdp"
-    if mode == "zero":  # DDP's all-reduce of the gradients; the update on the shard
-        return "allreduce"
+def collective_of(mode: str) -> Collective:
+    """The collective a distributed mode uses (:func:`opprof.kinds.collective_of`): ``allreduce``
+    (zero: DDP's all-reduce of the gradients; the update on the shard), ``ps`` or ``fsdp``."""
+    collective = kinds.collective_of(mode)
+    if collective is not None:
+        return collective
     raise OpprofError(f"mode {mode!r} has no collective model; choose allreduce, fsdp, zero, "
                       "ps-sync or ps-async")
 
@@ -63,12 +61,12 @@ def design(nbytes: np.ndarray, collective: str, workers: int,
            servers: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """The (α, β) coefficients of the cost equation for each message size."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
-    if collective == "allreduce":
+    if collective == Collective.ALLREDUCE:
         return (np.full_like(nbytes, 2.0 * (workers - 1)),
                 2.0 * (workers - 1) / max(workers, 1) * nbytes)
-    if collective == "ps":
+    if collective == Collective.PS:
         return np.full_like(nbytes, 2.0), 2.0 * max(1.0, workers / max(servers, 1)) * nbytes
-    if collective == "fsdp":
+    if collective == Collective.FSDP:
         return (np.full_like(nbytes, float(workers - 1)),
                 (workers - 1) / max(workers, 1) * nbytes)
     raise OpprofError(f"unknown collective {collective!r}; choose {', '.join(COLLECTIVES)}")
@@ -98,7 +96,7 @@ class Network:
     def cost_ns(self, nbytes: float | np.ndarray, workers: int,
                 servers: int = 1) -> np.ndarray:
         """Predicted time of one collective of ``nbytes`` among ``workers`` (and ``servers``)."""
-        if self.collective in ("allreduce", "fsdp") and workers <= 1:
+        if self.collective in (Collective.ALLREDUCE, Collective.FSDP) and workers <= 1:
             return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
         a, b = design(np.asarray(nbytes), self.collective, workers, servers)
         return a * self.alpha_ns + b * self.beta_ns_per_byte
@@ -114,7 +112,7 @@ class Network:
             else self.alpha_ns
         beta = float(rs.get("beta_ns_per_byte", self.beta_ns_per_byte)) \
             if kind == "reduce_scatter" else self.beta_ns_per_byte
-        a, b = design(np.array([float(nbytes)]), "fsdp", workers)
+        a, b = design(np.array([float(nbytes)]), Collective.FSDP, workers)
         return float(a[0] * alpha + b[0] * beta)
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,7 +183,7 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
     s = samples[(samples["bytes"] > 0) & (samples["ns"] > 0)]
     if s.empty:
         raise OpprofError("no collective with a known size and duration to fit α and β to")
-    if collective in ("allreduce", "fsdp") and workers < 2:
+    if collective in (Collective.ALLREDUCE, Collective.FSDP) and workers < 2:
         raise OpprofError("a collective among one worker moves nothing; α and β need at least "
                           "two workers")
     g = s.groupby("bytes")["ns"]
@@ -208,7 +206,7 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
                     "predicted_ns": float(p)} for r, p in zip(pts.itertuples(), pred,
                                                                strict=True)]
     return Network(collective, float(alpha), float(beta), workers=workers,
-                   servers=servers if collective == "ps" else 0, samples=samples_out,
+                   servers=servers if collective == Collective.PS else 0, samples=samples_out,
                    fit=fit_info, **fields)
 
 

@@ -22,6 +22,7 @@ from opprof.analysis.noise import NOISE_SPREAD, assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
+from opprof.kinds import DONE, Mode, RunStatus
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
 
@@ -41,7 +42,7 @@ class Run:
     model: str
     workers: int
     mode: str
-    status: str = "planned"  # ok / resumed / failed / skipped / interrupted / not run
+    status: str = RunStatus.PLANNED
     reason: str = ""
     wall_s: float | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -167,7 +168,7 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)
     single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
-              if r.mode == "single" and r.summary.get("samples_per_s")}
+              if r.mode == Mode.SINGLE and r.summary.get("samples_per_s")}
     for i, r in enumerate(runs):
         one, n_thr = single.get((r.fw, r.model)), r.summary.get("samples_per_s")
         if one and n_thr:
@@ -216,7 +217,7 @@ def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
     count: per canonical op (host time per rank-step), slower / faster; the largest first."""
     cols = ["model", "batch_size", "workers", "op", "slower", "faster", "slower_ns_per_step",
             "faster_ns_per_step", "ratio"]
-    done = [r for r in runs if r.status in ("ok", "resumed") and r.summary]
+    done = [r for r in runs if r.status in DONE and r.summary]
     out = []
     for a, b in itertools.combinations(done, 2):
         if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \

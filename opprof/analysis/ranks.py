@@ -52,12 +52,13 @@ import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, comm_overlap_ratio, container, step_breakdown
 from opprof.intervals import Sweep
+from opprof.kinds import Mode
 from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
 BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
-ASYNC_MODES = ("ps-async",)
+ASYNC_MODES = (Mode.PS_ASYNC,)
 RANK_COLUMNS = ["rank", "steps", "dur_ns", *PHASES, "own_ns", "collectives", "comm_ns",
                 "wait_ns", "transfer_ns", "wait_share", "overlap_ns", "overlap", "bytes",
                 "bandwidth_Bps"]

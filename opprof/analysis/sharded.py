@@ -50,6 +50,7 @@ import pandas as pd
 from opprof.analysis.commmodel import Network, fit
 from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
 from opprof.errors import OpprofError
+from opprof.kinds import Collective
 from opprof.trace import Trace
 
 KINDS = ("all_gather", "reduce_scatter")
@@ -240,10 +241,10 @@ def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | N
     rs = samples[samples["kind"] == "reduce_scatter"]
     if ag.empty and rs.empty:
         raise OpprofError("no all-gather or reduce-scatter with a size and a time to fit")
-    main = fit(ag if len(ag) else rs, "fsdp", workers, **fields)  # type: ignore[arg-type]
+    main = fit(ag if len(ag) else rs, Collective.FSDP, workers, **fields)  # type: ignore[arg-type]
     info = dict(main.info)
     if len(rs) and len(ag):
-        other = fit(rs, "fsdp", workers)
+        other = fit(rs, Collective.FSDP, workers)
         info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
                                   "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit}
     if copy_ns_per_byte is not None:

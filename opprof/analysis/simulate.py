@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from opprof.kinds import Collective, Framework
+
 if TYPE_CHECKING:
     from opprof.analysis.sharded import ShardedPlan
 
@@ -86,15 +88,16 @@ FSDP_BLOCKING = Policy("fsdp-blocking", False, 0, 0, False,
                        "the update on the shard")
 
 #: (framework, collective) → its policy; other combinations use GENERIC.
-POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): MWMS,
-            ("mxnet", "ps"): KVSTORE, ("tf", "ps"): KVSTORE}
-GENERIC = {"allreduce": DDP, "ps": KVSTORE, "fsdp": FSDP_BLOCKING}
+POLICIES = {(Framework.TORCH, Collective.ALLREDUCE): DDP,
+            (Framework.TF, Collective.ALLREDUCE): MWMS,
+            (Framework.MXNET, Collective.PS): KVSTORE, (Framework.TF, Collective.PS): KVSTORE}
+GENERIC = {Collective.ALLREDUCE: DDP, Collective.PS: KVSTORE, Collective.FSDP: FSDP_BLOCKING}
 
 
 def policy_for(framework: str, collective: str, device: str = "cpu") -> Policy:
     """The pipeline policy of a framework's collective (a generic one where it has none);
     FSDP prefetches beside compute on GPUs and blocks on CPU (gloo)."""
-    if collective == "fsdp":
+    if collective == Collective.FSDP:
         return FSDP_PREFETCH if str(device).startswith("cuda") else FSDP_BLOCKING
     return POLICIES.get((framework, collective), GENERIC[collective])
 

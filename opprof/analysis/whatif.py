@@ -47,7 +47,6 @@ from opprof.analysis.critpath import COMM as COMM_PART
 from opprof.analysis.critpath import Graph, graph_of, replay
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import (
-    DEFAULT_MODE,
     Baseline,
     baseline,
     calibrated,
@@ -57,6 +56,7 @@ from opprof.analysis.predict import (
 )
 from opprof.analysis.simulate import simulate
 from opprof.errors import OpprofError
+from opprof.kinds import Collective, Mode, default_mode
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
@@ -211,15 +211,16 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
         comm_scale *= float(comm)
     m = base.workers
     n = workers or m
-    base_mode = base.mode if base.collective else "single"
+    base_mode = base.mode if base.collective else Mode.SINGLE
     if mode is None:
         mode = base.mode if base.collective else (
-            DEFAULT_MODE.get(base.framework, "allreduce") if n > 1 else "single")
-    collective = collective_of(mode) if mode != "single" else (base.collective or "allreduce")
+            default_mode(base.framework) if n > 1 else Mode.SINGLE)
+    collective = collective_of(mode) if mode != Mode.SINGLE else (
+        base.collective or Collective.ALLREDUCE)
     if base.collective is not None and base.collective != collective:
         raise OpprofError(f"{base.label or 'the trace'} ran {base.mode}; a what-if keeps its "
                           "mode (model another mode from a 1-worker trace)")
-    s = servers or (base.servers if base.collective == "ps" else 1) or 1
+    s = servers or (base.servers if base.collective == Collective.PS else 1) or 1
     net, note = network_for(base, collective, network, s)
     # compute slowed beside collectives, re-timed with them (not when comm is hidden: that
     # what-if removes exactly the exposed communication)
@@ -227,7 +228,7 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     s0, s1 = (0.0, 0.0) if hidden else (i0.slowdown, i1.slowdown)
     p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
                  interference=s0, comm_interference=0.0 if hidden else i0.comm_slowdown)
-    p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
+    p1, _ = plan(base, n, mode if n > 1 else Mode.SINGLE, s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
                  io_hidden=io_hidden, straggler=True, interference=s1,
                  comm_interference=0.0 if hidden else i1.comm_slowdown)
@@ -246,7 +247,7 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
         engine = "graph"
     talks = n > 1
     return WhatIf(base.label, base.step_ns, step, dict(base.phases), phases, [], n,
-                  mode if talks else "single", note if talks or base.collective else "",
+                  mode if talks else Mode.SINGLE, note if talks or base.collective else "",
                   engine=engine)
 
 

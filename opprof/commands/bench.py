@@ -37,17 +37,17 @@ import pandas as pd
 from opprof.analysis.commmodel import Network
 from opprof.analysis.matrix import Run, combine_repeats, compare, prediction, summarize
 from opprof.collectors import FRAMEWORKS, MODELS, MODES, RecordConfig
-from opprof.collectors.config import REQUIRES, SUPPORTED_MODES, Framework
 from opprof.collectors.supervisor import Supervisor
 from opprof.commands.model import read_network
 from opprof.errors import Interrupted, OpprofError, raise_on_signals, signal_name
 from opprof.files import write_atomic
+from opprof.kinds import DONE, FRAMEWORK_INFO, Mode, RunStatus, framework_info
 from opprof.render.console import bench_tables, render
 from opprof.render.mdfmt import md_table
 from opprof.trace import TraceFile, read_parquet
 
 #: Modes per framework.
-KNOWN_MODES = {fw.value: tuple(m.value for m in modes) for fw, modes in SUPPORTED_MODES.items()}
+KNOWN_MODES = {fw.value: tuple(m.value for m in info.modes) for fw, info in FRAMEWORK_INFO.items()}
 PROBE_TIMEOUT_S = 300
 RUN_MARGIN_S = 180  # start-up and normalization on top of the recording's own --timeout
 
@@ -80,7 +80,7 @@ def _csv(kind: str, choices: tuple[str, ...] | None = None):
 @click.option("--workers", "workers", default="1", show_default=True, callback=_csv("int"),
               help="Worker counts, comma-separated (1 = single mode).")
 @click.option("--mode", "modes", default="allreduce,ps-sync,ps-async", show_default=True,
-              callback=_csv("str", tuple(m for m in MODES if m != "single")),
+              callback=_csv("str", tuple(m for m in MODES if m != Mode.SINGLE)),
               help="Distributed modes for worker counts above 1, comma-separated.")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
@@ -134,28 +134,28 @@ def command(fws: list[str], models: list[str], workers: list[int], modes: list[s
     net = read_network(network)  # a bad file fails before anything is recorded
 
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:
-        return KNOWN_MODES.get(fw, ("single",)), ""
+        return KNOWN_MODES.get(fw, (Mode.SINGLE.value,)), ""
 
     # Import each framework's collector (in a subprocess, seconds) only where there is
     # something to record: a resumed matrix that is complete needs none.
     guess = plan(fws, models, workers, modes, {fw: known(fw) for fw in fws})
-    kept = {(r.name, k) for r in guess if resume and r.status == "planned"
+    kept = {(r.name, k) for r in guess if resume and r.status == RunStatus.PLANNED
             for k in range(1, repeat + 1) if _loadable(trace_path(output, r, k, repeat))}
-    needed = {r.fw for r in guess if r.status == "planned"
+    needed = {r.fw for r in guess if r.status == RunStatus.PLANNED
               and any((r.name, k) not in kept for k in range(1, repeat + 1))}
     runs = plan(fws, models, workers, modes,
                 {fw: probe(fw) if fw in needed else known(fw) for fw in fws})
-    todo = [r for r in runs if r.status == "planned"]
+    todo = [r for r in runs if r.status == RunStatus.PLANNED]
     try:
         for i, run in enumerate(todo, 1):
             _record_cell(run, f"[{i}/{len(todo)}]", base, output, repeat, kept)
     except Interrupted as exc:
         for run in todo:
-            if run.status == "planned":
-                run.status, run.reason = "not run", f"bench interrupted by {exc.name}"
+            if run.status == RunStatus.PLANNED:
+                run.status, run.reason = RunStatus.NOT_RUN, f"bench interrupted by {exc.name}"
         _finish(runs, base, output, repeat, top, net, quiet=True)
-        cut = next((r for r in todo if r.status == "interrupted"), None)
-        done = sum(r.status in ("ok", "resumed") for r in todo)
+        cut = next((r for r in todo if r.status == RunStatus.INTERRUPTED), None)
+        done = sum(r.status in DONE for r in todo)
         raise Interrupted(exc.sig, (
             f"bench: interrupted by {exc.name}"
             + (f" while recording {cut.fw} {cut.model} x{cut.workers} {cut.mode} (marked "
@@ -174,7 +174,7 @@ def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: 
         path = trace_path(output, run, k, repeat)
         tag = f"{head}" + (f" (repeat {k}/{repeat})" if repeat > 1 else "")
         if (run.name, k) in kept:
-            statuses.append("resumed")
+            statuses.append(RunStatus.RESUMED)
             click.echo(f"{tag}: kept {path}", err=True)
             continue
         click.echo(f"{tag}: recording …", err=True)
@@ -183,11 +183,11 @@ def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: 
         statuses.append(status)
         click.echo(f"{tag}: {status} in {took:.1f} s" + (f" — {reason}" if reason else ""),
                    err=True)
-        if status != "ok":
+        if status != RunStatus.OK:
             reasons.append(reason if repeat == 1 else f"repeat {k}: {reason}")
     run.wall_s = wall
-    run.status = ("failed" if "failed" in statuses else
-                  "resumed" if all(s == "resumed" for s in statuses) else "ok")
+    run.status = (RunStatus.FAILED if RunStatus.FAILED in statuses else RunStatus.RESUMED
+                  if all(s == RunStatus.RESUMED for s in statuses) else RunStatus.OK)
     run.reason = "; ".join(reasons)
 
 
@@ -195,13 +195,13 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
             network: Network | None = None, quiet: bool = False) -> None:
     """Summarize the recorded runs, write bench.md/.csv/.json, print the tables."""
     for run in runs:
-        if run.status in ("ok", "resumed"):
+        if run.status in DONE:
             try:
                 run.summary = combine_repeats([
                     summarize(read_parquet(trace_path(output, run, k, repeat)))
                     for k in range(1, repeat + 1)])
             except OpprofError as exc:
-                run.status, run.reason = "failed", str(exc)
+                run.status, run.reason = RunStatus.FAILED, str(exc)
     add_predictions(runs, output, network, repeat)
     table, ratios = compare(runs, top)
     config = {k: v for k, v in asdict(base).items()
@@ -209,7 +209,7 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
     config["repeat"] = repeat
     write_outputs(output, runs, table, ratios, config)
     click.echo(render(*bench_tables(table, ratios), width=150).rstrip("\n"))
-    traces = sum(r.status in ("ok", "resumed") for r in runs) * repeat
+    traces = sum(r.status in DONE for r in runs) * repeat
     if not quiet:
         visual = write_visuals(output)
         click.echo(f"wrote {output}/bench.md, bench.csv, bench.json{visual} and {traces} "
@@ -255,11 +255,10 @@ def add_predictions(runs: list[Run], folder: Path, network: Network | None,
     def trace_of(r: Run) -> Path:
         return trace_path(folder, r, int(r.summary.get("median_repeat") or 1), repeat)
 
-    done = ("ok", "resumed")
-    singles = {(r.fw, r.model): r for r in runs if r.mode == "single" and r.status in done}
+    singles = {(r.fw, r.model): r for r in runs if r.mode == Mode.SINGLE and r.status in DONE}
     for r in runs:
         one = singles.get((r.fw, r.model))
-        if r.workers < 2 or r.status not in done or one is None:
+        if r.workers < 2 or r.status not in DONE or one is None:
             continue
         try:
             r.summary["prediction"] = prediction(read_parquet(trace_of(one)),
@@ -271,14 +270,13 @@ def add_predictions(runs: list[Run], folder: Path, network: Network | None,
 def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
     """(modes the framework's collector records, why not when None): the framework is
     imported in a subprocess, so a broken framework install cannot crash the bench."""
-    missing = [m for m in REQUIRES[Framework(fw)] if importlib.util.find_spec(m) is None]
+    info = framework_info(fw)
+    missing = [m for m in info.requires if importlib.util.find_spec(m) is None]
     if missing:
         return None, f"--fw {fw} needs {', '.join(missing)}, which is not installed"
-    name = REQUIRES[Framework(fw)][0]
-    code = {"torch": "import torch", "tf": "import tensorflow, xprof",
-            "mxnet": "from opprof.collectors.mxnet import import_mxnet; import_mxnet()"}[fw]
+    name = info.requires[0]
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-c", info.probe], capture_output=True, text=True,
                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None, f"importing {name} took over {PROBE_TIMEOUT_S} s"
@@ -294,12 +292,12 @@ def plan(fws: list[str], models: list[str], workers: list[int], modes: list[str]
     runs: list[Run] = []
     for fw, model, n in itertools.product(fws, models, workers):
         supported, why = support[fw]
-        for mode in (["single"] if n == 1 else modes):
+        for mode in ([Mode.SINGLE.value] if n == 1 else modes):
             run = Run(fw, model, n, mode)
             if supported is None:
-                run.status, run.reason = "skipped", why
+                run.status, run.reason = RunStatus.SKIPPED, why
             elif mode not in supported:
-                run.status = "skipped"
+                run.status = RunStatus.SKIPPED
                 run.reason = (f"{fw} has no {mode} mode (it records "
                               f"{', '.join(m for m in supported)})")
             runs.append(run)
@@ -328,19 +326,19 @@ def execute(run: Run, base: RecordConfig, folder: Path, k: int = 1,
             sup.wait(fail_fast=False)
             code = child.code
         except Interrupted:
-            run.status = "interrupted"
+            run.status = RunStatus.INTERRUPTED
             run.reason = f"interrupted (log: {log})"
             raise
         except OpprofError:  # past the time limit: the supervisor stopped it
             code = None
     took = time.monotonic() - t0
     if code == 0 and _loadable(trace):
-        return "ok", "", took
+        return RunStatus.OK, "", took
     if code is None:
-        return "failed", f"no result within {limit:g} s; stopped", took
+        return RunStatus.FAILED, f"no result within {limit:g} s; stopped", took
     text = log.read_text(errors="replace")
     how = f"killed by {signal_name(-code)}" if code < 0 else f"exit {code}"
-    return "failed", f"{_error_line(text) or how} (log: {log})", took
+    return RunStatus.FAILED, f"{_error_line(text) or how} (log: {log})", took
 
 
 def _loadable(path: Path) -> bool:

@@ -18,6 +18,7 @@ from opprof.analysis.sharded import fit_network
 from opprof.commands import echo_output, format_option
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
+from opprof.kinds import FRAMEWORKS, Collective, Framework, Mode, framework_info
 from opprof.render import renderer
 
 SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -45,13 +46,14 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 @click.command("calibrate")
-@click.option("--fw", type=click.Choice(["torch", "tf", "mxnet"]), required=True,
+@click.option("--fw", type=click.Choice(FRAMEWORKS), required=True,
               help="Whose collective: torch (gloo all_reduce), tf (CollectiveReduce, ring), "
                    "mxnet (kvstore push/pull).")
 @click.option("--workers", type=click.IntRange(min=1), required=True)
 @click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Parameter servers (mxnet).")
-@click.option("--mode", type=click.Choice(["allreduce", "fsdp"]), default="allreduce",
+@click.option("--mode", type=click.Choice([Mode.ALLREDUCE.value, Mode.FSDP.value]),
+              default=Mode.ALLREDUCE.value,
               show_default=True,
               help="fsdp (torch): FSDP's all-gather and reduce-scatter (each its own α–β) and "
                    "its copy, instead of DDP's all-reduce.")
@@ -81,43 +83,43 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
     """
     from opprof.collectors import netbench
 
-    if mode == "fsdp" and fw != "torch":
+    if mode == Mode.FSDP and fw != Framework.TORCH:
         raise OpprofError(f"--mode fsdp: FSDP is PyTorch's; use --fw torch (not {fw})")
     job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=sizes, repeat=repeat,
                        threads=threads, timeout_s=timeout_s,
-                       extra={"mode": mode} if mode == "fsdp" else {})
+                       extra={"mode": str(mode)} if mode == Mode.FSDP else {})
     workdir = Path(tempfile.mkdtemp(prefix="opprof-calibrate-"))
-    status = (f"calibrating {fw} {netbench.BACKEND[fw]} on {workers} worker(s): "
+    info = framework_info(fw)
+    status = (f"calibrating {fw} {info.backend} on {workers} worker(s): "
               f"{len(sizes)} sizes × {repeat}")
     with Console(stderr=True).status(status):
         samples = netbench.run(job, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     df = pd.DataFrame(samples)
-    info = {"host": socket.gethostname(),
-            "threads": threads or netbench.default_threads(fw, workers, servers),
-            "repeat": repeat}
-    if mode == "fsdp":
-        net = fsdp_network(df, workers, info)
+    facts = {"host": socket.gethostname(),
+             "threads": threads or netbench.default_threads(fw, workers, servers),
+             "repeat": repeat}
+    if mode == Mode.FSDP:
+        net = fsdp_network(df, workers, facts)
         write_atomic(output, json.dumps(net.to_dict(), indent=2) + "\n")
         echo_output(renderer(fmt).calibration(net), fmt)
         click.echo(f"wrote {output}", err=True)
         return
     if "kind" in df and (df["kind"] == "beside").any():
-        info["interference"], info["comm_interference"] = interference(df)
+        facts["interference"], facts["comm_interference"] = interference(df)
         df = df[~df["kind"].isin(["alone", "beside", "collective_beside"])]
     if "kind" in df:
         pack = df[df["kind"] == "pack"]
         big = pack[pack["bytes"] >= 1 << 20]
         if len(big):  # a copy: time per byte, from the sizes where per-call overhead is small
-            info["pack_ns_per_byte"] = float((big["ns"] / big["bytes"]).median())
+            facts["pack_ns_per_byte"] = float((big["ns"] / big["bytes"]).median())
         df = df[df["kind"] != "pack"]
     # A call's time: the mean over the workers (each timed the same call after a barrier).
     df["call"] = df.groupby(["rank", "bytes"]).cumcount()
     calls = df.groupby(["bytes", "call"], as_index=False)["ns"].mean()
-    net = fit(calls, netbench.COLLECTIVE[fw], workers, servers, source="calibrate",
-              framework=fw, backend=netbench.BACKEND[fw],
-              info=info)
-    if net.collective == "ps":
+    net = fit(calls, info.collective, workers, servers, source="calibrate",
+              framework=fw, backend=info.backend, info=facts)
+    if net.collective == Collective.PS:
         net.servers = servers
     if not net.beta_ns_per_byte and not net.alpha_ns:
         raise OpprofError(f"calibrate {fw}: the fit found neither latency nor bandwidth")

@@ -20,7 +20,6 @@ from opprof.collectors import (
     FRAMEWORKS,
     MODELS,
     MODES,
-    Framework,
     RecordConfig,
     Rendezvous,
     no_progress,
@@ -29,12 +28,12 @@ from opprof.collectors import (
 from opprof.collectors import (
     Progress as ProgressFn,
 )
-from opprof.collectors.config import DEFAULT_MODE
 from opprof.collectors.gpu import require_cuda, require_nsys
 from opprof.collectors.jobs import CONFIG_FILE, Recording
 from opprof.collectors.memory import memory_files
 from opprof.commands import echo_output, format_option, memory_options, top_option
 from opprof.errors import Interrupted, OpprofError
+from opprof.kinds import Mode, framework_info
 from opprof.normalizers import normalize, write_folder_meta
 from opprof.render import renderer
 from opprof.trace import Trace, save
@@ -117,8 +116,8 @@ def command(fw: str, model: str, dataset: str, batch_size: int, steps: int, warm
                           "yet; run your script under `nsys profile -t cuda,nvtx` and "
                           "`opprof import report.nsys-rep`")
     if mode is None:
-        mode = "single" if workers == 1 else DEFAULT_MODE[Framework(fw)].value
-    if workers > 1 and mode == "single":
+        mode = Mode.SINGLE if workers == 1 else framework_info(fw).default_mode
+    if workers > 1 and mode == Mode.SINGLE:
         raise OpprofError("--mode single runs one worker; pick allreduce, fsdp, zero, ps-sync or "
                           "ps-async")
     output = output or Path(f"{model}-{fw}.trace")

@@ -15,6 +15,7 @@ from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
+from opprof.kinds import DONE, Mode, RunStatus
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.taxonomy import PHASES
 
@@ -639,7 +640,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     key = ["fw", "model", "workers", "mode"]
     # samples/s keeps its full width: a `--repeat` range below the median is never cut
     sps_width = max([len(line) for r in table.to_dict("records")
-                     if r["status"] in ("ok", "resumed") and r["samples_per_s"]
+                     if r["status"] in DONE and r["samples_per_s"]
                      for line in _sps(r).splitlines()] + [len("samples/s")])
     for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
               "profiled/\nunprofiled", "scaling", "flags"]:
@@ -654,10 +655,10 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                      style=PHASE_STYLE.get(c, ""))
     notes, model_notes = [], []
     for r in table.to_dict("records"):
-        ok = r["status"] in ("ok", "resumed")
+        ok = r["status"] in DONE
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
         head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
-        style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
+        style = "green" if ok else ("red" if r["status"] == RunStatus.FAILED else "grey50")
         pred = r.get("predicted_step_ns")
         has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
@@ -846,7 +847,7 @@ def _messages_table(result: ModelResult) -> Table:
 
     g = result.base.gradients
     units = result.base.units
-    if result.mode == "fsdp" and units is not None and len(units.bytes):
+    if result.mode == Mode.FSDP and units is not None and len(units.bytes):
         t = Table(title=f"FSDP units, forward order ({result.policy.name})",
                   title_justify="left")
         for c in ["unit", "bytes", "share of compute"]:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from opprof import kinds
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
 from opprof.errors import OpprofError
@@ -182,7 +183,7 @@ def diff_waterfall(d: Diff, level: str, top: int = 10) -> Waterfall:
 
 # --- bench ----------------------------------------------------------------------------------
 
-DONE = ("ok", "resumed")
+DONE = tuple(s.value for s in kinds.DONE)
 
 
 @dataclass
