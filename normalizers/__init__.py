@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,14 @@ def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
 FOLDER_META = "opprof.meta"
 
 
-def write_folder_meta(folder: Path, meta: dict) -> None:
-    """Keep ``meta`` (the job metadata given to :func:`normalize`) in the run's folder."""
+def write_folder_meta(folder: Path, meta: Mapping[str, Any]) -> None:
+    """Keep ``meta`` (the job metadata given to :func:`normalize`), stamped as the `.trace`
+    will be (:func:`opprof.meta.stamp`), in the run's folder."""
     from opprof.files import write_atomic
+    from opprof.meta import stamp
 
-    write_atomic(Path(folder) / FOLDER_META, json.dumps(meta, default=str, indent=1))
+    write_atomic(Path(folder) / FOLDER_META,
+                 json.dumps(stamp(meta).to_dict(), default=str, indent=1))
 
 
 def folder_meta(paths: list[Path]) -> dict:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ from pandas.api.types import union_categoricals
 
 from opprof.errors import OpprofError, first_line
 from opprof.files import write_atomic
+from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
+from opprof.meta import TraceMeta, stamp
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
 
 #: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
-#: still format 1: older opprof reads them unchanged.
-FORMAT_VERSION = 1
+#: still format 1 (:data:`opprof.meta.FORMAT_VERSION`): older opprof reads them unchanged.
 META_KEY = b"opprof"
 CONVERGENCE_KEY = b"opprof.convergence"
 CONVERGENCE_COLUMNS = {"rank": "int32", "step": "int32", "time_ns": "int64", "loss": "float64",
@@ -67,12 +68,16 @@ COLUMNS: dict[str, Any] = {
 }
 
 
-@dataclass
 class Trace:
-    """A normalized trace: ``events`` (one row per event, the COLUMNS above) and ``meta``."""
+    """A normalized trace: ``events`` (one row per event, the COLUMNS above) and ``meta`` (a
+    :class:`~opprof.meta.TraceMeta`; a mapping given is typed)."""
 
-    events: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, events: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> None:
+        self.events = events
+        self.meta = TraceMeta.of(meta)
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self.events)} events, {self.meta!r})"
 
     @property
     def ranks(self) -> list[int]:
@@ -82,12 +87,12 @@ class Trace:
 
     def step_bounds(self) -> pd.DataFrame:
         """Per rank and step: start and end (ns), from the metadata written at normalization."""
-        rows = self.meta.get("step_bounds", [])
+        rows = self.meta.step_bounds or []
         df = pd.DataFrame(rows, columns=["rank", "step", "start", "end"])
         return df.astype({"rank": "int32", "step": "int32", "start": "int64", "end": "int64"})
 
 
-def concat_traces(traces: list[Trace], meta: dict[str, Any]) -> Trace:
+def concat_traces(traces: list[Trace], meta: Mapping[str, Any]) -> Trace:
     """Several traces' events as one table (in the order given) with ``meta``; categorical
     columns are joined by their categories, never row by row."""
     if len(traces) == 1:
@@ -211,11 +216,10 @@ def rank_slices(events: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
     return [(int(r), order[bounds[i]:bounds[i + 1]]) for i, r in enumerate(uniq)]
 
 
-def file_meta(meta: dict[str, Any]) -> bytes:
-    """The metadata as stored (JSON), with the format version."""
-    meta = dict(meta)
-    meta.setdefault("format_version", FORMAT_VERSION)
-    return json.dumps(meta, default=_json_default).encode()
+def file_meta(meta: Mapping[str, Any]) -> bytes:
+    """The metadata as stored (JSON), stamped (:func:`opprof.meta.stamp`: the format
+    version, opprof's version and the command writing it)."""
+    return json.dumps(stamp(meta).to_dict(), default=_json_default).encode()
 
 
 class TraceWriter:
@@ -223,8 +227,8 @@ class TraceWriter:
     ROW_GROUP_ROWS events), the metadata known up front. Use as a context manager inside
     :func:`opprof.files.atomic_path`."""
 
-    def __init__(self, tmp: Path, meta: dict[str, Any]) -> None:
-        meta = dict(meta)
+    def __init__(self, tmp: Path, meta: Mapping[str, Any]) -> None:
+        meta = TraceMeta.of(meta).copy()
         curve = meta.pop("convergence", None)
         kv = {META_KEY: file_meta(meta)}
         if curve:
@@ -261,7 +265,7 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
     path = Path(path)
     events = conform(trace.events)
     slices = rank_slices(events)
-    meta = dict(trace.meta)
+    meta = trace.meta.copy()
     groups: dict[str, list[int]] = {}
     n = 0
     for rank, rows in slices:
@@ -281,7 +285,7 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
     return path
 
 
-def convergence_frame(meta: dict[str, Any]) -> pd.DataFrame:
+def convergence_frame(meta: Mapping[str, Any]) -> pd.DataFrame:
     """The convergence table of a trace's metadata (empty without ``--converge``): one row per
     step and rank; the accuracies are NaN between evaluations."""
     df = pd.DataFrame(meta.get("convergence") or [], columns=list(CONVERGENCE_COLUMNS))
@@ -338,7 +342,7 @@ class TraceFile:
             except ValueError as exc:
                 raise OpprofError(f"{path}: damaged convergence table "
                                   f"({first_line(exc)})") from None
-        self.meta: dict[str, Any] = meta
+        self.meta = TraceMeta.of(meta)
         self.found: dict[str, Any] = {}  # what reading dropped (opprof.drops), once read
         self.row_groups = self._rank_groups()
 
@@ -411,15 +415,16 @@ class TraceFile:
         return events[~bad].reset_index(drop=True)
 
     @property
-    def read_meta(self) -> dict[str, Any]:
+    def read_meta(self) -> TraceMeta:
         """The file's metadata with what reading it dropped so far added to its read
         warnings (those the import counted are stored in the file)."""
         from opprof import drops
 
         if not self.found:
             return self.meta
-        return {**self.meta, drops.KEY: drops.merged([self.meta.get(drops.KEY),
-                                                      self.found[drops.KEY]])}
+        meta = self.meta.copy()
+        meta[drops.KEY] = drops.merged([self.meta.get(drops.KEY), self.found[drops.KEY]])
+        return meta
 
     def read(self) -> Trace:
         """The whole trace."""

@@ -41,6 +41,7 @@ from opprof.collectors.supervisor import Supervisor
 from opprof.commands.model import read_network
 from opprof.errors import Interrupted, OpprofError, raise_on_signals, signal_name
 from opprof.files import write_atomic
+from opprof.invocation import set_invocation
 from opprof.kinds import DONE, FRAMEWORK_INFO, Mode, RunStatus, framework_info
 from opprof.render.console import bench_tables, render
 from opprof.render.mdfmt import md_table
@@ -384,6 +385,7 @@ def _run_one(argv: list[str]) -> None:
 
     raise_on_signals()
     config = RecordConfig.from_json(argv[0])
+    set_invocation(config.command)  # "opprof bench (NAME)", the run's `command` too
     try:
         trace = record_trace(config, Path(argv[1]), keep_partial=False)
     except (OpprofError, Interrupted) as exc:

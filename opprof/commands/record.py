@@ -14,7 +14,6 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from opprof import __version__
 from opprof.analysis.report import build_report
 from opprof.collectors import (
     FRAMEWORKS,
@@ -183,7 +182,6 @@ def _trace_of(recording: Recording, config: RecordConfig, native_dir: Path,
     meta = dict(recording.meta)
     meta.setdefault("cpus", _cpus())
     meta.setdefault("command", config.command)
-    meta["opprof_version"] = __version__
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
     meta["native_dir"] = str(native_dir)
     write_folder_meta(native_dir, meta)  # `opprof import` of the folder reads it back

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 
-from opprof import __version__
 from opprof.analysis.report import build_report
 from opprof.collectors import channel, inject
 from opprof.collectors.config import FRAMEWORKS, Facts, Protocol
@@ -104,9 +103,7 @@ def command(fw: str, steps: int, warmup: int, timing_steps: int, output: Path | 
             "updates); nothing was recorded: mark the steps with opprof.profile() in the "
             "script"), err=True)
         sys.exit(_exit_code(code) or 2)
-    meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
-            "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
-            "memory_interval_s": memory_interval_s}
+    meta = {**rec.meta, "native_dir": str(native), "memory_interval_s": memory_interval_s}
     write_folder_meta(native, meta)  # `opprof import` of the folder reads it back
     trace = normalize([*rec.native, *rec.memory], meta)
     save(trace, output)
@@ -145,9 +142,7 @@ def _keep_interrupted(exc: Interrupted, native: Path, line: str, output: Path,
         shutil.rmtree(native, ignore_errors=True)
         raise Interrupted(exc.sig, f"{exc.message}; nothing was profiled, nothing written"
                           ) from None
-    meta = {**rec.meta, "opprof_version": __version__, "native_dir": str(native),
-            "opprof_command": shlex.join(["opprof", *sys.argv[1:]]),
-            "memory_interval_s": memory_interval_s,
+    meta = {**rec.meta, "native_dir": str(native), "memory_interval_s": memory_interval_s,
             "partial": partial_meta(statuses, f"interrupted by {exc.name}")}
     try:
         trace = normalize([*rec.native, *rec.memory], meta, skip_damaged=True)
