@@ -200,7 +200,8 @@ def stamp(meta: Mapping[str, Any] | None) -> TraceMeta:
     from opprof import __version__
 
     out = TraceMeta.of(meta).copy()
-    out.format_version = FORMAT_VERSION
+    if out.format_version is UNSET:  # (a format given stays: what the file's events follow)
+        out.format_version = FORMAT_VERSION
     out.opprof_version = __version__
     out.opprof_command = invocation()
     return out
