@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.convergence import Comparison
 from opprof.analysis.convergence import compare as compare_convergence
 from opprof.analysis.memory import compare_memory, memory_part
-from opprof.analysis.noise import assess
+from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.report import Report
 from opprof.trace import Trace
@@ -31,8 +32,8 @@ class Diff:
     summary: str
     #: Each side's timing quality (opprof.analysis.noise): a flagged side's numbers are
     #: noisy or inflated by the profiler, and so is the comparison.
-    a_noise: dict | None = None
-    b_noise: dict | None = None
+    a_noise: Noise | None = None
+    b_noise: Noise | None = None
     #: Memory side by side (opprof.analysis.memory.compare_memory); empty without memory rows.
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
@@ -43,7 +44,7 @@ class Diff:
     b_meta: dict = field(default_factory=dict)
     #: Which run reaches a test accuracy first, split into step time and steps needed
     #: (opprof.analysis.convergence.compare); None when neither has a convergence table.
-    convergence: dict | None = None
+    convergence: Comparison | None = None
 
     #: Each side's unprofiled step time (``meta["unprofiled_step_ns"]``: the timed steps
     #: without the profiler), or None when the trace has none.
@@ -69,8 +70,8 @@ class Diff:
         unprofiled step (the report header's figure, opprof.analysis.noise), else the mean
         profiled step over the unprofiled one."""
         noise = self.a_noise if side == "a" else self.b_noise
-        if noise and noise.get("overhead"):
-            return float(noise["overhead"])
+        if noise and noise.overhead:
+            return float(noise.overhead)
         step, unprofiled = ((self.a_step_ns, self.a_unprofiled_ns) if side == "a"
                             else (self.b_step_ns, self.b_unprofiled_ns))
         return step / unprofiled if unprofiled else None

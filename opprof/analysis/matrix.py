@@ -18,7 +18,7 @@ from opprof.analysis.commmodel import Network
 from opprof.analysis.convergence import TARGETS
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.memory import memory_part, run_memory
-from opprof.analysis.noise import NOISE_SPREAD, assess
+from opprof.analysis.noise import NOISE_SPREAD, assess, flags
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
@@ -88,10 +88,10 @@ def convergence_columns(meta: dict[str, Any]) -> dict[str, Any]:
     s = convergence_summary(meta)
     if s is None:
         return {}
-    out: dict[str, Any] = {"final_loss": s["final_loss"],
-                           "best_test_accuracy": s["best_test_accuracy"]}
+    out: dict[str, Any] = {"final_loss": s.final_loss,
+                           "best_test_accuracy": s.best_test_accuracy}
     for t in TARGETS:
-        ns = s["time_to_accuracy"].get(str(t))
+        ns = s.time_to_accuracy.get(str(t))
         out[f"time_to_{round(t * 100)}_s"] = ns / 1e9 if ns is not None else None
     curve = convergence_frame(meta)
     curve = curve[curve["rank"] == curve["rank"].min()]
@@ -129,11 +129,9 @@ def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
     med, low, high = stats("samples_per_s")
     spread = (high - low) / med if med else None
-    noise = dict(out.get("noise") or {})
-    flags = list(noise.get("flags", []))
-    if spread is not None and spread > NOISE_SPREAD and "noisy" not in flags:
-        flags.append("noisy")
-    noise.update(flags=flags, repeat_spread=spread)
+    noise = out.get("noise")
+    if noise is not None and spread is not None and spread > NOISE_SPREAD:
+        noise = noise.flagged("noisy")
     out.update(repeats=len(summaries), repeat_spread=spread, noise=noise)
     return out
 
@@ -144,7 +142,7 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for r in runs:
         s = r.summary
-        noise = s.get("noise") or {}
+        noise = s.get("noise")
         pred = s.get("prediction") or {}
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
@@ -157,9 +155,10 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "prediction_note": pred.get("note", ""),
                **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
                "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason,
-               "flags": ",".join(noise.get("flags", [])), "unprofiled_spread":
-               noise.get("spread"), "unprofiled_drift": noise.get("drift"),
-               "overhead": noise.get("overhead"), "repeats": s.get("repeats"),
+               "flags": ",".join(flags(noise)),
+               "unprofiled_spread": noise.spread if noise else None,
+               "unprofiled_drift": noise.drift if noise else None,
+               "overhead": noise.overhead if noise else None, "repeats": s.get("repeats"),
                "samples_per_s_min": s.get("samples_per_s_min"),
                "samples_per_s_max": s.get("samples_per_s_max"),
                "repeat_spread": s.get("repeat_spread"),

@@ -19,11 +19,12 @@ from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_br
 from opprof.analysis.collectives import COLUMNS as COLLECTIVE_COLUMNS
 from opprof.analysis.collectives import collective_part, combine_collectives
 from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
+from opprof.analysis.convergence import Summary
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
-from opprof.analysis.noise import assess
+from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
 from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
 from opprof.trace import Trace, rank_slices
@@ -51,7 +52,7 @@ class Report:
     #: rank × step heatmap of the HTML report shows.
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
-    noise: dict | None = None
+    noise: Noise | None = None
     #: Steps that compiled a graph (opprof.analysis.compiled): rank, step, compile_ns.
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: What the fused rows hold, by native name (opprof.analysis.compiled), with
@@ -61,7 +62,7 @@ class Report:
     #: hidden share, mean per (rank, step).
     collective_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The convergence curve's summary (opprof.analysis.convergence); None without one.
-    convergence: dict | None = None
+    convergence: Summary | None = None
     #: One row per (collective, process group, size): opprof.analysis.collectives.
     collectives: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.console import Console, Group
@@ -18,6 +20,10 @@ from opprof.analysis.whatif import WhatIf
 from opprof.kinds import DONE, Mode, RunStatus
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from opprof.analysis.convergence import Summary
+    from opprof.analysis.noise import Noise
 
 PHASE_STYLE = {"load": "cyan", "h2d": "bright_cyan", "forward": "green", "backward": "yellow",
                "update": "magenta", "comm": "red", "other": "grey50"}
@@ -45,7 +51,7 @@ def bar(share: float, style: str) -> Text:
     return Text("█" * n + "·" * (BAR_WIDTH - n), style=style)
 
 
-def _header(meta: dict, noise: dict | None = None) -> Text:
+def _header(meta: Mapping[str, Any], noise: Noise | None = None) -> Text:
     keys = [("framework", ""), ("model", ""), ("dataset", ""), ("batch_size", "batch "),
             ("workers", "workers "), ("mode", "mode "), ("device", "")]
     parts = [f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, "")]
@@ -74,34 +80,34 @@ def graph_lines(meta: dict) -> list[str]:
     return [line]
 
 
-def _spread(noise: dict | None) -> str:
+def _spread(noise: Noise | None) -> str:
     if not noise:
         return ""
-    out = (f" (median of {noise['samples']} timed steps, IQR {ms(noise['q1_ns'])}–"
-           f"{ms(noise['q3_ns'])} ms")
-    if noise.get("overhead"):
-        out += f"; {ratio(noise['overhead'], 'profiled/unprofiled')}"
+    out = (f" (median of {noise.samples} timed steps, IQR {ms(noise.q1_ns)}–"
+           f"{ms(noise.q3_ns)} ms")
+    if noise.overhead:
+        out += f"; {ratio(noise.overhead, 'profiled/unprofiled')}"
     return out + ")"
 
 
-def quality_lines(noise: dict | None) -> list[str]:
+def quality_lines(noise: Noise | None) -> list[str]:
     """One warning line per flag of a run's timing (opprof.analysis.noise)."""
     if not noise:
         return []
-    lim, out = noise["limits"], []
-    if "noisy" in noise["flags"]:
+    lim, out = noise.limits, []
+    if "noisy" in noise.flags:
         why = []
-        if noise.get("spread") is not None and noise["spread"] > lim["spread"]:
-            why.append(f"the unprofiled steps vary by {noise['spread']:.0%} (IQR / median; "
+        if noise.spread is not None and noise.spread > lim["spread"]:
+            why.append(f"the unprofiled steps vary by {noise.spread:.0%} (IQR / median; "
                        f"limit {lim['spread']:.0%})")
-        if noise.get("drift") is not None and abs(noise["drift"]) > lim["drift"]:
-            how = "slower" if noise["drift"] > 0 else "faster"
-            why.append(f"they ran {abs(noise['drift']):.0%} {how} after the profile than "
+        if noise.drift is not None and abs(noise.drift) > lim["drift"]:
+            how = "slower" if noise.drift > 0 else "faster"
+            why.append(f"they ran {abs(noise.drift):.0%} {how} after the profile than "
                        f"before (limit {lim['drift']:.0%})")
         out.append(f"⚠ noisy timing: {' and '.join(why)}; the machine was busy: compare "
                    "these numbers with care")
-    if "overhead" in noise["flags"]:
-        out.append(f"⚠ profiler overhead: the profiled steps took {noise['overhead']:.2f}x the "
+    if "overhead" in noise.flags and noise.overhead is not None:
+        out.append(f"⚠ profiler overhead: the profiled steps took {noise.overhead:.2f}x the "
                    f"unprofiled ones (limit {lim['overhead']:.2f}x); operator times are "
                    "inflated")
     return out
@@ -453,21 +459,21 @@ def render(*items: object, width: int = 120) -> str:
     return buf.getvalue()
 
 
-def convergence_line(c: dict) -> Text:
+def convergence_line(c: Summary) -> Text:
     """The convergence curve in one line (`record --converge`)."""
     def acc(v: float | None) -> str:
         return "-" if v is None else f"{v:.1%}"
 
-    head = (f"convergence: {c['steps']} steps, {c['time_ns'] / 1e9:.2f} s; loss "
-            f"{c['first_loss']:.3f} → {c['final_loss']:.3f} (mean of the last steps)")
-    if c["best_test_accuracy"] is None:  # `opprof run`: the loss only
+    head = (f"convergence: {c.steps} steps, {c.time_ns / 1e9:.2f} s; loss "
+            f"{c.first_loss:.3f} → {c.final_loss:.3f} (mean of the last steps)")
+    if c.best_test_accuracy is None:  # `opprof run`: the loss only
         return Text(head + "; no accuracy (the loss backward() ran on, per step: --format "
                     "json)")
-    reached = c["time_to_accuracy"]
-    targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c['steps_to_accuracy'][t]})"
+    reached = c.time_to_accuracy
+    targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c.steps_to_accuracy[t]})"
                         for t, ns in reached.items()) or "none of 50/70/90% reached"
-    return Text(f"{head}; best test accuracy {acc(c['best_test_accuracy'])} (train "
-                f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
+    return Text(f"{head}; best test accuracy {acc(c.best_test_accuracy)} (train "
+                f"{acc(c.best_train_accuracy)}); time to test accuracy: {targets}")
 
 
 def critical_table(rep: Report) -> Table:
@@ -575,7 +581,7 @@ def diff(d: Diff, top: int | None = None) -> str:
         tables.append(t)
     items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
     if d.convergence:
-        items.append(Text(d.convergence["sentence"], style="bold"))
+        items.append(Text(d.convergence.sentence, style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
               for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
               for line in quality_lines(noise)]
