@@ -31,6 +31,7 @@ from pandas.api.types import union_categoricals
 
 from opprof.errors import OpprofError, first_line
 from opprof.files import write_atomic
+from opprof.kinds import Role
 from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
 from opprof.meta import TraceMeta, stamp
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
@@ -83,7 +84,7 @@ class Trace:
     def ranks(self) -> list[int]:
         """The worker ranks present."""
         ev = self.events
-        return sorted(ev.loc[ev["role"] == "worker", "rank"].unique().tolist())
+        return sorted(ev.loc[ev["role"] == Role.WORKER.value, "rank"].unique().tolist())
 
     def step_bounds(self) -> pd.DataFrame:
         """Per rank and step: start and end (ns), from the metadata written at normalization."""

@@ -42,8 +42,9 @@ import pandas as pd
 
 from opprof.analysis.devices import launch_times
 from opprof.events import lane_ids
+from opprof.filters import communication, counted, kernels, markers, on_device, on_host, workers
 from opprof.intervals import Sweep, containing
-from opprof.taxonomy import COMM_OPS, PHASES
+from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
 PRIORITY = ("forward", "backward", "update", "comm", "h2d", "load")
@@ -59,24 +60,23 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     runs on one: ``comm_on_device``)."""
     bounds = trace.step_bounds()
     ev = trace.events
-    workers = ev["role"] == "worker"
+    worker = workers(ev)
     # Steps are a worker notion: servers and schedulers serve them and get no rows.
-    bounds = bounds[bounds["rank"].isin(ev.loc[workers, "rank"].unique())]
-    ops = ev[workers & ev["counted"] & ev["phase"].isin(PRIORITY)]
-    markers = ev[workers & (ev["kind"] == "marker") & (ev["device"] == "cpu")
-                 & ev["phase"].isin(PRIORITY)]
+    bounds = bounds[bounds["rank"].isin(ev.loc[worker, "rank"].unique())]
+    ops = ev[worker & counted(ev) & ev["phase"].isin(PRIORITY)]
+    marks = ev[worker & markers(ev) & ev["phase"].isin(PRIORITY)]
     blocked = blocked_in_comm(ops)
-    kernels = ev[workers & (ev["kind"] == "kernel") & (ev["device"] != "cpu")]
-    launched = launch_times(ev, kernels)
-    kernels = kernels.assign(launched=np.where(launched >= 0, launched,
-                                               kernels["ts"].to_numpy(np.int64)))
+    kernel_rows = ev[worker & kernels(ev)]
+    launched = launch_times(ev, kernel_rows)
+    kernel_rows = kernel_rows.assign(launched=np.where(launched >= 0, launched,
+                                                       kernel_rows["ts"].to_numpy(np.int64)))
     rows = []
     for rank, b in bounds.groupby("rank", sort=True):
         b = b.sort_values("start")
         o = ops[ops["rank"] == rank]
-        m = markers[markers["rank"] == rank]
+        m = marks[marks["rank"] == rank]
         out = _rank_breakdown(rank, b, o, m, blocked[blocked["rank"] == rank])
-        k = kernels[kernels["rank"] == rank]
+        k = kernel_rows[kernel_rows["rank"] == rank]
         if out["comm_on_device"].any():
             out["comm_time_ns"], out["comm_overlap_ns"] = device_overlap(b, k)
         rows.append(out)
@@ -92,7 +92,7 @@ def blocked_in_comm(ops: pd.DataFrame) -> pd.DataFrame:
     """Host comm calls issued inside a compute operator on the same thread (DDP's all-reduce
     from a backward hook), with ``phase`` set to that operator's phase: while such a call
     runs, its operator is waiting, not computing."""
-    host = ops[ops["device"] == "cpu"]
+    host = ops[on_host(ops)]
     comm = host[host["phase"] == "comm"]
     compute = host[host["phase"].isin(COMPUTE)]
     pos = container(comm, compute)
@@ -121,11 +121,10 @@ class _RankArrays(NamedTuple):
         starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
         durs = np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
         k_start = blk["ts"].to_numpy(np.int64)
-        on_device = np.concatenate([(o["device"] != "cpu").to_numpy(bool),
-                                    np.zeros(len(m), bool)])
+        device = np.concatenate([on_device(o).to_numpy(bool), np.zeros(len(m), bool)])
         return cls(b["start"].to_numpy(np.int64), b["end"].to_numpy(np.int64), starts,
                    starts + durs, np.concatenate([_phase_codes(o), _phase_codes(m)]),
-                   np.repeat([True, False], [len(o), len(m)]), on_device, k_start,
+                   np.repeat([True, False], [len(o), len(m)]), device, k_start,
                    k_start + blk["dur"].to_numpy(np.int64), _phase_codes(blk))
 
     def cover(self, sweep: Sweep, mask: np.ndarray,
@@ -212,7 +211,7 @@ def device_overlap(b: pd.DataFrame, kernels: pd.DataFrame) -> tuple[np.ndarray, 
     t0, width = int(ts.min()), int(end.max() - ts.min()) + 2
     ks, ke = step * width + (ts - t0), step * width + (end - t0)
     sweep = Sweep(ks, ke)
-    comm = k["op"].isin(COMM_OPS).to_numpy()
+    comm = communication(k).to_numpy()
     compute = ~comm  # every other kernel computes, whatever its phase (as HTA)
     c_cov = sweep.covered(ks[comm], ke[comm])
     p_cov = sweep.covered(ks[compute], ke[compute])
@@ -232,18 +231,17 @@ def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
         return out
     bounds = trace.step_bounds()
     ev = trace.events
-    workers = ev["role"] == "worker"
-    ops = ev[workers & ev["counted"] & ev["phase"].isin(PRIORITY)]
-    markers = ev[workers & (ev["kind"] == "marker") & (ev["device"] == "cpu")
-                 & ev["phase"].isin(PRIORITY)]
-    worker_ranks = set(ev.loc[workers, "rank"].unique().tolist())
+    worker = workers(ev)
+    ops = ev[worker & counted(ev) & ev["phase"].isin(PRIORITY)]
+    marks = ev[worker & markers(ev) & ev["phase"].isin(PRIORITY)]
+    worker_ranks = set(ev.loc[worker, "rank"].unique().tolist())
     blocked = blocked_in_comm(ops)
     for r in np.unique(rank):
         b = bounds[bounds["rank"] == r].sort_values("start")
         if r not in worker_ranks or b.empty:
             continue
         sel = np.flatnonzero(rank == r)
-        out[sel] = _rank_phase_at(b, ops[ops["rank"] == r], markers[markers["rank"] == r],
+        out[sel] = _rank_phase_at(b, ops[ops["rank"] == r], marks[marks["rank"] == r],
                                   blocked[blocked["rank"] == r], ts[sel])
     return out
 

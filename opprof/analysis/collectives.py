@@ -35,8 +35,8 @@ import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, container
 from opprof.analysis.ranks import collectives
+from opprof.filters import communication, counted, kernels, on_host, workers
 from opprof.intervals import Sweep
-from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
 #: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
@@ -124,9 +124,9 @@ def _world_size(meta: dict, rank: int) -> int:
 def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     """``timing`` with bytes (the larger of its own and its call's), group and size (its
     own, else its call's)."""
-    host = (ev["role"] == "worker") & (ev["device"] == "cpu")
-    comm = ev[host & ev["op"].isin(COMM_OPS)]
-    calls = comm[comm["counted"]]
+    host = workers(ev) & on_host(ev)
+    comm = ev[host & communication(ev)]
+    calls = comm[counted(comm)]
     cols = ["rank", "pid", "tid", "ts", "dur"]
     # a call's payload and group: the largest bytes and the first group among its events
     info = _group_of(comm)
@@ -181,12 +181,12 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
     """Per timing event: ns of it during which its rank computed (compute kernels where the
     event is a device kernel, unblocked compute operators otherwise)."""
     out = np.zeros(len(timing), np.int64)
-    workers = ev[ev["role"] == "worker"]
-    kernels = workers[(workers["kind"] == "kernel") & (workers["device"] != "cpu")]
-    dev_compute = kernels[~kernels["op"].isin(COMM_OPS)]
-    host = workers[workers["counted"] & (workers["device"] == "cpu")]
+    mine = ev[workers(ev)]
+    device_kernels = mine[kernels(mine)]
+    dev_compute = device_kernels[~communication(device_kernels)]
+    host = mine[counted(mine) & on_host(mine)]
     host_compute = host[host["phase"].isin(COMPUTE)]
-    host_comm = host[host["op"].isin(COMM_OPS)]
+    host_comm = host[communication(host)]
     blocked = host_comm[container(host_comm, host_compute) >= 0]
     ranks = timing["rank"].to_numpy()
     on_device = timing["on_device"].to_numpy(bool)

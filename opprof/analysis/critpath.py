@@ -41,6 +41,7 @@ import pandas as pd
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ranks import collectives, match, synchronous
 from opprof.events import lane_ids
+from opprof.filters import workers
 from opprof.intervals import Nesting, containing, lane_keys
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
@@ -91,7 +92,7 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
     them)."""
     steps = step_breakdown(trace) if steps is None else steps
     ev = trace.events
-    worker = (ev["role"] == "worker").to_numpy()
+    worker = workers(ev).to_numpy()
     ts = ev["ts"].to_numpy(np.int64)
     te = ts + ev["dur"].to_numpy(np.int64)
     kind = ev["kind"].astype(str).to_numpy()

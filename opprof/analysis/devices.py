@@ -32,8 +32,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opprof.filters import device_work
 from opprof.intervals import Sweep
-from opprof.taxonomy import COMM_OPS, DEVICE_KINDS
+from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
 CATEGORIES = ("comm", "compute", "memcpy")  # priority order; idle is the rest
@@ -60,7 +61,7 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     if span not in SPANS:
         raise ValueError(f"span must be one of {SPANS}, not {span!r}")
     ev = trace.events
-    dev = ev[ev["kind"].isin(DEVICE_KINDS) & (ev["device"].astype(str) != "cpu")]
+    dev = ev[device_work(ev)]
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     launch_ts = launch_times(ev, dev)

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.resources import Resources
+from opprof.filters import communication, counted, step_work
 from opprof.intervals import merge
-from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
 
@@ -90,9 +90,9 @@ def measure(trace: Trace, rank_steps: int) -> Measured | None:
     ev = trace.events
     if not len(ev) or rank_steps <= 0 or (ev["kind"] == "kernel").any():
         return None
-    worker = (ev["role"] == "worker").to_numpy() & (ev["step"] >= 0).to_numpy()
-    comm = worker & ((ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy())
-    ops = worker & (ev["kind"] == "cpu_op").to_numpy() & ev["counted"].to_numpy(bool) & (
+    worker = step_work(ev).to_numpy()
+    comm = worker & ((ev["kind"] == "comm").to_numpy() | communication(ev).to_numpy())
+    ops = worker & (ev["kind"] == "cpu_op").to_numpy() & counted(ev).to_numpy(bool) & (
         ev["phase"] == "backward").to_numpy() & ~comm
     if not comm.any() or not ops.any():
         return None

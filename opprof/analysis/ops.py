@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from opprof.taxonomy import CANONICAL_OPS, DEVICE_KINDS, PHASES
+from opprof.filters import counted, device_work, step_work
+from opprof.taxonomy import CANONICAL_OPS, PHASES
 from opprof.trace import Trace
 
 
@@ -13,9 +14,9 @@ def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
     """The events operator totals sum: counted, in a step, on worker ranks; ``where`` is
     ``host`` (CPU operators, runtime calls, comm, io) or ``device`` (GPU kernels, copies)."""
     ev = trace.events
-    sel = ev["counted"] & (ev["step"] >= 0) & (ev["role"] == "worker")
-    on_device = ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")
-    sel &= on_device if where == "device" else ~on_device
+    sel = counted(ev) & step_work(ev)
+    device = device_work(ev)
+    sel &= device if where == "device" else ~device
     return ev[sel]
 
 

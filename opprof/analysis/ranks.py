@@ -51,9 +51,10 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, comm_overlap_ratio, container, step_breakdown
+from opprof.filters import communication, counted, device_work, on_host, step_work, workers
 from opprof.intervals import Sweep
 from opprof.kinds import Mode
-from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, PHASES
+from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
@@ -85,11 +86,10 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     row label in ``trace.events``); payload: rank, step, bytes) of every worker rank, per the
     rules above."""
     ev = trace.events
-    base = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["op"].isin(COMM_OPS)
-    on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
-    host = ev["device"] == "cpu"
+    base = step_work(ev) & communication(ev)
+    host = on_host(ev)
     is_span = _name_matches(ev, BACKEND_SPAN)
-    device, spans = base & on_device, base & host & is_span
+    device, spans = base & device_work(ev), base & host & is_span
     calls = base & host & ev["counted"]
     cols = ["rank", "step", "pid", "tid", "name", "op", "link", "ts", "dur", "bytes"]
 
@@ -171,10 +171,9 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
     """The per-rank half of the analysis (``steps``: the trace's step_breakdown)."""
     timing, payload = collectives(trace)
     ev = trace.events
-    compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
-    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & ev["op"].isin(COMM_OPS)
-                   & (ev["device"] == "cpu")]
-    blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
+    compute = ev[workers(ev) & counted(ev) & ev["phase"].isin(COMPUTE)]
+    host_comm = ev[workers(ev) & counted(ev) & communication(ev) & on_host(ev)]
+    blocked = host_comm[container(host_comm, compute[on_host(compute)]) >= 0]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
         b = b.sort_values("start")

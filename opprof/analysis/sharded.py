@@ -50,6 +50,7 @@ import pandas as pd
 from opprof.analysis.commmodel import Network, fit
 from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
 from opprof.errors import OpprofError
+from opprof.filters import counted, on_host, step_work
 from opprof.kinds import Collective
 from opprof.trace import Trace
 
@@ -201,7 +202,7 @@ def trace_samples(trace: Trace) -> pd.DataFrame:
 
     ev = trace.events
     workers = int(trace.meta.get("workers") or len(trace.ranks) or 1)
-    sel = (ev["role"] == "worker") & (ev["step"] >= 0) & (ev["device"] == "cpu") \
+    sel = step_work(ev) & on_host(ev) \
         & ev["name"].astype(str).str.match(_BACKEND_SPAN) & (ev["bytes"] > 0) \
         & ev["op"].isin(["all_gather", "reduce_scatter", "all_reduce"])
     spans = ev.loc[sel, ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes", "op"]]
@@ -222,7 +223,7 @@ def copy_rate(trace: Trace, nbytes: np.ndarray, steps: int) -> float | None:
     phase ``comm`` per step over the bytes the model copies per step (None: none)."""
     ev = trace.events
     workers = int(trace.meta.get("workers") or len(trace.ranks) or 1)
-    sel = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["counted"] \
+    sel = step_work(ev) & counted(ev) \
         & (ev["op"] == "memory") & (ev["phase"] == "comm")
     per_step = float(ev.loc[sel, "dur"].sum()) / max(steps, 1)
     total = nbytes.astype(np.float64)

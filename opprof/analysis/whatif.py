@@ -56,8 +56,9 @@ from opprof.analysis.predict import (
 )
 from opprof.analysis.simulate import simulate
 from opprof.errors import OpprofError
+from opprof.filters import device_work
 from opprof.kinds import Collective, Mode, default_mode
-from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, DEVICE_KINDS, PHASES
+from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, PHASES
 from opprof.trace import Trace
 
 
@@ -86,7 +87,7 @@ def context(trace: Trace, label: str = "", graph: bool = True) -> Context:
     w = op_wall(trace, steps)
     wall = (w.groupby(["op", "phase"])["wall_ns"].sum() / n).reset_index()
     ev = trace.events
-    has_device = bool((ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")).any())
+    has_device = bool(device_work(ev).any())
     t = op_table(trace, "device" if has_device else "host", n_steps=n)
     op_time = t.groupby("op")["ns_per_step"].sum() if len(t) else pd.Series(dtype=float)
     return Context(base, wall, op_time, graph_of(trace, steps) if graph else None)
