@@ -82,7 +82,7 @@ import pandas as pd
 from opprof import drops
 from opprof.errors import OpprofError
 from opprof.graphs import Graphs
-from opprof.intervals import Nesting, label_points
+from opprof.intervals import Nesting, label_points, lane_ids
 from opprof.taxonomy import (
     CANONICAL_OPS,
     COMM_OPS,
@@ -440,19 +440,6 @@ def _span_events(spans: pd.DataFrame, df: pd.DataFrame, rank: np.ndarray, on_hos
         "detail": "inferred from the operators' phases (no phase markers)",
         "link": np.full(n, -1, np.int64),
     })
-
-
-def lane_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """One integer per distinct (rank, pid, tid), numbered in order of first appearance
-    (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
-    if len(rank) == 0:
-        return np.zeros(0, np.int64)
-    key = np.zeros(len(rank), np.int64)
-    for part in (rank, pid, tid):
-        codes, uniq = pd.factorize(part)
-        key = key * len(uniq) + codes  # distinct combinations stay distinct
-        key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
-    return key
 
 
 def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ Times are int64 nanoseconds; an interval is ``[start, end)``. Everything is vect
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def lane_keys(lanes: list[np.ndarray], times: list[np.ndarray]) -> list[np.ndarray]:
@@ -187,3 +188,16 @@ class Nesting:
         anc = np.empty(n, np.int64)
         anc[order] = anc_o
         return self.depth.copy(), anc
+
+
+def lane_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """One integer per distinct (rank, pid, tid), numbered in order of first appearance
+    (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
+    if len(rank) == 0:
+        return np.zeros(0, np.int64)
+    key = np.zeros(len(rank), np.int64)
+    for part in (rank, pid, tid):
+        codes, uniq = pd.factorize(part)
+        key = key * len(uniq) + codes  # distinct combinations stay distinct
+        key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
+    return key

@@ -14,7 +14,7 @@ analyses read them together), and a DuckDB or pandas user filters ``kind = 'memo
   ``tid`` :data:`MEMORY_TID` (a lane of its own);
 - ``step``: the step the instant falls in, -1 outside steps (start-up, warm-up, servers);
 - ``phase``: the phase the wall-time breakdown gives that instant
-  (:func:`opprof.analysis.breakdown.phase_at`); empty outside steps;
+  (:func:`opprof.walltime.phase_at`); empty outside steps;
 - ``kind`` ``memory``; ``op`` empty; ``counted`` False; ``depth`` 0; ``link`` -1;
 - ``detail``: the source — ``sampled``, ``kineto``, ``xprof``, ``mxnet``, ``nsys``.
 
@@ -35,8 +35,10 @@ import numpy as np
 import pandas as pd
 
 from opprof.events import cover_label
+from opprof.filters import memory
 from opprof.taxonomy import MEMORY_KIND, MEMORY_SERIES, PHASES
 from opprof.trace import COLUMNS, Trace, concat_traces, conform
+from opprof.walltime import phase_at
 
 #: The lane (tid) of memory rows.
 MEMORY_TID = -3
@@ -61,8 +63,8 @@ def samples(rank: int | np.ndarray, role: str | np.ndarray, pid: int | np.ndarra
 
 
 def is_memory(events: pd.DataFrame) -> pd.Series:
-    """Which rows are memory rows."""
-    return events["kind"] == MEMORY_KIND
+    """Which rows are memory rows (:func:`opprof.filters.memory`)."""
+    return memory(events)
 
 
 def without_memory(trace: Trace) -> Trace:
@@ -77,8 +79,6 @@ def without_memory(trace: Trace) -> Trace:
 def memory_rows(trace: Trace, raw: pd.DataFrame) -> pd.DataFrame:
     """Memory rows (the events table's COLUMNS) for a sample frame, placed in the trace's
     steps and phases."""
-    from opprof.analysis.breakdown import phase_at
-
     raw = raw.reset_index(drop=True)
     n = len(raw)
     unknown = sorted(set(raw["name"].astype(str)) - set(MEMORY_SERIES))

@@ -40,9 +40,8 @@ import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ranks import collectives, match, synchronous
-from opprof.events import lane_ids
 from opprof.filters import workers
-from opprof.intervals import Nesting, containing, lane_keys
+from opprof.intervals import Nesting, containing, lane_ids, lane_keys
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from opprof.memory import is_memory
+from opprof.filters import memory as memory_rows
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
@@ -71,7 +71,7 @@ class MemoryPart:
 def memory_part(trace: Trace) -> MemoryPart:
     """The memory of every rank of ``trace`` that has memory rows."""
     ev = trace.events
-    mem = ev[is_memory(ev)]
+    mem = ev[memory_rows(ev)]
     if mem.empty:
         return MemoryPart()
     spans = _spans(trace)
