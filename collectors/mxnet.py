@@ -29,7 +29,7 @@ phases' times add up to the step's.
 ``allreduce_grads()`` and ``update()`` themselves) or the Module API's ``Module.update``
 (``fit``, or a loop of ``forward_backward`` and ``update``) marks the end of a step; the
 first to end one is the process's. Forward and backward come from the operators
-(:mod:`opprof.events`' phase inference), as for Gluon.
+(:mod:`opprof.normalizers.events`' phase inference), as for Gluon.
 
 **Compiled graphs**: hybridized blocks' CachedOps and a Module's executors run without bulk
 execution for the profiled steps (:mod:`.mxnet_graphs`), so that their operators are seen

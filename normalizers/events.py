@@ -67,7 +67,7 @@ its communication closes the step in the same way (the last pull before the next
 pass).
 
 **Compiled graphs** (torch.compile): events whose row is a ``container`` are transparent —
-the operators inside keep their own op, the graph gets the rest (``opprof.graphs``).
+the operators inside keep their own op, the graph gets the rest (``opprof.normalizers.graphs``).
 
 Everything is vectorized over events; only the mapping table runs per distinct name.
 """
@@ -81,8 +81,8 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import OpprofError
-from opprof.graphs import Graphs
 from opprof.intervals import Nesting, label_points, lane_ids
+from opprof.normalizers.graphs import Graphs
 from opprof.taxonomy import (
     CANONICAL_OPS,
     COMM_OPS,

@@ -11,7 +11,7 @@ A trace of a user's own job (no ``opprof.*`` or ``## phase ##`` markers) gets it
 the operators torch records anyway — autograd's ``…Backward0`` functions backward,
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
-``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.events``).
+``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import OpprofError
-from opprof.events import STEP_PATTERN, finish
 from opprof.intervals import containing
-from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
+from opprof.normalizers.events import STEP_PATTERN, finish
+from opprof.normalizers.memory import add_memory, samples
 from opprof.sharding import refine_mode, sharded_mode
 from opprof.taxonomy import KINDS, ROLES, mapping_table
 from opprof.trace import Trace, concat_traces

@@ -25,8 +25,8 @@ written only when the high-water mark changes.
 
 Memory rows never enter the operator, phase, device or rank analyses: they are not
 ``counted``, carry no op, are not markers and not device kinds. Normalizers add them after
-:func:`opprof.events.finish` (:func:`add_memory`), so step finding and phase inference never
-see them.
+:func:`.events.finish` (:func:`add_memory`), so step finding and phase inference never see
+them.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from opprof.events import cover_label
 from opprof.filters import memory
+from opprof.normalizers.events import cover_label
 from opprof.taxonomy import MEMORY_KIND, MEMORY_SERIES, PHASES
 from opprof.trace import COLUMNS, Trace, concat_traces, conform
 from opprof.walltime import phase_at

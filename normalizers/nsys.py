@@ -64,8 +64,6 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import OpprofError
-from opprof.events import finish
-from opprof.memory import add_memory, samples
 from opprof.normalizers.cupti import (
     NSYS_MEM_KIND,
     connect,
@@ -80,6 +78,8 @@ from opprof.normalizers.cupti import (
     sqlite_tables,
     tables,
 )
+from opprof.normalizers.events import finish
+from opprof.normalizers.memory import add_memory, samples
 from opprof.trace import Trace
 
 NAME = "nsys"

@@ -40,7 +40,6 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
-from opprof.events import finish
 from opprof.normalizers.cupti import (
     CUPTI_MEM_KIND,
     connect,
@@ -55,6 +54,7 @@ from opprof.normalizers.cupti import (
     sqlite_tables,
     tables,
 )
+from opprof.normalizers.events import finish
 from opprof.trace import Trace
 
 NAME = "nvprof"

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError, first_line
-from opprof.memory import add_memory, is_memory, samples
+from opprof.normalizers.memory import add_memory, is_memory, samples
 from opprof.trace import Trace
 
 NAME = "sampled"

@@ -52,7 +52,7 @@ profile); every complete event becomes a row. What each row is:
   ``*Apply*`` kernels) update, ``IteratorGetNext``/``Iterator::*``/``tf.data`` threads load,
   and the table gives every other op of a training graph (memory, elementwise, a Keras
   LSTM's ``while`` loop …) the forward phase; time between ops follows
-  ``opprof.events`` (it goes to the op that starts next).
+  ``opprof.normalizers.events`` (it goes to the op that starts next).
 * **Thread-pool work is not counted twice**: ``ThreadpoolListener::Region`` (Eigen and
   inter-op pool work items), ``ExecutorState::Process``, ``ParallelFor`` and the eager runtime
   wrappers (``EagerExecute``, ``KernelAndDeviceFunc::Run``, the Python-side ``tf.function``
@@ -104,8 +104,8 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import OpprofError, first_line
-from opprof.events import finish
-from opprof.memory import add_memory, samples
+from opprof.normalizers.events import finish
+from opprof.normalizers.memory import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
 

@@ -11,14 +11,15 @@ wins. Columns:
 - ``container`` (optional column): ``yes`` for a compiled-graph container (torch.compile's
   ``CompiledFunction``, the FX graph call): not an operator that swallows what it encloses,
   but a region whose operators keep their own op; the container's own op (``fused``) gets
-  only the time no mapped operator inside covers (``opprof.events``).
+  only the time no mapped operator inside covers (``opprof.normalizers.events``).
 
 Lines starting with ``"# "`` are comments.
 
 Phase resolution for one event: a row phase in ``INTRINSIC_PHASES`` (backward, update, comm,
 load, h2d) always wins; otherwise the phase of the enclosing phase marker; otherwise the row
 phase (``forward`` for forward operators); otherwise, on a worker rank with no phase marker,
-the phase inferred from the operators around it (``opprof.events``); otherwise ``other``.
+the phase inferred from the operators around it (``opprof.normalizers.events``); otherwise
+``other``.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
 KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io", "memory")
 #: The memory table is the rows of kind ``memory``: one zero-duration row per sample of a
-#: series (its ``name``), never counted in operator time (see opprof.memory).
+#: series (its ``name``), never counted in operator time (see opprof.normalizers.memory).
 MEMORY_KIND = "memory"
 #: Memory series: the resident set sampled from outside the process (``rss``), the kernel's
 #: high-water mark of it (``hwm``, VmHWM), and the framework allocator's ``allocated`` and

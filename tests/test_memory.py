@@ -30,8 +30,8 @@ from opprof.collectors.memory import Sampler, read_status
 from opprof.export.chrome import document
 from opprof.job import report as job_report
 from opprof.loader import load
-from opprof.memory import MEMORY_TID, without_memory
 from opprof.normalizers import sampled
+from opprof.normalizers.memory import MEMORY_TID, without_memory
 from opprof.taxonomy import PHASES
 from opprof.trace import TraceFile, save
 from tests.conftest import FIXTURES, REPO, run_cli
