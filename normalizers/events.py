@@ -80,7 +80,7 @@ import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.intervals import Nesting, label_points, lane_ids
 from opprof.normalizers.graphs import Graphs
 from opprof.taxonomy import (
@@ -474,7 +474,8 @@ def usable(raw: pd.DataFrame, meta: dict, step_pattern: str = STEP_PATTERN) -> p
     drops.skip(meta, outside & ~marker, "time outside the trace's span")
     if bad.all():
         source = (meta.get("sources") or ["trace"])[0]
-        raise OpprofError(f"{source}: no usable events ({drops.describe(meta[drops.KEY])})")
+        raise OpprofError(f"no usable events ({drops.describe(meta[drops.KEY])})",
+                          path=source, kind=ErrorKind.NO_EVENTS)
     return raw[~bad]
 
 

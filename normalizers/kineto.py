@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.intervals import containing
 from opprof.normalizers import chrome
 from opprof.normalizers.events import STEP_PATTERN, finish
@@ -133,7 +133,8 @@ def decode(data: bytes, path: Path) -> Document | None:
                 top and msg.startswith("Expected `object`")):
             chrome.decode(data, path, _ANY_JSON, "JSON document")  # malformed? say so
             return None
-        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+        raise OpprofError(f"not a valid chrome trace ({msg})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
@@ -157,13 +158,16 @@ def typed_events(doc: Document, start: int = 0, stop: int | None = None,
             return _EVENTS.decode(b"[" + b",".join(raws) + b"]")
     except msgspec.ValidationError as exc:
         msg = _AT.sub(lambda m: f"`$.traceEvents[{start + int(m[1])}]", str(exc))
-        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+        raise OpprofError(f"not a valid chrome trace ({msg})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except msgspec.DecodeError as exc:
-        raise OpprofError(f"{path}: malformed JSON ({exc})") from None
+        raise OpprofError(f"malformed JSON ({exc})", path=path, kind=ErrorKind.DAMAGED) from None
     except RecursionError:
-        raise OpprofError(f"{path}: JSON nested too deeply to be a trace") from None
+        raise OpprofError("JSON nested too deeply to be a trace",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except UnicodeDecodeError as exc:
-        raise OpprofError(f"{path}: JSON with text that is not UTF-8 ({exc.reason})") from None
+        raise OpprofError(f"JSON with text that is not UTF-8 ({exc.reason})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
 
 
 def event_chunks(doc: Document, path: Path | str = "",
@@ -334,7 +338,7 @@ def _ns(value: Any, what: str, path: Path) -> int:
     except OverflowError:  # infinity
         out = _MAX_NS
     if abs(out) >= _MAX_NS:
-        raise OpprofError(f"{path}: {what} out of range ({value!r})")
+        raise OpprofError(f"{what} out of range ({value!r})", path=path, kind=ErrorKind.DAMAGED)
     return out
 
 
@@ -458,8 +462,9 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
     keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
     if not keep.any():
-        raise OpprofError(f"{path}: Kineto trace with no usable events "
-                          f"({drops.describe(warnings[drops.KEY])})")
+        raise OpprofError("Kineto trace with no usable events "
+                          f"({drops.describe(warnings[drops.KEY])})",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     ts_us, dur_us = np.where(keep, ts_us, 0), np.where(keep, dur_us, 0)
     pid = np.where(keep, pid, -1)
     cat_lower = pd.Index(cat.categories.astype(str)).str.lower()

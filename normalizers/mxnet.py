@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.normalizers import chrome
 from opprof.normalizers.events import cover_label, finish
 from opprof.normalizers.memory import add_memory, samples
@@ -338,8 +338,9 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
     usable = drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
     usable &= drops.skip(warnings, negative, "negative timestamp")
     if len(us) and not usable.any():
-        raise OpprofError(f"{path}: MXNet trace with no usable events "
-                          f"({drops.describe(warnings.get(drops.KEY))})")
+        raise OpprofError("MXNet trace with no usable events "
+                          f"({drops.describe(warnings.get(drops.KEY))})",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     # unusable begin/end events stay until paired, so that their partners are left out too
     # (and no later pair is shifted): see _pair
     ev["ts"] = _us_to_ns(np.where(usable, us, 0))

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.normalizers.cupti import (
     CUPTI_MEM_KIND,
     connect,
@@ -100,7 +100,8 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
         gpus.extend(names)
     raw = pd.concat(frames, ignore_index=True)
     if raw.empty:
-        raise OpprofError(f"{paths[0]}: nvprof export with no kernels, CUDA calls or markers")
+        raise OpprofError("nvprof export with no kernels, CUDA calls or markers",
+                          path=paths[0], kind=ErrorKind.NO_EVENTS)
     out = {
         "source_formats": [NAME],
         "sources": [str(p) for p in paths],
@@ -121,7 +122,8 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         names = tables(con)
         if "StringTable" not in names:
             shown = ", ".join(sorted(names)[:6]) or "none"
-            raise OpprofError(f"{path}: SQLite file but not an nvprof export (tables: {shown})")
+            raise OpprofError(f"SQLite file but not an nvprof export (tables: {shown})",
+                              path=path, kind=ErrorKind.NOT_A_TRACE)
         s = pd.read_sql_query('SELECT "_id_" AS id, value FROM "StringTable"', con)
         strings = pd.Series(s["value"].to_numpy(dtype=object),
                             index=s["id"].to_numpy(dtype=np.int64))
@@ -139,7 +141,8 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         ev["role"] = "worker"
         return ev, _gpu_names(con, names, strings)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
-        raise OpprofError(f"{path}: damaged nvprof export ({exc})") from None
+        raise OpprofError(f"damaged nvprof export ({exc})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     finally:
         con.close()
 

@@ -18,7 +18,7 @@ import types
 import zlib
 from pathlib import Path
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -80,21 +80,24 @@ def gunzip(data: bytes, path: Path, budget: int) -> bytearray:
                 used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
                 if total > budget:
                     raise OpprofError(
-                        f"{path}: gzip data inflating to more than {gib(budget)} (a third of "
-                        "the memory available); not read")
+                        f"gzip data inflating to more than {gib(budget)} (a third of "
+                        "the memory available); not read", path=path, kind=ErrorKind.TOO_LARGE)
                 if total > _RATIO_FROM and total > MAX_INFLATE_RATIO * max(used, 1):
                     raise OpprofError(
-                        f"{path}: gzip data inflating over {MAX_INFLATE_RATIO}x its size "
+                        f"gzip data inflating over {MAX_INFLATE_RATIO}x its size "
                         f"({gib(total)} from {gib(used)} so far): a "
-                        "decompression bomb, not a trace; not read")
+                        "decompression bomb, not a trace; not read",
+                        path=path, kind=ErrorKind.TOO_LARGE)
                 rest = d.unconsumed_tail
                 if d.eof or not rest and not piece:
                     break
             if not d.eof:
-                raise OpprofError(f"{path}: truncated or damaged gzip data (ends early)")
+                raise OpprofError("truncated or damaged gzip data (ends early)",
+                                  path=path, kind=ErrorKind.DAMAGED)
             data = d.unused_data.lstrip(b"\x00")
     except _INFLATE_ERRORS as exc:
-        raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
+        raise OpprofError(f"truncated or damaged gzip data ({exc})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     del out[total:]
     return out
 

@@ -21,10 +21,13 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opprof import drops, parallel
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
+
+if TYPE_CHECKING:
+    from opprof.normalizers.formats import RankFormat
 
 _PARQUET_MAGIC = b"PAR1"
 
@@ -53,9 +56,10 @@ class Outcome:
     info: dict | None = None
     declared: int | None = None
     rank: int | None = None
-    other_format: bool = False  # a JSON file that is not Kineto: normalize the job whole
+    fmt: RankFormat | None = None  # the format of the rank read (one rank per file)
+    other_format: bool = False  # a JSON file of a whole-job format: normalize the job whole
     skipped: bool = False  # a JSON file found in a folder that is no trace
-    damaged: str | None = None  # a file found in a folder that cannot be read: the problem
+    damaged: OpprofError | None = None  # a file found in a folder that cannot be read
     events: int = 0
     warnings: dict = field(default_factory=dict)  # what reading a .trace rank dropped
 
@@ -70,7 +74,8 @@ class Plan:
     meta: dict
     input_bytes: int = 0
     skipped: list[str] = field(default_factory=list)
-    damaged: list[dict] = field(default_factory=list)
+    damaged: list[OpprofError] = field(default_factory=list)
+    format: RankFormat | None = None  # the format of the ranks read one by one
 
 
 def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
@@ -103,12 +108,13 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     if any(traces):
         raise OpprofError("give opprof .trace files (one per host of a job), or native traces "
                           "to normalize, not both")
-    from opprof.normalizers import FILE_FORMATS, expand, folder_meta, head_bytes, split_memory
+    from opprof.normalizers import expand, file_format, folder_meta, head_bytes, split_memory
 
     meta = {**folder_meta(files), **(meta or {})}
     listed, memory = split_memory(expand(files))
     if not listed:
-        raise OpprofError(f"{files[0]}: only sampled memory files, no trace to attach them to")
+        raise OpprofError("only sampled memory files, no trace to attach them to",
+                          path=files[0], kind=ErrorKind.NO_EVENTS)
     tasks: list[Task] = []
     size = 0
     for i, (f, named) in enumerate(listed):
@@ -119,7 +125,7 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
                 raise
             return Plan(files, [], True, meta or {}, size)  # normalize() says what it skips
         size += f.stat().st_size * (10 if head.startswith(b"\x1f\x8b") else 1)
-        if head.startswith(_PARQUET_MAGIC) or any(m.claims_file(f, head) for m in FILE_FORMATS):
+        if head.startswith(_PARQUET_MAGIC) or file_format(f, head) is not None:
             return Plan(files, [], True, meta or {}, size)
         tasks.append(Task("json", str(f), i, None, named, meta or {},
                           tuple(str(m) for m in memory)))
@@ -135,26 +141,21 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
         tr = tf.read_rank(int(task.rank), detail)  # type: ignore[arg-type]
         return [tr], Outcome(rank=task.rank, events=len(tr.events),
                              warnings=tf.found.get("read_warnings", {}))
-    from opprof.normalizers import chrome, head_bytes, kineto, sampled
+    from opprof.normalizers import by_rank, read_native, sampled
 
     path = Path(task.path)
-    data = chrome.read_bytes(path, head_bytes(path))
-    doc = kineto.decode(data, path)
-    del data
-    if doc is None or not kineto.claims_json(doc):
-        from opprof.normalizers import mxnet
-
-        if task.named or (doc is not None and mxnet.claims_json(doc)):
+    got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail)
+    if got.trace is None or got.info is None:
+        if task.named or got.fmt is not None:
             return [], Outcome(other_format=True)  # normalized whole (or its error shown)
         return [], Outcome(skipped=True)  # a sidecar JSON in a folder, as normalize skips
-    declared = kineto.declared_rank(doc, -1)  # -1: the file does not say
-    rank = (declared if declared >= 0 else task.index) if task.rank is None else task.rank
-    trace, info = kineto.rank_trace(path, doc, rank, task.meta, detail)
-    del doc
+    trace, info, declared, rank, fmt = got.trace, got.info, got.declared, got.rank, got.fmt
+    del got
     if task.memory:  # only this rank's own file: no rank is made for another process
         trace = sampled.attach(trace, [Path(m) for m in task.memory], new_ranks=False)
         info["memory_sources"] = trace.meta.get("memory_sources", [])
-    return [trace], Outcome(info=info, declared=declared, rank=rank, events=len(trace.events))
+    return [trace], Outcome(info=info, declared=declared, rank=rank, events=len(trace.events),
+                            fmt=by_rank(fmt))
 
 
 def _read_or_skip(task: Task, detail: bool = True) -> tuple[list, Outcome]:
@@ -164,7 +165,9 @@ def _read_or_skip(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     except OpprofError as exc:
         if task.named:
             raise
-        return [], Outcome(skipped=True, damaged=str(exc).removeprefix(f"{task.path}: "))
+        from opprof.normalizers import about_file
+
+        return [], Outcome(skipped=True, damaged=about_file(task.path, exc))
 
 
 def analyze_task(args: tuple[Task, str]) -> Outcome:
@@ -192,8 +195,6 @@ def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine,
     """Run the tasks, then re-run the JSON files whose rank another file already took (so
     ranks are assigned as a whole-job import assigns them). ``take(i, outcome)``, if given,
     sees each outcome of task ``i`` as it arrives (a re-run's replaces the first)."""
-    from opprof.normalizers import kineto
-
     def arrived(i: int, o: Outcome) -> Outcome:
         if take is not None and not o.skipped and not o.other_format:
             take(i, o)
@@ -203,13 +204,17 @@ def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine,
         progress(parallel.run_ordered(engine, fn, args), len(args), engine))]
     kept = [i for i, o in enumerate(outs) if not o.skipped]
     p.skipped = [p.tasks[i].path for i, o in enumerate(outs) if o.skipped and not o.damaged]
-    p.damaged = [{"path": p.tasks[i].path, "problem": o.damaged}
-                 for i, o in enumerate(outs) if o.damaged]
-    if p.tasks and p.tasks[0].kind == "json" and not any(o.other_format for o in outs):
+    p.damaged = [o.damaged for o in outs if o.damaged]
+    names = {o.fmt.name for o in outs if o.fmt is not None}
+    if len(names) > 1:  # files of several formats: normalized whole, which says so
+        for o in outs:
+            o.other_format = True
+    fmt = p.format = next((o.fmt for o in outs if o.fmt is not None), None)
+    if fmt is not None and not any(o.other_format for o in outs):
         # a file that states no rank is the next one among the traces read (sidecar JSON
         # files found beside it do not count), as a whole-job import numbers them
-        final = kineto.assign_ranks([pos if outs[i].declared is None or outs[i].declared < 0
-                                     else outs[i].declared for pos, i in enumerate(kept)])
+        final = fmt.plan([pos if outs[i].declared is None or outs[i].declared < 0
+                          else outs[i].declared for pos, i in enumerate(kept)])
         redo = [i for i, r in zip(kept, final, strict=True) if outs[i].rank != r]
         fixed = [_with_rank(args[i], r) for i, r in zip(kept, final, strict=True)
                  if outs[i].rank != r]
@@ -243,21 +248,15 @@ def _with_rank(arg: Any, rank: int) -> Any:
 
 def _job_meta(p: Plan, outs: list[Outcome]) -> dict:
     if p.tasks and p.tasks[0].kind == "json":
-        from opprof.normalizers import kineto
+        from opprof.normalizers import damaged_files, nothing_read
 
-        if not outs:
-            if p.damaged:
-                first = p.damaged[0]
-                raise OpprofError(f"{first['path']}: {first['problem']}" + (
-                    f" (and {len(p.damaged) - 1} more damaged file(s))"
-                    if len(p.damaged) > 1 else ""))
-            raise OpprofError(f"{p.paths[0]}: no known trace format among "
-                              f"{len(p.skipped)} JSON file(s)")
-        meta = kineto.merge_meta([o.info for o in outs], p.meta)  # type: ignore[misc]
+        if not outs or p.format is None:
+            raise nothing_read(p.paths, len(p.skipped), p.damaged)
+        meta = p.format.job_meta([o.info for o in outs if o.info is not None], p.meta)
         if p.skipped:
             meta["skipped_files"] = p.skipped
         if p.damaged:
-            meta["damaged_files"] = p.damaged
+            meta["damaged_files"] = damaged_files(p.damaged)
         return meta
     found = drops.merged(o.warnings for o in outs)
     if found:
@@ -330,8 +329,9 @@ def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
                                 pa.ipc.new_file(sink, SCHEMA) as w:
                             w.write_table(table)
                     except OSError as exc:  # disk full, a file size limit
-                        raise OpprofError(f"{output}: cannot be written ({why_not(exc)} in "
-                                          "its temporary files); nothing was written") from None
+                        raise OpprofError(f"cannot be written ({why_not(exc)} in "
+                                          "its temporary files); nothing was written",
+                                          path=output, kind=ErrorKind.UNWRITABLE) from None
                     spilled[i].append((rank, f, table.num_rows))
                 o.tables = []
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.files import check_input
 from opprof.trace import Trace, read_parquet
 
@@ -46,8 +46,8 @@ def opprof_traces_in(files: list[Path]) -> list[Path]:
         return files
     if len(found) > 1:
         names = ", ".join(f.name for f in found[:6]) + (" …" if len(found) > 6 else "")
-        raise OpprofError(f"{files[0]}: holds {len(found)} opprof traces ({names}); give one "
-                          "of them")
+        raise OpprofError(f"holds {len(found)} opprof traces ({names}); give one "
+                          "of them", path=files[0], kind=ErrorKind.USAGE)
     return found
 
 

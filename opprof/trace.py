@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pandas.api.types import union_categoricals
 
-from opprof.errors import OpprofError, first_line
+from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.files import write_atomic
 from opprof.kinds import Role
 from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
@@ -315,34 +315,40 @@ class TraceFile:
         try:
             self._pf = pq.ParquetFile(_source(self.path))
         except (pa.ArrowInvalid, OSError) as exc:
-            raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
+            raise OpprofError(f"unreadable Parquet file ({first_line(exc)})",
+                              path=path, kind=ErrorKind.UNREADABLE) from None
         meta_raw = (self._pf.schema_arrow.metadata or {}).get(META_KEY)
         if meta_raw is None:
             cols = ", ".join(self._pf.schema_arrow.names[:6])
-            raise OpprofError(f"{path}: a Parquet file but not an opprof trace (no opprof "
-                              f"metadata; columns: {cols})")
+            raise OpprofError("a Parquet file but not an opprof trace (no opprof "
+                              f"metadata; columns: {cols})", path=path, kind=ErrorKind.NOT_A_TRACE)
         try:
             meta = json.loads(meta_raw)
         except ValueError as exc:
-            raise OpprofError(f"{path}: damaged opprof metadata ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof metadata ({first_line(exc)})",
+                              path=path, kind=ErrorKind.DAMAGED) from None
         except RecursionError:
-            raise OpprofError(f"{path}: damaged opprof metadata (nested too deeply)") from None
+            raise OpprofError("damaged opprof metadata (nested too deeply)",
+                              path=path, kind=ErrorKind.DAMAGED) from None
         if not isinstance(meta, dict):
-            raise OpprofError(f"{path}: damaged opprof metadata (not a JSON object)")
+            raise OpprofError("damaged opprof metadata (not a JSON object)",
+                              path=path, kind=ErrorKind.DAMAGED)
         problem = _meta_problem(meta) or _schema_problem(self._pf.schema_arrow)
         if problem:
-            raise OpprofError(f"{path}: damaged opprof trace ({problem})")
+            raise OpprofError(f"damaged opprof trace ({problem})",
+                              path=path, kind=ErrorKind.DAMAGED)
         if meta.get("format_version", 0) > FORMAT_VERSION:
             raise OpprofError(
-                f"{path}: opprof trace format {meta['format_version']} is newer than this "
-                f"opprof reads ({FORMAT_VERSION}); upgrade opprof")
+                f"opprof trace format {meta['format_version']} is newer than this "
+                f"opprof reads ({FORMAT_VERSION}); upgrade opprof", path=path, kind=ErrorKind.NEWER)
         curve = (self._pf.schema_arrow.metadata or {}).get(CONVERGENCE_KEY)
         if curve is not None:
             try:
                 meta["convergence"] = json.loads(curve)
             except ValueError as exc:
-                raise OpprofError(f"{path}: damaged convergence table "
-                                  f"({first_line(exc)})") from None
+                raise OpprofError("damaged convergence table "
+                                  f"({first_line(exc)})",
+                                  path=path, kind=ErrorKind.DAMAGED) from None
         self.meta = TraceMeta.of(meta)
         self.found: dict[str, Any] = {}  # what reading dropped (opprof.drops), once read
         self.row_groups = self._rank_groups()
@@ -384,12 +390,14 @@ class TraceFile:
             table = (self._pf.read() if groups is None else self._pf.read_row_groups(groups))
             problem = _table_problem(table)
             if problem:
-                raise OpprofError(f"{self.path}: damaged opprof trace ({problem})")
+                raise OpprofError(f"damaged opprof trace ({problem})",
+                                  path=self.path, kind=ErrorKind.DAMAGED)
             if not detail and "detail" in table.column_names:
                 table = _comm_detail_only(table)
             events = table.to_pandas()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof trace ({first_line(exc)})",
+                              path=self.path, kind=ErrorKind.DAMAGED) from None
         if "link" not in events:
             events["link"] = -1
         if "detail" not in events:
@@ -411,8 +419,9 @@ class TraceFile:
         drops.skip(self.found, negative, "negative duration")
         drops.skip(self.found, outside, "time outside the trace's span")
         if bad.all():
-            raise OpprofError(f"{self.path}: no usable events "
-                              f"({drops.describe(self.found[drops.KEY])})")
+            raise OpprofError("no usable events "
+                              f"({drops.describe(self.found[drops.KEY])})",
+                              path=self.path, kind=ErrorKind.NO_EVENTS)
         return events[~bad].reset_index(drop=True)
 
     @property
@@ -433,7 +442,8 @@ class TraceFile:
             events = conform(self._read(None))
             return Trace(events, self.read_meta)
         except (ValueError, TypeError) as exc:
-            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof trace ({first_line(exc)})",
+                              path=self.path, kind=ErrorKind.DAMAGED) from None
 
     def read_rank(self, rank: int, detail: bool = True) -> Trace:
         """One rank's events (with the file's metadata); ``detail=False`` keeps the native
@@ -446,7 +456,8 @@ class TraceFile:
             events = conform(self._read(self.row_groups[rank], detail))
             return Trace(events, self.read_meta)
         except (ValueError, TypeError) as exc:
-            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof trace ({first_line(exc)})",
+                              path=self.path, kind=ErrorKind.DAMAGED) from None
 
 
 def _source(path: Path) -> str | Any:

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from opprof import kinds
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.kinds import Collective
 
 COLLECTIVES = Collective.values()
@@ -125,11 +125,11 @@ class Network:
     def from_dict(cls, d: dict[str, Any], where: str = "network") -> Network:
         """Read the JSON form back; a clear error for anything else."""
         if not isinstance(d, dict) or "opprof_network" not in d:
-            raise OpprofError(f"{where}: not an opprof network file (write one with "
-                              "`opprof calibrate`)")
+            raise OpprofError("not an opprof network file (write one with "
+                              "`opprof calibrate`)", path=where, kind=ErrorKind.NOT_A_TRACE)
         if int(d["opprof_network"]) > FORMAT:
-            raise OpprofError(f"{where}: network format {d['opprof_network']} is newer than "
-                              f"this opprof reads ({FORMAT})")
+            raise OpprofError(f"network format {d['opprof_network']} is newer than "
+                              f"this opprof reads ({FORMAT})", path=where, kind=ErrorKind.NEWER)
         try:
             net = cls(collective=str(d["collective"]), alpha_ns=float(d["alpha_ns"]),
                       beta_ns_per_byte=float(d["beta_ns_per_byte"]),
@@ -138,11 +138,13 @@ class Network:
                       source=str(d.get("source", "")), samples=list(d.get("samples", [])),
                       fit=dict(d.get("fit", {})), info=dict(d.get("info", {})))
         except (KeyError, TypeError, ValueError) as exc:
-            raise OpprofError(f"{where}: damaged network file ({exc})") from None
+            raise OpprofError(f"damaged network file ({exc})",
+                              path=where, kind=ErrorKind.DAMAGED) from None
         if net.collective not in COLLECTIVES:
-            raise OpprofError(f"{where}: unknown collective {net.collective!r}")
+            raise OpprofError(f"unknown collective {net.collective!r}",
+                              path=where, kind=ErrorKind.DAMAGED)
         if not (net.alpha_ns >= 0 and net.beta_ns_per_byte >= 0):
-            raise OpprofError(f"{where}: α and β must be non-negative")
+            raise OpprofError("α and β must be non-negative", path=where, kind=ErrorKind.DAMAGED)
         return net
 
 

@@ -12,7 +12,7 @@ from opprof.analysis.commmodel import Network
 from opprof.analysis.noise import assess, flags
 from opprof.analysis.predict import check, predict
 from opprof.commands import echo_output, format_option
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.loader import load
 from opprof.render import renderer
 
@@ -35,9 +35,10 @@ def read_network(path: Path | None) -> Network | None:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise OpprofError(f"{path}: no such file") from None
+        raise OpprofError("no such file", path=path, kind=ErrorKind.MISSING) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OpprofError(f"{path}: not JSON ({exc}); write one with `opprof calibrate`") \
+        raise OpprofError(f"not JSON ({exc}); write one with `opprof calibrate`",
+                          path=path, kind=ErrorKind.NOT_A_TRACE) \
             from None
     return Network.from_dict(doc, str(path))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from opprof.commands import engine_options
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 
 FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices",
                 "convergence")
@@ -47,7 +47,8 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
         raise OpprofError(f"opprof plot needs matplotlib ({exc}): pip install "
                           "'opprof[plot]' -c constraints.txt") from None
     if output.suffix.lower() not in figures.SUFFIXES:
-        raise OpprofError(f"{output}: a figure is written as .svg, .png or .pdf")
+        raise OpprofError("a figure is written as .svg, .png or .pdf",
+                          path=output, kind=ErrorKind.USAGE)
     benches = [p for p in inputs if plotdata.is_bench(p)]
     if benches:
         if len(inputs) > 1:

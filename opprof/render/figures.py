@@ -17,7 +17,7 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 
 from opprof.analysis.report import Report
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.render import palette, plotdata
 from opprof.render.plotdata import Bench
@@ -68,7 +68,8 @@ def save(fig: Figure, path: Path) -> Path:
     """Write the figure atomically; the format comes from the suffix (.svg, .png, .pdf)."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
-        raise OpprofError(f"{path}: a figure is written as .svg, .png or .pdf")
+        raise OpprofError("a figure is written as .svg, .png or .pdf",
+                          path=path, kind=ErrorKind.USAGE)
     with rc_context(RC):
         meta = {"Creator": "opprof"} if suffix in (".svg", ".pdf") else {"Software": "opprof"}
         write_atomic(path, lambda tmp: fig.savefig(tmp, format=suffix[1:], metadata=meta))

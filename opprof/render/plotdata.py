@@ -18,7 +18,7 @@ import pandas as pd
 from opprof import kinds
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.taxonomy import PHASES
 
 MS = 1e6
@@ -206,10 +206,12 @@ def read_bench(path: Path) -> Bench:
         doc = json.loads(f.read_text())
         table, ratios = pd.DataFrame(doc["runs"]), pd.DataFrame(doc.get("op_ratios") or [])
     except FileNotFoundError:
-        raise OpprofError(f"{path}: no bench.json here (a folder written by `opprof bench`)")\
+        raise OpprofError("no bench.json here (a folder written by `opprof bench`)",
+                          path=path, kind=ErrorKind.NOT_A_TRACE)\
             from None
     except (ValueError, KeyError, TypeError) as exc:
-        raise OpprofError(f"{f}: not a bench.json written by `opprof bench` ({exc})") from None
+        raise OpprofError(f"not a bench.json written by `opprof bench` ({exc})",
+                          path=f, kind=ErrorKind.NOT_A_TRACE) from None
     return Bench(table, ratios, doc.get("config") or {}, path, doc.get("curves") or {})
 
 
