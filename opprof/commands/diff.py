@@ -16,7 +16,7 @@ from opprof.commands import (
     write_output,
 )
 from opprof.job import report
-from opprof.render import renderer
+from opprof.render import page_renderer
 
 
 @click.command("diff")
@@ -41,7 +41,7 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: P
       opprof diff tf.trace mxnet.trace --format html -o diff.html
     """
     check_output(fmt, output)
-    render = renderer(fmt)
+    render = page_renderer(fmt)
     d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
                      report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries

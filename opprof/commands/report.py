@@ -18,7 +18,7 @@ from opprof.commands import (
 )
 from opprof.job import report
 from opprof.loader import is_opprof_trace
-from opprof.render import renderer
+from opprof.render import page_renderer
 
 
 @click.command("report")
@@ -51,7 +51,7 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report resnet18-torch.trace --format html -o resnet18.html
     """
     check_output(fmt, output)
-    render = renderer(fmt)
+    render = page_renderer(fmt)
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))

@@ -18,12 +18,17 @@ from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
 from opprof.kinds import DONE, Mode, RunStatus
+from opprof.render import ALL_VIEWS
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
     from opprof.analysis.convergence import Summary
     from opprof.analysis.noise import Noise
+
+#: The views this format renders (all views) and its file type.
+VIEWS = ALL_VIEWS
+EXTENSION = ".txt"
 
 PHASE_STYLE = {"load": "cyan", "h2d": "bright_cyan", "forward": "green", "backward": "yellow",
                "update": "magenta", "comm": "red", "other": "grey50"}

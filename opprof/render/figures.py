@@ -9,7 +9,9 @@ and searched. Figures use matplotlib's object API (no pyplot state, no GUI backe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,8 +62,7 @@ def make(name: str, source: Bench | Traces, top: int = 10) -> Figure:
         need = "a bench folder" if FIGURES[name][1] == ("bench",) else "traces"
         raise OpprofError(f"--figure {name} needs {need} (it shows {FIGURES[name][0]})")
     with rc_context(RC):
-        fn = globals()[f"_{name}_{kind}"]
-        return fn(source, top)
+        return MAKERS[name, kind](source, top)
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -378,3 +379,16 @@ def _convergence_bench(b: Bench, top: int) -> Figure:
 
 def _convergence_traces(traces: Traces, top: int) -> Figure:
     return _convergence(plotdata.trace_curves(traces))
+
+
+#: (figure, input) → the function drawing it: every (name, input) :data:`FIGURES` lists.
+MAKERS: dict[tuple[str, str], Callable[[Any, int], Figure]] = {
+    ("phases", "bench"): _phases_bench, ("phases", "traces"): _phases_traces,
+    ("ops", "bench"): _ops_bench, ("ops", "traces"): _ops_traces,
+    ("scaling", "bench"): _scaling_bench,
+    ("memory", "bench"): _memory_bench, ("memory", "traces"): _memory_traces,
+    ("steps", "traces"): _steps_traces,
+    ("ranks", "traces"): _ranks_traces,
+    ("devices", "traces"): _devices_traces,
+    ("convergence", "bench"): _convergence_bench, ("convergence", "traces"): _convergence_traces,
+}

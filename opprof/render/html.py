@@ -1,4 +1,5 @@
 """The HTML report: one self-contained file (plotly.js, styles and scripts inlined; no CDN, no
+
 request when it opens) for `report`, `diff` and `bench`, with plotly charts and sortable
 tables.
 
@@ -30,9 +31,13 @@ from plotly.offline import get_plotlyjs
 from opprof import __version__
 from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.report import Report
-from opprof.render import palette, plotdata, units
+from opprof.render import PAGE_VIEWS, palette, plotdata, units
 from opprof.render.plotdata import MS, Bench
 from opprof.taxonomy import PHASES
+
+#: The views this format renders (a report and a diff: no model views) and its file type.
+VIEWS = PAGE_VIEWS
+EXTENSION = ".html"
 
 #: Rows of the operator bar chart when --top is not given (the table has every operator).
 DEFAULT_TOP = 20

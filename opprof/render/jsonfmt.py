@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from opprof.analysis.report import Report
+from opprof.render import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 
@@ -17,6 +18,10 @@ if TYPE_CHECKING:  # only names here: `report --format json` imports no model or
     from opprof.analysis.diff import Diff
     from opprof.analysis.predict import ModelResult
     from opprof.analysis.whatif import WhatIf
+
+#: The views this format renders (all views) and its file type.
+VIEWS = ALL_VIEWS
+EXTENSION = ".json"
 
 
 def _clean(v: Any) -> Any:
