@@ -14,7 +14,8 @@ native files and the run's metadata, and the matching normalizer turns them into
 * :mod:`.jobs` — `record`: the processes a built-in model's job starts (torchrun, DMLC roles,
   TF_CONFIG tasks), each running :mod:`.worker`;
 * :mod:`.inject` — `run`: the startup hook injected into every Python process of a command;
-  :mod:`.api` — ``opprof.profile()``, the same runner under a script's own control;
+  ``opprof.profile()`` (:mod:`opprof.pipeline.profile`) runs the same runner under a
+  script's own control;
 * :mod:`.config` — typed configuration and facts; imports no framework (nor does importing
   any collector module: frameworks are imported when a recording runs).
 """

@@ -17,7 +17,6 @@ writes the tables as the ranks' row groups of the `.trace`. Results equal those 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,7 +189,7 @@ def import_task(task: Task) -> Outcome:
     return out
 
 
-def _run(p: Plan, fn: Any, args: list, engine: parallel.Engine,
+def run_tasks(p: Plan, fn: Any, args: list, engine: parallel.Engine,
          take: Any = None) -> list[Outcome]:
     """Run the tasks, then re-run the JSON files whose rank another file already took (so
     ranks are assigned as a whole-job import assigns them). ``take(i, outcome)``, if given,
@@ -246,7 +245,7 @@ def _with_rank(arg: Any, rank: int) -> Any:
     return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
 
 
-def _job_meta(p: Plan, outs: list[Outcome]) -> dict:
+def combined_meta(p: Plan, outs: list[Outcome]) -> dict:
     if p.tasks and p.tasks[0].kind == "json":
         from opprof.normalizers import damaged_files, nothing_read
 
@@ -272,10 +271,10 @@ def report(paths: Sequence[str | os.PathLike], *, device_span: str = "steps",
     p = plan(paths)
     if not p.whole:
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
-        outs = _run(p, analyze_task, [(t, device_span) for t in p.tasks], engine)
+        outs = run_tasks(p, analyze_task, [(t, device_span) for t in p.tasks], engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
-            return combine(parts, _job_meta(p, outs), device_span)
+            return combine(parts, combined_meta(p, outs), device_span)
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -286,81 +285,3 @@ def report(paths: Sequence[str | os.PathLike], *, device_span: str = "steps",
     while ranks:  # drop each rank's events once analyzed
         parts.append(analyze(ranks.pop(0), device_span))
     return combine(parts, meta, device_span)
-
-
-@dataclass
-class Imported:
-    """What `opprof import` wrote."""
-
-    path: Path
-    events: int
-    ranks: int
-    steps: int
-    formats: list[str]
-    damaged: list[dict] = field(default_factory=list)
-    read_warnings: dict = field(default_factory=dict)  # opprof.drops: what was dropped
-
-
-def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
-            scheduler: str | None = None, jobs: int | None = None) -> Imported:
-    """Normalize a job into a `.trace` at ``output``, rank by rank: each rank's table is
-    spilled to a temporary Arrow file as it arrives, then every rank is written as its row
-    groups once the job's metadata is known (it goes in the file's schema)."""
-    import pyarrow as pa
-
-    from opprof.files import atomic_path, safe_name, why_not
-    from opprof.trace import ROW_GROUP_ROWS, SCHEMA, TraceWriter, save
-
-    output = Path(output)
-    p = plan(paths)
-    if not p.whole and p.tasks[0].kind == "json":
-        engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{safe_name(output.name)}.",
-                                         dir=output.parent) as tmp:
-            spilled: dict[int, list[tuple[int, Path, int]]] = {}  # task → (rank, file, rows)
-
-            def spill(i: int, o: Outcome) -> None:
-                spilled[i] = []
-                for k, (rank, table) in enumerate(o.tables):
-                    f = Path(tmp) / f"{i}.{k}.arrow"
-                    try:
-                        with pa.OSFile(str(f), "wb") as sink, \
-                                pa.ipc.new_file(sink, SCHEMA) as w:
-                            w.write_table(table)
-                    except OSError as exc:  # disk full, a file size limit
-                        raise OpprofError(f"cannot be written ({why_not(exc)} in "
-                                          "its temporary files); nothing was written",
-                                          path=output, kind=ErrorKind.UNWRITABLE) from None
-                    spilled[i].append((rank, f, table.num_rows))
-                o.tables = []
-
-            outs = _run(p, import_task, p.tasks, engine, take=spill)
-            if not any(o.other_format for o in outs):
-                meta = _job_meta(p, outs)
-                ranks = [x for i in sorted(spilled) for x in spilled[i]]
-                # the row-group map goes in the schema's metadata, so it is known first
-                groups: dict[str, list[int]] = {}
-                k = 0
-                for rank, _, rows in ranks:
-                    m = max(1, -(-rows // ROW_GROUP_ROWS))
-                    groups.setdefault(str(rank), []).extend(range(k, k + m))
-                    k += m
-                meta["row_groups"] = groups
-                with atomic_path(output) as out_tmp, TraceWriter(out_tmp, meta) as w:
-                    for rank, f, _ in ranks:
-                        w.write(rank, pa.ipc.open_file(pa.memory_map(str(f))).read_all())
-                n_events = sum(rows for _, _, rows in ranks)
-                return Imported(output, n_events, len(ranks),
-                                len(meta.get("step_bounds", [])), meta["source_formats"],
-                                meta.get("damaged_files", []), meta.get("read_warnings", {}))
-    from opprof.loader import load
-
-    trace = load(p.paths)
-    save(trace, output)
-    ev = trace.events
-    return Imported(output, len(ev), int(ev["rank"].nunique()),
-                    len(trace.meta.get("step_bounds", [])),
-                    list(trace.meta.get("source_formats", [])),
-                    trace.meta.get("damaged_files", []),
-                    trace.meta.get("read_warnings", {}))

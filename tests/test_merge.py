@@ -10,7 +10,8 @@ import pytest
 
 from opprof import load
 from opprof.errors import OpprofError
-from opprof.job import import_, report
+from opprof.job import report
+from opprof.pipeline.imports import import_
 from tests.conftest import run_cli, shared_trace
 
 RANKS = ("sampled-128rank-rank0.json.gz", "sampled-128rank-rank1.json.gz")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,20 @@ class Run:
     def name(self) -> str:
         """File stem of the run's trace."""
         return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+
+
+@dataclass
+class Bench:
+    """A bench's results (bench.json, :func:`opprof.pipeline.bench.read_bench`): one row per
+    run (:func:`compare`), the cross-framework op ratios, the config, the curves."""
+
+    table: pd.DataFrame
+    ratios: pd.DataFrame
+    config: dict[str, Any]
+    path: Path | None = None
+    #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
+    #: train_accuracy, test_accuracy lists).
+    curves: dict[str, Any] = field(default_factory=dict)
 
 
 def summarize(trace: Trace) -> dict[str, Any]:

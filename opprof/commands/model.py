@@ -3,17 +3,16 @@ prediction against a measured multi-worker trace."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from opprof.analysis.commmodel import Network
 from opprof.analysis.noise import assess, flags
 from opprof.analysis.predict import check, predict
 from opprof.commands import echo_output, format_option
-from opprof.errors import ErrorKind, OpprofError
+from opprof.kinds import PS_MODES, Mode
 from opprof.loader import load
+from opprof.pipeline.calibrate import read_network
 from opprof.render import renderer
 
 
@@ -28,27 +27,13 @@ def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list
     return list(dict.fromkeys(out))
 
 
-def read_network(path: Path | None) -> Network | None:
-    """A network file written by `opprof calibrate` (None: none given)."""
-    if path is None:
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise OpprofError("no such file", path=path, kind=ErrorKind.MISSING) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OpprofError(f"not JSON ({exc}); write one with `opprof calibrate`",
-                          path=path, kind=ErrorKind.NOT_A_TRACE) \
-            from None
-    return Network.from_dict(doc, str(path))
-
-
 network_option = click.option(
     "--network", type=click.Path(path_type=Path), default=None,
     help="α–β of the collective from `opprof calibrate -o net.json` (default: fitted to the "
          "trace's own collectives, else an assumed 10 Gb/s Ethernet).")
 mode_option = click.option(
-    "--mode", type=click.Choice(["allreduce", "fsdp", "ps-sync", "ps-async"]), default=None,
+    "--mode", type=click.Choice([m.value for m in (Mode.ALLREDUCE, Mode.FSDP, *PS_MODES)]),
+    default=None,
     help="Distributed mode (default: the trace's, or the framework's usual: torch and tf "
          "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP).")
 servers_option = click.option("--servers", type=click.IntRange(min=1), default=None,

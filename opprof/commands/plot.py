@@ -42,18 +42,20 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
       opprof plot ddp.trace --figure ranks -o ranks.svg
     """
     try:
-        from opprof.render import figures, plotdata
+        from opprof.render import figures
     except ImportError as exc:
         raise OpprofError(f"opprof plot needs matplotlib ({exc}): pip install "
                           "'opprof[plot]' -c constraints.txt") from None
     if output.suffix.lower() not in figures.SUFFIXES:
         raise OpprofError("a figure is written as .svg, .png or .pdf",
                           path=output, kind=ErrorKind.USAGE)
-    benches = [p for p in inputs if plotdata.is_bench(p)]
+    from opprof.pipeline.bench import is_bench, read_bench
+
+    benches = [p for p in inputs if is_bench(p)]
     if benches:
         if len(inputs) > 1:
             raise OpprofError("give one bench folder, or traces, not both")
-        source = plotdata.read_bench(benches[0])
+        source = read_bench(benches[0])
     else:
         from opprof.analysis.diff import label
         from opprof.job import report

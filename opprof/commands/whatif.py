@@ -9,9 +9,10 @@ import click
 
 from opprof.analysis.whatif import Context, context, whatif
 from opprof.commands import echo_output, format_option
-from opprof.commands.model import mode_option, network_option, read_network, servers_option
+from opprof.commands.model import mode_option, network_option, servers_option
 from opprof.errors import OpprofError
 from opprof.loader import load
+from opprof.pipeline.calibrate import read_network
 from opprof.render import renderer
 
 

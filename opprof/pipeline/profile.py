@@ -1,6 +1,6 @@
-"""``opprof.profile()``: the runner under a script's own control — the script says where each
-training step ends (``prof.step()``), opprof does the rest (warm-up, timing, profiled steps,
-native trace, `.trace`).
+"""The profile pipeline, ``opprof.profile()``: the runner under a script's own control — the
+script says where each training step ends (``prof.step()``), opprof does the rest (warm-up,
+timing, profiled steps, native trace, `.trace`).
 
 ::
 
@@ -33,6 +33,7 @@ from opprof.collectors.config import Framework, Protocol
 from opprof.collectors.runner import Runner
 from opprof.errors import OpprofError, first_line
 from opprof.kinds import FRAMEWORK_INFO
+from opprof.pipeline import native_folder
 
 MERGE_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' traces
 
@@ -53,8 +54,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
     def native(self) -> Path:
         """The folder of the native traces."""
         folder = inject.run_folder()
-        return folder if folder is not None else self.output.with_name(
-            self.output.name.removesuffix(".trace") + ".native")
+        return folder if folder is not None else native_folder(self.output)
 
     def __enter__(self) -> profile:
         fw = _framework(self.fw)
@@ -89,8 +89,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
     def _merge(self, runner: Runner) -> None:
         """Write ``output`` from the native traces of this session's processes."""
         from opprof.collectors.jobs import command_recording
-        from opprof.normalizers import normalize, write_folder_meta
-        from opprof.trace import save
+        from opprof.pipeline import save_recording
 
         folder = self.native
         session = runner.facts.extra.get("session")
@@ -107,9 +106,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
                   f"nothing written to {self.output}", file=sys.stderr)
             return
         meta = {**rec.meta, "native_dir": str(folder)}
-        write_folder_meta(folder, meta)  # `opprof import` of the folder reads it back
-        self.trace = normalize(rec.native, meta)
-        save(self.trace, self.output)
+        self.trace = save_recording(rec.native, meta, folder, self.output)
         print(f"opprof: wrote {self.output} ({len(self.trace.ranks)} rank(s), "
               f"{runner.facts.profiled_steps} profiled step(s)); see `opprof report "
               f"{self.output}`", file=sys.stderr)

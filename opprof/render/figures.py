@@ -1,7 +1,7 @@
 """Paper figures with matplotlib: the same charts as the HTML report, as SVG, PNG or PDF, with
 readable fonts, units on every axis, legends and one colour per phase (opprof.render.palette).
 
-A figure is made from a bench folder's results (:class:`~opprof.render.plotdata.Bench`) or
+A figure is made from a bench folder's results (:class:`~opprof.analysis.matrix.Bench`) or
 from reports of one or more traces; :data:`FIGURES` names them and says which input each
 needs. Text stays text in SVG and PDF (fonts embedded as TrueType), so a figure can be edited
 and searched. Figures use matplotlib's object API (no pyplot state, no GUI backend).
@@ -18,11 +18,11 @@ import pandas as pd
 from matplotlib import rc_context
 from matplotlib.figure import Figure
 
+from opprof.analysis.matrix import Bench
 from opprof.analysis.report import Report
 from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.render import palette, plotdata
-from opprof.render.plotdata import Bench
 from opprof.taxonomy import PHASES
 
 #: Figure name → (what it shows, the inputs it takes: "bench", "traces" or both).

@@ -20,7 +20,7 @@ import html
 import json
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -32,8 +32,11 @@ from opprof import __version__
 from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.report import Report
 from opprof.render import PAGE_VIEWS, palette, plotdata, units
-from opprof.render.plotdata import MS, Bench
+from opprof.render.plotdata import MS
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from opprof.analysis.matrix import Bench
 
 #: The views this format renders (a report and a diff: no model views) and its file type.
 VIEWS = PAGE_VIEWS

@@ -8,9 +8,8 @@ trace's event count.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -18,8 +17,10 @@ import pandas as pd
 from opprof import kinds
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.errors import ErrorKind, OpprofError
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:  # the bench's results, read by opprof.pipeline.bench.read_bench
+    from opprof.analysis.matrix import Bench
 
 MS = 1e6
 MIB = 2.0**20
@@ -186,35 +187,6 @@ def diff_waterfall(d: Diff, level: str, top: int = 10) -> Waterfall:
 DONE = tuple(s.value for s in kinds.DONE)
 
 
-@dataclass
-class Bench:
-    """A bench folder's results: one row per run, the cross-framework op ratios, the config."""
-
-    table: pd.DataFrame
-    ratios: pd.DataFrame
-    config: dict
-    path: Path | None = None
-    #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
-    #: train_accuracy, test_accuracy lists).
-    curves: dict = field(default_factory=dict)
-
-
-def read_bench(path: Path) -> Bench:
-    """The bench.json of a bench folder (or the file itself)."""
-    f = path / "bench.json" if path.is_dir() else path
-    try:
-        doc = json.loads(f.read_text())
-        table, ratios = pd.DataFrame(doc["runs"]), pd.DataFrame(doc.get("op_ratios") or [])
-    except FileNotFoundError:
-        raise OpprofError("no bench.json here (a folder written by `opprof bench`)",
-                          path=path, kind=ErrorKind.NOT_A_TRACE)\
-            from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise OpprofError(f"not a bench.json written by `opprof bench` ({exc})",
-                          path=f, kind=ErrorKind.NOT_A_TRACE) from None
-    return Bench(table, ratios, doc.get("config") or {}, path, doc.get("curves") or {})
-
-
 def bench_curves(b: Bench) -> pd.DataFrame:
     """`bench --converge`: one row per point of every run's curves — ``label`` (model, then
     :func:`run_label`), ``fw``, ``repeat`` (from 1), ``step``, ``time_s``, ``loss``,
@@ -252,11 +224,6 @@ def trace_curves(traces: list[tuple[str, Report]]) -> pd.DataFrame:
                                     "loss": c["loss"], "test_accuracy": c["test_accuracy"]}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["label", "fw", "repeat", "step", "time_s", "loss", "test_accuracy"])
-
-
-def is_bench(path: Path) -> bool:
-    """Whether ``path`` is a bench folder or a bench.json."""
-    return (path.is_dir() and (path / "bench.json").is_file()) or path.name == "bench.json"
 
 
 def run_label(row: pd.Series) -> str:
