@@ -30,7 +30,6 @@ from opprof.collectors.config import (
     MODELS,
     MODES,
     Device,
-    Fault,
     Framework,
     Mode,
     Protocol,
@@ -44,7 +43,7 @@ from opprof.collectors.supervisor import Progress, no_progress
 from opprof.errors import OpprofError
 from opprof.kinds import framework_info
 
-__all__ = ["FRAMEWORKS", "MODELS", "MODES", "Device", "Fault", "Framework", "Mode", "Progress",
+__all__ = ["FRAMEWORKS", "MODELS", "MODES", "Device", "Framework", "Mode", "Progress",
            "Protocol", "RecordConfig", "Recording", "Rendezvous", "Role", "adapter", "check",
            "no_progress", "record"]
 

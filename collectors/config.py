@@ -147,19 +147,6 @@ class Protocol:
 
 
 @dataclass(frozen=True)
-class Fault:
-    """Test-only: make one process fail when it reaches a stage (``setup``, ``warmup``,
-    ``timing``, ``profile``, ``write``): ``exit`` (code 3), ``hang``, ``pause`` (30 s, then
-    go on), ``kill`` (SIGKILL), ``stop`` (SIGSTOP) or ``fsize`` (killed by the kernel
-    half-way through writing its trace; see :func:`.runner.fault_point`). ``who`` is a
-    process label: ``rank 1``, ``worker 1``, ``server 0``, ``scheduler``."""
-
-    who: str
-    at: str = "warmup"
-    action: str = "exit"
-
-
-@dataclass(frozen=True)
 class RecordConfig:
     """What `opprof record` records: one framework, model, data set and cluster shape."""
 
@@ -181,7 +168,6 @@ class RecordConfig:
     #: Seconds between two samples of every process's resident memory (0: no sampling).
     memory_interval_s: float = 0.02
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
-    fault: Fault | None = None
     #: Compute threads per worker (OpenMP / torch threads, TF intra- and inter-op threads);
     #: None: the host's CPUs split among the processes that compute.
     threads: int | None = None
@@ -202,8 +188,6 @@ class RecordConfig:
             rv = dict(self.rendezvous)
             rv["cluster"] = tuple(rv.get("cluster") or ())
             object.__setattr__(self, "rendezvous", Rendezvous(**rv))
-        if isinstance(self.fault, dict):
-            object.__setattr__(self, "fault", Fault(**self.fault))
 
     @property
     def protocol(self) -> Protocol:

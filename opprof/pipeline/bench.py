@@ -165,7 +165,7 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
     add_predictions(runs, output, network, repeat)
     table, ratios = compare(runs, top)
     config = {k: v for k, v in asdict(base).items()
-              if k not in ("fw", "model", "rendezvous", "fault")}
+              if k not in ("fw", "model", "rendezvous")}
     config["repeat"] = repeat
     write_outputs(output, runs, table, ratios, config)
     from opprof.render.console import bench_tables, render
