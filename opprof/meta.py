@@ -72,6 +72,8 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
     convergence: list[dict[str, Any]] | UnsetType = UNSET
     #: every other key, as stored
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: the keys in the order they were given (a file's, a writer's), kept when written back
+    order: list[str] = msgspec.field(default_factory=list)
 
     # ------------------------------------------------------------------ building
 
@@ -88,7 +90,7 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
 
     def copy(self) -> TraceMeta:
         """A shallow copy (its lists and dicts shared, as ``dict(meta)``'s)."""
-        return msgspec.structs.replace(self, extra=dict(self.extra))
+        return msgspec.structs.replace(self, extra=dict(self.extra), order=list(self.order))
 
     def to_dict(self) -> dict[str, Any]:
         """The keys as stored: the typed fields given, then the others."""
@@ -104,6 +106,8 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
         return self.extra[key]
 
     def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self:
+            self.order.append(key)
         if key in _FIELDS:
             try:
                 setattr(self, key, msgspec.convert(value, _FIELDS[key]))
@@ -116,8 +120,9 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
     def __delitem__(self, key: str) -> None:
         if key in _FIELDS and getattr(self, key) is not UNSET:
             setattr(self, key, UNSET)
-            return
-        del self.extra[key]
+        else:
+            del self.extra[key]
+        self.order[:] = [k for k in self.order if k != key]
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str) and key in _FIELDS and getattr(self, key) is not UNSET:
@@ -131,8 +136,11 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
         return len(self.keys())
 
     def keys(self) -> list[str]:  # type: ignore[override]
-        """The keys given: typed fields first, then the others."""
-        return [k for k in _FIELDS if getattr(self, k) is not UNSET] + list(self.extra)
+        """The keys given, in the order given (a field set as an attribute: after them)."""
+        given = [k for k in dict.fromkeys(self.order) if k in self]
+        seen = set(given)
+        return given + [k for k in _FIELDS if getattr(self, k) is not UNSET and k not in seen] \
+            + [k for k in self.extra if k not in seen]
 
     def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
         return [(k, self[k]) for k in self.keys()]
@@ -187,7 +195,7 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
 
 #: Field name → its type (``extra`` is no key of the file).
 _FIELDS: dict[str, Any] = {
-    f.name: f.type for f in msgspec.structs.fields(TraceMeta) if f.name != "extra"}
+    f.name: f.type for f in msgspec.structs.fields(TraceMeta) if f.name not in ("extra", "order")}
 MutableMapping.register(TraceMeta)
 
 
