@@ -29,12 +29,16 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
 from opprof.kinds import Role
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 BASE_OPS = (
     "convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss",
@@ -103,7 +107,7 @@ class MappingTable:
     name: str
     rows: tuple[MappingRow, ...]
 
-    def classify(self, names: pd.Series | np.ndarray | list[str]) -> pd.DataFrame:
+    def classify(self, names: pd.Series | Array | list[str]) -> pd.DataFrame:
         """Classify unique names: a frame indexed by name with columns op, phase, kind, row,
         container.
 

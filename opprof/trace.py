@@ -21,7 +21,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,9 @@ from opprof.kinds import Role
 from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
 from opprof.meta import TraceMeta, stamp
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 #: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
 #: still format 1 (:data:`opprof.meta.FORMAT_VERSION`): older opprof reads them unchanged.
@@ -206,7 +209,7 @@ def to_arrow(events: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
-def rank_slices(events: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+def rank_slices(events: pd.DataFrame) -> list[tuple[int, Array]]:
     """(rank, row positions) per rank, ranks in order of first appearance, rows in order."""
     rank = events["rank"].to_numpy(np.int64)
     if len(rank) == 0:

@@ -9,7 +9,7 @@ every step.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,9 @@ from opprof.filters import counted, markers, on_device, on_host, workers
 from opprof.intervals import Sweep, containing, lane_ids
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 #: The phases that win an instant, highest first (then ``other``).
 PRIORITY = ("forward", "backward", "update", "comm", "h2d", "load")
@@ -43,16 +46,16 @@ class RankArrays(NamedTuple):
     """One rank's intervals as arrays: its steps, its ops then markers (with their phase and
     which are ops), and its blocked calls."""
 
-    s_start: np.ndarray
-    s_end: np.ndarray
-    starts: np.ndarray
-    ends: np.ndarray
-    phase: np.ndarray
-    is_op: np.ndarray
-    on_device: np.ndarray
-    k_start: np.ndarray
-    k_end: np.ndarray
-    k_phase: np.ndarray
+    s_start: Array
+    s_end: Array
+    starts: Array
+    ends: Array
+    phase: Array
+    is_op: Array
+    on_device: Array
+    k_start: Array
+    k_end: Array
+    k_phase: Array
 
     @classmethod
     def of(cls, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
@@ -66,8 +69,8 @@ class RankArrays(NamedTuple):
                    np.repeat([True, False], [len(o), len(m)]), device, k_start,
                    k_start + blk["dur"].to_numpy(np.int64), phase_codes(blk))
 
-    def cover(self, sweep: Sweep, mask: np.ndarray,
-              minus: np.ndarray | None = None) -> np.ndarray:
+    def cover(self, sweep: Sweep, mask: Array,
+              minus: Array | None = None) -> Array:
         """The segments of ``sweep`` covered by the masked intervals, less the ``minus``
         blocked calls."""
         if not mask.any():
@@ -75,7 +78,7 @@ class RankArrays(NamedTuple):
         blocked = None if minus is None else (self.k_start[minus], self.k_end[minus])
         return sweep.covered(self.starts[mask], self.ends[mask], blocked)
 
-    def winners(self, sweep: Sweep) -> np.ndarray:
+    def winners(self, sweep: Sweep) -> Array:
         """Per segment of ``sweep``: the phase code that wins it (the tiers of the module
         docstring, highest first; ``other`` where nothing covers it)."""
         winner = np.full(len(sweep.length), len(PHASES) - 1)  # "other"
@@ -91,11 +94,11 @@ class RankArrays(NamedTuple):
         return winner
 
     @property
-    def device_comm(self) -> np.ndarray:
+    def device_comm(self) -> Array:
         """Which intervals are device communication kernels."""
         return self.on_device & self.is_op & (self.phase == COMM_CODE)
 
-    def device_comm_exposed(self, sweep: Sweep) -> np.ndarray | None:
+    def device_comm_exposed(self, sweep: Sweep) -> Array | None:
         """Per segment: a device comm kernel runs and no device compute kernel does (None on
         a rank without device communication)."""
         if not self.device_comm.any():
@@ -104,7 +107,7 @@ class RankArrays(NamedTuple):
         return self.cover(sweep, self.device_comm) & ~self.cover(sweep, compute)
 
 
-def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
+def phase_at(trace: Trace, rank: Array, ts: Array) -> Array:
     """Per instant (rank, ts): the code (index in PHASES) of the phase that the wall-time
     breakdown gives that instant — the same tiers that make the phases sum to the step —
     or -1 when the instant is in no step of that worker rank (servers and schedulers have no
@@ -132,7 +135,7 @@ def phase_at(trace: Trace, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
 
 
 def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.DataFrame,
-                   t: np.ndarray) -> np.ndarray:
+                   t: Array) -> Array:
     """:func:`phase_at` for the instants ``t`` of one rank (its step bounds ``b`` sorted)."""
     a = RankArrays.of(b, o, m, blk)
     sweep = Sweep(a.starts, a.ends, a.s_start, a.s_end, a.k_start, a.k_end, t)
@@ -147,7 +150,7 @@ def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.Da
     return out
 
 
-def phase_codes(df: pd.DataFrame) -> np.ndarray:
+def phase_codes(df: pd.DataFrame) -> Array:
     """Phase of each event as its index in PHASES (-1 for none)."""
     col = df["phase"]
     if isinstance(col.dtype, pd.CategoricalDtype) and tuple(col.cat.categories) == PHASES:
@@ -155,7 +158,7 @@ def phase_codes(df: pd.DataFrame) -> np.ndarray:
     return pd.Categorical(col.astype(object), categories=PHASES).codes.astype(np.int64)
 
 
-def container(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
+def container(inner: pd.DataFrame, outer: pd.DataFrame) -> Array:
     """Per ``inner`` event: the position in ``outer`` of the event of the same lane (rank,
     pid, tid) that contains it, or -1. Outer events of one lane must not overlap (counted,
     outermost operators do not)."""

@@ -35,6 +35,7 @@ it during which a compute operator ran.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -51,6 +52,9 @@ from opprof.walltime import COMPUTE as COMPUTE
 from opprof.walltime import PRIORITY as PRIORITY
 from opprof.walltime import container as container
 from opprof.walltime import phase_at as phase_at
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 
 def step_breakdown(trace: Trace) -> pd.DataFrame:
@@ -114,7 +118,7 @@ def _rank_breakdown(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame
     return out
 
 
-def device_overlap(b: pd.DataFrame, kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def device_overlap(b: pd.DataFrame, kernels: pd.DataFrame) -> tuple[Array, Array]:
     """Per step of one rank (``b`` sorted): the union of the comm kernels it launched, and
     the part of it during which a compute kernel it launched ran (``kernels``: the rank's,
     with ``launched``, the start of the host call that launched each)."""

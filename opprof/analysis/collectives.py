@@ -30,6 +30,8 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
@@ -38,6 +40,9 @@ from opprof.analysis.ranks import collectives
 from opprof.filters import communication, counted, kernels, on_host, workers
 from opprof.intervals import Sweep
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 #: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
 #: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
@@ -177,7 +182,7 @@ def _group_of(events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"group": group, "size": size}, index=events.index)
 
 
-def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
+def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:
     """Per timing event: ns of it during which its rank computed (compute kernels where the
     event is a device kernel, unblocked compute operators otherwise)."""
     out = np.zeros(len(timing), np.int64)
@@ -200,8 +205,8 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _covered_within(s: np.ndarray, e: np.ndarray, comp: pd.DataFrame,
-                    blocked: pd.DataFrame | None) -> np.ndarray:
+def _covered_within(s: Array, e: Array, comp: pd.DataFrame,
+                    blocked: pd.DataFrame | None) -> Array:
     """Per interval [s, e): ns during which a ``comp`` event ran (less ``blocked`` calls)."""
     p_ts = comp["ts"].to_numpy(np.int64)
     p_end = p_ts + comp["dur"].to_numpy(np.int64)

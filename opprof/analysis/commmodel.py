@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,9 @@ import pandas as pd
 from opprof import kinds
 from opprof.errors import ErrorKind, OpprofError
 from opprof.kinds import Collective
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 COLLECTIVES = Collective.values()
 FORMAT = 1
@@ -57,8 +60,8 @@ def collective_of(mode: str) -> Collective:
                       "ps-sync or ps-async")
 
 
-def design(nbytes: np.ndarray, collective: str, workers: int,
-           servers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def design(nbytes: Array, collective: str, workers: int,
+           servers: int = 1) -> tuple[Array, Array]:
     """The (α, β) coefficients of the cost equation for each message size."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     if collective == Collective.ALLREDUCE:
@@ -93,8 +96,8 @@ class Network:
         """1/β in bytes per second."""
         return 1e9 / self.beta_ns_per_byte if self.beta_ns_per_byte > 0 else None
 
-    def cost_ns(self, nbytes: float | np.ndarray, workers: int,
-                servers: int = 1) -> np.ndarray:
+    def cost_ns(self, nbytes: float | Array, workers: int,
+                servers: int = 1) -> Array:
         """Predicted time of one collective of ``nbytes`` among ``workers`` (and ``servers``)."""
         if self.collective in (Collective.ALLREDUCE, Collective.FSDP) and workers <= 1:
             return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
@@ -212,7 +215,7 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
                    fit=fit_info, **fields)
 
 
-def _robust_fit(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def _robust_fit(a: Array, b: Array, y: Array) -> tuple[float, float]:
     """Relative-error least squares of y ≈ α·a + β·b with Huber re-weighting, α, β ≥ 0."""
     w = 1.0 / y
     for _ in range(4):
@@ -223,7 +226,7 @@ def _robust_fit(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return alpha, beta
 
 
-def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def _nnls2(a: Array, b: Array, y: Array) -> tuple[float, float]:
     """min ||α·a + β·b − y|| with α, β ≥ 0 (two unknowns: check the faces)."""
     m = np.column_stack([a, b])
     sol, *_ = np.linalg.lstsq(m, y, rcond=None)
@@ -237,6 +240,6 @@ def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return best[1], best[2]
 
 
-def _ls1(x: np.ndarray, y: np.ndarray) -> float:
+def _ls1(x: Array, y: Array) -> float:
     den = float(np.dot(x, x))
     return max(0.0, float(np.dot(x, y)) / den) if den > 0 else 0.0

@@ -29,6 +29,8 @@ in the events table, or a kernel without a recorded API call) are ``idle_unattri
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
@@ -36,6 +38,9 @@ from opprof.filters import device_work
 from opprof.intervals import Sweep
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 CATEGORIES = ("comm", "compute", "memcpy")  # priority order; idle is the rest
 COLUMNS = [
@@ -94,7 +99,7 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     return pd.DataFrame(rows)[COLUMNS]
 
 
-def _last_step_starts(trace: Trace, rank: np.ndarray) -> np.ndarray:
+def _last_step_starts(trace: Trace, rank: Array) -> Array:
     """Per event rank: when its last step began (int64 max for a rank with fewer than two
     steps: nothing is left out)."""
     b = trace.step_bounds()
@@ -106,7 +111,7 @@ def _last_step_starts(trace: Trace, rank: np.ndarray) -> np.ndarray:
     return out
 
 
-def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
+def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> Array:
     """Start of the host call that launched each device event (-1 when unknown)."""
     out = np.full(len(dev), -1, dtype=np.int64)
     if "link" not in ev.columns:
@@ -125,7 +130,7 @@ def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _one_device(ts: np.ndarray, dur: np.ndarray, cat: np.ndarray, launch: np.ndarray) -> dict:
+def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> dict:
     end = ts + dur
     start_all, end_all = int(ts.min()), int(end.max())
     sweep = Sweep(ts, end)

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 #: Interquartile range / median of the unprofiled step times above which a run is noisy.
 NOISE_SPREAD = 0.20
@@ -68,7 +71,7 @@ class Noise:
         return replace(self, flags=[*self.flags, *(f for f in more if f not in self.flags)])
 
 
-def samples(meta: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def samples(meta: Mapping[str, Any]) -> tuple[Array, Array]:
     """(before, after): every worker's unprofiled step durations (ns)."""
     per_rank = meta.get("unprofiled_samples_ns") or {}
     before = [v for r in per_rank.values() if isinstance(r, dict)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from opprof.filters import counted, device_work, step_work
 from opprof.taxonomy import CANONICAL_OPS, PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 
 def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
@@ -61,7 +66,7 @@ def table_from_durations(d: pd.DataFrame, n_steps: int) -> pd.DataFrame:
     cum = np.cumsum(n)
     before = cum[starts] - n[starts]  # events in earlier groups
 
-    def order_stat(k: np.ndarray) -> np.ndarray:  # k-th smallest (0-based) in each group
+    def order_stat(k: Array) -> Array:  # k-th smallest (0-based) in each group
         return dur[np.searchsorted(cum, before + k, side="right")].astype(np.float64)
 
     t = pd.DataFrame({"op": np.asarray(CANONICAL_OPS, dtype=object)[d["op"].to_numpy()[starts]],

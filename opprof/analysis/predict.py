@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -67,6 +67,9 @@ from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mo
 from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 _NOT_GRADIENT = r"(?i)broadcast|barrier|gather|scatter|send|recv|alltoall"
 
@@ -143,8 +146,8 @@ class Units:
     forward order), its share of the compute, where they come from, and FSDP's copy rate
     measured in an FSDP trace (ns per byte; None when it ran no FSDP)."""
 
-    bytes: np.ndarray
-    share: np.ndarray
+    bytes: Array
+    share: Array
     source: str
     copy_ns_per_byte: float | None
 
@@ -479,7 +482,7 @@ class Spread:
                 "verdict": self.verdict}
 
 
-def spread(step_ns: np.ndarray, predicted_ns: float) -> Spread:
+def spread(step_ns: Array, predicted_ns: float) -> Spread:
     """The :class:`Spread` of measured steps ``step_ns`` against a predicted step."""
     v = np.asarray(step_ns, np.float64)
     n = len(v)

@@ -46,6 +46,7 @@ All times are per step (means over the rank's steps) unless named ``total``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -56,6 +57,9 @@ from opprof.intervals import Sweep
 from opprof.kinds import Mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
 BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
@@ -124,7 +128,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     return timing, payload.reset_index(drop=True)
 
 
-def _name_matches(ev: pd.DataFrame, pattern: str) -> np.ndarray:
+def _name_matches(ev: pd.DataFrame, pattern: str) -> Array:
     """Per event: does its name fully match ``pattern`` (evaluated once per distinct name)."""
     names = ev["name"].cat.categories.astype(str)
     hit = pd.Series(names).str.match(pattern).to_numpy()

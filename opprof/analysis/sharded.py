@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -53,6 +54,9 @@ from opprof.errors import OpprofError
 from opprof.filters import counted, on_host, step_work
 from opprof.kinds import Collective
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 KINDS = ("all_gather", "reduce_scatter")
 #: FSDP's copies when neither a calibration nor the trace gives them: 4 GB/s, a memcpy of a
@@ -66,8 +70,8 @@ class ShardedPlan:
     """The inputs of one simulated FSDP step (times in ns, bytes unsharded)."""
 
     phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
-    unit_bytes: np.ndarray  # root first, then each unit, in forward order
-    share: np.ndarray  # each unit's share of the forward and backward compute (sums to 1)
+    unit_bytes: Array  # root first, then each unit, in forward order
+    share: Array  # each unit's share of the forward and backward compute (sums to 1)
     cost: Callable[[str, float], float]  # (kind, bytes) -> ns of one collective
     copy_ns_per_byte: float
     workers: int
@@ -146,7 +150,7 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
 # ------------------------------------------------------------------ inputs from a trace
 
 
-def unit_bytes(trace: Trace) -> tuple[np.ndarray, str]:
+def unit_bytes(trace: Trace) -> tuple[Array, str]:
     """Each unit's unsharded parameter bytes (root first, forward order) and where they come
     from (see the module docstring); empty when the trace tells nothing."""
     given = trace.meta.get("unit_param_bytes")
@@ -167,7 +171,7 @@ def unit_bytes(trace: Trace) -> tuple[np.ndarray, str]:
     return np.zeros(0, np.int64), ""
 
 
-def unit_shares(trace_layers: pd.DataFrame, nbytes: np.ndarray) -> np.ndarray:
+def unit_shares(trace_layers: pd.DataFrame, nbytes: Array) -> Array:
     """Each unit's share of the compute: the backward time of its gradients (gradients in
     backward order matched to units in reverse forward order by cumulative bytes), else its
     share of the bytes."""
@@ -218,7 +222,7 @@ def trace_samples(trace: Trace) -> pd.DataFrame:
         "ns": c["transfer_ns"].to_numpy(np.float64)})
 
 
-def copy_rate(trace: Trace, nbytes: np.ndarray, steps: int) -> float | None:
+def copy_rate(trace: Trace, nbytes: Array, steps: int) -> float | None:
     """ns per byte of FSDP's copies in a multi-worker FSDP trace: its ``memory`` time in
     phase ``comm`` per step over the bytes the model copies per step (None: none)."""
     ev = trace.events

@@ -45,6 +45,7 @@ from opprof.kinds import Collective, Framework
 
 if TYPE_CHECKING:
     from opprof.analysis.sharded import ShardedPlan
+    from opprof.arrays import Array
 
 COMPUTE_PHASES = ("load", "h2d", "forward", "backward", "update", "other")
 MiB = 1 << 20
@@ -107,8 +108,8 @@ class StepPlan:
     """The inputs of one simulated step (times in ns)."""
 
     phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
-    ready_frac: np.ndarray  # gradients in ready order: fraction of backward when ready
-    grad_bytes: np.ndarray  # bytes of each gradient
+    ready_frac: Array  # gradients in ready order: fraction of backward when ready
+    grad_bytes: Array  # bytes of each gradient
     policy: Policy
     cost: object  # callable: bytes -> ns of one collective (N and S already applied)
     comm_scale: float = 1.0
@@ -138,7 +139,7 @@ class SimResult:
     interference_ns: float = 0.0
 
 
-def messages(ready_frac: np.ndarray, grad_bytes: np.ndarray,
+def messages(ready_frac: Array, grad_bytes: Array,
              policy: Policy) -> list[tuple[float, int]]:
     """(ready fraction of backward, bytes) of each message the policy sends."""
     if not len(grad_bytes) or not int(np.sum(grad_bytes)):

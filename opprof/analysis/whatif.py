@@ -35,7 +35,7 @@ operator's time by B's moves the step by exactly B's time minus A's. Each change
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -61,6 +61,9 @@ from opprof.kinds import Collective, Mode, default_mode
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, PHASES
 from opprof.trace import Trace
 
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+
 
 @dataclass
 class Context:
@@ -71,7 +74,7 @@ class Context:
     op_time: pd.Series  # op → time per step (device where the trace has GPU kernels)
     #: The trace's dependency graph and a topological order (opprof.analysis.critpath);
     #: None where it has none: the phase-level model answers alone.
-    graph: tuple[Graph, np.ndarray] | None = None
+    graph: tuple[Graph, Array] | None = None
 
     @property
     def label(self) -> str:
@@ -252,7 +255,7 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
                   engine=engine)
 
 
-def _replay_delta(graph: tuple[Graph, np.ndarray], factors: dict[str, float | None],
+def _replay_delta(graph: tuple[Graph, Array], factors: dict[str, float | None],
                   comm_scale: float) -> float:
     """Mean change of the step over every (rank, step) when the graph is replayed with
     the operators' node times × their factors and communication × ``comm_scale`` (0: the
