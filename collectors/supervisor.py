@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opprof.collectors import channel
 from opprof.collectors.config import Facts
@@ -84,7 +85,7 @@ def no_progress(stage: str, done: int, total: int) -> None:
 try:  # loaded here, not in the forked child, where taking the import lock could deadlock
     import ctypes
 
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    _PRCTL: Any = ctypes.CDLL(None, use_errno=True).prctl
 except (ImportError, OSError, AttributeError):  # not Linux
     _PRCTL = None
 

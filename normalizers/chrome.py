@@ -47,7 +47,8 @@ def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
         shown = ", ".join(sorted(sqlite_tables(path))[:6])
         raise OpprofError(f"{path}: a SQLite file but not an nsys or nvprof export ("
                           + (f"tables: {shown})" if shown else "unreadable or empty)"))
-    data = prefetched(path) if head.startswith(GZIP_MAGIC) else None
+    data: bytes | bytearray | None = (prefetched(path) if head.startswith(GZIP_MAGIC)
+                                      else None)
     if data is None:
         budget = memory_budget()
         try:
@@ -56,12 +57,11 @@ def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
                 raise OpprofError(f"{gib(size)} of JSON is more than this machine "
                                   f"can decode now ({gib(budget)}: a third of the memory "
                                   "available)", path=path, kind=ErrorKind.TOO_LARGE)
-            data = path.read_bytes()
+            raw = path.read_bytes()
         except OSError as exc:
             raise OpprofError(f"cannot read ({exc.strerror or exc})",
                               path=path, kind=ErrorKind.UNREADABLE) from None
-        if head.startswith(GZIP_MAGIC):
-            data = gunzip(data, path, budget)
+        data = gunzip(raw, path, budget) if head.startswith(GZIP_MAGIC) else raw
     if data.startswith(_UTF8_BOM):  # written by some Windows tools; JSON has no BOM
         if isinstance(data, bytearray):
             del data[:len(_UTF8_BOM)]  # in place: no copy of the text
@@ -83,6 +83,9 @@ class Repaired(bytearray):
 
 #: What a byte that is not UTF-8 becomes (DEL: valid in JSON strings, never in a real name).
 INVALID = 0x7F
+#: None as a 0-d object array, for ``np.where(mask, values, NONE)``: an object array with None
+#: where the mask is False.
+NONE = np.array(None, dtype=object)
 _UTF8_PIECE = 1 << 20
 
 

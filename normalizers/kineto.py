@@ -451,11 +451,11 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
                   "collective"))
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
-    detail = None
+    texts: np.ndarray | None = None
     if any(p["detail"] is not None for p in pieces):
-        detail = np.concatenate([p["detail"] if p["detail"] is not None
-                                 else np.full(p["n"], None, dtype=object)
-                                 for p in pieces])
+        texts = np.concatenate([p["detail"] if p["detail"] is not None
+                                else np.full(p["n"], None, dtype=object)
+                                for p in pieces])
     del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
     step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
@@ -495,7 +495,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         "name": names,
         "kind": kind,
         "bytes": nbytes,
-        "detail": detail,
+        "detail": texts,
         "link": corr,
         "collective": collective,
     }, copy=False)  # every column is made here: no copy
@@ -537,14 +537,14 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None
     if has_dims.any() or group is not None:
-        detail = np.full(n, None, dtype=object)
-        detail[has_dims] = [d if type(d) is str else str(d)
-                            for d, h in zip(dims_v, has_dims, strict=True) if h]
+        texts = np.full(n, None, dtype=object)
+        texts[has_dims] = [d if type(d) is str else str(d)
+                           for d, h in zip(dims_v, has_dims, strict=True) if h]
         if group is not None:  # a collective's process group, before its dims
             has = np.flatnonzero(group != None)  # noqa: E711 (element-wise)
-            detail[has] = [g if d is None else f"{g} dims={d}"
-                           for g, d in zip(group[has], detail[has], strict=True)]
-        out["detail"] = detail
+            texts[has] = [g if d is None else f"{g} dims={d}"
+                          for g, d in zip(group[has], texts[has], strict=True)]
+        out["detail"] = texts
     return out
 
 

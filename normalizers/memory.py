@@ -31,6 +31,8 @@ them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -53,7 +55,7 @@ def samples(rank: int | np.ndarray, role: str | np.ndarray, pid: int | np.ndarra
     ts = np.asarray(ts, np.int64)
     n = len(ts)
 
-    def col(v: object, dtype: object = object) -> np.ndarray:
+    def col(v: Any, dtype: Any = object) -> np.ndarray:
         arr = np.asarray(v, dtype=dtype)
         return np.full(n, v, dtype=dtype) if arr.ndim == 0 else arr
 

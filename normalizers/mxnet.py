@@ -187,7 +187,7 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     raw = pd.concat(frames, ignore_index=True)
     workers = sorted(r for r, role in roles if role == "worker")
     servers = sorted(r for r, role in roles if role == "server")
-    info = {
+    info: dict[str, Any] = {
         "source_formats": [NAME],
         "sources": [str(p) for p, _ in docs],
         "framework": "mxnet",

@@ -58,12 +58,14 @@ import sqlite3
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from opprof import drops
 from opprof.errors import ErrorKind, OpprofError
+from opprof.normalizers.chrome import NONE
 from opprof.normalizers.cupti import (
     NSYS_MEM_KIND,
     connect,
@@ -116,7 +118,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
                           path=paths[0], kind=ErrorKind.NO_EVENTS)
     has_gpu = raw["kind"].isin(["kernel", "memcpy", "memset"]).any()
     torch_like = raw["name"].astype(str).str.startswith("aten::").any()
-    out = {
+    out: dict[str, Any] = {
         "source_formats": [NAME],
         "sources": [str(p) for p in paths],
         "workers": len(info.ranks),
@@ -301,7 +303,7 @@ def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
     if strings.empty:  # an export whose StringIds table is empty: no name is known
         return pd.Series(np.full(len(idx), None, dtype=object), dtype=object)
     pos = strings.index.get_indexer(idx)
-    out = np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], None)
+    out = np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], NONE)
     return pd.Series(out, dtype=object)
 
 

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import ErrorKind, OpprofError
+from opprof.normalizers.chrome import NONE
 from opprof.normalizers.cupti import (
     CUPTI_MEM_KIND,
     connect,
@@ -149,7 +150,7 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
 
 def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
     pos = strings.index.get_indexer(int_col(ids))
-    return pd.Series(np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], None),
+    return pd.Series(np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], NONE),
                      dtype=object)
 
 
@@ -200,7 +201,7 @@ def _memset(con: sqlite3.Connection) -> pd.DataFrame:
 
 def _api(con: sqlite3.Connection, names: set[str]) -> pd.DataFrame | None:
     """Runtime calls, plus driver calls whose correlation no runtime call has."""
-    frames = []
+    frames: list[pd.DataFrame] = []
     for table, cbids, prefix in (("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_CBID, "cudaRuntime"),
                                  ("CUPTI_ACTIVITY_KIND_DRIVER", DRIVER_CBID, "cuDriver")):
         if table not in names:
@@ -250,7 +251,7 @@ def _markers(con: sqlite3.Connection, names: set[str], strings: pd.Series) -> pd
         cat = cat[~cat.index.duplicated()].reindex(int_col(starts["id"])).fillna(0)
         cat = cat.astype(np.int64).to_numpy()
         extra = pd.Series(np.where(cat != 0, np.char.add("category = ", cat.astype(str)),
-                                   None), dtype=object)
+                                   NONE), dtype=object)
         both = (detail.notna() & extra.notna()).to_numpy()
         detail = detail.where(detail.notna(), extra)
         detail[both] = detail[both].to_numpy() + ", " + extra[both].to_numpy()

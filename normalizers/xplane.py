@@ -104,6 +104,7 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import ErrorKind, OpprofError, first_line
+from opprof.normalizers.chrome import NONE
 from opprof.normalizers.events import finish
 from opprof.normalizers.memory import add_memory, samples
 from opprof.taxonomy import mapping_table
@@ -233,9 +234,9 @@ def allocator_samples(path: Path, rank: int, role: str, offset_ns: int,
             rows.append((t_ps // 1000, used))
         if not rows:
             continue
-        t, used = (np.array(c, np.int64) for c in zip(*sorted(set(rows)), strict=True))
+        at, nbytes = (np.array(c, np.int64) for c in zip(*sorted(set(rows)), strict=True))
         frames.append(samples(rank, role, pid, f"cuda:{gpu.group(1)}" if gpu else "cpu",
-                              t + offset_ns, "allocated", used, "xprof"))
+                              at + offset_ns, "allocated", nbytes, "xprof"))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -488,7 +489,7 @@ def _host_events(path: Path) -> dict[str, Any]:
     op_name = long_name.str.rsplit(":", n=1).str[0]
     key = name.where(~is_op, long_name)
     # TF ops: the full op name; other events with a long name (tf.data iterators): that.
-    detail = pd.Series(np.where(is_op, op_name, np.where(long_name != "", long_name, None)),
+    detail = pd.Series(np.where(is_op, op_name, np.where(long_name != "", long_name, NONE)),
                        dtype=object)
     root = name.str.startswith("Iterator::") & detail.isna()  # Iterator::Root has no long name
     detail = detail.where(~root, name)

@@ -30,7 +30,8 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(cmd_name)
         if module is None:
             return None
-        return importlib.import_module(f"opprof.commands.{module}").command
+        command: click.Command = importlib.import_module(f"opprof.commands.{module}").command
+        return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

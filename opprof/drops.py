@@ -8,7 +8,7 @@ and files (:func:`merged`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 KEY = "read_warnings"
 
 
-def note(meta: dict, kind: str, count: int) -> None:
+def note(meta: dict[str, Any], kind: str, count: int) -> None:
     """Add ``count`` (when positive) to ``kind`` in ``meta``'s read warnings."""
     count = int(count)
     if count > 0:
@@ -26,7 +26,7 @@ def note(meta: dict, kind: str, count: int) -> None:
         warnings[kind] = int(warnings.get(kind, 0)) + count
 
 
-def skip(meta: dict, bad: Array, why: str) -> Array:
+def skip(meta: dict[str, Any], bad: Array, why: str) -> Array:
     """Count the events of ``bad`` (a boolean mask) as skipped for ``why``; return the mask of
     the events kept."""
     bad = np.asarray(bad, bool)

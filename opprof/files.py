@@ -15,7 +15,7 @@ from opprof.errors import ErrorKind, OpprofError
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it
     is removed, so no half-written file is ever left under the final name."""
     path = Path(path)
@@ -36,7 +36,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes | Callable[[Path], None]) -> Path:
+def write_atomic(path: str | os.PathLike[str], data: str | bytes | Callable[[Path], None]) -> Path:
     """Write text, bytes, or whatever ``data(tmp_path)`` writes, atomically to ``path``."""
     with atomic_path(path) as tmp:
         if callable(data):

@@ -20,7 +20,7 @@ Times are int64 nanoseconds; an interval is ``[start, end)``. Everything is vect
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 import pandas as pd
@@ -96,7 +96,8 @@ class Sweep:
         if minus is not None and len(minus[0]):
             delta -= np.bincount(np.searchsorted(self.points, minus[0]), minlength=n)
             delta += np.bincount(np.searchsorted(self.points, minus[1]), minlength=n)
-        return np.cumsum(delta)[:-1] > 0
+        covered: Array = np.cumsum(delta)[:-1] > 0
+        return covered
 
     def bins(self, b_start: Array, b_end: Array) -> Array:
         """Per segment: the index of the sorted, disjoint bin ``[b_start, b_end)`` holding
@@ -105,6 +106,12 @@ class Sweep:
         inside = (idx >= 0) & (self.start < np.asarray(b_end)[np.maximum(idx, 0)])
         return np.where(inside, idx, len(b_start))
 
+    @overload
+    def total(self, mask: Array) -> int: ...
+
+    @overload
+    def total(self, mask: Array, bins: Array, n_bins: int) -> Array: ...
+
     def total(self, mask: Array, bins: Array | None = None,
               n_bins: int = 0) -> Array | int:
         """Length of the masked segments: one int, or int64 per bin (``bins`` from
@@ -112,7 +119,8 @@ class Sweep:
         if bins is None:
             return int(self.length[mask].sum())
         tot = np.bincount(bins[mask], weights=self.length[mask], minlength=n_bins + 1)
-        return np.rint(tot[:n_bins]).astype(np.int64)
+        per_bin: Array = np.rint(tot[:n_bins]).astype(np.int64)
+        return per_bin
 
 
 def label_points(group: Array, t: Array, i_group: Array, i_start: Array,

@@ -17,7 +17,7 @@ writes the tables as the ranks' row groups of the `.trace`. Results equal those 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,9 @@ from opprof import drops, parallel
 from opprof.errors import ErrorKind, OpprofError
 
 if TYPE_CHECKING:
+    from opprof.analysis.report import RankPart, Report
     from opprof.normalizers.formats import RankFormat
+    from opprof.trace import Trace
 
 _PARQUET_MAGIC = b"PAR1"
 
@@ -42,7 +44,7 @@ class Task:
     index: int = 0
     rank: int | None = None
     named: bool = True
-    meta: dict = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
     memory: tuple[str, ...] = ()  # opprof's sampled memory files of the job (normalizers.sampled)
 
 
@@ -50,9 +52,9 @@ class Task:
 class Outcome:
     """What a worker sends back: per rank parts or tables, and the file's facts."""
 
-    parts: list = field(default_factory=list)
-    tables: list = field(default_factory=list)  # (rank, pyarrow.Table)
-    info: dict | None = None
+    parts: list[RankPart] = field(default_factory=list)
+    tables: list[Any] = field(default_factory=list)  # (rank, pyarrow.Table)
+    info: dict[str, Any] | None = None
     declared: int | None = None
     rank: int | None = None
     fmt: RankFormat | None = None  # the format of the rank read (one rank per file)
@@ -60,7 +62,7 @@ class Outcome:
     skipped: bool = False  # a JSON file found in a folder that is no trace
     damaged: OpprofError | None = None  # a file found in a folder that cannot be read
     events: int = 0
-    warnings: dict = field(default_factory=dict)  # what reading a .trace rank dropped
+    warnings: dict[str, Any] = field(default_factory=dict)  # what reading a .trace rank dropped
 
 
 @dataclass
@@ -70,14 +72,14 @@ class Plan:
     paths: list[Path]
     tasks: list[Task]
     whole: bool
-    meta: dict
+    meta: Mapping[str, Any]
     input_bytes: int = 0
     skipped: list[str] = field(default_factory=list)
     damaged: list[OpprofError] = field(default_factory=list)
     format: RankFormat | None = None  # the format of the ranks read one by one
 
 
-def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
+def plan(paths: Sequence[str | os.PathLike[str]], meta: dict[str, Any] | None = None) -> Plan:
     """Decide how to read the job at ``paths`` (validating them as ``opprof.load`` does)."""
     from opprof.loader import existing_paths, is_opprof_trace, opprof_traces_in
 
@@ -114,7 +116,7 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
     if not listed:
         raise OpprofError("only sampled memory files, no trace to attach them to",
                           path=files[0], kind=ErrorKind.NO_EVENTS)
-    tasks: list[Task] = []
+    json_tasks: list[Task] = []
     size = 0
     for i, (f, named) in enumerate(listed):
         try:
@@ -126,18 +128,19 @@ def plan(paths: Sequence[str | os.PathLike], meta: dict | None = None) -> Plan:
         size += f.stat().st_size * (10 if head.startswith(b"\x1f\x8b") else 1)
         if head.startswith(_PARQUET_MAGIC) or file_format(f, head) is not None:
             return Plan(files, [], True, meta or {}, size)
-        tasks.append(Task("json", str(f), i, None, named, meta or {},
-                          tuple(str(m) for m in memory)))
-    return Plan(files, tasks, False, meta or {}, size)
+        json_tasks.append(Task("json", str(f), i, None, named, meta or {},
+                               tuple(str(m) for m in memory)))
+    return Plan(files, json_tasks, False, meta or {}, size)
 
 
-def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
+def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
     """(per-rank Traces, outcome facts) of one task, in whichever process runs it."""
     if task.kind == "trace":
         from opprof.trace import TraceFile
 
         tf = TraceFile(task.path)
-        tr = tf.read_rank(int(task.rank), detail)  # type: ignore[arg-type]
+        assert task.rank is not None  # a .trace task names its rank
+        tr = tf.read_rank(task.rank, detail)
         return [tr], Outcome(rank=task.rank, events=len(tr.events),
                              warnings=tf.found.get("read_warnings", {}))
     from opprof.normalizers import by_rank, read_native, sampled
@@ -157,7 +160,7 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
                             fmt=by_rank(fmt))
 
 
-def _read_or_skip(task: Task, detail: bool = True) -> tuple[list, Outcome]:
+def _read_or_skip(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
     """:func:`read_task`; a damaged file found in a folder is skipped, its problem kept."""
     try:
         return read_task(task, detail)
@@ -189,7 +192,7 @@ def import_task(task: Task) -> Outcome:
     return out
 
 
-def run_tasks(p: Plan, fn: Any, args: list, engine: parallel.Engine,
+def run_tasks(p: Plan, fn: Any, args: list[Any], engine: parallel.Engine,
          take: Any = None) -> list[Outcome]:
     """Run the tasks, then re-run the JSON files whose rank another file already took (so
     ranks are assigned as a whole-job import assigns them). ``take(i, outcome)``, if given,
@@ -212,8 +215,9 @@ def run_tasks(p: Plan, fn: Any, args: list, engine: parallel.Engine,
     if fmt is not None and not any(o.other_format for o in outs):
         # a file that states no rank is the next one among the traces read (sidecar JSON
         # files found beside it do not count), as a whole-job import numbers them
-        final = fmt.plan([pos if outs[i].declared is None or outs[i].declared < 0
-                          else outs[i].declared for pos, i in enumerate(kept)])
+        declared = [outs[i].declared for i in kept]
+        final = fmt.plan([d if d is not None and d >= 0 else pos
+                          for pos, d in enumerate(declared)])
         redo = [i for i, r in zip(kept, final, strict=True) if outs[i].rank != r]
         fixed = [_with_rank(args[i], r) for i, r in zip(kept, final, strict=True)
                  if outs[i].rank != r]
@@ -245,13 +249,14 @@ def _with_rank(arg: Any, rank: int) -> Any:
     return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
 
 
-def combined_meta(p: Plan, outs: list[Outcome]) -> dict:
+def combined_meta(p: Plan, outs: list[Outcome]) -> Mapping[str, Any]:
     if p.tasks and p.tasks[0].kind == "json":
         from opprof.normalizers import damaged_files, nothing_read
 
         if not outs or p.format is None:
             raise nothing_read(p.paths, len(p.skipped), p.damaged)
-        meta = p.format.job_meta([o.info for o in outs if o.info is not None], p.meta)
+        meta: dict[str, Any] = p.format.job_meta([o.info for o in outs if o.info is not None],
+                                                 p.meta)
         if p.skipped:
             meta["skipped_files"] = p.skipped
         if p.damaged:
@@ -263,8 +268,8 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> dict:
     return p.meta
 
 
-def report(paths: Sequence[str | os.PathLike], *, device_span: str = "steps",
-           scheduler: str | None = None, jobs: int | None = None):
+def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
+           scheduler: str | None = None, jobs: int | None = None) -> Report:
     """The Report of a job, computed rank by rank (see the module docstring)."""
     from opprof.analysis.report import analyze, combine, split_ranks
 

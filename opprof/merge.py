@@ -27,7 +27,7 @@ JOB_KEYS = ("framework", "model", "mode", "dataset", "batch_size", "nnodes", "ma
 HOST_KEYS = ("node_rank", "row_groups", "command")
 
 
-def world_size(meta: dict) -> int | None:
+def world_size(meta: dict[str, Any]) -> int | None:
     """The job's world size as the trace's ``distributedInfo`` says it (None: unknown)."""
     for info in (meta.get("distributed") or {}).values():
         if isinstance(info, dict) and isinstance(info.get("world_size"), int):
@@ -35,7 +35,7 @@ def world_size(meta: dict) -> int | None:
     return None
 
 
-def check_one_job(files: Sequence[tuple[Path, dict, list[int]]]) -> None:
+def check_one_job(files: Sequence[tuple[Path, dict[str, Any], list[int]]]) -> None:
     """(path, metadata, ranks) per file: raise one OpprofError line unless they are the
     hosts of one job with disjoint ranks."""
     first, meta0, _ = files[0]
@@ -67,7 +67,7 @@ def _union(values: list[Any]) -> list[Any]:
     return out
 
 
-def merge_meta(metas: list[dict], paths: list[Path], worker_ranks: int) -> dict:
+def merge_meta(metas: list[dict[str, Any]], paths: list[Path], worker_ranks: int) -> dict[str, Any]:
     """One job's metadata from its hosts' (in the order given): per-rank tables joined,
     lists united, the first file's value for the rest."""
     out: dict[str, Any] = {}
@@ -93,7 +93,7 @@ def merge_meta(metas: list[dict], paths: list[Path], worker_ranks: int) -> dict:
     return out
 
 
-def job_meta(files: Sequence[Any]) -> dict:
+def job_meta(files: Sequence[Any]) -> dict[str, Any]:
     """The merged metadata of the hosts' opened `.trace` files (``TraceFile``), checked to
     be one job."""
     check_one_job([(f.path, f.meta, f.ranks) for f in files])

@@ -15,8 +15,8 @@ them as it reads the typed ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -28,7 +28,26 @@ from opprof.kinds import Framework, Mode
 FORMAT_VERSION = 1
 
 
-class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
+if TYPE_CHECKING:
+    _Mapping = MutableMapping[str, Any]
+else:
+    class _Mapping:
+        """MutableMapping's mixin methods (get, keys, items, values, pop, update, setdefault …)
+        for TraceMeta, whose metaclass (msgspec's) cannot also be ABCMeta."""
+
+        __slots__ = ()
+        get = MutableMapping.get
+        keys = MutableMapping.keys
+        items = MutableMapping.items
+        values = MutableMapping.values
+        pop = MutableMapping.pop
+        popitem = MutableMapping.popitem
+        clear = MutableMapping.clear
+        update = MutableMapping.update
+        setdefault = MutableMapping.setdefault
+
+
+class TraceMeta(msgspec.Struct, _Mapping, kw_only=True, repr_omit_defaults=True):
     """A `.trace`'s metadata (see the module docstring; docs/trace-file.md lists the keys)."""
 
     # stamped when the file is written (:func:`stamp`)
@@ -130,50 +149,15 @@ class TraceMeta(msgspec.Struct, kw_only=True, repr_omit_defaults=True):
         return key in self.extra
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.keys())
-
-    def __len__(self) -> int:
-        return len(self.keys())
-
-    def keys(self) -> list[str]:  # type: ignore[override]
         """The keys given, in the order given (a field set as an attribute: after them)."""
         given = [k for k in dict.fromkeys(self.order) if k in self]
         seen = set(given)
-        return given + [k for k in _FIELDS if getattr(self, k) is not UNSET and k not in seen] \
-            + [k for k in self.extra if k not in seen]
+        yield from given
+        yield from (k for k in _FIELDS if getattr(self, k) is not UNSET and k not in seen)
+        yield from (k for k in self.extra if k not in seen)
 
-    def items(self) -> list[tuple[str, Any]]:  # type: ignore[override]
-        return [(k, self[k]) for k in self.keys()]
-
-    def values(self) -> list[Any]:  # type: ignore[override]
-        return [self[k] for k in self.keys()]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The value of ``key`` (typed field or other), or ``default``."""
-        try:
-            return self[key]
-        except KeyError:
-            return default
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    def pop(self, key: str, *default: Any) -> Any:
-        if key in self:
-            value = self[key]
-            del self[key]
-            return value
-        if default:
-            return default[0]
-        raise KeyError(key)
-
-    def update(self, other: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
-               **more: Any) -> None:
-        pairs = other.items() if isinstance(other, Mapping) else other
-        for k, v in [*pairs, *more.items()]:
-            self[k] = v
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
     # ------------------------------------------------------------------ typed readers
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from opprof.kinds import Mode
 
@@ -36,7 +37,7 @@ def sharded_mode(names: Iterable[str]) -> str | None:
     return Mode.ZERO if zero else None
 
 
-def refine_mode(meta: dict, sharded: str | None) -> dict:
+def refine_mode(meta: dict[str, Any], sharded: str | None) -> dict[str, Any]:
     """``meta`` with ``mode`` set to ``sharded`` (``fsdp`` / ``zero``, from
     :func:`sharded_mode`) where the mode recorded is a data-parallel one (``allreduce``,
     ``single``) or none; a mode a recording asked for otherwise stays."""

@@ -159,7 +159,8 @@ def _check_row(table: str, n: int, row: MappingRow) -> None:
 @cache
 def mapping_table(name: str) -> MappingTable:
     """Load the mapping table shipped as ``opprof/normalizers/maps/<name>.csv``."""
-    text = resources.files("opprof.normalizers").joinpath("maps", f"{name}.csv").read_text()
+    text = resources.files("opprof.normalizers").joinpath("maps").joinpath(
+        f"{name}.csv").read_text()
     rows = []
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# ")]
     for n, rec in enumerate(csv.DictReader(lines), start=2):

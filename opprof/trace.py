@@ -263,7 +263,7 @@ class TraceWriter:
         self.close()
 
 
-def save(trace: Trace, path: str | os.PathLike) -> Path:
+def save(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write the trace atomically (temporary file in the same folder, then rename), one row
     group per rank; ``meta["row_groups"]`` maps each rank to its row groups."""
     path = Path(path)
@@ -313,7 +313,7 @@ class TraceFile:
     rank is read without the others. Older files are read by their row groups' rank
     statistics when each holds one rank, else whole."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
             self._pf = pq.ParquetFile(_source(self.path))
@@ -362,9 +362,9 @@ class TraceFile:
         n = self._pf.num_row_groups
         if isinstance(stored, dict):
             try:
-                out = {int(r): [int(i) for i in g] for r, g in stored.items()}
-                if all(0 <= i < n for g in out.values() for i in g):
-                    return out
+                given = {int(r): [int(i) for i in g] for r, g in stored.items()}
+                if all(0 <= i < n for g in given.values() for i in g):
+                    return given
             except (TypeError, ValueError):
                 pass
         col = self._pf.schema_arrow.get_field_index("rank")

@@ -96,7 +96,8 @@ class RankArrays(NamedTuple):
     @property
     def device_comm(self) -> Array:
         """Which intervals are device communication kernels."""
-        return self.on_device & self.is_op & (self.phase == COMM_CODE)
+        comm: Array = self.on_device & self.is_op & (self.phase == COMM_CODE)
+        return comm
 
     def device_comm_exposed(self, sweep: Sweep) -> Array | None:
         """Per segment: a device comm kernel runs and no device compute kernel does (None on
@@ -154,8 +155,8 @@ def phase_codes(df: pd.DataFrame) -> Array:
     """Phase of each event as its index in PHASES (-1 for none)."""
     col = df["phase"]
     if isinstance(col.dtype, pd.CategoricalDtype) and tuple(col.cat.categories) == PHASES:
-        return col.cat.codes.to_numpy(np.int64)
-    return pd.Categorical(col.astype(object), categories=PHASES).codes.astype(np.int64)
+        return np.asarray(col.cat.codes, np.int64)
+    return np.asarray(pd.Categorical(col.astype(object), categories=PHASES).codes, np.int64)
 
 
 def container(inner: pd.DataFrame, outer: pd.DataFrame) -> Array:

@@ -30,7 +30,8 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -116,7 +117,7 @@ def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
         drop=True)
 
 
-def _world_size(meta: dict, rank: int) -> int:
+def _world_size(meta: Mapping[str, Any], rank: int) -> int:
     """The job's world size as rank ``rank``'s trace says it, else the worker count."""
     info = (meta.get("distributed") or {}).get(str(rank)) or {}
     size = info.get("world_size") if isinstance(info, dict) else None
@@ -218,5 +219,6 @@ def _covered_within(s: Array, e: Array, comp: pd.DataFrame,
         return np.zeros(len(s), np.int64)
     busy = sweep.covered(p_ts, p_end, (k_ts, k_end))
     cum = np.r_[0, np.cumsum(np.where(busy, sweep.length, 0))]
-    return (cum[np.searchsorted(sweep.points, e)]
-            - cum[np.searchsorted(sweep.points, s)]).astype(np.int64)
+    hidden: Array = (cum[np.searchsorted(sweep.points, e)]
+                     - cum[np.searchsorted(sweep.points, s)]).astype(np.int64)
+    return hidden

@@ -47,7 +47,8 @@ COLLECTIVES = Collective.values()
 FORMAT = 1
 #: The network assumed when neither a calibration nor the trace's own collectives give one:
 #: a 10 Gb/s Ethernet link (1.25 GB/s) with TCP latency of 25 µs.
-ASSUMED = {"alpha_ns": 25_000.0, "beta_ns_per_byte": 0.8, "name": "10 Gb/s Ethernet (assumed)"}
+ASSUMED: dict[str, float | str] = {"alpha_ns": 25_000.0, "beta_ns_per_byte": 0.8,
+                                   "name": "10 Gb/s Ethernet (assumed)"}
 
 
 def collective_of(mode: str) -> Collective:
@@ -177,8 +178,8 @@ def fit_warning(net: Network) -> str | None:
 
 def assumed(collective: str) -> Network:
     """The default network (``ASSUMED``) for a collective."""
-    return Network(collective, ASSUMED["alpha_ns"], ASSUMED["beta_ns_per_byte"], workers=2,
-                   source="assumed", backend=ASSUMED["name"])
+    return Network(collective, float(ASSUMED["alpha_ns"]), float(ASSUMED["beta_ns_per_byte"]),
+                   workers=2, source="assumed", backend=str(ASSUMED["name"]))
 
 
 def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,

@@ -296,7 +296,7 @@ def _main_lanes(rank: Array, lane: Array, start: Array, end: Array,
     if df.empty:
         return np.zeros(0, np.int64)
     busy = df.groupby(["rank", "lane"])["busy"].sum().reset_index()
-    return busy.loc[busy.groupby("rank")["busy"].idxmax(), "lane"].to_numpy(np.int64)
+    return np.asarray(busy.loc[busy.groupby("rank")["busy"].idxmax(), "lane"], np.int64)
 
 
 def _collective_nodes(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,

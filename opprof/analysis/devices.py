@@ -29,7 +29,7 @@ in the events table, or a kernel without a recorded API call) are ``idle_unattri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -130,14 +130,14 @@ def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> Array:
     return out
 
 
-def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> dict:
+def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> dict[str, Any]:
     end = ts + dur
     start_all, end_all = int(ts.min()), int(end.max())
     sweep = Sweep(ts, end)
     pts, seg = sweep.points, sweep.length
     cov = {c: sweep.covered(ts[cat == i], end[cat == i]) for i, c in enumerate(CATEGORIES)}
     taken = np.zeros(len(seg), bool)
-    out: dict = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
+    out: dict[str, Any] = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
     for c in CATEGORIES:
         mine = cov[c] & ~taken
         out[f"{c}_ns"] = int(seg[mine].sum())
@@ -156,7 +156,8 @@ def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> dict:
     return out
 
 
-def _idle_causes(pts, seg, idle, ts, dur, launch) -> dict:
+def _idle_causes(pts: Array, seg: Array, idle: Array, ts: Array, dur: Array,
+                 launch: Array) -> dict[str, Any]:
     """Split idle gaps into host / other / unattributed by the next event's launch time."""
     res = {"idle_host_ns": 0, "idle_other_ns": 0, "idle_unattributed_ns": 0, "idle_gaps": 0}
     if not idle.any():

@@ -4,7 +4,9 @@ Memory beside time: each run's peaks (opprof.analysis.memory.run_memory), A/B an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,8 +42,8 @@ class Diff:
     #: :func:`opprof.analysis.whatif.op_swaps`), or None.
     whatif: pd.DataFrame | None = None
     #: Each side's file metadata (framework, model, batch size, …), shown by the HTML page.
-    a_meta: dict = field(default_factory=dict)
-    b_meta: dict = field(default_factory=dict)
+    a_meta: dict[str, Any] = field(default_factory=dict)
+    b_meta: dict[str, Any] = field(default_factory=dict)
     #: Which run reaches a test accuracy first, split into step time and steps needed
     #: (opprof.analysis.convergence.compare); None when neither has a convergence table.
     convergence: Comparison | None = None
@@ -155,7 +157,7 @@ def _name(trace: Trace | Report, file_name: str) -> str:
     return f"{file_name} ({fw})" if fw and fw not in file_name else file_name
 
 
-def _unprofiled(meta: dict) -> float | None:
+def _unprofiled(meta: Mapping[str, Any]) -> float | None:
     v = meta.get("unprofiled_step_ns")
     try:
         return float(v) if v and float(v) > 0 else None
@@ -168,7 +170,7 @@ MATCH_KEYS = (("device", "device"), ("framework_version", "framework version"),
               ("batch_size", "batch size"), ("workers", "workers"))
 
 
-def mismatches(a: dict, b: dict) -> list[str]:
+def mismatches(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """One ⚠ line naming how two runs differ in device, framework version (of the same
     framework), batch size or workers, when both say; empty when they match."""
     diffs = []

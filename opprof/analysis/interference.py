@@ -122,7 +122,7 @@ def measure(trace: Trace, rank_steps: int) -> Measured | None:
     matched = near.dropna(subset=["ref"])
     if not len(matched) or not matched["ref"].sum():
         return None
-    s = max(0.0, float(matched["dur"].sum() / matched["ref"].sum()) - 1.0)
+    slow = max(0.0, float(matched["dur"].sum() / matched["ref"].sum()) - 1.0)
     total = float(near["dur"].sum())
-    return Measured(slowdown=s, extra_ns=total * s / (1.0 + s) / rank_steps,
+    return Measured(slowdown=slow, extra_ns=total * slow / (1.0 + slow) / rank_steps,
                     beside_ns=total / rank_steps, matched=len(matched))

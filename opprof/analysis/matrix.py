@@ -7,6 +7,7 @@ from its 1-worker run beside the measurement. Pure functions over recorded runs.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ CONVERGENCE_COLUMNS = ("final_loss", "best_test_accuracy",
 CURVE_POINTS = 200
 
 
-def convergence_columns(meta: dict[str, Any]) -> dict[str, Any]:
+def convergence_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
     """A run's convergence in the bench table's terms, and its curve (thinned) for
     bench.json's ``curves``; empty without a convergence table."""
     s = convergence_summary(meta)
@@ -143,7 +144,7 @@ def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         for key in CONVERGENCE_COLUMNS:
             out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
     med, low, high = stats("samples_per_s")
-    spread = (high - low) / med if med else None
+    spread = (high - low) / med if med and high is not None and low is not None else None
     noise = out.get("noise")
     if noise is not None and spread is not None and spread > NOISE_SPREAD:
         noise = noise.flagged("noisy")

@@ -41,7 +41,9 @@ down) is no training and stays out of the peaks, though its rows stay in the tab
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -124,7 +126,7 @@ def _spans(trace: Trace) -> dict[int | None, tuple[int, int]]:
 ALLOCATOR_SOURCE = {"kineto": "kineto", "mxnet": "mxnet", "xplane": "xprof", "nsys": "nsys"}
 
 
-def _source(meta: dict) -> str | None:
+def _source(meta: Mapping[str, Any]) -> str | None:
     formats = [ALLOCATOR_SOURCE[f] for f in meta.get("source_formats") or []
                if f in ALLOCATOR_SOURCE]
     return formats[0] if formats else None
@@ -156,7 +158,7 @@ def _main(m: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
     return None, m.iloc[0:0]
 
 
-def _param_bytes(meta: dict, rank: int, role: str) -> int | None:
+def _param_bytes(meta: Mapping[str, Any], rank: int, role: str) -> int | None:
     for r in meta.get("per_rank") or []:
         if isinstance(r, dict) and r.get("rank") == rank and r.get("role") == role:
             if r.get("param_bytes") is not None:
@@ -166,8 +168,8 @@ def _param_bytes(meta: dict, rank: int, role: str) -> int | None:
     return None
 
 
-def _rank(rank: int, m: pd.DataFrame, meta: dict,
-          span: tuple[int, int] | None) -> tuple[dict, pd.DataFrame, dict | None]:
+def _rank(rank: int, m: pd.DataFrame, meta: Mapping[str, Any], span: tuple[int, int] | None
+          ) -> tuple[dict[str, Any], pd.DataFrame, dict[str, Any] | None]:
     role = str(m["role"].iloc[0])
     before = None
     if span is not None:
@@ -221,6 +223,11 @@ RUN_METRICS = ("peak_rss_bytes", "unprofiled_rss_bytes", "job_rss_bytes",
                *(f"peak_{p}_bytes" for p in PHASES))
 
 
+def _number(v: object) -> int | float | None:
+    """A metric's value as a number (None: none, or not a number)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def run_memory(ranks: pd.DataFrame) -> dict[str, int | str | None]:
     """One run's memory from its per-rank rows: the largest worker's resident, allocator and
     per-phase peaks (the worker holding the most; all ranks when there is no worker),
@@ -264,13 +271,14 @@ def compare_memory(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     same = ma.get("series") is not None and ma.get("series") == mb.get("series")
     alike = ma.get("allocator") == mb.get("allocator")
     for k in RUN_METRICS:
-        va, vb = ma[k], mb[k]
+        va, vb = _number(ma[k]), _number(mb[k])
         if (va is None and vb is None) or (k in _PHASE_METRICS and not same):
             continue
-        both = va is not None and vb is not None and (alike or k not in _ALLOCATOR_METRICS)
+        pair = (va, vb) if va is not None and vb is not None and (
+            alike or k not in _ALLOCATOR_METRICS) else None
         rows.append({"metric": k.removesuffix("_bytes"), "a_bytes": va, "b_bytes": vb,
-                     "ratio": va / vb if both and vb else None,
-                     "delta_bytes": va - vb if both else None})
+                     "ratio": pair[0] / pair[1] if pair and pair[1] else None,
+                     "delta_bytes": pair[0] - pair[1] if pair else None})
     out = pd.DataFrame(rows, columns=["metric", "a_bytes", "b_bytes", "ratio", "delta_bytes"])
     return out.astype({"a_bytes": "Int64", "b_bytes": "Int64", "delta_bytes": "Int64",
                        "ratio": "float64"})

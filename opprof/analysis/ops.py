@@ -67,7 +67,8 @@ def table_from_durations(d: pd.DataFrame, n_steps: int) -> pd.DataFrame:
     before = cum[starts] - n[starts]  # events in earlier groups
 
     def order_stat(k: Array) -> Array:  # k-th smallest (0-based) in each group
-        return dur[np.searchsorted(cum, before + k, side="right")].astype(np.float64)
+        stat: Array = dur[np.searchsorted(cum, before + k, side="right")].astype(np.float64)
+        return stat
 
     t = pd.DataFrame({"op": np.asarray(CANONICAL_OPS, dtype=object)[d["op"].to_numpy()[starts]],
                       "phase": np.asarray(PHASES, dtype=object)[d["phase"].to_numpy()[starts]],

@@ -286,7 +286,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
          deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
          communicate: bool = True, io_hidden: bool = False,
          straggler: bool = False, interference: float = 0.0,
-         comm_interference: float = 0.0) -> tuple[StepPlan, Policy]:
+         comm_interference: float = 0.0) -> tuple[StepPlan | ShardedPlan, Policy]:
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
     changes ``deltas`` (ns per step, per phase) applied."""
     collective = collective_of(mode) if mode != Mode.SINGLE else Collective.ALLREDUCE

@@ -45,8 +45,9 @@ All times are per step (means over the rank's steps) unless named ``total``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -212,7 +213,7 @@ def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalys
     return combine_ranks(steps, rank_local(trace, steps), synchronous(trace.meta))
 
 
-def synchronous(meta: dict) -> bool:
+def synchronous(meta: Mapping[str, Any]) -> bool:
     """Whether the run's mode makes ranks wait for each other (not ``ps-async``)."""
     return str(meta.get("mode", "")) not in ASYNC_MODES
 

@@ -11,7 +11,9 @@ count is analyzed with a few ranks' events in memory at a time, in any process
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -36,7 +38,7 @@ RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "
 class Report:
     """The analysis of one trace: per-step breakdown, phase summary, operator tables."""
 
-    meta: dict
+    meta: Mapping[str, Any]
     steps: pd.DataFrame
     phases: pd.DataFrame
     ops: pd.DataFrame
@@ -109,7 +111,8 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     )
 
 
-def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Report:
+def combine(parts: list[RankPart], meta: Mapping[str, Any],
+            device_span: str = "steps") -> Report:
     """The report of a job from the parts of its ranks (in any order)."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
     steps = _concat([p.steps for p in parts])

@@ -5,6 +5,7 @@ workers (the model's resource check)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ class Resources:
                 "cores_per_worker": self.cores_per_worker, "effective_cores": self.effective}
 
 
-def resources(meta: dict[str, Any]) -> Resources:
+def resources(meta: Mapping[str, Any]) -> Resources:
     """The per-worker resources a trace's metadata records."""
     threads = meta.get("threads")
     cpus = meta.get("cpus")

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -88,7 +88,7 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
     ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
     b = np.asarray(plan.unit_bytes, np.float64)
     talk = plan.communicate and plan.workers > 1 and len(b) > 0
-    sent: list[dict[str, float]] = []
+    sent: list[dict[str, Any]] = []
     link = 0.0
 
     def send(kind: str, ready: float, n: float) -> float:
@@ -109,11 +109,11 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
     gathered = {0: send("all_gather", t, b[0])} if units else {}
     for i in range(units):
         start = max(t, gathered[i])
-        nxt = i + 1 < units
-        if nxt and plan.overlap:
+        more = i + 1 < units
+        if more and plan.overlap:
             gathered[i + 1] = send("all_gather", start, b[i + 1])
         t = start + copy(b[i] / max(plan.workers, 1) + b[i]) + fwd[i]
-        if nxt and not plan.overlap:
+        if more and not plan.overlap:
             gathered[i + 1] = send("all_gather", t, b[i + 1])
     order = list(range(units - 1, 0, -1)) + ([0] if units else [])
     gathered = {order[0]: send("all_gather", t, b[order[0]])} if units > 1 else {0: t}
@@ -192,7 +192,8 @@ def unit_shares(trace_layers: pd.DataFrame, nbytes: Array) -> Array:
     if work.sum() <= 0:
         return fallback
     work = work / work.sum()
-    return np.r_[work[-1:], work[:-1][::-1]]  # back to forward order, root first
+    shares: Array = np.r_[work[-1:], work[:-1][::-1]]  # back to forward order, root first
+    return shares
 
 
 def trace_samples(trace: Trace) -> pd.DataFrame:

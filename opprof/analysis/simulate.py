@@ -36,6 +36,7 @@ sum to the simulated step exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -89,10 +90,11 @@ FSDP_BLOCKING = Policy("fsdp-blocking", False, 0, 0, False,
                        "the update on the shard")
 
 #: (framework, collective) → its policy; other combinations use GENERIC.
-POLICIES = {(Framework.TORCH, Collective.ALLREDUCE): DDP,
-            (Framework.TF, Collective.ALLREDUCE): MWMS,
-            (Framework.MXNET, Collective.PS): KVSTORE, (Framework.TF, Collective.PS): KVSTORE}
-GENERIC = {Collective.ALLREDUCE: DDP, Collective.PS: KVSTORE, Collective.FSDP: FSDP_BLOCKING}
+POLICIES: dict[tuple[str, str], Policy] = {
+    (Framework.TORCH, Collective.ALLREDUCE): DDP, (Framework.TF, Collective.ALLREDUCE): MWMS,
+    (Framework.MXNET, Collective.PS): KVSTORE, (Framework.TF, Collective.PS): KVSTORE}
+GENERIC: dict[str, Policy] = {Collective.ALLREDUCE: DDP, Collective.PS: KVSTORE,
+                              Collective.FSDP: FSDP_BLOCKING}
 
 
 def policy_for(framework: str, collective: str, device: str = "cpu") -> Policy:
@@ -111,7 +113,7 @@ class StepPlan:
     ready_frac: Array  # gradients in ready order: fraction of backward when ready
     grad_bytes: Array  # bytes of each gradient
     policy: Policy
-    cost: object  # callable: bytes -> ns of one collective (N and S already applied)
+    cost: Callable[[float], float]  # bytes -> ns of one collective (N and S already applied)
     comm_scale: float = 1.0
     io_busy_ns: float = 0.0
     io_prefetch: bool = False

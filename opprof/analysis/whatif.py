@@ -153,12 +153,13 @@ def whatif(ctx: Context, ops: dict[str, OpValue] | None = None, comm: str | floa
                               f"{', '.join(CANONICAL_OPS)})")
     if isinstance(comm, str) and comm != "hidden":
         raise OpprofError(f"--comm {comm}: give hidden or a factor")
-    factors = {op: _factor(ctx, op, v) for op, v in ops.items()}
+    factors: dict[str, float | None] = {op: _factor(ctx, op, v) for op, v in ops.items()}
     changes: list[Change] = []
     for op, f in factors.items():
         wall = float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum())
-        value = value_labels.get(op) or (f"{ops[op]:g}" if isinstance(ops[op], float)
-                                         else ops[op].label)
+        given = ops[op]
+        value = value_labels.get(op) or (f"{given:g}" if isinstance(given, float)
+                                         else given.label)
         changes.append(Change("op", op, value, f, wall))
     if comm is not None:
         changes.append(Change("comm", "comm", "hidden" if comm == "hidden" else f"{comm:g}",

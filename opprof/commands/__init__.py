@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -76,7 +78,7 @@ def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)
                              "the same files.")(f)
 
 
-def warn_damaged(damaged: list[dict]) -> None:
+def warn_damaged(damaged: list[dict[str, str]]) -> None:
     """One line on stderr naming the damaged files a folder held that were left out."""
     if not damaged:
         return
@@ -86,7 +88,7 @@ def warn_damaged(damaged: list[dict]) -> None:
                err=True)
 
 
-def warn_read(meta: dict) -> None:
+def warn_read(meta: Mapping[str, Any]) -> None:
     """One ⚠ line on stderr per kind of event the reader dropped or repaired
     (``meta["read_warnings"]``), so that no number changed without a word."""
     from opprof.drops import KEY, lines

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from opprof.collectors.config import MODELS
 from opprof.kinds import FRAMEWORKS, MODES, Mode
 
 
-def _csv(kind: str, choices: tuple[str, ...] | None = None):
+def _csv(kind: str, choices: tuple[str, ...] = ()) -> Callable[..., list[Any]]:
     def parse(ctx: click.Context, param: click.Parameter, value: str) -> list[Any]:
         items = [v.strip() for v in value.split(",") if v.strip()]
         if not items:

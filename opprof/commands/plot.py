@@ -55,7 +55,7 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
     if benches:
         if len(inputs) > 1:
             raise OpprofError("give one bench folder, or traces, not both")
-        source = read_bench(benches[0])
+        fig = figures.make(name, read_bench(benches[0]), top=top)
     else:
         from opprof.analysis.diff import label
         from opprof.job import report
@@ -68,6 +68,6 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
         if len(set(names)) < len(names):  # two traces of the same framework and model
             source = [(f"{lab} ({p.name})", rep)
                       for (lab, rep), p in zip(source, inputs, strict=True)]
-    fig = figures.make(name, source, top=top)
+        fig = figures.make(name, source, top=top)
     figures.save(fig, output)
     click.echo(f"wrote {output}", err=True)

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from opprof.collectors.config import MODELS
 from opprof.commands import echo_output, format_option, memory_options, top_option
@@ -85,7 +92,7 @@ def command(top: int | None, fmt: str, **options: Any) -> None:
 
     o = RecordOptions(command=shlex.join(["opprof", *sys.argv[1:]]), **options)
     with _progress() as progress:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def report_progress(stage: str, done: int, total: int) -> None:
             if stage not in tasks:

@@ -39,7 +39,7 @@ def save_recording(native: Sequence[Path], meta: Mapping[str, Any], native_dir: 
     from opprof.trace import save
 
     write_folder_meta(native_dir, meta)
-    trace = normalize(list(native), dict(meta), skip_damaged=skip_damaged)
+    trace: Trace = normalize(list(native), dict(meta), skip_damaged=skip_damaged)
     if output is not None:
         save(trace, output)
     return trace

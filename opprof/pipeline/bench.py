@@ -129,7 +129,9 @@ def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: 
                  kept: set[tuple[str, int]], say: Callable[[str], None]) -> None:
     """Record (or keep) the ``repeat`` repetitions of one combination; its status."""
     head = f"{head} {run.fw} {run.model} x{run.workers} {run.mode}"
-    statuses, reasons, wall = [], [], 0.0
+    statuses: list[str] = []
+    reasons: list[str] = []
+    wall = 0.0
     for k in range(1, repeat + 1):
         path = trace_path(output, run, k, repeat)
         tag = f"{head}" + (f" (repeat {k}/{repeat})" if repeat > 1 else "")

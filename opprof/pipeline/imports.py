@@ -29,7 +29,7 @@ class Imported:
     read_warnings: dict[str, int] = field(default_factory=dict)  # opprof.drops: what dropped
 
 
-def import_(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *,
+def import_(paths: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str], *,
             scheduler: str | None = None, jobs: int | None = None) -> Imported:
     """Normalize a job into a `.trace` at ``output``, rank by rank: each rank's table is
     spilled to a temporary Arrow file as it arrives, then every rank is written as its row

@@ -41,8 +41,9 @@ MERGE_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' traces
 class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)``
     """Profile the steps a script marks with :meth:`step` (see the module docstring)."""
 
-    def __init__(self, steps: int = 5, warmup: int = 2, output: str | os.PathLike = "profile.trace",
-                 *, timing_steps: int = 3, fw: str = "auto", profile_memory: bool = True) -> None:
+    def __init__(self, steps: int = 5, warmup: int = 2,
+                 output: str | os.PathLike[str] = "profile.trace", *, timing_steps: int = 3,
+                 fw: str = "auto", profile_memory: bool = True) -> None:
         self.protocol = Protocol(steps, warmup, timing_steps, profile_memory=profile_memory)
         self.protocol.check()
         self.output = Path(output)
@@ -130,7 +131,8 @@ def _adapter(fw: Framework, protocol: Protocol) -> Any:
 
         from opprof.collectors.torch import TorchAdapter
 
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+        initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # (torch's)
+        device = "cuda" if torch.cuda.is_available() and initialized else "cpu"
         return TorchAdapter(protocol.steps, device, profile_memory=protocol.profile_memory)
     if fw == Framework.TF:
         from opprof.collectors.tf import TFAdapter

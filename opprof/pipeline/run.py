@@ -119,7 +119,8 @@ def _wait(sup: Supervisor, say: Callable[[str], None]) -> int | None:
     what is left is stopped within seconds) and raise Interrupted; a second stops it at
     once."""
     try:
-        return next(iter(sup.wait(fail_fast=False).values()))
+        code: int | None = next(iter(sup.wait(fail_fast=False).values()))
+        return code
     except OpprofError as exc:  # the time limit
         say(str(exc))
         return None

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -72,7 +72,7 @@ def _header(meta: Mapping[str, Any], noise: Noise | None = None) -> Text:
     return text
 
 
-def graph_lines(meta: dict) -> list[str]:
+def graph_lines(meta: Mapping[str, Any]) -> list[str]:
     """What the recording switched in the framework's compiled graphs for the profiled
     steps (``meta["graphs"]``, MXNet's bulk execution), and what that cost by itself."""
     if not meta.get("graphs"):
@@ -118,7 +118,7 @@ def quality_lines(noise: Noise | None) -> list[str]:
     return out
 
 
-def partial_lines(meta: dict) -> list[str]:
+def partial_lines(meta: Mapping[str, Any]) -> list[str]:
     """A line for a recording cut short (``meta["partial"]``)."""
     part = meta.get("partial")
     if not isinstance(part, dict):
@@ -155,9 +155,9 @@ def phase_table(rep: Report) -> Table:
     mean_step = rep.steps["dur_ns"].mean() if n_steps else float("nan")
     t = Table(title=f"Step breakdown — {n_steps} step(s), mean {ms(mean_step)} ms/step",
               title_justify="left")
-    for col, just in [("phase", "left"), ("ms/step", "right"), ("share", "right"),
-                      ("", "left"), ("busy ms/step", "right")]:
-        t.add_column(col, justify=just)
+    for col, right in [("phase", False), ("ms/step", True), ("share", True), ("", False),
+                       ("busy ms/step", True)]:
+        t.add_column(col, justify="right" if right else "left")
     for p in PHASES:
         row = rep.phases.loc[p]
         busy = row["busy_ns_per_step"]
@@ -296,9 +296,9 @@ def device_tables(rep: Report) -> list[Table]:
                         f"({scope}), {int(r['kernels']):,} kernels, {int(r['memcpys']):,} "
                         f"copies, {int(r['memsets']):,} sets on {int(r['streams'])} stream(s)",
                   title_justify="left")
-        for col, just in [("category", "left"), ("ms", "right"), ("share", "right"),
-                          ("", "left"), ("busy ms", "right"), ("sum ms", "right")]:
-            t.add_column(col, justify=just)
+        for col, right in [("category", False), ("ms", True), ("share", True), ("", False),
+                           ("busy ms", True), ("sum ms", True)]:
+            t.add_column(col, justify="right" if right else "left")
         for c in ("compute", "comm", "memcpy", "idle"):
             t.add_row(Text(c, style=DEVICE_STYLE[c]), ms(r[f"{c}_ns"]), pct(r[f"{c}_ns"] / span),
                       bar(r[f"{c}_ns"] / span, DEVICE_STYLE[c]),
@@ -404,7 +404,7 @@ def memory_line(rep: Report) -> Text | None:
     return Text("memory: " + "; ".join(parts) + "  (--by memory for more)")
 
 
-def memory_tables(rep: Report) -> list[object]:
+def memory_tables(rep: Report) -> list[RenderableType]:
     """Per rank: resident, kernel and allocator peaks, parameters, the peak's step; the
     peak by phase; a timeline of the main series over the profiled steps."""
     mem = rep.memory.ranks
@@ -457,7 +457,7 @@ def step_table(rep: Report) -> Table:
     return t
 
 
-def render(*items: object, width: int = 120) -> str:
+def render(*items: RenderableType, width: int = 120) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     console.print(Group(*items))
@@ -500,7 +500,7 @@ def critical_table(rep: Report) -> Table:
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
-    items: list[object] = [_header(rep.meta, rep.noise)]
+    items: list[RenderableType] = [_header(rep.meta, rep.noise)]
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     if by == "op":
         items.append(op_table(rep.ops, top, "Host operators", rep.fused_kernels))
@@ -584,7 +584,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items: list[RenderableType] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
     if d.convergence:
         items.append(Text(d.convergence.sentence, style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
@@ -604,7 +604,7 @@ MEMORY_METRIC = {"peak_rss": "resident peak (largest worker)",
                  "param": "parameters"}
 
 
-def memory_diff(d: Diff) -> list[object]:
+def memory_diff(d: Diff) -> list[RenderableType]:
     """Memory beside time: each run's peaks, A/B and A−B, and one line on the resident peak."""
     if d.memory.empty:
         return []
@@ -631,6 +631,7 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
               title_justify="left")
     for c in ["op", "A ms", "B ms", "A/B", "A's step ms", "saving ms", "saving"]:
         t.add_column(c, justify="left" if c == "op" else "right")
+    assert d.whatif is not None  # (diff --whatif)
     rows = d.whatif if top is None else d.whatif.head(top)
     for r in rows.to_dict("records"):
         t.add_row(r["op"], ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]),
@@ -710,8 +711,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    c = convergence_table(table)
-    return [t, m, p, *([c] if c is not None else []), o]
+    conv = convergence_table(table)
+    return [t, m, p, *([conv] if conv is not None else []), o]
 
 
 def convergence_table(table: pd.DataFrame) -> Table | None:
@@ -843,7 +844,7 @@ def model(result: ModelResult) -> str:
         p.caption += (f"\ninterference at {result.predictions[-1].workers} workers: compute "
                       f"beside a collective ×{1 + last.slowdown:.2f}, the collective beside "
                       f"compute ×{1 + last.comm_slowdown:.2f} ({last.source})")
-    items: list[object] = [head, t, grads, _messages_table(result), p]
+    items: list[RenderableType] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
               for n in result.notes]
     if result.check is not None:
@@ -881,7 +882,7 @@ def _messages_table(result: ModelResult) -> Table:
     return t
 
 
-def _check_items(c: Check) -> list[object]:
+def _check_items(c: Check) -> list[RenderableType]:
     t = Table(title=f"Check against {c.label} (ms per step)", title_justify="left")
     for col in ["term", "predicted", "measured", "error ms", "error"]:
         t.add_column(col, justify="left" if col == "term" else "right")
@@ -916,13 +917,13 @@ def whatif(w: WhatIf) -> str:
     s = Table(title="Changes (each alone)", title_justify="left")
     for c in ["change", "value", "factor", "wall ms/step", "step delta ms"]:
         s.add_column(c, justify="left" if c in ("change", "value") else "right")
-    for c in w.scenario:
-        s.add_row(f"{c.kind} {c.target}" if c.kind == "op" else c.kind, c.value,
-                  "-" if c.factor is None else f"{c.factor:.3g}x", ms(c.wall_ns),
-                  f"{c.delta_ns / 1e6:+,.3f}")
+    for ch in w.scenario:
+        s.add_row(f"{ch.kind} {ch.target}" if ch.kind == "op" else ch.kind, ch.value,
+                  "-" if ch.factor is None else f"{ch.factor:.3g}x", ms(ch.wall_ns),
+                  f"{ch.delta_ns / 1e6:+,.3f}")
     if not w.scenario:
         s.caption = "no change asked for: the measured step"
-    items: list[object] = [head, t, s]
+    items: list[RenderableType] = [head, t, s]
     if w.network_note:
         items.append(Text(f"network: {w.network_note}", style="grey50"))
     if w.engine == "graph":

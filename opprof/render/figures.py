@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,9 @@ from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.render import palette, plotdata
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 #: Figure name → (what it shows, the inputs it takes: "bench", "traces" or both).
 FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -43,12 +46,12 @@ FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
 SUFFIXES = (".svg", ".png", ".pdf")
 #: Figures `opprof bench` writes into its figures/ folder.
 BENCH_FIGURES = ("phases", "ops", "scaling", "memory")
-RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10,
-      "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8,
-      "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-      "grid.color": "#E5E5E5", "grid.linewidth": 0.6, "axes.axisbelow": True,
-      "svg.fonttype": "none", "pdf.fonttype": 42, "figure.dpi": 100, "savefig.dpi": 200,
-      "savefig.bbox": "tight"}
+RC: dict[RcKeyType, Any] = {
+    "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
+    "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.spines.top": False,
+    "axes.spines.right": False, "axes.grid": True, "grid.color": "#E5E5E5", "grid.linewidth": 0.6,
+    "axes.axisbelow": True, "svg.fonttype": "none", "pdf.fonttype": 42, "figure.dpi": 100,
+    "savefig.dpi": 200, "savefig.bbox": "tight"}
 
 Traces = list[tuple[str, Report]]
 

@@ -19,7 +19,7 @@ import datetime as _dt
 import html
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -272,7 +272,7 @@ def _meta_text(v: Any, limit: int) -> str:
     return html.escape(text)
 
 
-def meta_table(meta: dict, limit: int = 300, pair: bool = False) -> str:
+def meta_table(meta: Mapping[str, Any], limit: int = 300, pair: bool = False) -> str:
     """The run's metadata as a key/value table (long values cut at ``limit`` characters);
     ``pair``: each value is ``{"A": …, "B": …}``, shown in two columns."""
     rows = []
@@ -324,7 +324,7 @@ OP_COLUMNS: list[Column] = [
     ("share_of_phase", "share of phase", f_pct)]
 
 
-def _subtitle(meta: dict) -> str:
+def _subtitle(meta: Mapping[str, Any]) -> str:
     keys = [("framework", ""), ("framework_version", ""), ("model", ""), ("dataset", ""),
             ("batch_size", "batch "), ("workers", "workers "), ("mode", "mode "),
             ("device", "")]
