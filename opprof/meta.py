@@ -36,6 +36,7 @@ else:
         for TraceMeta, whose metaclass (msgspec's) cannot also be ABCMeta."""
 
         __slots__ = ()
+        _MutableMapping__marker = MutableMapping._MutableMapping__marker  # (pop's default)
         get = MutableMapping.get
         keys = MutableMapping.keys
         items = MutableMapping.items

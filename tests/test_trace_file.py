@@ -99,3 +99,10 @@ def test_meta_is_typed_and_keeps_unknown_keys(trace, tmp_path) -> None:
     stored = json.loads(pq.read_schema(tmp_path / "typed.trace").metadata[META_KEY])
     assert stored["a_future_key"] == {"x": [1]} and stored["workers"] == "two"
     assert stored["mode"] == "fsdp"
+    # the mapping view behaves as the dict it replaces, keys kept in the order given
+    meta = TraceMeta.of({"mode": "zero", "kvstore": "dist_sync", "workers": 2})
+    assert list(meta) == ["mode", "kvstore", "workers"] and len(meta) == 3
+    assert meta.pop("kvstore") == "dist_sync" and meta.pop("kvstore", None) is None
+    meta.update({"batch_size": 8}, dataset="cifar10")
+    assert meta.setdefault("workers", 5) == 2 and meta.batch_size == 8
+    assert {**meta} == {"mode": "zero", "workers": 2, "batch_size": 8, "dataset": "cifar10"}

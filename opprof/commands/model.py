@@ -7,13 +7,8 @@ from pathlib import Path
 
 import click
 
-from opprof.analysis.noise import assess, flags
-from opprof.analysis.predict import check, predict
 from opprof.commands import echo_output, format_option
 from opprof.kinds import PS_MODES, Mode
-from opprof.loader import load
-from opprof.pipeline.calibrate import read_network
-from opprof.render import renderer
 
 
 def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -68,6 +63,12 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
+    from opprof.analysis.noise import assess, flags
+    from opprof.analysis.predict import check, predict
+    from opprof.loader import load
+    from opprof.pipeline.calibrate import read_network
+    from opprof.render import renderer
+
     label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
     net = read_network(network)
     tr = load(list(trace))
