@@ -20,7 +20,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -36,6 +36,9 @@ from opprof.normalizers.formats import (
     file_format,
 )
 from opprof.trace import Trace, concat_traces
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 __all__ = ["FILE_FORMATS", "JSON_FORMATS", "Format", "Native", "RankFormat", "expand",
            "file_format", "folder_meta", "head_bytes", "normalize", "read_doc", "read_json",
@@ -93,7 +96,7 @@ class Native:
     rank it was read as; for another format, its document (the job is read whole)."""
 
     fmt: Format | None
-    doc: Any = None
+    doc: object = None
     trace: Trace | None = None
     info: dict[str, Any] | None = None
     declared: int = -1
@@ -101,7 +104,7 @@ class Native:
     what: str = ""
 
 
-def read_native(path: Path, meta: Mapping[str, Any], *, index: int = 0,
+def read_native(path: Path, meta: MetaMapping, *, index: int = 0,
                 taken: Sequence[int] = (), rank: int | None = None, detail: bool = True,
                 head: bytes | None = None) -> Native:
     """Decode one native JSON file; when its format reads one rank per file, normalize it:
@@ -144,7 +147,7 @@ def nothing_read(paths: Sequence[Path | str], skipped: int, damaged: Sequence[Op
 
 
 def rank_job(fmt: RankFormat, parts: Sequence[tuple[Trace, Mapping[str, Any]]],
-             meta: Mapping[str, Any]) -> Trace:
+             meta: MetaMapping) -> Trace:
     """The Trace of a job read rank by rank: the ranks' events in file order, the job's
     metadata from their facts."""
     return concat_traces([t for t, _ in parts], fmt.job_meta([i for _, i in parts], meta))
@@ -180,7 +183,7 @@ def noted(trace: Trace, skipped: Sequence[str], damaged: Sequence[OpprofError]) 
 FOLDER_META = "opprof.meta"
 
 
-def write_folder_meta(folder: Path, meta: Mapping[str, Any]) -> None:
+def write_folder_meta(folder: Path, meta: MetaMapping) -> None:
     """Keep ``meta`` (the job metadata given to :func:`normalize`), stamped as the `.trace`
     will be (:func:`opprof.meta.stamp`), in the run's folder."""
     from opprof.files import write_atomic
@@ -233,7 +236,7 @@ def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool
     return [(f, n) for f, n in listed if not sampled.is_memory_file(f)], memory
 
 
-def normalize(paths: list[Path], meta: Mapping[str, Any] | None = None, *,
+def normalize(paths: list[Path], meta: MetaMapping | None = None, *,
               skip_damaged: bool = False) -> Trace:
     """Read native trace files (all of one format, e.g. one per rank) into one Trace.
 
@@ -276,7 +279,7 @@ def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict[st
     for fmt in FILE_FORMATS:
         if all(fmt.claims(f, heads[f]) for f in files):
             return noted(_from_files(fmt, listed, meta, tolerate), [], damaged)
-    docs: list[tuple[Path, Any]] = []
+    docs: list[tuple[Path, object]] = []
     parts: list[tuple[Trace, dict[str, Any]]] = []
     ranks: list[int] = []
     fmt_of: dict[Path, Format] = {}

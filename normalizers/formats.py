@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from opprof.trace import Trace, concat_traces
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 _SQLITE = b"SQLite format 3\x00"
 
@@ -29,17 +32,17 @@ class Format(Protocol):
     #: :func:`opprof.normalizers.read_doc`); False: claimed from the path and first bytes
     json: bool
 
-    def claims(self, path: Path, head: bytes, doc: Any = None) -> bool:
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         """Whether the file (its first bytes; a JSON format: its decoded document) is of
         this format."""
         ...
 
-    def decode(self, data: bytes, path: Path, doc: Any) -> Any:
+    def decode(self, data: bytes, path: Path, doc: object) -> object:
         """The document as this format reads it (JSON formats; ``doc``: the document as first
         decoded, returned as it is when the format reads that)."""
         ...
 
-    def read(self, sources: Sequence[tuple[Path, Any]], meta: Mapping[str, Any]) -> Trace:
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         """The whole job: (path, document) per file (the document None for binary formats),
         in file order."""
         ...
@@ -49,7 +52,7 @@ class Format(Protocol):
 class RankFormat(Format, Protocol):
     """A format of one rank per file, each file normalized on its own."""
 
-    def declared_rank(self, doc: Any, index: int) -> int:
+    def declared_rank(self, doc: object, index: int) -> int:
         """The rank a file says it is, else ``index`` (-1: let the job's order decide)."""
         ...
 
@@ -58,13 +61,13 @@ class RankFormat(Format, Protocol):
         same rank stay apart)."""
         ...
 
-    def read_rank(self, path: Path, doc: Any, rank: int, meta: Mapping[str, Any],
+    def read_rank(self, path: Path, doc: object, rank: int, meta: MetaMapping,
                   detail: bool = True) -> tuple[Trace, dict[str, Any]]:
         """One file normalized as ``rank``, and the facts :meth:`job_meta` combines."""
         ...
 
     def job_meta(self, infos: Sequence[Mapping[str, Any]],
-                 meta: Mapping[str, Any]) -> dict[str, Any]:
+                 meta: MetaMapping) -> dict[str, Any]:
         """The job's metadata from its ranks' facts, in rank-file order."""
         ...
 
@@ -75,15 +78,15 @@ class Kineto:
     name = "kineto"
     json = True
 
-    def claims(self, path: Path, head: bytes, doc: Any = None) -> bool:
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         from opprof.normalizers import kineto
 
         return doc is not None and kineto.claims_json(doc)
 
-    def decode(self, data: bytes, path: Path, doc: Any) -> Any:
+    def decode(self, data: bytes, path: Path, doc: object) -> object:
         return doc
 
-    def declared_rank(self, doc: Any, index: int) -> int:
+    def declared_rank(self, doc: object, index: int) -> int:
         from opprof.normalizers import kineto
 
         return kineto.declared_rank(doc, index)
@@ -93,19 +96,19 @@ class Kineto:
 
         return kineto.assign_ranks(list(declared))
 
-    def read_rank(self, path: Path, doc: Any, rank: int, meta: Mapping[str, Any],
+    def read_rank(self, path: Path, doc: object, rank: int, meta: MetaMapping,
                   detail: bool = True) -> tuple[Trace, dict[str, Any]]:
         from opprof.normalizers import kineto
 
         return kineto.rank_trace(path, doc, rank, dict(meta), detail)
 
     def job_meta(self, infos: Sequence[Mapping[str, Any]],
-                 meta: Mapping[str, Any]) -> dict[str, Any]:
+                 meta: MetaMapping) -> dict[str, Any]:
         from opprof.normalizers import kineto
 
         return kineto.merge_meta([dict(i) for i in infos], dict(meta))
 
-    def read(self, sources: Sequence[tuple[Path, Any]], meta: Mapping[str, Any]) -> Trace:
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         ranks = self.plan([self.declared_rank(doc, i) for i, (_, doc) in enumerate(sources)])
         parts = [self.read_rank(path, doc, rank, meta)
                  for (path, doc), rank in zip(sources, ranks, strict=True)]
@@ -118,17 +121,17 @@ class MXNet:
     name = "mxnet"
     json = True
 
-    def claims(self, path: Path, head: bytes, doc: Any = None) -> bool:
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         from opprof.normalizers import mxnet
 
         return doc is not None and mxnet.claims_json(doc)
 
-    def decode(self, data: bytes, path: Path, doc: Any) -> Any:
+    def decode(self, data: bytes, path: Path, doc: object) -> object:
         from opprof.normalizers import mxnet
 
         return mxnet.decode(data, path)
 
-    def read(self, sources: Sequence[tuple[Path, Any]], meta: Mapping[str, Any]) -> Trace:
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         from opprof.normalizers import mxnet
 
         return mxnet.from_docs(list(sources), dict(meta))
@@ -141,17 +144,17 @@ class Nsys:
     name = "nsys"
     json = False
 
-    def claims(self, path: Path, head: bytes, doc: Any = None) -> bool:
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         if not (path.name.endswith((".nsys-rep", ".qdrep")) or head.startswith(_SQLITE)):
             return False
         from opprof.normalizers import nsys
 
         return nsys.claims_file(path, head)
 
-    def decode(self, data: bytes, path: Path, doc: Any) -> Any:
+    def decode(self, data: bytes, path: Path, doc: object) -> object:
         return doc
 
-    def read(self, sources: Sequence[tuple[Path, Any]], meta: Mapping[str, Any]) -> Trace:
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         from opprof.normalizers import nsys
 
         return nsys.from_files([p for p, _ in sources], dict(meta))
@@ -163,17 +166,17 @@ class Nvprof:
     name = "nvprof"
     json = False
 
-    def claims(self, path: Path, head: bytes, doc: Any = None) -> bool:
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         if not head.startswith(_SQLITE):
             return False
         from opprof.normalizers import nvprof
 
         return nvprof.claims_file(path, head)
 
-    def decode(self, data: bytes, path: Path, doc: Any) -> Any:
+    def decode(self, data: bytes, path: Path, doc: object) -> object:
         return doc
 
-    def read(self, sources: Sequence[tuple[Path, Any]], meta: Mapping[str, Any]) -> Trace:
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         from opprof.normalizers import nvprof
 
         return nvprof.from_files([p for p, _ in sources], dict(meta))
@@ -186,13 +189,13 @@ class XPlane:
     json = False
     suffix = ".xplane.pb"
 
-    def claims(self, path: Path, head: bytes, doc: Any = None) -> bool:
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         return Path(path).name.endswith(self.suffix)
 
-    def decode(self, data: bytes, path: Path, doc: Any) -> Any:
+    def decode(self, data: bytes, path: Path, doc: object) -> object:
         return doc
 
-    def read(self, sources: Sequence[tuple[Path, Any]], meta: Mapping[str, Any]) -> Trace:
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         from opprof.normalizers import xplane
 
         return xplane.from_files([p for p, _ in sources], dict(meta))

@@ -27,6 +27,7 @@ from opprof.errors import ErrorKind, OpprofError
 
 if TYPE_CHECKING:
     from opprof.analysis.report import RankPart, Report
+    from opprof.meta import MetaMapping
     from opprof.normalizers.formats import RankFormat
     from opprof.trace import Trace
 
@@ -72,7 +73,7 @@ class Plan:
     paths: list[Path]
     tasks: list[Task]
     whole: bool
-    meta: Mapping[str, Any]
+    meta: MetaMapping
     input_bytes: int = 0
     skipped: list[str] = field(default_factory=list)
     damaged: list[OpprofError] = field(default_factory=list)

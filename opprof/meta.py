@@ -16,13 +16,17 @@ them as it reads the typed ones.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from opprof.invocation import invocation
 from opprof.kinds import Framework, Mode
+
+#: A trace's metadata as a function takes it: a :class:`TraceMeta`, or any mapping of its keys
+#: (a writer's dict).
+MetaMapping: TypeAlias = Mapping[str, Any]
 
 #: The `.trace` format this opprof writes (files since the per-rank layout are still 1).
 FORMAT_VERSION = 1
@@ -98,7 +102,7 @@ class TraceMeta(msgspec.Struct, _Mapping, kw_only=True, repr_omit_defaults=True)
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def of(cls, meta: Mapping[str, Any] | None) -> TraceMeta:
+    def of(cls, meta: MetaMapping | None) -> TraceMeta:
         """``meta`` as a TraceMeta: itself when it is one, else its keys typed (a value that is
         not of its field's type stays in :attr:`extra`)."""
         if isinstance(meta, TraceMeta):
@@ -186,7 +190,7 @@ MutableMapping.register(TraceMeta)
 
 # ------------------------------------------------------------------ the stamp
 
-def stamp(meta: Mapping[str, Any] | None) -> TraceMeta:
+def stamp(meta: MetaMapping | None) -> TraceMeta:
     """A copy of ``meta`` as every `.trace` is written: the format version, the opprof
     version and the command that writes it (:func:`invocation`) — the one place they are
     set, for `record`, `run`, `import`, `opprof.profile()`, a merge and ``opprof.save``."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
 #: still format 1 (:data:`opprof.meta.FORMAT_VERSION`): older opprof reads them unchanged.
@@ -76,7 +76,7 @@ class Trace:
     """A normalized trace: ``events`` (one row per event, the COLUMNS above) and ``meta`` (a
     :class:`~opprof.meta.TraceMeta`; a mapping given is typed)."""
 
-    def __init__(self, events: pd.DataFrame, meta: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, events: pd.DataFrame, meta: MetaMapping | None = None) -> None:
         self.events = events
         self.meta = TraceMeta.of(meta)
 
@@ -96,7 +96,7 @@ class Trace:
         return df.astype({"rank": "int32", "step": "int32", "start": "int64", "end": "int64"})
 
 
-def concat_traces(traces: list[Trace], meta: Mapping[str, Any]) -> Trace:
+def concat_traces(traces: list[Trace], meta: MetaMapping) -> Trace:
     """Several traces' events as one table (in the order given) with ``meta``; categorical
     columns are joined by their categories, never row by row."""
     if len(traces) == 1:
@@ -220,7 +220,7 @@ def rank_slices(events: pd.DataFrame) -> list[tuple[int, Array]]:
     return [(int(r), order[bounds[i]:bounds[i + 1]]) for i, r in enumerate(uniq)]
 
 
-def file_meta(meta: Mapping[str, Any]) -> bytes:
+def file_meta(meta: MetaMapping) -> bytes:
     """The metadata as stored (JSON), stamped (:func:`opprof.meta.stamp`: the format
     version, opprof's version and the command writing it)."""
     return json.dumps(stamp(meta).to_dict(), default=_json_default).encode()
@@ -231,7 +231,7 @@ class TraceWriter:
     ROW_GROUP_ROWS events), the metadata known up front. Use as a context manager inside
     :func:`opprof.files.atomic_path`."""
 
-    def __init__(self, tmp: Path, meta: Mapping[str, Any]) -> None:
+    def __init__(self, tmp: Path, meta: MetaMapping) -> None:
         meta = TraceMeta.of(meta).copy()
         curve = meta.pop("convergence", None)
         kv = {META_KEY: file_meta(meta)}
@@ -289,7 +289,7 @@ def save(trace: Trace, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def convergence_frame(meta: Mapping[str, Any]) -> pd.DataFrame:
+def convergence_frame(meta: MetaMapping) -> pd.DataFrame:
     """The convergence table of a trace's metadata (empty without ``--converge``): one row per
     step and rank; the accuracies are NaN between evaluations."""
     df = pd.DataFrame(meta.get("convergence") or [], columns=list(CONVERGENCE_COLUMNS))

@@ -30,8 +30,7 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -44,6 +43,7 @@ from opprof.trace import Trace
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
 #: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
@@ -117,7 +117,7 @@ def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
         drop=True)
 
 
-def _world_size(meta: Mapping[str, Any], rank: int) -> int:
+def _world_size(meta: MetaMapping, rank: int) -> int:
     """The job's world size as rank ``rank``'s trace says it, else the worker count."""
     info = (meta.get("distributed") or {}).get(str(rank)) or {}
     size = info.get("world_size") if isinstance(info, dict) else None

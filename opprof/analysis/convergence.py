@@ -11,13 +11,15 @@ of the two ratios, and each one's share of the difference is its share of the lo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from opprof.trace import convergence_frame
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 #: Test accuracies reported (fractions).
 TARGETS = (0.5, 0.7, 0.9)
@@ -105,7 +107,7 @@ class Comparison:
         return asdict(self)
 
 
-def summary(meta: Mapping[str, Any]) -> Summary | None:
+def summary(meta: MetaMapping) -> Summary | None:
     """The curve in a few numbers (None without a convergence table)."""
     curve = convergence_frame(meta)
     if curve.empty:
@@ -129,7 +131,7 @@ def summary(meta: Mapping[str, Any]) -> Summary | None:
         time_to_accuracy=time_to_accuracy(curve), steps_to_accuracy=steps_to)
 
 
-def compare(a_meta: Mapping[str, Any], b_meta: Mapping[str, Any], la: str,
+def compare(a_meta: MetaMapping, b_meta: MetaMapping, la: str,
             lb: str) -> Comparison | None:
     """Which run reaches each target test accuracy first, and how much of the difference is
     step time and how much steps needed (``targets``, one dict per target); the sentence

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,9 @@ from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.report import Report
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 
 @dataclass
@@ -157,7 +160,7 @@ def _name(trace: Trace | Report, file_name: str) -> str:
     return f"{file_name} ({fw})" if fw and fw not in file_name else file_name
 
 
-def _unprofiled(meta: Mapping[str, Any]) -> float | None:
+def _unprofiled(meta: MetaMapping) -> float | None:
     v = meta.get("unprofiled_step_ns")
     try:
         return float(v) if v and float(v) > 0 else None

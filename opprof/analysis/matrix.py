@@ -7,10 +7,9 @@ from its 1-worker run beside the measurement. Pure functions over recorded runs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +26,9 @@ from opprof.errors import OpprofError
 from opprof.kinds import DONE, Mode, RunStatus
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 #: An operator enters the cross-framework table when it takes at least this share of the
 #: slower run's step time (tiny operators give huge, meaningless ratios).
@@ -98,7 +100,7 @@ CONVERGENCE_COLUMNS = ("final_loss", "best_test_accuracy",
 CURVE_POINTS = 200
 
 
-def convergence_columns(meta: Mapping[str, Any]) -> dict[str, Any]:
+def convergence_columns(meta: MetaMapping) -> dict[str, Any]:
     """A run's convergence in the bench table's terms, and its curve (thinned) for
     bench.json's ``curves``; empty without a convergence table."""
     s = convergence_summary(meta)

@@ -41,9 +41,8 @@ down) is no training and stays out of the peaks, though its rows stay in the tab
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -51,6 +50,9 @@ import pandas as pd
 from opprof.filters import memory as memory_rows
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 TIMELINE_BINS = 48
 COLUMNS = ["rank", "role", "peak_rss_bytes", "hwm_bytes", "unprofiled_rss_bytes",
@@ -126,7 +128,7 @@ def _spans(trace: Trace) -> dict[int | None, tuple[int, int]]:
 ALLOCATOR_SOURCE = {"kineto": "kineto", "mxnet": "mxnet", "xplane": "xprof", "nsys": "nsys"}
 
 
-def _source(meta: Mapping[str, Any]) -> str | None:
+def _source(meta: MetaMapping) -> str | None:
     formats = [ALLOCATOR_SOURCE[f] for f in meta.get("source_formats") or []
                if f in ALLOCATOR_SOURCE]
     return formats[0] if formats else None
@@ -158,7 +160,7 @@ def _main(m: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
     return None, m.iloc[0:0]
 
 
-def _param_bytes(meta: Mapping[str, Any], rank: int, role: str) -> int | None:
+def _param_bytes(meta: MetaMapping, rank: int, role: str) -> int | None:
     for r in meta.get("per_rank") or []:
         if isinstance(r, dict) and r.get("rank") == rank and r.get("role") == role:
             if r.get("param_bytes") is not None:
@@ -168,7 +170,7 @@ def _param_bytes(meta: Mapping[str, Any], rank: int, role: str) -> int | None:
     return None
 
 
-def _rank(rank: int, m: pd.DataFrame, meta: Mapping[str, Any], span: tuple[int, int] | None
+def _rank(rank: int, m: pd.DataFrame, meta: MetaMapping, span: tuple[int, int] | None
           ) -> tuple[dict[str, Any], pd.DataFrame, dict[str, Any] | None]:
     role = str(m["role"].iloc[0])
     before = None

@@ -25,7 +25,6 @@ recorded before these were kept) has no assessment; nothing is flagged.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ import pandas as pd
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: Interquartile range / median of the unprofiled step times above which a run is noisy.
 NOISE_SPREAD = 0.20
@@ -71,7 +71,7 @@ class Noise:
         return replace(self, flags=[*self.flags, *(f for f in more if f not in self.flags)])
 
 
-def samples(meta: Mapping[str, Any]) -> tuple[Array, Array]:
+def samples(meta: MetaMapping) -> tuple[Array, Array]:
     """(before, after): every worker's unprofiled step durations (ns)."""
     per_rank = meta.get("unprofiled_samples_ns") or {}
     before = [v for r in per_rank.values() if isinstance(r, dict)
@@ -81,7 +81,7 @@ def samples(meta: Mapping[str, Any]) -> tuple[Array, Array]:
     return np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
 
 
-def assess(meta: Mapping[str, Any], steps: pd.DataFrame | None = None) -> Noise | None:
+def assess(meta: MetaMapping, steps: pd.DataFrame | None = None) -> Noise | None:
     """The run's timing quality (see the module docstring): sample count, median, quartiles,
     extremes, spread, drift, the profiled median and overhead, and ``flags`` (``noisy``,
     ``overhead``); None when the trace holds no unprofiled samples."""

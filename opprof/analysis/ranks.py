@@ -45,9 +45,8 @@ All times are per step (means over the rank's steps) unless named ``total``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -61,6 +60,7 @@ from opprof.trace import Trace
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
 BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
@@ -213,7 +213,7 @@ def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalys
     return combine_ranks(steps, rank_local(trace, steps), synchronous(trace.meta))
 
 
-def synchronous(meta: Mapping[str, Any]) -> bool:
+def synchronous(meta: MetaMapping) -> bool:
     """Whether the run's mode makes ranks wait for each other (not ``ps-async``)."""
     return str(meta.get("mode", "")) not in ASYNC_MODES
 

@@ -11,9 +11,8 @@ count is analyzed with a few ranks' events in memory at a time, in any process
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -31,6 +30,9 @@ from opprof.analysis.ops import merge_durations, op_durations, table_from_durati
 from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
 from opprof.trace import Trace, rank_slices
 
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
+
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
 
 
@@ -38,7 +40,7 @@ RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "
 class Report:
     """The analysis of one trace: per-step breakdown, phase summary, operator tables."""
 
-    meta: Mapping[str, Any]
+    meta: MetaMapping
     steps: pd.DataFrame
     phases: pd.DataFrame
     ops: pd.DataFrame
@@ -111,7 +113,7 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     )
 
 
-def combine(parts: list[RankPart], meta: Mapping[str, Any],
+def combine(parts: list[RankPart], meta: MetaMapping,
             device_span: str = "steps") -> Report:
     """The report of a job from the parts of its ranks (in any order)."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
 from opprof.render import FORMATS, REPORT_FORMATS
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 format_option = click.option(
     "--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True,
@@ -88,7 +90,7 @@ def warn_damaged(damaged: list[dict[str, str]]) -> None:
                err=True)
 
 
-def warn_read(meta: Mapping[str, Any]) -> None:
+def warn_read(meta: MetaMapping) -> None:
     """One ⚠ line on stderr per kind of event the reader dropped or repaired
     (``meta["read_warnings"]``), so that no number changed without a word."""
     from opprof.drops import KEY, lines

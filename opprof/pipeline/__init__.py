@@ -17,11 +17,12 @@ native folder, the native traces normalized, the `.trace` written (stamped once,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
     from opprof.trace import Trace
 
 
@@ -30,7 +31,7 @@ def native_folder(output: Path) -> Path:
     return output.with_name(output.name.removesuffix(".trace") + ".native")
 
 
-def save_recording(native: Sequence[Path], meta: Mapping[str, Any], native_dir: Path,
+def save_recording(native: Sequence[Path], meta: MetaMapping, native_dir: Path,
                    output: Path | None, *, skip_damaged: bool = False) -> Trace:
     """The `.trace` of a recording: ``meta`` kept in the native folder (``opprof import``
     of the folder reads it back), the native traces (and sampled memory files) normalized,

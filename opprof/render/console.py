@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from rich.console import Console, Group, RenderableType
@@ -25,6 +24,7 @@ from opprof.taxonomy import PHASES
 if TYPE_CHECKING:
     from opprof.analysis.convergence import Summary
     from opprof.analysis.noise import Noise
+    from opprof.meta import MetaMapping
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
@@ -56,7 +56,7 @@ def bar(share: float, style: str) -> Text:
     return Text("█" * n + "·" * (BAR_WIDTH - n), style=style)
 
 
-def _header(meta: Mapping[str, Any], noise: Noise | None = None) -> Text:
+def _header(meta: MetaMapping, noise: Noise | None = None) -> Text:
     keys = [("framework", ""), ("model", ""), ("dataset", ""), ("batch_size", "batch "),
             ("workers", "workers "), ("mode", "mode "), ("device", "")]
     parts = [f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, "")]
@@ -72,7 +72,7 @@ def _header(meta: Mapping[str, Any], noise: Noise | None = None) -> Text:
     return text
 
 
-def graph_lines(meta: Mapping[str, Any]) -> list[str]:
+def graph_lines(meta: MetaMapping) -> list[str]:
     """What the recording switched in the framework's compiled graphs for the profiled
     steps (``meta["graphs"]``, MXNet's bulk execution), and what that cost by itself."""
     if not meta.get("graphs"):
@@ -118,7 +118,7 @@ def quality_lines(noise: Noise | None) -> list[str]:
     return out
 
 
-def partial_lines(meta: Mapping[str, Any]) -> list[str]:
+def partial_lines(meta: MetaMapping) -> list[str]:
     """A line for a recording cut short (``meta["partial"]``)."""
     part = meta.get("partial")
     if not isinstance(part, dict):

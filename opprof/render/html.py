@@ -19,7 +19,7 @@ import datetime as _dt
 import html
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
     from opprof.analysis.matrix import Bench
+    from opprof.meta import MetaMapping
 
 #: The views this format renders (a report and a diff: no model views) and its file type.
 VIEWS = PAGE_VIEWS
@@ -272,7 +273,7 @@ def _meta_text(v: Any, limit: int) -> str:
     return html.escape(text)
 
 
-def meta_table(meta: Mapping[str, Any], limit: int = 300, pair: bool = False) -> str:
+def meta_table(meta: MetaMapping, limit: int = 300, pair: bool = False) -> str:
     """The run's metadata as a key/value table (long values cut at ``limit`` characters);
     ``pair``: each value is ``{"A": …, "B": …}``, shown in two columns."""
     rows = []
@@ -324,7 +325,7 @@ OP_COLUMNS: list[Column] = [
     ("share_of_phase", "share of phase", f_pct)]
 
 
-def _subtitle(meta: Mapping[str, Any]) -> str:
+def _subtitle(meta: MetaMapping) -> str:
     keys = [("framework", ""), ("framework_version", ""), ("model", ""), ("dataset", ""),
             ("batch_size", "batch "), ("workers", "workers "), ("mode", "mode "),
             ("device", "")]
