@@ -468,7 +468,7 @@ def test_record_measures_memory_on_every_framework(tmp_path, fw, extra):
         totals = [e["args"]["Total Allocated"] for e in doc["traceEvents"]
                   if e.get("name") == "[memory]"]
         assert mem["peak_allocated_bytes"] == max(totals)
-    assert mem["peak_step"] in (0, 1, 2, 3, None)
+    assert mem["peak_step"] in (*range(4 + 1), None)  # step numbers as the trace gives them
     assert any(v is not None for v in mem["by_phase"].values())
 
 
