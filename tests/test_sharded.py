@@ -18,7 +18,12 @@ from opprof.analysis.commmodel import Network
 from opprof.analysis.critpath import BOUND_BY, bound_by, graph_of, replay
 from opprof.analysis.interference import measure
 from opprof.analysis.predict import baseline
-from opprof.analysis.sharded import ShardedPlan, segment_spread, simulate_sharded
+from opprof.analysis.sharded import (
+    ShardedPlan,
+    segment_spread,
+    simulate_sharded,
+    trace_samples,
+)
 from opprof.analysis.simulate import expected_max_normal
 from opprof.analysis.terms import terms
 from opprof.loader import load
@@ -185,6 +190,9 @@ def test_fsdp_on_gloo_blocks_and_its_critical_path_holds(recorded) -> None:
     assert (b[list(BOUND_BY)].sum(axis=1) == b["step_ns"]).all() and (b["comm"] > 0).all()
     r = replay(g, None, order)
     assert np.allclose(r["replay_ns"], r["step_ns"], rtol=1e-9, atol=1.0)
+    # its collectives, fitted, carry each unit's unsharded bytes (the spans hold the unit's)
+    fit = trace_samples(tr)
+    assert len(fit) and set(fit["bytes"]) <= set(tr.meta["unit_param_bytes"])
     # and its model pays the wait for the slowest rank at every blocking collective
     base = baseline(tr)
     assert base.units.segment_sigma_ns is not None and base.units.segment_sigma_ns > 0

@@ -244,9 +244,10 @@ def segment_spread(trace: Trace, share: np.ndarray) -> float | None:
 def trace_samples(trace: Trace) -> pd.DataFrame:
     """(kind, bytes, ns) of the FSDP collectives a multi-worker trace holds, for fitting:
     the backend's own spans (``gloo:all_gather`` …) with their unsharded bytes — an
-    all-gather's payload is its input shard (× N), a reduce-scatter's (gloo: an all-reduce
-    of the whole buffer, during backward) the whole buffer — and their transfer time (the
-    wait for the last rank left out, :func:`opprof.analysis.ranks.match`)."""
+    all-gather's payload is the unit it gathers (a span that carries only its input shard is
+    scaled × N), a reduce-scatter's (gloo: an all-reduce of the whole buffer, during
+    backward) the whole buffer — and their transfer time (the wait for the last rank left
+    out, :func:`opprof.analysis.ranks.match`)."""
     from opprof.analysis.breakdown import step_breakdown
     from opprof.analysis.ranks import match
 
@@ -261,10 +262,15 @@ def trace_samples(trace: Trace) -> pd.DataFrame:
     spans = spans.assign(name=spans["name"].astype(str), end=spans["ts"] + spans["dur"])
     bounds = step_breakdown(trace)[["rank", "step", "start", "end"]]
     c = match(spans.sort_values(["rank", "ts"]).reset_index(drop=True), bounds, True)
-    gather = c["op"] == "all_gather"
+    gather = (c["op"] == "all_gather").to_numpy()
+    nbytes = c["bytes"].to_numpy(np.int64)
+    # torch 2.x's spans carry the gathered (unit's) bytes; a span that carries its input
+    # shard — no unit of that size, one of N times it — is scaled to the unit
+    units = unit_bytes(trace)[0]
+    shard = gather & ~np.isin(nbytes, units) & np.isin(nbytes * workers, units)
     return pd.DataFrame({
         "kind": np.where(gather, "all_gather", "reduce_scatter"),
-        "bytes": np.where(gather, c["bytes"] * workers, c["bytes"]).astype(np.int64),
+        "bytes": np.where(shard, nbytes * workers, nbytes).astype(np.int64),
         "ns": c["transfer_ns"].to_numpy(np.float64)})
 
 
