@@ -303,7 +303,8 @@ def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | N
     if len(rs) and len(ag):
         other = fit(rs, "fsdp", workers)
         info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
-                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit}
+                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit,
+                                  "samples": other.samples}
     if copy_ns_per_byte is not None:
         info["copy_ns_per_byte"] = float(copy_ns_per_byte)
     main.info = info
