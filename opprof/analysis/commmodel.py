@@ -25,7 +25,8 @@ what was measured — linear between the two nearest sizes' median times, the la
 slope beyond the largest — moved to another N (or S) by the ratio of the α–β costs; α–β
 alone below the smallest size and where there are fewer than two sizes. A straight α–β line
 misses how a host's cost per byte grows once the buffers outgrow its caches (on this
-project's machine gloo's and TF's times at 64 MiB were 1.5–4.6× the fitted line's).
+project's machine the 64 MiB times of 25 calibrations were 0.8–15× the fitted line's, median
+2.4×).
 
 **Fitting** (:func:`fit`): measured (bytes, ns) pairs are reduced to the median time per
 message size, then α and β are the least-squares solution of the cost equation above over
