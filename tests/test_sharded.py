@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.collectives import collective_part
 from opprof.analysis.sharded import ShardedPlan, simulate_sharded
 from opprof.loader import load
 from opprof.taxonomy import COMM_OPS, PHASES
@@ -89,6 +90,20 @@ def test_no_fsdp_range_is_a_compute_operator(which, request) -> None:
     assert set(f["phase"].dropna().astype(str)) <= {"comm"}
     # gathering parameters and reducing gradients are there, with FSDP's copies beside them
     assert {"all_gather", "reduce_scatter"} <= ops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fsdp2", "fsdp1"])
+def test_fsdp_all_gather_bytes_are_the_gathered_unit(which, request) -> None:
+    """An all-gather's size (nccl-tests') is the gathered buffer: each unit's all-gather
+    moves what its reduce-scatter reduces. FSDP1 on gloo calls the list ``c10d::allgather_``,
+    which names no output shape, and its ``gloo:all_gather`` span names only the shard. The
+    job's one process group names the collectives that carry none."""
+    part = collective_part(request.getfixturevalue(which))
+    gathered = set(part.loc[part["op"] == "all_gather", "bytes"])
+    reduced = set(part.loc[part["op"] == "reduce_scatter", "bytes"])
+    assert len(gathered) >= 2 and gathered == reduced
+    assert set(part["group"]) == {"0 (default_pg)"} and (part["size"] == 2).all()
 
 
 @pytest.mark.slow
