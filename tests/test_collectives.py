@@ -207,8 +207,12 @@ def test_bus_factors() -> None:
 # --- hidden communication on the GPU, as Holistic Trace Analysis measures it --------------
 
 #: HolisticTraceAnalysis 0.5.0's ``get_comm_comp_overlap`` on these files (its
-#: ``comp_comm_overlap_pctg``), run once beside this test; HTA rounds times to whole
-#: microseconds, which moves the first figure by half a point.
+#: ``comp_comm_overlap_pctg``), run once beside this test (HTA is no dependency): each file
+#: alone in a folder D, ``TraceAnalysis(trace_dir=D).get_comm_comp_overlap(visualize=False)``
+#: in a virtual environment with ``HolisticTraceAnalysis==0.5.0`` (re-run 2026-11-27: the
+#: same figures; both sampled-128rank files in one folder give the same two). HTA rounds
+#: times to whole microseconds, which moves the first figure by half a point (opprof: 14.8,
+#: 11.8, 20.1).
 HTA = {"nccl-2rank-rank0.json.gz": 14.31, "sampled-128rank-rank0.json.gz": 11.81,
        "sampled-128rank-rank1.json.gz": 20.05}
 
