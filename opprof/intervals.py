@@ -15,11 +15,12 @@ Times are int64 nanoseconds; an interval is ``[start, end)``. Everything is vect
   (:func:`label_points`: which interval of its lane covers each point), **containment**
   (:func:`containing`: which interval of the same lane contains each inner interval) and
   **nesting** (:func:`nest`, :class:`Nesting`: depth and outermost enclosing interval,
-  per lane).
+  per lane), and **coverage** (:func:`coverage`: how much of a window a union covers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, overload
 
 import numpy as np
@@ -214,3 +215,21 @@ def lane_ids(rank: Array, pid: Array, tid: Array) -> Array:
         key = key * len(uniq) + codes  # distinct combinations stay distinct
         key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
     return key
+
+
+def coverage(starts: Array, ends: Array) -> Callable[[Array], Array]:
+    """For any intervals: the function ``t ↦ length of their union before t`` (vectorized
+    over t, float64), so the part of ``[a, b)`` they cover is ``f(b) − f(a)``."""
+    s, e = merge(starts, ends)
+    before = np.concatenate([[0], np.cumsum(e - s)]).astype(np.float64)
+
+    def covered_before(t: Array) -> Array:
+        t = np.asarray(t, np.int64)
+        if not len(s):
+            return np.zeros(t.shape, np.float64)
+        k = np.searchsorted(s, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = np.clip(t - s[kk], 0, (e - s)[kk])
+        return np.where(k >= 0, before[kk] + inside, 0.0)
+
+    return covered_before

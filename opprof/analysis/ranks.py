@@ -38,7 +38,8 @@ Definitions (worker ranks only; times on the common clock the normalizer aligned
   bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
 - **By collective** (``kinds``): per canonical collective (``all_gather``, ``reduce_scatter``,
   ``all_reduce`` …), calls, the union of their time, the sums of their wait and transfer
-  parts, and the share of their time hidden behind compute — mean per (rank, step).
+  parts, and the share of their time hidden behind compute (on a rank whose collectives run
+  as device kernels, compute kernels beside them, as for its overlap) — mean per (rank, step).
 
 All times are per step (means over the rank's steps) unless named ``total``.
 """
@@ -52,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, comm_overlap_ratio, container, step_breakdown
-from opprof.filters import communication, counted, device_work, on_host, step_work, workers
+from opprof.filters import communication, counted, device_work, kernels, on_host, step_work, workers
 from opprof.intervals import Sweep
 from opprof.kinds import Mode
 from opprof.taxonomy import PHASES
@@ -179,6 +180,9 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
     compute = ev[workers(ev) & counted(ev) & ev["phase"].isin(COMPUTE)]
     host_comm = ev[workers(ev) & counted(ev) & communication(ev) & on_host(ev)]
     blocked = host_comm[container(host_comm, compute[on_host(compute)]) >= 0]
+    # on a GPU rank, what hides a collective is a compute kernel beside it (HTA's definition)
+    gpu_kernels = ev[workers(ev) & kernels(ev)]
+    dev_compute = gpu_kernels[~communication(gpu_kernels)]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
         b = b.sort_values("start")
@@ -187,6 +191,7 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
         part = _comm_overlap(b, c, *args)
         if "comm_on_device" in b and b["comm_on_device"].any():  # the device's overlap
             part["overlap_ns"] = b["comm_overlap_ns"].to_numpy(np.int64)
+            args = (dev_compute[dev_compute["rank"] == rank], blocked.iloc[:0])
         frames.append(part)
         kinds += [_comm_overlap(b, c[c["op"] == op], *args).assign(op=op)
                   for op in pd.unique(c["op"])]
