@@ -445,7 +445,7 @@ def hook_loss() -> LossLog:
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
     """Count steps at ``gluon.Trainer.step`` / ``update`` and ``Module.update``, whichever of
-    their modules has been imported (each one's import calls this); track hybridized
+    their modules has been imported (``import mxnet`` imports both); track hybridized
     blocks for the profiled steps' static graphs (:mod:`.mxnet_graphs`)."""
     import sys
 
