@@ -246,7 +246,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         drops.note(warnings, "rank in distributedInfo unusable (file order used)", 1)
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
-        raw["collective"], raw["bytes"] = served_collectives(raw)
+        raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -559,10 +559,25 @@ def _join_strings(parts: list[tuple[np.ndarray, list[str]]]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
-def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _one_group_size(doc: Document) -> int | None:
+    """The size of the job's process group when ``distributedInfo`` says it has just one
+    (every collective runs in it), else None."""
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    groups = info.get("pg_config")
+    if isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict):
+        return _int(groups[0].get("pg_size"), 0, 1, _MAX_RANK) or None
+    if info.get("pg_count") == 1:
+        return _int(info.get("world_size"), 0, 1, _MAX_RANK) or None
+    return None
+
+
+def served_collectives(raw: pd.DataFrame,
+                       group_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``collective`` and ``bytes`` columns with gloo's own spans named by the c10d calls
     they serve, and given their message size where the call's is larger (a
-    ``gloo:all_gather`` span's shapes are its input only).
+    ``gloo:all_gather`` span's shapes are its input only: the gathered buffer, nccl-tests'
+    size, is ``group_size`` times it where the job has one process group, as FSDP1's list
+    ``c10d::allgather_`` names no output shape).
 
     gloo runs each collective on its own thread, as a ``gloo:<op>`` span that starts after
     the ``c10d::`` call that enqueued it, first in first out; it runs a reduce-scatter as an
@@ -597,7 +612,8 @@ def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     pairs = (call_op == span_op) | ((span_op == "all_reduce") & (call_op == "reduce_scatter"))
     if pairs.all() and (ts[spans] >= ts[calls]).all():
         out[spans] = call_op
-        nbytes[spans] = np.maximum(nbytes[spans], nbytes[calls])
+        gathered = nbytes[spans] * np.where(span_op == "all_gather", group_size or 1, 1)
+        nbytes[spans] = np.maximum(gathered, nbytes[calls])
     return out, nbytes
 
 

@@ -9,7 +9,9 @@ every rank's number and joins the files' metadata rank by rank.
 
 Refused, in one line naming the files: two files that hold the same rank, and files of
 different jobs — a different framework, model, mode, dataset, batch size, world size, node
-count or rendezvous address wherever both files say it.
+count or rendezvous address wherever both files say it, or steps more than
+:data:`APART_NS` apart (the ranks of one job step together; a user's imported traces carry
+none of the rest).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from opprof.errors import OpprofError
 #: What both files must agree on, where both have it.
 JOB_KEYS = ("framework", "model", "mode", "dataset", "batch_size", "nnodes", "master",
             "workers")
+#: Two files whose profiled steps are further apart than this are not one job's.
+APART_NS = 60 * 10**9
 #: Per-host facts that no longer describe the merged job.
 HOST_KEYS = ("node_rank", "row_groups", "command")
 
@@ -33,6 +37,16 @@ def world_size(meta: dict) -> int | None:
         if isinstance(info, dict) and isinstance(info.get("world_size"), int):
             return int(info["world_size"])
     return None
+
+
+def steps_span(meta: dict) -> tuple[int, int] | None:
+    """(first step's start, last step's end) of a trace, ns (None: no steps)."""
+    rows = [r for r in meta.get("step_bounds") or [] if isinstance(r, (list, tuple))
+            and len(r) >= 4]
+    try:
+        return (min(int(r[2]) for r in rows), max(int(r[3]) for r in rows)) if rows else None
+    except (TypeError, ValueError):
+        return None
 
 
 def check_one_job(files: Sequence[tuple[Path, dict, list[int]]]) -> None:
@@ -49,6 +63,12 @@ def check_one_job(files: Sequence[tuple[Path, dict, list[int]]]) -> None:
         a, b = world_size(meta0), world_size(meta)
         if a is not None and b is not None and a != b:
             raise OpprofError(f"{first} and {path} are not one job (world size {a} vs {b})")
+        sa, sb = steps_span(meta0), steps_span(meta)
+        if sa is not None and sb is not None:
+            gap = max(sa[0], sb[0]) - min(sa[1], sb[1])
+            if gap > APART_NS:
+                raise OpprofError(f"{first} and {path} are not one job (their steps are "
+                                  f"{gap / 1e9:,.0f} s apart)")
     seen: dict[int, Path] = {}
     for path, _, ranks in files:
         for r in ranks:

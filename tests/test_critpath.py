@@ -140,6 +140,25 @@ def test_whatif_runs_over_the_graph() -> None:
     assert whatif(ctx, comm="hidden").engine == "phases"  # exposed comm is a phase term
 
 
+def test_a_collectives_factor_scales_its_own_nodes_once() -> None:
+    """--op all_reduce=F scales the all-reduce's nodes by F (it scaled them by F² and every
+    other collective by F: the phase model's one comm lane was applied on top); --op comm=F
+    is --comm F."""
+    from opprof.analysis.whatif import context, whatif
+
+    ctx = context(load(shared_trace("nccl-2rank-rank0.json.gz")), "nccl")
+    g, order = ctx.graph
+    base = replay(g, None, order)
+    for op in ("all_reduce", "broadcast"):
+        mine = (g.category == critpath.COMM) & (g.op == op)
+        alone = replay(g, np.where(mine, 0.5, 1.0), order)
+        want = float((alone["replay_ns"] - base["replay_ns"]).mean())
+        w = whatif(ctx, {op: 0.5})
+        assert w.engine == "graph"
+        assert w.step_ns - ctx.base.step_ns == pytest.approx(want, rel=1e-9, abs=1e-3)
+    assert whatif(ctx, {"comm": 0.5}).step_ns == pytest.approx(whatif(ctx, comm=0.5).step_ns)
+
+
 def test_faster_kernels_do_not_shorten_a_host_bound_gpu_step() -> None:
     g, order = graph_of(load(shared_trace("nccl-2rank-rank0.json.gz")))
     base = replay(g, None, order)

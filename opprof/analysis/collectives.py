@@ -14,8 +14,9 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
   reduce-scatter), from the trace's ``bytes`` column;
 - **group**, **size**: the process group's name and rank count where the trace names them
   (Kineto's ``Process Group Name`` / ``Group size``, kept in ``detail`` as ``pg=NAME size=N``);
-  else the group is unnamed and its size the job's world size (``distributedInfo``, else the
-  worker count);
+  else the job's one process group where ``distributedInfo`` lists a single one (a gloo
+  trace's collectives carry no group of their own); else the group is unnamed; the size, where
+  the event has none, is the job's world size (``distributedInfo``, else the worker count);
 - **wait** / **transfer**: the part of each execution before the last rank entered it, and
   the rest (:mod:`opprof.analysis.ranks`; all transfer when it is not matched across ranks);
 - **algbw** = bytes / transfer time (sums over the collective's executions: nccl-tests times
@@ -73,6 +74,9 @@ def collective_part(trace: Trace) -> pd.DataFrame:
     timing = _with_calls(ev, timing)
     timing["hidden_ns"] = _hidden(ev, timing)
     world = {r: _world_size(trace.meta, int(r)) for r in timing["rank"].unique()}
+    only = {r: _only_group(trace.meta, int(r)) for r in timing["rank"].unique()}
+    unnamed = timing["group"] == ""
+    timing.loc[unnamed, "group"] = timing.loc[unnamed, "rank"].map(only).fillna("")
     timing["size"] = timing["size"].fillna(timing["rank"].map(world)).astype(np.int64)
     return timing[PART_COLUMNS].reset_index(drop=True)
 
@@ -119,6 +123,21 @@ def _world_size(meta: dict, rank: int) -> int:
         return int(size) if size else int(meta.get("workers") or 1)
     except (TypeError, ValueError):
         return int(meta.get("workers") or 1)
+
+
+def _only_group(meta: dict, rank: int) -> str | None:
+    """The name of the job's one process group as rank ``rank``'s trace lists it
+    (``distributedInfo.pg_config`` with a single group: every collective runs in it), else
+    None."""
+    info = (meta.get("distributed") or {}).get(str(rank)) or {}
+    groups = info.get("pg_config") if isinstance(info, dict) else None
+    if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)):
+        return None
+    name, desc = groups[0].get("pg_name"), groups[0].get("pg_desc")
+    if not isinstance(name, (str, int)) or isinstance(name, bool) or str(name) == "":
+        return None
+    ok = isinstance(desc, str) and desc and " " not in desc
+    return f"{name} ({desc})" if ok else str(name)
 
 
 def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:

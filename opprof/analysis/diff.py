@@ -99,7 +99,7 @@ def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
                            np.inf)
     df.loc[(df["a_ns_per_step"] == 0) & (df["b_ns_per_step"] == 0), "ratio"] = np.nan
     df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
-    df["share_of_gap"] = df["delta_ns"] / gap if gap else np.nan
+    df["share_of_gap"] = df["delta_ns"] / gap + 0.0 if gap else np.nan  # + 0.0: no -0.0%
     df = df.rename_axis(key).reset_index()
     order = df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
     return df.loc[order].reset_index(drop=True)
@@ -201,6 +201,12 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
     else:
         head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s profiled step time "
                 f"({_ms(s_step)} vs {_ms(f_step)} per step)")
+    # the profiler's overhead can turn the ranking round: the operators (all profiled)
+    # then explain the profiled gap, the other way round from the headline
+    turned = bool(ua and ub) and (ua >= ub) != slow_is_a
+    if turned:
+        head += ("; the profiled steps rank them the other way round, so the operators (all "
+                 "timed under the profiler) do not explain the unprofiled gap")
     same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
     if same_sign.empty:
         return head + "."
@@ -208,7 +214,9 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
     s_op, f_op = ((top["a_ns_per_step"], top["b_ns_per_step"]) if slow_is_a
                   else (top["b_ns_per_step"], top["a_ns_per_step"]))
     times = f"{s_op / f_op:.2f}x" if f_op else f"only in {slower}"
-    text = (f"{head}; {top['op']} explains most of it: {_ms(s_op)} vs {_ms(f_op)} per step "
+    what = (f"of the profiled gap ({slower} slower), {top['op']} explains most of it"
+            if turned else f"{top['op']} explains most of it")
+    text = (f"{head}; {what}: {_ms(s_op)} vs {_ms(f_op)} per step "
             f"({times}), {top['share_of_gap']:.0%} of the {'profiled ' if ua and ub else ''}gap")
     ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
     if not ph.empty:

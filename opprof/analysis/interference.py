@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from opprof.analysis.ops import own_durations
 from opprof.analysis.resources import Resources
 from opprof.intervals import merge
 from opprof.taxonomy import COMM_OPS
@@ -114,7 +115,12 @@ def measure(trace: Trace, rank_steps: int) -> Measured | None:
     key = sel["name"].astype("string")
     if "detail" in sel:
         key = key + "|" + sel["detail"].astype("string").fillna("")
-    df = pd.DataFrame({"key": key.to_numpy(), "dur": (end - ts)[ops], "beside": beside[ops]})
+    # an operator's own time: a collective it issues and waits for on its own thread (FSDP's
+    # all-gather in a backward hook) is not compute slowed beside one
+    counted = worker & ev["counted"].to_numpy(bool)
+    own = np.zeros(len(ev), np.int64)
+    own[counted] = own_durations(ev.loc[counted])
+    df = pd.DataFrame({"key": key.to_numpy(), "dur": own[ops], "beside": beside[ops]})
     if not df["beside"].any():
         return None
     ref = df[~df["beside"]].groupby("key")["dur"].mean()

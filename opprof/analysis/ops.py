@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opprof.intervals import Nesting
 from opprof.taxonomy import CANONICAL_OPS, DEVICE_KINDS, PHASES
 from opprof.trace import Trace
 
@@ -23,14 +24,46 @@ OP_COLUMNS = ["op", "phase", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns",
               "share_of_phase", "ns_per_step"]
 
 
+def own_durations(ev: pd.DataFrame) -> np.ndarray:
+    """Per counted event: its duration less that of the counted events directly inside it on
+    its lane (rank, pid, tid). Communication is counted wherever it is issued (FSDP's
+    all-gather in a pre-backward hook that runs inside a ``LayerNorm`` backward node, FSDP's
+    copy-in inside that all-gather): the enclosing operator's total leaves it out, so an
+    operator table counts each instant of a lane once."""
+    dur = ev["dur"].to_numpy(np.int64)
+    n = len(ev)
+    own = dur.copy()
+    if n < 2:
+        return own
+    _, lane = np.unique(np.stack([ev[c].to_numpy(np.int64) for c in ("rank", "pid", "tid")],
+                                 axis=1), axis=0, return_inverse=True)
+    ts = ev["ts"].to_numpy(np.int64)
+    nesting = Nesting(lane.reshape(-1), ts, ts + dur)
+    idx = np.arange(n)
+    left = np.ones(n, bool)
+    _, outer = nesting.nest(left)  # each event's enclosing event of the level above
+    level = outer == idx
+    while True:
+        left &= ~level
+        if not left.any():
+            return own
+        _, anc = nesting.nest(left)
+        level = left & (anc == idx)  # the outermost of those left: one level down
+        parent = outer[level]
+        np.subtract.at(own, parent[parent >= 0], dur[level][parent >= 0])
+        outer = anc
+
+
 def op_durations(trace: Trace, where: str = "host") -> pd.DataFrame:
     """What an operator table needs from a trace, compactly: one row per (op, phase,
     duration) with ``n``, how many events had it (op and phase as codes into the taxonomy,
-    rows sorted). Tables of several ranks merge exactly with :func:`merge_durations`."""
+    rows sorted); a host operator's duration is its own (:func:`own_durations`). Tables of
+    several ranks merge exactly with :func:`merge_durations`."""
     ev = op_events(trace, where)
+    dur = own_durations(ev) if where == "host" else ev["dur"].to_numpy(np.int64)
     df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64),
                        "phase": ev["phase"].cat.codes.to_numpy(np.int64),
-                       "dur": ev["dur"].to_numpy(np.int64)})
+                       "dur": dur})
     df = df[(df["op"] >= 0) & (df["phase"] >= 0)]
     return merge_durations([df.assign(n=np.int64(1))])
 

@@ -38,7 +38,8 @@ Definitions (worker ranks only; times on the common clock the normalizer aligned
   bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
 - **By collective** (``kinds``): per canonical collective (``all_gather``, ``reduce_scatter``,
   ``all_reduce`` …), calls, the union of their time, the sums of their wait and transfer
-  parts, and the share of their time hidden behind compute — mean per (rank, step).
+  parts, and the share of their time hidden behind compute (on a rank whose collectives run
+  as device kernels, compute kernels beside them, as for its overlap) — mean per (rank, step).
 
 All times are per step (means over the rank's steps) unless named ``total``.
 """
@@ -174,6 +175,9 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
     host_comm = ev[(ev["role"] == "worker") & ev["counted"] & ev["op"].isin(COMM_OPS)
                    & (ev["device"] == "cpu")]
     blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
+    # on a GPU rank, what hides a collective is a compute kernel beside it (HTA's definition)
+    kernels = ev[(ev["role"] == "worker") & (ev["kind"] == "kernel") & (ev["device"] != "cpu")]
+    dev_compute = kernels[~kernels["op"].isin(COMM_OPS)]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
         b = b.sort_values("start")
@@ -182,6 +186,7 @@ def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
         part = _comm_overlap(b, c, *args)
         if "comm_on_device" in b and b["comm_on_device"].any():  # the device's overlap
             part["overlap_ns"] = b["comm_overlap_ns"].to_numpy(np.int64)
+            args = (dev_compute[dev_compute["rank"] == rank], blocked.iloc[:0])
         frames.append(part)
         kinds += [_comm_overlap(b, c[c["op"] == op], *args).assign(op=op)
                   for op in pd.unique(c["op"])]

@@ -241,7 +241,9 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     engine = "phases"
     if ctx.graph is not None and n == m and not hidden and not io_hidden and (
             any(f is not None and f != 1.0 for f in factors.values()) or comm_scale != 1.0):
-        step = base.step_ns + _replay_delta(ctx.graph, factors, comm_scale)
+        # the graph scales each collective's own nodes by its factor; --comm scales them all
+        every = float(comm) if comm is not None and not hidden else 1.0
+        step = base.step_ns + _replay_delta(ctx.graph, factors, every)
         _spread(phases, base.phases, step - base.step_ns)
         engine = "graph"
     talks = n > 1
@@ -253,8 +255,9 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
 def _replay_delta(graph: tuple[Graph, np.ndarray], factors: dict[str, float | None],
                   comm_scale: float) -> float:
     """Mean change of the step over every (rank, step) when the graph is replayed with
-    the operators' node times × their factors and communication × ``comm_scale`` (0: the
-    graph replays the measured steps exactly)."""
+    the operators' node times × their factors (a collective's: its own nodes; ``comm``: every
+    collective's) and all communication × ``comm_scale`` (0: the graph replays the measured
+    steps exactly)."""
     g, order = graph
     factor = np.ones(len(g.start))
     for op, f in factors.items():
@@ -262,8 +265,8 @@ def _replay_delta(graph: tuple[Graph, np.ndarray], factors: dict[str, float | No
             factor[g.op == op] *= f
     comm = g.category == COMM_PART
     for op, f in factors.items():
-        if f is not None and op in COMM_OPS:
-            factor[comm & (g.op == op)] *= f
+        if f is not None and op in COMM_OPS:  # op comm: every collective, as --comm
+            factor[comm & ((g.op == op) | (op == "comm"))] *= f
     if comm_scale != 1.0:
         factor[comm] *= comm_scale
     edited = replay(g, factor, order)
