@@ -606,8 +606,7 @@ def install_hook(protocol: Protocol, folder: Path,
             finally:
                 state["depth"] -= 1
             if state["depth"] == 0:  # an optimizer wrapping another counts once
-                with _outside_dynamo():
-                    after_optimizer_step(args[0])
+                _outside_dynamo(after_optimizer_step, args[0])
             return out
 
         return _eager_under_dynamo(step)
@@ -639,8 +638,7 @@ def install_keras_hook(protocol: Protocol, folder: Path,
         if state["depth"] == 0:  # an optimizer wrapping another (LossScaleOptimizer): once
             variables = (trainable_variables if trainable_variables is not None
                          else getattr(self, "_trainable_variables", None) or [])
-            with _outside_dynamo():
-                on_step(self, [getattr(v, "value", v) for v in variables])
+            _outside_dynamo(on_step, self, [getattr(v, "value", v) for v in variables])
         return result
 
     apply.__doc__ = original.__doc__
@@ -672,8 +670,7 @@ def hook_loss() -> LossLog:
     @functools.wraps(autograd_backward)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1:
-            with _outside_dynamo():
-                log.seen(tensors.detach())  # a list of tensors is no one loss: skipped
+            _outside_dynamo(log.seen, tensors.detach())  # a list is no one loss: skipped
         return autograd_backward(tensors, *args, **kwargs)
 
     torch.autograd.backward = _eager_under_dynamo(backward)
@@ -697,38 +694,46 @@ def _eager_under_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
         )
 
         skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
-        set_code_exec_strategy(fn.__code__, skip)  # its frames run as they are
+        # its frames run as they are, and those of the helpers it calls first
+        for code in (fn.__code__, _under_dynamo.__code__, _outside_dynamo.__code__,
+                     _frame_api.__wrapped__.__code__):
+            set_code_exec_strategy(code, skip)
     except (ImportError, AttributeError, TypeError):  # a torch with another Dynamo: as before
         return fn
     fn._torchdynamo_disable = True  # type: ignore[attr-defined]  # never inlined
     return fn
 
 
+@functools.cache
+def _frame_api() -> tuple[Callable[[], Any], Callable[[Any], Any]] | None:
+    """torch's C functions that read and set the frame evaluation callback (Dynamo's, while
+    a compiled function runs); None for a torch without them."""
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback, set_eval_frame
+    except ImportError:
+        return None
+    return get_eval_frame_callback, set_eval_frame
+
+
 def _under_dynamo() -> bool:
     """Whether Dynamo processes the frames called from here (a compiled function's call):
     the profiler ranges they open are dropped from the traced code."""
-    try:
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-    except ImportError:
-        return False
-    return get_eval_frame_callback() not in (None, False)
+    api = _frame_api()
+    return api is not None and api[0]() not in (None, False)
 
 
-@contextmanager
-def _outside_dynamo() -> Iterator[None]:
-    """Dynamo leaves alone every frame that runs inside (opprof's bookkeeping, called from a
-    hook inside a compiled function: it would compile the runner), as ``torch._dynamo.disable``
-    does; nothing in eager code."""
+def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with Dynamo leaving alone every frame it runs (opprof's bookkeeping,
+    called from a hook inside a compiled function: Dynamo would compile the runner), as
+    ``torch._dynamo.disable`` does; in eager code a plain call (a fraction of a µs more)."""
+    api = _frame_api()
+    if api is None or api[0]() in (None, False):
+        return fn(*args)
+    prior = api[1](None)
     try:
-        from torch._C._dynamo.eval_frame import set_eval_frame
-    except ImportError:
-        yield
-        return
-    prior = set_eval_frame(None)
-    try:
-        yield
+        return fn(*args)
     finally:
-        set_eval_frame(prior)
+        api[1](prior)
 
 
 def let_threads_finish(limit_s: float = 0.2, slice_s: float = 0.002) -> float:
