@@ -15,10 +15,12 @@ Times are int64 nanoseconds; an interval is ``[start, end)``. Everything is vect
   (:func:`label_points`: which interval of its lane covers each point), **containment**
   (:func:`containing`: which interval of the same lane contains each inner interval) and
   **nesting** (:func:`nest`, :class:`Nesting`: depth and outermost enclosing interval,
-  per lane).
+  per lane), and **coverage** (:func:`coverage`: how much of a window a union covers).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -187,3 +189,21 @@ class Nesting:
         anc = np.empty(n, np.int64)
         anc[order] = anc_o
         return self.depth.copy(), anc
+
+
+def coverage(starts: np.ndarray, ends: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """For any intervals: the function ``t ↦ length of their union before t`` (vectorized
+    over t, float64), so the part of ``[a, b)`` they cover is ``f(b) − f(a)``."""
+    s, e = merge(starts, ends)
+    before = np.concatenate([[0], np.cumsum(e - s)]).astype(np.float64)
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, np.int64)
+        if not len(s):
+            return np.zeros(t.shape, np.float64)
+        k = np.searchsorted(s, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = np.clip(t - s[kk], 0, (e - s)[kk])
+        return np.where(k >= 0, before[kk] + inside, 0.0)
+
+    return covered_before

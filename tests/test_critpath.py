@@ -23,7 +23,11 @@ CPU = {"torch": FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
        "tf-allreduce": FIXTURES / "tf" / "lenet5-allreduce-2w",
        "tf-ps-async": FIXTURES / "tf" / "lenet5-ps-async-2w1s",
        "mxnet": FIXTURES / "mxnet" / "lenet5-single",
-       "mxnet-ps-sync": FIXTURES / "mxnet" / "lenet5-ps-sync"}
+       "mxnet-ps-sync": FIXTURES / "mxnet" / "lenet5-ps-sync",
+       "tf": FIXTURES / "memory" / "tf-lenet5",
+       "torch-collectives": FIXTURES / "torch-collectives",
+       "tf-keras-fit": FIXTURES / "unmarked" / "tf-keras-fit",
+       "mxnet-gluon-dist": FIXTURES / "unmarked" / "mxnet-gluon-dist-2w"}
 
 
 def _nsys() -> object:

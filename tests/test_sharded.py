@@ -12,15 +12,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from opprof.analysis import predict
 from opprof.analysis.breakdown import container, step_breakdown
 from opprof.analysis.collectives import collective_part
+from opprof.analysis.commmodel import Network
+from opprof.analysis.critpath import BOUND_BY, bound_by, graph_of, replay
 from opprof.analysis.interference import measure
 from opprof.analysis.ops import op_events, op_table
-from opprof.analysis.sharded import ShardedPlan, simulate_sharded
+from opprof.analysis.predict import baseline
+from opprof.analysis.sharded import (
+    ShardedPlan,
+    segment_spread,
+    simulate_sharded,
+    trace_samples,
+)
+from opprof.analysis.simulate import expected_max_normal
+from opprof.analysis.terms import terms
 from opprof.intervals import union_length
 from opprof.loader import load
 from opprof.taxonomy import COMM_OPS, PHASES
-from tests.conftest import run_cli
+from tests.conftest import FIXTURES, run_cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FSDP_NAME = r"^(?:FSDP::|fsdp::|FullyShardedDataParallel\.|RegisterPostBackwardFunction)"
@@ -220,6 +231,29 @@ def test_model_of_an_fsdp_run_at_its_own_size_is_the_measurement(recorded) -> No
     assert w["step_ns"] == pytest.approx(w["base_step_ns"], rel=1e-9)
 
 
+@pytest.mark.slow
+def test_fsdp_on_gloo_blocks_and_its_critical_path_holds(recorded) -> None:
+    out, _ = recorded
+    tr = load(out)
+    # FSDP2 on gloo: the training thread waits in every all-gather and reduce-scatter (its
+    # hooks run inside autograd's operators): no backward operator computes beside one
+    assert measure(tr, terms(tr).steps) is None
+    # every step's bound-by parts sum to it; the unedited graph replays every step
+    got = graph_of(tr)
+    assert got is not None
+    g, order = got
+    b = bound_by(g)
+    assert (b[list(BOUND_BY)].sum(axis=1) == b["step_ns"]).all() and (b["comm"] > 0).all()
+    r = replay(g, None, order)
+    assert np.allclose(r["replay_ns"], r["step_ns"], rtol=1e-9, atol=1.0)
+    # its collectives, fitted, carry each unit's unsharded bytes (the spans hold the unit's)
+    fit = trace_samples(tr)
+    assert len(fit) and set(fit["bytes"]) <= set(tr.meta["unit_param_bytes"])
+    # and its model pays the wait for the slowest rank at every blocking collective
+    base = baseline(tr)
+    assert base.units.segment_sigma_ns is not None and base.units.segment_sigma_ns > 0
+
+
 # ------------------------------------------------------------------ the simulation
 
 
@@ -256,6 +290,30 @@ def test_blocking_fsdp_pays_every_collective_and_prefetch_hides_some() -> None:
     ahead = simulate_sharded(plan(4, True))
     assert ahead.comm_busy_ns == pytest.approx(expected)
     assert ahead.step_ns < sim.step_ns and ahead.comm_hidden_ns > 0
+
+
+def test_segment_spread_is_each_segment_sigma_over_the_steps() -> None:
+    trace = load(FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz")
+    ev = trace.events
+    ops = ev[(ev["step"] >= 0) & ev["counted"] & (ev["kind"] == "cpu_op")]
+    # one unit: a segment is the whole phase, from its first operator's start to the last end
+    whole = 0.0
+    for phase in ("forward", "backward"):
+        o = ops[ops["phase"] == phase]
+        span = (o["ts"] + o["dur"]).groupby(o["step"]).max() - o.groupby("step")["ts"].min()
+        whole += float(span.std(ddof=1))
+    one = segment_spread(trace, np.array([1.0]))
+    assert one == pytest.approx(whole, rel=1e-9)
+    # cut into units, the segments' σ add up to at least the whole's (σ of a sum ≤ Σ σ)
+    assert segment_spread(trace, np.array([0.1, 0.3, 0.6])) >= one * (1 - 1e-9)
+    # FSDP on gloo pays the wait at every blocking collective: E[max of N] × Σ σ
+    base = baseline(trace)
+    assert base.units.segment_sigma_ns is not None
+    net = Network("fsdp", 1e4, 0.1, source="calibrate")
+    p, policy = predict.plan(base, 4, "fsdp", 1, net, straggler=True)
+    assert not policy.overlap
+    assert p.straggler_ns == pytest.approx(base.units.segment_sigma_ns
+                                           * expected_max_normal(4))
 
 
 # ------------------------------------------------------------------ calibrate --mode fsdp

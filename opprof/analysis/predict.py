@@ -48,6 +48,7 @@ from opprof.analysis.sharded import (
     ShardedPlan,
     copy_rate,
     fit_network,
+    segment_spread,
     unit_bytes,
     unit_shares,
 )
@@ -147,6 +148,9 @@ class Units:
     share: np.ndarray
     source: str
     copy_ns_per_byte: float | None
+    #: Σ over the compute segments between blocking collectives of each one's σ (ns;
+    #: :func:`opprof.analysis.sharded.segment_spread`), None where the trace cannot say
+    segment_sigma_ns: float | None = None
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
@@ -157,8 +161,10 @@ def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
         nbytes = np.array([total], np.int64) if total else np.zeros(0, np.int64)
         source = "one unit of all the gradient bytes (the trace names no FSDP units)"
     layers = gradients.layers if len(nbytes) > 1 else None
-    return Units(nbytes, unit_shares(layers, nbytes), source,
-                 copy_rate(trace, nbytes, steps) if len(nbytes) else None)
+    share = unit_shares(layers, nbytes)
+    return Units(nbytes, share, source,
+                 copy_rate(trace, nbytes, steps) if len(nbytes) else None,
+                 segment_spread(trace, share) if len(nbytes) else None)
 
 
 def infer_mode(trace: Trace, workers: int | None = None) -> str:
@@ -363,7 +369,11 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
     if copy is None:
         copy = units.copy_ns_per_byte if units.copy_ns_per_byte is not None else \
             ASSUMED_COPY_NS_PER_BYTE
-    wait = base.sigma_ns * expected_max_normal(workers) if straggler else 0.0
+    # Blocking collectives are barriers: the wait for the slowest worker at each, after each
+    # compute segment (its σ from the base); with prefetch (GPU) once per step.
+    sigma = units.segment_sigma_ns if not policy.overlap and \
+        units.segment_sigma_ns is not None else base.sigma_ns
+    wait = sigma * expected_max_normal(workers) if straggler else 0.0
     talk = communicate and workers > 1
     return ShardedPlan(
         phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),

@@ -50,6 +50,8 @@ import pandas as pd
 from opprof.analysis.commmodel import Network, fit
 from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
 from opprof.errors import OpprofError
+from opprof.intervals import coverage
+from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
 KINDS = ("all_gather", "reduce_scatter")
@@ -189,12 +191,63 @@ def unit_shares(trace_layers: pd.DataFrame, nbytes: np.ndarray) -> np.ndarray:
     return np.r_[work[-1:], work[:-1][::-1]]  # back to forward order, root first
 
 
+def segment_spread(trace: Trace, share: np.ndarray) -> float | None:
+    """Σ over the compute segments between FSDP's blocking collectives of each segment's
+    standard deviation over the trace's worker (rank, step)s, in ns (None: the steps do not
+    run the same operators, or fewer than two steps).
+
+    On gloo every all-gather and reduce-scatter is a barrier: a rank that finishes the unit's
+    compute before it waits there for the slowest, so the step pays σ_s · E[max of N normals]
+    at every segment s, not once per step. The segments are each unit's forward (forward
+    order) and backward (backward order) compute, cut where the trace's counted operators of
+    the phase reach the units' cumulative shares of it (their mean position over the steps);
+    a segment's time is the wall time from the previous cut to its own, less the
+    communication inside that window (an FSDP trace's own collectives). On a host shared by
+    other processes, time slicing makes segments vary a lot more than whole steps do (a rank
+    that lost the CPU in one segment catches up in the next), which the per-step σ misses."""
+    ev = trace.events
+    sel = (ev["role"] == "worker").to_numpy() & (ev["step"] >= 0).to_numpy()
+    if not sel.any() or len(share) < 1:
+        return None
+    ev = ev[sel]
+    comm = ev[(ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy()]
+    host_ops = ev[ev["counted"].to_numpy(bool) & (ev["kind"] == "cpu_op").to_numpy()]
+    total = 0.0
+    orders = {"forward": np.asarray(share, np.float64),
+              "backward": np.r_[share[1:][::-1], share[:1]].astype(np.float64)}
+    for phase, shares in orders.items():
+        ops = host_ops[host_ops["phase"] == phase]
+        groups = list(ops.groupby(["rank", "step"], sort=True))
+        if len(groups) < 2:
+            return None
+        rows = []
+        for (rank, _), g in groups:
+            end = np.sort((g["ts"] + g["dur"]).to_numpy(np.int64))
+            start = int(g["ts"].min())
+            c = comm[comm["rank"] == rank]
+            covered = coverage(c["ts"].to_numpy(np.int64),
+                                   (c["ts"] + c["dur"]).to_numpy(np.int64))
+            rows.append((np.r_[start, end], covered))
+        if len({len(t) for t, _ in rows}) != 1:
+            return None
+        # compute time from the phase's start to each operator's end, per (rank, step)
+        work = np.array([(t - t[0]) - (cov(t) - cov(t[:1])) for t, cov in rows],
+                        np.float64)
+        frac = (work / np.maximum(work[:, -1:], 1.0)).mean(axis=0)
+        cut = np.searchsorted(frac, np.cumsum(shares)[:-1], side="left")
+        at = np.r_[0, np.minimum(cut, work.shape[1] - 1), work.shape[1] - 1]
+        seg = np.diff(work[:, at], axis=1)
+        total += float(seg.std(axis=0, ddof=1).sum())
+    return total
+
+
 def trace_samples(trace: Trace) -> pd.DataFrame:
     """(kind, bytes, ns) of the FSDP collectives a multi-worker trace holds, for fitting:
     the backend's own spans (``gloo:all_gather`` …) with their unsharded bytes — an
-    all-gather's payload is its input shard (× N), a reduce-scatter's (gloo: an all-reduce
-    of the whole buffer, during backward) the whole buffer — and their transfer time (the
-    wait for the last rank left out, :func:`opprof.analysis.ranks.match`)."""
+    all-gather's payload is the unit it gathers (a span that carries only its input shard is
+    scaled × N), a reduce-scatter's (gloo: an all-reduce of the whole buffer, during
+    backward) the whole buffer — and their transfer time (the wait for the last rank left
+    out, :func:`opprof.analysis.ranks.match`)."""
     from opprof.analysis.breakdown import step_breakdown
     from opprof.analysis.ranks import match
 
@@ -209,10 +262,15 @@ def trace_samples(trace: Trace) -> pd.DataFrame:
     spans = spans.assign(name=spans["name"].astype(str), end=spans["ts"] + spans["dur"])
     bounds = step_breakdown(trace)[["rank", "step", "start", "end"]]
     c = match(spans.sort_values(["rank", "ts"]).reset_index(drop=True), bounds, True)
-    gather = c["op"] == "all_gather"
+    gather = (c["op"] == "all_gather").to_numpy()
+    nbytes = c["bytes"].to_numpy(np.int64)
+    # torch 2.x's spans carry the gathered (unit's) bytes; a span that carries its input
+    # shard — no unit of that size, one of N times it — is scaled to the unit
+    units = unit_bytes(trace)[0]
+    shard = gather & ~np.isin(nbytes, units) & np.isin(nbytes * workers, units)
     return pd.DataFrame({
         "kind": np.where(gather, "all_gather", "reduce_scatter"),
-        "bytes": np.where(gather, c["bytes"] * workers, c["bytes"]).astype(np.int64),
+        "bytes": np.where(shard, nbytes * workers, nbytes).astype(np.int64),
         "ns": c["transfer_ns"].to_numpy(np.float64)})
 
 
@@ -245,7 +303,8 @@ def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | N
     if len(rs) and len(ag):
         other = fit(rs, "fsdp", workers)
         info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
-                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit}
+                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit,
+                                  "samples": other.samples}
     if copy_ns_per_byte is not None:
         info["copy_ns_per_byte"] = float(copy_ns_per_byte)
     main.info = info
