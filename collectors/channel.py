@@ -26,10 +26,16 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opprof.collectors.config import Facts, Role
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from opprof.collectors.config import FactsUpdate
 
 STATUS_DIR = "procs"
 _SUFFIX = ".status"
@@ -51,7 +57,7 @@ class Reporter:
         self._written = b""
         self._fd: int | None = None
 
-    def update(self, **changes: object) -> None:
+    def update(self, **changes: Unpack[FactsUpdate]) -> None:
         """Change some facts and rewrite the status file if anything changed."""
         self.facts = replace(self.facts, **changes)
         data = self.facts.to_json().encode()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from opprof.errors import OpprofError
 from opprof.kinds import FRAMEWORKS as FRAMEWORKS  # re-exported: the closed sets live in
@@ -27,6 +27,9 @@ from opprof.kinds import Framework as Framework
 from opprof.kinds import Mode as Mode
 from opprof.kinds import Role as Role
 from opprof.kinds import framework_info
+
+if TYPE_CHECKING:
+    from opprof.meta import CurveRow
 
 
 def require_installed(fw: Framework) -> None:
@@ -213,6 +216,11 @@ class RecordConfig:
 
 # ------------------------------------------------------------------ what a process reports
 
+#: A process's compute threads: torch's and MXNet's count, TensorFlow's pools
+#: (``intra_op``, ``inter_op``, ``cpus``); None when unknown.
+Threads = int | dict[str, int | None] | None
+
+
 
 @dataclass
 class Facts:
@@ -238,14 +246,14 @@ class Facts:
     timing_ns: list[int] = field(default_factory=list)  # each unprofiled timed step, before
     timing_after_ns: list[int] = field(default_factory=list)  # and after the profile
     profiled_wall_ns: int | None = None
-    threads: Any = None
+    threads: Threads = None
     native: list[str] = field(default_factory=list)
     ended: str | None = None  # why the process stopped early (an exception, a signal)
     error: str | None = None  # the one-line error a failing process gives
     #: `record --converge`: [steps done, steps] while it trains, then one row per step
     #: (step, time_ns, loss, train_accuracy, test_accuracy; :class:`.runner.Convergence`).
     converge: list[int] = field(default_factory=list)
-    convergence: list[dict[str, Any]] = field(default_factory=list)
+    convergence: list[CurveRow] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -271,6 +279,44 @@ class Facts:
         if self.stage == "write":
             return "writing its trace"
         return f"{self.stage} ({self.done}/{self.total} steps done)"
+
+
+class FactsUpdate(TypedDict, total=False):
+    """Some of a process's :class:`Facts`, changed at once (:meth:`.channel.Reporter.update`)."""
+
+    role: Role
+    rank: int | None
+    label: str
+    stage: str
+    done: int
+    total: int
+    steps_seen: int
+    profiled_steps: int
+    unprofiled_step_ns: int | None
+    timing_ns: list[int]
+    timing_after_ns: list[int]
+    profiled_wall_ns: int | None
+    threads: Threads
+    native: list[str]
+    ended: str | None
+    error: str | None
+    converge: list[int]
+    convergence: list[CurveRow]
+    extra: dict[str, Any]
+
+
+class ClockSync(TypedDict):
+    """What one rank measured and applied when the ranks' clocks were synced
+    (:func:`opprof.collectors.torch.clock_sync`; ``Facts.extra["clock"]``)."""
+
+    offset_ns: int  # applied to its events (0 when not applied)
+    error_ns: int
+    measured_offset_ns: int
+    measured_error_ns: int
+    machine: str  # the machine's clock (boot id or host name)
+    same_machine_as_rank0: bool
+    policy: str  # auto, always, off
+    method: str
 
 
 #: Facts one process may know for the whole job (the first process that has one gives it).
@@ -341,7 +387,7 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
     return meta
 
 
-def clock_meta(clocks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def clock_meta(clocks: dict[str, ClockSync]) -> dict[str, Any]:
     """The job metadata of the ranks' clock syncs (rank → what each rank measured and applied:
     ``offset_ns``, ``error_ns``, ``measured_offset_ns``, ``measured_error_ns``, ``machine``,
     ``policy``, ``method``)."""

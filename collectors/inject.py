@@ -190,7 +190,7 @@ def _at_exit() -> None:
     runner = _state["runner"]
     if runner is None or _state["pid"] != os.getpid():
         return
-    log = getattr(runner, "loss_log", None)
+    log = runner.loss_log
     if log is not None and log.steps:  # the loss of every step (a framework's hook)
         try:
             runner.reporter.update(convergence=log.rows())
@@ -260,7 +260,7 @@ class _Watcher(importlib.abc.MetaPathFinder):
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
             return spec
         del self.triggers[fullname]
-        install = self.install
+        install, framework = self.install, fw
         found: Any = loader
 
         class Loader(importlib.abc.Loader):
@@ -270,7 +270,7 @@ class _Watcher(importlib.abc.MetaPathFinder):
             def exec_module(self, module: Any) -> None:
                 found.exec_module(module)
                 try:
-                    install(fw)
+                    install(framework)
                 except Exception as exc:  # noqa: BLE001 - never break the user's import
                     print(f"opprof: cannot hook {fw} ({type(exc).__name__}: {exc}); this "
                           "process is not profiled", file=sys.stderr)

@@ -55,15 +55,22 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from typing import Protocol as TypingProtocol
 
 from opprof.collectors.channel import Reporter
-from opprof.collectors.config import Facts, Framework, Protocol, Role
+from opprof.collectors.config import Facts, FactsUpdate, Framework, Protocol, Role
 from opprof.errors import first_line
+
+if TYPE_CHECKING:
+    from opprof.meta import CurveRow
+
+#: What a training step returns (its loss, read by :class:`Convergence`), or the loss value a
+#: framework's hook keeps (:class:`LossLog`).
+Out = TypeVar("Out")
 
 FAULT_ENV = "OPPROF_TEST_FAULT"
 LABEL_ENV = "OPPROF_LABEL"
@@ -192,7 +199,7 @@ def writing() -> bool:
 
 
 @contextlib.contextmanager
-def _writing() -> Any:
+def _writing() -> Iterator[None]:
     _WRITING.append(os.getpid())
     try:
         yield
@@ -249,6 +256,8 @@ class Runner:
         self.marks: dict[int, int] = {}
         self.profiling = False
         self.finished = False
+        #: `opprof run`: the loss of every step, kept by the framework's hook (:class:`LossLog`)
+        self.loss_log: StepLosses | None = None
         self.progress: dict[str, list[int]] = {}
         self.before: list[int] = []  # unprofiled step durations before the profile (ns)
         self.after: list[int] = []  # and after it
@@ -316,7 +325,7 @@ class Runner:
         if self.facts.stage == "done":  # profiled and written; the timing after was cut short
             self.reporter.update(timing_after_ns=list(self.after))
             return
-        changes: dict[str, Any] = {"ended": reason}
+        changes: FactsUpdate = {"ended": reason}
         if self.profiling:
             self.profiling = False
             self.reporter.update(stage="write", ended=reason)
@@ -344,7 +353,7 @@ class Runner:
         self.progress[stage] = [done, total]
         if n == p.warmup and p.timing_steps:
             self.progress["timing"] = [0, p.timing_steps]
-        changes: dict[str, Any] = {"stage": stage, "done": done, "total": total,
+        changes: FactsUpdate = {"stage": stage, "done": done, "total": total,
                                    "steps_seen": n, "extra": self._extra()}
         if n == self.start_at:
             self.facts.extra = changes["extra"]
@@ -406,7 +415,7 @@ class Runner:
         self.adapter.start(self.folder, role, rank)
         self.profiling = True
 
-    def _stop_profile(self) -> dict[str, Any]:
+    def _stop_profile(self) -> FactsUpdate:
         fault_point(self.label, "write")
         self.reporter.update(stage="write", profiled_steps=self.protocol.steps)
         with _writing():
@@ -428,28 +437,28 @@ class Runner:
 
 
 @dataclass
-class Convergence:
+class Convergence(Generic[Out]):
     """A convergence run (see the module docstring): ``steps`` in all, an evaluation every
     ``eval_every`` (0: at the last step only); ``loss`` reads a step's return value as one
     float, ``accuracy`` gives the model's (train, test) accuracy now."""
 
     steps: int
     eval_every: int
-    loss: Callable[[Any], float]
+    loss: Callable[[Out], float]
     accuracy: Callable[[], tuple[float, float]]
 
 
-class Curve:
+class Curve(Generic[Out]):
     """The convergence rows of one process as it trains (:class:`Convergence`)."""
 
-    def __init__(self, spec: Convergence) -> None:
+    def __init__(self, spec: Convergence[Out]) -> None:
         self.spec = spec
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[CurveRow] = []
         self.elapsed = 0
-        self._unread: list[tuple[int, Any]] = []  # (row index, step output) not read yet
+        self._unread: list[tuple[int, Out]] = []  # (row index, step output) not read yet
         self._due = False  # an evaluation is due (deferred out of the protocol)
 
-    def add(self, step: int, duration_ns: int, output: Any, profiling: bool,
+    def add(self, step: int, duration_ns: int, output: Out, profiling: bool,
             timing: bool) -> None:
         """Step ``step`` (1-based) took ``duration_ns`` and returned ``output``; the losses
         are read outside the ``profiling`` steps, evaluations outside the protocol's
@@ -463,7 +472,7 @@ class Curve:
         if not profiling:
             self._settle(evaluate=not timing)
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[CurveRow]:
         """The rows, every loss read and the last step evaluated."""
         if self.rows and self.rows[-1]["test_accuracy"] is None:
             self._due = True
@@ -477,25 +486,36 @@ class Curve:
         if self._due and evaluate:
             self._due = False
             train, test = self.spec.accuracy()
-            self.rows[-1].update(train_accuracy=float(train), test_accuracy=float(test))
+            self.rows[-1]["train_accuracy"] = float(train)
+            self.rows[-1]["test_accuracy"] = float(test)
 
 
-class LossLog:
+class StepLosses(TypingProtocol):
+    """What the runner of `opprof run` keeps of a :class:`LossLog` (any framework's)."""
+
+    steps: int
+
+    def step_end(self, profiling: bool) -> None: ...
+
+    def rows(self) -> list[CurveRow]: ...
+
+
+class LossLog(Generic[Out]):
     """The loss of a user's own training steps (`opprof run`): a framework's hook calls
     :meth:`seen` with the scalar ``backward()`` ran on (the last one of a step counts) and
     :meth:`step_end` at each step end. Values are read (``read``: a list of them → floats,
     one device transfer for all) outside the profiled steps, at most every ``batch`` steps
     and at :meth:`rows`; ``time_ns`` is wall time since the first ``backward()``."""
 
-    def __init__(self, read: Callable[[list[Any]], list[float]], batch: int = 100) -> None:
+    def __init__(self, read: Callable[[list[Out]], list[float]], batch: int = 100) -> None:
         self.read, self.batch = read, batch
         self.t0: int | None = None
-        self.last: Any = None
+        self.last: Out | None = None
         self.steps = 0
-        self._rows: list[dict[str, Any]] = []
-        self._pending: list[tuple[int, Any]] = []
+        self._rows: list[CurveRow] = []
+        self._pending: list[tuple[int, Out]] = []
 
-    def seen(self, loss: Any) -> None:
+    def seen(self, loss: Out) -> None:
         if self.t0 is None:
             self.t0 = time.perf_counter_ns()
         self.last = loss
@@ -511,7 +531,7 @@ class LossLog:
         if not profiling and len(self._pending) >= self.batch:
             self._settle()
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[CurveRow]:
         """Every step's row, each loss read."""
         self._settle()
         return self._rows
@@ -524,8 +544,8 @@ class LossLog:
             self._pending.clear()
 
 
-def drive(runner: Runner, step: Callable[[], object],
-          convergence: Convergence | None = None) -> None:
+def drive(runner: Runner, step: Callable[[], Out],
+          convergence: Convergence[Out] | None = None) -> None:
     """Run ``step`` until the runner's protocol is done (the built-in models of `record`),
     and with ``convergence`` on until its steps are done too.
     Whatever ends it early (an error, a peer that died, SIGTERM: raised again after the step

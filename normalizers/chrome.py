@@ -135,7 +135,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def decode(data: bytes, path: Path, decoder: msgspec.json.Decoder, what: str) -> Any:
+def decode(data: bytes | bytearray, path: Path, decoder: msgspec.json.Decoder, what: str) -> Any:
     """Typed decode; every failure is one OpprofError line naming the file."""
     try:
         with no_gc():
@@ -161,7 +161,7 @@ def decode(data: bytes, path: Path, decoder: msgspec.json.Decoder, what: str) ->
                           f"{exc.start})", path=path, kind=ErrorKind.DAMAGED) from None
 
 
-def describe(data: bytes) -> str:
+def describe(data: bytes | bytearray) -> str:
     """What a JSON document's top level is, for 'not a known format' errors."""
     try:
         with no_gc():

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from opprof.trace import Trace, concat_traces
 
 if TYPE_CHECKING:
     from opprof.meta import MetaMapping
+    from opprof.normalizers import kineto, mxnet
 
 _SQLITE = b"SQLite format 3\x00"
 
@@ -37,7 +38,7 @@ class Format(Protocol):
         this format."""
         ...
 
-    def decode(self, data: bytes, path: Path, doc: object) -> object:
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
         """The document as this format reads it (JSON formats; ``doc``: the document as first
         decoded, returned as it is when the format reads that)."""
         ...
@@ -83,13 +84,13 @@ class Kineto:
 
         return doc is not None and kineto.claims_json(doc)
 
-    def decode(self, data: bytes, path: Path, doc: object) -> object:
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
         return doc
 
     def declared_rank(self, doc: object, index: int) -> int:
         from opprof.normalizers import kineto
 
-        return kineto.declared_rank(doc, index)
+        return kineto.declared_rank(cast("kineto.Document", doc), index)  # (its decode's)
 
     def plan(self, declared: Sequence[int]) -> list[int]:
         from opprof.normalizers import kineto
@@ -100,7 +101,7 @@ class Kineto:
                   detail: bool = True) -> tuple[Trace, dict[str, Any]]:
         from opprof.normalizers import kineto
 
-        return kineto.rank_trace(path, doc, rank, dict(meta), detail)
+        return kineto.rank_trace(path, cast("kineto.Document", doc), rank, dict(meta), detail)
 
     def job_meta(self, infos: Sequence[Mapping[str, Any]],
                  meta: MetaMapping) -> dict[str, Any]:
@@ -126,7 +127,7 @@ class MXNet:
 
         return doc is not None and mxnet.claims_json(doc)
 
-    def decode(self, data: bytes, path: Path, doc: object) -> object:
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
         from opprof.normalizers import mxnet
 
         return mxnet.decode(data, path)
@@ -134,7 +135,8 @@ class MXNet:
     def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
         from opprof.normalizers import mxnet
 
-        return mxnet.from_docs(list(sources), dict(meta))
+        docs = [(p, cast("mxnet.Document", doc)) for p, doc in sources]  # (its decode's)
+        return mxnet.from_docs(docs, dict(meta))
 
 
 class Nsys:
@@ -151,7 +153,7 @@ class Nsys:
 
         return nsys.claims_file(path, head)
 
-    def decode(self, data: bytes, path: Path, doc: object) -> object:
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
         return doc
 
     def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
@@ -173,7 +175,7 @@ class Nvprof:
 
         return nvprof.claims_file(path, head)
 
-    def decode(self, data: bytes, path: Path, doc: object) -> object:
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
         return doc
 
     def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
@@ -192,7 +194,7 @@ class XPlane:
     def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
         return Path(path).name.endswith(self.suffix)
 
-    def decode(self, data: bytes, path: Path, doc: object) -> object:
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
         return doc
 
     def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:

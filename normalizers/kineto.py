@@ -118,7 +118,7 @@ CHUNK = 4096
 HEAD = 2000
 
 
-def decode(data: bytes, path: Path) -> Document | None:
+def decode(data: bytes | bytearray, path: Path) -> Document | None:
     """Decode chrome-trace JSON into a :class:`Document` (None: JSON, but no ``traceEvents``
     object at the top); malformed input is one OpprofError line. The events are checked
     to be well-formed JSON; the first :data:`HEAD` (those the formats' ``claims_json`` read)

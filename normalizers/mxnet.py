@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
@@ -68,6 +68,9 @@ from opprof.normalizers.events import INFERRED_PREFIX, cover_label, finish
 from opprof.normalizers.memory import add_memory, samples
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, mapping_table
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 NAME = "mxnet"
 _BEGIN = {"B": "B", "b": "b", "(": "("}
@@ -148,7 +151,7 @@ class Document(msgspec.Struct, gc=False):
 _DECODER = msgspec.json.Decoder(Document)
 
 
-def decode(data: bytes, path: Path) -> Document:
+def decode(data: bytes | bytearray, path: Path) -> Document:
     """Decode an MXNet dump for :func:`from_docs` (typed: unread fields are skipped)."""
     doc = chrome.decode(data, path, _DECODER, "MXNet profiler dump")
     doc.invalid_utf8 = getattr(data, "invalid_utf8", 0)
@@ -171,7 +174,7 @@ def _events_frame(doc: Document | dict) -> pd.DataFrame:
     return ev
 
 
-def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
+def from_docs(docs: list[tuple[Path, Document]], meta: MetaMapping) -> Trace:
     """Normalize MXNet dumps (one per worker, and per server of a PS job) into one Trace."""
     roles = _roles([p for p, _ in docs])
     meta = {**_sidecar_meta([p for p, _ in docs], roles), **meta}

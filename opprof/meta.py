@@ -16,7 +16,7 @@ them as it reads the typed ones.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -30,6 +30,17 @@ MetaMapping: TypeAlias = Mapping[str, Any]
 
 #: The `.trace` format this opprof writes (files since the per-rank layout are still 1).
 FORMAT_VERSION = 1
+
+
+class CurveRow(TypedDict):
+    """One training step of a convergence curve (`record --converge`, `run`'s loss): its
+    duration so far, its loss and the accuracies (None between evaluations)."""
+
+    step: int
+    time_ns: int
+    loss: float | None
+    train_accuracy: float | None
+    test_accuracy: float | None
 
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from opprof.collectors.supervisor import Supervisor
 from opprof.errors import ErrorKind, Interrupted, OpprofError, raise_on_signals, signal_name
 from opprof.files import write_atomic
 from opprof.invocation import set_invocation
-from opprof.kinds import DONE, FRAMEWORK_INFO, Mode, RunStatus, framework_info
+from opprof.kinds import DONE, FRAMEWORK_INFO, Framework, Mode, RunStatus, framework_info
 from opprof.pipeline.calibrate import read_network
 from opprof.trace import TraceFile, read_parquet
 
@@ -84,10 +84,10 @@ def bench(o: BenchOptions, say: Callable[[str], None], show: Callable[[str], Non
     fws, models, workers, modes = list(o.fws), list(o.models), list(o.workers), list(o.modes)
     output, resume, repeat, top = o.output, o.resume, o.repeat, o.top
     output.mkdir(parents=True, exist_ok=True)
-    base = RecordConfig(fw="torch", model="lenet5", dataset=o.dataset, batch_size=o.batch_size,
-                        steps=o.steps, warmup=o.warmup, timing_steps=o.timing_steps,
-                        servers=o.servers, timeout_s=o.timeout_s, threads=o.threads,
-                        converge=o.converge, eval_every=o.eval_every)
+    base = RecordConfig(fw=Framework.TORCH, model="lenet5", dataset=o.dataset,
+                        batch_size=o.batch_size, steps=o.steps, warmup=o.warmup,
+                        timing_steps=o.timing_steps, servers=o.servers, timeout_s=o.timeout_s,
+                        threads=o.threads, converge=o.converge, eval_every=o.eval_every)
     net = read_network(o.network)  # a bad file fails before anything is recorded
 
     def known(fw: str) -> tuple[tuple[str, ...] | None, str]:

@@ -16,7 +16,7 @@ from opprof.collectors import record as collect
 from opprof.collectors.jobs import CONFIG_FILE, Recording
 from opprof.collectors.memory import memory_files
 from opprof.errors import Interrupted, OpprofError
-from opprof.kinds import Device, Mode, framework_info
+from opprof.kinds import Device, Framework, Mode, framework_info
 from opprof.pipeline import native_folder, save_recording
 from opprof.trace import Trace
 
@@ -78,17 +78,21 @@ def config(o: RecordOptions) -> RecordConfig:
     if o.workers > 1 and mode == Mode.SINGLE:
         raise OpprofError("--mode single runs one worker; pick allreduce, fsdp, zero, ps-sync or "
                           "ps-async")
-    given = {"nnodes": o.nnodes, "node_rank": o.node_rank, "master_addr": o.master_addr,
-             "master_port": o.master_port,
-             "cluster": tuple(h.strip() for h in o.cluster.split(",") if h.strip())
-             if o.cluster else None}
+    rv = Rendezvous()  # its defaults, for the options not given
+    rendezvous = Rendezvous(
+        nnodes=rv.nnodes if o.nnodes is None else o.nnodes,
+        node_rank=rv.node_rank if o.node_rank is None else o.node_rank,
+        master_addr=rv.master_addr if o.master_addr is None else o.master_addr,
+        master_port=rv.master_port if o.master_port is None else o.master_port,
+        cluster=tuple(h.strip() for h in o.cluster.split(",") if h.strip())
+        if o.cluster else rv.cluster)
     return RecordConfig(
-        fw=o.fw, model=o.model, dataset=o.dataset, batch_size=o.batch_size, steps=o.steps,
-        warmup=o.warmup, timing_steps=o.timing_steps, workers=o.workers, servers=o.servers,
-        mode=mode, device=o.device, seed=o.seed, timeout_s=o.timeout_s,
-        profile_memory=o.profile_memory, memory_interval_s=o.memory_interval_s,
-        threads=o.threads, converge=o.converge, eval_every=o.eval_every, command=o.command,
-        rendezvous=Rendezvous(**{k: v for k, v in given.items() if v is not None}),
+        fw=Framework(o.fw), model=o.model, dataset=o.dataset, batch_size=o.batch_size,
+        steps=o.steps, warmup=o.warmup, timing_steps=o.timing_steps, workers=o.workers,
+        servers=o.servers, mode=Mode(mode), device=Device(o.device), seed=o.seed,
+        timeout_s=o.timeout_s, profile_memory=o.profile_memory,
+        memory_interval_s=o.memory_interval_s, threads=o.threads, converge=o.converge,
+        eval_every=o.eval_every, command=o.command, rendezvous=rendezvous,
     )
 
 
