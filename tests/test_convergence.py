@@ -197,18 +197,20 @@ def test_bench_columns_curves_and_figure(runs, tmp_path: Path) -> None:
     from opprof.render.plotdata import bench_curves
 
     trace, report = runs["torch"]
-    cols = convergence_columns(TraceFile(trace).meta)
+    conv = convergence_columns(TraceFile(trace).meta)
+    assert conv is not None
+    cols = conv.columns()
     s = report["convergence_summary"]
-    assert cols["final_loss"] == s["final_loss"]
-    assert cols["best_test_accuracy"] == s["best_test_accuracy"]
+    assert cols["final_loss"] == conv.final_loss == s["final_loss"]
+    assert cols["best_test_accuracy"] == conv.best_test_accuracy == s["best_test_accuracy"]
     for t in ("50", "70", "90"):
         ns = s["time_to_accuracy"].get(f"0.{t[0]}")
         assert cols[f"time_to_{t}_s"] == (None if ns is None else ns / 1e9)
-    assert set(BENCH_COLUMNS) <= set(cols)
-    assert cols["curve"]["step"] == list(range(1, 61))  # under 200 points: all kept
+    assert list(cols) == list(BENCH_COLUMNS)
+    assert conv.curve["step"] == list(range(1, 61))  # under 200 points: all kept
     table = pd.DataFrame([{"fw": "torch", "model": "lenet5", "workers": 1, "mode": "single"}])
     curves = bench_curves(Bench(table, pd.DataFrame(), {}, None,
-                                {"lenet5-torch-w1-single": [cols["curve"], cols["curve"]]}))
+                                {"lenet5-torch-w1-single": [conv.curve, conv.curve]}))
     assert len(curves) == 120 and curves["repeat"].tolist() == [1] * 60 + [2] * 60
     assert curves["test_accuracy"].notna().sum() == 6
     out = tmp_path / "conv.svg"

@@ -29,7 +29,8 @@ in the events table, or a kernel without a recorded API call) are ``idle_unattri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -87,8 +88,8 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     keys = pd.DataFrame({"rank": dev["rank"].to_numpy(), "device": dev["device"].astype(str)})
     for (rank, device), idx in keys.groupby(["rank", "device"], sort=True).indices.items():
         sub = dev.iloc[idx]
-        row = _one_device(sub["ts"].to_numpy(np.int64), sub["dur"].to_numpy(np.int64),
-                          cat[idx], launch_ts[idx])
+        row = asdict(_one_device(sub["ts"].to_numpy(np.int64), sub["dur"].to_numpy(np.int64),
+                                 cat[idx], launch_ts[idx]))
         kinds = sub["kind"].astype(str).to_numpy()
         row.update(rank=int(rank), device=device, kernels=int((kinds == "kernel").sum()),
                    memcpys=int((kinds == "memcpy").sum()),
@@ -130,36 +131,82 @@ def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> Array:
     return out
 
 
-def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> dict[str, Any]:
+@dataclass
+class IdleCauses:
+    """What a device's idle gaps waited for (ns; see the module docstring), and how many
+    gaps there were."""
+
+    idle_host_ns: int = 0
+    idle_other_ns: int = 0
+    idle_unattributed_ns: int = 0
+    idle_gaps: int = 0
+
+
+@dataclass
+class DeviceTimes(IdleCauses):
+    """One device's span split by category (:func:`_one_device`; ``COLUMNS`` but the rank,
+    the device and the counts): ns, shares of the span, each category's own union and plain
+    sum, the communication's overlap with compute, and the idle gaps' causes."""
+
+    span_ns: int = 0
+    start: int = 0
+    end: int = 0
+    compute_ns: int = 0
+    comm_ns: int = 0
+    memcpy_ns: int = 0
+    idle_ns: int = 0
+    compute_share: float = 0.0
+    comm_share: float = 0.0
+    memcpy_share: float = 0.0
+    idle_share: float = 0.0
+    busy_compute_ns: int = 0
+    busy_comm_ns: int = 0
+    busy_memcpy_ns: int = 0
+    sum_compute_ns: int = 0
+    sum_comm_ns: int = 0
+    sum_memcpy_ns: int = 0
+    comm_overlap_ns: int = 0
+    comm_overlap: float | None = None  # over busy_comm_ns (None: no communication)
+
+
+def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> DeviceTimes:
     end = ts + dur
     start_all, end_all = int(ts.min()), int(end.max())
     sweep = Sweep(ts, end)
     pts, seg = sweep.points, sweep.length
     cov = {c: sweep.covered(ts[cat == i], end[cat == i]) for i, c in enumerate(CATEGORIES)}
     taken = np.zeros(len(seg), bool)
-    out: dict[str, Any] = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
+    own, busy, total = {}, {}, {}
     for c in CATEGORIES:
         mine = cov[c] & ~taken
-        out[f"{c}_ns"] = int(seg[mine].sum())
+        own[c] = int(seg[mine].sum())
         taken |= mine
-        out[f"busy_{c}_ns"] = int(seg[cov[c]].sum())
-        out[f"sum_{c}_ns"] = int(dur[cat == CATEGORIES.index(c)].sum())
+        busy[c] = int(seg[cov[c]].sum())
+        total[c] = int(dur[cat == CATEGORIES.index(c)].sum())
     idle = ~taken
-    out["idle_ns"] = int(seg[idle].sum())
-    span = max(out["span_ns"], 1)
-    for c in (*CATEGORIES, "idle"):
-        out[f"{c}_share"] = out[f"{c}_ns"] / span
-    out["comm_overlap_ns"] = int(seg[cov["comm"] & cov["compute"]].sum())
-    out["comm_overlap"] = (out["comm_overlap_ns"] / out["busy_comm_ns"]
-                           if out["busy_comm_ns"] else None)
-    out.update(_idle_causes(pts, seg, idle, ts, dur, launch))
-    return out
+    own["idle"] = int(seg[idle].sum())
+    span_ns = end_all - start_all
+    span = max(span_ns, 1)
+    overlap = int(seg[cov["comm"] & cov["compute"]].sum())
+    causes = _idle_causes(pts, seg, idle, ts, dur, launch)
+    return DeviceTimes(
+        span_ns=span_ns, start=start_all, end=end_all,
+        compute_ns=own["compute"], comm_ns=own["comm"], memcpy_ns=own["memcpy"],
+        idle_ns=own["idle"], compute_share=own["compute"] / span,
+        comm_share=own["comm"] / span, memcpy_share=own["memcpy"] / span,
+        idle_share=own["idle"] / span, busy_compute_ns=busy["compute"],
+        busy_comm_ns=busy["comm"], busy_memcpy_ns=busy["memcpy"],
+        sum_compute_ns=total["compute"], sum_comm_ns=total["comm"],
+        sum_memcpy_ns=total["memcpy"], comm_overlap_ns=overlap,
+        comm_overlap=overlap / busy["comm"] if busy["comm"] else None,
+        idle_host_ns=causes.idle_host_ns, idle_other_ns=causes.idle_other_ns,
+        idle_unattributed_ns=causes.idle_unattributed_ns, idle_gaps=causes.idle_gaps)
 
 
 def _idle_causes(pts: Array, seg: Array, idle: Array, ts: Array, dur: Array,
-                 launch: Array) -> dict[str, Any]:
+                 launch: Array) -> IdleCauses:
     """Split idle gaps into host / other / unattributed by the next event's launch time."""
-    res = {"idle_host_ns": 0, "idle_other_ns": 0, "idle_unattributed_ns": 0, "idle_gaps": 0}
+    res = IdleCauses()
     if not idle.any():
         return res
     # maximal idle runs: consecutive idle segments (zero-length events may split a run)
@@ -178,8 +225,8 @@ def _idle_causes(pts: Array, seg: Array, idle: Array, ts: Array, dur: Array,
     lt = np.where(has, launch_sorted[np.minimum(nxt, len(ts_sorted) - 1)], -1)
     known = lt >= 0
     host = known & (lt >= g0)
-    res["idle_host_ns"] = int(length[host].sum())
-    res["idle_other_ns"] = int(length[known & ~host].sum())
-    res["idle_unattributed_ns"] = int(length[~known].sum())
-    res["idle_gaps"] = int(len(g0))
+    res.idle_host_ns = int(length[host].sum())
+    res.idle_other_ns = int(length[known & ~host].sum())
+    res.idle_unattributed_ns = int(length[~known].sum())
+    res.idle_gaps = int(len(g0))
     return res

@@ -7,9 +7,9 @@ from its 1-worker run beside the measurement. Pure functions over recorded runs.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -18,8 +18,8 @@ from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.commmodel import Network
 from opprof.analysis.convergence import TARGETS
 from opprof.analysis.convergence import summary as convergence_summary
-from opprof.analysis.memory import memory_part, run_memory
-from opprof.analysis.noise import NOISE_SPREAD, assess, flags
+from opprof.analysis.memory import RunMemory, memory_part, run_memory
+from opprof.analysis.noise import NOISE_SPREAD, Noise, assess, flags
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
@@ -28,6 +28,7 @@ from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 #: An operator enters the cross-framework table when it takes at least this share of the
@@ -36,6 +37,85 @@ MIN_OP_SHARE = 0.01
 #: Each run's memory in the bench table (opprof.analysis.memory.run_memory), bytes.
 MEMORY_COLUMNS = ("unprofiled_rss_bytes", "peak_rss_bytes", "job_rss_bytes",
                   "peak_allocated_bytes")
+
+
+class CurveColumns(TypedDict):
+    """One run's convergence curve in bench.json's ``curves``: one list per column, thinned
+    (:data:`CURVE_POINTS`), None between evaluations."""
+
+    step: list[int]
+    time_ns: list[int]
+    loss: list[float | None]
+    train_accuracy: list[float | None]
+    test_accuracy: list[float | None]
+
+
+@dataclass
+class BenchConvergence:
+    """A run's convergence in the bench table's terms (:func:`convergence_columns`): final
+    loss, best test accuracy, seconds of training to each target test accuracy (None: not
+    reached), and its curve, thinned."""
+
+    final_loss: float | None
+    best_test_accuracy: float | None
+    time_to_s: dict[float, float | None]  # target accuracy → seconds
+    curve: CurveColumns
+
+    def columns(self) -> dict[str, float | None]:
+        """The bench table's :data:`CONVERGENCE_COLUMNS`."""
+        return {"final_loss": self.final_loss, "best_test_accuracy": self.best_test_accuracy,
+                **{f"time_to_{round(t * 100)}_s": s for t, s in self.time_to_s.items()}}
+
+
+@dataclass
+class BenchPrediction:
+    """The model's prediction of a multi-worker run from its 1-worker run, checked against
+    it (:func:`prediction`): predicted profiled step and scaling (step(1) / step(N)) beside
+    the measured scaling, the error, and a note saying where α and β came from — or, with
+    the numbers None, why there is no prediction."""
+
+    note: str = ""
+    predicted_step_ns: float | None = None
+    prediction_error: float | None = None
+    predicted_scaling: float | None = None
+    profiled_scaling: float | None = None
+
+
+@dataclass
+class Spread:
+    """A figure over a combination's repetitions (``bench --repeat``): the median of the
+    repetitions that have it, their minimum and maximum (all None: none has it)."""
+
+    median: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass
+class RunSummary:
+    """What the comparison needs from one run (:func:`summarize`), or from the repetitions of
+    one combination (:func:`combine_repeats`), and its prediction (:func:`prediction`)."""
+
+    memory: RunMemory
+    samples_per_s: float | None
+    unprofiled_step_ns: float | None
+    step_ns: float | None  # mean profiled step
+    phases: dict[str, float]  # wall ns per step of each phase
+    ops: dict[str, float]  # host ns per rank-step of each canonical op
+    batch_size: int | None
+    framework_version: str | None
+    noise: Noise | None
+    #: `bench --converge`: the bench table's convergence columns (with ``--repeat``: their
+    #: medians) and the run's curve (thinned)
+    convergence: dict[str, float | None] | None = None
+    curve: CurveColumns | None = None
+    #: ``bench --repeat``: how many, which one is the median (from 1), the spreads over them
+    repeats: int | None = None
+    median_repeat: int | None = None
+    spreads: dict[str, Spread] = field(default_factory=dict)
+    repeat_spread: float | None = None  # (max − min) / median of samples/s
+    curves: list[CurveColumns | None] | None = None  # every repetition's curve
+    prediction: BenchPrediction | None = None
 
 
 @dataclass
@@ -49,7 +129,7 @@ class Run:
     status: str = RunStatus.PLANNED
     reason: str = ""
     wall_s: float | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: RunSummary | None = None
 
     @property
     def name(self) -> str:
@@ -64,32 +144,32 @@ class Bench:
 
     table: pd.DataFrame
     ratios: pd.DataFrame
-    config: dict[str, Any]
+    config: JSONObject
     path: Path | None = None
     #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
     #: train_accuracy, test_accuracy lists).
-    curves: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, list[CurveColumns | None]] = field(default_factory=dict)
 
 
-def summarize(trace: Trace) -> dict[str, Any]:
+def summarize(trace: Trace) -> RunSummary:
     """What the comparison needs from one run's trace."""
     steps = step_breakdown(trace)
     phases = phase_summary(steps)
     ops = op_table(trace, n_steps=len(steps))
     m = trace.meta
-    memory = run_memory(memory_part(trace).ranks)
-    return {
-        "memory": {k: memory[k] for k in MEMORY_COLUMNS},
-        "samples_per_s": m.get("samples_per_s"),
-        "unprofiled_step_ns": m.get("unprofiled_step_ns"),
-        "step_ns": float(steps["dur_ns"].mean()) if len(steps) else None,
-        "phases": {p: float(phases.loc[p, "ns_per_step"]) for p in PHASES},
-        "ops": ops.groupby("op")["ns_per_step"].sum().to_dict(),
-        "batch_size": m.get("batch_size"),
-        "framework_version": m.get("framework_version"),
-        "noise": assess(m, steps),
-        **convergence_columns(m),
-    }
+    conv = convergence_columns(m)
+    return RunSummary(
+        memory=run_memory(memory_part(trace).ranks),
+        samples_per_s=m.get("samples_per_s"),
+        unprofiled_step_ns=m.get("unprofiled_step_ns"),
+        step_ns=float(steps["dur_ns"].mean()) if len(steps) else None,
+        phases={p: float(phases.loc[p, "ns_per_step"]) for p in PHASES},
+        ops=ops.groupby("op")["ns_per_step"].sum().to_dict(),
+        batch_size=m.get("batch_size"),
+        framework_version=m.get("framework_version"),
+        noise=assess(m, steps),
+        convergence=conv.columns() if conv is not None else None,
+        curve=conv.curve if conv is not None else None)
 
 
 #: The bench table's convergence columns (`bench --converge`): final loss, best test
@@ -100,27 +180,26 @@ CONVERGENCE_COLUMNS = ("final_loss", "best_test_accuracy",
 CURVE_POINTS = 200
 
 
-def convergence_columns(meta: MetaMapping) -> dict[str, Any]:
+def convergence_columns(meta: MetaMapping) -> BenchConvergence | None:
     """A run's convergence in the bench table's terms, and its curve (thinned) for
-    bench.json's ``curves``; empty without a convergence table."""
+    bench.json's ``curves``; None without a convergence table."""
     s = convergence_summary(meta)
     if s is None:
-        return {}
-    out: dict[str, Any] = {"final_loss": s.final_loss,
-                           "best_test_accuracy": s.best_test_accuracy}
+        return None
+    time_to: dict[float, float | None] = {}
     for t in TARGETS:
         ns = s.time_to_accuracy.get(str(t))
-        out[f"time_to_{round(t * 100)}_s"] = ns / 1e9 if ns is not None else None
+        time_to[t] = ns / 1e9 if ns is not None else None
     curve = convergence_frame(meta)
     curve = curve[curve["rank"] == curve["rank"].min()]
     every = max(1, -(-len(curve) // CURVE_POINTS))
     keep = (curve["step"] % every == 0) | curve["test_accuracy"].notna()
     kept = curve[keep].drop(columns=["rank"]).astype(object)
-    out["curve"] = kept.where(kept.notna(), None).to_dict("list")
-    return out
+    return BenchConvergence(s.final_loss, s.best_test_accuracy, time_to,
+                            kept.where(kept.notna(), None).to_dict("list"))
 
 
-def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_repeats(summaries: list[RunSummary]) -> RunSummary:
     """One combination's summary from its repetitions (``bench --repeat``): the repetition
     whose profiled step time is the median (``median_repeat``, from 1) gives the phases,
     operators and memory (so they still sum to its step); samples/s and the step times are
@@ -129,28 +208,34 @@ def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     every flag of that repetition, and ``noisy`` when its repetitions' samples/s spread more
     than :data:`~opprof.analysis.noise.NOISE_SPREAD`."""
     if len(summaries) == 1:
-        return {**summaries[0], "repeats": 1}
-    order = sorted(range(len(summaries)), key=lambda i: summaries[i]["step_ns"] or 0.0)
+        return replace(summaries[0], repeats=1)
+    order = sorted(range(len(summaries)), key=lambda i: summaries[i].step_ns or 0.0)
     mid = order[(len(order) - 1) // 2]
-    out = {**summaries[mid], "median_repeat": mid + 1}
+    out = replace(summaries[mid], median_repeat=mid + 1, spreads={})
 
-    def stats(key: str) -> tuple[float | None, float | None, float | None]:
-        values = [x[key] for x in summaries if x.get(key)]
-        return (float(np.median(values)), float(min(values)), float(max(values))) \
-            if values else (None, None, None)
+    def stats(values: list[float | None]) -> Spread:
+        known = [v for v in values if v]
+        return Spread(float(np.median(known)), float(min(known)), float(max(known))) \
+            if known else Spread()
 
-    for key in ("samples_per_s", "unprofiled_step_ns"):
-        out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
-    if any("curve" in x for x in summaries):  # every repetition's curve, for the spread
-        out["curves"] = [x.get("curve") for x in summaries]
+    for key, values in (("samples_per_s", [x.samples_per_s for x in summaries]),
+                        ("unprofiled_step_ns", [x.unprofiled_step_ns for x in summaries])):
+        out.spreads[key] = stats(values)
+    out.samples_per_s = out.spreads["samples_per_s"].median
+    out.unprofiled_step_ns = out.spreads["unprofiled_step_ns"].median
+    if any(x.curve is not None for x in summaries):  # every repetition's curve, the spread
+        out.curves = [x.curve for x in summaries]
+        out.convergence = {}
         for key in CONVERGENCE_COLUMNS:
-            out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
-    med, low, high = stats("samples_per_s")
+            out.spreads[key] = stats([(x.convergence or {}).get(key) for x in summaries])
+            out.convergence[key] = out.spreads[key].median
+    sps = out.spreads["samples_per_s"]
+    med, low, high = sps.median, sps.low, sps.high
     spread = (high - low) / med if med and high is not None and low is not None else None
-    noise = out.get("noise")
+    noise = out.noise
     if noise is not None and spread is not None and spread > NOISE_SPREAD:
         noise = noise.flagged("noisy")
-    out.update(repeats=len(summaries), repeat_spread=spread, noise=noise)
+    out.repeats, out.repeat_spread, out.noise = len(summaries), spread, noise
     return out
 
 
@@ -160,34 +245,39 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for r in runs:
         s = r.summary
-        noise = s.get("noise")
-        pred = s.get("prediction") or {}
+        noise = s.noise if s is not None else None
+        pred = (s.prediction if s is not None else None) or BenchPrediction()
+        mem = s.memory if s is not None else RunMemory()
+        sps = s.spreads.get("samples_per_s", Spread()) if s is not None else Spread()
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
-               "status": r.status, "samples_per_s": s.get("samples_per_s"),
-               "unprofiled_step_ns": s.get("unprofiled_step_ns"), "step_ns": s.get("step_ns"),
-               **{p: s.get("phases", {}).get(p) for p in PHASES},
-               "scaling_efficiency": None, "profiled_scaling": pred.get("profiled_scaling"),
-               "predicted_step_ns": pred.get("predicted_step_ns"),
-               "predicted_scaling": pred.get("predicted_scaling"),
-               "prediction_error": pred.get("prediction_error"),
-               "prediction_note": pred.get("note", ""),
-               **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
+               "status": r.status, "samples_per_s": s.samples_per_s if s else None,
+               "unprofiled_step_ns": s.unprofiled_step_ns if s else None,
+               "step_ns": s.step_ns if s else None,
+               **{p: s.phases.get(p) if s else None for p in PHASES},
+               "scaling_efficiency": None, "profiled_scaling": pred.profiled_scaling,
+               "predicted_step_ns": pred.predicted_step_ns,
+               "predicted_scaling": pred.predicted_scaling,
+               "prediction_error": pred.prediction_error,
+               "prediction_note": pred.note,
+               "unprofiled_rss_bytes": mem.unprofiled_rss_bytes,
+               "peak_rss_bytes": mem.peak_rss_bytes, "job_rss_bytes": mem.job_rss_bytes,
+               "peak_allocated_bytes": mem.peak_allocated_bytes,
                "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason,
                "flags": ",".join(flags(noise)),
                "unprofiled_spread": noise.spread if noise else None,
                "unprofiled_drift": noise.drift if noise else None,
-               "overhead": noise.overhead if noise else None, "repeats": s.get("repeats"),
-               "samples_per_s_min": s.get("samples_per_s_min"),
-               "samples_per_s_max": s.get("samples_per_s_max"),
-               "repeat_spread": s.get("repeat_spread"),
-               **{k: s.get(k) for k in CONVERGENCE_COLUMNS if k in s}}
+               "overhead": noise.overhead if noise else None,
+               "repeats": s.repeats if s else None,
+               "samples_per_s_min": sps.low, "samples_per_s_max": sps.high,
+               "repeat_spread": s.repeat_spread if s else None,
+               **(s.convergence if s is not None and s.convergence is not None else {})}
         rows.append(row)
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)
-    single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
-              if r.mode == Mode.SINGLE and r.summary.get("samples_per_s")}
+    single = {(r.fw, r.model): r.summary.samples_per_s for r in runs
+              if r.mode == Mode.SINGLE and r.summary and r.summary.samples_per_s}
     for i, r in enumerate(runs):
-        one, n_thr = single.get((r.fw, r.model)), r.summary.get("samples_per_s")
+        one, n_thr = single.get((r.fw, r.model)), r.summary.samples_per_s if r.summary else None
         if one and n_thr:
             table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
     return table, op_ratios(runs, top)
@@ -200,14 +290,14 @@ def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
     profiling, because the profilers' own buffers differ and grow with the profiled steps."""
     peak = pd.to_numeric(table["unprofiled_rss_bytes"], errors="coerce").fillna(
         pd.to_numeric(table["peak_rss_bytes"], errors="coerce"))
-    key = pd.Series([f"{r.model}|{r.summary.get('batch_size')}|{r.workers}" for r in runs],
-                    index=table.index)
+    key = pd.Series([f"{r.model}|{r.summary.batch_size if r.summary else None}|{r.workers}"
+                     for r in runs], index=table.index)
     least = peak.groupby(key).transform("min") if len(table) else peak
     table["rss_ratio"] = (peak / least.where(least > 0)).astype(object).where(
         peak.notna(), None)
 
 
-def prediction(single: Trace, multi: Trace, network: Network | None = None) -> dict[str, Any]:
+def prediction(single: Trace, multi: Trace, network: Network | None = None) -> BenchPrediction:
     """The model's prediction of a multi-worker run from the same framework and model's
     1-worker run (:mod:`opprof.analysis.predict`), checked against it: predicted profiled step
     and scaling (step(1) / step(N)) beside the measured ones, the error, and a note saying
@@ -221,12 +311,13 @@ def prediction(single: Trace, multi: Trace, network: Network | None = None) -> d
                          servers=int(multi.meta.get("servers") or 0) or None, network=network)
         c = check(result, multi, "the measured run")
     except OpprofError as exc:
-        return {"note": str(exc)}
+        return BenchPrediction(note=str(exc))
     one = result.base.step_ns
-    return {"predicted_step_ns": c.predicted_step_ns, "prediction_error": c.error,
-            "predicted_scaling": one / c.predicted_step_ns if c.predicted_step_ns else None,
-            "profiled_scaling": one / c.measured_step_ns if c.measured_step_ns else None,
-            "note": f"network {result.network.source}: {result.network_note}"}
+    return BenchPrediction(
+        note=f"network {result.network.source}: {result.network_note}",
+        predicted_step_ns=c.predicted_step_ns, prediction_error=c.error,
+        predicted_scaling=one / c.predicted_step_ns if c.predicted_step_ns else None,
+        profiled_scaling=one / c.measured_step_ns if c.measured_step_ns else None)
 
 
 def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
@@ -234,20 +325,20 @@ def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
     count: per canonical op (host time per rank-step), slower / faster; the largest first."""
     cols = ["model", "batch_size", "workers", "op", "slower", "faster", "slower_ns_per_step",
             "faster_ns_per_step", "ratio"]
-    done = [r for r in runs if r.status in DONE and r.summary]
+    done = [(r, r.summary) for r in runs if r.status in DONE and r.summary is not None]
     out = []
-    for a, b in itertools.combinations(done, 2):
+    for (a, sa), (b, sb) in itertools.combinations(done, 2):
         if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \
-                a.summary["batch_size"] != b.summary["batch_size"]:
+                sa.batch_size != sb.batch_size:
             continue
-        for op in sorted(set(a.summary["ops"]) & set(b.summary["ops"]) - {"other"}):
-            ta, tb = a.summary["ops"][op], b.summary["ops"][op]
+        for op in sorted(set(sa.ops) & set(sb.ops) - {"other"}):
+            ta, tb = sa.ops[op], sb.ops[op]
             if ta <= 0 or tb <= 0:
                 continue
             slow, fast, ts, tf = (a, b, ta, tb) if ta >= tb else (b, a, tb, ta)
-            if ts < MIN_OP_SHARE * (slow.summary["step_ns"] or 0):
+            if ts < MIN_OP_SHARE * ((sa if slow is a else sb).step_ns or 0):
                 continue
-            out.append({"model": a.model, "batch_size": a.summary["batch_size"],
+            out.append({"model": a.model, "batch_size": sa.batch_size,
                         "workers": a.workers, "op": op, "slower": f"{slow.fw} {slow.mode}",
                         "faster": f"{fast.fw} {fast.mode}", "slower_ns_per_step": ts,
                         "faster_ns_per_step": tf, "ratio": ts / tf})

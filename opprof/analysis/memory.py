@@ -42,7 +42,7 @@ down) is no training and stays out of the peaks, though its rows stay in the tab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -170,8 +170,23 @@ def _param_bytes(meta: MetaMapping, rank: int, role: str) -> int | None:
     return None
 
 
+class Timeline(TypedDict):
+    """A rank's main series over its profiled steps: the largest sample in each of
+    :data:`TIMELINE_BINS` equal bins from ``start`` to ``end`` (None: no sample in it)."""
+
+    rank: int
+    series: str | None
+    start: int
+    end: int
+    bins: list[int | None]
+
+
+#: One row of :attr:`MemoryPart.ranks` (its :data:`COLUMNS`).
+RankRow = dict[str, int | str | None]
+
+
 def _rank(rank: int, m: pd.DataFrame, meta: MetaMapping, span: tuple[int, int] | None
-          ) -> tuple[dict[str, Any], pd.DataFrame, dict[str, Any] | None]:
+          ) -> tuple[RankRow, pd.DataFrame, Timeline | None]:
     role = str(m["role"].iloc[0])
     before = None
     if span is not None:
@@ -192,7 +207,7 @@ def _rank(rank: int, m: pd.DataFrame, meta: MetaMapping, span: tuple[int, int] |
         peak_step = step if step >= 0 else None
     inside = s[s["step"] >= 0]
     by_phase = inside.groupby(inside["phase"].astype(str))["bytes"].max() if len(inside) else {}
-    row = {"rank": rank, "role": role, "peak_rss_bytes": rss,
+    row: RankRow = {"rank": rank, "role": role, "peak_rss_bytes": rss,
            "hwm_bytes": int(hwm.sort_values("ts")["bytes"].iloc[-1]) if len(hwm) else None,
            "unprofiled_rss_bytes": before,
            "peak_allocated_bytes": alloc, "peak_reserved_bytes": reserved,
@@ -203,7 +218,7 @@ def _rank(rank: int, m: pd.DataFrame, meta: MetaMapping, span: tuple[int, int] |
     steps = (inside.groupby("step")["bytes"].max().rename("peak_bytes").reset_index()
              .assign(rank=rank, series=series)[STEP_COLUMNS]) if len(inside) else \
         pd.DataFrame(columns=STEP_COLUMNS)
-    line = None
+    line: Timeline | None = None
     if span is not None and len(values):
         start, end = span
         t = s["ts"].to_numpy(np.int64)
@@ -230,16 +245,43 @@ def _number(v: object) -> int | float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def run_memory(ranks: pd.DataFrame) -> dict[str, int | str | None]:
+@dataclass
+class RunMemory:
+    """One run's memory (:func:`run_memory`), bytes; None where unknown."""
+
+    peak_rss_bytes: int | None = None
+    unprofiled_rss_bytes: int | None = None
+    #: the resident peaks of every process added up
+    job_rss_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    param_bytes: int | None = None
+    #: phase → the largest main-series sample in it
+    by_phase: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(PHASES))
+    #: the main series of the per-phase peaks (``rss``, ``allocated``, ``reserved``)
+    series: str | None = None
+    #: whose allocator figure it is (``kineto cpu``, ``xprof cpu`` …)
+    allocator: str | None = None
+
+    def metrics(self) -> dict[str, int | None]:
+        """The figures of :data:`RUN_METRICS`, by name."""
+        return {"peak_rss_bytes": self.peak_rss_bytes,
+                "unprofiled_rss_bytes": self.unprofiled_rss_bytes,
+                "job_rss_bytes": self.job_rss_bytes,
+                "peak_allocated_bytes": self.peak_allocated_bytes,
+                "peak_reserved_bytes": self.peak_reserved_bytes, "param_bytes": self.param_bytes,
+                **{f"peak_{p}_bytes": self.by_phase.get(p) for p in PHASES}}
+
+
+def run_memory(ranks: pd.DataFrame) -> RunMemory:
     """One run's memory from its per-rank rows: the largest worker's resident, allocator and
     per-phase peaks (the worker holding the most; all ranks when there is no worker),
     ``job_rss_bytes`` the resident peaks of every process (workers, servers, schedulers)
     added up — the job's footprint when the peaks coincide, an upper bound otherwise — and
     the model's parameter bytes; ``series``: the main series of the per-phase peaks;
     ``allocator``: whose allocator figure it is (``kineto cpu``, ``xprof cpu`` …)."""
-    out: dict[str, int | str | None] = dict.fromkeys(RUN_METRICS)
     if ranks.empty:
-        return out
+        return RunMemory()
     workers = ranks[ranks["role"] == "worker"]
     rows = workers if len(workers) else ranks
 
@@ -247,18 +289,19 @@ def run_memory(ranks: pd.DataFrame) -> dict[str, int | str | None]:
         v = pd.to_numeric(rows[col], errors="coerce").dropna()
         return int(v.max()) if len(v) else None
 
-    for col in RUN_METRICS:
-        if col != "job_rss_bytes":
-            out[col] = top(col)
     rss = pd.to_numeric(ranks["peak_rss_bytes"], errors="coerce").dropna()
-    out["job_rss_bytes"] = int(rss.sum()) if len(rss) else None
     series = rows["series"].dropna()
-    out["series"] = str(series.iloc[0]) if len(series) else None  # of the per-phase peaks
     alloc = rows.dropna(subset=["allocated_source"])
-    out["allocator"] = (f"{alloc['allocated_source'].iloc[0]} "
-                        f"{'cpu' if alloc['allocated_device'].iloc[0] == 'cpu' else 'gpu'}"
-                        if len(alloc) else None)
-    return out
+    return RunMemory(
+        peak_rss_bytes=top("peak_rss_bytes"), unprofiled_rss_bytes=top("unprofiled_rss_bytes"),
+        job_rss_bytes=int(rss.sum()) if len(rss) else None,
+        peak_allocated_bytes=top("peak_allocated_bytes"),
+        peak_reserved_bytes=top("peak_reserved_bytes"), param_bytes=top("param_bytes"),
+        by_phase={p: top(f"peak_{p}_bytes") for p in PHASES},
+        series=str(series.iloc[0]) if len(series) else None,  # of the per-phase peaks
+        allocator=(f"{alloc['allocated_source'].iloc[0]} "
+                   f"{'cpu' if alloc['allocated_device'].iloc[0] == 'cpu' else 'gpu'}"
+                   if len(alloc) else None))
 
 
 def compare_memory(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -270,10 +313,11 @@ def compare_memory(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     profiled steps allocated, TensorFlow's every large tensor: not comparable)."""
     ma, mb = run_memory(a), run_memory(b)
     rows = []
-    same = ma.get("series") is not None and ma.get("series") == mb.get("series")
-    alike = ma.get("allocator") == mb.get("allocator")
+    same = ma.series is not None and ma.series == mb.series
+    alike = ma.allocator == mb.allocator
+    metrics_a, metrics_b = ma.metrics(), mb.metrics()
     for k in RUN_METRICS:
-        va, vb = _number(ma[k]), _number(mb[k])
+        va, vb = _number(metrics_a[k]), _number(metrics_b[k])
         if (va is None and vb is None) or (k in _PHASE_METRICS and not same):
             continue
         pair = (va, vb) if va is not None and vb is not None and (

@@ -31,12 +31,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from opprof.analysis.commmodel import Network
-from opprof.analysis.matrix import Bench, Run, combine_repeats, compare, prediction, summarize
+from opprof.analysis.matrix import (
+    Bench,
+    BenchPrediction,
+    Run,
+    combine_repeats,
+    compare,
+    prediction,
+    summarize,
+)
 from opprof.collectors.config import RecordConfig
 from opprof.collectors.supervisor import Supervisor
 from opprof.errors import ErrorKind, Interrupted, OpprofError, raise_on_signals, signal_name
@@ -45,6 +53,9 @@ from opprof.invocation import set_invocation
 from opprof.kinds import DONE, FRAMEWORK_INFO, Framework, Mode, RunStatus, framework_info
 from opprof.pipeline.calibrate import read_network
 from opprof.trace import TraceFile, read_parquet
+
+if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
 
 #: Modes per framework.
 KNOWN_MODES = {fw.value: tuple(m.value for m in info.modes) for fw, info in FRAMEWORK_INFO.items()}
@@ -216,18 +227,19 @@ def add_predictions(runs: list[Run], folder: Path, network: Network | None,
     ``--repeat``, from and against each combination's median repetition."""
 
     def trace_of(r: Run) -> Path:
-        return trace_path(folder, r, int(r.summary.get("median_repeat") or 1), repeat)
+        median = r.summary.median_repeat if r.summary is not None else None
+        return trace_path(folder, r, int(median or 1), repeat)
 
     singles = {(r.fw, r.model): r for r in runs if r.mode == Mode.SINGLE and r.status in DONE}
     for r in runs:
         one = singles.get((r.fw, r.model))
-        if r.workers < 2 or r.status not in DONE or one is None:
+        if r.workers < 2 or r.status not in DONE or one is None or r.summary is None:
             continue
         try:
-            r.summary["prediction"] = prediction(read_parquet(trace_of(one)),
-                                                 read_parquet(trace_of(r)), network)
+            r.summary.prediction = prediction(read_parquet(trace_of(one)),
+                                              read_parquet(trace_of(r)), network)
         except OpprofError as exc:
-            r.summary["prediction"] = {"note": str(exc)}
+            r.summary.prediction = BenchPrediction(note=str(exc))
 
 
 def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
@@ -323,15 +335,16 @@ def _error_line(text: str) -> str:
 
 
 def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd.DataFrame,
-                  config: dict[str, Any]) -> None:
+                  config: JSONObject) -> None:
     """bench.json (everything), bench.csv (one row per run), bench.md (both tables); read
     back by :func:`read_bench`."""
     from opprof.render.jsonfmt import records
     from opprof.render.mdfmt import md_table
 
-    doc = {"config": config, "runs": records(table), "op_ratios": records(ratios)}
-    curves = {r.name: r.summary.get("curves") or [r.summary["curve"]] for r in runs
-              if r.summary.get("curve")}
+    doc: dict[str, object] = {"config": config, "runs": records(table),
+                              "op_ratios": records(ratios)}
+    curves = {r.name: r.summary.curves or [r.summary.curve] for r in runs
+              if r.summary is not None and r.summary.curve}
     if curves:  # `--converge`: each run's curve (every repetition's), thinned
         doc["curves"] = curves
     write_atomic(folder / "bench.json", json.dumps(doc, indent=2, default=str) + "\n")
