@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -71,8 +71,21 @@ from opprof.trace import Trace
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.jsontypes import JSONObject
 
 _NOT_GRADIENT = r"(?i)broadcast|barrier|gather|scatter|send|recv|alltoall"
+
+
+@dataclass
+class BaseMeta:
+    """What the model keeps of a trace's metadata: what a check compares (framework, model,
+    per-worker batch) and says (data set, device); None where the trace does not say."""
+
+    framework: str | None = None
+    model: str | None = None
+    batch_size: int | None = None
+    dataset: str | None = None
+    device: str | None = None
 
 
 @dataclass
@@ -90,7 +103,7 @@ class Baseline:
     samples: pd.DataFrame  # the trace's gradient collectives: bytes, ns (transfer time)
     samples_note: str
     sigma_ns: float  # std of the per-step compute time (step minus exposed comm)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: BaseMeta = field(default_factory=BaseMeta)
     units: Units | None = None  # FSDP units (:func:`fsdp_units`)
     #: compute slowed beside the trace's own collectives (:mod:`.interference`)
     interference: Measured | None = None
@@ -116,7 +129,7 @@ class Baseline:
     @property
     def device(self) -> str:
         """Where the base trained (``cpu``, ``cuda``)."""
-        return str(self.meta.get("device") or "cpu")
+        return str(self.meta.device or "cpu")
 
 
 def baseline(trace: Trace, label: str = "") -> Baseline:
@@ -135,8 +148,9 @@ def baseline(trace: Trace, label: str = "") -> Baseline:
                     workers=workers, servers=int(meta.get("servers") or 0), terms=t,
                     gradients=gradients, resources=resources(meta), samples=samples,
                     samples_note=note, sigma_ns=sigma,
-                    meta={k: meta.get(k) for k in ("framework", "model", "batch_size",
-                                                   "dataset", "device")},
+                    meta=BaseMeta(meta.get("framework"), meta.get("model"),
+                                  meta.get("batch_size"), meta.get("dataset"),
+                                  meta.get("device")),
                     units=fsdp_units(trace, gradients, t.steps),
                     interference=measure(trace, t.steps) if workers > 1 else None)
 
@@ -484,7 +498,7 @@ class Spread:
     noisy: bool
     verdict: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """JSON form."""
         return {"steps": self.steps, "cv": self.cv, "half_width": self.half_width,
                 "interval_ns": list(self.interval_ns),
@@ -640,8 +654,9 @@ def check(result: ModelResult, measured: Trace, label: str = "measured") -> Chec
     if m_mode and m_workers > 1 and m_mode != result.mode:
         raise OpprofError(f"{label} ran --mode {m_mode}; the prediction is for --mode "
                           f"{result.mode}")
-    for key in ("framework", "model", "batch_size"):
-        a, b = base.meta.get(key), meta.get(key)
+    for key, a in (("framework", base.meta.framework), ("model", base.meta.model),
+                   ("batch_size", base.meta.batch_size)):
+        b = meta.get(key)
         if a is not None and b is not None and a != b:
             raise OpprofError(f"{label} has {key} {b}, the modelled trace {a}: a prediction "
                               "holds for the same framework, model and per-worker batch")

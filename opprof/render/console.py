@@ -800,7 +800,7 @@ def model(result: ModelResult) -> str:
     b = result.base
     head = Text("opprof model  ", style="bold") + Text(
         f"{b.label}  ·  "
-        f"{' '.join(x for x in (b.framework, b.meta.get('model')) if x) or 'unknown framework'}"
+        f"{' '.join(x for x in (b.framework, b.meta.model) if x) or 'unknown framework'}"
         "  ·  "
         f"base: {b.workers} worker{'s' if b.workers != 1 else ''} ({b.mode})  ·  "
         f"{ms(b.step_ns)} ms/step over {b.terms.steps} rank-step(s)")

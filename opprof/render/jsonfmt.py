@@ -168,7 +168,7 @@ def model_dict(result: ModelResult) -> dict:
                  "spread": c.spread.to_dict() if c.spread is not None else None}
     g = b.gradients
     return {
-        "base": {"label": b.label, "framework": b.framework, "model": b.meta.get("model"),
+        "base": {"label": b.label, "framework": b.framework, "model": b.meta.model,
                  "mode": b.mode, "workers": b.workers, "servers": b.servers,
                  "step_ns": b.step_ns, "steps": b.terms.steps},
         "terms": b.terms.mean(), "terms_extra": b.terms.extra(),
