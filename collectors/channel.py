@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from opprof.collectors.config import Facts, Role
 from opprof.errors import OpprofError
@@ -87,7 +87,7 @@ class Reporter:
 
 
 _FAULT_SUFFIX = ".fault"
-_fault_file: list = []  # kept open for faulthandler, one per process
+_fault_file: list[tuple[int, TextIO]] = []  # (pid, file) kept open for faulthandler
 
 
 def watch_faults(folder: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+from types import ModuleType
 
 from opprof.errors import OpprofError
 from opprof.kinds import FRAMEWORKS, framework_info
@@ -37,7 +38,7 @@ def require_cuda(fw: str) -> list[str]:
     return names
 
 
-def _gpus(fw: str, mod) -> tuple[list[str], str]:
+def _gpus(fw: str, mod: ModuleType) -> tuple[list[str], str]:
     """(GPU names, why there are none) as the framework itself reports them."""
     if fw == "torch":
         if getattr(mod.version, "cuda", None) is None:

@@ -333,7 +333,10 @@ def _mxnet(config: RecordConfig, argv: list[str],
         return [Launch("worker 0", argv)], {"workers": 1, "servers": 0, "kvstore": None,
                                             "expected_profiles": 1}
     rv = config.rendezvous
-    share = lambda total: total // rv.nnodes + (1 if rv.node_rank < total % rv.nnodes else 0)  # noqa: E731
+
+    def share(total: int) -> int:
+        return total // rv.nnodes + (1 if rv.node_rank < total % rv.nnodes else 0)
+
     workers, servers = share(config.workers), share(config.servers)
     port = rv.master_port or free_port(rv.master_addr)
     dmlc = {"DMLC_PS_ROOT_URI": rv.master_addr, "DMLC_PS_ROOT_PORT": str(port),
@@ -435,7 +438,8 @@ def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:
     return out
 
 
-def record_meta(config: RecordConfig, facts: list, order: list, job: dict) -> dict:
+def record_meta(config: RecordConfig, facts: list[Facts], order: list[Facts],
+                job: dict[str, Any]) -> dict[str, Any]:
     """A built-in model's recording's metadata: the job's (:func:`job_meta`) with the model,
     data, mode, device and the profiled steps and memory sampling asked for."""
     meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,

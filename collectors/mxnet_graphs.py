@@ -36,7 +36,7 @@ from typing import Any
 BULK_ENV = "MXNET_EXEC_BULK_EXEC_TRAIN"
 _UNBULKED = (("forward_bulk_size", 0), ("backward_bulk_size", 0))
 #: Hybridized Gluon blocks that have built a CachedOp in this process.
-_BLOCKS: weakref.WeakSet = weakref.WeakSet()
+_BLOCKS: weakref.WeakSet[Any] = weakref.WeakSet()  # (Gluon's HybridBlock: untyped)
 
 
 def track_blocks(hybrid_block: Any) -> None:
@@ -58,8 +58,8 @@ class StaticGraphs:
 
     def __init__(self, owner: Any) -> None:
         self.owner = owner
-        self.blocks: list[tuple[Any, list]] = []  # (block, its own flags)
-        self.execs: list[tuple[Any, list]] = []  # (executor group, its own executors)
+        self.blocks: list[tuple[Any, list[tuple[str, Any]]]] = []  # (block, its own flags)
+        self.execs: list[tuple[Any, list[Any]]] = []  # (executor group, its own executors)
         self.settle_after = 0
 
     @property

@@ -203,7 +203,7 @@ class Child:
     """A process the supervisor started."""
 
     label: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen[bytes]
     log: Path | None
     own_group: bool
     #: Who really failed and how, when this child is a launcher of others (torchrun).
@@ -248,7 +248,8 @@ class Supervisor:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + self.timeout_s if self.timeout_s else None
         self._signals: list[int] = []  # interrupts received while watching
-        self._beats: dict[int, tuple[tuple, float, float]] = {}  # pid → (progress, since, slowest)
+        #: pid → (progress: stage, steps done, steps seen; since; slowest step)
+        self._beats: dict[int, tuple[tuple[str, int, int], float, float]] = {}
         self._frozen: dict[int, float] = {}  # pid → since when it is in state T
 
     # -- starting

@@ -38,6 +38,7 @@ from opprof.normalizers.formats import (
 from opprof.trace import Trace, concat_traces
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 __all__ = ["FILE_FORMATS", "JSON_FORMATS", "Format", "Native", "RankFormat", "expand",
@@ -193,10 +194,10 @@ def write_folder_meta(folder: Path, meta: MetaMapping) -> None:
                  json.dumps(stamp(meta).to_dict(), default=str, indent=1))
 
 
-def folder_meta(paths: list[Path]) -> dict:
+def folder_meta(paths: list[Path]) -> JSONObject:
     """The recorded job metadata of the folders among ``paths`` (:data:`FOLDER_META`); a
     file that cannot be read as a JSON object is ignored (the traces still are read)."""
-    meta: dict = {}
+    meta: JSONObject = {}
     for p in paths:
         f = Path(p) / FOLDER_META
         if not f.is_file():

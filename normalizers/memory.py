@@ -31,7 +31,7 @@ them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -42,20 +42,24 @@ from opprof.taxonomy import MEMORY_KIND, MEMORY_SERIES, PHASES
 from opprof.trace import COLUMNS, Trace, concat_traces, conform
 from opprof.walltime import phase_at
 
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+    from opprof.arrays import Array
+
 #: The lane (tid) of memory rows.
 MEMORY_TID = -3
 #: The columns of a sample frame (what :func:`add_memory` takes).
 SAMPLE_COLUMNS = ("rank", "role", "pid", "device", "ts", "name", "bytes", "detail")
 
 
-def samples(rank: int | np.ndarray, role: str | np.ndarray, pid: int | np.ndarray,
-            device: str | np.ndarray, ts: np.ndarray, name: str | np.ndarray,
-            nbytes: np.ndarray, detail: str | np.ndarray) -> pd.DataFrame:
+def samples(rank: int | Array, role: str | Array, pid: int | Array, device: str | Array,
+            ts: Array, name: str | Array, nbytes: Array, detail: str | Array) -> pd.DataFrame:
     """A sample frame (:data:`SAMPLE_COLUMNS`); scalars are broadcast."""
     ts = np.asarray(ts, np.int64)
     n = len(ts)
 
-    def col(v: Any, dtype: Any = object) -> np.ndarray:
+    def col(v: object, dtype: DTypeLike = object) -> Array:
         arr = np.asarray(v, dtype=dtype)
         return np.full(n, v, dtype=dtype) if arr.ndim == 0 else arr
 

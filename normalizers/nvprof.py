@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -57,6 +58,10 @@ from opprof.normalizers.cupti import (
 )
 from opprof.normalizers.events import finish
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 NAME = "nvprof"
 FLAG_INSTANT, FLAG_START, FLAG_END = 1, 2, 4
@@ -92,7 +97,7 @@ def claims_file(path: Path, head: bytes) -> bool:
     return "StringTable" in names and any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in names)
 
 
-def from_files(paths: list[Path], meta: dict) -> Trace:
+def from_files(paths: list[Path], meta: MetaMapping) -> Trace:
     """Normalize nvprof exports, one rank per file, into one Trace."""
     frames, gpus = [], []
     for rank, path in enumerate(paths):
@@ -154,13 +159,14 @@ def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
                      dtype=object)
 
 
-def _duration(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _duration(start: Array, end: Array) -> Array:
     """``end - start``; negative (so that ``finish`` drops and counts the row) where the
     row ends before it starts or lacks a time (NULL, read as -1)."""
     return np.where((start < 0) | (end < 0), -1, end - start)
 
 
-def _device_frame(df: pd.DataFrame, names, kind: str, nbytes, link) -> pd.DataFrame:
+def _device_frame(df: pd.DataFrame, names: Array, kind: str, nbytes: int | Array,
+                  link: Array) -> pd.DataFrame:
     start, end = int_col(df["start"], 0), int_col(df["end"], 0)
     dev = int_col(df["deviceId"], 0)
     return pd.DataFrame({

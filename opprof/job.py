@@ -144,7 +144,8 @@ def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
         tr = tf.read_rank(task.rank, detail)
         return [tr], Outcome(rank=task.rank, events=len(tr.events),
                              warnings=tf.found.get("read_warnings", {}))
-    from opprof.normalizers import by_rank, read_native, sampled
+    from opprof.normalizers import read_native, sampled
+    from opprof.normalizers.formats import by_rank
 
     path = Path(task.path)
     got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail)

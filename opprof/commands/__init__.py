@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -13,6 +14,9 @@ from opprof.render import FORMATS, REPORT_FORMATS
 
 if TYPE_CHECKING:
     from opprof.meta import MetaMapping
+
+#: A command's function, as click's decorators take and give it.
+F = TypeVar("F", bound=Callable[..., Any])
 
 format_option = click.option(
     "--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True,
@@ -55,7 +59,7 @@ def write_output(text: str, fmt: str, output: Path | None) -> None:
     click.echo(f"wrote {output} ({size(output.stat().st_size)})", err=True)
 
 
-def memory_options(f):  # noqa: ANN001, ANN201 (a click decorator)
+def memory_options(f: F) -> F:
     """``--profile-memory/--no-profile-memory`` and ``--memory-interval`` (record and run)."""
     f = click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
                      default=0.02, show_default=True,
@@ -68,7 +72,7 @@ def memory_options(f):  # noqa: ANN001, ANN201 (a click decorator)
                              "allocator).")(f)
 
 
-def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)
+def engine_options(f: F) -> F:
     """``--scheduler`` and ``--jobs``: where the per-rank work runs (opprof.parallel)."""
     f = click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
                      help="Local worker processes for per-rank work [default: one per core; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,16 +13,19 @@ from opprof.export import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 
+if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
+
 #: The suffix of a file this exporter writes.
 EXTENSION = ".json"
 
 
-def document(trace: Trace) -> dict:
+def document(trace: Trace) -> JSONObject:
     """The chrome-trace document as a dict."""
     events, memory = split_memory(trace.events)
     ev = lanes(events)
     t0 = int(ev["ts"].min()) if len(ev) else 0
-    out = []
+    out: list[JSONObject] = []
     meta_rows = ev.drop_duplicates("lane")[["rank", "role", "pid", "tid", "device", "lane"]]
     for r in meta_rows.to_dict("records"):
         out.append({"ph": "M", "name": "process_name", "pid": int(r["rank"]),

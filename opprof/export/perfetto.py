@@ -77,7 +77,8 @@ def build(trace: Trace) -> bytes:
         pkt.track_event.type = TrackEvent.TYPE_COUNTER
         pkt.track_event.track_uuid = uuid[(int(r.rank), r.track)]
         pkt.track_event.counter_value = int(r.bytes)
-    return out.SerializeToString()
+    data: bytes = out.SerializeToString()
+    return data
 
 
 def write(trace: Trace, path: Path) -> Path:

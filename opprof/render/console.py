@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.console import Console, Group, RenderableType
@@ -741,7 +741,7 @@ def convergence_table(table: pd.DataFrame) -> Table | None:
     return t
 
 
-def _overhead(r: dict) -> str:
+def _overhead(r: dict[str, Any]) -> str:
     """A run's profiled step over its unprofiled one."""
     if _known(r.get("overhead")):  # median profiled / median unprofiled, as the report's
         return ratio(r["overhead"])
@@ -749,7 +749,7 @@ def _overhead(r: dict) -> str:
     return ratio(p / u) if _known(u) and _known(p) and u else "-"
 
 
-def _sps(r: dict) -> str:
+def _sps(r: dict[str, Any]) -> str:
     """samples/s, with the range over repetitions below it (``bench --repeat``)."""
     text = f"{r['samples_per_s']:,.1f}"
     low, high = r.get("samples_per_s_min"), r.get("samples_per_s_max")
@@ -758,7 +758,7 @@ def _sps(r: dict) -> str:
     return text
 
 
-def _flags(r: dict) -> str:
+def _flags(r: dict[str, Any]) -> str:
     """A run's noise flags (opprof.analysis.noise), with the overhead when flagged."""
     flags = [f for f in str(r.get("flags") or "").split(",") if f]
     return ", ".join(f"overhead {r['overhead']:.1f}x" if f == "overhead" and r.get("overhead")

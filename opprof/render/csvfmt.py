@@ -19,7 +19,8 @@ EXTENSION = ".csv"
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """One CSV table."""
-    return report_table(rep, by, top).to_csv(index=False)
+    text: str = report_table(rep, by, top).to_csv(index=False)
+    return text
 
 
 def diff(d: Diff, top: int | None = None) -> str:
@@ -27,12 +28,14 @@ def diff(d: Diff, top: int | None = None) -> str:
     times in the ``*_ns`` columns, memory in the ``*_bytes`` ones); with --whatif: the
     what-if table."""
     if d.whatif is not None:
-        return (d.whatif if top is None else d.whatif.head(top)).to_csv(index=False)
+        swaps: str = (d.whatif if top is None else d.whatif.head(top)).to_csv(index=False)
+        return swaps
     table = diff_table(d, top)
     if len(d.memory):
         mem = d.memory.rename(columns={"metric": "name"}).assign(level="memory")
         table = pd.concat([table, mem], ignore_index=True)
-    return table.to_csv(index=False)
+    text: str = table.to_csv(index=False)
+    return text
 
 
 def model(result: ModelResult) -> str:
@@ -40,18 +43,21 @@ def model(result: ModelResult) -> str:
     from opprof.render.modeltables import check_table, predictions_table
 
     t = check_table(result) if result.check is not None else predictions_table(result)
-    return t.to_csv(index=False)
+    text: str = t.to_csv(index=False)
+    return text
 
 
 def whatif(w: WhatIf) -> str:
     """Phases measured and re-simulated, then the step."""
     from opprof.render.modeltables import whatif_table
 
-    return whatif_table(w).to_csv(index=False)
+    text: str = whatif_table(w).to_csv(index=False)
+    return text
 
 
 def calibration(net: Network) -> str:
     """The measured sizes with the fit's predictions."""
     from opprof.render.modeltables import samples_table
 
-    return samples_table(net).to_csv(index=False)
+    text: str = samples_table(net).to_csv(index=False)
+    return text

@@ -26,7 +26,10 @@ from opprof.render import palette, plotdata
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.typing import RcKeyType
+
+    from opprof.arrays import Array
 
 #: Figure name → (what it shows, the inputs it takes: "bench", "traces" or both).
 FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -88,7 +91,7 @@ def _figure(w: float, h: float) -> Figure:
     return Figure(figsize=(w, h), layout="constrained")
 
 
-def _stacked(ax, df: pd.DataFrame, horizontal: bool = False) -> None:  # noqa: ANN001
+def _stacked(ax: Axes, df: pd.DataFrame, horizontal: bool = False) -> None:
     """Stacked phase bars of ``df`` (rows: bars, columns: phases, ms)."""
     x = np.arange(len(df))
     bottom = np.zeros(len(df))
@@ -112,9 +115,9 @@ def _stacked(ax, df: pd.DataFrame, horizontal: bool = False) -> None:  # noqa: A
         ax.grid(axis="x", visible=False)
 
 
-def _phase_legend(fig: Figure, axes) -> None:  # noqa: ANN001
+def _phase_legend(fig: Figure, axes: Axes | Array) -> None:
     handles, labels = {}, []
-    for ax in np.atleast_1d(axes):
+    for ax in (axes.flat if isinstance(axes, np.ndarray) else [axes]):
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in handles:
                 handles[lab] = h

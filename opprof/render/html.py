@@ -182,9 +182,9 @@ _counter = [0]
 def chart(fig: go.Figure) -> str:
     """A figure as a div and its script (plotly.js is in the page's head)."""
     _counter[0] += 1
-    return pio.to_html(fig, include_plotlyjs=False, full_html=False, config=_CONFIG,
-                       div_id=f"chart{_counter[0]}", default_width="100%",
-                       validate=False).replace('<div>', '<div class="chart">', 1)
+    div: str = pio.to_html(fig, include_plotlyjs=False, full_html=False, config=_CONFIG,
+                           div_id=f"chart{_counter[0]}", default_width="100%", validate=False)
+    return div.replace('<div>', '<div class="chart">', 1)
 
 
 def _num(v: Any) -> float | None:
@@ -363,7 +363,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     return page(title, _subtitle(meta), secs, footer)
 
 
-def _report_summary(rep: Report, n_steps: int, ranks: list, mean: float) -> str:
+def _report_summary(rep: Report, n_steps: int, ranks: list[int], mean: float) -> str:
     meta = rep.meta
     distinct = rep.steps["step"].nunique() if n_steps else 0
     facts = [("mean profiled step", f"{f_ms(mean)} ms"), ("steps", f"{distinct:,}"),

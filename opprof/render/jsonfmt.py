@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # only names here: `report --format json` imports no model or
     from opprof.analysis.diff import Diff
     from opprof.analysis.predict import ModelResult
     from opprof.analysis.whatif import WhatIf
+    from opprof.jsontypes import JSONObject
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
@@ -37,12 +38,12 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def records(df: pd.DataFrame) -> list[dict]:
+def records(df: pd.DataFrame) -> list[JSONObject]:
     """DataFrame rows as JSON-safe dicts."""
     return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
-def report_dict(rep: Report, top: int | None = None) -> dict:
+def report_dict(rep: Report, top: int | None = None) -> JSONObject:
     """The report as a plain dict."""
     steps = [
         {"rank": int(r["rank"]), "step": int(r["step"]), "dur_ns": int(r["dur_ns"]),
@@ -75,7 +76,7 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             **convergence_dict(rep), **critical_dict(rep)}
 
 
-def critical_dict(rep: Report) -> dict:
+def critical_dict(rep: Report) -> JSONObject:
     """``critical`` (with `--by critical`): per rank and step, ``step_ns``, ``path_ns``,
     ``replay_ns`` (the unedited graph's replay of the step) and ``bound_by`` ({compute, comm,
     launch, sync, load, idle}: ns, summing to ``step_ns``)."""
@@ -90,7 +91,7 @@ def critical_dict(rep: Report) -> dict:
                          for r in rep.critical.to_dict("records")]}
 
 
-def convergence_dict(rep: Report) -> dict:
+def convergence_dict(rep: Report) -> JSONObject:
     """``convergence`` (one row per rank and step: rank, step, time_ns, loss,
     train_accuracy, test_accuracy; null between evaluations), ``time_to_accuracy``
     ({target: ns} for the targets reached) and ``convergence_summary`` (null: no curve)."""
@@ -105,7 +106,7 @@ def _int_or_none(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
-def memory_records(rep: Report) -> list[dict]:
+def memory_records(rep: Report) -> list[JSONObject]:
     """The report's ``memory`` list: per rank with memory rows, exactly ``rank``, ``role``,
     ``peak_rss_bytes``, ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``param_bytes``,
     ``peak_step`` (null: none) and ``by_phase`` ({phase: bytes or null})."""
@@ -147,7 +148,7 @@ def diff(d: Diff, top: int | None = None) -> str:
     }, indent=2)
 
 
-def model_dict(result: ModelResult) -> dict:
+def model_dict(result: ModelResult) -> JSONObject:
     """`opprof model`'s JSON (docs/json.md)."""
     from opprof.analysis.simulate import messages
     from opprof.render.modeltables import terms_table
