@@ -38,9 +38,11 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any
+from types import FrameType, ModuleType, TracebackType
 
 from opprof.collectors.channel import watch_faults
 from opprof.collectors.config import Framework, Protocol, keras_backend
@@ -63,7 +65,18 @@ TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
 #: Keras 3's optimizers: TensorFlow's adapter hooks them, or torch's on the torch backend.
 KERAS_TRIGGER = "keras.src.optimizers.base_optimizer"
 
-_state: dict[str, Any] = {"runner": None, "pid": None, "explicit": False, "error": None}
+@dataclass
+class _Process:
+    """This process's recording: its runner (and the pid that made it: a fork has none),
+    whether ``opprof.profile()`` took it over, the error that ends it."""
+
+    runner: Runner | None = None
+    pid: int | None = None
+    explicit: bool = False
+    error: str | None = None
+
+
+_state = _Process()
 
 
 # ------------------------------------------------------------------ in `opprof run`
@@ -148,10 +161,10 @@ def run_folder() -> Path | None:
 def claim(runner: Runner) -> bool:
     """Make ``runner`` this process's runner, unless it already has one (one framework and
     one runner per process); arm the exit handlers."""
-    current = _state["runner"]
-    if _state["explicit"] or (current is not None and _state["pid"] == os.getpid()):
+    current = _state.runner
+    if _state.explicit or (current is not None and _state.pid == os.getpid()):
         return False
-    _state["runner"], _state["pid"] = runner, os.getpid()
+    _state.runner, _state.pid = runner, os.getpid()
     atexit.register(_at_exit)
     _wrap_excepthook()
     _handle_sigterm()
@@ -162,13 +175,13 @@ def claim(runner: Runner) -> bool:
 def explicit(runner: Runner) -> None:
     """``opprof.profile()`` takes this process over: a hook's runner that has not started
     profiling is dropped, and the hooks count nothing more here."""
-    current = _state["runner"]
-    if current is not None and _state["pid"] == os.getpid() and not current.profiling:
+    current = _state.runner
+    if current is not None and _state.pid == os.getpid() and not current.profiling:
         current.finished = True
         (current.reporter.folder / f"{current.facts.pid}.status").unlink(missing_ok=True)
-    _state["runner"] = None
+    _state.runner = None
     claim(runner)
-    _state["explicit"] = True
+    _state.explicit = True
 
 
 def _install(fw: Framework, protocol: Protocol, folder: Path,
@@ -183,12 +196,12 @@ def _install(fw: Framework, protocol: Protocol, folder: Path,
 
 
 def _forget() -> None:
-    _state.update(runner=None, pid=None)
+    _state.runner, _state.pid = None, None
 
 
 def _at_exit() -> None:
-    runner = _state["runner"]
-    if runner is None or _state["pid"] != os.getpid():
+    runner = _state.runner
+    if runner is None or _state.pid != os.getpid():
         return
     log = runner.loss_log
     if log is not None and log.steps:  # the loss of every step (a framework's hook)
@@ -199,7 +212,7 @@ def _at_exit() -> None:
                   file=sys.stderr)
     if runner.finished:
         return
-    runner.close(_state["error"] or "the process ended")
+    runner.close(_state.error or "the process ended")
 
 
 def _wrap_excepthook() -> None:
@@ -207,9 +220,10 @@ def _wrap_excepthook() -> None:
         return
     previous = sys.excepthook
 
-    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    def excepthook(kind: type[BaseException], value: BaseException,
+                   tb: TracebackType | None) -> None:
         lines = str(value).strip().splitlines()
-        _state["error"] = f"{kind.__name__}: {lines[0]}" if lines else kind.__name__
+        _state.error = f"{kind.__name__}: {lines[0]}" if lines else kind.__name__
         previous(kind, value, tb)
 
     excepthook._opprof = True  # type: ignore[attr-defined]
@@ -225,10 +239,10 @@ def _handle_sigterm() -> None:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
 
-        def on_sigterm(sig: int, frame: Any) -> None:
+        def on_sigterm(sig: int, frame: FrameType | None) -> None:
             if writing():
                 return
-            _state["error"] = "terminated by SIGTERM"
+            _state.error = "terminated by SIGTERM"
             _at_exit()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -245,7 +259,8 @@ class _Watcher(importlib.abc.MetaPathFinder):
                  install: Callable[[Framework], None]) -> None:
         self.triggers, self.install = dict(triggers), install
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         fw = self.triggers.get(fullname)
         if fw is None:
             return None
@@ -261,13 +276,13 @@ class _Watcher(importlib.abc.MetaPathFinder):
             return spec
         del self.triggers[fullname]
         install, framework = self.install, fw
-        found: Any = loader
+        found: importlib.abc.Loader = loader
 
         class Loader(importlib.abc.Loader):
-            def create_module(self, spec: Any) -> Any:
+            def create_module(self, spec: ModuleSpec) -> ModuleType | None:
                 return found.create_module(spec)
 
-            def exec_module(self, module: Any) -> None:
+            def exec_module(self, module: ModuleType) -> None:
                 found.exec_module(module)
                 try:
                     install(framework)

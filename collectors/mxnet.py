@@ -46,6 +46,7 @@ import socket
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -252,7 +253,7 @@ class MXNetAdapter:
         self.kv = self.frame = self.graphs = None
 
 
-def param_facts(params: Any) -> dict[str, Any]:
+def param_facts(params: Any) -> dict[str, int]:
     """Trainable parameter count and bytes of a Gluon ParameterDict (or list)."""
     values = params.values() if hasattr(params, "values") else params
     trained = [p for p in values if p.grad_req != "null" and p.shape]
@@ -368,23 +369,23 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
         yield from loader
 
 
-def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any,
+def _stepper(mx: ModuleType, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any,
              trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], Any]:
     """One training step, returning its per-sample losses (read them after the step); its
     phases are Tasks while the profiler runs (Tasks record even while the profiler is
     stopped, so unprofiled steps use none)."""
     tasks = [mx.profiler.Task(adapter.domain, name) for name in PHASES]
-    state: dict[str, Any] = {}
+    state = _Step()
 
     def load() -> None:
-        state["x"], state["y"] = next(batches)
+        state.x, state.y = next(batches)
 
     def forward() -> None:
         with mx.autograd.record():
-            state["loss"] = loss_fn(net(state["x"]), state["y"])
+            state.loss = loss_fn(net(state.x), state.y)
 
     def backward() -> None:
-        state["loss"].backward()
+        state.loss.backward()
 
     def update() -> None:
         trainer.step(scale)
@@ -400,22 +401,47 @@ def _stepper(mx: Any, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any
             mx.nd.waitall()
             if marks:
                 task.stop()
-        return state["loss"]
+        return state.loss
 
     return step
 
 
+@dataclass
+class _Step:
+    """The arrays of the step in progress (MXNet's NDArrays), from one phase to the next."""
+
+    x: Any = None
+    y: Any = None
+    loss: Any = None
+
+
 # ------------------------------------------------------------------ the hooks of `opprof run`
 
-#: What every hook of this process shares: the runner (one per process) and what it counts.
-_HOOKS: dict[str, Any] = {"depth": 0, "hooked": set()}
+
+@dataclass
+class _Hooks:
+    """What every hook of this process shares: the runner (one per process) and what it
+    counts: the owner (a Trainer or Module, its id) whose steps count, the counted calls in
+    progress (a Trainer's ``step`` calls its ``update``), which classes are hooked, the loss
+    log (None: ``OPPROF_LOSS=0``; unset: not hooked yet)."""
+
+    depth: int = 0
+    hooked: set[str] = field(default_factory=set)
+    runner: Runner | None = None
+    owner: int | None = None
+    off: bool = False
+    loss_hooked: bool = False
+    loss: LossLog[Any] | None = None
+
+
+_HOOKS = _Hooks()
 
 
 #: ``0``: `opprof run` does not keep the loss of each step.
 LOSS_ENV = "OPPROF_LOSS"
 
 
-def hook_loss() -> LossLog:
+def hook_loss() -> LossLog[Any]:
     """Keep the arrays every ``NDArray.backward()`` / ``autograd.backward()`` runs on
     (detached), for the :class:`LossLog` of `opprof run`; its value is their mean (a Gluon loss
     is one value per sample; ``autograd.backward([loss_0, loss_1])`` takes one per device),
@@ -458,9 +484,10 @@ def install_hook(protocol: Protocol, folder: Path,
     blocks for the profiled steps' static graphs (:mod:`.mxnet_graphs`)."""
     import sys
 
-    hooked = _HOOKS["hooked"]
-    if "loss" not in _HOOKS:  # the loss backward() ran on, kept unless OPPROF_LOSS=0
-        _HOOKS["loss"] = hook_loss() if os.environ.get(LOSS_ENV, "1") != "0" else None
+    hooked = _HOOKS.hooked
+    if not _HOOKS.loss_hooked:  # the loss backward() ran on, kept unless OPPROF_LOSS=0
+        _HOOKS.loss_hooked = True
+        _HOOKS.loss = hook_loss() if os.environ.get(LOSS_ENV, "1") != "0" else None
     if "mxnet.gluon.trainer" in sys.modules and "trainer" not in hooked:
         hooked.add("trainer")
         _hook_trainer(protocol, folder, started)
@@ -473,12 +500,12 @@ def _counted(method: Callable[..., Any], after: Callable[..., None]) -> Callable
     """``method`` that calls ``after(self, *args)`` when the outermost counted call returns
     (a Trainer's ``step`` calls its ``update``; a BucketingModule's update, a Module's)."""
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _HOOKS["depth"] += 1
+        _HOOKS.depth += 1
         try:
             result = method(self, *args, **kwargs)
         finally:
-            _HOOKS["depth"] -= 1
-        if _HOOKS["depth"] == 0:
+            _HOOKS.depth -= 1
+        if _HOOKS.depth == 0:
             after(self, *args, **kwargs)
         return result
 
@@ -491,11 +518,11 @@ def _count(owner: Any, make: Callable[[], tuple[Any, dict[str, Any]]], protocol:
            folder: Path, started: Callable[[Runner], bool]) -> None:
     """A step of ``owner`` (a Trainer or a Module) ended: the first one creates the runner
     (``make`` gives its kvstore and facts); steps of other owners are not counted."""
-    if _HOOKS.get("off"):
+    if _HOOKS.off:
         return
-    runner = _HOOKS.get("runner")
+    runner = _HOOKS.runner
     if runner is None or runner.facts.pid != os.getpid():
-        _HOOKS["owner"] = id(owner)
+        _HOOKS.owner = id(owner)
         kv, facts = make()
         # A parameter-server job's servers are profiled too: worker 0 switches them on
         # through the kvstore, they write into their working directory, and `opprof
@@ -504,15 +531,15 @@ def _count(owner: Any, make: Callable[[], tuple[Any, dict[str, Any]]], protocol:
         adapter = MXNetAdapter(kv, profile_servers=dist, server_trace=RUN_SERVER_TRACE,
                                facts=facts, profile_memory=protocol.profile_memory,
                                graphs=StaticGraphs(owner))
-        runner = _HOOKS["runner"] = Runner(adapter, protocol, folder, extra=facts)
+        runner = _HOOKS.runner = Runner(adapter, protocol, folder, extra=facts)
         if not started(runner):
-            _HOOKS["off"] = True
+            _HOOKS.off = True
             return
-        runner.loss_log = _HOOKS.get("loss")
-    elif id(owner) != _HOOKS["owner"]:
+        runner.loss_log = _HOOKS.loss
+    elif id(owner) != _HOOKS.owner:
         return
-    if _HOOKS.get("loss") is not None:
-        _HOOKS["loss"].step_end(runner.profiling)
+    if _HOOKS.loss is not None:
+        _HOOKS.loss.step_end(runner.profiling)
     runner.step_or_give_up()
 
 

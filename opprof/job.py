@@ -17,16 +17,19 @@ writes the tables as the ranks' row groups of the `.trace`. Results equal those 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opprof import drops, parallel
 from opprof.errors import ErrorKind, OpprofError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from opprof.analysis.report import RankPart, Report
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
     from opprof.normalizers.formats import RankFormat
     from opprof.trace import Trace
@@ -45,7 +48,7 @@ class Task:
     index: int = 0
     rank: int | None = None
     named: bool = True
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: JSONObject = field(default_factory=dict)
     memory: tuple[str, ...] = ()  # opprof's sampled memory files of the job (normalizers.sampled)
 
 
@@ -54,7 +57,7 @@ class Outcome:
     """What a worker sends back: per rank parts or tables, and the file's facts."""
 
     parts: list[RankPart] = field(default_factory=list)
-    tables: list[Any] = field(default_factory=list)  # (rank, pyarrow.Table)
+    tables: list[tuple[int, pa.Table]] = field(default_factory=list)
     info: dict[str, Any] | None = None
     declared: int | None = None
     rank: int | None = None
@@ -63,7 +66,7 @@ class Outcome:
     skipped: bool = False  # a JSON file found in a folder that is no trace
     damaged: OpprofError | None = None  # a file found in a folder that cannot be read
     events: int = 0
-    warnings: dict[str, Any] = field(default_factory=dict)  # what reading a .trace rank dropped
+    warnings: dict[str, int] = field(default_factory=dict)  # what reading a .trace rank dropped
 
 
 @dataclass
@@ -80,7 +83,7 @@ class Plan:
     format: RankFormat | None = None  # the format of the ranks read one by one
 
 
-def plan(paths: Sequence[str | os.PathLike[str]], meta: dict[str, Any] | None = None) -> Plan:
+def plan(paths: Sequence[str | os.PathLike[str]], meta: JSONObject | None = None) -> Plan:
     """Decide how to read the job at ``paths`` (validating them as ``opprof.load`` does)."""
     from opprof.loader import existing_paths, is_opprof_trace, opprof_traces_in
 
@@ -194,8 +197,14 @@ def import_task(task: Task) -> Outcome:
     return out
 
 
-def run_tasks(p: Plan, fn: Any, args: list[Any], engine: parallel.Engine,
-         take: Any = None) -> list[Outcome]:
+#: What a worker is given: a task, or a task and the report's device span.
+TaskArg = TypeVar("TaskArg", Task, tuple[Task, str])
+R = TypeVar("R")
+
+
+def run_tasks(p: Plan, fn: Callable[[TaskArg], Outcome], args: list[TaskArg],
+              engine: parallel.Engine,
+              take: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
     """Run the tasks, then re-run the JSON files whose rank another file already took (so
     ranks are assigned as a whole-job import assigns them). ``take(i, outcome)``, if given,
     sees each outcome of task ``i`` as it arrives (a re-run's replaces the first)."""
@@ -228,7 +237,7 @@ def run_tasks(p: Plan, fn: Any, args: list[Any], engine: parallel.Engine,
     return [outs[i] for i in kept]
 
 
-def progress(results: Any, total: int, engine: parallel.Engine) -> Any:
+def progress(results: Iterable[R], total: int, engine: parallel.Engine) -> Iterator[R]:
     """Pass results through, showing ``rank k/N`` on stderr when it is a terminal and the
     job has a few ranks."""
     import sys
@@ -244,14 +253,14 @@ def progress(results: Any, total: int, engine: parallel.Engine) -> Any:
         sys.stderr.flush()
 
 
-def _with_rank(arg: Any, rank: int) -> Any:
-    if isinstance(arg, tuple):
-        t = arg[0]
-        return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), *arg[1:])
-    return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
+def _with_rank(arg: TaskArg, rank: int) -> TaskArg:
+    if isinstance(arg, Task):
+        return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
+    t, span = arg
+    return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span)
 
 
-def combined_meta(p: Plan, outs: list[Outcome]) -> Mapping[str, Any]:
+def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
     if p.tasks and p.tasks[0].kind == "json":
         from opprof.normalizers import damaged_files, nothing_read
 

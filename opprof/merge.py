@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from opprof.errors import OpprofError
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSON, JSONObject
     from opprof.meta import MetaMapping
+    from opprof.trace import Trace, TraceFile
 
 #: What both files must agree on, where both have it.
 JOB_KEYS = ("framework", "model", "mode", "dataset", "batch_size", "nnodes", "master",
@@ -34,7 +36,7 @@ APART_NS = 60 * 10**9
 HOST_KEYS = ("node_rank", "row_groups", "command")
 
 
-def world_size(meta: dict[str, Any]) -> int | None:
+def world_size(meta: MetaMapping) -> int | None:
     """The job's world size as the trace's ``distributedInfo`` says it (None: unknown)."""
     for info in (meta.get("distributed") or {}).values():
         if isinstance(info, dict) and isinstance(info.get("world_size"), int):
@@ -52,7 +54,7 @@ def steps_span(meta: MetaMapping) -> tuple[int, int] | None:
         return None
 
 
-def check_one_job(files: Sequence[tuple[Path, dict[str, Any], list[int]]]) -> None:
+def check_one_job(files: Sequence[tuple[Path, MetaMapping, list[int]]]) -> None:
     """(path, metadata, ranks) per file: raise one OpprofError line unless they are the
     hosts of one job with disjoint ranks."""
     first, meta0, _ = files[0]
@@ -81,8 +83,8 @@ def check_one_job(files: Sequence[tuple[Path, dict[str, Any], list[int]]]) -> No
             seen[r] = path
 
 
-def _union(values: list[Any]) -> list[Any]:
-    out: list[Any] = []
+def _union(values: list[JSON]) -> list[JSON]:
+    out: list[JSON] = []
     for v in values:
         for x in v if isinstance(v, list) else [v]:
             if x not in out:
@@ -90,16 +92,17 @@ def _union(values: list[Any]) -> list[Any]:
     return out
 
 
-def merge_meta(metas: list[dict[str, Any]], paths: list[Path], worker_ranks: int) -> dict[str, Any]:
+def merge_meta(metas: Sequence[MetaMapping], paths: list[Path],
+               worker_ranks: int) -> JSONObject:
     """One job's metadata from its hosts' (in the order given): per-rank tables joined,
     lists united, the first file's value for the rest."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # (the files' values, read back below)
     for key in dict.fromkeys(k for m in metas for k in m):
         values = [m[key] for m in metas if key in m]
         if key in HOST_KEYS:
             continue
         if all(isinstance(v, dict) for v in values):
-            joined: dict[str, Any] = {}
+            joined: JSONObject = {}
             for v in values:
                 joined.update(v)
             out[key] = joined
@@ -116,7 +119,7 @@ def merge_meta(metas: list[dict[str, Any]], paths: list[Path], worker_ranks: int
     return out
 
 
-def job_meta(files: Sequence[Any]) -> dict[str, Any]:
+def job_meta(files: Sequence[TraceFile]) -> JSONObject:
     """The merged metadata of the hosts' opened `.trace` files (``TraceFile``), checked to
     be one job."""
     check_one_job([(f.path, f.meta, f.ranks) for f in files])
@@ -126,7 +129,7 @@ def job_meta(files: Sequence[Any]) -> dict[str, Any]:
     return merge_meta([f.meta for f in files], [f.path for f in files], workers)
 
 
-def merge_traces(paths: Sequence[Path]) -> Any:
+def merge_traces(paths: Sequence[Path]) -> Trace:
     """The Trace of one job from its hosts' `.trace` files (checked as above)."""
     from opprof.trace import TraceFile, concat_traces
 

@@ -44,6 +44,7 @@ class CurveRow(TypedDict):
 
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
     _Mapping = MutableMapping[str, Any]
 else:
     class _Mapping:
@@ -127,7 +128,7 @@ class TraceMeta(msgspec.Struct, _Mapping, kw_only=True, repr_omit_defaults=True)
         """A shallow copy (its lists and dicts shared, as ``dict(meta)``'s)."""
         return msgspec.structs.replace(self, extra=dict(self.extra), order=list(self.order))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The keys as stored: the typed fields given, then the others."""
         return dict(self.items())
 

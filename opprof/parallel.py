@@ -130,10 +130,10 @@ def _main_hidden() -> Iterator[None]:
 
 
 def _local(workers: int, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import Future, ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    pending: deque[Any] = deque()
+    pending: deque[Future[R]] = deque()
     it = iter(tasks)
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
         try:

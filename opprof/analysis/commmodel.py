@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -51,6 +51,7 @@ from opprof.kinds import Collective
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.jsontypes import JSONObject
 
 COLLECTIVES = Collective.values()
 FORMAT = 1
@@ -85,6 +86,25 @@ def design(nbytes: Array, collective: str, workers: int,
     raise OpprofError(f"unknown collective {collective!r}; choose {', '.join(COLLECTIVES)}")
 
 
+class Sample(TypedDict):
+    """One measured message size of a network: its calls' median time and the α–β fit's."""
+
+    bytes: int
+    ns: float
+    calls: int
+    predicted_ns: float
+
+
+class FitQuality(TypedDict, total=False):
+    """How well α–β fits the measured sizes (empty for an assumed network)."""
+
+    points: int  # message sizes
+    calls: int
+    rel_rmse: float
+    max_rel_error: float
+    note: str
+
+
 @dataclass
 class Network:
     """α (ns per message) and β (ns per byte) of one collective, and where they came from."""
@@ -97,9 +117,9 @@ class Network:
     backend: str = ""
     framework: str = ""
     source: str = ""  # calibrate / trace / assumed
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    fit: dict[str, Any] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    fit: FitQuality = field(default_factory=lambda: FitQuality())
+    info: dict[str, Any] = field(default_factory=dict)  # what the calibration measured too
 
     @property
     def bandwidth_Bps(self) -> float | None:
@@ -133,7 +153,7 @@ class Network:
                                 samples)[0])
 
     def _cost(self, n: Array, workers: int, servers: int, alpha: float, beta: float,
-              samples: list[dict[str, Any]]) -> Array:
+              samples: list[Sample]) -> Array:
         a, b = design(n, self.collective, workers, servers)
         cost = a * alpha + b * beta
         if len(samples) < 2:
@@ -145,14 +165,14 @@ class Network:
         scale = np.divide(cost, at_own, out=np.ones_like(cost), where=at_own > 0)
         return np.where(np.isnan(curve), cost, curve * scale)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The JSON form (``opprof calibrate -o net.json`` writes it)."""
         d = {"opprof_network": FORMAT, **asdict(self)}
         d["bandwidth_Bps"] = self.bandwidth_Bps
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "network") -> Network:
+    def from_dict(cls, d: object, where: str = "network") -> Network:
         """Read the JSON form back; a clear error for anything else."""
         if not isinstance(d, dict) or "opprof_network" not in d:
             raise OpprofError("not an opprof network file (write one with "
@@ -166,7 +186,8 @@ class Network:
                       workers=int(d.get("workers", 2)), servers=int(d.get("servers", 0)),
                       backend=str(d.get("backend", "")), framework=str(d.get("framework", "")),
                       source=str(d.get("source", "")), samples=list(d.get("samples", [])),
-                      fit=dict(d.get("fit", {})), info=dict(d.get("info", {})))
+                      fit=cast("FitQuality", dict(d.get("fit", {}))),  # (as written)
+                      info=dict(d.get("info", {})))
         except (KeyError, TypeError, ValueError) as exc:
             raise OpprofError(f"damaged network file ({exc})",
                               path=where, kind=ErrorKind.DAMAGED) from None
@@ -178,7 +199,7 @@ class Network:
         return net
 
 
-def on_curve(samples: list[dict[str, Any]], nbytes: Array) -> Array:
+def on_curve(samples: list[Sample], nbytes: Array) -> Array:
     """The measured time of a collective of each size in ``nbytes``: linear between the
     measured sizes (their median times), the last two sizes' slope beyond the largest; NaN
     below the smallest (where α–β stands in)."""
@@ -249,12 +270,12 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
         alpha, beta = _robust_fit(a, b, y)
     pred = a * alpha + b * beta
     rel = (pred - y) / y
-    fit_info = {"points": int(len(pts)), "calls": int(pts["calls"].sum()),
-                "rel_rmse": float(np.sqrt(np.mean(rel ** 2))),
-                "max_rel_error": float(np.max(np.abs(rel))), "note": note}
-    samples_out = [{"bytes": int(r.bytes), "ns": float(r.ns), "calls": int(r.calls),
-                    "predicted_ns": float(p)} for r, p in zip(pts.itertuples(), pred,
-                                                               strict=True)]
+    fit_info: FitQuality = {"points": int(len(pts)), "calls": int(pts["calls"].sum()),
+                            "rel_rmse": float(np.sqrt(np.mean(rel ** 2))),
+                            "max_rel_error": float(np.max(np.abs(rel))), "note": note}
+    samples_out: list[Sample] = [
+        {"bytes": int(r.bytes), "ns": float(r.ns), "calls": int(r.calls),
+         "predicted_ns": float(p)} for r, p in zip(pts.itertuples(), pred, strict=True)]
     return Network(collective, float(alpha), float(beta), workers=workers,
                    servers=servers if collective == Collective.PS else 0, samples=samples_out,
                    fit=fit_info, **fields)

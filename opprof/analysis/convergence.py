@@ -19,6 +19,7 @@ import pandas as pd
 from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 #: Test accuracies reported (fractions).
@@ -68,7 +69,7 @@ class Summary:
     time_to_accuracy: dict[str, int]
     steps_to_accuracy: dict[str, int]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 
@@ -103,7 +104,7 @@ class Comparison:
     first: str | None
     sentence: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         return asdict(self)
 
 

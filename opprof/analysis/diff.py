@@ -4,9 +4,8 @@ Memory beside time: each run's peaks (opprof.analysis.memory.run_memory), A/B an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from opprof.analysis.report import Report
 from opprof.trace import Trace
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 
@@ -45,8 +45,8 @@ class Diff:
     #: :func:`opprof.analysis.whatif.op_swaps`), or None.
     whatif: pd.DataFrame | None = None
     #: Each side's file metadata (framework, model, batch size, …), shown by the HTML page.
-    a_meta: dict[str, Any] = field(default_factory=dict)
-    b_meta: dict[str, Any] = field(default_factory=dict)
+    a_meta: JSONObject = field(default_factory=dict)
+    b_meta: JSONObject = field(default_factory=dict)
     #: Which run reaches a test accuracy first, split into step time and steps needed
     #: (opprof.analysis.convergence.compare); None when neither has a convergence table.
     convergence: Comparison | None = None
@@ -173,7 +173,7 @@ MATCH_KEYS = (("device", "device"), ("framework_version", "framework version"),
               ("batch_size", "batch size"), ("workers", "workers"))
 
 
-def mismatches(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def mismatches(a: MetaMapping, b: MetaMapping) -> list[str]:
     """One ⚠ line naming how two runs differ in device, framework version (of the same
     framework), batch size or workers, when both say; empty when they match."""
     diffs = []

@@ -26,13 +26,14 @@ recorded before these were kept) has no assessment; nothing is flagged.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 #: Interquartile range / median of the unprofiled step times above which a run is noisy.
@@ -62,7 +63,7 @@ class Noise:
     flags: list[str]  # ``noisy``, ``overhead``
     limits: dict[str, float] = field(default_factory=lambda: dict(LIMITS))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The assessment as JSON's ``noise`` object (docs/json.md)."""
         return asdict(self)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 
@@ -47,7 +48,7 @@ class Resources:
                          f"{'s' if per_host != 1 else ''}")
         return ", ".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """JSON form."""
         return {"device": self.device, "threads": self.threads, "cpus": self.cpus,
                 "hosts": self.hosts, "workers": self.workers,

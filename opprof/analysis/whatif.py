@@ -35,7 +35,7 @@ operator's time by B's moves the step by exactly B's time minus A's. Each change
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -63,6 +63,7 @@ from opprof.trace import Trace
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.jsontypes import JSONObject
 
 
 @dataclass
@@ -107,7 +108,7 @@ class Change:
     wall_ns: float | None = None
     delta_ns: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """JSON form."""
         return {"kind": self.kind, "target": self.target, "value": self.value,
                 "factor": self.factor, "wall_ns": self.wall_ns, "delta_ns": self.delta_ns}
