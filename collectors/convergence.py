@@ -7,13 +7,18 @@ models)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opprof.collectors.config import SEQ_LEN, RecordConfig
 from opprof.collectors.datasets import load_images, resize_nearest, synthetic_tokens
-from opprof.collectors.runner import Convergence
+from opprof.collectors.runner import Convergence, Out
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from opprof.arrays import Array
 
 #: Images of each evaluation set (train slice, test split).
 EVAL_IMAGES = 512
@@ -22,16 +27,16 @@ EVAL_BATCH = 128
 TARGETS = (0.5, 0.7, 0.9)
 
 
-def normalized(images: np.ndarray, size: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+def normalized(images: Array, size: int, mean: Array, std: Array) -> Array:
     """uint8 NHWC images → float32 NHWC, resized and normalized as the training data is."""
     x = resize_nearest(images, size).astype(np.float32) / 255.0
     return ((x - mean) / std).astype(np.float32)
 
 
-def image_convergence(config: RecordConfig, train_images: np.ndarray,
-                      train_labels: np.ndarray, *, size: int, mean: np.ndarray,
-                      std: np.ndarray, predict: Callable[[np.ndarray], Any],
-                      loss: Callable[[Any], float]) -> Convergence | None:
+def image_convergence(config: RecordConfig, train_images: Array,
+                      train_labels: Array, *, size: int, mean: Array,
+                      std: Array, predict: Callable[[Array], ArrayLike],
+                      loss: Callable[[Out], float]) -> Convergence[Out] | None:
     """The :class:`Convergence` of an image classifier (None without ``--converge``):
     ``predict`` maps a float32 NHWC batch to logits (anything ``np.asarray`` reads)."""
     if not config.converge:
@@ -55,15 +60,15 @@ def image_convergence(config: RecordConfig, train_images: np.ndarray,
     return Convergence(config.converge, config.eval_every, loss, accuracy)
 
 
-def token_data(config: RecordConfig, n: int, *, train: bool = True) -> np.ndarray:
+def token_data(config: RecordConfig, n: int, *, train: bool = True) -> Array:
     """The language models' data: ``n`` sequences of SEQ_LEN + 1 synthetic tokens (inputs
     ``[:, :-1]``, next-token targets ``[:, 1:]``)."""
     return synthetic_tokens(n, SEQ_LEN, seed=config.seed, train=train)
 
 
-def token_convergence(config: RecordConfig, train_tokens: np.ndarray, *,
-                      predict: Callable[[np.ndarray], Any],
-                      loss: Callable[[Any], float]) -> Convergence | None:
+def token_convergence(config: RecordConfig, train_tokens: Array, *,
+                      predict: Callable[[Array], ArrayLike],
+                      loss: Callable[[Out], float]) -> Convergence[Out] | None:
     """The :class:`Convergence` of a language model (None without ``--converge``):
     ``predict`` maps int64 N×T tokens to N×T×vocab logits; accuracy is next-token accuracy
     over every position."""

@@ -27,9 +27,10 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypedDict
 
 from opprof.collectors import channel
 from opprof.collectors.config import (
@@ -72,6 +73,27 @@ class Recording:
     memory: list[Path] = field(default_factory=list)
 
 
+class JobPlan(TypedDict, total=False):
+    """What a framework's launch plan knows of the job (its metadata: ``workers`` …), and
+    how many processes of this host must write a profile (``expected_profiles``)."""
+
+    workers: int
+    servers: int
+    expected_profiles: int
+    nnodes: int
+    node_rank: int
+    master: str  # torch's rendezvous, host:port
+    launcher: str
+    kvstore: str | None  # MXNet's
+    scheduler: str  # MXNet's, host:port
+    server_traces: int  # MXNet's servers' trace files kept
+
+
+#: Who failed first in a launcher's processes, and how: (who, how) from the child that
+#: ended, its exit code and every process's status (:func:`torchrun_root_cause`).
+Explain: TypeAlias = Callable[[Child, int, list[Facts]], tuple[str, str]]
+
+
 @dataclass
 class Launch:
     """One process to start."""
@@ -79,7 +101,7 @@ class Launch:
     label: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    explain: Any = None
+    explain: Explain | None = None
 
 
 # ------------------------------------------------------------------ checks
@@ -184,11 +206,12 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
 
 
 def partial_recording(config: RecordConfig, workdir: Path, facts: list[Facts],
-                      job: dict[str, Any], reason: str) -> Recording | None:
+                      job: JobPlan, reason: str) -> Recording | None:
     """The traces of a run cut short (``reason``): those its processes wrote (each holds its
     completed profiled steps), with the run's metadata, ``meta["partial"]`` saying why and
     how far each process got; None when no process wrote a trace."""
-    job = {k: v for k, v in job.items() if k != "expected_profiles"}
+    job = job.copy()
+    job.pop("expected_profiles", None)
     profiled = [f for f in facts if f.native and all(Path(p).is_file() for p in f.native)]
     if not profiled:
         return None
@@ -213,7 +236,7 @@ def partial_meta(facts: list[Facts], reason: str) -> dict[str, Any]:
 
 
 def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],
-               job: dict[str, Any]) -> Recording:
+               job: JobPlan) -> Recording:
     what = f"{config.fw} {config.mode}"
     profiled = [f for f in facts if f.native]
     expected = job.pop("expected_profiles")
@@ -269,7 +292,7 @@ def with_default_threads(config: RecordConfig) -> RecordConfig:
 
 
 def _torch(config: RecordConfig, argv: list[str],
-           env: dict[str, str]) -> tuple[list[Launch], dict[str, Any]]:
+           env: dict[str, str]) -> tuple[list[Launch], JobPlan]:
     if config.mode == Mode.SINGLE:
         return [Launch("rank 0", argv)], {"workers": 1, "servers": 0, "expected_profiles": 1}
     rv = config.rendezvous
@@ -283,7 +306,7 @@ def _torch(config: RecordConfig, argv: list[str],
                 "--nproc-per-node", str(per_node), "--node-rank", str(rv.node_rank),
                 "--master-addr", rv.master_addr, "--master-port", str(port),
                 "--max-restarts", "0", "--monitor-interval", "0.1", *argv[1:]]
-    job = {"workers": config.workers, "servers": 0, "nnodes": rv.nnodes,
+    job: JobPlan = {"workers": config.workers, "servers": 0, "nnodes": rv.nnodes,
            "node_rank": rv.node_rank, "master": f"{rv.master_addr}:{port}",
            "launcher": "torchrun", "expected_profiles": per_node}
     return [Launch("torchrun", torchrun, extra, explain=torchrun_root_cause)], job
@@ -328,7 +351,7 @@ def torchrun_root_cause(child: Child, code: int, statuses: list[Facts]) -> tuple
 
 
 def _mxnet(config: RecordConfig, argv: list[str],
-           env: dict[str, str]) -> tuple[list[Launch], dict[str, Any]]:
+           env: dict[str, str]) -> tuple[list[Launch], JobPlan]:
     if config.mode == Mode.SINGLE:
         return [Launch("worker 0", argv)], {"workers": 1, "servers": 0, "kvstore": None,
                                             "expected_profiles": 1}
@@ -352,7 +375,8 @@ def _mxnet(config: RecordConfig, argv: list[str],
              for i in range(servers)]
     plan += [Launch(f"worker {i}", argv, {**dmlc, "DMLC_ROLE": "worker"})
              for i in range(workers)]
-    job = {"workers": config.workers, "servers": config.servers,
+    job: JobPlan = {
+           "workers": config.workers, "servers": config.servers,
            "kvstore": {Mode.PS_SYNC: "dist_sync", Mode.PS_ASYNC: "dist_async"}[config.mode],
            "scheduler": f"{rv.master_addr}:{port}", "expected_profiles": workers}
     return plan, job
@@ -362,8 +386,8 @@ def _mxnet(config: RecordConfig, argv: list[str],
 
 
 def _tf(config: RecordConfig, argv: list[str],
-        env: dict[str, str]) -> tuple[list[Launch], dict[str, Any]]:
-    job: dict[str, Any] = {"servers": 0}
+        env: dict[str, str]) -> tuple[list[Launch], JobPlan]:
+    job: JobPlan = {"servers": 0}
     if config.mode == Mode.SINGLE:
         return [Launch("worker 0", argv)], {**job, "workers": 1, "expected_profiles": 1}
     rv = config.rendezvous
@@ -378,15 +402,15 @@ def _tf(config: RecordConfig, argv: list[str],
             hosts = [f"127.0.0.1:{p}" for p in free_ports(config.workers)]
             tasks = [("worker", i) for i in range(config.workers)]
         cluster = {"worker": hosts}
-        job.update(workers=len(hosts), expected_profiles=len(tasks))
+        job.update({"workers": len(hosts), "expected_profiles": len(tasks)})
     else:
         ports = [f"127.0.0.1:{p}" for p in free_ports(1 + config.workers + config.servers)]
         cluster = {"chief": ports[:1], "worker": ports[1:1 + config.workers],
                    "ps": ports[1 + config.workers:]}
         tasks = [("worker", i) for i in range(config.workers)]
         tasks += [("ps", i) for i in range(config.servers)] + [("chief", 0)]
-        job.update(workers=config.workers, servers=config.servers,
-                   expected_profiles=len(tasks))
+        job.update({"workers": config.workers, "servers": config.servers,
+                    "expected_profiles": len(tasks)})
     plan = [Launch(f"{kind} {i}", argv, {
         "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": i}}),
         "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2")}) for kind, i in tasks]
@@ -439,7 +463,7 @@ def _collect_servers(folder: Path, facts: list[Facts]) -> list[Path]:
 
 
 def record_meta(config: RecordConfig, facts: list[Facts], order: list[Facts],
-                job: dict[str, Any]) -> dict[str, Any]:
+                job: JobPlan) -> dict[str, Any]:
     """A built-in model's recording's metadata: the job's (:func:`job_meta`) with the model,
     data, mode, device and the profiled steps and memory sampling asked for."""
     meta = job_meta(facts, model=canonical_name(config.model), dataset=config.dataset,

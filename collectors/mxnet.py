@@ -67,7 +67,7 @@ from opprof.collectors.config import (
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
 from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
-from opprof.collectors.runner import LossLog, Runner, drive
+from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.files import write_atomic
 
 DOMAIN = "opprof"
@@ -350,6 +350,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                            facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
                     scale, adapter)
+    convergence: Convergence[Any] | None  # (a step's losses: an MXNet NDArray)
     if key in SEQUENCE_MODELS:
         convergence = token_convergence(
             config, tokens, predict=lambda x: net(mx.nd.array(x)).asnumpy(),

@@ -17,6 +17,7 @@ and a Dense output projection. Embeddings start as torch's, normal with standard
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,7 @@ class SelfAttention(HybridBlock):
             self.qkv = nn.Dense(3 * dim, in_units=dim, flatten=False)
             self.out = nn.Dense(dim, in_units=dim, flatten=False)
 
-    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+    def hybrid_forward(self, F: ModuleType, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
         heads, depth = self.heads, self.dim // self.heads
         qkv = self.qkv(x).reshape((0, 0, 3, heads, depth))  # N×T×3×H×D
         qkv = qkv.transpose((2, 0, 3, 1, 4)).reshape((3, -3, 0, 0))  # 3×(N·H)×T×D
@@ -124,7 +125,7 @@ class EncoderLayer(HybridBlock):
             self.ff2 = nn.Dense(dim, in_units=ff, flatten=False)
             self.norm2 = nn.LayerNorm(epsilon=1e-5, in_channels=dim)
 
-    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+    def hybrid_forward(self, F: ModuleType, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
         x = self.norm1(x + self.attention(x))
         return self.norm2(x + self.ff2(self.ff1(x)))
 
@@ -144,7 +145,7 @@ class TransformerLanguageModel(HybridBlock):
                 self.layers.add(EncoderLayer(D_MODEL, HEADS, FF_DIM))
             self.head = nn.Dense(vocab, in_units=D_MODEL, flatten=False)
 
-    def hybrid_forward(self, F: Any, tokens: Any) -> Any:  # noqa: N803 (Gluon's signature)
+    def hybrid_forward(self, F: ModuleType, tokens: Any) -> Any:  # noqa: N803 (Gluon's signature)
         positions = F.contrib.arange_like(tokens, axis=1)
         x = F.broadcast_add(self.embed(tokens), self.position(positions).expand_dims(0))
         return self.head(self.layers(x))
@@ -200,7 +201,7 @@ class BasicBlock(HybridBlock):
             self.bn2 = _bn(planes)
             self.shortcut = _shortcut(in_planes, planes, stride)
 
-    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+    def hybrid_forward(self, F: ModuleType, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
         out = F.Activation(self.bn1(self.conv1(x)), act_type="relu")
         out = self.bn2(self.conv2(out))
         short = x if self.shortcut is None else self.shortcut(x)
@@ -223,7 +224,7 @@ class Bottleneck(HybridBlock):
             self.bn3 = _bn(planes * 4)
             self.shortcut = _shortcut(in_planes, planes * 4, stride)
 
-    def hybrid_forward(self, F: Any, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
+    def hybrid_forward(self, F: ModuleType, x: Any) -> Any:  # noqa: N803 (Gluon's signature)
         out = F.Activation(self.bn1(self.conv1(x)), act_type="relu")
         out = F.Activation(self.bn2(self.conv2(out)), act_type="relu")
         out = self.bn3(self.conv3(out))

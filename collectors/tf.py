@@ -61,7 +61,9 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from opprof.collectors import channel
@@ -99,7 +101,7 @@ ROLE_OF_TASK = {"worker": Role.WORKER, "chief": Role.WORKER, "ps": Role.SERVER,
 _POLL_S = 0.05
 
 
-def _tf(threads: int | None = None) -> Any:
+def _tf(threads: int | None = None) -> ModuleType:
     """TensorFlow, imported quietly; with ``threads`` its intra- and inter-op pools set to it
     (before anything runs in this process)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -133,11 +135,11 @@ class TFAdapter:
     framework = Framework.TF
     profiler_warmup = 0
 
-    def __init__(self, *, run: dict[str, Any] | None = None, role: Role | None = None,
+    def __init__(self, *, run: dict[str, str | int] | None = None, role: Role | None = None,
                  rank: int | None = None, barrier: Callable[[], object] | None = None,
                  sync: Callable[[], object] | None = None,
                  servers: Callable[[str], None] | None = None,
-                 facts: dict[str, Any] | None = None) -> None:
+                 facts: dict[str, object] | None = None) -> None:
         from tensorflow.python.profiler.internal import _pywrap_traceme
 
         self.tf, self.traceme = _tf(), _pywrap_traceme.TraceMe
@@ -235,8 +237,8 @@ def onednn_enabled() -> bool | None:
         return None
 
 
-def start_profiler(tf: Any, logdir: Path, role: Role, task: int, rank: int,
-                   run: dict[str, Any]) -> None:
+def start_profiler(tf: ModuleType, logdir: Path, role: Role, task: int, rank: int,
+                   run: dict[str, str | int]) -> None:
     """Start the profiler into ``logdir`` and emit the ``opprof.clock`` marker."""
     options = tf.profiler.experimental.ProfilerOptions(
         host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
@@ -257,7 +259,7 @@ def xplanes(folder: Path) -> list[Path]:
 # ------------------------------------------------------------------ the built-in models
 
 
-def _dataset(tf: Any, config: RecordConfig, size: int, shard: tuple[int, int] = (0, 1)):
+def _dataset(tf: ModuleType, config: RecordConfig, size: int, shard: tuple[int, int] = (0, 1)):
     """The input pipeline: cached uint8 images, per-sample resize/scale/normalize/flip (the
     language models: cached token sequences split into inputs and next-token targets)."""
     n = max(config.batch_size * 8, 256) * shard[1]
@@ -300,7 +302,7 @@ def _model(config: RecordConfig, classes: int, strategy: Any = None):
     return model, optimizer, layer_counts(model)
 
 
-def _loss_fn(tf: Any, model: Any, global_batch: int) -> Callable[[Any, Any], Any]:
+def _loss_fn(tf: ModuleType, model: Any, global_batch: int) -> Callable[[Any, Any], Any]:
     import keras
 
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -314,8 +316,8 @@ def _loss_fn(tf: Any, model: Any, global_batch: int) -> Callable[[Any, Any], Any
     return loss
 
 
-def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
-             global_batch: int, state: dict[str, Any]) -> Callable[[], Any]:
+def _stepper(tf: ModuleType, model: Any, optimizer: Any, iterator: Any, strategy: Any,
+             global_batch: int, state: _Losses) -> Callable[[], Any]:
     """One training step with its four phase markers (see the module docstring).
 
     Forward, backward and update are separate ``tf.function`` executions (rather than one
@@ -357,10 +359,18 @@ def _stepper(tf: Any, model: Any, optimizer: Any, iterator: Any, strategy: Any,
             grads = tape.gradient(loss, variables)
         with trace("opprof.update"):
             opprof_update(grads)
-        state["loss"] = loss
+        state.loss = loss
         return loss
 
     return step
+
+
+@dataclass
+class _Losses:
+    """The last step's loss (a TensorFlow tensor; None before the first step), which the
+    adapter's ``sync`` reads to wait for the step."""
+
+    loss: Any = None
 
 
 def _convergence(config: RecordConfig, model: Any, size: int, shards: int,
@@ -379,7 +389,7 @@ def _convergence(config: RecordConfig, model: Any, size: int, shards: int,
                              predict=lambda x: model(x, training=False), loss=loss)
 
 
-def _barrier(tf: Any, strategy: Any) -> Callable[[], object] | None:
+def _barrier(tf: ModuleType, strategy: Any) -> Callable[[], object] | None:
     """All workers meet (a one-number all-reduce); None without a strategy."""
     if strategy is None:
         return None
@@ -395,7 +405,7 @@ def _barrier(tf: Any, strategy: Any) -> Callable[[], object] | None:
     return lambda: float(opprof_barrier())
 
 
-def _run_facts(config: RecordConfig) -> dict[str, Any]:
+def _run_facts(config: RecordConfig) -> dict[str, str | int]:
     """What the ``opprof.clock`` marker says about the run."""
     return {"model": canonical_name(config.model), "mode": str(config.mode),
             "dataset": config.dataset, "batch_size": config.batch_size,
@@ -416,7 +426,7 @@ def variable_bytes(variables: Any) -> int:
 
 
 def _model_facts(config: RecordConfig, counts: dict[str, int], size: int,
-                 classes: int, param_bytes: int) -> dict[str, Any]:
+                 classes: int, param_bytes: int) -> dict[str, object]:
     return {"model": canonical_name(config.model), "dataset": config.dataset,
             "batch_size": config.batch_size, "params": counts["params"],
             "param_bytes": param_bytes,
@@ -456,12 +466,12 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         ds, classes = _dataset(tf, config, size)
         iterator = iter(ds)
     model, optimizer, counts = _model(config, classes, strategy)
-    state: dict[str, Any] = {}
+    state = _Losses()
     step = _stepper(tf, model, optimizer, iterator, strategy, config.batch_size * workers, state)
     facts = _model_facts(config, counts, size, classes,
                          variable_bytes(model.trainable_variables))
     adapter = TFAdapter(run=_run_facts(config), barrier=_barrier(tf, strategy),
-                        sync=lambda: float(state["loss"]) if "loss" in state else None,
+                        sync=lambda: float(state.loss) if state.loss is not None else None,
                         facts=facts)
     # A replica's loss is its sum over the global batch: times the replicas, its mean.
     convergence = _convergence(config, model, size, shards,
@@ -617,7 +627,7 @@ class _StepHook:
         self.runner: Runner | None = None
         self.optimizer: int | None = None
         self.off = False
-        self.facts: dict[str, Any] | None = None
+        self.facts: dict[str, object] | None = None
         self.depth = 0
         self.warned: set[str] = set()
         #: XLA-compiled functions that hold a step → the callback that ends it.
@@ -766,9 +776,9 @@ class _StepHook:
         module.Function.__call__ = call
 
 
-def _strategy_facts(tf: Any, variables: list[Any]) -> dict[str, Any]:
+def _strategy_facts(tf: ModuleType, variables: list[Any]) -> dict[str, object]:
     """What the hook can tell about the training when it first sees the optimizer update."""
-    facts: dict[str, Any] = {}
+    facts: dict[str, object] = {}
     if tf.distribute.has_strategy():
         strategy = tf.distribute.get_strategy()
         facts["strategy"] = type(strategy).__name__

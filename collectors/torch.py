@@ -451,14 +451,17 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         model.train(was)
         return out
 
+    def loss_of(loss: torch.Tensor) -> float:
+        return float(loss.item())
+
+    convergence: Convergence[torch.Tensor] | None
     if key in SEQUENCE_MODELS:
-        convergence = token_convergence(config, tokens, predict=predict,
-                                        loss=lambda loss: loss.item())
+        convergence = token_convergence(config, tokens, predict=predict, loss=loss_of)
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = TokenCrossEntropy()
     else:
         mean, std = channel_stats(images)
         convergence = image_convergence(config, images, labels, size=size, mean=mean,
-                                        std=std, predict=predict, loss=lambda loss: loss.item())
+                                        std=std, predict=predict, loss=loss_of)
         loss_fn = nn.CrossEntropyLoss()
     step = _stepper(_cycle(loader), trained, loss_fn, optimizer, device)
     return step, facts, convergence

@@ -20,7 +20,7 @@ import html
 import json
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -166,7 +166,7 @@ saves it as SVG.</footer>
 
 # --- pieces -------------------------------------------------------------------------------
 
-def _layout(fig: go.Figure, height: int, **kw: Any) -> go.Figure:
+def _layout(fig: go.Figure, height: int, **kw: object) -> go.Figure:
     fig.update_layout(template="plotly_white", height=height,
                       font={"family": palette.FONT_FAMILY, "size": 12},
                       margin={"l": 60, "r": 20, "t": 40, "b": 50},
@@ -187,7 +187,14 @@ def chart(fig: go.Figure) -> str:
     return div.replace('<div>', '<div class="chart">', 1)
 
 
-def _num(v: Any) -> float | None:
+#: A table cell as the formatters take it: a number (numpy's too), text, or missing (None;
+#: pandas' NA and NaN read as missing as well).
+Cell: TypeAlias = "SupportsFloat | SupportsIndex | str | None"
+
+
+def _num(v: Cell) -> float | None:
+    if v is None:
+        return None
     try:
         x = float(v)
     except (TypeError, ValueError):
@@ -195,19 +202,19 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-def f_ms(v: Any) -> str:
+def f_ms(v: Cell) -> str:
     """ns → ``1,234.567`` ms text."""
     x = _num(v)
     return "-" if x is None else f"{x / MS:,.3f}"
 
 
-def f_pct(v: Any) -> str:
+def f_pct(v: Cell) -> str:
     """A fraction as a percentage."""
     x = _num(v)
     return "-" if x is None or math.isinf(x) else f"{x:.1%}"
 
 
-def f_ratio(v: Any) -> str:
+def f_ratio(v: Cell) -> str:
     """A ratio as ``1.93x``."""
     x = _num(v)
     if x is None:
@@ -215,19 +222,19 @@ def f_ratio(v: Any) -> str:
     return "-" if math.isinf(x) else units.ratio(x)
 
 
-def f_int(v: Any) -> str:
+def f_int(v: Cell) -> str:
     """An integer with thousands separators."""
     x = _num(v)
     return "-" if x is None else f"{x:,.0f}"
 
 
-def f_mib(v: Any) -> str:
+def f_mib(v: Cell) -> str:
     """Bytes as MiB."""
     x = _num(v)
     return "-" if x is None else f"{x / plotdata.MIB:,.1f}"
 
 
-def f_text(v: Any) -> str:
+def f_text(v: object) -> str:
     """Any value as text ('-' when missing)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -264,7 +271,7 @@ def table(df: pd.DataFrame, columns: Sequence[Column], sortable: bool = True) ->
             + "\n".join(rows) + "</tbody></table></div>")
 
 
-def _meta_text(v: Any, limit: int) -> str:
+def _meta_text(v: object, limit: int) -> str:
     if v is None:
         return "-"
     text = v if isinstance(v, str) else json.dumps(v, default=str)
@@ -736,11 +743,11 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 # --- bench --------------------------------------------------------------------------------
 
-def _f_loss(v: Any) -> str:
+def _f_loss(v: Cell) -> str:
     return "-" if _num(v) is None else f"{_num(v):.3f}"
 
 
-def _f_s(v: Any) -> str:
+def _f_s(v: Cell) -> str:
     return "-" if _num(v) is None else f"{_num(v):.2f}"
 
 
