@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +38,7 @@ from opprof.normalizers.formats import (
 from opprof.trace import Trace, concat_traces
 
 if TYPE_CHECKING:
-    from opprof.jsontypes import JSONObject
+    from opprof.jsontypes import JSON, JSONObject
     from opprof.meta import MetaMapping
 
 __all__ = ["FILE_FORMATS", "JSON_FORMATS", "Format", "Native", "RankFormat", "expand",
@@ -65,11 +65,12 @@ def head_bytes(path: Path, n: int = 64) -> bytes:
     return head
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> JSON:
     """Parse a plain or gzipped JSON file into plain Python objects (dicts and lists); any
     failure is one clear OpprofError line. (The importers decode typed, see chrome.py.)"""
     data = chrome.read_bytes(path, head_bytes(path))
-    return chrome.decode(data, path, _PLAIN_JSON, "JSON document")
+    doc: JSON = chrome.decode(data, path, _PLAIN_JSON, "JSON document")
+    return doc
 
 
 _PLAIN_JSON = msgspec.json.Decoder()
@@ -257,7 +258,7 @@ def normalize(paths: list[Path], meta: MetaMapping | None = None, *,
     return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
 
 
-def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict[str, Any],
+def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: MetaMapping,
                skip_damaged: bool) -> Trace:
     damaged: list[OpprofError] = []
 
@@ -322,8 +323,8 @@ def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict[st
     return noted(trace, skipped, damaged)
 
 
-def _from_files(fmt: Format, listed: list[tuple[Path, bool]], meta: dict[str, Any],
-                tolerate: Any) -> Trace:
+def _from_files(fmt: Format, listed: list[tuple[Path, bool]], meta: MetaMapping,
+                tolerate: Callable[[Path, bool, OpprofError], None]) -> Trace:
     """``fmt.read`` on the files; one that its reader refuses (the error is about it) is
     left out when ``tolerate`` allows, and the rest read again."""
     files = [f for f, _ in listed]

@@ -97,6 +97,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -243,7 +244,7 @@ def allocator_samples(path: Path, rank: int, role: str, offset_ns: int,
 # --------------------------------------------------------------------------- xprof
 
 
-def _xprof() -> Any:
+def _xprof() -> ModuleType:
     try:
         from xprof.convert import raw_to_tool_data
     except ImportError:

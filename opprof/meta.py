@@ -195,7 +195,7 @@ class TraceMeta(msgspec.Struct, _Mapping, kw_only=True, repr_omit_defaults=True)
 
 
 #: Field name → its type (``extra`` is no key of the file).
-_FIELDS: dict[str, Any] = {
+_FIELDS: dict[str, object] = {
     f.name: f.type for f in msgspec.structs.fields(TraceMeta) if f.name not in ("extra", "order")}
 MutableMapping.register(TraceMeta)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,7 @@ from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
+    from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
 #: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
@@ -296,7 +297,7 @@ def convergence_frame(meta: MetaMapping) -> pd.DataFrame:
     return df.astype(CONVERGENCE_COLUMNS)
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> int | float | str:
     if isinstance(obj, np.integer):
         return int(obj)
     if isinstance(obj, np.floating):
@@ -463,7 +464,7 @@ class TraceFile:
                               path=self.path, kind=ErrorKind.DAMAGED) from None
 
 
-def _source(path: Path) -> str | Any:
+def _source(path: Path) -> str | BinaryIO:
     """What pyarrow opens for ``path``: the path, or — for a name that is not UTF-8, which
     pyarrow cannot encode — the open file."""
     try:
@@ -479,7 +480,7 @@ _VOCABULARY = {c: set(t.categories) for c, t in COLUMNS.items()
                if isinstance(t, pd.CategoricalDtype)}
 
 
-def _meta_problem(meta: dict[str, Any]) -> str | None:
+def _meta_problem(meta: JSONObject) -> str | None:
     """What is wrong with the metadata fields the analyses read, or None."""
     bounds = meta.get("step_bounds", [])
     if not isinstance(bounds, list) or not all(

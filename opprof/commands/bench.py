@@ -12,9 +12,12 @@ import click
 from opprof.collectors.config import MODELS
 from opprof.kinds import FRAMEWORKS, MODES, Mode
 
+#: A comma-separated option's callback: its integers or its words.
+Parse = Callable[[click.Context, click.Parameter, str], "list[int] | list[str]"]
 
-def _csv(kind: str, choices: tuple[str, ...] = ()) -> Callable[..., list[Any]]:
-    def parse(ctx: click.Context, param: click.Parameter, value: str) -> list[Any]:
+
+def _csv(kind: str, choices: tuple[str, ...] = ()) -> Parse:
+    def parse(ctx: click.Context, param: click.Parameter, value: str) -> list[int] | list[str]:
         items = [v.strip() for v in value.split(",") if v.strip()]
         if not items:
             raise click.BadParameter("give at least one value")

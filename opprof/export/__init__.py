@@ -10,9 +10,11 @@ The CSV export is the table itself, memory rows included."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from opprof.trace import Trace
 
 TARGETS = ("perfetto", "chrome", "csv")
@@ -47,7 +49,7 @@ def exporter(target: str) -> Exporter:
     raise OpprofError(f"--to {target}: choose from {', '.join(TARGETS)}")
 
 
-def split_memory(events: Any) -> tuple[Any, Any]:
+def split_memory(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the events without memory rows, the memory rows inside their rank's event span, with
     a ``track`` name: ``memory <series> <device>``)."""
     mem = events["kind"] == "memory"
@@ -63,7 +65,7 @@ def split_memory(events: Any) -> tuple[Any, Any]:
     return ev, m.assign(track=track.to_numpy())
 
 
-def lanes(events: Any) -> Any:
+def lanes(events: pd.DataFrame) -> pd.DataFrame:
     """Events with a ``lane`` number per (rank, pid, tid), for exporters that need tracks."""
     ev = events.copy()
     ev["lane"] = ev.groupby(["rank", "pid", "tid"], sort=True, observed=True).ngroup()

@@ -26,14 +26,17 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from opprof.collectors import channel, inject
 from opprof.collectors.config import Framework, Protocol
-from opprof.collectors.runner import Runner
+from opprof.collectors.runner import Adapter, Runner
 from opprof.errors import OpprofError, first_line
 from opprof.kinds import FRAMEWORK_INFO
 from opprof.pipeline import native_folder
+
+if TYPE_CHECKING:
+    from opprof.trace import Trace
 
 MERGE_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' traces
 
@@ -49,7 +52,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
         self.output = Path(output)
         self.fw = fw
         self.runner: Runner | None = None
-        self.trace: Any = None  # the written Trace, when this process wrote one
+        self.trace: Trace | None = None  # the written Trace, when this process wrote one
 
     @property
     def native(self) -> Path:
@@ -125,7 +128,7 @@ def _framework(fw: str) -> Framework:
     return loaded[0]
 
 
-def _adapter(fw: Framework, protocol: Protocol) -> Any:
+def _adapter(fw: Framework, protocol: Protocol) -> Adapter:
     if fw == Framework.TORCH:
         import torch
 
