@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from enum import Enum
-from typing import Any
 
 
 class ErrorKind(str, Enum):
@@ -51,8 +51,10 @@ class OpprofError(Exception):
         """Whether the error is about the file ``path``."""
         return self.path is not None and os.fspath(self.path) == os.fspath(path)
 
-    def __reduce__(self) -> tuple[Any, ...]:  # path and kind survive a worker process
-        return (_rebuilt, (self.problem, self.path, self.kind))
+    def __reduce__(self) -> tuple[Callable[..., OpprofError],
+                                  tuple[str, str | os.PathLike[str] | None, ErrorKind]]:
+        return (_rebuilt, (self.problem, self.path, self.kind))  # path and kind survive a
+        # worker process
 
 
 def _rebuilt(problem: str, path: str | os.PathLike[str] | None, kind: ErrorKind) -> OpprofError:

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from opprof.errors import OpprofError, first_line
 
@@ -37,6 +37,15 @@ AHEAD = 1
 
 T = TypeVar("T")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class DaskFuture(Protocol[R_co]):
+    """What opprof calls on a ``distributed`` future (the package ships no types)."""
+
+    def result(self) -> R_co: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,7 @@ def _dask(address: str, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]
                           f"({first_line(exc)})") from None
     try:
         workers = max(1, len(client.nthreads()))  # type: ignore[no-untyped-call]
-        pending: deque[Any] = deque()
+        pending: deque[DaskFuture[R]] = deque()
         for t in tasks:
             pending.append(client.submit(fn, t, pure=False))
             if len(pending) >= workers * (1 + AHEAD):
@@ -177,7 +186,7 @@ def _dask(address: str, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]
         client.close()  # type: ignore[no-untyped-call]
 
 
-def _result(future: Any) -> Any:
+def _result(future: DaskFuture[R]) -> R:
     """A Dask future's result; the task's own OpprofError stays one line."""
     try:
         return future.result()

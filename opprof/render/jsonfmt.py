@@ -101,9 +101,9 @@ def convergence_dict(rep: Report) -> JSONObject:
             "convergence_summary": summary.to_dict() if summary else None}
 
 
-def _int_or_none(v: Any) -> int | None:
-    v = _clean(v)
-    return None if v is None else int(v)
+def _int_or_none(v: object) -> int | None:
+    clean = _clean(v)
+    return None if clean is None else int(clean)
 
 
 def memory_records(rep: Report) -> list[JSONObject]:
@@ -125,7 +125,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     return json.dumps(report_dict(rep, top), indent=2, default=str)
 
 
-def _memory_verdict(d: Diff) -> Any:
+def _memory_verdict(d: Diff) -> str | None:
     from opprof.analysis.diff import memory_verdict
 
     return memory_verdict(d)
