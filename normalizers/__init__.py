@@ -62,6 +62,9 @@ _PLAIN_JSON = msgspec.json.Decoder()
 def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
     """(format module, decoded document) of a JSON trace file; (None, description) when it
     is JSON of no known format."""
+    doc = kineto.stream(path, head)  # a Kineto trace read as it streams in
+    if doc is not None:
+        return kineto, doc
     data = chrome.read_bytes(path, head)
     doc = kineto.decode(data, path)
     if doc is None:

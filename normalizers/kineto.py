@@ -16,6 +16,7 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 from collections.abc import Iterator
@@ -28,9 +29,10 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from opprof import drops
+from opprof import drops, gunzip
 from opprof.errors import OpprofError
 from opprof.events import STEP_PATTERN, finish
+from opprof.gunzip import GZIP_MAGIC
 from opprof.intervals import containing
 from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
@@ -107,6 +109,9 @@ class Document(msgspec.Struct, gc=False):
     opprofClock: Any = None
     #: bytes of the text that were not UTF-8 (set after decoding, chrome.Repaired)
     invalid_utf8: int = msgspec.field(default=0, name="\u00a7opprof invalid utf-8\u00a7")
+    #: the events already taken as columns while the text streamed in (:func:`stream`):
+    #: ``(detail, column pieces, allocator samples)``; None when ``traceEvents`` holds them
+    streamed: Any = msgspec.field(default=None, name="\u00a7opprof streamed\u00a7")
 
 
 _DECODER = msgspec.json.Decoder(Document)
@@ -172,6 +177,184 @@ def event_chunks(doc: Document, path: Path | str = "",
     size = size or CHUNK
     for start in range(0, len(doc.traceEvents), size):
         yield typed_events(doc, start, start + size, path)
+
+
+#: Where the event array begins: the streaming reader's header ends there.
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+#: The most text read before the event array for a file to be streamed (Kineto writes a
+#: few KiB of device properties there); past it, the file is read whole.
+_HEADER_LIMIT = 4 << 20
+_WHITESPACE = b" \t\n\r"
+_UTF8_BOM = b"\xef\xbb\xbf"
+_BOUNDARY_TRIES = 4  # earlier event boundaries tried when a cut is not one (nested objects)
+
+
+class _NotStreamed(Exception):
+    """The file is not one the streaming reader takes: read it whole."""
+
+
+def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
+    """A Kineto document read as its text streams in, without ever holding the text whole
+    (:func:`gunzip.pieces`: gzip inflated on a second thread, a bounded stretch ahead): the
+    events are typed :data:`CHUNK` at a time, in the same chunks as the whole-text reader,
+    and their columns taken (:func:`_take_chunk`) as the pieces arrive; the top-level fields
+    are decoded from the text around the event array. The result is the
+    :func:`decode` + :func:`_raw_events` of the whole text, exactly, with the columns
+    already taken (``Document.streamed``).
+
+    None — read the file whole (:func:`chrome.read_bytes`, :func:`decode`), which says what
+    is wrong with a damaged file — for anything this reader does not take as it is: a file
+    that does not state Kineto's ``schemaVersion``, ``distributedInfo`` or
+    ``deviceProperties`` before its events, text that is not UTF-8, JSON it cannot cut into
+    events, any error."""
+    if not (head.startswith(GZIP_MAGIC) or head.lstrip(b" \t\n\r\xef\xbb\xbf")[:1] == b"{"):
+        return None
+    source = gunzip.pieces(path)
+    if source is None:
+        return None
+    try:
+        return _stream(iter(source), path, detail)
+    except (_NotStreamed, OpprofError, msgspec.DecodeError, msgspec.ValidationError,
+            UnicodeDecodeError, RecursionError, ValueError):
+        return None
+    finally:
+        source.close()
+
+
+def _utf8(text: bytes) -> None:
+    """UnicodeDecodeError when ``text`` is not UTF-8 (the whole-text reader repairs it)."""
+    if not text.isascii():
+        codecs.utf_8_decode(text, "strict", True)
+
+
+def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
+    buf = bytearray()
+    for piece in pieces:  # the header: the text before the event array
+        buf += piece
+        found = _EVENTS_KEY.search(buf)
+        if found:
+            break
+        if len(buf) > _HEADER_LIMIT:
+            raise _NotStreamed
+    else:
+        raise _NotStreamed
+    header = bytes(buf[:found.end() - 1])  # up to the array's "["
+    if header.startswith(_UTF8_BOM):
+        header = header[len(_UTF8_BOM):]
+    _utf8(header)
+    with chrome.no_gc():
+        top = _DECODER.decode(header + b"[]}")
+    if top.schemaVersion is None and top.distributedInfo is None and \
+            top.deviceProperties is None:
+        raise _NotStreamed  # maybe no Kineto trace: the whole-text reader decides
+    del buf[:found.end() - 1]  # the text now starts with the array's "["
+    ascii_only = buf.isascii()  # else each span is checked to be UTF-8
+    cols: list[dict[str, Any]] = []
+    mem: list[Event] = []
+    pending: list[Event] = []  # typed, not yet taken: chunks as the whole-text reader's
+
+    def take(events: list[Event], final: bool = False) -> None:
+        nonlocal pending
+        pending += events
+        done = 0
+        while len(pending) - done >= CHUNK or (final and done < len(pending)):
+            _take_chunk(pending[done:done + CHUNK], cols, mem, detail)
+            done += CHUNK
+        pending = pending[done:]
+
+    for piece in pieces:
+        buf += piece
+        ascii_only = ascii_only and piece.isascii()
+        end = len(buf)
+        for _ in range(_BOUNDARY_TRIES):
+            cut = _last_boundary(buf, end)
+            if cut is None:
+                break
+            end, nxt = cut
+            events = _typed_span(buf, end, not ascii_only)
+            if events is not None:
+                take(events)
+                del buf[:nxt - 1]  # keep one byte before the next event: it becomes "["
+                buf[0] = 0x5B
+                break
+        else:
+            raise _NotStreamed  # no cut between events found: read whole
+    events, footer = _tail(buf, header, not ascii_only)
+    take(events, final=True)
+    _utf8(footer)
+    with chrome.no_gc():
+        doc = _DECODER.decode(header + b"[]" + footer)
+    if doc.traceEvents or b'"traceEvents"' in footer or (
+            doc.schemaVersion is None and doc.distributedInfo is None
+            and doc.deviceProperties is None):
+        raise _NotStreamed  # another event array, or no Kineto marks after all
+    doc.streamed = (detail, cols, mem)
+    return doc
+
+
+def _last_boundary(buf: bytearray, end: int) -> tuple[int, int] | None:
+    """The last place before ``end`` where one event ends and the next begins: (the index
+    just past the ``}``, the index of the next ``{``), with only whitespace and one comma
+    between; None when there is none. (A cut between nested objects is found too; the
+    decoder rejects it, see :func:`_stream`.)"""
+    n = len(buf)
+    j = end
+    while True:
+        j = buf.rfind(b"}", 0, j)
+        if j <= 0:
+            return None
+        k = j + 1
+        while k < n and buf[k] in _WHITESPACE:
+            k += 1
+        if k < n and buf[k] == 0x2C:  # ","
+            k += 1
+            while k < n and buf[k] in _WHITESPACE:
+                k += 1
+            if k < n and buf[k] == 0x7B:  # "{"
+                return j + 1, k
+
+
+def _typed_span(buf: bytearray, end: int, check_utf8: bool) -> list[Event] | None:
+    """The events of ``buf[:end]`` (which starts with ``[``) typed, or None when that text
+    is not a list of events (the cut was not between two events). ``check_utf8``: the text
+    is not all ASCII (UnicodeDecodeError where it is not UTF-8)."""
+    if check_utf8:
+        with memoryview(buf) as view, view[:end] as span:
+            codecs.utf_8_decode(span, "strict", True)
+    keep = buf[end]
+    buf[end] = 0x5D  # "]": the span is a JSON array in place, no copy of the text
+    try:
+        with memoryview(buf) as view, view[:end + 1] as span, chrome.no_gc():
+            return _EVENTS.decode(span)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    finally:
+        buf[end] = keep
+
+
+def _tail(buf: bytearray, header: bytes, check_utf8: bool) -> tuple[list[Event], bytes]:
+    """The last events and the text after the event array (the footer), from the rest of
+    the text (which starts with ``[``): the array's ``]`` is the one after which the text
+    reads as the end of the document and before which as a list of events."""
+    j = len(buf)
+    for _ in range(64):
+        j = buf.rfind(b"]", 0, j)
+        if j <= 0:
+            break
+        footer = bytes(buf[j + 1:])
+        try:
+            with chrome.no_gc():
+                _DECODER.decode(header + b"[]" + footer)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            continue
+        try:
+            with memoryview(buf) as view, view[:j + 1] as span, chrome.no_gc():
+                if check_utf8:
+                    codecs.utf_8_decode(span, "strict", True)
+                return _EVENTS.decode(span), footer
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    raise _NotStreamed
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -418,23 +601,22 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     only collectives get their ``detail`` text (their process group: what a report reads).
     """
     warnings = {} if warnings is None else warnings
-    if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
-        mark = bytes([chrome.INVALID])
-        dirty = [mark in bytes(r) for r in doc.traceEvents]
-        drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
-        doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
     pieces: list[dict[str, Any]] = []
     mem: list[Event] = []
-    for chunk in event_chunks(doc, path):
-        phs = list(map(_PH, chunk))
-        if "i" in phs:  # instant events: the allocator's samples among them
-            mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
-                    if e.name == "[memory]" and e.args is not None]
-        x = list(compress(chunk, map(eq, phs, repeat("X"))))
-        del chunk, phs
-        if x:
-            pieces.append(_chunk_columns(x, detail))
-        del x
+    if doc.streamed is not None:  # taken while the text streamed in
+        streamed_detail, pieces, mem = doc.streamed
+        doc.streamed = None
+        if streamed_detail != detail:
+            raise ValueError("the document was streamed with another detail setting")
+    else:
+        if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
+            mark = bytes([chrome.INVALID])
+            dirty = [mark in bytes(r) for r in doc.traceEvents]
+            drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
+            doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
+        for chunk in event_chunks(doc, path):
+            _take_chunk(chunk, pieces, mem, detail)
+            del chunk
     doc.traceEvents = []
     if not pieces:
         dropped = warnings.get(drops.KEY)
@@ -495,6 +677,20 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         "collective": collective,
     }, copy=False)  # every column is made here: no copy
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
+
+
+def _take_chunk(chunk: list[Event], pieces: list[dict[str, Any]], mem: list[Event],
+                detail: bool) -> None:
+    """One chunk of events (:data:`CHUNK`, in file order): its complete events' columns
+    appended to ``pieces``, its allocator samples (``[memory]`` instant events) to ``mem``."""
+    phs = list(map(_PH, chunk))
+    if "i" in phs:  # instant events: the allocator's samples among them
+        mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
+                if e.name == "[memory]" and e.args is not None]
+    x = list(compress(chunk, map(eq, phs, repeat("X"))))
+    del phs
+    if x:
+        pieces.append(_chunk_columns(x, detail))
 
 
 def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:

@@ -138,9 +138,12 @@ def read_task(task: Task, detail: bool = True) -> tuple[list, Outcome]:
     from opprof.normalizers import chrome, head_bytes, kineto, sampled
 
     path = Path(task.path)
-    data = chrome.read_bytes(path, head_bytes(path))
-    doc = kineto.decode(data, path)
-    del data
+    head = head_bytes(path)
+    doc = kineto.stream(path, head, detail)  # None: not streamed, read whole
+    if doc is None:
+        data = chrome.read_bytes(path, head)
+        doc = kineto.decode(data, path)
+        del data
     if doc is None or not kineto.claims_json(doc):
         from opprof.normalizers import mxnet
 
