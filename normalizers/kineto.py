@@ -23,22 +23,26 @@ from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
-from opprof import drops, gunzip
+from opprof import drops, gunzip, readahead
 from opprof.errors import OpprofError
-from opprof.events import STEP_PATTERN, finish
 from opprof.gunzip import GZIP_MAGIC
 from opprof.intervals import containing
-from opprof.memory import add_memory, samples
 from opprof.normalizers import chrome
 from opprof.sharding import refine_mode, sharded_mode
-from opprof.taxonomy import KINDS, ROLES, mapping_table
-from opprof.trace import Trace, concat_traces
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from opprof.trace import Trace
+
+# The reading half of this module (decoding, streaming, taking columns) needs msgspec and
+# numpy only: pandas and the table-building modules are imported by the functions that
+# build tables, so that opprof.readahead reads a trace in a process that never imports them.
 
 NAME = "kineto"
 _KIND_OF_CAT = {
@@ -209,6 +213,9 @@ def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
     events, any error."""
     if not (head.startswith(GZIP_MAGIC) or head.lstrip(b" \t\n\r\xef\xbb\xbf")[:1] == b"{"):
         return None
+    ahead = readahead.taken(path, detail)  # read by `opprof report`'s second process
+    if ahead is not None:
+        return None if ahead is readahead.NOT_STREAMED else ahead
     source = gunzip.pieces(path)
     if source is None:
         return None
@@ -382,6 +389,8 @@ def claims_json(doc: Any) -> bool:
 
 def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
     """Normalize one Kineto document per rank into one Trace."""
+    from opprof.trace import concat_traces
+
     ranks = assign_ranks([declared_rank(doc, i) for i, (_, doc) in enumerate(docs)])
     parts = [rank_trace(path, doc, rank, meta) for (path, doc), rank in
              zip(docs, ranks, strict=True)]
@@ -422,6 +431,12 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
     import), and the facts about it that :func:`merge_meta` combines across ranks. Without
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
+    import pandas as pd
+
+    from opprof.events import finish
+    from opprof.memory import add_memory
+    from opprof.taxonomy import KINDS, mapping_table
+
     base_ns = _int(doc.baseTimeNanoseconds or 0)
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     warnings: dict = {}
@@ -533,6 +548,10 @@ def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame |
     Reserved`` as ``reserved`` (the CPU allocator keeps no pool: Kineto writes 0 there).
     On the CPU, torch counts only what was allocated while the profiler ran: tensors
     allocated before it started (the parameters, the optimizer's state) are not in it."""
+    import pandas as pd
+
+    from opprof.memory import samples
+
     if not mem:
         return None
     ts_v, pid_v, args_v = chrome.columns(mem, ("ts", "pid", "args"))
@@ -600,6 +619,11 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     times or ids cannot be used are dropped and counted in ``warnings``. Without ``detail``
     only collectives get their ``detail`` text (their process group: what a report reads).
     """
+    import pandas as pd
+
+    from opprof.events import STEP_PATTERN
+    from opprof.taxonomy import KINDS, ROLES
+
     warnings = {} if warnings is None else warnings
     pieces: list[dict[str, Any]] = []
     mem: list[Event] = []
@@ -748,6 +772,8 @@ def _join_strings(parts: list[tuple[np.ndarray, list[str]]]) -> pd.Categorical:
     """One Categorical of the chunks' columns (:func:`chrome.string_codes`), as
     :func:`chrome.strings` makes it of the whole column: the sorted union of their text,
     each chunk's codes mapped into it (once per distinct value, not per event)."""
+    import pandas as pd
+
     cats = sorted(set().union(*(text for _, text in parts)))
     pos = {t: i for i, t in enumerate(cats)}
     codes = np.concatenate([np.array([pos[t] for t in text], np.int64)[c] if len(c)
@@ -767,6 +793,10 @@ def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     that reduce-scatter case, a span takes its call's collective; otherwise (several
     process groups interleaving) they keep their own. Spans run inline inside their call
     (``gloo:send`` in ``c10d::send``) are their call's already."""
+    import pandas as pd
+
+    from opprof.taxonomy import mapping_table
+
     out = raw["collective"].to_numpy(object).copy()
     nbytes = raw["bytes"].to_numpy(np.int64).copy()
     names = raw["name"].astype("category")
@@ -842,6 +872,8 @@ def _is_comm_name(name: str) -> bool:
 def _collective_ops(collective: np.ndarray) -> np.ndarray:
     """The ``Collective name`` column mapped by ``maps/collectives.csv`` (the op of a
     ``record_param_comms``), in place: one classification of the whole column."""
+    from opprof.taxonomy import mapping_table
+
     has = np.flatnonzero(collective != None)  # noqa: E711 (element-wise)
     if len(has):
         cls = mapping_table("collectives").classify(collective[has])

@@ -63,10 +63,12 @@ def bus_factor(op: str, n: int | float) -> float:
     return np.nan
 
 
-def collective_part(trace: Trace) -> pd.DataFrame:
+def collective_part(trace: Trace, *,
+                    found: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Every execution of a collective in the steps of the ranks of ``trace``: its op,
-    group, size, bytes, duration and the ns of it hidden behind compute."""
-    timing, _ = collectives(trace)
+    group, size, bytes, duration and the ns of it hidden behind compute (``found``: what
+    :func:`opprof.analysis.ranks.collectives` gives for the trace, if already made)."""
+    timing, _ = collectives(trace) if found is None else found
     if timing.empty:
         return pd.DataFrame(columns=PART_COLUMNS)
     ev = trace.events

@@ -60,7 +60,7 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     if span not in SPANS:
         raise ValueError(f"span must be one of {SPANS}, not {span!r}")
     ev = trace.events
-    dev = ev[ev["kind"].isin(DEVICE_KINDS) & (ev["device"].astype(str) != "cpu")]
+    dev = ev[ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")]
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     launch_ts = launch_times(ev, dev)
@@ -110,7 +110,7 @@ def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
     out = np.full(len(dev), -1, dtype=np.int64)
     if "link" not in ev.columns:
         return out
-    host = ev[(ev["device"].astype(str) == "cpu") & (ev["link"] >= 0)]
+    host = ev[(ev["device"] == "cpu") & (ev["link"] >= 0)]
     if host.empty:
         return out
     key_h = pd.Index(host["rank"].to_numpy(np.int64) * (1 << 40)

@@ -166,9 +166,11 @@ class RankLocal:
         columns=["rank", "step", "op", "comm_ns", "overlap_ns"]))
 
 
-def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
-    """The per-rank half of the analysis (``steps``: the trace's step_breakdown)."""
-    timing, payload = collectives(trace)
+def rank_local(trace: Trace, steps: pd.DataFrame, *,
+               found: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> RankLocal:
+    """The per-rank half of the analysis (``steps``: the trace's step_breakdown; ``found``:
+    its :func:`collectives`, if already made)."""
+    timing, payload = collectives(trace) if found is None else found
     ev = trace.events
     compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
     host_comm = ev[(ev["role"] == "worker") & ev["counted"] & ev["op"].isin(COMM_OPS)

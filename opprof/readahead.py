@@ -1,0 +1,180 @@
+"""The one trace file ``opprof report FILE`` reads, read by a second process while this one
+imports pandas and the analyses.
+
+The command line forks a child before it imports anything heavy (:func:`start`). The child
+imports only the Kineto reader's reading half (msgspec and numpy, no pandas), streams the
+file into columns (``kineto.stream``) and sends them back through a pipe; meanwhile this
+process imports the report's modules (about 0.3 s of CPU). Where the reader would stream the
+file, it takes the child's columns instead (:func:`taken`): on two cores the read costs
+little wall time. Anything unexpected — the child fails or is killed, the file is no trace
+the streaming reader takes, the file changed since — and the reader reads the file itself,
+as it always does (and says what is wrong with it). ``OPPROF_READAHEAD=0`` turns it off.
+
+Standard library only at import: the CLI imports this module first thing.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+#: The child started for this process: (file identity, detail, pid, pipe's read end).
+_child: tuple[tuple[int, int, int, int], bool, int, int] | None = None
+#: What a report reads: events' ``detail`` text only for collectives (opprof.job).
+_DETAIL = False
+#: What :func:`taken` gives when the child found the file is none the streaming reader
+#: takes (the caller reads it whole at once, without trying to stream it again).
+NOT_STREAMED = "not streamed"
+
+
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime ns) of a regular file; None for anything else."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def report_file(argv: list[str]) -> str | None:
+    """The one trace file a command line reports (``opprof report FILE ...``); None for
+    other commands, several files or a file that is not JSON or gzip."""
+    args = [a for i, a in enumerate(argv) if not a.startswith("-")
+            and (i == 0 or argv[i - 1] not in ("-o", "--output", "--by", "--top", "--format",
+                                                "--device-span", "--scheduler", "--jobs",
+                                                "-j"))]
+    if len(args) != 2 or args[0] != "report" or _identity(args[1]) is None:
+        return None  # (a FIFO or a device is never opened here)
+    try:
+        with open(args[1], "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    return args[1] if head[:2] == b"\x1f\x8b" or head.lstrip()[:1] in (b"{", b"\xef") \
+        else None
+
+
+def start(argv: list[str]) -> bool:
+    """Fork the child that reads the trace ``argv`` reports (see the module docstring);
+    True when one was started."""
+    global _child
+    path = report_file(argv)
+    if path is None or os.environ.get("OPPROF_READAHEAD", "1") == "0" or \
+            not hasattr(os, "fork"):
+        return False
+    ident = _identity(path)
+    if ident is None:
+        return False
+    import msgspec  # noqa: F401 (both processes need them: imported once, before the fork)
+    import numpy  # noqa: F401
+
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid == 0:  # the child: read, send, end (never returns)
+        os.close(r)
+        _read_and_send(path, w)
+    os.close(w)
+    _child = (ident, _DETAIL, pid, r)
+    import atexit
+
+    atexit.register(_stop)
+    return True
+
+
+def _read_and_send(path: str, fd: int) -> None:
+    """In the child: the streamed document (or None) pickled into ``fd``; then exit at once
+    (no exit handlers, no flushing of the parent's buffers)."""
+    import signal
+    import warnings
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)  # stopped with the parent, quietly
+    warnings.simplefilter("ignore")  # the parent's stderr is not the child's to write
+    try:
+        doc = _read(Path(path))
+        result: tuple[str, Any] = ("read", NOT_STREAMED if doc is None else doc)
+    except BaseException:  # noqa: BLE001 (anything: the parent reads the file itself)
+        result = ("failed", None)
+    try:
+        import pickle
+
+        with os.fdopen(fd, "wb") as out:
+            pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException:  # noqa: BLE001 (the parent is gone or stopped reading)
+        pass
+    os._exit(0)
+
+
+def _read(path: Path) -> Any:
+    """The document ``kineto.stream`` makes of the file, the Kineto reader imported alone:
+    not through the package ``opprof.normalizers``, whose other formats import pandas."""
+    import importlib.util
+    import types
+
+    if "opprof.normalizers" not in sys.modules:
+        spec = importlib.util.find_spec("opprof.normalizers")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        package = types.ModuleType("opprof.normalizers")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["opprof.normalizers"] = package
+    from opprof.normalizers import kineto
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+    return kineto.stream(path, head, _DETAIL)
+
+
+def taken(path: str | os.PathLike[str], detail: bool) -> Any:
+    """The document the child read of ``path`` when one was started on it, the file is
+    unchanged since and ``detail`` is what it read with (waiting for it), or
+    :data:`NOT_STREAMED`; None otherwise (then the caller reads the file itself). Handed out
+    once."""
+    global _child
+    if _child is None:
+        return None
+    ident, child_detail, pid, fd = _child
+    if _identity(str(path)) != ident or detail != child_detail:
+        return None
+    _child = None
+    import pickle
+
+    try:
+        with os.fdopen(fd, "rb") as f:
+            status, doc = pickle.load(f)
+    except Exception:  # noqa: BLE001 (the child failed or was killed: read it here)
+        status, doc = "failed", None
+    _reap(pid)
+    return doc if status == "read" and _identity(str(path)) == ident else None
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+
+
+def _stop() -> None:
+    """At exit: end a child whose document nobody took (the report stopped before)."""
+    global _child
+    if _child is None:
+        return
+    _, _, pid, fd = _child
+    _child = None
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    os.close(fd)
+    _reap(pid)
