@@ -21,8 +21,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
-#: The child started for this process: (file identity, detail, pid, pipe's read end).
-_child: tuple[tuple[int, int, int, int], bool, int, int] | None = None
+
+class _Child:
+    """The child started for this process: what it reads, its pid, and what it has sent so
+    far, drained from the pipe by a thread as it comes (so that the child ends as soon as it
+    has read the file, instead of holding the columns until they are taken)."""
+
+    def __init__(self, ident: tuple[int, int, int, int], detail: bool, pid: int,
+                 fd: int) -> None:
+        import threading
+
+        self.ident, self.detail, self.pid, self.fd = ident, detail, pid, fd
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self._drain, name="opprof-readahead",
+                                       daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        try:
+            while piece := os.read(self.fd, 1 << 20):  # (no GIL held while it waits)
+                self.data += piece
+        except OSError:
+            self.data = bytearray()
+        finally:
+            os.close(self.fd)
+            _reap(self.pid)
+
+
+_child: _Child | None = None
 #: What a report reads: events' ``detail`` text only for collectives (opprof.job).
 _DETAIL = False
 #: What :func:`taken` gives when the child found the file is none the streaming reader
@@ -82,7 +108,7 @@ def start(argv: list[str]) -> bool:
         os.close(r)
         _read_and_send(path, w)
     os.close(w)
-    _child = (ident, _DETAIL, pid, r)
+    _child = _Child(ident, _DETAIL, pid, r)
     import atexit
 
     atexit.register(_stop)
@@ -139,21 +165,19 @@ def taken(path: str | os.PathLike[str], detail: bool) -> Any:
     :data:`NOT_STREAMED`; None otherwise (then the caller reads the file itself). Handed out
     once."""
     global _child
-    if _child is None:
-        return None
-    ident, child_detail, pid, fd = _child
-    if _identity(str(path)) != ident or detail != child_detail:
+    child = _child
+    if child is None or _identity(str(path)) != child.ident or detail != child.detail:
         return None
     _child = None
     import pickle
 
+    child.thread.join()
     try:
-        with os.fdopen(fd, "rb") as f:
-            status, doc = pickle.load(f)
+        status, doc = pickle.loads(child.data)
     except Exception:  # noqa: BLE001 (the child failed or was killed: read it here)
         status, doc = "failed", None
-    _reap(pid)
-    return doc if status == "read" and _identity(str(path)) == ident else None
+    del child.data
+    return doc if status == "read" and _identity(str(path)) == child.ident else None
 
 
 def _reap(pid: int) -> None:
@@ -166,15 +190,13 @@ def _reap(pid: int) -> None:
 def _stop() -> None:
     """At exit: end a child whose document nobody took (the report stopped before)."""
     global _child
-    if _child is None:
+    child, _child = _child, None
+    if child is None or not child.thread.is_alive():
         return
-    _, _, pid, fd = _child
-    _child = None
     import signal
 
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(child.pid, signal.SIGKILL)  # the thread then reads the end and reaps it
     except OSError:
         pass
-    os.close(fd)
-    _reap(pid)
+    child.thread.join(5)

@@ -59,14 +59,20 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     runs on one: ``comm_on_device``)."""
     bounds = trace.step_bounds()
     ev = trace.events
-    workers = ev["role"] == "worker"
+    workers = (ev["role"] == "worker").to_numpy(bool)
     # Steps are a worker notion: servers and schedulers serve them and get no rows.
     bounds = bounds[bounds["rank"].isin(ev.loc[workers, "rank"].unique())]
-    ops = ev[workers & ev["counted"] & ev["phase"].isin(PRIORITY)]
-    markers = ev[workers & (ev["kind"] == "marker") & (ev["device"] == "cpu")
-                 & ev["phase"].isin(PRIORITY)]
+    on_cpu = (ev["device"] == "cpu").to_numpy(bool)
+    phased = ev["phase"].isin(PRIORITY).to_numpy(bool)
+    kind = ev["kind"]
+    # only the columns read below are copied (a filter copies every column it takes)
+    ops = ev.loc[workers & ev["counted"].to_numpy(bool) & phased,
+                 ["rank", "pid", "tid", "ts", "dur", "device", "phase"]]
+    markers = ev.loc[workers & (kind == "marker").to_numpy(bool) & on_cpu & phased,
+                     ["rank", "ts", "dur", "phase"]]
     blocked = blocked_in_comm(ops)
-    kernels = ev[workers & (ev["kind"] == "kernel") & (ev["device"] != "cpu")]
+    kernels = ev.loc[workers & (kind == "kernel").to_numpy(bool) & ~on_cpu,
+                     ["rank", "ts", "dur", "op", *(["link"] if "link" in ev else [])]]
     launched = launch_times(ev, kernels)
     kernels = kernels.assign(launched=np.where(launched >= 0, launched,
                                                kernels["ts"].to_numpy(np.int64)))

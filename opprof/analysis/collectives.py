@@ -126,10 +126,11 @@ def _world_size(meta: dict, rank: int) -> int:
 def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     """``timing`` with bytes (the larger of its own and its call's), group and size (its
     own, else its call's)."""
-    host = (ev["role"] == "worker") & (ev["device"] == "cpu")
-    comm = ev[host & ev["op"].isin(COMM_OPS)]
-    calls = comm[comm["counted"]]
+    host = ((ev["role"] == "worker") & (ev["device"] == "cpu")).to_numpy(bool)
     cols = ["rank", "pid", "tid", "ts", "dur"]
+    read = [*cols, "bytes", "counted", *(["detail"] if "detail" in ev else [])]
+    comm = ev.loc[host & ev["op"].isin(COMM_OPS).to_numpy(bool), read]  # no other copied
+    calls = comm[comm["counted"]]
     # a call's payload and group: the largest bytes and the first group among its events
     info = _group_of(comm)
     inner = pd.DataFrame({"call": container(comm[cols], calls[cols]),
@@ -139,7 +140,7 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     call = inner[inner["call"] >= 0].groupby("call").agg(
         bytes=("bytes", "max"), group=("group", "first"), size=("size", "first"))
     # a device kernel's call: the one enclosing the runtime call that launched it
-    launches = ev[host & (ev["link"] >= 0)]
+    launches = ev.loc[host & (ev["link"] >= 0).to_numpy(bool), [*cols, "link"]]
     key = pd.Index(launches["rank"].to_numpy(np.int64) * (1 << 40)
                    + launches["link"].to_numpy(np.int64))
     first = ~key.duplicated(keep="first")
@@ -148,11 +149,13 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     from_launch = via_launch.reindex(t_key).to_numpy(dtype=float)
     # a host event's call: the call itself, or the one enclosing it
     from_host = container(timing[cols], calls[cols]).astype(float)
-    on_device = (ev.loc[timing["event"], "device"] != "cpu").to_numpy()
+    mine = ev.loc[timing["event"], ["device", "bytes", *(["detail"] if "detail" in ev
+                                                          else [])]]
+    on_device = (mine["device"] != "cpu").to_numpy()
     which = np.where(on_device, from_launch, from_host)
     c = call.reindex(np.where(np.isnan(which), -1, which).astype(np.int64))
-    own = _group_of(ev.loc[timing["event"]])
-    own_bytes = ev.loc[timing["event"], "bytes"].to_numpy(np.int64)
+    own = _group_of(mine)
+    own_bytes = mine["bytes"].to_numpy(np.int64)
     out = timing.copy()
     # the larger: a span may see only its input (gloo:all_gather), its call the whole
     out["bytes"] = np.maximum(own_bytes, c["bytes"].fillna(0).to_numpy()).astype(np.int64)
@@ -183,12 +186,15 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
     """Per timing event: ns of it during which its rank computed (compute kernels where the
     event is a device kernel, unblocked compute operators otherwise)."""
     out = np.zeros(len(timing), np.int64)
-    workers = ev[ev["role"] == "worker"]
-    kernels = workers[(workers["kind"] == "kernel") & (workers["device"] != "cpu")]
-    dev_compute = kernels[~kernels["op"].isin(COMM_OPS)]
-    host = workers[workers["counted"] & (workers["device"] == "cpu")]
-    host_compute = host[host["phase"].isin(COMPUTE)]
-    host_comm = host[host["op"].isin(COMM_OPS)]
+    cols = ["rank", "pid", "tid", "ts", "dur"]  # all that is read of them: no other copied
+    worker = (ev["role"] == "worker").to_numpy(bool)
+    comm = ev["op"].isin(COMM_OPS).to_numpy(bool)
+    on_cpu = (ev["device"] == "cpu").to_numpy(bool)
+    kernel = worker & (ev["kind"] == "kernel").to_numpy(bool) & ~on_cpu
+    dev_compute = ev.loc[kernel & ~comm, cols]
+    host = worker & ev["counted"].to_numpy(bool) & on_cpu
+    host_compute = ev.loc[host & ev["phase"].isin(COMPUTE).to_numpy(bool), cols]
+    host_comm = ev.loc[host & comm, cols]
     blocked = host_comm[container(host_comm, host_compute) >= 0]
     ranks = timing["rank"].to_numpy()
     on_device = timing["on_device"].to_numpy(bool)

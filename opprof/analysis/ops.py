@@ -13,10 +13,16 @@ def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
     """The events operator totals sum: counted, in a step, on worker ranks; ``where`` is
     ``host`` (CPU operators, runtime calls, comm, io) or ``device`` (GPU kernels, copies)."""
     ev = trace.events
-    sel = ev["counted"] & (ev["step"] >= 0) & (ev["role"] == "worker")
-    on_device = ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")
-    sel &= on_device if where == "device" else ~on_device
-    return ev[sel]
+    return ev[op_mask(ev, where)]
+
+
+def op_mask(ev: pd.DataFrame, where: str = "host") -> np.ndarray:
+    """Which events :func:`op_events` takes (a mask, so that a caller narrows it further
+    before any rows are copied)."""
+    sel = ev["counted"].to_numpy(bool) & (ev["step"].to_numpy() >= 0) & (
+        ev["role"] == "worker").to_numpy(bool)
+    on_device = (ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")).to_numpy(bool)
+    return sel & (on_device if where == "device" else ~on_device)
 
 
 OP_COLUMNS = ["op", "phase", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns",
@@ -27,10 +33,11 @@ def op_durations(trace: Trace, where: str = "host") -> pd.DataFrame:
     """What an operator table needs from a trace, compactly: one row per (op, phase,
     duration) with ``n``, how many events had it (op and phase as codes into the taxonomy,
     rows sorted). Tables of several ranks merge exactly with :func:`merge_durations`."""
-    ev = op_events(trace, where)
-    df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64),
-                       "phase": ev["phase"].cat.codes.to_numpy(np.int64),
-                       "dur": ev["dur"].to_numpy(np.int64)})
+    ev = trace.events
+    sel = op_mask(ev, where)
+    df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64)[sel],
+                       "phase": ev["phase"].cat.codes.to_numpy(np.int64)[sel],
+                       "dur": ev["dur"].to_numpy(np.int64)[sel]})
     df = df[(df["op"] >= 0) & (df["phase"] >= 0)]
     return merge_durations([df.assign(n=np.int64(1))])
 

@@ -119,7 +119,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     outer = outer.assign(bytes=call_bytes)
     pay_cols = ["rank", "step", "bytes"]
     payload = first_per_rank([df.loc[df["bytes"] > 0, pay_cols] for df in
-                              (ev.loc[spans], outer, ev.loc[device])])
+                              (ev.loc[spans, pay_cols], outer, ev.loc[device, pay_cols])])
     return timing, payload.reset_index(drop=True)
 
 
@@ -172,9 +172,11 @@ def rank_local(trace: Trace, steps: pd.DataFrame, *,
     its :func:`collectives`, if already made)."""
     timing, payload = collectives(trace) if found is None else found
     ev = trace.events
-    compute = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(COMPUTE)]
-    host_comm = ev[(ev["role"] == "worker") & ev["counted"] & ev["op"].isin(COMM_OPS)
-                   & (ev["device"] == "cpu")]
+    counted = ((ev["role"] == "worker") & ev["counted"]).to_numpy(bool)
+    cols = ["rank", "pid", "tid", "ts", "dur", "device"]  # what is read: no other copied
+    compute = ev.loc[counted & ev["phase"].isin(COMPUTE).to_numpy(bool), cols]
+    host_comm = ev.loc[counted & ev["op"].isin(COMM_OPS).to_numpy(bool)
+                       & (ev["device"] == "cpu").to_numpy(bool), cols]
     blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
