@@ -849,7 +849,8 @@ def _comm_args(names: tuple[np.ndarray, list[str]],
         collective[i] = a.collective if isinstance(a.collective, str) else None
         group[i] = _group_text(a)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
-        nel = np.nanmax(np.r_[chrome.numbers([a.in_nelems, a.out_nelems]), -1.0])
+        nel = max([v for v in chrome.numbers([a.in_nelems, a.out_nelems]).tolist()
+                   if v == v] + [-1.0])  # the larger of the two that are numbers, else -1
         if size is not None and nel >= 0:
             out[i] = nel * size
             continue

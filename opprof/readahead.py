@@ -101,8 +101,19 @@ def start(argv: list[str]) -> bool:
 
     try:
         r, w = os.pipe()
+    except OSError:
+        return False
+    try:  # a larger pipe: the columns come in a few pieces, not hundreds (Linux)
+        import fcntl
+
+        fcntl.fcntl(r, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    except (OSError, ImportError):
+        pass
+    try:
         pid = os.fork()
     except OSError:
+        os.close(r)
+        os.close(w)
         return False
     if pid == 0:  # the child: read, send, end (never returns)
         os.close(r)

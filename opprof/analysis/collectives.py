@@ -141,11 +141,13 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
         bytes=("bytes", "max"), group=("group", "first"), size=("size", "first"))
     # a device kernel's call: the one enclosing the runtime call that launched it
     launches = ev.loc[host & (ev["link"] >= 0).to_numpy(bool), [*cols, "link"]]
-    key = pd.Index(launches["rank"].to_numpy(np.int64) * (1 << 40)
-                   + launches["link"].to_numpy(np.int64))
+    key = (launches["rank"].to_numpy(np.int64) * (1 << 40)
+           + launches["link"].to_numpy(np.int64))
+    t_key = timing["rank"].to_numpy(np.int64) * (1 << 40) + timing["link"].to_numpy(np.int64)
+    wanted = np.isin(key, t_key)  # the launches of timing events alone (each on its own)
+    launches, key = launches[wanted], pd.Index(key[wanted])
     first = ~key.duplicated(keep="first")
     via_launch = pd.Series(container(launches[cols], calls[cols])[first], index=key[first])
-    t_key = timing["rank"].to_numpy(np.int64) * (1 << 40) + timing["link"].to_numpy(np.int64)
     from_launch = via_launch.reindex(t_key).to_numpy(dtype=float)
     # a host event's call: the call itself, or the one enclosing it
     from_host = container(timing[cols], calls[cols]).astype(float)
