@@ -77,6 +77,7 @@ def _exit_at_once() -> None:
     if any(t.is_alive() and not t.daemon for t in threading.enumerate()
            if t is not threading.main_thread()):
         return
+    atexit._run_exitfuncs()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -84,7 +85,6 @@ def _exit_at_once() -> None:
         os._exit(0)  # as _main: a reader that stopped reading (| head) is no error
     except OSError:
         return
-    atexit._run_exitfuncs()
     os._exit(0)
 
 

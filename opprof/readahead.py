@@ -8,7 +8,9 @@ process imports the report's modules (about 0.3 s of CPU). Where the reader woul
 file, it takes the child's columns instead (:func:`taken`): on two cores the read costs
 little wall time. Anything unexpected — the child fails or is killed, the file is no trace
 the streaming reader takes, the file changed since — and the reader reads the file itself,
-as it always does (and says what is wrong with it). ``OPPROF_READAHEAD=0`` turns it off.
+as it always does (and says what is wrong with it). Only where a core is idle
+(:func:`core_free`): on a busy machine the second process costs CPU and saves no time.
+``OPPROF_READAHEAD=0`` turns it off, ``=1`` on whatever the load.
 
 Standard library only at import: the CLI imports this module first thing.
 """
@@ -85,13 +87,33 @@ def report_file(argv: list[str]) -> str | None:
         else None
 
 
+def core_free() -> bool:
+    """Whether a core is idle for the child now: fewer threads ready to run on the machine
+    (``/proc/loadavg``'s count, this process included) than cores this process may use. A
+    second process gains wall time only where a core would otherwise idle; on a busy machine
+    it costs CPU (the fork, the columns' transfer) and gains nothing."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        try:
+            running = round(os.getloadavg()[0]) + 1
+        except OSError:
+            return cores > 1
+    return running < cores
+
+
 def start(argv: list[str]) -> bool:
-    """Fork the child that reads the trace ``argv`` reports (see the module docstring);
-    True when one was started."""
+    """Fork the child that reads the trace ``argv`` reports (see the module docstring) when
+    a core is free for it (:func:`core_free`; ``OPPROF_READAHEAD=1``: whatever the load,
+    ``0``: never); True when one was started."""
     global _child
     path = report_file(argv)
-    if path is None or os.environ.get("OPPROF_READAHEAD", "1") == "0" or \
-            not hasattr(os, "fork"):
+    setting = os.environ.get("OPPROF_READAHEAD", "")
+    if path is None or setting == "0" or not hasattr(os, "fork") or (
+            setting != "1" and not core_free()):
         return False
     ident = _identity(path)
     if ident is None:

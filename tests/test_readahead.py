@@ -77,7 +77,7 @@ def test_a_child_nobody_takes_ends_with_the_command() -> None:
             f"assert readahead.start(['report', {str(KINETO)!r}]); "
             "print(readahead._child.pid, flush=True)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, env={**os.environ, "OPPROF_READAHEAD": "1"})
     assert r.returncode == 0, r.stderr
     pid = int(r.stdout.split()[0])
     deadline = time.monotonic() + 10
@@ -88,3 +88,10 @@ def test_a_child_nobody_takes_ends_with_the_command() -> None:
             return
         time.sleep(0.05)
     pytest.fail(f"the read-ahead child {pid} outlived its command")
+
+
+def test_the_setting_turns_it_off_or_on_whatever_the_load(monkeypatch) -> None:
+    argv = ["report", str(KINETO)]
+    monkeypatch.setenv("OPPROF_READAHEAD", "0")
+    assert not readahead.start(argv)
+    assert isinstance(readahead.core_free(), bool)
