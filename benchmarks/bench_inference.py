@@ -7,8 +7,8 @@
 A user's Kineto trace (no opprof marker) is repeated ``--copies`` times one after another
 (timestamps shifted, correlation ids kept apart) into one large trace, which is then imported
 (``opprof.normalizers.normalize``) and broken down (``step_breakdown``). The time spent in
-the inference functions of ``opprof.events`` (steps from the optimizer, the gap spans, the
-phases of operators without one) is measured beside the whole, each best of ``--repeat``.
+the inference functions of ``opprof.normalizers.events`` (steps from the optimizer, the gap
+spans, the phases of operators without one) is measured beside the whole, each best of ``--repeat``.
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
 
-    from opprof import events
     from opprof.analysis.breakdown import step_breakdown
-    from opprof.normalizers import normalize
+    from opprof.normalizers import events, normalize
 
     spent = {"inference": 0.0}
     for name in ("infer_phase_spans", "next_phase", "_leads", "optimizer_steps",

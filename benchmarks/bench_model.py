@@ -143,13 +143,17 @@ def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dic
         base = folder / f"{fw}-base.trace"
         if not (base.exists() and measured.exists() and net.exists()):
             return {"case": name, "rep": rep, "error": f"no recordings in {folder}"}
-        loads.update(base="-", measured="-")
+        saved = folder / "loads.json"
+        loads.update(json.loads(saved.read_text()) if saved.exists() else
+                     {"base": "-", "measured": "-"})
     elif rep % 2:
         base = record_base()
         record_measured()
     else:
         record_measured()
         base = record_base()
+    if not args.recheck:
+        (folder / "loads.json").write_text(json.dumps(loads) + "\n")
     l_base, l_meas = loads["base"], loads["measured"]
     res = opprof("model", str(base), "--workers", str(n), "--mode", mode, "--network",
                  str(net), "--check", str(measured), "--format", "json",
@@ -202,11 +206,48 @@ def show(r: dict) -> None:
         print(f"  measured run: {r['spread']['verdict']}")
 
 
+LABELS = {"torch-allreduce": "torch allreduce", "mxnet-ps-sync": "MXNet ps-sync",
+          "tf-allreduce": "TF allreduce", "torch-fsdp": "torch FSDP"}
+
+
+def verdict(spread: dict | None) -> str:
+    """--check's verdict in a few words: too noisy (and why), within the noise, or off by
+    the error with its interval."""
+    if not spread:
+        return "-"
+    if spread["noisy"]:
+        why = (f"cv {spread['cv']:.1%}" if spread["cv"] > 0.10 else
+               f"mean ±{spread['half_width']:.1%}")
+        return f"too noisy ({why})"
+    lo, hi = spread["error_interval"]
+    head = "within the noise" if lo <= 0 <= hi else "off"
+    return f"{head} (interval {lo:+.1%} … {hi:+.1%})"
+
+
+def table(results: list[dict]) -> None:
+    """Every run as one row of docs/model.md's results table (markdown)."""
+    print("\n| run | load (base / measured) | predicted step | measured step | error | with "
+          "measured compute | t_interf predicted / measured | `--check` verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        name = f"{LABELS.get(r['case'], r['case'])} #{r['rep']}"
+        if "error" in r:
+            print(f"| {name} | - | - | - | failed: {r['error'][:80]} | - | - | - |")
+            continue
+        step, interf = r["terms"]["step"], r["terms"].get("t_interf")
+        i = (f"{interf['predicted_ns'] / 1e6:,.1f} / {interf['measured_ns'] / 1e6:,.1f} ms"
+             if interf else "-")
+        print(f"| {name} | {r['load_base']} / {r['load_measured']} | "
+              f"{step['predicted_ns'] / 1e6:,.1f} ms | {step['measured_ns'] / 1e6:,.1f} ms | "
+              f"{r['step_error']:+.1%} | {r['comm_error']:+.1%} | {i} | "
+              f"{verdict(r.get('spread'))} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cases", default=",".join(CASES))
@@ -239,6 +280,7 @@ def main() -> None:
     errors = [abs(r["step_error"]) for r in results if "step_error" in r]
     print(f"\nuptime at the end: {uptime()}; the whole benchmark took "
           f"{(time.time() - start) / 60:.1f} min")
+    table(results)
     for name in cases:
         errs = [f"{r['step_error']:+.1%}" for r in results
                 if r["case"] == name and "step_error" in r]

@@ -14,7 +14,8 @@ native files and the run's metadata, and the matching normalizer turns them into
 * :mod:`.jobs` — `record`: the processes a built-in model's job starts (torchrun, DMLC roles,
   TF_CONFIG tasks), each running :mod:`.worker`;
 * :mod:`.inject` — `run`: the startup hook injected into every Python process of a command;
-  :mod:`.api` — ``opprof.profile()``, the same runner under a script's own control;
+  ``opprof.profile()`` (:mod:`opprof.pipeline.profile`) runs the same runner under a
+  script's own control;
 * :mod:`.config` — typed configuration and facts; imports no framework (nor does importing
   any collector module: frameworks are imported when a recording runs).
 """
@@ -29,7 +30,6 @@ from opprof.collectors.config import (
     MODELS,
     MODES,
     Device,
-    Fault,
     Framework,
     Mode,
     Protocol,
@@ -41,8 +41,9 @@ from opprof.collectors.config import (
 from opprof.collectors.jobs import Recording, check, record
 from opprof.collectors.supervisor import Progress, no_progress
 from opprof.errors import OpprofError
+from opprof.kinds import framework_info
 
-__all__ = ["FRAMEWORKS", "MODELS", "MODES", "Device", "Fault", "Framework", "Mode", "Progress",
+__all__ = ["FRAMEWORKS", "MODELS", "MODES", "Device", "Framework", "Mode", "Progress",
            "Protocol", "RecordConfig", "Recording", "Rendezvous", "Role", "adapter", "check",
            "no_progress", "record"]
 
@@ -55,4 +56,4 @@ def adapter(fw: str | Framework) -> ModuleType:
         raise OpprofError(
             f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}") from None
     require_installed(fw)
-    return importlib.import_module(f"opprof.collectors.{fw}")
+    return importlib.import_module(framework_info(fw).adapter)

@@ -1,7 +1,9 @@
 """Typed configuration of a recording, shared by `record`, `run` and `opprof.profile()`; imports
 no framework, so `--fw tf` works where torch is not installed.
 
-* closed sets are enums: :class:`Framework`, :class:`Mode`, :class:`Device`, :class:`Role`;
+* closed sets are the core's enums (:mod:`opprof.kinds`): :class:`Framework`, :class:`Mode`,
+  :class:`Device`, :class:`Role`; what each framework records is its row of
+  :data:`opprof.kinds.FRAMEWORK_INFO`;
 * the built-in models' shared facts (names, input sizes) live here, not in a framework module;
 * :class:`Rendezvous` is where a multi-worker job meets (torchrun / DMLC / TF_CONFIG terms);
 * :class:`Protocol` is what the runner does in every process (warm-up, timing, profiled
@@ -15,73 +17,16 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from enum import Enum
 from typing import Any
 
 from opprof.errors import OpprofError
-
-
-class Framework(str, Enum):
-    """A deep-learning framework opprof records."""
-
-    TORCH = "torch"
-    TF = "tf"
-    MXNET = "mxnet"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Mode(str, Enum):
-    """How the workers of a job train together."""
-
-    SINGLE = "single"
-    ALLREDUCE = "allreduce"
-    PS_SYNC = "ps-sync"
-    PS_ASYNC = "ps-async"
-    FSDP = "fsdp"  # sharded data parallel (torch FSDP2 fully_shard)
-    ZERO = "zero"  # DDP with the optimizer state sharded (torch ZeroRedundancyOptimizer)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Device(str, Enum):
-    """Where the training runs."""
-
-    CPU = "cpu"
-    CUDA = "cuda"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Role(str, Enum):
-    """What a process of a job is (the `.trace` role column)."""
-
-    WORKER = "worker"
-    SERVER = "server"
-    SCHEDULER = "scheduler"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-FRAMEWORKS = tuple(f.value for f in Framework)
-MODES = tuple(m.value for m in Mode)
-#: The modes each framework records, and the reason for the ones it cannot.
-SUPPORTED_MODES: dict[Framework, tuple[Mode, ...]] = {
-    Framework.TORCH: (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO),
-    Framework.TF: (Mode.SINGLE, Mode.ALLREDUCE, Mode.PS_ASYNC),
-    Framework.MXNET: (Mode.SINGLE, Mode.PS_SYNC, Mode.PS_ASYNC),
-}
-#: The multi-worker mode a framework's users usually mean.
-DEFAULT_MODE = {Framework.TORCH: Mode.ALLREDUCE, Framework.TF: Mode.ALLREDUCE,
-                Framework.MXNET: Mode.PS_SYNC}
-
-#: The modules each framework's adapter needs importable.
-REQUIRES = {Framework.TORCH: ("torch",), Framework.TF: ("tensorflow", "xprof"),
-            Framework.MXNET: ("mxnet",)}
+from opprof.kinds import FRAMEWORKS as FRAMEWORKS  # re-exported: the closed sets live in
+from opprof.kinds import MODES as MODES  # the core, where analysis and renderers use them too
+from opprof.kinds import Device as Device
+from opprof.kinds import Framework as Framework
+from opprof.kinds import Mode as Mode
+from opprof.kinds import Role as Role
+from opprof.kinds import framework_info
 
 
 def require_installed(fw: Framework) -> None:
@@ -89,7 +34,7 @@ def require_installed(fw: Framework) -> None:
     (checked without importing it)."""
     import importlib.util
 
-    for name in REQUIRES[Framework(fw)]:
+    for name in framework_info(fw).requires:
         if importlib.util.find_spec(name) is None:
             raise OpprofError(f"--fw {fw} needs {name}, which is not installed: "
                               f"pip install -e '.[{fw}]' -c constraints.txt")
@@ -202,19 +147,6 @@ class Protocol:
 
 
 @dataclass(frozen=True)
-class Fault:
-    """Test-only: make one process fail when it reaches a stage (``setup``, ``warmup``,
-    ``timing``, ``profile``, ``write``): ``exit`` (code 3), ``hang``, ``pause`` (30 s, then
-    go on), ``kill`` (SIGKILL), ``stop`` (SIGSTOP) or ``fsize`` (killed by the kernel
-    half-way through writing its trace; see :func:`.runner.fault_point`). ``who`` is a
-    process label: ``rank 1``, ``worker 1``, ``server 0``, ``scheduler``."""
-
-    who: str
-    at: str = "warmup"
-    action: str = "exit"
-
-
-@dataclass(frozen=True)
 class RecordConfig:
     """What `opprof record` records: one framework, model, data set and cluster shape."""
 
@@ -236,7 +168,6 @@ class RecordConfig:
     #: Seconds between two samples of every process's resident memory (0: no sampling).
     memory_interval_s: float = 0.02
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
-    fault: Fault | None = None
     #: Compute threads per worker (OpenMP / torch threads, TF intra- and inter-op threads);
     #: None: the host's CPUs split among the processes that compute.
     threads: int | None = None
@@ -257,8 +188,6 @@ class RecordConfig:
             rv = dict(self.rendezvous)
             rv["cluster"] = tuple(rv.get("cluster") or ())
             object.__setattr__(self, "rendezvous", Rendezvous(**rv))
-        if isinstance(self.fault, dict):
-            object.__setattr__(self, "fault", Fault(**self.fault))
 
     @property
     def protocol(self) -> Protocol:

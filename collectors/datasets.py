@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 
 SYNTHETIC = "synthetic-cifar10"
 DATASETS = (SYNTHETIC, "cifar10", "cifar100")
@@ -197,7 +197,8 @@ def _read(folder: Path, fmt: str, n: int, train: bool) -> tuple[np.ndarray, np.n
         data, lab = _field(batch, "data", path), _field(batch, label_key, path)
         data = np.asarray(data, dtype=np.uint8)
         if data.ndim != 2 or data.shape[1] != 3 * _SIZE * _SIZE:
-            raise OpprofError(f"{path}: expected N×3072 uint8 data, got shape {data.shape}")
+            raise OpprofError(f"expected N×3072 uint8 data, got shape {data.shape}",
+                              path=path, kind=ErrorKind.DAMAGED)
         images.append(data.reshape(-1, 3, _SIZE, _SIZE).transpose(0, 2, 3, 1))
         labels.append(np.asarray(lab, dtype=np.int64))
         have += len(data)

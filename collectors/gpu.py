@@ -11,21 +11,20 @@ import importlib
 import shutil
 
 from opprof.errors import OpprofError
-
-_MODULE = {"torch": "torch", "tf": "tensorflow", "mxnet": "mxnet"}
+from opprof.kinds import FRAMEWORKS, framework_info
 
 
 def require_cuda(fw: str) -> list[str]:
     """The names of the CUDA GPUs framework ``fw`` sees; an OpprofError when it sees none."""
-    if fw not in _MODULE:
-        raise OpprofError(f"unknown framework {fw!r}; choose from {', '.join(_MODULE)}")
+    if fw not in FRAMEWORKS:
+        raise OpprofError(f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}")
     try:
         if fw == "mxnet":
             from opprof.collectors.mxnet import import_mxnet
 
             mod = import_mxnet()
         else:
-            mod = importlib.import_module(_MODULE[fw])
+            mod = importlib.import_module(framework_info(fw).module)
     except ModuleNotFoundError as exc:
         raise OpprofError(
             f"--fw {fw} needs {exc.name}, which is not installed: "

@@ -68,6 +68,14 @@ _state: dict[str, Any] = {"runner": None, "pid": None, "explicit": False, "error
 # ------------------------------------------------------------------ in `opprof run`
 
 
+def _package_dir(name: str) -> str:
+    """The folder an installed package ``name`` is imported from."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"{name} is not an importable package")
+    return str(list(spec.submodule_search_locations)[0])
+
+
 def environment(folder: Path, fw: str, protocol: Protocol,
                 base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a command run under ``opprof run`` (writes the hook into
@@ -87,8 +95,8 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     # Where this opprof's packages are, so that every child runs this very hook whatever
     # opprof (if any) its own Python has installed.
     env[PATHS_ENV] = json.dumps({"packages": {
-        name: list(importlib.util.find_spec(name).submodule_search_locations)[0]
-        for name in ("opprof", "opprof.collectors", "opprof.normalizers")}})
+        name: _package_dir(name) for name in ("opprof", "opprof.collectors",
+                                               "opprof.normalizers")}})
     return env
 
 
@@ -252,13 +260,14 @@ class _Watcher(importlib.abc.MetaPathFinder):
             return spec
         del self.triggers[fullname]
         install = self.install
+        found: Any = loader
 
         class Loader(importlib.abc.Loader):
             def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
+                return found.create_module(spec)
 
             def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
+                found.exec_module(module)
                 try:
                     install(fw)
                 except Exception as exc:  # noqa: BLE001 - never break the user's import

@@ -27,13 +27,12 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from opprof.collectors import channel
 from opprof.collectors.config import (
-    SUPPORTED_MODES,
     Device,
     Facts,
     Framework,
@@ -45,7 +44,7 @@ from opprof.collectors.config import (
     require_installed,
 )
 from opprof.collectors.memory import memory_files, sampling
-from opprof.collectors.runner import FAULT_ENV, LABEL_ENV
+from opprof.collectors.runner import LABEL_ENV
 from opprof.collectors.supervisor import (
     Child,
     Progress,
@@ -58,6 +57,7 @@ from opprof.collectors.supervisor import (
     no_progress,
 )
 from opprof.errors import Interrupted, OpprofError
+from opprof.kinds import framework_info
 
 CONFIG_FILE = "record.config"
 
@@ -89,7 +89,7 @@ def check(config: RecordConfig) -> None:
     """Reject, with one clear line, what cannot be recorded — before anything starts."""
     fw, mode = config.fw, config.mode
     canonical_name(config.model)
-    if mode not in SUPPORTED_MODES[fw]:
+    if mode not in framework_info(fw).modes:
         raise OpprofError({
             Framework.TORCH: f"torch has no --mode {mode} (no parameter-server mode: torch's "
                              "own distributed training is DistributedDataParallel or sharded)"
@@ -151,10 +151,7 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     cfg.write_text(config.to_json())
     argv = [sys.executable, "-m", "opprof.collectors.worker", str(cfg), str(workdir)]
     env = dict(os.environ)
-    env.pop(FAULT_ENV, None)
-    env.pop(LABEL_ENV, None)
-    if config.fault is not None:
-        env[FAULT_ENV] = json_fault(config)
+    env.pop(LABEL_ENV, None)  # (a test's $OPPROF_TEST_FAULT stays: tests/faults.py)
     if config.threads:  # OpenMP reads it when a framework loads, in every process started
         env.update({"OMP_NUM_THREADS": str(config.threads),
                     "MKL_NUM_THREADS": str(config.threads)})
@@ -213,11 +210,6 @@ def partial_meta(facts: list[Facts], reason: str) -> dict[str, Any]:
             "kept_steps": {str(f.rank): f.profiled_steps for f in facts
                            if f.role == Role.WORKER and f.native and f.rank is not None},
             "target_steps": max((f.profiled_target for f in facts), default=0)}
-
-
-def json_fault(config: RecordConfig) -> str:
-    """The test-only fault of ``config`` as the runner reads it from the environment."""
-    return json.dumps(asdict(config.fault))
 
 
 def _recording(config: RecordConfig, workdir: Path, facts: list[Facts],

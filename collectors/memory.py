@@ -137,7 +137,7 @@ class Sampler:
         from opprof.collectors.supervisor import descendants
 
         me = os.getpid()
-        pids = set()
+        pids: set[int] = set()
         with contextlib.suppress(Exception):
             pids.update(f.pid for f in self.facts())
         for root in self.roots():

@@ -29,7 +29,7 @@ phases' times add up to the step's.
 ``allreduce_grads()`` and ``update()`` themselves) or the Module API's ``Module.update``
 (``fit``, or a loop of ``forward_backward`` and ``update``) marks the end of a step; the
 first to end one is the process's. Forward and backward come from the operators
-(:mod:`opprof.events`' phase inference), as for Gluon.
+(:mod:`opprof.normalizers.events`' phase inference), as for Gluon.
 
 **Compiled graphs**: hybridized blocks' CachedOps and a Module's executors run without bulk
 execution for the profiled steps (:mod:`.mxnet_graphs`), so that their operators are seen
@@ -172,6 +172,7 @@ class MXNetAdapter:
             # first (Gluon), then one step runs as it will be profiled, without the profiler,
             # and is timed: what bulk execution off costs by itself.
             self._facts["graphs"] = switched["switched"]
+            assert self.graphs is not None  # (it switched something)
             self.profiler_warmup = 1 + self.graphs.rebuilds
             self._unbulked_from = time.perf_counter_ns() if self.profiler_warmup == 1 else 0
             return
@@ -499,7 +500,7 @@ def _count(owner: Any, make: Callable[[], tuple[Any, dict[str, Any]]], protocol:
         if not started(runner):
             _HOOKS["off"] = True
             return
-        runner.loss_log = _HOOKS.get("loss")  # type: ignore[attr-defined]
+        runner.loss_log = _HOOKS.get("loss")
     elif id(owner) != _HOOKS["owner"]:
         return
     if _HOOKS.get("loss") is not None:

@@ -39,7 +39,7 @@ _UNBULKED = (("forward_bulk_size", 0), ("backward_bulk_size", 0))
 _BLOCKS: weakref.WeakSet = weakref.WeakSet()
 
 
-def track_blocks(hybrid_block: type) -> None:
+def track_blocks(hybrid_block: Any) -> None:
     """Remember every ``HybridBlock`` that builds a CachedOp (wraps ``_build_cache``)."""
     build = hybrid_block._build_cache
     if getattr(build, "_opprof", False):

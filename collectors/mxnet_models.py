@@ -26,6 +26,7 @@ from opprof.collectors.mxnet import import_mxnet
 
 mx = import_mxnet()
 nn = mx.gluon.nn
+HybridBlock: Any = nn.HybridBlock  # (MXNet ships no types: a base class of Any)
 
 __all__ = ["INPUT_SIZE", "build", "canonical_name", "initializer", "layer_counts"]
 
@@ -86,7 +87,7 @@ def lstm(vocab: int) -> Any:
     return net
 
 
-class SelfAttention(nn.HybridBlock):
+class SelfAttention(HybridBlock):
     """Causal multi-head self-attention: one Dense for q, k and v, scaled dot products per
     head (``batch_dot``), a softmax masked to positions ≤ t, a Dense output projection."""
 
@@ -111,7 +112,7 @@ class SelfAttention(nn.HybridBlock):
         return self.out(mixed.reshape((0, 0, -3)))
 
 
-class EncoderLayer(nn.HybridBlock):
+class EncoderLayer(HybridBlock):
     """Post-norm encoder layer: x + attention, LayerNorm; x + feed-forward, LayerNorm."""
 
     def __init__(self, dim: int, heads: int, ff: int, **kwargs: Any) -> None:
@@ -128,7 +129,7 @@ class EncoderLayer(nn.HybridBlock):
         return self.norm2(x + self.ff2(self.ff1(x)))
 
 
-class TransformerLanguageModel(nn.HybridBlock):
+class TransformerLanguageModel(HybridBlock):
     """Token + position embedding → causal encoder layers → Dense to the vocabulary."""
 
     def __init__(self, vocab: int, **kwargs: Any) -> None:
@@ -185,7 +186,7 @@ def _shortcut(in_planes: int, out_planes: int, stride: int) -> Any:
     return block
 
 
-class BasicBlock(nn.HybridBlock):
+class BasicBlock(HybridBlock):
     """ResNet basic block: two 3×3 convs with BatchNorm, identity or 1×1-conv shortcut."""
 
     expansion = 1
@@ -206,7 +207,7 @@ class BasicBlock(nn.HybridBlock):
         return F.Activation(out + short, act_type="relu")
 
 
-class Bottleneck(nn.HybridBlock):
+class Bottleneck(HybridBlock):
     """ResNet bottleneck block (1×1, 3×3 with the stride, 1×1 ×4), BatchNorm after each."""
 
     expansion = 4
@@ -230,7 +231,7 @@ class Bottleneck(nn.HybridBlock):
         return F.Activation(out + short, act_type="relu")
 
 
-def resnet(block: type, blocks: list[int], num_classes: int = 10, prefix: str = "resnet_") -> Any:
+def resnet(block: Any, blocks: list[int], num_classes: int = 10, prefix: str = "resnet_") -> Any:
     """CIFAR ResNet: 3×3 stem (stride 1, no max pool), four stages, global average pool, fc."""
     net = nn.HybridSequential(prefix=prefix)
     with net.name_scope():

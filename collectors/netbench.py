@@ -35,14 +35,12 @@ from typing import Any
 
 from opprof.collectors.supervisor import LOOPBACK, Supervisor, free_port, free_ports, log_name
 from opprof.errors import OpprofError
+from opprof.kinds import FRAMEWORKS
 
 #: Message sizes (bytes) timed by default: 4 KiB … 64 MiB in steps of 4.
 DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(1, 9))
 #: Pieces a TF gradient pack is made of in the packing benchmark.
 PACK_PIECES = 16
-BACKEND = {"torch": "gloo all_reduce", "mxnet": "kvstore dist_sync push/pull",
-           "tf": "CollectiveReduceV2 (ring) under MultiWorkerMirroredStrategy"}
-COLLECTIVE = {"torch": "allreduce", "mxnet": "ps", "tf": "allreduce"}
 
 
 @dataclass
@@ -70,7 +68,7 @@ def default_threads(fw: str, workers: int, servers: int) -> int:
 
 def run(job: Job, workdir: Path) -> list[dict[str, Any]]:
     """Run the benchmark; return every worker's samples (``rank``, ``bytes``, ``ns``)."""
-    if job.fw not in BACKEND:
+    if job.fw not in FRAMEWORKS:
         raise OpprofError(f"--fw {job.fw}: choose torch, mxnet or tf")
     if job.workers < (1 if job.fw == "mxnet" else 2):
         raise OpprofError(f"--fw {job.fw} --workers {job.workers}: an all-reduce needs at "

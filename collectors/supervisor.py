@@ -43,10 +43,12 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opprof.collectors import channel
 from opprof.collectors.config import Facts
@@ -84,7 +86,7 @@ def no_progress(stage: str, done: int, total: int) -> None:
 try:  # loaded here, not in the forked child, where taking the import lock could deadlock
     import ctypes
 
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    _PRCTL: Any = ctypes.CDLL(None, use_errno=True).prctl
 except (ImportError, OSError, AttributeError):  # not Linux
     _PRCTL = None
 
@@ -207,6 +209,19 @@ class Child:
     #: Who really failed and how, when this child is a launcher of others (torchrun).
     explain: Callable[[Child, int, list[Facts]], tuple[str, str]] | None = None
     expected_exit: bool = False
+    #: When it exited (time.monotonic(), noted by a waiter thread as the kernel reports it):
+    #: of several processes found dead in one poll, the first to die is named.
+    exited_at: float | None = None
+
+    def watch_exit(self) -> None:
+        """Note ``exited_at`` from a daemon thread that waits for the exit without reaping
+        it (``WNOWAIT``: ``popen.poll`` still reaps and reads the code)."""
+        def wait() -> None:
+            with contextlib.suppress(OSError):  # reaped by poll first: the time is now
+                os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOWAIT)
+            self.exited_at = time.monotonic()
+
+        threading.Thread(target=wait, name=f"opprof-wait-{self.popen.pid}", daemon=True).start()
 
     @property
     def code(self) -> int | None:
@@ -259,6 +274,7 @@ class Supervisor:
             if out is not None:
                 out.close()
         child = Child(label, popen, log, own_group, explain)
+        child.watch_exit()
         self.children.append(child)
         return child
 
@@ -286,7 +302,7 @@ class Supervisor:
                 failed = [c for c in self.children
                           if c.code not in (None, 0) and not c.expected_exit]
                 if failed and fail_fast:
-                    line = self.failure(failed[0])
+                    line = self.failure(self.first_to_die(failed))
                     self.stop()
                     raise OpprofError(line)
                 if all(code is not None for code in codes.values()) or (done and done(self)):
@@ -302,6 +318,16 @@ class Supervisor:
                     self.stop()
                     raise OpprofError(hung)
                 time.sleep(POLL_S)
+
+    @staticmethod
+    def first_to_die(failed: list[Child]) -> Child:
+        """Of the failed children, the one that exited first (a peer's death often makes the
+        others fail within milliseconds: on a loaded machine one poll can find them all dead).
+        Their waiter threads get a moment to note the times."""
+        end = time.monotonic() + 0.5
+        while any(c.exited_at is None for c in failed) and time.monotonic() < end:
+            time.sleep(0.005)
+        return min(failed, key=lambda c: (c.exited_at is None, c.exited_at or 0.0))
 
     @contextlib.contextmanager
     def _forwarding(self) -> Iterator[None]:

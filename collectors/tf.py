@@ -134,8 +134,8 @@ class TFAdapter:
     profiler_warmup = 0
 
     def __init__(self, *, run: dict[str, Any] | None = None, role: Role | None = None,
-                 rank: int | None = None, barrier: Callable[[], None] | None = None,
-                 sync: Callable[[], None] | None = None,
+                 rank: int | None = None, barrier: Callable[[], object] | None = None,
+                 sync: Callable[[], object] | None = None,
                  servers: Callable[[str], None] | None = None,
                  facts: dict[str, Any] | None = None) -> None:
         from tensorflow.python.profiler.internal import _pywrap_traceme
@@ -379,7 +379,7 @@ def _convergence(config: RecordConfig, model: Any, size: int, shards: int,
                              predict=lambda x: model(x, training=False), loss=loss)
 
 
-def _barrier(tf: Any, strategy: Any) -> Callable[[], None] | None:
+def _barrier(tf: Any, strategy: Any) -> Callable[[], object] | None:
     """All workers meet (a one-number all-reduce); None without a strategy."""
     if strategy is None:
         return None

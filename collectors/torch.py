@@ -161,15 +161,16 @@ class TorchAdapter:
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-        self.trace = Path(folder) / trace_name(rank)
+        self.trace = trace = Path(folder) / trace_name(rank)
         self.prof = profile(activities=activities, record_shapes=True,
                             profile_memory=self.profile_memory,
                             schedule=schedule(wait=0, warmup=1, active=self.steps, repeat=1))
-        with quiet(self.trace.parent):
+        with quiet(trace.parent):
             self.prof.start()
 
     def boundary(self, index: int) -> None:
         if index == 1:  # the profiler starts recording (and announces it on stderr)
+            assert self.trace is not None  # (begun)
             with quiet(self.trace.parent):
                 self.prof.step()
         else:
@@ -387,6 +388,7 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
                                               seed=config.seed)
         dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
     pin = device.type == "cuda"
+    sampler: DistributedSampler[Any] | None = None
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=config.seed, drop_last=True)
@@ -442,7 +444,7 @@ def parallelize(model: Any, mode: Any, device: torch.device,
     from opprof.collectors.config import Mode
     from opprof.collectors.torch_models import shard_units
 
-    sgd = {"lr": lr, "momentum": 0.9}
+    momentum = 0.9
     ids = [device.index] if device.type == "cuda" else None
     if mode == Mode.FSDP:
         from torch.distributed.fsdp import fully_shard
@@ -450,14 +452,14 @@ def parallelize(model: Any, mode: Any, device: torch.device,
         for unit in shard_units(model):
             fully_shard(unit)
         fully_shard(model)
-        return model, torch.optim.SGD(model.parameters(), **sgd)
+        return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if mode == Mode.ZERO:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
-                                            **sgd)
-    optimizer = torch.optim.SGD(model.parameters(), **sgd)
+                                            lr=lr, momentum=momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if mode == Mode.ALLREDUCE:
         return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
     return model, optimizer
@@ -557,7 +559,7 @@ def _step_counter(protocol: Protocol, folder: Path,
                 state["off"] = True
                 return
             atexit.register(let_threads_finish)  # after opprof's own exit handler
-            runner.loss_log = log  # type: ignore[attr-defined]
+            runner.loss_log = log
         elif id(optimizer) != state["optimizer"]:
             return
         if log is not None:
@@ -606,7 +608,8 @@ def install_hook(protocol: Protocol, folder: Path,
 
         return step
 
-    module.Optimizer.profile_hook_step = staticmethod(profile_hook_step)
+    module.Optimizer.profile_hook_step = staticmethod(  # type: ignore[method-assign]  # torch's
+        profile_hook_step)
 
 
 def install_keras_hook(protocol: Protocol, folder: Path,

@@ -286,8 +286,8 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     root), in forward order: a ResNet's residual blocks, a transformer's encoder layers;
     otherwise every layer that holds parameters (LeNet-5's and AlexNet's convolutions and
     linear layers, the LSTM model's embedding, LSTM and linear layer)."""
-    blocks = [m for m in model.modules()
-              if isinstance(m, BasicBlock | Bottleneck | nn.TransformerEncoderLayer)]
+    blocks: list[nn.Module] = [m for m in model.modules() if isinstance(
+        m, BasicBlock | Bottleneck | nn.TransformerEncoderLayer)]
     if blocks:
         return blocks
     return [m for m in model.modules()

@@ -1,34 +1,48 @@
 """Native trace formats: detect what a file or folder is and read it into an opprof Trace.
 
-Each format module offers ``NAME`` and either ``claims_json(doc) -> bool`` with
-``from_docs([(path, doc), ...], meta) -> Trace`` (JSON formats), or ``claims_file(path,
-head) -> bool`` with ``from_files([path, ...], meta) -> Trace`` (binary formats).
+Every format is a :class:`~opprof.normalizers.formats.Format` (:mod:`.formats`): it claims a
+file and reads a job whole; a format of one rank per file (Kineto) also plans the files'
+ranks and reads one rank on its own (:func:`read_native`), in this process (:func:`normalize`)
+or in workers (:mod:`opprof.job`): one path, the same ranks, metadata and errors.
 
 JSON is decoded typed (``chrome.py``): a file is decoded once as a Kineto
 :class:`~opprof.normalizers.kineto.Document` (its top level; the events stay views of the
 text, typed a chunk at a time while their columns are taken, ``kineto.typed_events``),
-which also answers MXNet's ``claims_json``; an MXNet dump is then decoded with MXNet's own
-type. Kineto
-files are normalized one at a time (``kineto.rank_trace``), so a job's decoded documents are
-never all in memory; ``opprof.job`` does the same in worker processes.
+which also answers MXNet's claim; an MXNet dump is then decoded with MXNet's own type.
+Files of a rank format are normalized one at a time, so a job's decoded documents are never
+all in memory.
 """
 
 from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.files import check_input
-from opprof.normalizers import chrome, kineto, mxnet, nsys, nvprof, sampled, xplane
+from opprof.normalizers import chrome, sampled
+from opprof.normalizers.formats import (
+    FILE_FORMATS,
+    JSON_FORMATS,
+    Format,
+    RankFormat,
+    by_rank,
+    file_format,
+)
 from opprof.trace import Trace, concat_traces
 
-JSON_FORMATS: list[Any] = [kineto, mxnet]
-FILE_FORMATS: list[Any] = [nsys, nvprof, xplane]
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
+
+__all__ = ["FILE_FORMATS", "JSON_FORMATS", "Format", "Native", "RankFormat", "expand",
+           "file_format", "folder_meta", "head_bytes", "normalize", "read_doc", "read_json",
+           "read_native", "split_memory", "write_folder_meta"]
 
 _PARQUET_MAGIC = b"PAR1"
 _CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".nsys-rep",
@@ -38,14 +52,15 @@ _CANDIDATE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".sqlite", ".nvvp", ".
 def head_bytes(path: Path, n: int = 64) -> bytes:
     """The first n bytes of a file, with clear errors for missing or empty files."""
     if stat.S_ISDIR(check_input(path).st_mode):
-        raise OpprofError(f"{path}: is a folder")
+        raise OpprofError("is a folder", path=path, kind=ErrorKind.UNREADABLE)
     try:
         with open(path, "rb") as f:
             head = f.read(n)
     except OSError as exc:
-        raise OpprofError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        raise OpprofError(f"cannot be read ({exc.strerror or exc})",
+                          path=path, kind=ErrorKind.UNREADABLE) from None
     if not head:
-        raise OpprofError(f"{path}: file is empty")
+        raise OpprofError("file is empty", path=path, kind=ErrorKind.EMPTY)
     return head
 
 
@@ -59,20 +74,114 @@ def read_json(path: Path) -> Any:
 _PLAIN_JSON = msgspec.json.Decoder()
 
 
-def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
-    """(format module, decoded document) of a JSON trace file; (None, description) when it
-    is JSON of no known format."""
-    doc = kineto.stream(path, head)  # a Kineto trace read as it streams in
-    if doc is not None:
-        return kineto, doc
+def read_doc(path: Path, head: bytes, detail: bool = True) -> tuple[Format | None, Any]:
+    """(format, decoded document) of a JSON trace file; (None, description) when it is
+    JSON of no known format. A Kineto trace is read as its text streams in, its events
+    taken as columns already (``kineto.stream``; ``detail``: as ``read_rank`` will read
+    them); any other file, or one the streaming reader leaves, is decoded whole."""
+    from opprof.normalizers import kineto
+
+    streamed = kineto.stream(path, head, detail)
+    if streamed is not None:
+        fmt = next((f for f in JSON_FORMATS if f.claims(path, head, streamed)), None)
+        if fmt is not None and fmt.name == kineto.NAME:
+            return fmt, streamed
     data = chrome.read_bytes(path, head)
     doc = kineto.decode(data, path)
     if doc is None:
         return None, chrome.describe(data)
     for fmt in JSON_FORMATS:
-        if fmt.claims_json(doc):
-            return fmt, (doc if fmt is kineto else fmt.decode(data, path))
+        if fmt.claims(path, head, doc):
+            return fmt, fmt.decode(data, path, doc)
     return None, f"chrome-trace events of no known profiler ({len(doc.traceEvents)} events)"
+
+
+@dataclass
+class Native:
+    """One native JSON file read: its format (None: JSON of no known format, ``what`` it
+    is); for a rank format, its rank's Trace, facts, the rank it declares (-1: none) and the
+    rank it was read as; for another format, its document (the job is read whole)."""
+
+    fmt: Format | None
+    doc: object = None
+    trace: Trace | None = None
+    info: dict[str, Any] | None = None
+    declared: int = -1
+    rank: int | None = None
+    what: str = ""
+
+
+def read_native(path: Path, meta: MetaMapping, *, index: int = 0,
+                taken: Sequence[int] = (), rank: int | None = None, detail: bool = True,
+                head: bytes | None = None) -> Native:
+    """Decode one native JSON file; when its format reads one rank per file, normalize it:
+    as ``rank`` when given, else as its format plans it after the ranks ``taken`` by the
+    files before it (the rank it declares, else ``index``)."""
+    fmt, doc = read_doc(path, head if head is not None else head_bytes(path), detail)
+    if fmt is None:
+        return Native(None, what=str(doc))
+    ranked = by_rank(fmt)
+    if ranked is None:
+        return Native(fmt, doc=doc)
+    declared = ranked.declared_rank(doc, -1)
+    if rank is None:
+        rank = ranked.plan([*taken, declared if declared >= 0 else index])[-1]
+    trace, info = ranked.read_rank(path, doc, rank, meta, detail)
+    return Native(fmt, trace=trace, info=info, declared=declared, rank=rank)
+
+
+def about_file(path: Path | str, exc: OpprofError) -> OpprofError:
+    """``exc`` as an error about the file ``path`` (itself when it already is one)."""
+    return exc if exc.about(path) else OpprofError(str(exc), path=path, kind=exc.kind)
+
+
+def damaged_files(errors: Sequence[OpprofError]) -> list[dict[str, str]]:
+    """Damaged files as ``meta["damaged_files"]`` lists them: path and problem."""
+    return [{"path": str(e.path), "problem": e.problem} for e in errors]
+
+
+def nothing_read(paths: Sequence[Path | str], skipped: int, damaged: Sequence[OpprofError],
+                 count: bool = True) -> OpprofError:
+    """The error when no file of a job could be read: the first damaged one's (and, with
+    ``count``, how many more), else that no JSON file was of a known format."""
+    if damaged:
+        first = damaged[0]
+        more = (f" (and {len(damaged) - 1} more damaged file(s))"
+                if count and len(damaged) > 1 else "")
+        return OpprofError(first.problem + more, path=first.path, kind=first.kind)
+    return OpprofError(f"no known trace format among {skipped} JSON file(s)", path=paths[0],
+                       kind=ErrorKind.NOT_A_TRACE)
+
+
+def rank_job(fmt: RankFormat, parts: Sequence[tuple[Trace, Mapping[str, Any]]],
+             meta: MetaMapping) -> Trace:
+    """The Trace of a job read rank by rank: the ranks' events in file order, the job's
+    metadata from their facts."""
+    return concat_traces([t for t, _ in parts], fmt.job_meta([i for _, i in parts], meta))
+
+
+def mixed_formats(fmt_of: Mapping[Path, Format]) -> OpprofError | None:
+    """The error for files of several formats in one import, or None."""
+    kinds = {m.name for m in fmt_of.values()}
+    if len(kinds) <= 1:
+        return None
+    by_kind: dict[str, list[str]] = {}
+    for f, m in fmt_of.items():
+        by_kind.setdefault(m.name, []).append(f.name)
+    return OpprofError("mixed native formats in one import: " + "; ".join(
+        f"{k}: {', '.join(names[:4])}" + (f" and {len(names) - 4} more" if len(names) > 4
+                                          else "")
+        for k, names in sorted(by_kind.items())) + " — import each format on its own")
+
+
+def noted(trace: Trace, skipped: Sequence[str], damaged: Sequence[OpprofError]) -> Trace:
+    """``trace`` with the JSON files skipped and the damaged files left out in its metadata,
+    where any."""
+    if skipped:
+        trace.meta["skipped_files"] = list(skipped)
+    if damaged:
+        trace.meta["damaged_files"] = damaged_files(damaged)
+    return trace
 
 
 #: The job's metadata a recording leaves in its `.native` folder (model, data set, unprofiled
@@ -81,11 +190,14 @@ def read_doc(path: Path, head: bytes) -> tuple[Any, Any]:
 FOLDER_META = "opprof.meta"
 
 
-def write_folder_meta(folder: Path, meta: dict) -> None:
-    """Keep ``meta`` (the job metadata given to :func:`normalize`) in the run's folder."""
+def write_folder_meta(folder: Path, meta: MetaMapping) -> None:
+    """Keep ``meta`` (the job metadata given to :func:`normalize`), stamped as the `.trace`
+    will be (:func:`opprof.meta.stamp`), in the run's folder."""
     from opprof.files import write_atomic
+    from opprof.meta import stamp
 
-    write_atomic(Path(folder) / FOLDER_META, json.dumps(meta, default=str, indent=1))
+    write_atomic(Path(folder) / FOLDER_META,
+                 json.dumps(stamp(meta).to_dict(), default=str, indent=1))
 
 
 def folder_meta(paths: list[Path]) -> dict:
@@ -117,7 +229,8 @@ def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
             )
             if not found:
                 raise OpprofError(
-                    f"{p}: folder holds no trace files ({', '.join(_CANDIDATE_SUFFIXES)})")
+                    f"folder holds no trace files ({', '.join(_CANDIDATE_SUFFIXES)})",
+                    path=p, kind=ErrorKind.NOT_A_TRACE)
             out.extend((f, False) for f in found)
         else:
             out.append((p, True))
@@ -130,7 +243,7 @@ def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool
     return [(f, n) for f, n in listed if not sampled.is_memory_file(f)], memory
 
 
-def normalize(paths: list[Path], meta: dict | None = None, *,
+def normalize(paths: list[Path], meta: MetaMapping | None = None, *,
               skip_damaged: bool = False) -> Trace:
     """Read native trace files (all of one format, e.g. one per rank) into one Trace.
 
@@ -144,21 +257,21 @@ def normalize(paths: list[Path], meta: dict | None = None, *,
     their ranks (:mod:`.sampled`)."""
     listed, memory = split_memory(expand([Path(p) for p in paths]))
     if not listed:
-        raise OpprofError(f"{paths[0]}: only sampled memory files, no trace to attach them to")
+        raise OpprofError("only sampled memory files, no trace to attach them to",
+                          path=paths[0], kind=ErrorKind.NO_EVENTS)
     meta = {**folder_meta([Path(p) for p in paths]), **(meta or {})}
     return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
 
 
-def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict | None,
+def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict[str, Any],
                skip_damaged: bool) -> Trace:
-    damaged: list[dict[str, str]] = []
+    damaged: list[OpprofError] = []
 
     def tolerate(f: Path, named: bool, exc: OpprofError) -> None:
         """Note ``f`` as damaged, or raise ``exc`` when it must be read."""
         if named and not skip_damaged:
             raise exc
-        text = str(exc)
-        damaged.append({"path": str(f), "problem": text.removeprefix(f"{f}: ")})
+        damaged.append(about_file(f, exc))
 
     heads: dict[Path, bytes] = {}
     for f, named in listed:
@@ -168,92 +281,65 @@ def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: dict | 
             tolerate(f, named, exc)
     listed = [(f, n) for f, n in listed if f in heads]
     if not listed:
-        raise OpprofError(f"{damaged[0]['path']}: {damaged[0]['problem']}")
+        raise nothing_read(paths, 0, damaged, count=False)
     files = [f for f, _ in listed]
     for fmt in FILE_FORMATS:
-        if all(fmt.claims_file(f, heads[f]) for f in files):
-            trace = _from_files(fmt, listed, meta or {}, tolerate)
-            return _noted(trace, [], damaged)
-    docs = []
-    parts: list[tuple[Trace, dict]] = []
+        if all(fmt.claims(f, heads[f]) for f in files):
+            return noted(_from_files(fmt, listed, meta, tolerate), [], damaged)
+    docs: list[tuple[Path, object]] = []
+    parts: list[tuple[Trace, dict[str, Any]]] = []
     ranks: list[int] = []
-    fmt_of: dict[Path, Any] = {}
+    fmt_of: dict[Path, Format] = {}
     skipped: list[str] = []
     for f, named in listed:
         head = heads[f]
         if head.startswith(_PARQUET_MAGIC):
-            raise OpprofError(
-                f"{f}: an opprof trace or Parquet file cannot be mixed with native traces")
-        claimed = next((m for m in FILE_FORMATS if m.claims_file(f, head)), None)
+            raise OpprofError("an opprof trace or Parquet file cannot be mixed with native "
+                              "traces", path=f, kind=ErrorKind.NOT_A_TRACE)
+        claimed = file_format(f, head)
         if claimed is not None:
-            raise OpprofError(f"{f}: a {claimed.NAME} file cannot be mixed with other formats")
-        try:
-            fmt, doc = read_doc(f, head)
+            raise OpprofError(f"a {claimed.name} file cannot be mixed with other formats",
+                              path=f, kind=ErrorKind.NOT_A_TRACE)
+        try:  # a rank format's file is normalized at once: one decoded document is held
+            got = read_native(f, meta, index=len(ranks), taken=ranks, head=head)
         except OpprofError as exc:
             tolerate(f, named, exc)
             continue
-        if fmt is None:
+        if got.fmt is None:
             if not named:
                 skipped.append(str(f))
                 continue
-            raise OpprofError(f"{f}: JSON but not a known trace format ({doc})")
-        if fmt is kineto:  # normalized at once, so only one decoded document is held
-            rank = kineto.assign_ranks([*ranks, kineto.declared_rank(doc, len(ranks))])[-1]
-            try:
-                part = kineto.rank_trace(f, doc, rank, meta or {})
-            except OpprofError as exc:
-                tolerate(f, named, exc)
-                continue
-            fmt_of[f] = fmt
-            ranks.append(rank)
-            parts.append(part)
-            del doc
+            raise OpprofError(f"JSON but not a known trace format ({got.what})", path=f,
+                              kind=ErrorKind.NOT_A_TRACE)
+        fmt_of[f] = got.fmt
+        if got.trace is not None and got.info is not None and got.rank is not None:
+            ranks.append(got.rank)
+            parts.append((got.trace, got.info))
         else:
-            fmt_of[f] = fmt
-            docs.append((f, doc))
+            docs.append((f, got.doc))
     if not fmt_of:
-        if damaged:
-            raise OpprofError(f"{damaged[0]['path']}: {damaged[0]['problem']}"
-                              + (f" (and {len(damaged) - 1} more damaged file(s))"
-                                 if len(damaged) > 1 else ""))
-        raise OpprofError(f"{paths[0]}: no known trace format among {len(skipped)} JSON file(s)")
-    kinds = {m.NAME for m in fmt_of.values()}
-    if len(kinds) > 1:
-        by_kind: dict[str, list[str]] = {}
-        for f, m in fmt_of.items():
-            by_kind.setdefault(m.NAME, []).append(f.name)
-        raise OpprofError("mixed native formats in one import: " + "; ".join(
-            f"{k}: {', '.join(names[:4])}" + (f" and {len(names) - 4} more" if len(names) > 4
-                                              else "")
-            for k, names in sorted(by_kind.items())) + " — import each format on its own")
+        raise nothing_read(paths, len(skipped), damaged)
+    mixed = mixed_formats(fmt_of)
+    if mixed is not None:
+        raise mixed
     fmt = next(iter(fmt_of.values()))
-    if fmt is kineto:
-        trace = concat_traces([t for t, _ in parts],
-                              kineto.merge_meta([i for _, i in parts], meta or {}))
-    else:
-        trace = fmt.from_docs(docs, meta or {})
-    return _noted(trace, skipped, damaged)
+    ranked = by_rank(fmt)
+    trace = rank_job(ranked, parts, meta) if ranked is not None else fmt.read(docs, meta)
+    return noted(trace, skipped, damaged)
 
 
-def _from_files(fmt: Any, listed: list[tuple[Path, bool]], meta: dict, tolerate: Any) -> Trace:
-    """``fmt.from_files`` on the files; one that its reader refuses (the error names it) is
+def _from_files(fmt: Format, listed: list[tuple[Path, bool]], meta: dict[str, Any],
+                tolerate: Any) -> Trace:
+    """``fmt.read`` on the files; one that its reader refuses (the error is about it) is
     left out when ``tolerate`` allows, and the rest read again."""
     files = [f for f, _ in listed]
     named = dict(listed)
     while True:
         try:
-            return fmt.from_files(files, meta)
+            return fmt.read([(f, None) for f in files], meta)
         except OpprofError as exc:
-            bad = next((f for f in files if str(exc).startswith(f"{f}: ")), None)
+            bad = next((f for f in files if exc.about(f)), None)
             if bad is None or len(files) == 1:
                 raise
             tolerate(bad, named[bad], exc)
             files = [f for f in files if f != bad]
-
-
-def _noted(trace: Trace, skipped: list[str], damaged: list[dict[str, str]]) -> Trace:
-    if skipped:
-        trace.meta["skipped_files"] = skipped
-    if damaged:
-        trace.meta["damaged_files"] = damaged
-    return trace

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC, gib, gunzip, memory_budget, prefetched
 
 if TYPE_CHECKING:
@@ -49,27 +49,28 @@ def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
         shown = ", ".join(sorted(sqlite_tables(path))[:6])
         raise OpprofError(f"{path}: a SQLite file but not an nsys or nvprof export ("
                           + (f"tables: {shown})" if shown else "unreadable or empty)"))
-    data = prefetched(path) if head.startswith(GZIP_MAGIC) else None
+    data: bytes | bytearray | None = (prefetched(path) if head.startswith(GZIP_MAGIC)
+                                      else None)
     if data is None:
         budget = memory_budget()
         try:
             size = path.stat().st_size
             if size > budget and not head.startswith(GZIP_MAGIC):
-                raise OpprofError(f"{path}: {gib(size)} of JSON is more than this machine "
+                raise OpprofError(f"{gib(size)} of JSON is more than this machine "
                                   f"can decode now ({gib(budget)}: a third of the memory "
-                                  "available)")
-            data = path.read_bytes()
+                                  "available)", path=path, kind=ErrorKind.TOO_LARGE)
+            raw = path.read_bytes()
         except OSError as exc:
-            raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        if head.startswith(GZIP_MAGIC):
-            data = gunzip(data, path, budget)
+            raise OpprofError(f"cannot read ({exc.strerror or exc})",
+                              path=path, kind=ErrorKind.UNREADABLE) from None
+        data = gunzip(raw, path, budget) if head.startswith(GZIP_MAGIC) else raw
     if data.startswith(_UTF8_BOM):  # written by some Windows tools; JSON has no BOM
         if isinstance(data, bytearray):
             del data[:len(_UTF8_BOM)]  # in place: no copy of the text
         else:
             data = data[len(_UTF8_BOM):]
     if not data or data.isspace():  # (not strip(): a copy of the whole text)
-        raise OpprofError(f"{path}: file is empty")
+        raise OpprofError("file is empty", path=path, kind=ErrorKind.EMPTY)
     return repair_utf8(data)
 
 
@@ -84,6 +85,9 @@ class Repaired(bytearray):
 
 #: What a byte that is not UTF-8 becomes (DEL: valid in JSON strings, never in a real name).
 INVALID = 0x7F
+#: None as a 0-d object array, for ``np.where(mask, values, NONE)``: an object array with None
+#: where the mask is False.
+NONE = np.array(None, dtype=object)
 _UTF8_PIECE = 1 << 20
 
 
@@ -139,19 +143,24 @@ def decode(data: bytes, path: Path, decoder: msgspec.json.Decoder, what: str) ->
         with no_gc():
             return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise OpprofError(f"{path}: not a valid {what} ({exc})") from None
+        raise OpprofError(f"not a valid {what} ({exc})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except msgspec.DecodeError as exc:
         text = str(exc)
         if "truncated" in text:
-            raise OpprofError(f"{path}: truncated JSON and not an opprof trace ({text})") from None
+            raise OpprofError(f"truncated JSON and not an opprof trace ({text})",
+                              path=path, kind=ErrorKind.NOT_A_TRACE) from None
         if data.lstrip()[:1] in (b"{", b"["):
-            raise OpprofError(f"{path}: malformed JSON ({text})") from None
-        raise OpprofError(f"{path}: not JSON and not an opprof trace ({text})") from None
+            raise OpprofError(f"malformed JSON ({text})",
+                              path=path, kind=ErrorKind.DAMAGED) from None
+        raise OpprofError(f"not JSON and not an opprof trace ({text})",
+                          path=path, kind=ErrorKind.NOT_A_TRACE) from None
     except RecursionError:
-        raise OpprofError(f"{path}: JSON nested too deeply to be a trace") from None
+        raise OpprofError("JSON nested too deeply to be a trace",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except UnicodeDecodeError as exc:
-        raise OpprofError(f"{path}: JSON with text that is not UTF-8 ({exc.reason} at byte "
-                          f"{exc.start})") from None
+        raise OpprofError(f"JSON with text that is not UTF-8 ({exc.reason} at byte "
+                          f"{exc.start})", path=path, kind=ErrorKind.DAMAGED) from None
 
 
 def describe(data: bytes) -> str:

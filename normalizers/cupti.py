@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.taxonomy import MappingTable, mapping_table
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -60,7 +60,8 @@ def connect(path: Path) -> sqlite3.Connection:
         con.text_factory = _text
         con.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:  # (a damaged schema's text)
-        raise OpprofError(f"{path}: unreadable SQLite file ({exc})") from None
+        raise OpprofError(f"unreadable SQLite file ({exc})",
+                          path=path, kind=ErrorKind.UNREADABLE) from None
     return con
 
 

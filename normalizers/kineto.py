@@ -11,7 +11,7 @@ A trace of a user's own job (no ``opprof.*`` or ``## phase ##`` markers) gets it
 the operators torch records anyway — autograd's ``…Backward0`` functions backward,
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
-``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.events``).
+``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ import msgspec
 import numpy as np
 
 from opprof import drops, gunzip, readahead
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC
-from opprof.intervals import containing
 from opprof.normalizers import chrome
 from opprof.sharding import refine_mode, sharded_mode
 
@@ -142,7 +141,8 @@ def decode(data: bytes, path: Path) -> Document | None:
                 top and msg.startswith("Expected `object`")):
             chrome.decode(data, path, _ANY_JSON, "JSON document")  # malformed? say so
             return None
-        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+        raise OpprofError(f"not a valid chrome trace ({msg})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         chrome.decode(data, path, _DECODER, "chrome trace")  # raises the clear error
         raise
@@ -166,13 +166,16 @@ def typed_events(doc: Document, start: int = 0, stop: int | None = None,
             return _EVENTS.decode(b"[" + b",".join(raws) + b"]")
     except msgspec.ValidationError as exc:
         msg = _AT.sub(lambda m: f"`$.traceEvents[{start + int(m[1])}]", str(exc))
-        raise OpprofError(f"{path}: not a valid chrome trace ({msg})") from None
+        raise OpprofError(f"not a valid chrome trace ({msg})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except msgspec.DecodeError as exc:
-        raise OpprofError(f"{path}: malformed JSON ({exc})") from None
+        raise OpprofError(f"malformed JSON ({exc})", path=path, kind=ErrorKind.DAMAGED) from None
     except RecursionError:
-        raise OpprofError(f"{path}: JSON nested too deeply to be a trace") from None
+        raise OpprofError("JSON nested too deeply to be a trace",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     except UnicodeDecodeError as exc:
-        raise OpprofError(f"{path}: JSON with text that is not UTF-8 ({exc.reason})") from None
+        raise OpprofError(f"JSON with text that is not UTF-8 ({exc.reason})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
 
 
 def event_chunks(doc: Document, path: Path | str = "",
@@ -433,8 +436,8 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
-    from opprof.events import finish
-    from opprof.memory import add_memory
+    from opprof.normalizers.events import finish
+    from opprof.normalizers.memory import add_memory
     from opprof.taxonomy import KINDS, mapping_table
 
     base_ns = _int(doc.baseTimeNanoseconds or 0)
@@ -444,7 +447,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         drops.note(warnings, "rank in distributedInfo unusable (file order used)", 1)
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
-        raw["collective"], raw["bytes"] = served_collectives(raw)
+        raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -532,7 +535,7 @@ def _ns(value: Any, what: str, path: Path) -> int:
     except OverflowError:  # infinity
         out = _MAX_NS
     if abs(out) >= _MAX_NS:
-        raise OpprofError(f"{path}: {what} out of range ({value!r})")
+        raise OpprofError(f"{what} out of range ({value!r})", path=path, kind=ErrorKind.DAMAGED)
     return out
 
 
@@ -550,7 +553,7 @@ def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame |
     allocated before it started (the parameters, the optimizer's state) are not in it."""
     import pandas as pd
 
-    from opprof.memory import samples
+    from opprof.normalizers.memory import samples
 
     if not mem:
         return None
@@ -621,7 +624,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     """
     import pandas as pd
 
-    from opprof.events import STEP_PATTERN
+    from opprof.normalizers.events import STEP_PATTERN
     from opprof.taxonomy import KINDS, ROLES
 
     warnings = {} if warnings is None else warnings
@@ -653,19 +656,20 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
                   "collective"))
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
-    detail = None
+    texts: np.ndarray | None = None
     if any(p["detail"] is not None for p in pieces):
-        detail = np.concatenate([p["detail"] if p["detail"] is not None
-                                 else np.full(p["n"], None, dtype=object)
-                                 for p in pieces])
+        texts = np.concatenate([p["detail"] if p["detail"] is not None
+                                else np.full(p["n"], None, dtype=object)
+                                for p in pieces])
     del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
     step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
     is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
     keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
     if not keep.any():
-        raise OpprofError(f"{path}: Kineto trace with no usable events "
-                          f"({drops.describe(warnings[drops.KEY])})")
+        raise OpprofError("Kineto trace with no usable events "
+                          f"({drops.describe(warnings[drops.KEY])})",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     ts_us, dur_us = np.where(keep, ts_us, 0), np.where(keep, dur_us, 0)
     pid = np.where(keep, pid, -1)
     cat_lower = pd.Index(cat.categories.astype(str)).str.lower()
@@ -696,7 +700,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         "name": names,
         "kind": kind,
         "bytes": nbytes,
-        "detail": detail,
+        "detail": texts,
         "link": corr,
         "collective": collective,
     }, copy=False)  # every column is made here: no copy
@@ -752,14 +756,14 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None
     if has_dims.any() or group is not None:
-        detail = np.full(n, None, dtype=object)
-        detail[has_dims] = [d if type(d) is str else str(d)
-                            for d, h in zip(dims_v, has_dims, strict=True) if h]
+        texts = np.full(n, None, dtype=object)
+        texts[has_dims] = [d if type(d) is str else str(d)
+                           for d, h in zip(dims_v, has_dims, strict=True) if h]
         if group is not None:  # a collective's process group, before its dims
             has = np.flatnonzero(group != None)  # noqa: E711 (element-wise)
-            detail[has] = [g if d is None else f"{g} dims={d}"
-                           for g, d in zip(group[has], detail[has], strict=True)]
-        out["detail"] = detail
+            texts[has] = [g if d is None else f"{g} dims={d}"
+                          for g, d in zip(group[has], texts[has], strict=True)]
+        out["detail"] = texts
     return out
 
 
@@ -781,10 +785,25 @@ def _join_strings(parts: list[tuple[np.ndarray, list[str]]]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
-def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _one_group_size(doc: Document) -> int | None:
+    """The size of the job's process group when ``distributedInfo`` says it has just one
+    (every collective runs in it), else None."""
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    groups = info.get("pg_config")
+    if isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict):
+        return _int(groups[0].get("pg_size"), 0, 1, _MAX_RANK) or None
+    if info.get("pg_count") == 1:
+        return _int(info.get("world_size"), 0, 1, _MAX_RANK) or None
+    return None
+
+
+def served_collectives(raw: pd.DataFrame,
+                       group_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``collective`` and ``bytes`` columns with gloo's own spans named by the c10d calls
     they serve, and given their message size where the call's is larger (a
-    ``gloo:all_gather`` span's shapes are its input only).
+    ``gloo:all_gather`` span's shapes are its input only: the gathered buffer, nccl-tests'
+    size, is ``group_size`` times it where the job has one process group, as FSDP1's list
+    ``c10d::allgather_`` names no output shape).
 
     gloo runs each collective on its own thread, as a ``gloo:<op>`` span that starts after
     the ``c10d::`` call that enqueued it, first in first out; it runs a reduce-scatter as an
@@ -795,6 +814,7 @@ def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     (``gloo:send`` in ``c10d::send``) are their call's already."""
     import pandas as pd
 
+    from opprof.intervals import containing
     from opprof.taxonomy import mapping_table
 
     out = raw["collective"].to_numpy(object).copy()
@@ -823,7 +843,8 @@ def served_collectives(raw: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     pairs = (call_op == span_op) | ((span_op == "all_reduce") & (call_op == "reduce_scatter"))
     if pairs.all() and (ts[spans] >= ts[calls]).all():
         out[spans] = call_op
-        nbytes[spans] = np.maximum(nbytes[spans], nbytes[calls])
+        gathered = nbytes[spans] * np.where(span_op == "all_gather", group_size or 1, 1)
+        nbytes[spans] = np.maximum(gathered, nbytes[calls])
     return out, nbytes
 
 

@@ -14,7 +14,7 @@ What MXNet 1.x writes (``mx.profiler.set_config(profile_all=True)`` then ``dump(
 * ``MXNET_C_API``: the Python front end's C API calls (host runtime time, not counted);
 * ``Device Storage`` counters (``C``, ``Memory: cpu/0``: the storage allocator's bytes,
   recorded with ``profile_memory``, which ``profile_all`` includes) become the ``allocated``
-  memory rows of the rank (:mod:`opprof.memory`); C API counters (call counts) are not kept;
+  memory rows of the rank (:mod:`.memory`); C API counters (call counts) are not kept;
 * any other category is a user domain: Tasks (cat = domain), Frames (``domain,frame``),
   Markers (``domain,instant_marker``, instants) and Events (``event``) → markers.
 
@@ -37,7 +37,7 @@ API call, with a ``WaitForVar`` engine operator) or, with worker processes, from
 (``MXNDArrayCreateFromSharedMem``) — the loader's own Python work has no event — so those calls
 are ``data_load``. Steps end when the optimizer has updated every weight: the per-weight
 update operators run interleaved with the backward pass as gradients are ready, so a step
-ends with the last of them before the next forward operator (``opprof.events``); a
+ends with the last of them before the next forward operator (``opprof.normalizers.events``); a
 ``dist_sync`` worker whose weights the servers update ends its step with its last kvstore
 pull.
 
@@ -62,10 +62,10 @@ import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError
-from opprof.events import cover_label, finish
-from opprof.memory import add_memory, samples
+from opprof.errors import ErrorKind, OpprofError
 from opprof.normalizers import chrome
+from opprof.normalizers.events import cover_label, finish
+from opprof.normalizers.memory import add_memory, samples
 from opprof.taxonomy import COMM_OPS, mapping_table
 from opprof.trace import Trace
 
@@ -187,7 +187,7 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     raw = pd.concat(frames, ignore_index=True)
     workers = sorted(r for r, role in roles if role == "worker")
     servers = sorted(r for r, role in roles if role == "server")
-    info = {
+    info: dict[str, Any] = {
         "source_formats": [NAME],
         "sources": [str(p) for p, _ in docs],
         "framework": "mxnet",
@@ -338,8 +338,9 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
     usable = drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
     usable &= drops.skip(warnings, negative, "negative timestamp")
     if len(us) and not usable.any():
-        raise OpprofError(f"{path}: MXNet trace with no usable events "
-                          f"({drops.describe(warnings.get(drops.KEY))})")
+        raise OpprofError("MXNet trace with no usable events "
+                          f"({drops.describe(warnings.get(drops.KEY))})",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     # unusable begin/end events stay until paired, so that their partners are left out too
     # (and no later pair is shifted): see _pair
     ev["ts"] = _us_to_ns(np.where(usable, us, 0))

@@ -58,14 +58,14 @@ import sqlite3
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError
-from opprof.events import finish
-from opprof.memory import add_memory, samples
+from opprof.errors import ErrorKind, OpprofError
+from opprof.normalizers.chrome import NONE
 from opprof.normalizers.cupti import (
     NSYS_MEM_KIND,
     connect,
@@ -80,6 +80,8 @@ from opprof.normalizers.cupti import (
     sqlite_tables,
     tables,
 )
+from opprof.normalizers.events import finish
+from opprof.normalizers.memory import add_memory, samples
 from opprof.trace import Trace
 
 NAME = "nsys"
@@ -112,10 +114,11 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
             memory.append(mem)
     raw = pd.concat(frames, ignore_index=True)
     if raw.empty:
-        raise OpprofError(f"{paths[0]}: nsys export with no kernels, CUDA calls or NVTX ranges")
+        raise OpprofError("nsys export with no kernels, CUDA calls or NVTX ranges",
+                          path=paths[0], kind=ErrorKind.NO_EVENTS)
     has_gpu = raw["kind"].isin(["kernel", "memcpy", "memset"]).any()
     torch_like = raw["name"].astype(str).str.startswith("aten::").any()
-    out = {
+    out: dict[str, Any] = {
         "source_formats": [NAME],
         "sources": [str(p) for p in paths],
         "workers": len(info.ranks),
@@ -150,23 +153,25 @@ class _Info:
 def _export(report: Path, tmp: Path) -> Path:
     """Run ``nsys export --type sqlite`` on a report; clear errors when that cannot work."""
     if not report.exists():
-        raise OpprofError(f"{report}: no such file or folder")
+        raise OpprofError("no such file or folder", path=report, kind=ErrorKind.MISSING)
     nsys = shutil.which("nsys")
     if nsys is None:
         raise OpprofError(
-            f"{report}: reading an Nsight Systems report needs nsys on PATH to run "
+            "reading an Nsight Systems report needs nsys on PATH to run "
             "`nsys export --type sqlite`; export it where nsys is installed and import the "
-            ".sqlite file")
+            ".sqlite file", path=report, kind=ErrorKind.USAGE)
     out = tmp / (report.name.rsplit(".", 1)[0] + ".sqlite")
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true",
            "--output", str(out), str(report)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=_EXPORT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise OpprofError(f"{report}: nsys export ran past {_EXPORT_TIMEOUT_S}s") from None
+        raise OpprofError(f"nsys export ran past {_EXPORT_TIMEOUT_S}s",
+                          path=report, kind=ErrorKind.RUN) from None
     if done.returncode != 0 or not out.exists():
         msg = (done.stderr or done.stdout or "").strip().splitlines()
-        raise OpprofError(f"{report}: nsys export failed ({msg[-1] if msg else done.returncode})")
+        raise OpprofError(f"nsys export failed ({msg[-1] if msg else done.returncode})",
+                          path=report, kind=ErrorKind.RUN)
     return out
 
 
@@ -177,7 +182,8 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
         names = tables(con)
         if "StringIds" not in names or not any(t in names for t in _NSYS_TABLES[1:]):
             shown = ", ".join(sorted(names)[:6]) or "none"
-            raise OpprofError(f"{source}: SQLite file but not an nsys export (tables: {shown})")
+            raise OpprofError(f"SQLite file but not an nsys export (tables: {shown})",
+                              path=source, kind=ErrorKind.NOT_A_TRACE)
         strings = _strings(con)
         parts = {
             "kernel": _kernels(con, strings) if "CUPTI_ACTIVITY_KIND_KERNEL" in names else None,
@@ -198,8 +204,9 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
         if not keep.all():
             ev = ev[keep].reset_index(drop=True)
         if ev.empty:
-            raise OpprofError(f"{source}: nsys export with no usable events "
-                              f"({drops.describe(info.warnings.get(drops.KEY))})")
+            raise OpprofError("nsys export with no usable events "
+                              f"({drops.describe(info.warnings.get(drops.KEY))})",
+                              path=source, kind=ErrorKind.NO_EVENTS)
         base = max(info.ranks) + 1 if info.ranks else 0
         rank_of = _ranks(ev, base)
         if not rank_of:
@@ -223,7 +230,8 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
                   if "CUDA_GPU_MEMORY_USAGE_EVENTS" in names else _NO_MEMORY)
         return ev.drop(columns=["proc"]), memory
     except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
-        raise OpprofError(f"{source}: damaged nsys export ({exc})") from None
+        raise OpprofError(f"damaged nsys export ({exc})",
+                          path=source, kind=ErrorKind.DAMAGED) from None
     finally:
         con.close()
 
@@ -295,7 +303,7 @@ def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
     if strings.empty:  # an export whose StringIds table is empty: no name is known
         return pd.Series(np.full(len(idx), None, dtype=object), dtype=object)
     pos = strings.index.get_indexer(idx)
-    out = np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], None)
+    out = np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], NONE)
     return pd.Series(out, dtype=object)
 
 

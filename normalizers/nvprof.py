@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from opprof.errors import OpprofError
-from opprof.events import finish
+from opprof.errors import ErrorKind, OpprofError
+from opprof.normalizers.chrome import NONE
 from opprof.normalizers.cupti import (
     CUPTI_MEM_KIND,
     connect,
@@ -55,6 +55,7 @@ from opprof.normalizers.cupti import (
     sqlite_tables,
     tables,
 )
+from opprof.normalizers.events import finish
 from opprof.trace import Trace
 
 NAME = "nvprof"
@@ -100,7 +101,8 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
         gpus.extend(names)
     raw = pd.concat(frames, ignore_index=True)
     if raw.empty:
-        raise OpprofError(f"{paths[0]}: nvprof export with no kernels, CUDA calls or markers")
+        raise OpprofError("nvprof export with no kernels, CUDA calls or markers",
+                          path=paths[0], kind=ErrorKind.NO_EVENTS)
     out = {
         "source_formats": [NAME],
         "sources": [str(p) for p in paths],
@@ -121,7 +123,8 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         names = tables(con)
         if "StringTable" not in names:
             shown = ", ".join(sorted(names)[:6]) or "none"
-            raise OpprofError(f"{path}: SQLite file but not an nvprof export (tables: {shown})")
+            raise OpprofError(f"SQLite file but not an nvprof export (tables: {shown})",
+                              path=path, kind=ErrorKind.NOT_A_TRACE)
         s = pd.read_sql_query('SELECT "_id_" AS id, value FROM "StringTable"', con)
         strings = pd.Series(s["value"].to_numpy(dtype=object),
                             index=s["id"].to_numpy(dtype=np.int64))
@@ -139,14 +142,15 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         ev["role"] = "worker"
         return ev, _gpu_names(con, names, strings)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError, UnicodeDecodeError) as exc:
-        raise OpprofError(f"{path}: damaged nvprof export ({exc})") from None
+        raise OpprofError(f"damaged nvprof export ({exc})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     finally:
         con.close()
 
 
 def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
     pos = strings.index.get_indexer(int_col(ids))
-    return pd.Series(np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], None),
+    return pd.Series(np.where(pos >= 0, strings.to_numpy()[np.maximum(pos, 0)], NONE),
                      dtype=object)
 
 
@@ -197,7 +201,7 @@ def _memset(con: sqlite3.Connection) -> pd.DataFrame:
 
 def _api(con: sqlite3.Connection, names: set[str]) -> pd.DataFrame | None:
     """Runtime calls, plus driver calls whose correlation no runtime call has."""
-    frames = []
+    frames: list[pd.DataFrame] = []
     for table, cbids, prefix in (("CUPTI_ACTIVITY_KIND_RUNTIME", RUNTIME_CBID, "cudaRuntime"),
                                  ("CUPTI_ACTIVITY_KIND_DRIVER", DRIVER_CBID, "cuDriver")):
         if table not in names:
@@ -247,7 +251,7 @@ def _markers(con: sqlite3.Connection, names: set[str], strings: pd.Series) -> pd
         cat = cat[~cat.index.duplicated()].reindex(int_col(starts["id"])).fillna(0)
         cat = cat.astype(np.int64).to_numpy()
         extra = pd.Series(np.where(cat != 0, np.char.add("category = ", cat.astype(str)),
-                                   None), dtype=object)
+                                   NONE), dtype=object)
         both = (detail.notna() & extra.notna()).to_numpy()
         detail = detail.where(detail.notna(), extra)
         detail[both] = detail[both].to_numpy() + ", " + extra[both].to_numpy()

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opprof.errors import OpprofError, first_line
-from opprof.memory import add_memory, is_memory, samples
+from opprof.errors import ErrorKind, OpprofError, first_line
+from opprof.normalizers.memory import add_memory, is_memory, samples
 from opprof.trace import Trace
 
 NAME = "sampled"
@@ -58,20 +58,22 @@ def header(path: Path) -> dict[str, Any]:
         with open(path, "rb") as f:
             head = f.readline(1 << 16).decode("utf-8", "replace").rstrip("\n")
     except OSError as exc:
-        raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise OpprofError(f"cannot read ({exc.strerror or exc})",
+                          path=path, kind=ErrorKind.UNREADABLE) from None
     return _parse_header(path, head)
 
 
 def _parse_header(path: Path, head: str) -> dict[str, Any]:
     if not head.startswith(HEADER):
-        raise OpprofError(f"{path}: not an opprof memory sample file (no '{HEADER.strip()}' "
-                          "header line)")
+        raise OpprofError(f"not an opprof memory sample file (no '{HEADER.strip()}' "
+                          "header line)", path=path, kind=ErrorKind.NOT_A_TRACE)
     try:
         info = json.loads(head[len(HEADER):])
         if not isinstance(info, dict):
             raise ValueError("not an object")
     except ValueError as exc:
-        raise OpprofError(f"{path}: damaged memory sample header ({first_line(exc)})") from None
+        raise OpprofError(f"damaged memory sample header ({first_line(exc)})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     return info
 
 
@@ -81,16 +83,19 @@ def read(path: Path) -> tuple[dict[str, Any], pd.DataFrame]:
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as exc:
-        raise OpprofError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise OpprofError(f"cannot read ({exc.strerror or exc})",
+                          path=path, kind=ErrorKind.UNREADABLE) from None
     head, _, body = text.partition("\n")
     info = _parse_header(path, head)
     try:
         df = pd.read_csv(io.StringIO(body), dtype="float64", on_bad_lines="skip")
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise OpprofError(f"{path}: damaged memory samples ({first_line(exc)})") from None
+        raise OpprofError(f"damaged memory samples ({first_line(exc)})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
     cols = ["ts_ns", "rss_bytes", "hwm_bytes"]
     if list(df.columns) != cols:
-        raise OpprofError(f"{path}: memory samples must have the columns {','.join(cols)}")
+        raise OpprofError(f"memory samples must have the columns {','.join(cols)}",
+                          path=path, kind=ErrorKind.DAMAGED)
     df = df.dropna()
     return info, df.astype(np.int64).sort_values("ts_ns", kind="stable").reset_index(drop=True)
 

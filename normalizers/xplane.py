@@ -52,7 +52,7 @@ profile); every complete event becomes a row. What each row is:
   ``*Apply*`` kernels) update, ``IteratorGetNext``/``Iterator::*``/``tf.data`` threads load,
   and the table gives every other op of a training graph (memory, elementwise, a Keras
   LSTM's ``while`` loop …) the forward phase; time between ops follows
-  ``opprof.events`` (it goes to the op that starts next).
+  ``opprof.normalizers.events`` (it goes to the op that starts next).
 * **Thread-pool work is not counted twice**: ``ThreadpoolListener::Region`` (Eigen and
   inter-op pool work items), ``ExecutorState::Process``, ``ParallelFor`` and the eager runtime
   wrappers (``EagerExecute``, ``KernelAndDeviceFunc::Run``, the Python-side ``tf.function``
@@ -103,9 +103,10 @@ import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError, first_line
-from opprof.events import finish
-from opprof.memory import add_memory, samples
+from opprof.errors import ErrorKind, OpprofError, first_line
+from opprof.normalizers.chrome import NONE
+from opprof.normalizers.events import finish
+from opprof.normalizers.memory import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
 
@@ -146,8 +147,9 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
         keep = drops.skip(warnings, negative, "negative duration")
         keep &= drops.skip(warnings, outside, "time outside the trace's span")
         if not keep.any():
-            raise OpprofError(f"{paths[0]}: XPlane with no usable events "
-                              f"({drops.describe(warnings[drops.KEY])})")
+            raise OpprofError("XPlane with no usable events "
+                              f"({drops.describe(warnings[drops.KEY])})",
+                              path=paths[0], kind=ErrorKind.NO_EVENTS)
         raw = raw[keep].reset_index(drop=True)
     display = raw.pop("display")
     clocked = all(h["epoch_offset"] is not None for h in hosts)
@@ -232,9 +234,9 @@ def allocator_samples(path: Path, rank: int, role: str, offset_ns: int,
             rows.append((t_ps // 1000, used))
         if not rows:
             continue
-        t, used = (np.array(c, np.int64) for c in zip(*sorted(set(rows)), strict=True))
+        at, nbytes = (np.array(c, np.int64) for c in zip(*sorted(set(rows)), strict=True))
         frames.append(samples(rank, role, pid, f"cuda:{gpu.group(1)}" if gpu else "cpu",
-                              t + offset_ns, "allocated", used, "xprof"))
+                              at + offset_ns, "allocated", nbytes, "xprof"))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -269,9 +271,9 @@ def _native_stderr_quiet() -> Iterator[None]:
 def _tool(path: Path, tool: str) -> Any:
     """Run one xprof tool on one XPlane file; return its parsed JSON."""
     if not path.exists():
-        raise OpprofError(f"{path}: no such file")
+        raise OpprofError("no such file", path=path, kind=ErrorKind.MISSING)
     if path.stat().st_size == 0:
-        raise OpprofError(f"{path}: file is empty")
+        raise OpprofError("file is empty", path=path, kind=ErrorKind.EMPTY)
     convert = _xprof()
     # The trace viewer silently keeps only the first 1,000,000 events unless told otherwise.
     saved = os.environ.get(_MAX_EVENTS_ENV)
@@ -284,8 +286,9 @@ def _tool(path: Path, tool: str) -> Any:
             link.symlink_to(path.resolve())
             out = convert.xspace_to_tool_data([str(link)], tool, {"use_saved_result": False})
     except Exception as exc:  # xprof raises plain exceptions for unreadable files
-        raise OpprofError(f"{path}: not a readable XPlane (truncated, or not written by the "
-                          f"TensorFlow profiler); xprof says: {first_line(exc)}") from None
+        raise OpprofError("not a readable XPlane (truncated, or not written by the "
+                          f"TensorFlow profiler); xprof says: {first_line(exc)}",
+                          path=path, kind=ErrorKind.NOT_A_TRACE) from None
     finally:
         if saved is None:
             os.environ.pop(_MAX_EVENTS_ENV, None)
@@ -293,22 +296,25 @@ def _tool(path: Path, tool: str) -> Any:
             os.environ[_MAX_EVENTS_ENV] = saved
     data = out[0] if isinstance(out, tuple) else out
     if data is None:
-        raise OpprofError(f"{path}: xprof's {tool} converter failed: not a readable XPlane "
-                          "(truncated, or not written by the TensorFlow profiler)")
+        raise OpprofError(f"xprof's {tool} converter failed: not a readable XPlane "
+                          "(truncated, or not written by the TensorFlow profiler)",
+                          path=path, kind=ErrorKind.NOT_A_TRACE)
     if isinstance(data, (bytes, bytearray)):
         data = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
         data = data.decode("utf-8", "replace")
     try:
         return json.loads(data)
     except json.JSONDecodeError as exc:
-        raise OpprofError(f"{path}: xprof's {tool} output is not JSON ({exc})") from None
+        raise OpprofError(f"xprof's {tool} output is not JSON ({exc})",
+                          path=path, kind=ErrorKind.NOT_A_TRACE) from None
 
 
 def trace_viewer(path: Path) -> dict:
     """xprof's trace viewer document (chrome trace JSON) for one XPlane file."""
     doc = _tool(Path(path), "trace_viewer")
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise OpprofError(f"{path}: xprof's trace viewer output has no traceEvents")
+        raise OpprofError("xprof's trace viewer output has no traceEvents",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     return doc
 
 
@@ -455,7 +461,8 @@ def _host_events(path: Path) -> dict[str, Any]:
                if isinstance(r.args, dict)}
     ev = frame[frame["ph"] == "X"].reset_index(drop=True)
     if ev.empty:
-        raise OpprofError(f"{path}: XPlane with no complete events (was anything profiled?)")
+        raise OpprofError("XPlane with no complete events (was anything profiled?)",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     args = pd.DataFrame.from_records([a if isinstance(a, dict) else {} for a in ev["args"]],
                                      columns=_ARGS)
     name = ev["name"].astype(object).fillna("").astype(str)
@@ -470,8 +477,9 @@ def _host_events(path: Path) -> dict[str, Any]:
     keep = drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
     keep &= drops.skip(warnings, bad_dur, "duration missing, not a number or out of range")
     if not keep.any():
-        raise OpprofError(f"{path}: XPlane with no usable events "
-                          f"({drops.describe(warnings[drops.KEY])})")
+        raise OpprofError("XPlane with no usable events "
+                          f"({drops.describe(warnings[drops.KEY])})",
+                          path=path, kind=ErrorKind.NO_EVENTS)
     if not keep.all():
         ev, name, pid, tid = (x[keep].reset_index(drop=True) for x in (ev, name, pid, tid))
         args, ts, dur = args[keep].reset_index(drop=True), ts[keep], dur[keep]
@@ -481,7 +489,7 @@ def _host_events(path: Path) -> dict[str, Any]:
     op_name = long_name.str.rsplit(":", n=1).str[0]
     key = name.where(~is_op, long_name)
     # TF ops: the full op name; other events with a long name (tf.data iterators): that.
-    detail = pd.Series(np.where(is_op, op_name, np.where(long_name != "", long_name, None)),
+    detail = pd.Series(np.where(is_op, op_name, np.where(long_name != "", long_name, NONE)),
                        dtype=object)
     root = name.str.startswith("Iterator::") & detail.isna()  # Iterator::Root has no long name
     detail = detail.where(~root, name)

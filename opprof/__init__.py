@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 from opprof.errors import OpprofError
 
 if TYPE_CHECKING:
-    from opprof.collectors.api import profile
     from opprof.loader import load
+    from opprof.pipeline.profile import profile
     from opprof.trace import Trace, save
 
 __all__ = ["OpprofError", "Trace", "__version__", "load", "profile", "save"]
 _LAZY = {"load": "opprof.loader", "Trace": "opprof.trace", "save": "opprof.trace",
-         "profile": "opprof.collectors.api"}
+         "profile": "opprof.pipeline.profile"}
 
 
 def __getattr__(name: str) -> Any:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 
 import click
 
 from opprof import __version__
 from opprof.errors import Interrupted, OpprofError, raise_on_signals
+from opprof.invocation import set_invocation
 
 #: Command name → the module under opprof.commands defining it. A command's module (and
 #: what it needs: pandas, the frameworks for ``record``) is imported only when that command
@@ -28,7 +30,8 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(cmd_name)
         if module is None:
             return None
-        return importlib.import_module(f"opprof.commands.{module}").command
+        command: click.Command = importlib.import_module(f"opprof.commands.{module}").command
+        return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,6 +56,7 @@ def main() -> None:
     """Entry point: run the CLI; an OpprofError is one line on stderr and exit code 2; a run
     stopped by a signal is one line and 128 + the signal's number."""
     raise_on_signals()
+    set_invocation(shlex.join(["opprof", *sys.argv[1:]]))  # the .trace files' stamp
     from opprof import readahead
 
     if not readahead.start(sys.argv[1:]):  # a report's trace read by a second process

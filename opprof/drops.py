@@ -8,13 +8,17 @@ and files (:func:`merged`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 KEY = "read_warnings"
 
 
-def note(meta: dict, kind: str, count: int) -> None:
+def note(meta: dict[str, Any], kind: str, count: int) -> None:
     """Add ``count`` (when positive) to ``kind`` in ``meta``'s read warnings."""
     count = int(count)
     if count > 0:
@@ -22,7 +26,7 @@ def note(meta: dict, kind: str, count: int) -> None:
         warnings[kind] = int(warnings.get(kind, 0)) + count
 
 
-def skip(meta: dict, bad: np.ndarray, why: str) -> np.ndarray:
+def skip(meta: dict[str, Any], bad: Array, why: str) -> Array:
     """Count the events of ``bad`` (a boolean mask) as skipped for ``why``; return the mask of
     the events kept."""
     bad = np.asarray(bad, bool)
@@ -57,7 +61,7 @@ SPAN_MARGIN = 20
 SPAN_MARGIN_NS = 3600 * 10**9
 
 
-def timeline_problems(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def timeline_problems(ts: Array, dur: Array) -> tuple[Array, Array]:
     """(negative duration, outside the trace's span) masks of int64 ns starts and durations:
     the events that cannot be placed on a trace's timeline (see :data:`SPAN_MARGIN`)."""
     ts = np.asarray(ts, np.int64)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path``, on error it
     is removed, so no half-written file is ever left under the final name."""
     path = Path(path)
@@ -29,14 +29,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     except OSError as exc:  # disk full, a file size limit, a quota: one line, no file
         Path(tmp).unlink(missing_ok=True)
-        raise OpprofError(f"{path}: cannot be written ({why_not(exc)}); nothing was "
-                          "written") from None
+        raise OpprofError(f"cannot be written ({why_not(exc)}); nothing was "
+                          "written", path=path, kind=ErrorKind.UNWRITABLE) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes | Callable[[Path], None]) -> Path:
+def write_atomic(path: str | os.PathLike[str], data: str | bytes | Callable[[Path], None]) -> Path:
     """Write text, bytes, or whatever ``data(tmp_path)`` writes, atomically to ``path``."""
     with atomic_path(path) as tmp:
         if callable(data):
@@ -85,15 +85,17 @@ def check_input(path: Path) -> os.stat_result:
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise OpprofError(f"{path}: no such file or folder") from None
+        raise OpprofError("no such file or folder", path=path, kind=ErrorKind.MISSING) from None
     except OSError as exc:  # a loop of links, a name too long, no permission to look
-        raise OpprofError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        raise OpprofError(f"cannot be read ({exc.strerror or exc})",
+                          path=path, kind=ErrorKind.UNREADABLE) from None
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
         what = next((w for test, w in _NOT_REGULAR if test(st.st_mode)), "not a regular file")
-        raise OpprofError(f"{path}: {what}, not a regular file; only files and folders are "
-                          "read")
+        raise OpprofError(f"{what}, not a regular file; only files and folders are "
+                          "read", path=path, kind=ErrorKind.UNREADABLE)
     if not os.access(path, os.R_OK | (os.X_OK if stat.S_ISDIR(st.st_mode) else 0)):
-        raise OpprofError(f"{path}: cannot be read (permission denied)")
+        raise OpprofError("cannot be read (permission denied)",
+                          path=path, kind=ErrorKind.UNREADABLE)
     return st
 
 

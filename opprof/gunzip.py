@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -99,23 +99,26 @@ def inflate(data: bytes, path: Path, budget: int, piece_size: int = _PIECE) -> I
                 used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
                 if total > budget:
                     raise OpprofError(
-                        f"{path}: gzip data inflating to more than {gib(budget)} (a third of "
-                        "the memory available); not read")
+                        f"gzip data inflating to more than {gib(budget)} (a third of "
+                        "the memory available); not read", path=path, kind=ErrorKind.TOO_LARGE)
                 if total > _RATIO_FROM and total > MAX_INFLATE_RATIO * max(used, 1):
                     raise OpprofError(
-                        f"{path}: gzip data inflating over {MAX_INFLATE_RATIO}x its size "
+                        f"gzip data inflating over {MAX_INFLATE_RATIO}x its size "
                         f"({gib(total)} from {gib(used)} so far): a "
-                        "decompression bomb, not a trace; not read")
+                        "decompression bomb, not a trace; not read",
+                        path=path, kind=ErrorKind.TOO_LARGE)
                 if piece:
                     yield piece
                 rest = d.unconsumed_tail
                 if d.eof or not rest and not piece:
                     break
             if not d.eof:
-                raise OpprofError(f"{path}: truncated or damaged gzip data (ends early)")
+                raise OpprofError("truncated or damaged gzip data (ends early)",
+                                  path=path, kind=ErrorKind.DAMAGED)
             data = d.unused_data.lstrip(b"\x00")
     except _INFLATE_ERRORS as exc:
-        raise OpprofError(f"{path}: truncated or damaged gzip data ({exc})") from None
+        raise OpprofError(f"truncated or damaged gzip data ({exc})",
+                          path=path, kind=ErrorKind.DAMAGED) from None
 
 
 #: The inflating thread stays at most this many bytes of text ahead of its reader, so a
@@ -179,7 +182,8 @@ class Pieces:
                 if not self._queue:
                     if self._error is not None:
                         raise self._error if isinstance(self._error, OpprofError) else \
-                            OpprofError(f"{self.path}: cannot read ({self._error})")
+                            OpprofError(f"cannot read ({self._error})", path=self.path,
+                                        kind=ErrorKind.UNREADABLE)
                     return
                 piece = self._queue.popleft()
                 self._held -= len(piece)
@@ -191,12 +195,14 @@ class Pieces:
         try:
             with open(self.path, "rb") as f:
                 if os.fstat(f.fileno()).st_size > budget:
-                    raise OpprofError(f"{self.path}: {gib(os.fstat(f.fileno()).st_size)} of "
-                                      "JSON is more than this machine can decode now")
+                    raise OpprofError(f"{gib(os.fstat(f.fileno()).st_size)} of JSON is more "
+                                      "than this machine can decode now", path=self.path,
+                                      kind=ErrorKind.TOO_LARGE)
                 while piece := f.read(STREAM_PIECE):
                     yield piece
         except OSError as exc:
-            raise OpprofError(f"{self.path}: cannot read ({exc.strerror or exc})") from None
+            raise OpprofError(f"cannot read ({exc.strerror or exc})", path=self.path,
+                              kind=ErrorKind.UNREADABLE) from None
 
     def text(self) -> bytearray | None:
         """All of the text as one buffer (None on any problem: the reader reads the file

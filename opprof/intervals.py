@@ -15,15 +15,22 @@ Times are int64 nanoseconds; an interval is ``[start, end)``. Everything is vect
   (:func:`label_points`: which interval of its lane covers each point), **containment**
   (:func:`containing`: which interval of the same lane contains each inner interval) and
   **nesting** (:func:`nest`, :class:`Nesting`: depth and outermost enclosing interval,
-  per lane).
+  per lane), and **coverage** (:func:`coverage`: how much of a window a union covers).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, overload
+
 import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 
-def lane_keys(lanes: list[np.ndarray], times: list[np.ndarray]) -> list[np.ndarray]:
+def lane_keys(lanes: list[Array], times: list[Array]) -> list[Array]:
     """The same lanes and times as one sortable int64 key each (``lane * width + t - t0``),
     for several arrays sharing one axis. Keys keep the order and equality of (lane, time),
     which is all their users compare; when the lanes times the span would not fit in int64
@@ -43,7 +50,7 @@ def lane_keys(lanes: list[np.ndarray], times: list[np.ndarray]) -> list[np.ndarr
             for lane, t in zip(lanes, times, strict=True)]
 
 
-def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge(starts: Array, ends: Array) -> tuple[Array, Array]:
     """The union of intervals as disjoint, sorted intervals (touching ones joined)."""
     if len(starts) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -59,7 +66,7 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return s[new], out_e
 
 
-def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
+def union_length(starts: Array, ends: Array) -> int:
     """Total length covered by the union of intervals."""
     s, e = merge(starts, ends)
     return int((e - s).sum())
@@ -71,14 +78,14 @@ class Sweep:
     ``Sweep(a_start, a_end, b_start, …)`` takes any arrays of boundaries; segment ``i`` is
     ``[points[i], points[i + 1])``."""
 
-    def __init__(self, *boundaries: np.ndarray) -> None:
+    def __init__(self, *boundaries: Array) -> None:
         arrays = [np.asarray(b, np.int64) for b in boundaries if len(b)]
         self.points = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
         self.length = np.diff(self.points)
         self.start = self.points[:-1]
 
-    def covered(self, starts: np.ndarray, ends: np.ndarray,
-                minus: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    def covered(self, starts: Array, ends: Array,
+                minus: tuple[Array, Array] | None = None) -> Array:
         """Per segment: covered by at least one interval (all boundaries must be points of
         this sweep); ``minus`` intervals count against the cover (a compute operator is
         not running while it is blocked in a call it issued)."""
@@ -90,27 +97,35 @@ class Sweep:
         if minus is not None and len(minus[0]):
             delta -= np.bincount(np.searchsorted(self.points, minus[0]), minlength=n)
             delta += np.bincount(np.searchsorted(self.points, minus[1]), minlength=n)
-        return np.cumsum(delta)[:-1] > 0
+        covered: Array = np.cumsum(delta)[:-1] > 0
+        return covered
 
-    def bins(self, b_start: np.ndarray, b_end: np.ndarray) -> np.ndarray:
+    def bins(self, b_start: Array, b_end: Array) -> Array:
         """Per segment: the index of the sorted, disjoint bin ``[b_start, b_end)`` holding
         it, or ``len(b_start)`` when none does."""
         idx = np.searchsorted(b_start, self.start, side="right") - 1
         inside = (idx >= 0) & (self.start < np.asarray(b_end)[np.maximum(idx, 0)])
         return np.where(inside, idx, len(b_start))
 
-    def total(self, mask: np.ndarray, bins: np.ndarray | None = None,
-              n_bins: int = 0) -> np.ndarray | int:
+    @overload
+    def total(self, mask: Array) -> int: ...
+
+    @overload
+    def total(self, mask: Array, bins: Array, n_bins: int) -> Array: ...
+
+    def total(self, mask: Array, bins: Array | None = None,
+              n_bins: int = 0) -> Array | int:
         """Length of the masked segments: one int, or int64 per bin (``bins`` from
         :meth:`bins`, ``n_bins`` bins)."""
         if bins is None:
             return int(self.length[mask].sum())
         tot = np.bincount(bins[mask], weights=self.length[mask], minlength=n_bins + 1)
-        return np.rint(tot[:n_bins]).astype(np.int64)
+        per_bin: Array = np.rint(tot[:n_bins]).astype(np.int64)
+        return per_bin
 
 
-def label_points(group: np.ndarray, t: np.ndarray, i_group: np.ndarray, i_start: np.ndarray,
-                 i_end: np.ndarray, i_label: np.ndarray, default: str | int) -> np.ndarray:
+def label_points(group: Array, t: Array, i_group: Array, i_start: Array,
+                 i_end: Array, i_label: Array, default: str | int) -> Array:
     """For each point (group, t): the label of the latest-starting interval of the same
     group that covers it, or ``default``. Intervals of one group are assumed not to overlap."""
     n = len(t)
@@ -127,9 +142,9 @@ def label_points(group: np.ndarray, t: np.ndarray, i_group: np.ndarray, i_start:
     return out
 
 
-def containing(inner_lane: np.ndarray, inner_start: np.ndarray, inner_end: np.ndarray,
-               outer_lane: np.ndarray, outer_start: np.ndarray,
-               outer_end: np.ndarray) -> np.ndarray:
+def containing(inner_lane: Array, inner_start: Array, inner_end: Array,
+               outer_lane: Array, outer_start: Array,
+               outer_end: Array) -> Array:
     """Per inner interval: the position of the outer interval of the same lane that contains
     it, or -1. Outer intervals of one lane must not overlap."""
     if len(inner_start) == 0 or len(outer_start) == 0:
@@ -142,8 +157,8 @@ def containing(inner_lane: np.ndarray, inner_start: np.ndarray, inner_end: np.nd
     return np.where(inside, cand, -1)
 
 
-def nest(lane: np.ndarray, start: np.ndarray, end: np.ndarray,
-         is_op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nest(lane: Array, start: Array, end: Array,
+         is_op: Array) -> tuple[Array, Array]:
     """Per interval: nesting depth on its lane, and the index of its outermost enclosing
     ``is_op`` interval (itself when it is outermost; -1 when none encloses it).
 
@@ -156,7 +171,7 @@ class Nesting:
     """:func:`nest` for several sets of operators on the same intervals: the sorting that
     does not depend on which intervals are operators is done once."""
 
-    def __init__(self, lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+    def __init__(self, lane: Array, start: Array, end: Array) -> None:
         n = self.n = len(start)
         if n == 0:
             return
@@ -170,7 +185,7 @@ class Nesting:
         self.depth = np.empty(n, np.int64)
         self.depth[self.order] = np.arange(n) - closed
 
-    def nest(self, is_op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def nest(self, is_op: Array) -> tuple[Array, Array]:
         """(depth, outermost enclosing ``is_op`` interval) per interval, as :func:`nest`."""
         n = self.n
         if n == 0:
@@ -187,3 +202,34 @@ class Nesting:
         anc = np.empty(n, np.int64)
         anc[order] = anc_o
         return self.depth.copy(), anc
+
+
+def lane_ids(rank: Array, pid: Array, tid: Array) -> Array:
+    """One integer per distinct (rank, pid, tid), numbered in order of first appearance
+    (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
+    if len(rank) == 0:
+        return np.zeros(0, np.int64)
+    key = np.zeros(len(rank), np.int64)
+    for part in (rank, pid, tid):
+        codes, uniq = pd.factorize(part)
+        key = key * len(uniq) + codes  # distinct combinations stay distinct
+        key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
+    return key
+
+
+def coverage(starts: Array, ends: Array) -> Callable[[Array], Array]:
+    """For any intervals: the function ``t ↦ length of their union before t`` (vectorized
+    over t, float64), so the part of ``[a, b)`` they cover is ``f(b) − f(a)``."""
+    s, e = merge(starts, ends)
+    before = np.concatenate([[0], np.cumsum(e - s)]).astype(np.float64)
+
+    def covered_before(t: Array) -> Array:
+        t = np.asarray(t, np.int64)
+        if not len(s):
+            return np.zeros(t.shape, np.float64)
+        k = np.searchsorted(s, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        inside = np.clip(t - s[kk], 0, (e - s)[kk])
+        return np.where(k >= 0, before[kk] + inside, 0.0)
+
+    return covered_before

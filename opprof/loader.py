@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.files import check_input
 from opprof.trace import Trace, read_parquet
 
@@ -25,7 +25,7 @@ def is_opprof_trace(path: Path) -> bool:
         return False
 
 
-def existing_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
+def existing_paths(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The given trace paths, each checked to exist (one line naming the first missing)."""
     files = [Path(p) for p in paths]
     if not files:
@@ -46,12 +46,12 @@ def opprof_traces_in(files: list[Path]) -> list[Path]:
         return files
     if len(found) > 1:
         names = ", ".join(f.name for f in found[:6]) + (" …" if len(found) > 6 else "")
-        raise OpprofError(f"{files[0]}: holds {len(found)} opprof traces ({names}); give one "
-                          "of them")
+        raise OpprofError(f"holds {len(found)} opprof traces ({names}); give one "
+                          "of them", path=files[0], kind=ErrorKind.USAGE)
     return found
 
 
-def load(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
+def load(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Trace:
     """Load an opprof `.trace` (several: the hosts of one job, merged), or normalize native
     trace files/folders on the fly."""
     if isinstance(paths, (str, os.PathLike)):
@@ -63,10 +63,12 @@ def load(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> Trace:
     if all(traces):  # the hosts of one job (opprof.merge)
         from opprof.merge import merge_traces
 
-        return merge_traces(files)
+        merged: Trace = merge_traces(files)
+        return merged
     if any(traces):
         raise OpprofError("give opprof .trace files (one per host of a job), or native traces "
                           "to normalize, not both")
     from opprof.normalizers import normalize
 
-    return normalize(files)
+    trace: Trace = normalize(files)
+    return trace

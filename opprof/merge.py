@@ -9,25 +9,32 @@ every rank's number and joins the files' metadata rank by rank.
 
 Refused, in one line naming the files: two files that hold the same rank, and files of
 different jobs — a different framework, model, mode, dataset, batch size, world size, node
-count or rendezvous address wherever both files say it.
+count or rendezvous address wherever both files say it, or steps more than
+:data:`APART_NS` apart (the ranks of one job step together; a user's imported traces carry
+none of the rest).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opprof.errors import OpprofError
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 #: What both files must agree on, where both have it.
 JOB_KEYS = ("framework", "model", "mode", "dataset", "batch_size", "nnodes", "master",
             "workers")
+#: Two files whose profiled steps are further apart than this are not one job's.
+APART_NS = 60 * 10**9
 #: Per-host facts that no longer describe the merged job.
 HOST_KEYS = ("node_rank", "row_groups", "command")
 
 
-def world_size(meta: dict) -> int | None:
+def world_size(meta: dict[str, Any]) -> int | None:
     """The job's world size as the trace's ``distributedInfo`` says it (None: unknown)."""
     for info in (meta.get("distributed") or {}).values():
         if isinstance(info, dict) and isinstance(info.get("world_size"), int):
@@ -35,7 +42,17 @@ def world_size(meta: dict) -> int | None:
     return None
 
 
-def check_one_job(files: Sequence[tuple[Path, dict, list[int]]]) -> None:
+def steps_span(meta: MetaMapping) -> tuple[int, int] | None:
+    """(first step's start, last step's end) of a trace, ns (None: no steps)."""
+    rows = [r for r in meta.get("step_bounds") or [] if isinstance(r, (list, tuple))
+            and len(r) >= 4]
+    try:
+        return (min(int(r[2]) for r in rows), max(int(r[3]) for r in rows)) if rows else None
+    except (TypeError, ValueError):
+        return None
+
+
+def check_one_job(files: Sequence[tuple[Path, dict[str, Any], list[int]]]) -> None:
     """(path, metadata, ranks) per file: raise one OpprofError line unless they are the
     hosts of one job with disjoint ranks."""
     first, meta0, _ = files[0]
@@ -49,6 +66,12 @@ def check_one_job(files: Sequence[tuple[Path, dict, list[int]]]) -> None:
         a, b = world_size(meta0), world_size(meta)
         if a is not None and b is not None and a != b:
             raise OpprofError(f"{first} and {path} are not one job (world size {a} vs {b})")
+        sa, sb = steps_span(meta0), steps_span(meta)
+        if sa is not None and sb is not None:
+            gap = max(sa[0], sb[0]) - min(sa[1], sb[1])
+            if gap > APART_NS:
+                raise OpprofError(f"{first} and {path} are not one job (their steps are "
+                                  f"{gap / 1e9:,.0f} s apart)")
     seen: dict[int, Path] = {}
     for path, _, ranks in files:
         for r in ranks:
@@ -67,7 +90,7 @@ def _union(values: list[Any]) -> list[Any]:
     return out
 
 
-def merge_meta(metas: list[dict], paths: list[Path], worker_ranks: int) -> dict:
+def merge_meta(metas: list[dict[str, Any]], paths: list[Path], worker_ranks: int) -> dict[str, Any]:
     """One job's metadata from its hosts' (in the order given): per-rank tables joined,
     lists united, the first file's value for the rest."""
     out: dict[str, Any] = {}
@@ -93,7 +116,7 @@ def merge_meta(metas: list[dict], paths: list[Path], worker_ranks: int) -> dict:
     return out
 
 
-def job_meta(files: Sequence[Any]) -> dict:
+def job_meta(files: Sequence[Any]) -> dict[str, Any]:
     """The merged metadata of the hosts' opened `.trace` files (``TraceFile``), checked to
     be one job."""
     check_one_job([(f.path, f.meta, f.ranks) for f in files])

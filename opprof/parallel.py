@@ -133,7 +133,7 @@ def _local(workers: int, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    pending: deque = deque()
+    pending: deque[Any] = deque()
     it = iter(tasks)
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
         try:
@@ -159,13 +159,14 @@ def _dask(address: str, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]
         raise OpprofError("a Dask scheduler was given but dask.distributed is not installed "
                           "(pip install 'opprof[cluster]')") from None
     try:
-        client = Client(address, timeout="20s", set_as_default=False)
+        client = Client(address, timeout="20s",  # type: ignore[no-untyped-call]  # (dask's)
+                        set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise OpprofError(f"cannot reach the Dask scheduler at {address} "
                           f"({first_line(exc)})") from None
     try:
-        workers = max(1, len(client.nthreads()))
-        pending: deque = deque()
+        workers = max(1, len(client.nthreads()))  # type: ignore[no-untyped-call]
+        pending: deque[Any] = deque()
         for t in tasks:
             pending.append(client.submit(fn, t, pure=False))
             if len(pending) >= workers * (1 + AHEAD):
@@ -173,7 +174,7 @@ def _dask(address: str, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]
         while pending:
             yield _result(pending.popleft())
     finally:
-        client.close()
+        client.close()  # type: ignore[no-untyped-call]
 
 
 def _result(future: Any) -> Any:

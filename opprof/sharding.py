@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
+
+from opprof.kinds import Mode
 
 FSDP_NAME = re.compile(r"(?:FSDP::|fsdp::|FullyShardedDataParallel\.)")
 ZERO_NAME = re.compile(r".*ZeroRedundancyOptimizer")
 #: The modes a trace's names can reveal, and the modes they refine (what a run is recorded
 #: as before its names are read).
-SHARDED_MODES = ("fsdp", "zero")
-REFINES = (None, "", "allreduce", "single")
+REFINES = (None, "", Mode.ALLREDUCE, Mode.SINGLE)
 
 
 def sharded_mode(names: Iterable[str]) -> str | None:
@@ -30,12 +32,12 @@ def sharded_mode(names: Iterable[str]) -> str | None:
     for name in names:
         name = str(name)
         if FSDP_NAME.match(name):
-            return "fsdp"
+            return Mode.FSDP
         zero = zero or bool(ZERO_NAME.match(name))
-    return "zero" if zero else None
+    return Mode.ZERO if zero else None
 
 
-def refine_mode(meta: dict, sharded: str | None) -> dict:
+def refine_mode(meta: dict[str, Any], sharded: str | None) -> dict[str, Any]:
     """``meta`` with ``mode`` set to ``sharded`` (``fsdp`` / ``zero``, from
     :func:`sharded_mode`) where the mode recorded is a data-parallel one (``allreduce``,
     ``single``) or none; a mode a recording asked for otherwise stays."""

@@ -11,14 +11,15 @@ wins. Columns:
 - ``container`` (optional column): ``yes`` for a compiled-graph container (torch.compile's
   ``CompiledFunction``, the FX graph call): not an operator that swallows what it encloses,
   but a region whose operators keep their own op; the container's own op (``fused``) gets
-  only the time no mapped operator inside covers (``opprof.events``).
+  only the time no mapped operator inside covers (``opprof.normalizers.events``).
 
 Lines starting with ``"# "`` are comments.
 
 Phase resolution for one event: a row phase in ``INTRINSIC_PHASES`` (backward, update, comm,
 load, h2d) always wins; otherwise the phase of the enclosing phase marker; otherwise the row
 phase (``forward`` for forward operators); otherwise, on a worker rank with no phase marker,
-the phase inferred from the operators around it (``opprof.events``); otherwise ``other``.
+the phase inferred from the operators around it (``opprof.normalizers.events``); otherwise
+``other``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,16 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
+from opprof.kinds import Role
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 BASE_OPS = (
     "convolution", "batch_norm", "fully_connected", "activation", "pooling", "loss",
@@ -65,7 +71,7 @@ PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
 KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io", "memory")
 #: The memory table is the rows of kind ``memory``: one zero-duration row per sample of a
-#: series (its ``name``), never counted in operator time (see opprof.memory).
+#: series (its ``name``), never counted in operator time (see opprof.normalizers.memory).
 MEMORY_KIND = "memory"
 #: Memory series: the resident set sampled from outside the process (``rss``), the kernel's
 #: high-water mark of it (``hwm``, VmHWM), and the framework allocator's ``allocated`` and
@@ -75,7 +81,7 @@ MEMORY_SERIES = ("rss", "hwm", "allocated", "reserved")
 MEMORY_SOURCES = ("sampled", "kineto", "xprof", "mxnet", "nsys")
 #: The kinds that run on a device (GPU kernels and copies), not a host thread.
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
-ROLES = ("worker", "server", "scheduler")
+ROLES = Role.values()
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,7 @@ class MappingTable:
     name: str
     rows: tuple[MappingRow, ...]
 
-    def classify(self, names: pd.Series | np.ndarray | list[str]) -> pd.DataFrame:
+    def classify(self, names: pd.Series | Array | list[str]) -> pd.DataFrame:
         """Classify unique names: a frame indexed by name with columns op, phase, kind, row,
         container.
 
@@ -153,7 +159,8 @@ def _check_row(table: str, n: int, row: MappingRow) -> None:
 @cache
 def mapping_table(name: str) -> MappingTable:
     """Load the mapping table shipped as ``opprof/normalizers/maps/<name>.csv``."""
-    text = resources.files("opprof.normalizers").joinpath("maps", f"{name}.csv").read_text()
+    text = resources.files("opprof.normalizers").joinpath("maps").joinpath(
+        f"{name}.csv").read_text()
     rows = []
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# ")]
     for n, rec in enumerate(csv.DictReader(lines), start=2):

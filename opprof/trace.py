@@ -12,29 +12,34 @@ rows as a JSON array (``meta["convergence"]`` once read; files without it have n
 
 The memory table is the rows with kind ``memory`` (zero-duration samples of a memory series:
 resident set, the kernel's high-water mark, the allocator's allocated / reserved bytes),
-in the same events table and the same per-rank row groups (:mod:`opprof.memory`).
+in the same events table and the same per-rank row groups (:mod:`opprof.normalizers.memory`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pandas.api.types import union_categoricals
 
-from opprof.errors import OpprofError, first_line
+from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.files import write_atomic
+from opprof.kinds import Role
+from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
+from opprof.meta import TraceMeta, stamp
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
 
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+    from opprof.meta import MetaMapping
+
 #: Files since the per-rank layout (one row group per rank, ``meta["row_groups"]``) are
-#: still format 1: older opprof reads them unchanged.
-FORMAT_VERSION = 1
+#: still format 1 (:data:`opprof.meta.FORMAT_VERSION`): older opprof reads them unchanged.
 META_KEY = b"opprof"
 CONVERGENCE_KEY = b"opprof.convergence"
 CONVERGENCE_COLUMNS = {"rank": "int32", "step": "int32", "time_ns": "int64", "loss": "float64",
@@ -66,27 +71,31 @@ COLUMNS: dict[str, Any] = {
 }
 
 
-@dataclass
 class Trace:
-    """A normalized trace: ``events`` (one row per event, the COLUMNS above) and ``meta``."""
+    """A normalized trace: ``events`` (one row per event, the COLUMNS above) and ``meta`` (a
+    :class:`~opprof.meta.TraceMeta`; a mapping given is typed)."""
 
-    events: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, events: pd.DataFrame, meta: MetaMapping | None = None) -> None:
+        self.events = events
+        self.meta = TraceMeta.of(meta)
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self.events)} events, {self.meta!r})"
 
     @property
     def ranks(self) -> list[int]:
         """The worker ranks present."""
         ev = self.events
-        return sorted(ev.loc[ev["role"] == "worker", "rank"].unique().tolist())
+        return sorted(ev.loc[ev["role"] == Role.WORKER.value, "rank"].unique().tolist())
 
     def step_bounds(self) -> pd.DataFrame:
         """Per rank and step: start and end (ns), from the metadata written at normalization."""
-        rows = self.meta.get("step_bounds", [])
+        rows = self.meta.step_bounds or []
         df = pd.DataFrame(rows, columns=["rank", "step", "start", "end"])
         return df.astype({"rank": "int32", "step": "int32", "start": "int64", "end": "int64"})
 
 
-def concat_traces(traces: list[Trace], meta: dict[str, Any]) -> Trace:
+def concat_traces(traces: list[Trace], meta: MetaMapping) -> Trace:
     """Several traces' events as one table (in the order given) with ``meta``; categorical
     columns are joined by their categories, never row by row."""
     if len(traces) == 1:
@@ -199,7 +208,7 @@ def to_arrow(events: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
-def rank_slices(events: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+def rank_slices(events: pd.DataFrame) -> list[tuple[int, Array]]:
     """(rank, row positions) per rank, ranks in order of first appearance, rows in order."""
     rank = events["rank"].to_numpy(np.int64)
     if len(rank) == 0:
@@ -210,11 +219,10 @@ def rank_slices(events: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
     return [(int(r), order[bounds[i]:bounds[i + 1]]) for i, r in enumerate(uniq)]
 
 
-def file_meta(meta: dict[str, Any]) -> bytes:
-    """The metadata as stored (JSON), with the format version."""
-    meta = dict(meta)
-    meta.setdefault("format_version", FORMAT_VERSION)
-    return json.dumps(meta, default=_json_default).encode()
+def file_meta(meta: MetaMapping) -> bytes:
+    """The metadata as stored (JSON), stamped (:func:`opprof.meta.stamp`: the format
+    version, opprof's version and the command writing it)."""
+    return json.dumps(stamp(meta).to_dict(), default=_json_default).encode()
 
 
 class TraceWriter:
@@ -222,8 +230,8 @@ class TraceWriter:
     ROW_GROUP_ROWS events), the metadata known up front. Use as a context manager inside
     :func:`opprof.files.atomic_path`."""
 
-    def __init__(self, tmp: Path, meta: dict[str, Any]) -> None:
-        meta = dict(meta)
+    def __init__(self, tmp: Path, meta: MetaMapping) -> None:
+        meta = TraceMeta.of(meta).copy()
         curve = meta.pop("convergence", None)
         kv = {META_KEY: file_meta(meta)}
         if curve:
@@ -256,13 +264,13 @@ class TraceWriter:
         self.close()
 
 
-def save(trace: Trace, path: str | os.PathLike) -> Path:
+def save(trace: Trace, path: str | os.PathLike[str]) -> Path:
     """Write the trace atomically (temporary file in the same folder, then rename), one row
     group per rank; ``meta["row_groups"]`` maps each rank to its row groups."""
     path = Path(path)
     events = conform(trace.events)
     slices = rank_slices(events)
-    meta = dict(trace.meta)
+    meta = trace.meta.copy()
     groups: dict[str, list[int]] = {}
     n = 0
     for rank, rows in slices:
@@ -282,7 +290,7 @@ def save(trace: Trace, path: str | os.PathLike) -> Path:
     return path
 
 
-def convergence_frame(meta: dict[str, Any]) -> pd.DataFrame:
+def convergence_frame(meta: MetaMapping) -> pd.DataFrame:
     """The convergence table of a trace's metadata (empty without ``--converge``): one row per
     step and rank; the accuracies are NaN between evaluations."""
     df = pd.DataFrame(meta.get("convergence") or [], columns=list(CONVERGENCE_COLUMNS))
@@ -306,42 +314,48 @@ class TraceFile:
     rank is read without the others. Older files are read by their row groups' rank
     statistics when each holds one rank, else whole."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         import pyarrow.parquet as pq  # (with its file systems: not for a native trace)
 
         try:
             self._pf = pq.ParquetFile(_source(self.path))
         except (pa.ArrowInvalid, OSError) as exc:
-            raise OpprofError(f"{path}: unreadable Parquet file ({first_line(exc)})") from None
+            raise OpprofError(f"unreadable Parquet file ({first_line(exc)})",
+                              path=path, kind=ErrorKind.UNREADABLE) from None
         meta_raw = (self._pf.schema_arrow.metadata or {}).get(META_KEY)
         if meta_raw is None:
             cols = ", ".join(self._pf.schema_arrow.names[:6])
-            raise OpprofError(f"{path}: a Parquet file but not an opprof trace (no opprof "
-                              f"metadata; columns: {cols})")
+            raise OpprofError("a Parquet file but not an opprof trace (no opprof "
+                              f"metadata; columns: {cols})", path=path, kind=ErrorKind.NOT_A_TRACE)
         try:
             meta = json.loads(meta_raw)
         except ValueError as exc:
-            raise OpprofError(f"{path}: damaged opprof metadata ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof metadata ({first_line(exc)})",
+                              path=path, kind=ErrorKind.DAMAGED) from None
         except RecursionError:
-            raise OpprofError(f"{path}: damaged opprof metadata (nested too deeply)") from None
+            raise OpprofError("damaged opprof metadata (nested too deeply)",
+                              path=path, kind=ErrorKind.DAMAGED) from None
         if not isinstance(meta, dict):
-            raise OpprofError(f"{path}: damaged opprof metadata (not a JSON object)")
+            raise OpprofError("damaged opprof metadata (not a JSON object)",
+                              path=path, kind=ErrorKind.DAMAGED)
         problem = _meta_problem(meta) or _schema_problem(self._pf.schema_arrow)
         if problem:
-            raise OpprofError(f"{path}: damaged opprof trace ({problem})")
+            raise OpprofError(f"damaged opprof trace ({problem})",
+                              path=path, kind=ErrorKind.DAMAGED)
         if meta.get("format_version", 0) > FORMAT_VERSION:
             raise OpprofError(
-                f"{path}: opprof trace format {meta['format_version']} is newer than this "
-                f"opprof reads ({FORMAT_VERSION}); upgrade opprof")
+                f"opprof trace format {meta['format_version']} is newer than this "
+                f"opprof reads ({FORMAT_VERSION}); upgrade opprof", path=path, kind=ErrorKind.NEWER)
         curve = (self._pf.schema_arrow.metadata or {}).get(CONVERGENCE_KEY)
         if curve is not None:
             try:
                 meta["convergence"] = json.loads(curve)
             except ValueError as exc:
-                raise OpprofError(f"{path}: damaged convergence table "
-                                  f"({first_line(exc)})") from None
-        self.meta: dict[str, Any] = meta
+                raise OpprofError("damaged convergence table "
+                                  f"({first_line(exc)})",
+                                  path=path, kind=ErrorKind.DAMAGED) from None
+        self.meta = TraceMeta.of(meta)
         self.found: dict[str, Any] = {}  # what reading dropped (opprof.drops), once read
         self.row_groups = self._rank_groups()
 
@@ -351,9 +365,9 @@ class TraceFile:
         n = self._pf.num_row_groups
         if isinstance(stored, dict):
             try:
-                out = {int(r): [int(i) for i in g] for r, g in stored.items()}
-                if all(0 <= i < n for g in out.values() for i in g):
-                    return out
+                given = {int(r): [int(i) for i in g] for r, g in stored.items()}
+                if all(0 <= i < n for g in given.values() for i in g):
+                    return given
             except (TypeError, ValueError):
                 pass
         col = self._pf.schema_arrow.get_field_index("rank")
@@ -382,12 +396,14 @@ class TraceFile:
             table = (self._pf.read() if groups is None else self._pf.read_row_groups(groups))
             problem = _table_problem(table)
             if problem:
-                raise OpprofError(f"{self.path}: damaged opprof trace ({problem})")
+                raise OpprofError(f"damaged opprof trace ({problem})",
+                                  path=self.path, kind=ErrorKind.DAMAGED)
             if not detail and "detail" in table.column_names:
                 table = _comm_detail_only(table)
             events = table.to_pandas()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof trace ({first_line(exc)})",
+                              path=self.path, kind=ErrorKind.DAMAGED) from None
         if "link" not in events:
             events["link"] = -1
         if "detail" not in events:
@@ -409,20 +425,22 @@ class TraceFile:
         drops.skip(self.found, negative, "negative duration")
         drops.skip(self.found, outside, "time outside the trace's span")
         if bad.all():
-            raise OpprofError(f"{self.path}: no usable events "
-                              f"({drops.describe(self.found[drops.KEY])})")
+            raise OpprofError("no usable events "
+                              f"({drops.describe(self.found[drops.KEY])})",
+                              path=self.path, kind=ErrorKind.NO_EVENTS)
         return events[~bad].reset_index(drop=True)
 
     @property
-    def read_meta(self) -> dict[str, Any]:
+    def read_meta(self) -> TraceMeta:
         """The file's metadata with what reading it dropped so far added to its read
         warnings (those the import counted are stored in the file)."""
         from opprof import drops
 
         if not self.found:
             return self.meta
-        return {**self.meta, drops.KEY: drops.merged([self.meta.get(drops.KEY),
-                                                      self.found[drops.KEY]])}
+        meta = self.meta.copy()
+        meta[drops.KEY] = drops.merged([self.meta.get(drops.KEY), self.found[drops.KEY]])
+        return meta
 
     def read(self) -> Trace:
         """The whole trace."""
@@ -430,7 +448,8 @@ class TraceFile:
             events = conform(self._read(None))
             return Trace(events, self.read_meta)
         except (ValueError, TypeError) as exc:
-            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof trace ({first_line(exc)})",
+                              path=self.path, kind=ErrorKind.DAMAGED) from None
 
     def read_rank(self, rank: int, detail: bool = True) -> Trace:
         """One rank's events (with the file's metadata); ``detail=False`` keeps the native
@@ -443,7 +462,8 @@ class TraceFile:
             events = conform(self._read(self.row_groups[rank], detail))
             return Trace(events, self.read_meta)
         except (ValueError, TypeError) as exc:
-            raise OpprofError(f"{self.path}: damaged opprof trace ({first_line(exc)})") from None
+            raise OpprofError(f"damaged opprof trace ({first_line(exc)})",
+                              path=self.path, kind=ErrorKind.DAMAGED) from None
 
 
 def _source(path: Path) -> str | Any:

@@ -64,8 +64,8 @@ def bench_from_fixtures(folder: Path) -> Path:
     """A bench folder as `opprof bench` writes it (traces, bench.json/csv/md, bench.html,
     figures/), from the fixtures' recordings instead of new ones (seconds, no training)."""
     from opprof.analysis.matrix import Run, compare, summarize
-    from opprof.commands.bench import add_predictions, write_outputs, write_visuals
     from opprof.loader import load
+    from opprof.pipeline.bench import add_predictions, write_outputs, write_visuals
     from opprof.trace import save
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -79,5 +79,5 @@ def bench_from_fixtures(folder: Path) -> Path:
     add_predictions(runs, folder, None)
     table, ratios = compare(runs, 10)
     write_outputs(folder, runs, table, ratios, {"source": "tests.conftest.FIXTURE_BENCH"})
-    write_visuals(folder)
+    write_visuals(folder, say=lambda line: None)
     return folder

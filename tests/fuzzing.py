@@ -299,7 +299,7 @@ def peak_rss_bytes() -> int:
 
 def make_trace(out: Path) -> Path:
     """An opprof `.trace` imported from the DDP fixture (the source of the .trace cases)."""
-    from opprof.job import import_
+    from opprof.pipeline.imports import import_
 
     return import_([str(FIXTURES / "torch-ddp")], out / "ddp.trace", jobs=1).path
 

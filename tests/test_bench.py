@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from opprof.commands.bench import plan, probe
 from opprof.loader import load
+from opprof.pipeline.bench import plan, probe
 from opprof.taxonomy import CANONICAL_OPS, PHASES
 from tests.conftest import run_cli
 

@@ -14,7 +14,7 @@ import pytest
 
 MODULES = ["opprof.collectors", "opprof.collectors.config", "opprof.collectors.runner",
            "opprof.collectors.supervisor", "opprof.collectors.channel", "opprof.collectors.jobs",
-           "opprof.collectors.worker", "opprof.collectors.inject", "opprof.collectors.api",
+           "opprof.collectors.worker", "opprof.collectors.inject", "opprof.pipeline.profile",
            "opprof.collectors.torch", "opprof.collectors.tf", "opprof.collectors.mxnet",
            "opprof.collectors.startup", "opprof"]
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from opprof.analysis.convergence import compare, reached, summary, time_to_accuracy
+from opprof.analysis.convergence import Hit, compare, reached, summary, time_to_accuracy
 from opprof.collectors.runner import Convergence, Curve
 from opprof.trace import (
     CONVERGENCE_COLUMNS,
@@ -74,9 +74,10 @@ def test_time_to_accuracy_waits_for_every_rank() -> None:
     assert reached(curve, 0.5) == (200, 20)  # rank 1 at 120 ns (step 10), rank 0 at 200 ns
     assert time_to_accuracy(curve) == {"0.5": 200, "0.7": 300}  # 0.9: not reached
     s = summary(meta)
-    assert s["steps_to_accuracy"] == {"0.5": 20, "0.7": 30} and s["ranks"] == 2
-    assert s["best_test_accuracy"] == 0.75 and s["final_test_accuracy"] == 0.74
-    assert s["first_loss"] == 2.0 and s["final_loss"] == pytest.approx(
+    assert s is not None
+    assert s.steps_to_accuracy == {"0.5": 20, "0.7": 30} and s.ranks == 2
+    assert s.best_test_accuracy == 0.75 and s.final_test_accuracy == 0.74
+    assert s.first_loss == 2.0 and s.final_loss == pytest.approx(
         np.mean([2.0 / k for k in range(31, 41)]))
     assert summary({}) is None and convergence_frame({}).empty
 
@@ -85,22 +86,23 @@ def test_compare_splits_the_gap_into_step_time_and_steps() -> None:
     a = {"convergence": _curve(0, 10, {20: 0.6})}  # 50% at step 20, 10 ns/step: 200 ns
     b = {"convergence": _curve(0, 5, {80: 0.6}, steps=100)}  # at step 80, 5 ns/step: 400 ns
     c = compare(a, b, "A", "B")
-    first = c["targets"][0]
-    assert first["target"] == 0.5 and first["first"] == "a" == c["first"]
-    assert first["a"] == {"time_ns": 200, "step": 20} and first["b"] == {"time_ns": 400,
-                                                                          "step": 80}
+    assert c is not None
+    first = c.targets[0]
+    assert first.target == 0.5 and first.first == "a" == c.first
+    assert first.a == Hit(time_ns=200, step=20) and first.b == Hit(time_ns=400, step=80)
     # 400/200 = (80/20 steps) × (5/10 ns per step): log shares 2 and -1 of 1
-    assert first["step_time_share"] == pytest.approx(-1.0)
-    assert first["steps_share"] == pytest.approx(2.0)
-    assert c["sentence"].startswith("A reaches 50% test accuracy first")
-    assert c["targets"][1]["first"] is None and "Neither" in c["targets"][1]["sentence"]
+    assert first.step_time_share == pytest.approx(-1.0)
+    assert first.steps_share == pytest.approx(2.0)
+    assert c.sentence.startswith("A reaches 50% test accuracy first")
+    assert c.targets[1].first is None and "Neither" in c.targets[1].sentence
     only = compare(a, {"convergence": _curve(0, 5, {80: 0.3}, steps=100)}, "A", "B")
-    assert only["first"] == "a" and only["sentence"].startswith("Only A reaches 50%")
+    assert only is not None and only.first == "a"
+    assert only.sentence.startswith("Only A reaches 50%")
     assert compare({}, {}, "A", "B") is None
     loss_only = [{**r, "train_accuracy": None, "test_accuracy": None} for r in _curve(0, 5, {})]
     c = compare({"convergence": loss_only}, {}, "A", "B")
-    assert c["targets"] == [] and c["first"] is None
-    assert c["sentence"] == ("No accuracy was evaluated; final loss (mean of the last 10 "
+    assert c is not None and c.targets == [] and c.first is None
+    assert c.sentence == ("No accuracy was evaluated; final loss (mean of the last 10 "
                              f"steps): A {np.mean([2.0 / k for k in range(31, 41)]):.3f}.")
 
 

@@ -23,7 +23,11 @@ CPU = {"torch": FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
        "tf-allreduce": FIXTURES / "tf" / "lenet5-allreduce-2w",
        "tf-ps-async": FIXTURES / "tf" / "lenet5-ps-async-2w1s",
        "mxnet": FIXTURES / "mxnet" / "lenet5-single",
-       "mxnet-ps-sync": FIXTURES / "mxnet" / "lenet5-ps-sync"}
+       "mxnet-ps-sync": FIXTURES / "mxnet" / "lenet5-ps-sync",
+       "tf": FIXTURES / "memory" / "tf-lenet5",
+       "torch-collectives": FIXTURES / "torch-collectives",
+       "tf-keras-fit": FIXTURES / "unmarked" / "tf-keras-fit",
+       "mxnet-gluon-dist": FIXTURES / "unmarked" / "mxnet-gluon-dist-2w"}
 
 
 def _nsys() -> object:
@@ -138,6 +142,25 @@ def test_whatif_runs_over_the_graph() -> None:
     assert slower.engine == "graph" and slower.step_ns > ctx.base.step_ns
     assert sum(slower.phases.values()) == pytest.approx(slower.step_ns, rel=1e-9)
     assert whatif(ctx, comm="hidden").engine == "phases"  # exposed comm is a phase term
+
+
+def test_a_collectives_factor_scales_its_own_nodes_once() -> None:
+    """--op all_reduce=F scales the all-reduce's nodes by F (it scaled them by F² and every
+    other collective by F: the phase model's one comm lane was applied on top); --op comm=F
+    is --comm F."""
+    from opprof.analysis.whatif import context, whatif
+
+    ctx = context(load(shared_trace("nccl-2rank-rank0.json.gz")), "nccl")
+    g, order = ctx.graph
+    base = replay(g, None, order)
+    for op in ("all_reduce", "broadcast"):
+        mine = (g.category == critpath.COMM) & (g.op == op)
+        alone = replay(g, np.where(mine, 0.5, 1.0), order)
+        want = float((alone["replay_ns"] - base["replay_ns"]).mean())
+        w = whatif(ctx, {op: 0.5})
+        assert w.engine == "graph"
+        assert w.step_ns - ctx.base.step_ns == pytest.approx(want, rel=1e-9, abs=1e-3)
+    assert whatif(ctx, {"comm": 0.5}).step_ns == pytest.approx(whatif(ctx, comm=0.5).step_ns)
 
 
 def test_faster_kernels_do_not_shorten_a_host_bound_gpu_step() -> None:

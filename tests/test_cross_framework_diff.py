@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from opprof.analysis.diff import diff  # noqa: E402
+from opprof.analysis.diff import _sentence, diff  # noqa: E402
 from opprof.loader import load  # noqa: E402
 from tests.conftest import FIXTURES, run_cli  # noqa: E402
 
@@ -80,6 +80,23 @@ def test_diff_prints_unprofiled_step_times_and_bases_the_headline_on_them(
     assert doc["headline_ratio"] == pytest.approx(doc["a_step_ns"] / doc["b_step_ns"])
     # batch 8 on both, the same device and workers: no warning
     assert doc["mismatches"] == []
+
+
+def test_sentence_says_when_the_profiler_turns_the_ranking_round(torch_trace: Path) -> None:
+    """The headline is on the unprofiled steps, the operators are all profiled: where the
+    profiler's overhead turns the ranking round, the sentence says so and names whose
+    profiled gap the operator explains, instead of setting it under the headline."""
+    d = diff(load(torch_trace), load(MXNET_LENET5), "torch", "mxnet")
+    a_slower = d.a_step_ns > d.b_step_ns
+    slower = d.a_label if a_slower else d.b_label
+    agree = (2e6, 1e6) if a_slower else (1e6, 2e6)
+    for ua, ub in (agree, agree[::-1]):
+        text = _sentence(d.a_label, d.b_label, d.a_step_ns, d.b_step_ns, d.phases, d.ops,
+                         ua, ub)
+        turned = (ua, ub) != agree
+        assert ("rank them the other way round" in text) == turned
+        assert (f"of the profiled gap ({slower} slower), " in text) == turned
+        assert "explains most of it" in text and "-0%" not in text
 
 
 def test_importing_the_native_folder_gives_rank_0_and_the_runs_metadata(

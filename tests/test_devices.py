@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from opprof.analysis.devices import device_breakdown
-from opprof.events import finish
 from opprof.loader import load
 from opprof.normalizers.cupti import cupti_table
+from opprof.normalizers.events import finish
 from opprof.taxonomy import COMM_OPS, DEVICE_KINDS
 from opprof.trace import Trace
 from tests.conftest import run_cli, shared_trace

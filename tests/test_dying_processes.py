@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from opprof.collectors import Fault, RecordConfig, record, supervisor
+from opprof.collectors import RecordConfig, record, supervisor
 from opprof.errors import OpprofError
 from tests.conftest import REPO, run_cli
+from tests.faults import Fault, injected
 from tests.procs import (
     assert_all_gone,
     needs,
@@ -129,9 +130,9 @@ def test_a_hung_rank_is_named_when_its_progress_stops(monkeypatch: pytest.Monkey
     needs("torch")
     monkeypatch.setattr(supervisor, "HANG_MIN_S", 5.0)
     config = RecordConfig(fw="torch", model="lenet5", batch_size=4, steps=4, warmup=1,
-                          timing_steps=1, timeout_s=300, fault=Fault("rank 0", "profile", "hang"))
+                          timing_steps=1, timeout_s=300)
     t0 = time.monotonic()
-    with pytest.raises(OpprofError) as err:
+    with pytest.raises(OpprofError) as err, injected(Fault("rank 0", "profile", "hang")):
         record(config, folder)
     assert time.monotonic() - t0 < 120
     assert "torch single: rank 0 made no progress for " in str(err.value)
@@ -154,9 +155,8 @@ def test_a_worker_killed_while_writing_its_trace(tmp_path: Path) -> None:
     SIGXFSZ): the run names it, and the kept folder imports without the half-written file."""
     needs("mxnet")
     config = RecordConfig(fw="mxnet", model="lenet5", batch_size=8, steps=3, warmup=1,
-                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=300,
-                          fault=Fault("worker 1", "write", "fsize"))
-    with pytest.raises(OpprofError) as err:
+                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=300)
+    with pytest.raises(OpprofError) as err, injected(Fault("worker 1", "write", "fsize")):
         record(config, tmp_path)
     line = str(err.value)
     assert "mxnet ps-sync: worker 1 was killed by SIGXFSZ during writing its trace" in line

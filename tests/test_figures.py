@@ -154,9 +154,10 @@ def test_plot_errors_are_one_line(args: list[str], message: str, tmp_path: Path)
 
 def test_the_cli_offers_every_figure() -> None:
     from opprof.commands.plot import FIGURE_NAMES
-    from opprof.render.figures import FIGURES
+    from opprof.render.figures import FIGURES, MAKERS
 
     assert FIGURE_NAMES == tuple(FIGURES)
+    assert set(MAKERS) == {(name, kind) for name, (_, kinds) in FIGURES.items() for kind in kinds}
 
 
 def test_plot_of_a_folder_without_bench_json(tmp_path: Path) -> None:

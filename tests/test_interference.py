@@ -150,6 +150,21 @@ def test_measured_interference_in_a_ddp_trace(traces: dict) -> None:
     assert p.step_ns == base.step_ns
 
 
+def test_a_wait_in_its_own_call_is_not_beside_a_collective() -> None:
+    # DDP's c10d::allreduce_ calls run inside autograd's AccumulateGrad on the training
+    # thread; gloo transfers on its own threads. Without gloo's spans, no operator ran beside
+    # a collective: the calls an operator waits in are its own, not compute beside one.
+    ddp = load(FIXTURES / "unmarked" / "torch-ddp-2w")
+    ev = ddp.events
+    name = ev["name"].astype(str)
+    nested = ev[name.eq("c10d::allreduce_") & (ev["step"] >= 0)]
+    assert len(nested) and nested["dur"].sum() > 0
+    m = measure(ddp, terms(ddp).steps)
+    assert m is not None and m.beside_ns > 0  # gloo's spans beside the backward operators
+    ddp.events = ev[~name.str.startswith("gloo:")].reset_index(drop=True)
+    assert measure(ddp, terms(ddp).steps) is None
+
+
 @pytest.mark.parametrize(("fw", "mode", "servers", "procs"), [
     ("torch", "allreduce", 1, 2), ("torch", "fsdp", 1, 2), ("tf", "allreduce", 1, 2),
     ("mxnet", "ps-sync", 1, 3), ("tf", "ps-async", 1, 3)])

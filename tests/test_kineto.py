@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from opprof import load
-from opprof.events import INFERRED_TID
+from opprof.normalizers.events import INFERRED_TID
 from opprof.taxonomy import COMM_OPS
 from tests.conftest import native_x_events, shared_trace
 

@@ -3,6 +3,7 @@ a.trace b.trace` take the hosts' .trace files of one job as that job."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -10,8 +11,9 @@ import pytest
 
 from opprof import load
 from opprof.errors import OpprofError
-from opprof.job import import_, report
-from tests.conftest import run_cli, shared_trace
+from opprof.job import report
+from opprof.pipeline.imports import import_
+from tests.conftest import FIXTURES, run_cli, shared_trace
 
 RANKS = ("sampled-128rank-rank0.json.gz", "sampled-128rank-rank1.json.gz")
 
@@ -60,3 +62,19 @@ def test_overlapping_ranks_and_other_jobs_are_refused(hosts: list[Path],
         report([hosts[1], other], jobs=1)
     with pytest.raises(OpprofError, match="not one job"):
         load([hosts[0], other])
+
+
+def test_two_jobs_whose_imported_traces_say_nothing_else_are_refused_by_time(
+        tmp_path: Path) -> None:
+    """Rank 0 of one real 2-rank gloo job and rank 1 of another (torch.profiler traces of
+    users' scripts: no model, dataset or rendezvous to compare, the same world size) are not
+    one job: their steps are days apart, where one job's ranks step together."""
+    a = import_([FIXTURES / "torch-ddp" / "lenet5-gloo-2steps-rank0.pt.trace.json.gz"],
+                tmp_path / "a.trace", jobs=1).path
+    b = import_([FIXTURES / "torch-collectives" / "rank1.pt.trace.json.gz"],
+                tmp_path / "b.trace", jobs=1).path
+    res = run_cli("import", str(a), str(b), "-o", str(tmp_path / "x.trace"))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert re.search(r"a\.trace and .*b\.trace are not one job \(their steps are [\d,]+ s "
+                     r"apart\)", res.stderr), res.stderr
+    assert not (tmp_path / "x.trace").exists()

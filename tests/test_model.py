@@ -141,6 +141,32 @@ def test_ring_all_reduce_cost_follows_the_formula() -> None:
     assert ps.cost_ns(1000, 1, 4) == pytest.approx(2 * 10 + 2 * 1 * 1000 * 2)
 
 
+def test_a_collective_costs_what_was_measured_at_its_size() -> None:
+    # a calibration whose cost per byte grows past 16 MiB (the buffers outgrow the caches)
+    sizes = np.array([4 << 10, 1 << 20, 16 << 20, 64 << 20])
+    ns = np.array([2e5, 1.2e6, 2e7, 2e8])
+    net = fit(pd.DataFrame({"bytes": sizes, "ns": ns}), "allreduce", 2)
+    at = net.cost_ns(sizes.astype(float), 2)
+    assert at == pytest.approx(ns)  # the measured medians, not the α–β line
+    mid = float(net.cost_ns(40 << 20, 2))
+    assert mid == pytest.approx(2e7 + (2e8 - 2e7) * 24 / 48)  # linear between 16 and 64 MiB
+    assert float(net.cost_ns(128 << 20, 2)) == pytest.approx(2e8 + 64 * (2e8 - 2e7) / 48)
+    # below the smallest size α–β stands in; another N moves the curve by α–β's ratio
+    alpha_beta = Network("allreduce", net.alpha_ns, net.beta_ns_per_byte)
+    assert float(net.cost_ns(1 << 10, 2)) == pytest.approx(float(alpha_beta.cost_ns(1 << 10, 2)))
+    ratio = float(alpha_beta.cost_ns(40 << 20, 8)) / float(alpha_beta.cost_ns(40 << 20, 2))
+    assert float(net.cost_ns(40 << 20, 8)) == pytest.approx(mid * ratio)
+    assert float(net.cost_ns(40 << 20, 1)) == 0
+    # FSDP's reduce-scatter follows its own measured curve
+    rs = fit(pd.DataFrame({"bytes": sizes, "ns": 2 * ns}), "fsdp", 2)
+    fsdp = fit(pd.DataFrame({"bytes": sizes, "ns": ns}), "fsdp", 2)
+    fsdp.info["reduce_scatter"] = {"alpha_ns": rs.alpha_ns,
+                                   "beta_ns_per_byte": rs.beta_ns_per_byte,
+                                   "samples": rs.samples}
+    assert fsdp.kind_cost_ns("reduce_scatter", 16 << 20, 2) == pytest.approx(4e7)
+    assert fsdp.kind_cost_ns("all_gather", 16 << 20, 2) == pytest.approx(2e7)
+
+
 def test_one_message_size_fits_beta_alone(traces: dict) -> None:
     """From the DDP fixture's own collectives: one size, so α = 0 and the fit says so."""
     r = predict(traces["torch-ddp"], [2, 4])

@@ -13,9 +13,9 @@ import pytest
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ops import native_totals
-from opprof.events import INFERRED_TID
 from opprof.normalizers import kineto, normalize, read_json
 from opprof.normalizers import mxnet as mxnorm
+from opprof.normalizers.events import INFERRED_TID
 from opprof.taxonomy import mapping_table
 from tests.conftest import FIXTURES, run_cli, shared_trace
 

@@ -15,9 +15,10 @@ import pytest
 if importlib.util.find_spec("mxnet") is None:
     pytest.skip("needs mxnet", allow_module_level=True)
 
-from opprof.collectors import Fault, RecordConfig, channel, record, supervisor  # noqa: E402
+from opprof.collectors import RecordConfig, channel, record, supervisor  # noqa: E402
 from opprof.collectors.runner import FAULT_PAUSE_S  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
+from tests.faults import Fault, injected
 
 
 def job_processes(workdir: Path) -> list[tuple[int, str]]:
@@ -43,14 +44,14 @@ def job_processes(workdir: Path) -> list[tuple[int, str]]:
 def run_in_thread(workdir: Path, timeout_s: float,
                   fault: Fault | None = None) -> tuple[threading.Thread, dict]:
     config = RecordConfig(fw="mxnet", model="lenet5", batch_size=8, steps=2, warmup=1,
-                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=timeout_s,
-                          fault=fault)
+                          timing_steps=1, workers=2, mode="ps-sync", timeout_s=timeout_s)
     out: dict = {}
 
     def run() -> None:
         t0 = time.monotonic()
         try:
-            record(config, workdir)
+            with injected(fault):
+                record(config, workdir)
         except OpprofError as exc:
             out["error"] = str(exc)
         out["seconds"] = time.monotonic() - t0

@@ -41,15 +41,16 @@ def steps(*ms: float) -> pd.DataFrame:
 ])
 def test_flags_follow_the_documented_thresholds(before, after, profiled, flags) -> None:
     got = noise.assess(meta_with(before, after), steps(*profiled))
-    assert got["flags"] == flags
+    assert got is not None
+    assert got.flags == flags
     both = before + after
-    assert got["samples"] == len(both)
-    assert got["median_ns"] == pytest.approx(statistics.median(both) * MS)
-    assert got["drift"] == pytest.approx(statistics.median(after) / statistics.median(before)
+    assert got.samples == len(both)
+    assert got.median_ns == pytest.approx(statistics.median(both) * MS)
+    assert got.drift == pytest.approx(statistics.median(after) / statistics.median(before)
                                          - 1)
-    assert got["overhead"] == pytest.approx(statistics.median(profiled)
+    assert got.overhead == pytest.approx(statistics.median(profiled)
                                             / statistics.median(both))
-    assert got["limits"] == {"spread": noise.NOISE_SPREAD, "drift": noise.NOISE_DRIFT,
+    assert got.limits == {"spread": noise.NOISE_SPREAD, "drift": noise.NOISE_DRIFT,
                              "overhead": noise.OVERHEAD_LIMIT}
 
 

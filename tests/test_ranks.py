@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from opprof.analysis.ranks import rank_analysis
-from opprof.events import finish
 from opprof.loader import load
 from opprof.normalizers import normalize
+from opprof.normalizers.events import finish
 from opprof.taxonomy import PHASES, mapping_table
 from tests.conftest import FIXTURES, run_cli, shared_trace
 

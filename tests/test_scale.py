@@ -20,6 +20,7 @@ import pytest
 from benchmarks.jobs import build_job, shift_ns
 from opprof import job, load, parallel
 from opprof.analysis.report import build_report
+from opprof.pipeline.imports import import_
 from opprof.trace import META_KEY, TraceFile, conform
 from tests.conftest import REPO, run_cli, shared_trace
 
@@ -66,7 +67,7 @@ def test_rank_by_rank_report_equals_the_whole_job_report(job_dir: Path, jobs: in
 def test_import_writes_one_row_group_per_rank_and_reads_one_rank_alone(job_dir: Path,
                                                                          tmp_path: Path) -> None:
     out = tmp_path / "job.trace"
-    done = job.import_([job_dir], out, jobs=2)
+    done = import_([job_dir], out, jobs=2)
     whole = load(job_dir)
     assert done.ranks == 6 and done.events == len(whole.events)
     pf = pq.ParquetFile(out)
@@ -89,7 +90,7 @@ def test_import_writes_one_row_group_per_rank_and_reads_one_rank_alone(job_dir: 
 def test_the_file_stays_readable_by_pandas_duckdb_and_polars(job_dir: Path,
                                                             tmp_path: Path) -> None:
     out = tmp_path / "job.trace"
-    job.import_([job_dir], out)
+    import_([job_dir], out)
     n = len(load(out).events)
     df = pd.read_parquet(out)
     assert len(df) == n and isinstance(df["name"].dtype, pd.CategoricalDtype)
@@ -251,6 +252,6 @@ def test_two_files_of_one_rank_get_ranks_as_a_whole_import_gives(tmp_path: Path)
     whole = load(folder)
     assert sorted(whole.events["rank"].unique()) == [0, 1, 2]
     out = tmp_path / "dup.trace"
-    job.import_([folder], out, jobs=2)
+    import_([folder], out, jobs=2)
     pd.testing.assert_frame_equal(load(out).events, whole.events)
     assert_same_report(job.report([folder], jobs=2), build_report(whole))

@@ -12,11 +12,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.sharded import ShardedPlan, simulate_sharded
+from opprof.analysis import predict
+from opprof.analysis.breakdown import container, step_breakdown
+from opprof.analysis.collectives import collective_part
+from opprof.analysis.commmodel import Network
+from opprof.analysis.critpath import BOUND_BY, bound_by, graph_of, replay
+from opprof.analysis.interference import measure
+from opprof.analysis.ops import op_events, op_table
+from opprof.analysis.predict import baseline
+from opprof.analysis.sharded import (
+    ShardedPlan,
+    segment_spread,
+    simulate_sharded,
+    trace_samples,
+)
+from opprof.analysis.simulate import expected_max_normal
+from opprof.analysis.terms import terms
+from opprof.intervals import union_length
 from opprof.loader import load
 from opprof.taxonomy import COMM_OPS, PHASES
-from tests.conftest import run_cli
+from tests.conftest import FIXTURES, run_cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FSDP_NAME = r"^(?:FSDP::|fsdp::|FullyShardedDataParallel\.|RegisterPostBackwardFunction)"
@@ -36,8 +51,13 @@ def opprof_run(tmp: Path, script: str, *args: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fsdp2(tmp_path_factory: pytest.TempPathFactory):
-    return load(opprof_run(tmp_path_factory.mktemp("fsdp2"), "torch_fsdp2.py", "--blocks", "3"))
+def fsdp2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return opprof_run(tmp_path_factory.mktemp("fsdp2"), "torch_fsdp2.py", "--blocks", "3")
+
+
+@pytest.fixture(scope="module")
+def fsdp2(fsdp2_path: Path):
+    return load(fsdp2_path)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +109,54 @@ def test_no_fsdp_range_is_a_compute_operator(which, request) -> None:
     assert set(f["phase"].dropna().astype(str)) <= {"comm"}
     # gathering parameters and reducing gradients are there, with FSDP's copies beside them
     assert {"all_gather", "reduce_scatter"} <= ops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fsdp2", "fsdp1"])
+def test_fsdp_all_gather_bytes_are_the_gathered_unit(which, request) -> None:
+    """An all-gather's size (nccl-tests') is the gathered buffer: each unit's all-gather
+    moves what its reduce-scatter reduces. FSDP1 on gloo calls the list ``c10d::allgather_``,
+    which names no output shape, and its ``gloo:all_gather`` span names only the shard. The
+    job's one process group names the collectives that carry none."""
+    part = collective_part(request.getfixturevalue(which))
+    gathered = set(part.loc[part["op"] == "all_gather", "bytes"])
+    reduced = set(part.loc[part["op"] == "reduce_scatter", "bytes"])
+    assert len(gathered) >= 2 and gathered == reduced
+    assert set(part["group"]) == {"0 (default_pg)"} and (part["size"] == 2).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fsdp2", "fsdp1"])
+def test_operator_totals_count_each_instant_of_a_lane_once(which, request) -> None:
+    """FSDP's pre-backward all-gather runs in an autograd node of the module's backward (a
+    LayerNorm's, a view's): it is counted as all_gather, and that node's total leaves it out,
+    so the host operator table sums each lane's operator time once."""
+    tr = request.getfixturevalue(which)
+    ev = op_events(tr)
+    lanes = ev.groupby(["rank", "pid", "tid"], observed=True)
+    union = sum(union_length(g["ts"].to_numpy(), (g["ts"] + g["dur"]).to_numpy())
+                for _, g in lanes)
+    assert op_table(tr)["total_ns"].sum() == union
+    backward = ev[ev["phase"] == "backward"]
+    comm = ev[ev["op"].isin(["all_gather", "reduce_scatter"])]
+    assert (container(comm, backward) >= 0).any()  # the case this is about is there
+
+
+@pytest.mark.slow
+def test_a_collective_an_operator_waits_for_is_not_interference(fsdp2, fsdp2_path) -> None:
+    """FSDP2's all-gather runs inside a backward node on the training thread: the node is not
+    compute slowed beside a collective (its own time is what is compared), so the operator
+    time the interference measure finds beside collectives is within the backward
+    operators' own time, and the model of the run says where FSDP's copies come from."""
+    n = len(step_breakdown(fsdp2))
+    m = measure(fsdp2, n)
+    ops = op_table(fsdp2, n_steps=n)
+    backward_own = ops.loc[ops["phase"] == "backward", "ns_per_step"].sum()
+    assert m is None or m.beside_ns <= backward_own
+    res = run_cli("model", str(fsdp2_path), "--workers", "2", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    notes = " ".join(json.loads(res.stdout)["notes"])
+    assert "FSDP's copies measured in the trace" in notes  # fitted to it: no network file
 
 
 @pytest.mark.slow
@@ -163,6 +231,29 @@ def test_model_of_an_fsdp_run_at_its_own_size_is_the_measurement(recorded) -> No
     assert w["step_ns"] == pytest.approx(w["base_step_ns"], rel=1e-9)
 
 
+@pytest.mark.slow
+def test_fsdp_on_gloo_blocks_and_its_critical_path_holds(recorded) -> None:
+    out, _ = recorded
+    tr = load(out)
+    # FSDP2 on gloo: the training thread waits in every all-gather and reduce-scatter (its
+    # hooks run inside autograd's operators): no backward operator computes beside one
+    assert measure(tr, terms(tr).steps) is None
+    # every step's bound-by parts sum to it; the unedited graph replays every step
+    got = graph_of(tr)
+    assert got is not None
+    g, order = got
+    b = bound_by(g)
+    assert (b[list(BOUND_BY)].sum(axis=1) == b["step_ns"]).all() and (b["comm"] > 0).all()
+    r = replay(g, None, order)
+    assert np.allclose(r["replay_ns"], r["step_ns"], rtol=1e-9, atol=1.0)
+    # its collectives, fitted, carry each unit's unsharded bytes (the spans hold the unit's)
+    fit = trace_samples(tr)
+    assert len(fit) and set(fit["bytes"]) <= set(tr.meta["unit_param_bytes"])
+    # and its model pays the wait for the slowest rank at every blocking collective
+    base = baseline(tr)
+    assert base.units.segment_sigma_ns is not None and base.units.segment_sigma_ns > 0
+
+
 # ------------------------------------------------------------------ the simulation
 
 
@@ -199,6 +290,30 @@ def test_blocking_fsdp_pays_every_collective_and_prefetch_hides_some() -> None:
     ahead = simulate_sharded(plan(4, True))
     assert ahead.comm_busy_ns == pytest.approx(expected)
     assert ahead.step_ns < sim.step_ns and ahead.comm_hidden_ns > 0
+
+
+def test_segment_spread_is_each_segment_sigma_over_the_steps() -> None:
+    trace = load(FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz")
+    ev = trace.events
+    ops = ev[(ev["step"] >= 0) & ev["counted"] & (ev["kind"] == "cpu_op")]
+    # one unit: a segment is the whole phase, from its first operator's start to the last end
+    whole = 0.0
+    for phase in ("forward", "backward"):
+        o = ops[ops["phase"] == phase]
+        span = (o["ts"] + o["dur"]).groupby(o["step"]).max() - o.groupby("step")["ts"].min()
+        whole += float(span.std(ddof=1))
+    one = segment_spread(trace, np.array([1.0]))
+    assert one == pytest.approx(whole, rel=1e-9)
+    # cut into units, the segments' σ add up to at least the whole's (σ of a sum ≤ Σ σ)
+    assert segment_spread(trace, np.array([0.1, 0.3, 0.6])) >= one * (1 - 1e-9)
+    # FSDP on gloo pays the wait at every blocking collective: E[max of N] × Σ σ
+    base = baseline(trace)
+    assert base.units.segment_sigma_ns is not None
+    net = Network("fsdp", 1e4, 0.1, source="calibrate")
+    p, policy = predict.plan(base, 4, "fsdp", 1, net, straggler=True)
+    assert not policy.overlap
+    assert p.straggler_ns == pytest.approx(base.units.segment_sigma_ns
+                                           * expected_max_normal(4))
 
 
 # ------------------------------------------------------------------ calibrate --mode fsdp

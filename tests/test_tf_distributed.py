@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.collectors import Fault, RecordConfig, record
+from opprof.collectors import RecordConfig, record
 from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
+from tests.faults import Fault, injected
 from tests.xprof_check import assert_totals_match_xprof
 
 pytestmark = pytest.mark.skipif(
@@ -76,10 +77,11 @@ def test_totals_match_xprof_framework_op_stats_on_each_worker(run) -> None:
 
 
 def test_a_dead_worker_ends_the_run_with_one_clear_error(tmp_path: Path) -> None:
-    config = RecordConfig(**CONFIG, fault=Fault("worker 1", "warmup", "exit"))
+    config = RecordConfig(**CONFIG)
     t0 = time.monotonic()
     with pytest.raises(OpprofError, match=r"tf allreduce: worker 1 exited with code 3 during "
-                                          r"warmup \(0/1 steps done\)") as err:
+                                          r"warmup \(0/1 steps done\)") as err, \
+            injected(Fault("worker 1", "warmup", "exit")):
         record(config, tmp_path)
     assert time.monotonic() - t0 < config.timeout_s
     assert "stopped the other processes" in str(err.value) and "\n" not in str(err.value)
@@ -88,11 +90,11 @@ def test_a_dead_worker_ends_the_run_with_one_clear_error(tmp_path: Path) -> None
 
 
 def test_a_hung_worker_ends_the_run_at_the_timeout(tmp_path: Path) -> None:
-    config = RecordConfig(**{**CONFIG, "timeout_s": 25},
-                          fault=Fault("worker 1", "setup", "hang"))
+    config = RecordConfig(**{**CONFIG, "timeout_s": 25})
     t0 = time.monotonic()
     with pytest.raises(OpprofError, match=r"tf allreduce: worker 0 and worker 1 hung in "
-                                          r"start-up and the run passed its 25s limit"):
+                                          r"start-up and the run passed its 25s limit"), \
+            injected(Fault("worker 1", "setup", "hang")):
         record(config, tmp_path)
     assert time.monotonic() - t0 < config.timeout_s + 10
     assert leftover_tasks(tmp_path) == []

@@ -18,13 +18,14 @@ pytest.importorskip("torch")
 
 from opprof.analysis.ops import native_totals  # noqa: E402
 from opprof.analysis.ranks import rank_analysis  # noqa: E402
-from opprof.collectors import Fault, RecordConfig, Rendezvous, check, record  # noqa: E402
+from opprof.collectors import RecordConfig, Rendezvous, check, record  # noqa: E402
 from opprof.collectors.supervisor import free_port  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
 from opprof.loader import load  # noqa: E402
 from opprof.normalizers import normalize  # noqa: E402
 from opprof.taxonomy import PHASES  # noqa: E402
 from tests.conftest import native_x_events, run_cli  # noqa: E402
+from tests.faults import Fault, injected
 
 TINY = ["--model", "lenet5", "--batch-size", "8", "--steps", "2", "--warmup", "1",
         "--timing-steps", "1"]
@@ -196,10 +197,10 @@ def _ours(workdir: Path) -> list[str]:
 def test_a_failing_rank_ends_the_run(tmp_path: Path, how: str, message: str) -> None:
     timeout = 30.0
     config = RecordConfig(fw="torch", model="lenet5", batch_size=8, steps=2, warmup=1,
-                          timing_steps=1, workers=2, mode="allreduce", timeout_s=timeout,
-                          fault=Fault("rank 1", "warmup", how))
+                          timing_steps=1, workers=2, mode="allreduce", timeout_s=timeout)
     t0 = time.monotonic()
-    with pytest.raises(OpprofError, match=message) as err:
+    with pytest.raises(OpprofError, match=message) as err, \
+            injected(Fault("rank 1", "warmup", how)):
         record(config, tmp_path)
     assert time.monotonic() - t0 < timeout + 15
     assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)

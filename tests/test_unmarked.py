@@ -20,8 +20,8 @@ import pytest
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ops import native_totals
-from opprof.events import INFERRED_PREFIX, INFERRED_TID, finish, optimizer_steps
 from opprof.normalizers import normalize
+from opprof.normalizers.events import INFERRED_PREFIX, INFERRED_TID, finish, optimizer_steps
 from opprof.taxonomy import PHASES, MappingRow, MappingTable
 from tests.conftest import FIXTURES, run_cli
 from tests.unmarked import SCRIPTS, record

@@ -14,8 +14,9 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
   reduce-scatter), from the trace's ``bytes`` column;
 - **group**, **size**: the process group's name and rank count where the trace names them
   (Kineto's ``Process Group Name`` / ``Group size``, kept in ``detail`` as ``pg=NAME size=N``);
-  else the group is unnamed and its size the job's world size (``distributedInfo``, else the
-  worker count);
+  else the job's one process group where ``distributedInfo`` lists a single one (a gloo
+  trace's collectives carry no group of their own); else the group is unnamed; the size, where
+  the event has none, is the job's world size (``distributedInfo``, else the worker count);
 - **wait** / **transfer**: the part of each execution before the last rank entered it, and
   the rest (:mod:`opprof.analysis.ranks`; all transfer when it is not matched across ranks);
 - **algbw** = bytes / transfer time (sums over the collective's executions: nccl-tests times
@@ -30,14 +31,20 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, container
 from opprof.analysis.ranks import collectives
+from opprof.filters import communication, counted, kernels, on_host, workers
 from opprof.intervals import Sweep
-from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
 #: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
@@ -75,6 +82,9 @@ def collective_part(trace: Trace, *,
     timing = _with_calls(ev, timing)
     timing["hidden_ns"] = _hidden(ev, timing)
     world = {r: _world_size(trace.meta, int(r)) for r in timing["rank"].unique()}
+    only = {r: _only_group(trace.meta, int(r)) for r in timing["rank"].unique()}
+    unnamed = timing["group"] == ""
+    timing.loc[unnamed, "group"] = timing.loc[unnamed, "rank"].map(only).fillna("")
     timing["size"] = timing["size"].fillna(timing["rank"].map(world)).astype(np.int64)
     return timing[PART_COLUMNS].reset_index(drop=True)
 
@@ -113,7 +123,7 @@ def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
         drop=True)
 
 
-def _world_size(meta: dict, rank: int) -> int:
+def _world_size(meta: MetaMapping, rank: int) -> int:
     """The job's world size as rank ``rank``'s trace says it, else the worker count."""
     info = (meta.get("distributed") or {}).get(str(rank)) or {}
     size = info.get("world_size") if isinstance(info, dict) else None
@@ -123,14 +133,29 @@ def _world_size(meta: dict, rank: int) -> int:
         return int(meta.get("workers") or 1)
 
 
+def _only_group(meta: MetaMapping, rank: int) -> str | None:
+    """The name of the job's one process group as rank ``rank``'s trace lists it
+    (``distributedInfo.pg_config`` with a single group: every collective runs in it), else
+    None."""
+    info = (meta.get("distributed") or {}).get(str(rank)) or {}
+    groups = info.get("pg_config") if isinstance(info, dict) else None
+    if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)):
+        return None
+    name, desc = groups[0].get("pg_name"), groups[0].get("pg_desc")
+    if not isinstance(name, (str, int)) or isinstance(name, bool) or str(name) == "":
+        return None
+    ok = isinstance(desc, str) and desc and " " not in desc
+    return f"{name} ({desc})" if ok else str(name)
+
+
 def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     """``timing`` with bytes (the larger of its own and its call's), group and size (its
     own, else its call's)."""
-    host = ((ev["role"] == "worker") & (ev["device"] == "cpu")).to_numpy(bool)
+    host = workers(ev) & on_host(ev)
     cols = ["rank", "pid", "tid", "ts", "dur"]
     read = [*cols, "bytes", "counted", *(["detail"] if "detail" in ev else [])]
-    comm = ev.loc[host & ev["op"].isin(COMM_OPS).to_numpy(bool), read]  # no other copied
-    calls = comm[comm["counted"]]
+    comm = ev.loc[host & communication(ev), read]  # no other column copied
+    calls = comm[counted(comm)]
     # a call's payload and group: the largest bytes and the first group among its events
     info = _group_of(comm)
     inner = pd.DataFrame({"call": container(comm[cols], calls[cols]),
@@ -140,7 +165,7 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     call = inner[inner["call"] >= 0].groupby("call").agg(
         bytes=("bytes", "max"), group=("group", "first"), size=("size", "first"))
     # a device kernel's call: the one enclosing the runtime call that launched it
-    launches = ev.loc[host & (ev["link"] >= 0).to_numpy(bool), [*cols, "link"]]
+    launches = ev.loc[host & (ev["link"] >= 0), [*cols, "link"]]
     key = (launches["rank"].to_numpy(np.int64) * (1 << 40)
            + launches["link"].to_numpy(np.int64))
     t_key = timing["rank"].to_numpy(np.int64) * (1 << 40) + timing["link"].to_numpy(np.int64)
@@ -184,18 +209,15 @@ def _group_of(events: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"group": group, "size": size}, index=events.index)
 
 
-def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
+def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:
     """Per timing event: ns of it during which its rank computed (compute kernels where the
     event is a device kernel, unblocked compute operators otherwise)."""
     out = np.zeros(len(timing), np.int64)
     cols = ["rank", "pid", "tid", "ts", "dur"]  # all that is read of them: no other copied
-    worker = (ev["role"] == "worker").to_numpy(bool)
-    comm = ev["op"].isin(COMM_OPS).to_numpy(bool)
-    on_cpu = (ev["device"] == "cpu").to_numpy(bool)
-    kernel = worker & (ev["kind"] == "kernel").to_numpy(bool) & ~on_cpu
-    dev_compute = ev.loc[kernel & ~comm, cols]
-    host = worker & ev["counted"].to_numpy(bool) & on_cpu
-    host_compute = ev.loc[host & ev["phase"].isin(COMPUTE).to_numpy(bool), cols]
+    worker, comm = workers(ev), communication(ev)
+    dev_compute = ev.loc[worker & kernels(ev) & ~comm, cols]
+    host = worker & counted(ev) & on_host(ev)
+    host_compute = ev.loc[host & ev["phase"].isin(COMPUTE), cols]
     host_comm = ev.loc[host & comm, cols]
     blocked = host_comm[container(host_comm, host_compute) >= 0]
     ranks = timing["rank"].to_numpy()
@@ -210,8 +232,8 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _covered_within(s: np.ndarray, e: np.ndarray, comp: pd.DataFrame,
-                    blocked: pd.DataFrame | None) -> np.ndarray:
+def _covered_within(s: Array, e: Array, comp: pd.DataFrame,
+                    blocked: pd.DataFrame | None) -> Array:
     """Per interval [s, e): ns during which a ``comp`` event ran (less ``blocked`` calls)."""
     p_ts = comp["ts"].to_numpy(np.int64)
     p_end = p_ts + comp["dur"].to_numpy(np.int64)
@@ -223,5 +245,6 @@ def _covered_within(s: np.ndarray, e: np.ndarray, comp: pd.DataFrame,
         return np.zeros(len(s), np.int64)
     busy = sweep.covered(p_ts, p_end, (k_ts, k_end))
     cum = np.r_[0, np.cumsum(np.where(busy, sweep.length, 0))]
-    return (cum[np.searchsorted(sweep.points, e)]
-            - cum[np.searchsorted(sweep.points, s)]).astype(np.int64)
+    hidden: Array = (cum[np.searchsorted(sweep.points, e)]
+                     - cum[np.searchsorted(sweep.points, s)]).astype(np.int64)
+    return hidden

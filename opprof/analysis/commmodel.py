@@ -19,6 +19,15 @@ shards of n/N. Its network holds the all-gather's α and β, and the reduce-scat
 buffer, so its fitted β is about twice the all-gather's), with ``info["copy_ns_per_byte"]``
 for FSDP's copy-in/copy-out around each collective.
 
+**The measured curve** (:func:`on_curve`): where a network holds its measured sizes (a
+calibration, or a trace's own collectives), a collective of a size inside their range costs
+what was measured — linear between the two nearest sizes' median times, the last two sizes'
+slope beyond the largest — moved to another N (or S) by the ratio of the α–β costs; α–β
+alone below the smallest size and where there are fewer than two sizes. A straight α–β line
+misses how a host's cost per byte grows once the buffers outgrow its caches (on this
+project's machine the 64 MiB times of 25 calibrations were 0.8–15× the fitted line's, median
+2.4×).
+
 **Fitting** (:func:`fit`): measured (bytes, ns) pairs are reduced to the median time per
 message size, then α and β are the least-squares solution of the cost equation above over
 those sizes, weighted by 1/time (each size counts by its relative error, so small messages
@@ -31,44 +40,46 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from opprof.errors import OpprofError
+from opprof import kinds
+from opprof.errors import ErrorKind, OpprofError
+from opprof.kinds import Collective
 
-COLLECTIVES = ("allreduce", "ps", "fsdp")
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+
+COLLECTIVES = Collective.values()
 FORMAT = 1
 #: The network assumed when neither a calibration nor the trace's own collectives give one:
 #: a 10 Gb/s Ethernet link (1.25 GB/s) with TCP latency of 25 µs.
-ASSUMED = {"alpha_ns": 25_000.0, "beta_ns_per_byte": 0.8, "name": "10 Gb/s Ethernet (assumed)"}
+ASSUMED: dict[str, float | str] = {"alpha_ns": 25_000.0, "beta_ns_per_byte": 0.8,
+                                   "name": "10 Gb/s Ethernet (assumed)"}
 
 
-def collective_of(mode: str) -> str:
-    """The collective a distributed mode uses: ``allreduce`` or ``ps``."""
-    if mode == "allreduce":
-        return "allreduce"
-    if mode in ("ps-sync", "ps-async"):
-        return "ps"
-    if mode == "fsdp":
-        return "fsdp"
-    if mode == "zero":  # DDP's all-reduce of the gradients; the update on the shard
-        return "allreduce"
+def collective_of(mode: str) -> Collective:
+    """The collective a distributed mode uses (:func:`opprof.kinds.collective_of`): ``allreduce``
+    (zero: DDP's all-reduce of the gradients; the update on the shard), ``ps`` or ``fsdp``."""
+    collective = kinds.collective_of(mode)
+    if collective is not None:
+        return collective
     raise OpprofError(f"mode {mode!r} has no collective model; choose allreduce, fsdp, zero, "
                       "ps-sync or ps-async")
 
 
-def design(nbytes: np.ndarray, collective: str, workers: int,
-           servers: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def design(nbytes: Array, collective: str, workers: int,
+           servers: int = 1) -> tuple[Array, Array]:
     """The (α, β) coefficients of the cost equation for each message size."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
-    if collective == "allreduce":
+    if collective == Collective.ALLREDUCE:
         return (np.full_like(nbytes, 2.0 * (workers - 1)),
                 2.0 * (workers - 1) / max(workers, 1) * nbytes)
-    if collective == "ps":
+    if collective == Collective.PS:
         return np.full_like(nbytes, 2.0), 2.0 * max(1.0, workers / max(servers, 1)) * nbytes
-    if collective == "fsdp":
+    if collective == Collective.FSDP:
         return (np.full_like(nbytes, float(workers - 1)),
                 (workers - 1) / max(workers, 1) * nbytes)
     raise OpprofError(f"unknown collective {collective!r}; choose {', '.join(COLLECTIVES)}")
@@ -95,27 +106,44 @@ class Network:
         """1/β in bytes per second."""
         return 1e9 / self.beta_ns_per_byte if self.beta_ns_per_byte > 0 else None
 
-    def cost_ns(self, nbytes: float | np.ndarray, workers: int,
-                servers: int = 1) -> np.ndarray:
-        """Predicted time of one collective of ``nbytes`` among ``workers`` (and ``servers``)."""
-        if self.collective in ("allreduce", "fsdp") and workers <= 1:
-            return np.zeros_like(np.asarray(nbytes, dtype=np.float64))
-        a, b = design(np.asarray(nbytes), self.collective, workers, servers)
-        return a * self.alpha_ns + b * self.beta_ns_per_byte
+    def cost_ns(self, nbytes: float | Array, workers: int,
+                servers: int = 1) -> Array:
+        """Predicted time of one collective of ``nbytes`` among ``workers`` (and ``servers``):
+        the measured curve where the network has one (:func:`on_curve`), else α–β."""
+        n = np.asarray(nbytes, dtype=np.float64)
+        if self.collective in (Collective.ALLREDUCE, Collective.FSDP) and workers <= 1:
+            return np.zeros_like(n)
+        return self._cost(n, workers, servers, self.alpha_ns, self.beta_ns_per_byte,
+                          self.samples)
 
     def kind_cost_ns(self, kind: str, nbytes: float, workers: int) -> float:
         """``fsdp``: one ``all_gather`` or ``reduce_scatter`` of a unit of ``nbytes``
-        (unsharded) among ``workers``; the reduce-scatter's α–β from ``info`` (else the
-        all-gather's)."""
+        (unsharded) among ``workers``; the reduce-scatter's α–β (and measured curve) from
+        ``info`` (else the all-gather's)."""
         if workers <= 1:
             return 0.0
         rs = self.info.get("reduce_scatter") or {}
-        alpha = float(rs.get("alpha_ns", self.alpha_ns)) if kind == "reduce_scatter" \
-            else self.alpha_ns
-        beta = float(rs.get("beta_ns_per_byte", self.beta_ns_per_byte)) \
-            if kind == "reduce_scatter" else self.beta_ns_per_byte
-        a, b = design(np.array([float(nbytes)]), "fsdp", workers)
-        return float(a[0] * alpha + b[0] * beta)
+        if kind == "reduce_scatter" and rs:
+            alpha = float(rs.get("alpha_ns", self.alpha_ns))
+            beta = float(rs.get("beta_ns_per_byte", self.beta_ns_per_byte))
+            samples = list(rs.get("samples") or [])
+        else:
+            alpha, beta, samples = self.alpha_ns, self.beta_ns_per_byte, self.samples
+        return float(self._cost(np.array([float(nbytes)]), workers, 1, alpha, beta,
+                                samples)[0])
+
+    def _cost(self, n: Array, workers: int, servers: int, alpha: float, beta: float,
+              samples: list[dict[str, Any]]) -> Array:
+        a, b = design(n, self.collective, workers, servers)
+        cost = a * alpha + b * beta
+        if len(samples) < 2:
+            return cost
+        # the measured curve, moved to this N (and S) by the α–β model's ratio
+        a0, b0 = design(n, self.collective, max(self.workers, 1), max(self.servers, 1))
+        at_own = a0 * alpha + b0 * beta
+        curve = on_curve(samples, n)
+        scale = np.divide(cost, at_own, out=np.ones_like(cost), where=at_own > 0)
+        return np.where(np.isnan(curve), cost, curve * scale)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``opprof calibrate -o net.json`` writes it)."""
@@ -127,11 +155,11 @@ class Network:
     def from_dict(cls, d: dict[str, Any], where: str = "network") -> Network:
         """Read the JSON form back; a clear error for anything else."""
         if not isinstance(d, dict) or "opprof_network" not in d:
-            raise OpprofError(f"{where}: not an opprof network file (write one with "
-                              "`opprof calibrate`)")
+            raise OpprofError("not an opprof network file (write one with "
+                              "`opprof calibrate`)", path=where, kind=ErrorKind.NOT_A_TRACE)
         if int(d["opprof_network"]) > FORMAT:
-            raise OpprofError(f"{where}: network format {d['opprof_network']} is newer than "
-                              f"this opprof reads ({FORMAT})")
+            raise OpprofError(f"network format {d['opprof_network']} is newer than "
+                              f"this opprof reads ({FORMAT})", path=where, kind=ErrorKind.NEWER)
         try:
             net = cls(collective=str(d["collective"]), alpha_ns=float(d["alpha_ns"]),
                       beta_ns_per_byte=float(d["beta_ns_per_byte"]),
@@ -140,12 +168,30 @@ class Network:
                       source=str(d.get("source", "")), samples=list(d.get("samples", [])),
                       fit=dict(d.get("fit", {})), info=dict(d.get("info", {})))
         except (KeyError, TypeError, ValueError) as exc:
-            raise OpprofError(f"{where}: damaged network file ({exc})") from None
+            raise OpprofError(f"damaged network file ({exc})",
+                              path=where, kind=ErrorKind.DAMAGED) from None
         if net.collective not in COLLECTIVES:
-            raise OpprofError(f"{where}: unknown collective {net.collective!r}")
+            raise OpprofError(f"unknown collective {net.collective!r}",
+                              path=where, kind=ErrorKind.DAMAGED)
         if not (net.alpha_ns >= 0 and net.beta_ns_per_byte >= 0):
-            raise OpprofError(f"{where}: α and β must be non-negative")
+            raise OpprofError("α and β must be non-negative", path=where, kind=ErrorKind.DAMAGED)
         return net
+
+
+def on_curve(samples: list[dict[str, Any]], nbytes: Array) -> Array:
+    """The measured time of a collective of each size in ``nbytes``: linear between the
+    measured sizes (their median times), the last two sizes' slope beyond the largest; NaN
+    below the smallest (where α–β stands in)."""
+    pts = sorted((float(s["bytes"]), float(s["ns"])) for s in samples
+                 if s.get("bytes") and s.get("ns"))
+    n = np.asarray(nbytes, dtype=np.float64)
+    if len(pts) < 2:
+        return np.full(n.shape, np.nan)
+    x = np.array([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    slope = max(0.0, (y[-1] - y[-2]) / (x[-1] - x[-2]))
+    out = np.where(n > x[-1], y[-1] + (n - x[-1]) * slope, np.interp(n, x, y))
+    return np.where(n < x[0], np.nan, out)
 
 
 #: A fit whose prediction is off by more than this at any measured size is flagged.
@@ -160,22 +206,24 @@ def fit_errors(net: Network) -> list[tuple[int, float]]:
 
 def fit_warning(net: Network) -> str | None:
     """One ⚠ line when the α–β fit misses a measured size by more than :data:`FIT_LIMIT`
-    (so predictions with this network are off by as much); None otherwise."""
+    (the model follows the measured times between the measured sizes, the line elsewhere and
+    in its scaling to other worker counts); None otherwise."""
     from opprof.render.units import size
 
     bad = [(n, e) for n, e in fit_errors(net) if abs(e) > FIT_LIMIT]
     if not bad:
         return None
     where = ", ".join(f"{e:+.0%} at {size(n)}" for n, e in bad)
-    return (f"⚠ poor α–β fit: {where} (limit ±{FIT_LIMIT:.0%}); predictions with this network "
-            "are off by as much at those sizes — calibrate again on a quieter machine, or with "
-            "more --repeat")
+    return (f"⚠ poor α–β fit: {where} (limit ±{FIT_LIMIT:.0%}); the model follows the measured "
+            "times between the measured sizes, but rests on the line below them and when it "
+            "scales to other worker counts — calibrate again on a quieter machine, or with more "
+            "--repeat")
 
 
 def assumed(collective: str) -> Network:
     """The default network (``ASSUMED``) for a collective."""
-    return Network(collective, ASSUMED["alpha_ns"], ASSUMED["beta_ns_per_byte"], workers=2,
-                   source="assumed", backend=ASSUMED["name"])
+    return Network(collective, float(ASSUMED["alpha_ns"]), float(ASSUMED["beta_ns_per_byte"]),
+                   workers=2, source="assumed", backend=str(ASSUMED["name"]))
 
 
 def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
@@ -185,7 +233,7 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
     s = samples[(samples["bytes"] > 0) & (samples["ns"] > 0)]
     if s.empty:
         raise OpprofError("no collective with a known size and duration to fit α and β to")
-    if collective in ("allreduce", "fsdp") and workers < 2:
+    if collective in (Collective.ALLREDUCE, Collective.FSDP) and workers < 2:
         raise OpprofError("a collective among one worker moves nothing; α and β need at least "
                           "two workers")
     g = s.groupby("bytes")["ns"]
@@ -208,11 +256,11 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
                     "predicted_ns": float(p)} for r, p in zip(pts.itertuples(), pred,
                                                                strict=True)]
     return Network(collective, float(alpha), float(beta), workers=workers,
-                   servers=servers if collective == "ps" else 0, samples=samples_out,
+                   servers=servers if collective == Collective.PS else 0, samples=samples_out,
                    fit=fit_info, **fields)
 
 
-def _robust_fit(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def _robust_fit(a: Array, b: Array, y: Array) -> tuple[float, float]:
     """Relative-error least squares of y ≈ α·a + β·b with Huber re-weighting, α, β ≥ 0."""
     w = 1.0 / y
     for _ in range(4):
@@ -223,7 +271,7 @@ def _robust_fit(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return alpha, beta
 
 
-def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def _nnls2(a: Array, b: Array, y: Array) -> tuple[float, float]:
     """min ||α·a + β·b − y|| with α, β ≥ 0 (two unknowns: check the faces)."""
     m = np.column_stack([a, b])
     sol, *_ = np.linalg.lstsq(m, y, rcond=None)
@@ -237,6 +285,6 @@ def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return best[1], best[2]
 
 
-def _ls1(x: np.ndarray, y: np.ndarray) -> float:
+def _ls1(x: Array, y: Array) -> float:
     den = float(np.dot(x, x))
     return max(0.0, float(np.dot(x, y)) / den) if den > 0 else 0.0

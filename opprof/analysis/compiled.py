@@ -26,7 +26,7 @@ def compile_steps(trace: Trace) -> pd.DataFrame:
     """Per (rank, step) with compilation in it: ``compile_ns``, the time of its counted
     ``compile`` operators."""
     ev = trace.events
-    ev = ev[op_mask(ev, "host") & (ev["op"] == "compile").to_numpy(bool)]
+    ev = ev.loc[op_mask(ev, "host") & (ev["op"] == "compile"), ["rank", "step", "dur"]]
     if ev.empty:
         return pd.DataFrame({c: np.zeros(0, np.int64) for c in COMPILE_COLUMNS})
     g = ev.groupby(["rank", "step"], observed=True)["dur"].sum()
@@ -37,9 +37,9 @@ def fused_kernels(trace: Trace) -> pd.DataFrame:
     """Per (op, phase, native name) of the counted ``fused`` / ``fused_backward`` events on
     hosts and devices: ``count`` and ``total_ns``."""
     all_ev = trace.events
-    fused = all_ev["op"].isin(FUSED_OPS).to_numpy(bool)
-    ev = pd.concat([all_ev[op_mask(all_ev, w) & fused] for w in ("host", "device")],
-                   ignore_index=True)
+    fused = all_ev["op"].isin(FUSED_OPS)
+    ev = pd.concat([all_ev.loc[op_mask(all_ev, w) & fused, ["op", "phase", "name", "dur"]]
+                    for w in ("host", "device")], ignore_index=True)
     if ev.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     frame = pd.DataFrame({"op": ev["op"].astype(str), "phase": ev["phase"].astype(str),

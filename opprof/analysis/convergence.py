@@ -11,11 +11,15 @@ of the two ratios, and each one's share of the difference is its share of the lo
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from opprof.trace import convergence_frame
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 #: Test accuracies reported (fractions).
 TARGETS = (0.5, 0.7, 0.9)
@@ -47,7 +51,63 @@ def time_to_accuracy(curve: pd.DataFrame,
     return out
 
 
-def summary(meta: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Summary:
+    """A convergence curve in a few numbers (JSON's ``convergence_summary``): losses are the
+    mean over ranks (``final_loss``: of the last :data:`FINAL_STEPS` steps), accuracies
+    fractions, ``time_to_accuracy`` / ``steps_to_accuracy`` per target reached (``"0.5"``)."""
+
+    steps: int
+    ranks: int
+    time_ns: int
+    first_loss: float | None
+    final_loss: float | None
+    best_test_accuracy: float | None
+    best_train_accuracy: float | None
+    final_test_accuracy: float | None
+    time_to_accuracy: dict[str, int]
+    steps_to_accuracy: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """When one run first reached a target (every rank did): ns into training and step."""
+
+    time_ns: int
+    step: int
+
+
+@dataclass(frozen=True)
+class AtTarget:
+    """Two runs at one target test accuracy: which reached it first (``a``, ``b`` or None)
+    and how much of the difference is step time and how much steps needed (log shares)."""
+
+    target: float
+    a: Hit | None
+    b: Hit | None
+    first: str | None
+    step_time_share: float | None
+    steps_share: float | None
+    sentence: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs' convergence (JSON's diff ``convergence``): per target, the first to reach
+    it, and the sentence naming the first target (50%) and the highest both reach."""
+
+    targets: list[AtTarget]
+    first: str | None
+    sentence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summary(meta: MetaMapping) -> Summary | None:
     """The curve in a few numbers (None without a convergence table)."""
     curve = convergence_frame(meta)
     if curve.empty:
@@ -60,19 +120,19 @@ def summary(meta: dict[str, Any]) -> dict[str, Any] | None:
         hit = reached(curve, t)
         if hit is not None:
             steps_to[str(t)] = hit[1]
-    return {"steps": int(curve["step"].max()), "ranks": int(curve["rank"].nunique()),
-            "time_ns": int(curve.groupby("rank")["time_ns"].max().max()),
-            "first_loss": _num(first["loss"].mean()), "final_loss": _num(last["loss"].mean()),
-            "best_test_accuracy": _num(evals["test_accuracy"].max()) if len(evals) else None,
-            "best_train_accuracy": _num(evals["train_accuracy"].max()) if len(evals) else None,
-            "final_test_accuracy": (_num(evals.sort_values("step").groupby("rank")
-                                         ["test_accuracy"].last().min())
-                                    if len(evals) else None),
-            "time_to_accuracy": time_to_accuracy(curve), "steps_to_accuracy": steps_to}
+    return Summary(
+        steps=int(curve["step"].max()), ranks=int(curve["rank"].nunique()),
+        time_ns=int(curve.groupby("rank")["time_ns"].max().max()),
+        first_loss=_num(first["loss"].mean()), final_loss=_num(last["loss"].mean()),
+        best_test_accuracy=_num(evals["test_accuracy"].max()) if len(evals) else None,
+        best_train_accuracy=_num(evals["train_accuracy"].max()) if len(evals) else None,
+        final_test_accuracy=(_num(evals.sort_values("step").groupby("rank")
+                                  ["test_accuracy"].last().min()) if len(evals) else None),
+        time_to_accuracy=time_to_accuracy(curve), steps_to_accuracy=steps_to)
 
 
-def compare(a_meta: dict[str, Any], b_meta: dict[str, Any], la: str,
-            lb: str) -> dict[str, Any] | None:
+def compare(a_meta: MetaMapping, b_meta: MetaMapping, la: str,
+            lb: str) -> Comparison | None:
     """Which run reaches each target test accuracy first, and how much of the difference is
     step time and how much steps needed (``targets``, one dict per target); the sentence
     names the first target (50%) and the highest both reach."""
@@ -81,41 +141,35 @@ def compare(a_meta: dict[str, Any], b_meta: dict[str, Any], la: str,
         return None
     if _best(ca) is None and _best(cb) is None:  # `opprof run`: the loss only
         fa, fb = summary(a_meta), summary(b_meta)
-        losses = ", ".join(f"{name} {s['final_loss']:.3f}" for name, s in ((la, fa), (lb, fb))
-                           if s is not None and s["final_loss"] is not None)
-        return {"targets": [], "first": None,
-                "sentence": f"No accuracy was evaluated; final loss (mean of the last "
-                            f"{FINAL_STEPS} steps): {losses}."}
+        losses = ", ".join(f"{name} {s.final_loss:.3f}" for name, s in ((la, fa), (lb, fb))
+                           if s is not None and s.final_loss is not None)
+        return Comparison([], None, f"No accuracy was evaluated; final loss (mean of the last "
+                                    f"{FINAL_STEPS} steps): {losses}.")
     per = [_compare_at(ca, cb, t, la, lb) for t in TARGETS]
-    both = [c for c in per if c["a"] and c["b"]]
+    both = [c for c in per if c.a and c.b]
     said = [per[0]] + ([both[-1]] if both and both[-1] is not per[0] else [])
-    return {"targets": per, "first": per[0]["first"],
-            "sentence": " ".join(c["sentence"] for c in said)}
+    return Comparison(per, per[0].first, " ".join(c.sentence for c in said))
 
 
 def _compare_at(ca: pd.DataFrame, cb: pd.DataFrame, target: float, la: str,
-                lb: str) -> dict[str, Any]:
+                lb: str) -> AtTarget:
     ha, hb = reached(ca, target), reached(cb, target)
-    out: dict[str, Any] = {"target": target, "a": _side(ha), "b": _side(hb), "first": None,
-                           "step_time_share": None, "steps_share": None}
     name = f"{target:.0%} test accuracy"
     if ha is None and hb is None:
-        out["sentence"] = (f"Neither run reaches {name} (best: {la} "
-                           f"{_pct(_best(ca))}, {lb} {_pct(_best(cb))}).")
-        return out
+        return AtTarget(target, None, None, None, None, None,
+                        f"Neither run reaches {name} (best: {la} {_pct(_best(ca))}, {lb} "
+                        f"{_pct(_best(cb))}).")
     if ha is None or hb is None:
         who, hit, other, other_curve = ((lb, hb, la, ca) if ha is None else (la, ha, lb, cb))
-        out["first"] = "b" if ha is None else "a"
-        out["sentence"] = (f"Only {who} reaches {name} ({_s(hit[0])}, step {hit[1]}); "
-                           f"{other} stops at {_pct(_best(other_curve))}.")
-        return out
+        assert hit is not None
+        return AtTarget(target, _side(ha), _side(hb), "b" if ha is None else "a", None, None,
+                        f"Only {who} reaches {name} ({_s(hit[0])}, step {hit[1]}); "
+                        f"{other} stops at {_pct(_best(other_curve))}.")
     (ta, na), (tb, nb) = ha, hb
     sa, sb = ta / na, tb / nb
     first = "a" if ta <= tb else "b"
     log_t = math.log(ta / tb) if ta and tb else 0.0
     share_step = math.log(sa / sb) / log_t if log_t else None
-    out.update(first=first, step_time_share=share_step,
-               steps_share=None if share_step is None else 1.0 - share_step)
     fast, slow = (la, lb) if first == "a" else (lb, la)
     (tf, nf, sf), (ts, ns_, ss) = (((ta, na, sa), (tb, nb, sb)) if first == "a"
                                    else ((tb, nb, sb), (ta, na, sa)))
@@ -125,12 +179,12 @@ def _compare_at(ca: pd.DataFrame, cb: pd.DataFrame, target: float, la: str,
     if share_step is not None:
         text += (f": the step time explains {share_step:.0%} of the difference, the steps "
                  f"needed {1 - share_step:.0%}")
-    out["sentence"] = text + "."
-    return out
+    return AtTarget(target, _side(ha), _side(hb), first, share_step,
+                    None if share_step is None else 1.0 - share_step, text + ".")
 
 
-def _side(hit: tuple[int, int] | None) -> dict[str, int] | None:
-    return None if hit is None else {"time_ns": hit[0], "step": hit[1]}
+def _side(hit: tuple[int, int] | None) -> Hit | None:
+    return None if hit is None else Hit(hit[0], hit[1])
 
 
 def _best(curve: pd.DataFrame) -> float | None:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, PRIORITY, container, step_breakdown
+from opprof.filters import counted, on_host, workers
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
@@ -34,9 +35,8 @@ def op_wall(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     with op ``(unattributed)`` for marker-only time of each phase."""
     steps = step_breakdown(trace) if steps is None else steps
     ev = trace.events
-    workers = ev["role"] == "worker"
-    ops = ev[workers & ev["counted"] & ev["phase"].isin(PRIORITY)]
-    host = ops[ops["device"] == "cpu"]
+    ops = ev[workers(ev) & counted(ev) & ev["phase"].isin(PRIORITY)]
+    host = ops[on_host(ops)]
     comm = host[host["phase"] == "comm"]
     compute = host[host["phase"].isin(COMPUTE)]
     pos = container(comm, compute)

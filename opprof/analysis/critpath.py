@@ -34,16 +34,20 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ranks import collectives, match, synchronous
-from opprof.events import lane_ids
-from opprof.intervals import Nesting, containing, lane_keys
+from opprof.filters import workers
+from opprof.intervals import Nesting, containing, lane_ids, lane_keys
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 #: What bound each nanosecond of a step, in report order.
 BOUND_BY = ("compute", "comm", "launch", "sync", "load", "idle")
@@ -63,23 +67,23 @@ class Graph:
     """The dependency graph of a trace's worker ranks (vertex ``2i`` starts node ``i``,
     ``2i + 1`` ends it)."""
 
-    rank: np.ndarray  # per node
-    start: np.ndarray  # per node, ns
-    end: np.ndarray
-    op: np.ndarray  # canonical op (object), per node
-    category: np.ndarray  # BOUND_BY code of the node's own time
-    src: np.ndarray  # per edge: vertex
-    dst: np.ndarray
-    lag: np.ndarray  # int64: replay-exact lags
-    kind: np.ndarray  # edge type
-    binding: np.ndarray  # per vertex: the edge that set its time, or -1
+    rank: Array  # per node
+    start: Array  # per node, ns
+    end: Array
+    op: Array  # canonical op (object), per node
+    category: Array  # BOUND_BY code of the node's own time
+    src: Array  # per edge: vertex
+    dst: Array
+    lag: Array  # int64: replay-exact lags
+    kind: Array  # edge type
+    binding: Array  # per vertex: the edge that set its time, or -1
     steps: pd.DataFrame  # rank, step, start, end, end_vertex, start_vertex
-    main: np.ndarray  # per node: on its rank's main host thread
-    on_device: np.ndarray  # per node: a GPU activity
-    entry: np.ndarray  # per node: the node a collective call that ends with it began with
+    main: Array  # per node: on its rank's main host thread
+    on_device: Array  # per node: a GPU activity
+    entry: Array  # per node: the node a collective call that ends with it began with
 
     @property
-    def times(self) -> np.ndarray:
+    def times(self) -> Array:
         """Measured time of every vertex."""
         t = np.empty(2 * len(self.start), np.int64)
         t[0::2], t[1::2] = self.start, self.end
@@ -91,7 +95,7 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
     them)."""
     steps = step_breakdown(trace) if steps is None else steps
     ev = trace.events
-    worker = (ev["role"] == "worker").to_numpy()
+    worker = workers(ev).to_numpy()
     ts = ev["ts"].to_numpy(np.int64)
     te = ts + ev["dur"].to_numpy(np.int64)
     kind = ev["kind"].astype(str).to_numpy()
@@ -151,7 +155,7 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
     t[0::2], t[1::2] = start, end
     src, dst, nat, etype = [], [], [], []
 
-    def add(s: np.ndarray, d: np.ndarray, lag: np.ndarray | int, e: int) -> None:
+    def add(s: Array, d: Array, lag: Array | int, e: int) -> None:
         src.append(np.asarray(s, np.int64))
         dst.append(np.asarray(d, np.int64))
         nat.append(np.broadcast_to(np.asarray(lag, np.int64), len(s)).copy())
@@ -234,8 +238,8 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
     return g
 
 
-def _host_pieces(lane: np.ndarray, s: np.ndarray, e: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _host_pieces(lane: Array, s: Array, e: Array
+                 ) -> tuple[Array, Array, Array, Array]:
     """Each host lane's time cut at every event boundary, each piece owned by the innermost
     event covering it (consecutive pieces of one owner merged): lane, start, end, owner."""
     if len(s) == 0:
@@ -266,8 +270,8 @@ def _host_pieces(lane: np.ndarray, s: np.ndarray, e: np.ndarray
     return g_lane[new], g_s[new], g_e[last], owner[new]
 
 
-def _latest_elsewhere(pool: np.ndarray, query: np.ndarray, at: np.ndarray, rank: np.ndarray,
-                     lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _latest_elsewhere(pool: Array, query: Array, at: Array, rank: Array,
+                     lane: Array, start: Array, end: Array) -> Array:
     """Per ``query`` node: the ``pool`` node of the same rank on another lane that ended last
     at or before ``at`` (and after the query node started), or -1."""
     best = np.full(len(query), -1, np.int64)
@@ -284,21 +288,21 @@ def _latest_elsewhere(pool: np.ndarray, query: np.ndarray, at: np.ndarray, rank:
     return best
 
 
-def _main_lanes(rank: np.ndarray, lane: np.ndarray, start: np.ndarray, end: np.ndarray,
-                on_dev: np.ndarray) -> np.ndarray:
+def _main_lanes(rank: Array, lane: Array, start: Array, end: Array,
+                on_dev: Array) -> Array:
     """The busiest host lane of each rank."""
     df = pd.DataFrame({"rank": rank[~on_dev], "lane": lane[~on_dev],
                        "busy": (end - start)[~on_dev]})
     if df.empty:
         return np.zeros(0, np.int64)
     busy = df.groupby(["rank", "lane"])["busy"].sum().reset_index()
-    return busy.loc[busy.groupby("rank")["busy"].idxmax(), "lane"].to_numpy(np.int64)
+    return np.asarray(busy.loc[busy.groupby("rank")["busy"].idxmax(), "lane"], np.int64)
 
 
 def _collective_nodes(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,
-                      host_rows: np.ndarray, dev_rows: np.ndarray, p_lane: np.ndarray,
-                      p_s: np.ndarray, p_e: np.ndarray, lane_all: np.ndarray, ts: np.ndarray,
-                      te: np.ndarray, n_host: int) -> tuple[np.ndarray, np.ndarray]:
+                      host_rows: Array, dev_rows: Array, p_lane: Array,
+                      p_s: Array, p_e: Array, lane_all: Array, ts: Array,
+                      te: Array, n_host: int) -> tuple[Array, Array]:
     """(first node, last node) pairs: rows ``[j_first, i_last]`` for every two ranks i ≠ j
     of every matched collective (the k-th call of one collective in a step on all ranks)."""
     none = np.zeros((0, 2), np.int64)
@@ -335,7 +339,7 @@ def _collective_nodes(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,
     return f, la
 
 
-def _anchors(g: Graph, steps: pd.DataFrame, is_main: np.ndarray) -> pd.DataFrame:
+def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
     """Per (rank, step): the vertex that ended it (the node that ended last in it) and the
     vertex its start hangs on (the last main-thread vertex at or before it)."""
     out = steps[["rank", "step", "start", "end"]].copy().reset_index(drop=True)
@@ -441,7 +445,7 @@ def bound_by(g: Graph) -> pd.DataFrame:
 
 
 def graph_of(trace: Trace, steps: pd.DataFrame | None = None
-             ) -> tuple[Graph, np.ndarray] | None:
+             ) -> tuple[Graph, Array] | None:
     """The graph and a topological order of its vertices, or None where the trace gives no
     usable graph (no worker steps, or dependencies that contradict each other)."""
     steps = step_breakdown(trace) if steps is None else steps
@@ -454,7 +458,7 @@ def graph_of(trace: Trace, steps: pd.DataFrame | None = None
     return None if order is None else (g, order)
 
 
-def topological_order(g: Graph) -> np.ndarray | None:
+def topological_order(g: Graph) -> Array | None:
     """The vertices in an order that respects every edge (None: the graph has a cycle)."""
     nv = 2 * len(g.start)
     o = np.argsort(g.src, kind="stable")
@@ -474,8 +478,8 @@ def topological_order(g: Graph) -> np.ndarray | None:
     return np.array(order, np.int64) if len(order) == nv else None
 
 
-def replay(g: Graph, factor: np.ndarray | None = None,
-           order: np.ndarray | None = None) -> pd.DataFrame:
+def replay(g: Graph, factor: Array | None = None,
+           order: Array | None = None) -> pd.DataFrame:
     """Replay the graph: each vertex at the latest ``t(src) + lag`` of its predecessors
     (sources at their measured times), with each node's own time (and a collective's
     transfer after the last rank entered it) × ``factor[node]``. One row per (rank, step):

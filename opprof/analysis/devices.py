@@ -29,12 +29,18 @@ in the events table, or a kernel without a recorded API call) are ``idle_unattri
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
 
+from opprof.filters import device_work
 from opprof.intervals import Sweep
-from opprof.taxonomy import COMM_OPS, DEVICE_KINDS
+from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 CATEGORIES = ("comm", "compute", "memcpy")  # priority order; idle is the rest
 COLUMNS = [
@@ -60,9 +66,8 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     if span not in SPANS:
         raise ValueError(f"span must be one of {SPANS}, not {span!r}")
     ev = trace.events
-    dev = ev.loc[ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu"),
-                 ["rank", "device", "ts", "dur", "kind", "op", "tid",
-                  *(["link"] if "link" in ev else [])]]  # what is read: no other copied
+    dev = ev.loc[device_work(ev), ["rank", "device", "ts", "dur", "kind", "op", "tid",
+                                   *(["link"] if "link" in ev else [])]]  # no other copied
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     launch_ts = launch_times(ev, dev)
@@ -95,7 +100,7 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     return pd.DataFrame(rows)[COLUMNS]
 
 
-def _last_step_starts(trace: Trace, rank: np.ndarray) -> np.ndarray:
+def _last_step_starts(trace: Trace, rank: Array) -> Array:
     """Per event rank: when its last step began (int64 max for a rank with fewer than two
     steps: nothing is left out)."""
     b = trace.step_bounds()
@@ -107,7 +112,7 @@ def _last_step_starts(trace: Trace, rank: np.ndarray) -> np.ndarray:
     return out
 
 
-def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
+def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> Array:
     """Start of the host call that launched each device event (-1 when unknown)."""
     out = np.full(len(dev), -1, dtype=np.int64)
     if "link" not in ev.columns:
@@ -126,14 +131,14 @@ def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _one_device(ts: np.ndarray, dur: np.ndarray, cat: np.ndarray, launch: np.ndarray) -> dict:
+def _one_device(ts: Array, dur: Array, cat: Array, launch: Array) -> dict[str, Any]:
     end = ts + dur
     start_all, end_all = int(ts.min()), int(end.max())
     sweep = Sweep(ts, end)
     pts, seg = sweep.points, sweep.length
     cov = {c: sweep.covered(ts[cat == i], end[cat == i]) for i, c in enumerate(CATEGORIES)}
     taken = np.zeros(len(seg), bool)
-    out: dict = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
+    out: dict[str, Any] = {"span_ns": end_all - start_all, "start": start_all, "end": end_all}
     for c in CATEGORIES:
         mine = cov[c] & ~taken
         out[f"{c}_ns"] = int(seg[mine].sum())
@@ -152,7 +157,8 @@ def _one_device(ts: np.ndarray, dur: np.ndarray, cat: np.ndarray, launch: np.nda
     return out
 
 
-def _idle_causes(pts, seg, idle, ts, dur, launch) -> dict:
+def _idle_causes(pts: Array, seg: Array, idle: Array, ts: Array, dur: Array,
+                 launch: Array) -> dict[str, Any]:
     """Split idle gaps into host / other / unattributed by the next event's launch time."""
     res = {"idle_host_ns": 0, "idle_other_ns": 0, "idle_unattributed_ns": 0, "idle_gaps": 0}
     if not idle.any():

@@ -4,18 +4,24 @@ Memory beside time: each run's peaks (opprof.analysis.memory.run_memory), A/B an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
+from opprof.analysis.convergence import Comparison
 from opprof.analysis.convergence import compare as compare_convergence
 from opprof.analysis.memory import compare_memory, memory_part
-from opprof.analysis.noise import assess
+from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import op_table
 from opprof.analysis.report import Report
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 
 @dataclass
@@ -31,19 +37,19 @@ class Diff:
     summary: str
     #: Each side's timing quality (opprof.analysis.noise): a flagged side's numbers are
     #: noisy or inflated by the profiler, and so is the comparison.
-    a_noise: dict | None = None
-    b_noise: dict | None = None
+    a_noise: Noise | None = None
+    b_noise: Noise | None = None
     #: Memory side by side (opprof.analysis.memory.compare_memory); empty without memory rows.
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
     #: :func:`opprof.analysis.whatif.op_swaps`), or None.
     whatif: pd.DataFrame | None = None
     #: Each side's file metadata (framework, model, batch size, …), shown by the HTML page.
-    a_meta: dict = field(default_factory=dict)
-    b_meta: dict = field(default_factory=dict)
+    a_meta: dict[str, Any] = field(default_factory=dict)
+    b_meta: dict[str, Any] = field(default_factory=dict)
     #: Which run reaches a test accuracy first, split into step time and steps needed
     #: (opprof.analysis.convergence.compare); None when neither has a convergence table.
-    convergence: dict | None = None
+    convergence: Comparison | None = None
 
     #: Each side's unprofiled step time (``meta["unprofiled_step_ns"]``: the timed steps
     #: without the profiler), or None when the trace has none.
@@ -69,8 +75,8 @@ class Diff:
         unprofiled step (the report header's figure, opprof.analysis.noise), else the mean
         profiled step over the unprofiled one."""
         noise = self.a_noise if side == "a" else self.b_noise
-        if noise and noise.get("overhead"):
-            return float(noise["overhead"])
+        if noise and noise.overhead:
+            return float(noise.overhead)
         step, unprofiled = ((self.a_step_ns, self.a_unprofiled_ns) if side == "a"
                             else (self.b_step_ns, self.b_unprofiled_ns))
         return step / unprofiled if unprofiled else None
@@ -99,7 +105,7 @@ def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
                            np.inf)
     df.loc[(df["a_ns_per_step"] == 0) & (df["b_ns_per_step"] == 0), "ratio"] = np.nan
     df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
-    df["share_of_gap"] = df["delta_ns"] / gap if gap else np.nan
+    df["share_of_gap"] = df["delta_ns"] / gap + 0.0 if gap else np.nan  # + 0.0: no -0.0%
     df = df.rename_axis(key).reset_index()
     order = df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
     return df.loc[order].reset_index(drop=True)
@@ -154,7 +160,7 @@ def _name(trace: Trace | Report, file_name: str) -> str:
     return f"{file_name} ({fw})" if fw and fw not in file_name else file_name
 
 
-def _unprofiled(meta: dict) -> float | None:
+def _unprofiled(meta: MetaMapping) -> float | None:
     v = meta.get("unprofiled_step_ns")
     try:
         return float(v) if v and float(v) > 0 else None
@@ -167,7 +173,7 @@ MATCH_KEYS = (("device", "device"), ("framework_version", "framework version"),
               ("batch_size", "batch size"), ("workers", "workers"))
 
 
-def mismatches(a: dict, b: dict) -> list[str]:
+def mismatches(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """One ⚠ line naming how two runs differ in device, framework version (of the same
     framework), batch size or workers, when both say; empty when they match."""
     diffs = []
@@ -201,6 +207,12 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
     else:
         head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s profiled step time "
                 f"({_ms(s_step)} vs {_ms(f_step)} per step)")
+    # the profiler's overhead can turn the ranking round: the operators (all profiled)
+    # then explain the profiled gap, the other way round from the headline
+    turned = ua is not None and ub is not None and bool(ua and ub) and (ua >= ub) != slow_is_a
+    if turned:
+        head += ("; the profiled steps rank them the other way round, so the operators (all "
+                 "timed under the profiler) do not explain the unprofiled gap")
     same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
     if same_sign.empty:
         return head + "."
@@ -208,7 +220,9 @@ def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFra
     s_op, f_op = ((top["a_ns_per_step"], top["b_ns_per_step"]) if slow_is_a
                   else (top["b_ns_per_step"], top["a_ns_per_step"]))
     times = f"{s_op / f_op:.2f}x" if f_op else f"only in {slower}"
-    text = (f"{head}; {top['op']} explains most of it: {_ms(s_op)} vs {_ms(f_op)} per step "
+    what = (f"of the profiled gap ({slower} slower), {top['op']} explains most of it"
+            if turned else f"{top['op']} explains most of it")
+    text = (f"{head}; {what}: {_ms(s_op)} vs {_ms(f_op)} per step "
             f"({times}), {top['share_of_gap']:.0%} of the {'profiled ' if ua and ub else ''}gap")
     ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
     if not ph.empty:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from opprof.filters import step_work
 from opprof.trace import Trace
 
 #: Backward ops of these canonical kinds produce parameter gradients.
@@ -65,7 +66,7 @@ class GradientProfile:
 def profile(trace: Trace) -> GradientProfile:
     """The gradient profile of a trace's worker ranks (see the module docstring)."""
     ev = trace.events
-    ev = ev[(ev["role"] == "worker") & (ev["step"] >= 0)]
+    ev = ev[step_work(ev)]
     spans = _backward_spans(ev)
     acc = ev[ev["name"] == ACCUMULATE]
     if len(acc):

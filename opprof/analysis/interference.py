@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.resources import Resources
-from opprof.intervals import merge
-from opprof.taxonomy import COMM_OPS
+from opprof.filters import communication, counted, step_work
+from opprof.intervals import containing, coverage, merge
 from opprof.trace import Trace
 
 
@@ -71,6 +71,10 @@ def from_cores(res: Resources, workers: int) -> Interference:
                            f"{cores:g} core(s) per worker", comm_slowdown=s)
 
 
+#: The largest share of its time beside a collective an operator is taken to lose (q < 1).
+MAX_LOST_SHARE = 0.9
+
+
 @dataclass(frozen=True)
 class Measured:
     """Interference measured in a trace: the slowdown of the operators that ran beside a
@@ -83,46 +87,71 @@ class Measured:
 
 
 def measure(trace: Trace, rank_steps: int) -> Measured | None:
-    """The backward operators of the trace's workers beside a collective (overlapping one in
-    time on the same rank) against the same operators (name and input shapes) away from one.
-    None: no operator ran beside a collective, or none has a reference (GPU traces: not
-    measured here)."""
+    """The backward operators of the trace's workers beside a collective against the same
+    operators (name and input shapes) away from one. None: no operator ran beside a
+    collective, or none has a reference (GPU traces: not measured here).
+
+    An operator's *own* time leaves out the communication calls nested in it on its own
+    thread: there it waits for a collective it issued (FSDP's all-gather and reduce-scatter
+    from autograd hooks, DDP's all-reduce call) and computes nothing. It runs *beside* a
+    collective for the part of its own time that a collective on another thread of its rank
+    (gloo's, the kvstore's) covers. If beside a collective compute runs at 1/(1 + s) of its
+    speed, an operator of reference time r that spends b ns beside one takes
+    r + b·s/(1 + s): so q = s/(1 + s) = Σ(own − r) / Σ b over the operators that have a
+    reference, and the time lost per rank-step is q · Σ b (the model's ``T·s/(1+s)``)."""
     ev = trace.events
     if not len(ev) or rank_steps <= 0 or (ev["kind"] == "kernel").any():
         return None
-    worker = (ev["role"] == "worker").to_numpy() & (ev["step"] >= 0).to_numpy()
-    comm = worker & ((ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy())
-    ops = worker & (ev["kind"] == "cpu_op").to_numpy() & ev["counted"].to_numpy(bool) & (
+    worker = step_work(ev).to_numpy()
+    comm = worker & ((ev["kind"] == "comm").to_numpy() | communication(ev).to_numpy())
+    ops = worker & (ev["kind"] == "cpu_op").to_numpy() & counted(ev).to_numpy(bool) & (
         ev["phase"] == "backward").to_numpy() & ~comm
     if not comm.any() or not ops.any():
         return None
     rank = ev["rank"].to_numpy(np.int64)
+    lane = np.unique(np.column_stack([rank, ev["pid"].to_numpy(np.int64),
+                                      ev["tid"].to_numpy(np.int64)]), axis=0,
+                     return_inverse=True)[1].reshape(-1)
     ts = ev["ts"].to_numpy(np.int64)
     end = ts + ev["dur"].to_numpy(np.int64)
-    beside = np.zeros(len(ev), bool)
-    for r in np.unique(rank[ops]):
-        c = comm & (rank == r)
-        s, e = merge(ts[c], end[c])
-        if not len(s):
+    o = np.flatnonzero(ops)
+    c = np.flatnonzero(comm)
+    own = (end[o] - ts[o]).astype(np.float64)
+    beside = np.zeros(len(o))
+    for ln in np.unique(lane[o]):
+        mine = np.flatnonzero(lane[o] == ln)
+        mine = mine[np.argsort(ts[o[mine]], kind="stable")]
+        s0, e0 = ts[o[mine]], end[o[mine]]
+        # the calls the operators wait in on their own thread (merged: calls nest)
+        cl = c[lane[c] == ln]
+        cl = cl[(containing(lane[cl], ts[cl], end[cl], lane[o[mine]], s0, e0) >= 0)]
+        b_s, b_e = merge(ts[cl], end[cl])
+        b_of = mine[np.searchsorted(s0, b_s, side="right") - 1] if len(b_s) else b_s
+        np.subtract.at(own, b_of, (b_e - b_s).astype(np.float64))
+        others = c[(rank[c] == rank[o[mine[0]]]) & (lane[c] != ln)]
+        if not len(others):
             continue
-        o = np.flatnonzero(ops & (rank == r))
-        i = np.searchsorted(e, ts[o], side="right")  # first comm interval ending after start
-        hit = i < len(s)
-        hit[hit] = s[i[hit]] < end[o][hit]
-        beside[o[hit]] = True
-    sel = ev.loc[ops]
+        covered = coverage(ts[others], end[others])
+        beside[mine] = covered(e0) - covered(s0)
+        # waiting in its own call while another thread's collective runs is not beside it
+        np.subtract.at(beside, b_of, covered(b_e) - covered(b_s))
+    beside = np.maximum(beside, 0.0)
+    sel = ev.iloc[o]
     key = sel["name"].astype("string")
     if "detail" in sel:
         key = key + "|" + sel["detail"].astype("string").fillna("")
-    df = pd.DataFrame({"key": key.to_numpy(), "dur": (end - ts)[ops], "beside": beside[ops]})
-    if not df["beside"].any():
+    df = pd.DataFrame({"key": key.to_numpy(), "own": own, "beside": beside})
+    near = df[df["beside"] > 0]
+    if not len(near):
         return None
-    ref = df[~df["beside"]].groupby("key")["dur"].mean()
-    near = df[df["beside"]].assign(ref=lambda d: d["key"].map(ref))
+    ref = df[df["beside"] <= 0].groupby("key")["own"].median()
+    near = near.assign(ref=near["key"].map(ref))
     matched = near.dropna(subset=["ref"])
-    if not len(matched) or not matched["ref"].sum():
+    if not len(matched) or not matched["beside"].sum():
         return None
-    s = max(0.0, float(matched["dur"].sum() / matched["ref"].sum()) - 1.0)
-    total = float(near["dur"].sum())
-    return Measured(slowdown=s, extra_ns=total * s / (1.0 + s) / rank_steps,
+    q = float((matched["own"] - matched["ref"]).sum() / matched["beside"].sum())
+    q = min(max(q, 0.0), MAX_LOST_SHARE)
+    total = float(near["beside"].sum())
+    return Measured(slowdown=q / (1.0 - q), extra_ns=q * total / rank_steps,
                     beside_ns=total / rank_steps, matched=len(matched))
+

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -18,12 +19,16 @@ from opprof.analysis.commmodel import Network
 from opprof.analysis.convergence import TARGETS
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.memory import memory_part, run_memory
-from opprof.analysis.noise import NOISE_SPREAD, assess
+from opprof.analysis.noise import NOISE_SPREAD, assess, flags
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
+from opprof.kinds import DONE, Mode, RunStatus
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 #: An operator enters the cross-framework table when it takes at least this share of the
 #: slower run's step time (tiny operators give huge, meaningless ratios).
@@ -41,7 +46,7 @@ class Run:
     model: str
     workers: int
     mode: str
-    status: str = "planned"  # ok / resumed / failed / skipped / interrupted / not run
+    status: str = RunStatus.PLANNED
     reason: str = ""
     wall_s: float | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -50,6 +55,20 @@ class Run:
     def name(self) -> str:
         """File stem of the run's trace."""
         return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+
+
+@dataclass
+class Bench:
+    """A bench's results (bench.json, :func:`opprof.pipeline.bench.read_bench`): one row per
+    run (:func:`compare`), the cross-framework op ratios, the config, the curves."""
+
+    table: pd.DataFrame
+    ratios: pd.DataFrame
+    config: dict[str, Any]
+    path: Path | None = None
+    #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
+    #: train_accuracy, test_accuracy lists).
+    curves: dict[str, Any] = field(default_factory=dict)
 
 
 def summarize(trace: Trace) -> dict[str, Any]:
@@ -81,16 +100,16 @@ CONVERGENCE_COLUMNS = ("final_loss", "best_test_accuracy",
 CURVE_POINTS = 200
 
 
-def convergence_columns(meta: dict[str, Any]) -> dict[str, Any]:
+def convergence_columns(meta: MetaMapping) -> dict[str, Any]:
     """A run's convergence in the bench table's terms, and its curve (thinned) for
     bench.json's ``curves``; empty without a convergence table."""
     s = convergence_summary(meta)
     if s is None:
         return {}
-    out: dict[str, Any] = {"final_loss": s["final_loss"],
-                           "best_test_accuracy": s["best_test_accuracy"]}
+    out: dict[str, Any] = {"final_loss": s.final_loss,
+                           "best_test_accuracy": s.best_test_accuracy}
     for t in TARGETS:
-        ns = s["time_to_accuracy"].get(str(t))
+        ns = s.time_to_accuracy.get(str(t))
         out[f"time_to_{round(t * 100)}_s"] = ns / 1e9 if ns is not None else None
     curve = convergence_frame(meta)
     curve = curve[curve["rank"] == curve["rank"].min()]
@@ -127,12 +146,10 @@ def combine_repeats(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         for key in CONVERGENCE_COLUMNS:
             out[key], out[f"{key}_min"], out[f"{key}_max"] = stats(key)
     med, low, high = stats("samples_per_s")
-    spread = (high - low) / med if med else None
-    noise = dict(out.get("noise") or {})
-    flags = list(noise.get("flags", []))
-    if spread is not None and spread > NOISE_SPREAD and "noisy" not in flags:
-        flags.append("noisy")
-    noise.update(flags=flags, repeat_spread=spread)
+    spread = (high - low) / med if med and high is not None and low is not None else None
+    noise = out.get("noise")
+    if noise is not None and spread is not None and spread > NOISE_SPREAD:
+        noise = noise.flagged("noisy")
     out.update(repeats=len(summaries), repeat_spread=spread, noise=noise)
     return out
 
@@ -143,7 +160,7 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for r in runs:
         s = r.summary
-        noise = s.get("noise") or {}
+        noise = s.get("noise")
         pred = s.get("prediction") or {}
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
                "status": r.status, "samples_per_s": s.get("samples_per_s"),
@@ -156,9 +173,10 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "prediction_note": pred.get("note", ""),
                **{k: s.get("memory", {}).get(k) for k in MEMORY_COLUMNS},
                "rss_ratio": None, "wall_s": r.wall_s, "reason": r.reason,
-               "flags": ",".join(noise.get("flags", [])), "unprofiled_spread":
-               noise.get("spread"), "unprofiled_drift": noise.get("drift"),
-               "overhead": noise.get("overhead"), "repeats": s.get("repeats"),
+               "flags": ",".join(flags(noise)),
+               "unprofiled_spread": noise.spread if noise else None,
+               "unprofiled_drift": noise.drift if noise else None,
+               "overhead": noise.overhead if noise else None, "repeats": s.get("repeats"),
                "samples_per_s_min": s.get("samples_per_s_min"),
                "samples_per_s_max": s.get("samples_per_s_max"),
                "repeat_spread": s.get("repeat_spread"),
@@ -167,7 +185,7 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)
     single = {(r.fw, r.model): r.summary.get("samples_per_s") for r in runs
-              if r.mode == "single" and r.summary.get("samples_per_s")}
+              if r.mode == Mode.SINGLE and r.summary.get("samples_per_s")}
     for i, r in enumerate(runs):
         one, n_thr = single.get((r.fw, r.model)), r.summary.get("samples_per_s")
         if one and n_thr:
@@ -216,7 +234,7 @@ def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
     count: per canonical op (host time per rank-step), slower / faster; the largest first."""
     cols = ["model", "batch_size", "workers", "op", "slower", "faster", "slower_ns_per_step",
             "faster_ns_per_step", "ratio"]
-    done = [r for r in runs if r.status in ("ok", "resumed") and r.summary]
+    done = [r for r in runs if r.status in DONE and r.summary]
     out = []
     for a, b in itertools.combinations(done, 2):
         if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \

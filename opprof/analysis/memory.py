@@ -1,5 +1,6 @@
 """Memory per rank: resident peak, allocator peaks, the model's parameter bytes, the step of
-the peak and the peak per phase, from the memory rows of the events table (opprof.memory).
+the peak and the peak per phase, from the memory rows of the events table
+(opprof.normalizers.memory).
 
 Per rank, from its own rows (so it streams rank by rank like every per-rank analysis),
 over the rank's life **until the end of its last profiled step** (a server's or scheduler's:
@@ -41,13 +42,17 @@ down) is no training and stays out of the peaks, though its rows stay in the tab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from opprof.memory import is_memory
+from opprof.filters import memory as memory_rows
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 TIMELINE_BINS = 48
 COLUMNS = ["rank", "role", "peak_rss_bytes", "hwm_bytes", "unprofiled_rss_bytes",
@@ -71,7 +76,7 @@ class MemoryPart:
 def memory_part(trace: Trace) -> MemoryPart:
     """The memory of every rank of ``trace`` that has memory rows."""
     ev = trace.events
-    mem = ev[is_memory(ev)]
+    mem = ev[memory_rows(ev)]
     if mem.empty:
         return MemoryPart()
     spans = _spans(trace)
@@ -123,7 +128,7 @@ def _spans(trace: Trace) -> dict[int | None, tuple[int, int]]:
 ALLOCATOR_SOURCE = {"kineto": "kineto", "mxnet": "mxnet", "xplane": "xprof", "nsys": "nsys"}
 
 
-def _source(meta: dict) -> str | None:
+def _source(meta: MetaMapping) -> str | None:
     formats = [ALLOCATOR_SOURCE[f] for f in meta.get("source_formats") or []
                if f in ALLOCATOR_SOURCE]
     return formats[0] if formats else None
@@ -155,7 +160,7 @@ def _main(m: pd.DataFrame) -> tuple[str | None, pd.DataFrame]:
     return None, m.iloc[0:0]
 
 
-def _param_bytes(meta: dict, rank: int, role: str) -> int | None:
+def _param_bytes(meta: MetaMapping, rank: int, role: str) -> int | None:
     for r in meta.get("per_rank") or []:
         if isinstance(r, dict) and r.get("rank") == rank and r.get("role") == role:
             if r.get("param_bytes") is not None:
@@ -165,8 +170,8 @@ def _param_bytes(meta: dict, rank: int, role: str) -> int | None:
     return None
 
 
-def _rank(rank: int, m: pd.DataFrame, meta: dict,
-          span: tuple[int, int] | None) -> tuple[dict, pd.DataFrame, dict | None]:
+def _rank(rank: int, m: pd.DataFrame, meta: MetaMapping, span: tuple[int, int] | None
+          ) -> tuple[dict[str, Any], pd.DataFrame, dict[str, Any] | None]:
     role = str(m["role"].iloc[0])
     before = None
     if span is not None:
@@ -220,6 +225,11 @@ RUN_METRICS = ("peak_rss_bytes", "unprofiled_rss_bytes", "job_rss_bytes",
                *(f"peak_{p}_bytes" for p in PHASES))
 
 
+def _number(v: object) -> int | float | None:
+    """A metric's value as a number (None: none, or not a number)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def run_memory(ranks: pd.DataFrame) -> dict[str, int | str | None]:
     """One run's memory from its per-rank rows: the largest worker's resident, allocator and
     per-phase peaks (the worker holding the most; all ranks when there is no worker),
@@ -263,13 +273,14 @@ def compare_memory(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     same = ma.get("series") is not None and ma.get("series") == mb.get("series")
     alike = ma.get("allocator") == mb.get("allocator")
     for k in RUN_METRICS:
-        va, vb = ma[k], mb[k]
+        va, vb = _number(ma[k]), _number(mb[k])
         if (va is None and vb is None) or (k in _PHASE_METRICS and not same):
             continue
-        both = va is not None and vb is not None and (alike or k not in _ALLOCATOR_METRICS)
+        pair = (va, vb) if va is not None and vb is not None and (
+            alike or k not in _ALLOCATOR_METRICS) else None
         rows.append({"metric": k.removesuffix("_bytes"), "a_bytes": va, "b_bytes": vb,
-                     "ratio": va / vb if both and vb else None,
-                     "delta_bytes": va - vb if both else None})
+                     "ratio": pair[0] / pair[1] if pair and pair[1] else None,
+                     "delta_bytes": pair[0] - pair[1] if pair else None})
     out = pd.DataFrame(rows, columns=["metric", "a_bytes", "b_bytes", "ratio", "delta_bytes"])
     return out.astype({"a_bytes": "Int64", "b_bytes": "Int64", "delta_bytes": "Int64",
                        "ratio": "float64"})

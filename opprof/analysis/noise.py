@@ -25,10 +25,15 @@ recorded before these were kept) has no assessment; nothing is flagged.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: Interquartile range / median of the unprofiled step times above which a run is noisy.
 NOISE_SPREAD = 0.20
@@ -40,7 +45,33 @@ OVERHEAD_LIMIT = 1.5
 LIMITS = {"spread": NOISE_SPREAD, "drift": NOISE_DRIFT, "overhead": OVERHEAD_LIMIT}
 
 
-def samples(meta: dict) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Noise:
+    """A run's timing quality (see the module docstring); times in ns, ratios as fractions."""
+
+    samples: int  # unprofiled timed steps, every worker's, before and after the profile
+    median_ns: float
+    q1_ns: float
+    q3_ns: float
+    min_ns: float
+    max_ns: float
+    spread: float | None  # IQR / median
+    drift: float | None  # median after / median before − 1
+    profiled_median_ns: float | None
+    overhead: float | None  # median profiled / median unprofiled
+    flags: list[str]  # ``noisy``, ``overhead``
+    limits: dict[str, float] = field(default_factory=lambda: dict(LIMITS))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The assessment as JSON's ``noise`` object (docs/json.md)."""
+        return asdict(self)
+
+    def flagged(self, *more: str) -> Noise:
+        """The same assessment with the flags ``more`` added (once each)."""
+        return replace(self, flags=[*self.flags, *(f for f in more if f not in self.flags)])
+
+
+def samples(meta: MetaMapping) -> tuple[Array, Array]:
     """(before, after): every worker's unprofiled step durations (ns)."""
     per_rank = meta.get("unprofiled_samples_ns") or {}
     before = [v for r in per_rank.values() if isinstance(r, dict)
@@ -50,7 +81,7 @@ def samples(meta: dict) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
 
 
-def assess(meta: dict, steps: pd.DataFrame | None = None) -> dict[str, Any] | None:
+def assess(meta: MetaMapping, steps: pd.DataFrame | None = None) -> Noise | None:
     """The run's timing quality (see the module docstring): sample count, median, quartiles,
     extremes, spread, drift, the profiled median and overhead, and ``flags`` (``noisy``,
     ``overhead``); None when the trace holds no unprofiled samples."""
@@ -68,18 +99,17 @@ def assess(meta: dict, steps: pd.DataFrame | None = None) -> dict[str, Any] | No
     if steps is not None and len(steps) and "dur_ns" in steps:
         profiled = float(np.median(steps["dur_ns"].to_numpy(np.float64)))
     overhead = profiled / med if profiled and med > 0 else None
-    flags = []
+    flags: list[str] = []
     if (spread is not None and spread > NOISE_SPREAD) or (
             drift is not None and abs(drift) > NOISE_DRIFT):
         flags.append("noisy")
     if overhead is not None and overhead > OVERHEAD_LIMIT:
         flags.append("overhead")
-    return {"samples": int(len(both)), "median_ns": med, "q1_ns": q1, "q3_ns": q3,
-            "min_ns": float(both.min()), "max_ns": float(both.max()), "spread": spread,
-            "drift": drift, "profiled_median_ns": profiled, "overhead": overhead,
-            "flags": flags, "limits": dict(LIMITS)}
+    return Noise(samples=int(len(both)), median_ns=med, q1_ns=q1, q3_ns=q3,
+                 min_ns=float(both.min()), max_ns=float(both.max()), spread=spread, drift=drift,
+                 profiled_median_ns=profiled, overhead=overhead, flags=flags)
 
 
-def flags(noise: dict[str, Any] | None) -> list[str]:
+def flags(noise: Noise | None) -> list[str]:
     """The flags of an assessment (none for None)."""
-    return list(noise.get("flags", [])) if noise else []
+    return list(noise.flags) if noise else []

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 
-from opprof.taxonomy import CANONICAL_OPS, DEVICE_KINDS, PHASES
+from opprof.filters import counted, device_work, step_work
+from opprof.intervals import Nesting
+from opprof.taxonomy import CANONICAL_OPS, PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 
 def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
@@ -16,28 +23,61 @@ def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
     return ev[op_mask(ev, where)]
 
 
-def op_mask(ev: pd.DataFrame, where: str = "host") -> np.ndarray:
+def op_mask(ev: pd.DataFrame, where: str = "host") -> pd.Series:
     """Which events :func:`op_events` takes (a mask, so that a caller narrows it further
     before any rows are copied)."""
-    sel = ev["counted"].to_numpy(bool) & (ev["step"].to_numpy() >= 0) & (
-        ev["role"] == "worker").to_numpy(bool)
-    on_device = (ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")).to_numpy(bool)
-    return sel & (on_device if where == "device" else ~on_device)
+    sel = counted(ev) & step_work(ev)
+    device = device_work(ev)
+    return sel & (device if where == "device" else ~device)
 
 
 OP_COLUMNS = ["op", "phase", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns",
               "share_of_phase", "ns_per_step"]
 
 
+def own_durations(ev: pd.DataFrame) -> Array:
+    """Per counted event: its duration less that of the counted events directly inside it on
+    its lane (rank, pid, tid). Communication is counted wherever it is issued (FSDP's
+    all-gather in a pre-backward hook that runs inside a ``LayerNorm`` backward node, FSDP's
+    copy-in inside that all-gather): the enclosing operator's total leaves it out, so an
+    operator table counts each instant of a lane once."""
+    dur = ev["dur"].to_numpy(np.int64)
+    n = len(ev)
+    own: Array = dur.copy()
+    if n < 2:
+        return own
+    _, lane = np.unique(np.stack([ev[c].to_numpy(np.int64) for c in ("rank", "pid", "tid")],
+                                 axis=1), axis=0, return_inverse=True)
+    ts = ev["ts"].to_numpy(np.int64)
+    nesting = Nesting(lane.reshape(-1), ts, ts + dur)
+    idx = np.arange(n)
+    left = np.ones(n, bool)
+    _, outer = nesting.nest(left)  # each event's enclosing event of the level above
+    level = outer == idx
+    while True:
+        left &= ~level
+        if not left.any():
+            return own
+        _, anc = nesting.nest(left)
+        level = left & (anc == idx)  # the outermost of those left: one level down
+        parent = outer[level]
+        np.subtract.at(own, parent[parent >= 0], dur[level][parent >= 0])
+        outer = anc
+
+
 def op_durations(trace: Trace, where: str = "host") -> pd.DataFrame:
     """What an operator table needs from a trace, compactly: one row per (op, phase,
     duration) with ``n``, how many events had it (op and phase as codes into the taxonomy,
-    rows sorted). Tables of several ranks merge exactly with :func:`merge_durations`."""
+    rows sorted); a host operator's duration is its own (:func:`own_durations`). Tables of
+    several ranks merge exactly with :func:`merge_durations`."""
     ev = trace.events
-    sel = op_mask(ev, where)
-    df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64)[sel],
-                       "phase": ev["phase"].cat.codes.to_numpy(np.int64)[sel],
-                       "dur": ev["dur"].to_numpy(np.int64)[sel]})
+    host = where == "host"  # (own durations read the lanes: rank, pid, tid, ts)
+    ev = ev.loc[op_mask(ev, where), ["op", "phase", "dur",
+                                     *(["rank", "pid", "tid", "ts"] if host else [])]]
+    dur = own_durations(ev) if host else ev["dur"].to_numpy(np.int64)
+    df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64),
+                       "phase": ev["phase"].cat.codes.to_numpy(np.int64),
+                       "dur": dur})
     df = df[(df["op"] >= 0) & (df["phase"] >= 0)]
     return merge_durations([df.assign(n=np.int64(1))])
 
@@ -67,8 +107,9 @@ def table_from_durations(d: pd.DataFrame, n_steps: int) -> pd.DataFrame:
     cum = np.cumsum(n)
     before = cum[starts] - n[starts]  # events in earlier groups
 
-    def order_stat(k: np.ndarray) -> np.ndarray:  # k-th smallest (0-based) in each group
-        return dur[np.searchsorted(cum, before + k, side="right")].astype(np.float64)
+    def order_stat(k: Array) -> Array:  # k-th smallest (0-based) in each group
+        stat: Array = dur[np.searchsorted(cum, before + k, side="right")].astype(np.float64)
+        return stat
 
     t = pd.DataFrame({"op": np.asarray(CANONICAL_OPS, dtype=object)[d["op"].to_numpy()[starts]],
                       "phase": np.asarray(PHASES, dtype=object)[d["phase"].to_numpy()[starts]],

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -48,6 +48,7 @@ from opprof.analysis.sharded import (
     ShardedPlan,
     copy_rate,
     fit_network,
+    segment_spread,
     unit_bytes,
     unit_shares,
 )
@@ -63,11 +64,14 @@ from opprof.analysis.simulate import (
 )
 from opprof.analysis.terms import PHASE_OF, TERM_OF, Terms, terms_from_steps
 from opprof.errors import OpprofError
+from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mode
 from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
 
-DEFAULT_MODE = {"torch": "allreduce", "tf": "allreduce", "mxnet": "ps-sync"}
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+
 _NOT_GRADIENT = r"(?i)broadcast|barrier|gather|scatter|send|recv|alltoall"
 
 
@@ -104,8 +108,8 @@ class Baseline:
     @property
     def collective(self) -> str | None:
         """The collective of the base's mode, if it communicates."""
-        if self.mode in ("allreduce", "ps-sync", "ps-async", "fsdp") and (
-                self.workers > 1 or self.mode not in ("allreduce", "fsdp")):
+        if self.mode in (Mode.ALLREDUCE, *PS_MODES, Mode.FSDP) and (
+                self.workers > 1 or self.mode not in (Mode.ALLREDUCE, Mode.FSDP)):
             return collective_of(self.mode)
         return None
 
@@ -143,10 +147,13 @@ class Units:
     forward order), its share of the compute, where they come from, and FSDP's copy rate
     measured in an FSDP trace (ns per byte; None when it ran no FSDP)."""
 
-    bytes: np.ndarray
-    share: np.ndarray
+    bytes: Array
+    share: Array
     source: str
     copy_ns_per_byte: float | None
+    #: Σ over the compute segments between blocking collectives of each one's σ (ns;
+    #: :func:`opprof.analysis.sharded.segment_spread`), None where the trace cannot say
+    segment_sigma_ns: float | None = None
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
@@ -157,8 +164,10 @@ def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
         nbytes = np.array([total], np.int64) if total else np.zeros(0, np.int64)
         source = "one unit of all the gradient bytes (the trace names no FSDP units)"
     layers = gradients.layers if len(nbytes) > 1 else None
-    return Units(nbytes, unit_shares(layers, nbytes), source,
-                 copy_rate(trace, nbytes, steps) if len(nbytes) else None)
+    share = unit_shares(layers, nbytes)
+    return Units(nbytes, share, source,
+                 copy_rate(trace, nbytes, steps) if len(nbytes) else None,
+                 segment_spread(trace, share) if len(nbytes) else None)
 
 
 def infer_mode(trace: Trace, workers: int | None = None) -> str:
@@ -179,11 +188,11 @@ def infer_mode(trace: Trace, workers: int | None = None) -> str:
         return str(meta["mode"])
     workers = workers or int(meta.get("workers") or len(trace.ranks) or 1)
     if workers <= 1:
-        return "single"
-    servers = meta.get("servers") or int((trace.events["role"] == "server").any())
+        return Mode.SINGLE
+    servers = meta.get("servers") or int((trace.events["role"] == Role.SERVER).any())
     if servers:
-        return "ps-async" if meta.get("framework") == "tf" else "ps-sync"
-    return "allreduce"
+        return Mode.PS_ASYNC if meta.get("framework") == Framework.TF else Mode.PS_SYNC
+    return Mode.ALLREDUCE
 
 
 def _compute_sigma(rows: pd.DataFrame) -> float:
@@ -203,11 +212,11 @@ def _trace_samples(trace: Trace, steps: pd.DataFrame, mode: str,
     """(bytes, ns) of the gradient collectives in the trace: their transfer time (waiting for
     the last rank excluded, in synchronous modes) and payload."""
     empty = pd.DataFrame(columns=["bytes", "ns"])
-    if mode == "fsdp":
+    if mode == Mode.FSDP:
         s = sharded_samples(trace)
         return s[(s["bytes"] > 0) & (s["ns"] > 0)].reset_index(drop=True), \
             "the backend's all-gather / reduce-scatter spans (unsharded bytes)"
-    if mode not in ("allreduce", "ps-sync", "ps-async") or (mode == "allreduce" and workers < 2):
+    if mode not in (Mode.ALLREDUCE, *PS_MODES) or (mode == Mode.ALLREDUCE and workers < 2):
         return empty, ""
     timing, _ = collectives(trace)
     if timing.empty:
@@ -219,7 +228,7 @@ def _trace_samples(trace: Trace, steps: pd.DataFrame, mode: str,
         return empty, "the trace holds no gradient collectives"
     nbytes = coll["bytes"].to_numpy(np.int64).copy()
     note = "payloads from the trace"
-    if mode != "allreduce" and trace.meta.get("comm_bytes_per_step"):
+    if mode != Mode.ALLREDUCE and trace.meta.get("comm_bytes_per_step"):
         nbytes //= 2  # MXNet's comm windows count push and pull; the model's n is one way
         note = "payloads from the trace (push + pull windows, halved)"
     ns = coll["transfer_ns"].to_numpy(np.float64)
@@ -266,7 +275,7 @@ def _fit_trace(base: Baseline) -> Network | None:
     if base.collective is None or not len(base.samples):
         return None
     try:
-        if base.collective == "fsdp":
+        if base.collective == Collective.FSDP:
             copy = base.units.copy_ns_per_byte if base.units is not None else None
             return fit_network(base.samples, base.workers, copy, source="trace",
                                framework=base.framework, backend="collectives in the trace")
@@ -274,7 +283,7 @@ def _fit_trace(base: Baseline) -> Network | None:
                   source="trace", framework=base.framework, backend="collectives in the trace")
     except OpprofError:
         return None
-    if base.collective == "ps":  # MXNet's windows hold the servers' optimizer too
+    if base.collective == Collective.PS:  # MXNet's windows hold the servers' optimizer too
         net.info["includes_server_update"] = True
     return net
 
@@ -283,11 +292,11 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
          deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
          communicate: bool = True, io_hidden: bool = False,
          straggler: bool = False, interference: float = 0.0,
-         comm_interference: float = 0.0) -> tuple[StepPlan, Policy]:
+         comm_interference: float = 0.0) -> tuple[StepPlan | ShardedPlan, Policy]:
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
     changes ``deltas`` (ns per step, per phase) applied."""
-    collective = collective_of(mode) if mode != "single" else "allreduce"
-    if collective == "fsdp":
+    collective = collective_of(mode) if mode != Mode.SINGLE else Collective.ALLREDUCE
+    if collective == Collective.FSDP:
         return _sharded_plan(base, workers, network, deltas, comm_scale, communicate,
                              io_hidden, straggler)
     policy = policy_for(base.framework, collective)
@@ -296,7 +305,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
         if p in phases:
             phases[p] = max(0.0, phases[p] + d)
     server_update = 0.0
-    if policy.server_update and not base.collective == "ps":
+    if policy.server_update and not base.collective == Collective.PS:
         # The optimizer moves from the worker to the servers (keys split over them).
         server_update = phases["update"] / max(servers, 1)
         phases["update"] = 0.0
@@ -311,7 +320,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     nbytes = g["bytes"].to_numpy(np.int64) if len(g) else np.zeros(0, np.int64)
     if not len(g) and base.gradients.total_bytes:
         ready, nbytes = np.ones(1), np.array([base.gradients.total_bytes])
-    talk = communicate and (workers > 1 or collective == "ps") and mode != "single"
+    talk = communicate and (workers > 1 or collective == Collective.PS) and mode != Mode.SINGLE
     sync = mode not in ASYNC_MODES
     wait = base.sigma_ns * expected_max_normal(workers) if (straggler and sync) else 0.0
 
@@ -348,12 +357,12 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
                   io_hidden: bool, straggler: bool) -> tuple[ShardedPlan, Policy]:
     """:func:`plan` for ``fsdp``: the base's compute, the optimizer on a 1/N shard (of the
     base's shard, 1/N_base, in an FSDP base), its units' bytes and compute shares."""
-    policy = policy_for(base.framework, "fsdp", base.device)
+    policy = policy_for(base.framework, Collective.FSDP, base.device)
     phases = {p: base.phases[p] for p in COMPUTE_PHASES}
     for p, d in (deltas or {}).items():
         if p in phases:
             phases[p] = max(0.0, phases[p] + d)
-    shard_of_base = base.workers if base.mode == "fsdp" else 1
+    shard_of_base = base.workers if base.mode == Mode.FSDP else 1
     phases["update"] = phases["update"] * shard_of_base / max(workers, 1)
     if io_hidden:
         phases["load"] = 0.0
@@ -363,7 +372,11 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
     if copy is None:
         copy = units.copy_ns_per_byte if units.copy_ns_per_byte is not None else \
             ASSUMED_COPY_NS_PER_BYTE
-    wait = base.sigma_ns * expected_max_normal(workers) if straggler else 0.0
+    # Blocking collectives are barriers: the wait for the slowest worker at each, after each
+    # compute segment (its σ from the base); with prefetch (GPU) once per step.
+    sigma = units.segment_sigma_ns if not policy.overlap and \
+        units.segment_sigma_ns is not None else base.sigma_ns
+    wait = sigma * expected_max_normal(workers) if straggler else 0.0
     talk = communicate and workers > 1
     return ShardedPlan(
         phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),
@@ -479,7 +492,7 @@ class Spread:
                 "verdict": self.verdict}
 
 
-def spread(step_ns: np.ndarray, predicted_ns: float) -> Spread:
+def spread(step_ns: Array, predicted_ns: float) -> Spread:
     """The :class:`Spread` of measured steps ``step_ns`` against a predicted step."""
     v = np.asarray(step_ns, np.float64)
     n = len(v)
@@ -534,29 +547,30 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         if trace is None:
             raise OpprofError("no trace to model")
         base = baseline(trace, label)
-    mode = mode or (base.mode if base.workers > 1 and base.mode != "single"
-                    else DEFAULT_MODE.get(base.framework, "allreduce"))
+    mode = mode or (base.mode if base.workers > 1 and base.mode != Mode.SINGLE
+                    else default_mode(base.framework))
     collective = collective_of(mode)
     if base.collective is not None and base.collective != collective:
         raise OpprofError(f"{base.label or 'the trace'} ran {base.mode}; predicting {mode} "
                           "from it would need its communication removed — model from a "
                           "1-worker trace")
-    servers = servers or (base.servers if base.collective == "ps" else 1) or 1
+    servers = servers or (base.servers if base.collective == Collective.PS else 1) or 1
     net, note = network_for(base, collective, network, servers)
     notes = []
     bad_fit = fit_warning(net)
     if bad_fit:
         notes.append(f"network {bad_fit}")
-    if collective == "fsdp" and base.units is not None:
+    if collective == Collective.FSDP and base.units is not None:
         notes.append(f"FSDP units: {len(base.units.bytes)} ({base.units.source}); FSDP's "
                      "copies " + ("from the network file" if "copy_ns_per_byte" in net.info
+                                  and net.source != "trace"
                                   else "measured in the trace" if base.units.copy_ns_per_byte
                                   is not None else f"assumed {ASSUMED_COPY_NS_PER_BYTE} ns/B"))
     if base.gradients.bytes_source.startswith("meta"):
         notes.append(f"gradient bytes: {base.gradients.bytes_source}")
     if not base.gradients.total_bytes:
         notes.append("no gradient bytes known: communication is predicted as zero")
-    result = ModelResult(base, mode, servers if collective == "ps" else 0, net, note,
+    result = ModelResult(base, mode, servers if collective == Collective.PS else 0, net, note,
                          policy_for(base.framework, collective, base.device), [], None, notes,
                          straggler)
     result.predictions = [predict_one(result, n, servers) for n in workers]
@@ -571,14 +585,14 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     collective = collective_of(mode)
     servers = servers or result.servers or 1
     base_interf = interference_for(base, net, base.workers)
-    base_plan, _ = plan(base, base.workers, base.mode if base.collective else "single",
+    base_plan, _ = plan(base, base.workers, base.mode if base.collective else Mode.SINGLE,
                         max(base.servers, 1), net, straggler=result.straggler,
                         interference=base_interf.slowdown,
                         comm_interference=base_interf.comm_slowdown)
     sim_base = simulate(base_plan)
     single = base.step_ns - base.phases["comm"]
     interf = interference_for(base, net, workers)
-    p, _ = plan(base, workers, mode if workers > 1 else "single", servers, net,
+    p, _ = plan(base, workers, mode if workers > 1 else Mode.SINGLE, servers, net,
                 straggler=result.straggler, interference=interf.slowdown,
                 comm_interference=interf.comm_slowdown)
     sim = simulate(p)
@@ -592,8 +606,8 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     measured_busy = base.terms.extra()["comm_busy_ns"]
     if sim_base.comm_busy_ns > 0 and measured_busy > 0:
         busy = measured_busy * (sim.comm_busy_ns / sim_base.comm_busy_ns)
-    return Prediction(workers=workers, mode=mode if workers > 1 else "single",
-                      servers=servers if collective == "ps" and workers > 1 else 0,
+    return Prediction(workers=workers, mode=mode if workers > 1 else Mode.SINGLE,
+                      servers=servers if collective == Collective.PS and workers > 1 else 0,
                       step_ns=step,
                       speedup=speedup, efficiency=speedup / workers,
                       exposed_comm_ns=phases["comm"], comm_busy_ns=busy,

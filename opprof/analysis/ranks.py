@@ -38,7 +38,8 @@ Definitions (worker ranks only; times on the common clock the normalizer aligned
   bandwidth of nccl-tests ("algbw"), not the bus bandwidth.
 - **By collective** (``kinds``): per canonical collective (``all_gather``, ``reduce_scatter``,
   ``all_reduce`` …), calls, the union of their time, the sums of their wait and transfer
-  parts, and the share of their time hidden behind compute — mean per (rank, step).
+  parts, and the share of their time hidden behind compute (on a rank whose collectives run
+  as device kernels, compute kernels beside them, as for its overlap) — mean per (rank, step).
 
 All times are per step (means over the rank's steps) unless named ``total``.
 """
@@ -46,18 +47,25 @@ All times are per step (means over the rank's steps) unless named ``total``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, comm_overlap_ratio, container, step_breakdown
+from opprof.filters import communication, counted, device_work, kernels, on_host, step_work, workers
 from opprof.intervals import Sweep
-from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, PHASES
+from opprof.kinds import Mode
+from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+    from opprof.meta import MetaMapping
 
 #: ``backend:op`` span names (one colon; ``c10d::x`` is not one).
 BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
-ASYNC_MODES = ("ps-async",)
+ASYNC_MODES = (Mode.PS_ASYNC,)
 RANK_COLUMNS = ["rank", "steps", "dur_ns", *PHASES, "own_ns", "collectives", "comm_ns",
                 "wait_ns", "transfer_ns", "wait_share", "overlap_ns", "overlap", "bytes",
                 "bandwidth_Bps"]
@@ -84,11 +92,10 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     row label in ``trace.events``); payload: rank, step, bytes) of every worker rank, per the
     rules above."""
     ev = trace.events
-    base = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["op"].isin(COMM_OPS)
-    on_device = (ev["device"] != "cpu") & ev["kind"].isin(DEVICE_KINDS)
-    host = ev["device"] == "cpu"
+    base = step_work(ev) & communication(ev)
+    host = on_host(ev)
     is_span = _name_matches(ev, BACKEND_SPAN)
-    device, spans = base & on_device, base & host & is_span
+    device, spans = base & device_work(ev), base & host & is_span
     calls = base & host & ev["counted"]
     cols = ["rank", "step", "pid", "tid", "name", "op", "link", "ts", "dur", "bytes"]
 
@@ -123,7 +130,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     return timing, payload.reset_index(drop=True)
 
 
-def _name_matches(ev: pd.DataFrame, pattern: str) -> np.ndarray:
+def _name_matches(ev: pd.DataFrame, pattern: str) -> Array:
     """Per event: does its name fully match ``pattern`` (evaluated once per distinct name)."""
     names = ev["name"].cat.categories.astype(str)
     hit = pd.Series(names).str.match(pattern).to_numpy()
@@ -172,12 +179,13 @@ def rank_local(trace: Trace, steps: pd.DataFrame, *,
     its :func:`collectives`, if already made)."""
     timing, payload = collectives(trace) if found is None else found
     ev = trace.events
-    counted = ((ev["role"] == "worker") & ev["counted"]).to_numpy(bool)
     cols = ["rank", "pid", "tid", "ts", "dur", "device"]  # what is read: no other copied
-    compute = ev.loc[counted & ev["phase"].isin(COMPUTE).to_numpy(bool), cols]
-    host_comm = ev.loc[counted & ev["op"].isin(COMM_OPS).to_numpy(bool)
-                       & (ev["device"] == "cpu").to_numpy(bool), cols]
-    blocked = host_comm[container(host_comm, compute[compute["device"] == "cpu"]) >= 0]
+    done = workers(ev) & counted(ev)
+    compute = ev.loc[done & ev["phase"].isin(COMPUTE), cols]
+    host_comm = ev.loc[done & communication(ev) & on_host(ev), cols]
+    blocked = host_comm[container(host_comm, compute[on_host(compute)]) >= 0]
+    # on a GPU rank, what hides a collective is a compute kernel beside it (HTA's definition)
+    dev_compute = ev.loc[workers(ev) & kernels(ev) & ~communication(ev), cols]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
         b = b.sort_values("start")
@@ -186,6 +194,7 @@ def rank_local(trace: Trace, steps: pd.DataFrame, *,
         part = _comm_overlap(b, c, *args)
         if "comm_on_device" in b and b["comm_on_device"].any():  # the device's overlap
             part["overlap_ns"] = b["comm_overlap_ns"].to_numpy(np.int64)
+            args = (dev_compute[dev_compute["rank"] == rank], blocked.iloc[:0])
         frames.append(part)
         kinds += [_comm_overlap(b, c[c["op"] == op], *args).assign(op=op)
                   for op in pd.unique(c["op"])]
@@ -212,7 +221,7 @@ def rank_analysis(trace: Trace, steps: pd.DataFrame | None = None) -> RankAnalys
     return combine_ranks(steps, rank_local(trace, steps), synchronous(trace.meta))
 
 
-def synchronous(meta: dict) -> bool:
+def synchronous(meta: MetaMapping) -> bool:
     """Whether the run's mode makes ranks wait for each other (not ``ps-async``)."""
     return str(meta.get("mode", "")) not in ASYNC_MODES
 

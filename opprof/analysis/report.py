@@ -12,6 +12,7 @@ count is analyzed with a few ranks' events in memory at a time, in any process
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -19,11 +20,12 @@ from opprof.analysis.breakdown import comm_overlap_ratio, phase_summary, step_br
 from opprof.analysis.collectives import COLUMNS as COLLECTIVE_COLUMNS
 from opprof.analysis.collectives import collective_part, combine_collectives
 from opprof.analysis.compiled import compile_steps, fused_kernels, merge_kernels
+from opprof.analysis.convergence import Summary
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
-from opprof.analysis.noise import assess
+from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
 from opprof.analysis.ranks import (
     RankLocal,
@@ -35,6 +37,9 @@ from opprof.analysis.ranks import (
 )
 from opprof.trace import Trace, rank_slices
 
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
+
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
 
 
@@ -42,7 +47,7 @@ RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "
 class Report:
     """The analysis of one trace: per-step breakdown, phase summary, operator tables."""
 
-    meta: dict
+    meta: MetaMapping
     steps: pd.DataFrame
     phases: pd.DataFrame
     ops: pd.DataFrame
@@ -58,7 +63,7 @@ class Report:
     #: rank × step heatmap of the HTML report shows.
     rank_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The run's timing quality (opprof.analysis.noise); None without unprofiled samples.
-    noise: dict | None = None
+    noise: Noise | None = None
     #: Steps that compiled a graph (opprof.analysis.compiled): rank, step, compile_ns.
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: What the fused rows hold, by native name (opprof.analysis.compiled), with
@@ -68,7 +73,7 @@ class Report:
     #: hidden share, mean per (rank, step).
     collective_kinds: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: The convergence curve's summary (opprof.analysis.convergence); None without one.
-    convergence: dict | None = None
+    convergence: Summary | None = None
     #: One row per (collective, process group, size): opprof.analysis.collectives.
     collectives: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))
@@ -117,7 +122,8 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     )
 
 
-def combine(parts: list[RankPart], meta: dict, device_span: str = "steps") -> Report:
+def combine(parts: list[RankPart], meta: MetaMapping,
+            device_span: str = "steps") -> Report:
     """The report of a job from the parts of its ranks (in any order)."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
     steps = _concat([p.steps for p in parts])

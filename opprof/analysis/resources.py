@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Resources:
                 "cores_per_worker": self.cores_per_worker, "effective_cores": self.effective}
 
 
-def resources(meta: dict[str, Any]) -> Resources:
+def resources(meta: MetaMapping) -> Resources:
     """The per-worker resources a trace's metadata records."""
     threads = meta.get("threads")
     cpus = meta.get("cpus")

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -50,7 +51,14 @@ import pandas as pd
 from opprof.analysis.commmodel import Network, fit
 from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
 from opprof.errors import OpprofError
+from opprof.filters import counted, on_host, step_work
+from opprof.intervals import coverage
+from opprof.kinds import Collective
+from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 KINDS = ("all_gather", "reduce_scatter")
 #: FSDP's copies when neither a calibration nor the trace gives them: 4 GB/s, a memcpy of a
@@ -64,8 +72,8 @@ class ShardedPlan:
     """The inputs of one simulated FSDP step (times in ns, bytes unsharded)."""
 
     phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
-    unit_bytes: np.ndarray  # root first, then each unit, in forward order
-    share: np.ndarray  # each unit's share of the forward and backward compute (sums to 1)
+    unit_bytes: Array  # root first, then each unit, in forward order
+    share: Array  # each unit's share of the forward and backward compute (sums to 1)
     cost: Callable[[str, float], float]  # (kind, bytes) -> ns of one collective
     copy_ns_per_byte: float
     workers: int
@@ -82,7 +90,7 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
     ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
     b = np.asarray(plan.unit_bytes, np.float64)
     talk = plan.communicate and plan.workers > 1 and len(b) > 0
-    sent: list[dict[str, float]] = []
+    sent: list[dict[str, Any]] = []
     link = 0.0
 
     def send(kind: str, ready: float, n: float) -> float:
@@ -103,11 +111,11 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
     gathered = {0: send("all_gather", t, b[0])} if units else {}
     for i in range(units):
         start = max(t, gathered[i])
-        nxt = i + 1 < units
-        if nxt and plan.overlap:
+        more = i + 1 < units
+        if more and plan.overlap:
             gathered[i + 1] = send("all_gather", start, b[i + 1])
         t = start + copy(b[i] / max(plan.workers, 1) + b[i]) + fwd[i]
-        if nxt and not plan.overlap:
+        if more and not plan.overlap:
             gathered[i + 1] = send("all_gather", t, b[i + 1])
     order = list(range(units - 1, 0, -1)) + ([0] if units else [])
     gathered = {order[0]: send("all_gather", t, b[order[0]])} if units > 1 else {0: t}
@@ -144,7 +152,7 @@ def simulate_sharded(plan: ShardedPlan) -> SimResult:
 # ------------------------------------------------------------------ inputs from a trace
 
 
-def unit_bytes(trace: Trace) -> tuple[np.ndarray, str]:
+def unit_bytes(trace: Trace) -> tuple[Array, str]:
     """Each unit's unsharded parameter bytes (root first, forward order) and where they come
     from (see the module docstring); empty when the trace tells nothing."""
     given = trace.meta.get("unit_param_bytes")
@@ -165,7 +173,7 @@ def unit_bytes(trace: Trace) -> tuple[np.ndarray, str]:
     return np.zeros(0, np.int64), ""
 
 
-def unit_shares(trace_layers: pd.DataFrame, nbytes: np.ndarray) -> np.ndarray:
+def unit_shares(trace_layers: pd.DataFrame, nbytes: Array) -> Array:
     """Each unit's share of the compute: the backward time of its gradients (gradients in
     backward order matched to units in reverse forward order by cumulative bytes), else its
     share of the bytes."""
@@ -186,21 +194,73 @@ def unit_shares(trace_layers: pd.DataFrame, nbytes: np.ndarray) -> np.ndarray:
     if work.sum() <= 0:
         return fallback
     work = work / work.sum()
-    return np.r_[work[-1:], work[:-1][::-1]]  # back to forward order, root first
+    shares: Array = np.r_[work[-1:], work[:-1][::-1]]  # back to forward order, root first
+    return shares
+
+
+def segment_spread(trace: Trace, share: Array) -> float | None:
+    """Σ over the compute segments between FSDP's blocking collectives of each segment's
+    standard deviation over the trace's worker (rank, step)s, in ns (None: the steps do not
+    run the same operators, or fewer than two steps).
+
+    On gloo every all-gather and reduce-scatter is a barrier: a rank that finishes the unit's
+    compute before it waits there for the slowest, so the step pays σ_s · E[max of N normals]
+    at every segment s, not once per step. The segments are each unit's forward (forward
+    order) and backward (backward order) compute, cut where the trace's counted operators of
+    the phase reach the units' cumulative shares of it (their mean position over the steps);
+    a segment's time is the wall time from the previous cut to its own, less the
+    communication inside that window (an FSDP trace's own collectives). On a host shared by
+    other processes, time slicing makes segments vary a lot more than whole steps do (a rank
+    that lost the CPU in one segment catches up in the next), which the per-step σ misses."""
+    ev = trace.events
+    sel = step_work(ev).to_numpy()
+    if not sel.any() or len(share) < 1:
+        return None
+    ev = ev[sel]
+    comm = ev[(ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy()]
+    host_ops = ev[ev["counted"].to_numpy(bool) & (ev["kind"] == "cpu_op").to_numpy()]
+    total = 0.0
+    orders = {"forward": np.asarray(share, np.float64),
+              "backward": np.r_[share[1:][::-1], share[:1]].astype(np.float64)}
+    for phase, shares in orders.items():
+        ops = host_ops[host_ops["phase"] == phase]
+        groups = list(ops.groupby(["rank", "step"], sort=True))
+        if len(groups) < 2:
+            return None
+        rows = []
+        for (rank, _), g in groups:
+            end = np.sort((g["ts"] + g["dur"]).to_numpy(np.int64))
+            start = int(g["ts"].min())
+            c = comm[comm["rank"] == rank]
+            covered = coverage(c["ts"].to_numpy(np.int64),
+                                   (c["ts"] + c["dur"]).to_numpy(np.int64))
+            rows.append((np.r_[start, end], covered))
+        if len({len(t) for t, _ in rows}) != 1:
+            return None
+        # compute time from the phase's start to each operator's end, per (rank, step)
+        work = np.array([(t - t[0]) - (cov(t) - cov(t[:1])) for t, cov in rows],
+                        np.float64)
+        frac = (work / np.maximum(work[:, -1:], 1.0)).mean(axis=0)
+        cut = np.searchsorted(frac, np.cumsum(shares)[:-1], side="left")
+        at = np.r_[0, np.minimum(cut, work.shape[1] - 1), work.shape[1] - 1]
+        seg = np.diff(work[:, at], axis=1)
+        total += float(seg.std(axis=0, ddof=1).sum())
+    return total
 
 
 def trace_samples(trace: Trace) -> pd.DataFrame:
     """(kind, bytes, ns) of the FSDP collectives a multi-worker trace holds, for fitting:
     the backend's own spans (``gloo:all_gather`` …) with their unsharded bytes — an
-    all-gather's payload is its input shard (× N), a reduce-scatter's (gloo: an all-reduce
-    of the whole buffer, during backward) the whole buffer — and their transfer time (the
-    wait for the last rank left out, :func:`opprof.analysis.ranks.match`)."""
+    all-gather's payload is the unit it gathers (a span that carries only its input shard is
+    scaled × N), a reduce-scatter's (gloo: an all-reduce of the whole buffer, during
+    backward) the whole buffer — and their transfer time (the wait for the last rank left
+    out, :func:`opprof.analysis.ranks.match`)."""
     from opprof.analysis.breakdown import step_breakdown
     from opprof.analysis.ranks import match
 
     ev = trace.events
     workers = int(trace.meta.get("workers") or len(trace.ranks) or 1)
-    sel = (ev["role"] == "worker") & (ev["step"] >= 0) & (ev["device"] == "cpu") \
+    sel = step_work(ev) & on_host(ev) \
         & ev["name"].astype(str).str.match(_BACKEND_SPAN) & (ev["bytes"] > 0) \
         & ev["op"].isin(["all_gather", "reduce_scatter", "all_reduce"])
     spans = ev.loc[sel, ["rank", "step", "pid", "tid", "name", "ts", "dur", "bytes", "op"]]
@@ -209,19 +269,24 @@ def trace_samples(trace: Trace) -> pd.DataFrame:
     spans = spans.assign(name=spans["name"].astype(str), end=spans["ts"] + spans["dur"])
     bounds = step_breakdown(trace)[["rank", "step", "start", "end"]]
     c = match(spans.sort_values(["rank", "ts"]).reset_index(drop=True), bounds, True)
-    gather = c["op"] == "all_gather"
+    gather = (c["op"] == "all_gather").to_numpy()
+    nbytes = c["bytes"].to_numpy(np.int64)
+    # torch 2.x's spans carry the gathered (unit's) bytes; a span that carries its input
+    # shard — no unit of that size, one of N times it — is scaled to the unit
+    units = unit_bytes(trace)[0]
+    shard = gather & ~np.isin(nbytes, units) & np.isin(nbytes * workers, units)
     return pd.DataFrame({
         "kind": np.where(gather, "all_gather", "reduce_scatter"),
-        "bytes": np.where(gather, c["bytes"] * workers, c["bytes"]).astype(np.int64),
+        "bytes": np.where(shard, nbytes * workers, nbytes).astype(np.int64),
         "ns": c["transfer_ns"].to_numpy(np.float64)})
 
 
-def copy_rate(trace: Trace, nbytes: np.ndarray, steps: int) -> float | None:
+def copy_rate(trace: Trace, nbytes: Array, steps: int) -> float | None:
     """ns per byte of FSDP's copies in a multi-worker FSDP trace: its ``memory`` time in
     phase ``comm`` per step over the bytes the model copies per step (None: none)."""
     ev = trace.events
     workers = int(trace.meta.get("workers") or len(trace.ranks) or 1)
-    sel = (ev["role"] == "worker") & (ev["step"] >= 0) & ev["counted"] \
+    sel = step_work(ev) & counted(ev) \
         & (ev["op"] == "memory") & (ev["phase"] == "comm")
     per_step = float(ev.loc[sel, "dur"].sum()) / max(steps, 1)
     total = nbytes.astype(np.float64)
@@ -240,12 +305,13 @@ def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | N
     rs = samples[samples["kind"] == "reduce_scatter"]
     if ag.empty and rs.empty:
         raise OpprofError("no all-gather or reduce-scatter with a size and a time to fit")
-    main = fit(ag if len(ag) else rs, "fsdp", workers, **fields)  # type: ignore[arg-type]
+    main = fit(ag if len(ag) else rs, Collective.FSDP, workers, **fields)  # type: ignore[arg-type]
     info = dict(main.info)
     if len(rs) and len(ag):
-        other = fit(rs, "fsdp", workers)
+        other = fit(rs, Collective.FSDP, workers)
         info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
-                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit}
+                                  "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit,
+                                  "samples": other.samples}
     if copy_ns_per_byte is not None:
         info["copy_ns_per_byte"] = float(copy_ns_per_byte)
     main.info = info

@@ -36,13 +36,17 @@ sum to the simulated step exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from opprof.kinds import Collective, Framework
+
 if TYPE_CHECKING:
     from opprof.analysis.sharded import ShardedPlan
+    from opprof.arrays import Array
 
 COMPUTE_PHASES = ("load", "h2d", "forward", "backward", "update", "other")
 MiB = 1 << 20
@@ -86,15 +90,17 @@ FSDP_BLOCKING = Policy("fsdp-blocking", False, 0, 0, False,
                        "the update on the shard")
 
 #: (framework, collective) → its policy; other combinations use GENERIC.
-POLICIES = {("torch", "allreduce"): DDP, ("tf", "allreduce"): MWMS,
-            ("mxnet", "ps"): KVSTORE, ("tf", "ps"): KVSTORE}
-GENERIC = {"allreduce": DDP, "ps": KVSTORE, "fsdp": FSDP_BLOCKING}
+POLICIES: dict[tuple[str, str], Policy] = {
+    (Framework.TORCH, Collective.ALLREDUCE): DDP, (Framework.TF, Collective.ALLREDUCE): MWMS,
+    (Framework.MXNET, Collective.PS): KVSTORE, (Framework.TF, Collective.PS): KVSTORE}
+GENERIC: dict[str, Policy] = {Collective.ALLREDUCE: DDP, Collective.PS: KVSTORE,
+                              Collective.FSDP: FSDP_BLOCKING}
 
 
 def policy_for(framework: str, collective: str, device: str = "cpu") -> Policy:
     """The pipeline policy of a framework's collective (a generic one where it has none);
     FSDP prefetches beside compute on GPUs and blocks on CPU (gloo)."""
-    if collective == "fsdp":
+    if collective == Collective.FSDP:
         return FSDP_PREFETCH if str(device).startswith("cuda") else FSDP_BLOCKING
     return POLICIES.get((framework, collective), GENERIC[collective])
 
@@ -104,10 +110,10 @@ class StepPlan:
     """The inputs of one simulated step (times in ns)."""
 
     phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
-    ready_frac: np.ndarray  # gradients in ready order: fraction of backward when ready
-    grad_bytes: np.ndarray  # bytes of each gradient
+    ready_frac: Array  # gradients in ready order: fraction of backward when ready
+    grad_bytes: Array  # bytes of each gradient
     policy: Policy
-    cost: object  # callable: bytes -> ns of one collective (N and S already applied)
+    cost: Callable[[float], float]  # bytes -> ns of one collective (N and S already applied)
     comm_scale: float = 1.0
     io_busy_ns: float = 0.0
     io_prefetch: bool = False
@@ -135,7 +141,7 @@ class SimResult:
     interference_ns: float = 0.0
 
 
-def messages(ready_frac: np.ndarray, grad_bytes: np.ndarray,
+def messages(ready_frac: Array, grad_bytes: Array,
              policy: Policy) -> list[tuple[float, int]]:
     """(ready fraction of backward, bytes) of each message the policy sends."""
     if not len(grad_bytes) or not int(np.sum(grad_bytes)):

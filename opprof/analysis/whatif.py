@@ -35,7 +35,7 @@ operator's time by B's moves the step by exactly B's time minus A's. Each change
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -47,7 +47,6 @@ from opprof.analysis.critpath import COMM as COMM_PART
 from opprof.analysis.critpath import Graph, graph_of, replay
 from opprof.analysis.ops import op_table
 from opprof.analysis.predict import (
-    DEFAULT_MODE,
     Baseline,
     baseline,
     calibrated,
@@ -57,8 +56,13 @@ from opprof.analysis.predict import (
 )
 from opprof.analysis.simulate import simulate
 from opprof.errors import OpprofError
-from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, DEVICE_KINDS, PHASES
+from opprof.filters import device_work
+from opprof.kinds import Collective, Mode, default_mode
+from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, PHASES
 from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
 
 
 @dataclass
@@ -70,7 +74,7 @@ class Context:
     op_time: pd.Series  # op → time per step (device where the trace has GPU kernels)
     #: The trace's dependency graph and a topological order (opprof.analysis.critpath);
     #: None where it has none: the phase-level model answers alone.
-    graph: tuple[Graph, np.ndarray] | None = None
+    graph: tuple[Graph, Array] | None = None
 
     @property
     def label(self) -> str:
@@ -86,7 +90,7 @@ def context(trace: Trace, label: str = "", graph: bool = True) -> Context:
     w = op_wall(trace, steps)
     wall = (w.groupby(["op", "phase"])["wall_ns"].sum() / n).reset_index()
     ev = trace.events
-    has_device = bool((ev["kind"].isin(DEVICE_KINDS) & (ev["device"] != "cpu")).any())
+    has_device = bool(device_work(ev).any())
     t = op_table(trace, "device" if has_device else "host", n_steps=n)
     op_time = t.groupby("op")["ns_per_step"].sum() if len(t) else pd.Series(dtype=float)
     return Context(base, wall, op_time, graph_of(trace, steps) if graph else None)
@@ -149,12 +153,13 @@ def whatif(ctx: Context, ops: dict[str, OpValue] | None = None, comm: str | floa
                               f"{', '.join(CANONICAL_OPS)})")
     if isinstance(comm, str) and comm != "hidden":
         raise OpprofError(f"--comm {comm}: give hidden or a factor")
-    factors = {op: _factor(ctx, op, v) for op, v in ops.items()}
+    factors: dict[str, float | None] = {op: _factor(ctx, op, v) for op, v in ops.items()}
     changes: list[Change] = []
     for op, f in factors.items():
         wall = float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum())
-        value = value_labels.get(op) or (f"{ops[op]:g}" if isinstance(ops[op], float)
-                                         else ops[op].label)
+        given = ops[op]
+        value = value_labels.get(op) or (f"{given:g}" if isinstance(given, float)
+                                         else given.label)
         changes.append(Change("op", op, value, f, wall))
     if comm is not None:
         changes.append(Change("comm", "comm", "hidden" if comm == "hidden" else f"{comm:g}",
@@ -211,15 +216,16 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
         comm_scale *= float(comm)
     m = base.workers
     n = workers or m
-    base_mode = base.mode if base.collective else "single"
+    base_mode = base.mode if base.collective else Mode.SINGLE
     if mode is None:
         mode = base.mode if base.collective else (
-            DEFAULT_MODE.get(base.framework, "allreduce") if n > 1 else "single")
-    collective = collective_of(mode) if mode != "single" else (base.collective or "allreduce")
+            default_mode(base.framework) if n > 1 else Mode.SINGLE)
+    collective = collective_of(mode) if mode != Mode.SINGLE else (
+        base.collective or Collective.ALLREDUCE)
     if base.collective is not None and base.collective != collective:
         raise OpprofError(f"{base.label or 'the trace'} ran {base.mode}; a what-if keeps its "
                           "mode (model another mode from a 1-worker trace)")
-    s = servers or (base.servers if base.collective == "ps" else 1) or 1
+    s = servers or (base.servers if base.collective == Collective.PS else 1) or 1
     net, note = network_for(base, collective, network, s)
     # compute slowed beside collectives, re-timed with them (not when comm is hidden: that
     # what-if removes exactly the exposed communication)
@@ -227,7 +233,7 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     s0, s1 = (0.0, 0.0) if hidden else (i0.slowdown, i1.slowdown)
     p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
                  interference=s0, comm_interference=0.0 if hidden else i0.comm_slowdown)
-    p1, _ = plan(base, n, mode if n > 1 else "single", s, net,
+    p1, _ = plan(base, n, mode if n > 1 else Mode.SINGLE, s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
                  io_hidden=io_hidden, straggler=True, interference=s1,
                  comm_interference=0.0 if hidden else i1.comm_slowdown)
@@ -241,20 +247,23 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     engine = "phases"
     if ctx.graph is not None and n == m and not hidden and not io_hidden and (
             any(f is not None and f != 1.0 for f in factors.values()) or comm_scale != 1.0):
-        step = base.step_ns + _replay_delta(ctx.graph, factors, comm_scale)
+        # the graph scales each collective's own nodes by its factor; --comm scales them all
+        every = float(comm) if comm is not None and not hidden else 1.0
+        step = base.step_ns + _replay_delta(ctx.graph, factors, every)
         _spread(phases, base.phases, step - base.step_ns)
         engine = "graph"
     talks = n > 1
     return WhatIf(base.label, base.step_ns, step, dict(base.phases), phases, [], n,
-                  mode if talks else "single", note if talks or base.collective else "",
+                  mode if talks else Mode.SINGLE, note if talks or base.collective else "",
                   engine=engine)
 
 
-def _replay_delta(graph: tuple[Graph, np.ndarray], factors: dict[str, float | None],
+def _replay_delta(graph: tuple[Graph, Array], factors: dict[str, float | None],
                   comm_scale: float) -> float:
     """Mean change of the step over every (rank, step) when the graph is replayed with
-    the operators' node times × their factors and communication × ``comm_scale`` (0: the
-    graph replays the measured steps exactly)."""
+    the operators' node times × their factors (a collective's: its own nodes; ``comm``: every
+    collective's) and all communication × ``comm_scale`` (0: the graph replays the measured
+    steps exactly)."""
     g, order = graph
     factor = np.ones(len(g.start))
     for op, f in factors.items():
@@ -262,8 +271,8 @@ def _replay_delta(graph: tuple[Graph, np.ndarray], factors: dict[str, float | No
             factor[g.op == op] *= f
     comm = g.category == COMM_PART
     for op, f in factors.items():
-        if f is not None and op in COMM_OPS:
-            factor[comm & (g.op == op)] *= f
+        if f is not None and op in COMM_OPS:  # op comm: every collective, as --comm
+            factor[comm & ((g.op == op) | (op == "comm"))] *= f
     if comm_scale != 1.0:
         factor[comm] *= comm_scale
     edited = replay(g, factor, order)

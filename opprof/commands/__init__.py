@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from opprof.errors import OpprofError
 from opprof.files import write_atomic
 from opprof.render import FORMATS, REPORT_FORMATS
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 format_option = click.option(
     "--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True,
@@ -76,7 +80,7 @@ def engine_options(f):  # noqa: ANN001, ANN201 (a click decorator)
                              "the same files.")(f)
 
 
-def warn_damaged(damaged: list[dict]) -> None:
+def warn_damaged(damaged: list[dict[str, str]]) -> None:
     """One line on stderr naming the damaged files a folder held that were left out."""
     if not damaged:
         return
@@ -86,7 +90,7 @@ def warn_damaged(damaged: list[dict]) -> None:
                err=True)
 
 
-def warn_read(meta: dict) -> None:
+def warn_read(meta: MetaMapping) -> None:
     """One ⚠ line on stderr per kind of event the reader dropped or repaired
     (``meta["read_warnings"]``), so that no number changed without a word."""
     from opprof.drops import KEY, lines

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from opprof.analysis.diff import diff_reports
 from opprof.commands import (
     check_output,
     engine_options,
@@ -15,8 +14,6 @@ from opprof.commands import (
     top_option,
     write_output,
 )
-from opprof.job import report
-from opprof.render import renderer
 
 
 @click.command("diff")
@@ -40,8 +37,12 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: P
       opprof diff lenet5-torch.trace resnet18-torch.trace --format json
       opprof diff tf.trace mxnet.trace --format html -o diff.html
     """
+    from opprof.analysis.diff import diff_reports
+    from opprof.job import report
+    from opprof.render import page_renderer
+
     check_output(fmt, output)
-    render = renderer(fmt)
+    render = page_renderer(fmt)
     d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
                      report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from opprof.export import TARGETS, exporter
-from opprof.loader import load
 
 
 @click.command("export")
@@ -22,6 +21,8 @@ def command(trace: tuple[Path, ...], target: str, output: Path) -> None:
       opprof export resnet18-torch.trace --to perfetto -o resnet18.pftrace
       opprof export resnet18-torch.trace --to csv -o events.csv
     """
+    from opprof.loader import load
+
     tr = load(list(trace))
     exporter(target).write(tr, output)
     click.echo(f"wrote {output} ({len(tr.events):,} events, {target})")

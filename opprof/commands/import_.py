@@ -1,5 +1,5 @@
 """`opprof import`: normalize native traces (one per rank, or folders) into one `.trace`, or
-merge the `.trace` files of one job's hosts."""
+merge the `.trace` files of one job's hosts (the work: :mod:`opprof.pipeline.imports`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from opprof.commands import engine_options, warn_damaged, warn_read
-from opprof.job import import_
 
 
 @click.command("import")
@@ -28,6 +27,8 @@ def command(native: tuple[Path, ...], output: Path, scheduler: str | None,
       opprof import node0.trace node1.trace -o job.trace
       opprof import traces/ -o job.trace --scheduler tcp://10.0.0.1:8786
     """
+    from opprof.pipeline.imports import import_
+
     done = import_(list(native), output, scheduler=scheduler, jobs=jobs)
     warn_damaged(done.damaged)
     warn_read({"read_warnings": done.read_warnings})

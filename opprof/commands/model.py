@@ -3,18 +3,12 @@ prediction against a measured multi-worker trace."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.noise import assess, flags
-from opprof.analysis.predict import check, predict
 from opprof.commands import echo_output, format_option
-from opprof.errors import OpprofError
-from opprof.loader import load
-from opprof.render import renderer
+from opprof.kinds import PS_MODES, Mode
 
 
 def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -28,26 +22,13 @@ def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list
     return list(dict.fromkeys(out))
 
 
-def read_network(path: Path | None) -> Network | None:
-    """A network file written by `opprof calibrate` (None: none given)."""
-    if path is None:
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise OpprofError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OpprofError(f"{path}: not JSON ({exc}); write one with `opprof calibrate`") \
-            from None
-    return Network.from_dict(doc, str(path))
-
-
 network_option = click.option(
     "--network", type=click.Path(path_type=Path), default=None,
     help="α–β of the collective from `opprof calibrate -o net.json` (default: fitted to the "
          "trace's own collectives, else an assumed 10 Gb/s Ethernet).")
 mode_option = click.option(
-    "--mode", type=click.Choice(["allreduce", "fsdp", "ps-sync", "ps-async"]), default=None,
+    "--mode", type=click.Choice([m.value for m in (Mode.ALLREDUCE, Mode.FSDP, *PS_MODES)]),
+    default=None,
     help="Distributed mode (default: the trace's, or the framework's usual: torch and tf "
          "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP).")
 servers_option = click.option("--servers", type=click.IntRange(min=1), default=None,
@@ -82,6 +63,12 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
+    from opprof.analysis.noise import assess, flags
+    from opprof.analysis.predict import check, predict
+    from opprof.loader import load
+    from opprof.pipeline.calibrate import read_network
+    from opprof.render import renderer
+
     label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
     net = read_network(network)
     tr = load(list(trace))

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from opprof.commands import engine_options
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 
 FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices",
                 "convergence")
@@ -42,17 +42,20 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
       opprof plot ddp.trace --figure ranks -o ranks.svg
     """
     try:
-        from opprof.render import figures, plotdata
+        from opprof.render import figures
     except ImportError as exc:
         raise OpprofError(f"opprof plot needs matplotlib ({exc}): pip install "
                           "'opprof[plot]' -c constraints.txt") from None
     if output.suffix.lower() not in figures.SUFFIXES:
-        raise OpprofError(f"{output}: a figure is written as .svg, .png or .pdf")
-    benches = [p for p in inputs if plotdata.is_bench(p)]
+        raise OpprofError("a figure is written as .svg, .png or .pdf",
+                          path=output, kind=ErrorKind.USAGE)
+    from opprof.pipeline.bench import is_bench, read_bench
+
+    benches = [p for p in inputs if is_bench(p)]
     if benches:
         if len(inputs) > 1:
             raise OpprofError("give one bench folder, or traces, not both")
-        source = plotdata.read_bench(benches[0])
+        fig = figures.make(name, read_bench(benches[0]), top=top)
     else:
         from opprof.analysis.diff import label
         from opprof.job import report
@@ -65,6 +68,6 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
         if len(set(names)) < len(names):  # two traces of the same framework and model
             source = [(f"{lab} ({p.name})", rep)
                       for (lab, rep), p in zip(source, inputs, strict=True)]
-    fig = figures.make(name, source, top=top)
+        fig = figures.make(name, source, top=top)
     figures.save(fig, output)
     click.echo(f"wrote {output}", err=True)

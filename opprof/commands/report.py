@@ -16,9 +16,7 @@ from opprof.commands import (
     warn_read,
     write_output,
 )
-from opprof.job import report
-from opprof.loader import is_opprof_trace
-from opprof.render import renderer
+from opprof.render import page_renderer
 
 
 @click.command("report")
@@ -50,8 +48,11 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html
     """
+    from opprof.job import report
+    from opprof.loader import is_opprof_trace
+
     check_output(fmt, output)
-    render = renderer(fmt)
+    render = page_renderer(fmt)
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))

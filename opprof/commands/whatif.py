@@ -4,19 +4,23 @@ count changed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from opprof.analysis.whatif import Context, context, whatif
+if TYPE_CHECKING:
+    from opprof.analysis.whatif import Context
+
 from opprof.commands import echo_output, format_option
-from opprof.commands.model import mode_option, network_option, read_network, servers_option
+from opprof.commands.model import mode_option, network_option, servers_option
 from opprof.errors import OpprofError
-from opprof.loader import load
-from opprof.render import renderer
 
 
 def parse_op(spec: str, others: dict[str, Context]) -> tuple[str, float | Context, str]:
     """``OP=FACTOR`` or ``OP=OTHER.trace`` → (op, factor or the other trace, its label)."""
+    from opprof.analysis.whatif import context
+    from opprof.loader import load
+
     op, sep, value = spec.partition("=")
     if not sep or not op.strip() or not value.strip():
         raise OpprofError(f"--op {spec}: give OP=FACTOR or OP=OTHER.trace")
@@ -60,6 +64,11 @@ def command(trace: tuple[Path, ...], ops: tuple[str, ...], comm: str | None, io:
       opprof whatif resnet18-torch.trace --op batch_norm=0.5 --comm hidden --io hidden
       opprof whatif ddp2.trace --comm 0.5 --workers 8
     """
+    from opprof.analysis.whatif import context, whatif
+    from opprof.loader import load
+    from opprof.pipeline.calibrate import read_network
+    from opprof.render import renderer
+
     comm_value: str | float | None = None
     if comm is not None:
         if comm == "hidden":

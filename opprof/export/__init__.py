@@ -1,4 +1,6 @@
-"""Exporters: write a Trace to other tools' formats. Each module offers ``write(trace, path)``.
+"""Exporters: write a Trace to other tools' formats. Each module is an :class:`Exporter`
+(``write(trace, path)``, and the file type it writes); :func:`exporter` returns it for a
+``--to`` value.
 
 Memory rows (kind ``memory``) are no slices: the trace viewers get them as counter tracks, one
 per (rank, series, device), over the time the rank's events span (samples from before and
@@ -7,15 +9,42 @@ The CSV export is the table itself, memory rows included."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from opprof.trace import Trace
 
 TARGETS = ("perfetto", "chrome", "csv")
 
 
-def exporter(target: str) -> Any:
-    """The exporter module for a --to value."""
-    return importlib.import_module(f"opprof.export.{target}")
+class Exporter(Protocol):
+    """One other tool's format."""
+
+    EXTENSION: str
+
+    def write(self, trace: Trace, path: Path) -> Path:
+        """Write ``trace`` to ``path`` (atomically); the path written."""
+        ...
+
+
+def exporter(target: str) -> Exporter:
+    """The exporter of a ``--to`` value."""
+    if target == "perfetto":
+        from opprof.export import perfetto
+
+        return perfetto
+    if target == "chrome":
+        from opprof.export import chrome
+
+        return chrome
+    if target == "csv":
+        from opprof.export import csv
+
+        return csv
+    from opprof.errors import OpprofError
+
+    raise OpprofError(f"--to {target}: choose from {', '.join(TARGETS)}")
 
 
 def split_memory(events: Any) -> tuple[Any, Any]:

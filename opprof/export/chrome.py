@@ -12,6 +12,9 @@ from opprof.export import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 
+#: The suffix of a file this exporter writes.
+EXTENSION = ".json"
+
 
 def document(trace: Trace) -> dict:
     """The chrome-trace document as a dict."""

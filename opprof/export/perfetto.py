@@ -11,6 +11,9 @@ from opprof.export import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 
+#: The suffix of a file this exporter writes.
+EXTENSION = ".pftrace"
+
 _SEQ = 1
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import io
 import math
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -15,8 +16,19 @@ from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
+from opprof.kinds import DONE, Mode, RunStatus
+from opprof.render import ALL_VIEWS
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from opprof.analysis.convergence import Summary
+    from opprof.analysis.noise import Noise
+    from opprof.meta import MetaMapping
+
+#: The views this format renders (all views) and its file type.
+VIEWS = ALL_VIEWS
+EXTENSION = ".txt"
 
 PHASE_STYLE = {"load": "cyan", "h2d": "bright_cyan", "forward": "green", "backward": "yellow",
                "update": "magenta", "comm": "red", "other": "grey50"}
@@ -44,7 +56,7 @@ def bar(share: float, style: str) -> Text:
     return Text("█" * n + "·" * (BAR_WIDTH - n), style=style)
 
 
-def _header(meta: dict, noise: dict | None = None) -> Text:
+def _header(meta: MetaMapping, noise: Noise | None = None) -> Text:
     keys = [("framework", ""), ("model", ""), ("dataset", ""), ("batch_size", "batch "),
             ("workers", "workers "), ("mode", "mode "), ("device", "")]
     parts = [f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, "")]
@@ -60,7 +72,7 @@ def _header(meta: dict, noise: dict | None = None) -> Text:
     return text
 
 
-def graph_lines(meta: dict) -> list[str]:
+def graph_lines(meta: MetaMapping) -> list[str]:
     """What the recording switched in the framework's compiled graphs for the profiled
     steps (``meta["graphs"]``, MXNet's bulk execution), and what that cost by itself."""
     if not meta.get("graphs"):
@@ -73,40 +85,40 @@ def graph_lines(meta: dict) -> list[str]:
     return [line]
 
 
-def _spread(noise: dict | None) -> str:
+def _spread(noise: Noise | None) -> str:
     if not noise:
         return ""
-    out = (f" (median of {noise['samples']} timed steps, IQR {ms(noise['q1_ns'])}–"
-           f"{ms(noise['q3_ns'])} ms")
-    if noise.get("overhead"):
-        out += f"; {ratio(noise['overhead'], 'profiled/unprofiled')}"
+    out = (f" (median of {noise.samples} timed steps, IQR {ms(noise.q1_ns)}–"
+           f"{ms(noise.q3_ns)} ms")
+    if noise.overhead:
+        out += f"; {ratio(noise.overhead, 'profiled/unprofiled')}"
     return out + ")"
 
 
-def quality_lines(noise: dict | None) -> list[str]:
+def quality_lines(noise: Noise | None) -> list[str]:
     """One warning line per flag of a run's timing (opprof.analysis.noise)."""
     if not noise:
         return []
-    lim, out = noise["limits"], []
-    if "noisy" in noise["flags"]:
+    lim, out = noise.limits, []
+    if "noisy" in noise.flags:
         why = []
-        if noise.get("spread") is not None and noise["spread"] > lim["spread"]:
-            why.append(f"the unprofiled steps vary by {noise['spread']:.0%} (IQR / median; "
+        if noise.spread is not None and noise.spread > lim["spread"]:
+            why.append(f"the unprofiled steps vary by {noise.spread:.0%} (IQR / median; "
                        f"limit {lim['spread']:.0%})")
-        if noise.get("drift") is not None and abs(noise["drift"]) > lim["drift"]:
-            how = "slower" if noise["drift"] > 0 else "faster"
-            why.append(f"they ran {abs(noise['drift']):.0%} {how} after the profile than "
+        if noise.drift is not None and abs(noise.drift) > lim["drift"]:
+            how = "slower" if noise.drift > 0 else "faster"
+            why.append(f"they ran {abs(noise.drift):.0%} {how} after the profile than "
                        f"before (limit {lim['drift']:.0%})")
         out.append(f"⚠ noisy timing: {' and '.join(why)}; the machine was busy: compare "
                    "these numbers with care")
-    if "overhead" in noise["flags"]:
-        out.append(f"⚠ profiler overhead: the profiled steps took {noise['overhead']:.2f}x the "
+    if "overhead" in noise.flags and noise.overhead is not None:
+        out.append(f"⚠ profiler overhead: the profiled steps took {noise.overhead:.2f}x the "
                    f"unprofiled ones (limit {lim['overhead']:.2f}x); operator times are "
                    "inflated")
     return out
 
 
-def partial_lines(meta: dict) -> list[str]:
+def partial_lines(meta: MetaMapping) -> list[str]:
     """A line for a recording cut short (``meta["partial"]``)."""
     part = meta.get("partial")
     if not isinstance(part, dict):
@@ -143,9 +155,9 @@ def phase_table(rep: Report) -> Table:
     mean_step = rep.steps["dur_ns"].mean() if n_steps else float("nan")
     t = Table(title=f"Step breakdown — {n_steps} step(s), mean {ms(mean_step)} ms/step",
               title_justify="left")
-    for col, just in [("phase", "left"), ("ms/step", "right"), ("share", "right"),
-                      ("", "left"), ("busy ms/step", "right")]:
-        t.add_column(col, justify=just)
+    for col, right in [("phase", False), ("ms/step", True), ("share", True), ("", False),
+                       ("busy ms/step", True)]:
+        t.add_column(col, justify="right" if right else "left")
     for p in PHASES:
         row = rep.phases.loc[p]
         busy = row["busy_ns_per_step"]
@@ -284,9 +296,9 @@ def device_tables(rep: Report) -> list[Table]:
                         f"({scope}), {int(r['kernels']):,} kernels, {int(r['memcpys']):,} "
                         f"copies, {int(r['memsets']):,} sets on {int(r['streams'])} stream(s)",
                   title_justify="left")
-        for col, just in [("category", "left"), ("ms", "right"), ("share", "right"),
-                          ("", "left"), ("busy ms", "right"), ("sum ms", "right")]:
-            t.add_column(col, justify=just)
+        for col, right in [("category", False), ("ms", True), ("share", True), ("", False),
+                           ("busy ms", True), ("sum ms", True)]:
+            t.add_column(col, justify="right" if right else "left")
         for c in ("compute", "comm", "memcpy", "idle"):
             t.add_row(Text(c, style=DEVICE_STYLE[c]), ms(r[f"{c}_ns"]), pct(r[f"{c}_ns"] / span),
                       bar(r[f"{c}_ns"] / span, DEVICE_STYLE[c]),
@@ -392,7 +404,7 @@ def memory_line(rep: Report) -> Text | None:
     return Text("memory: " + "; ".join(parts) + "  (--by memory for more)")
 
 
-def memory_tables(rep: Report) -> list[object]:
+def memory_tables(rep: Report) -> list[RenderableType]:
     """Per rank: resident, kernel and allocator peaks, parameters, the peak's step; the
     peak by phase; a timeline of the main series over the profiled steps."""
     mem = rep.memory.ranks
@@ -445,28 +457,28 @@ def step_table(rep: Report) -> Table:
     return t
 
 
-def render(*items: object, width: int = 120) -> str:
+def render(*items: RenderableType, width: int = 120) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     console.print(Group(*items))
     return buf.getvalue()
 
 
-def convergence_line(c: dict) -> Text:
+def convergence_line(c: Summary) -> Text:
     """The convergence curve in one line (`record --converge`)."""
     def acc(v: float | None) -> str:
         return "-" if v is None else f"{v:.1%}"
 
-    head = (f"convergence: {c['steps']} steps, {c['time_ns'] / 1e9:.2f} s; loss "
-            f"{c['first_loss']:.3f} → {c['final_loss']:.3f} (mean of the last steps)")
-    if c["best_test_accuracy"] is None:  # `opprof run`: the loss only
+    head = (f"convergence: {c.steps} steps, {c.time_ns / 1e9:.2f} s; loss "
+            f"{c.first_loss:.3f} → {c.final_loss:.3f} (mean of the last steps)")
+    if c.best_test_accuracy is None:  # `opprof run`: the loss only
         return Text(head + "; no accuracy (the loss backward() ran on, per step: --format "
                     "json)")
-    reached = c["time_to_accuracy"]
-    targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c['steps_to_accuracy'][t]})"
+    reached = c.time_to_accuracy
+    targets = ", ".join(f"{float(t):.0%} at {ns / 1e9:.2f} s (step {c.steps_to_accuracy[t]})"
                         for t, ns in reached.items()) or "none of 50/70/90% reached"
-    return Text(f"{head}; best test accuracy {acc(c['best_test_accuracy'])} (train "
-                f"{acc(c['best_train_accuracy'])}); time to test accuracy: {targets}")
+    return Text(f"{head}; best test accuracy {acc(c.best_test_accuracy)} (train "
+                f"{acc(c.best_train_accuracy)}); time to test accuracy: {targets}")
 
 
 def critical_table(rep: Report) -> Table:
@@ -488,7 +500,7 @@ def critical_table(rep: Report) -> Table:
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
-    items: list[object] = [_header(rep.meta, rep.noise)]
+    items: list[RenderableType] = [_header(rep.meta, rep.noise)]
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     if by == "op":
         items.append(op_table(rep.ops, top, "Host operators", rep.fused_kernels))
@@ -572,9 +584,9 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    items: list[object] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items: list[RenderableType] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
     if d.convergence:
-        items.append(Text(d.convergence["sentence"], style="bold"))
+        items.append(Text(d.convergence.sentence, style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
               for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
               for line in quality_lines(noise)]
@@ -592,7 +604,7 @@ MEMORY_METRIC = {"peak_rss": "resident peak (largest worker)",
                  "param": "parameters"}
 
 
-def memory_diff(d: Diff) -> list[object]:
+def memory_diff(d: Diff) -> list[RenderableType]:
     """Memory beside time: each run's peaks, A/B and A−B, and one line on the resident peak."""
     if d.memory.empty:
         return []
@@ -619,6 +631,7 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
               title_justify="left")
     for c in ["op", "A ms", "B ms", "A/B", "A's step ms", "saving ms", "saving"]:
         t.add_column(c, justify="left" if c == "op" else "right")
+    assert d.whatif is not None  # (diff --whatif)
     rows = d.whatif if top is None else d.whatif.head(top)
     for r in rows.to_dict("records"):
         t.add_row(r["op"], ms(r["a_ns_per_step"]), ms(r["b_ns_per_step"]),
@@ -639,7 +652,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     key = ["fw", "model", "workers", "mode"]
     # samples/s keeps its full width: a `--repeat` range below the median is never cut
     sps_width = max([len(line) for r in table.to_dict("records")
-                     if r["status"] in ("ok", "resumed") and r["samples_per_s"]
+                     if r["status"] in DONE and r["samples_per_s"]
                      for line in _sps(r).splitlines()] + [len("samples/s")])
     for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
               "profiled/\nunprofiled", "scaling", "flags"]:
@@ -654,10 +667,10 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                      style=PHASE_STYLE.get(c, ""))
     notes, model_notes = [], []
     for r in table.to_dict("records"):
-        ok = r["status"] in ("ok", "resumed")
+        ok = r["status"] in DONE
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
         head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
-        style = "green" if ok else ("red" if r["status"] == "failed" else "grey50")
+        style = "green" if ok else ("red" if r["status"] == RunStatus.FAILED else "grey50")
         pred = r.get("predicted_step_ns")
         has = ok and pred is not None and pred == pred
         t.add_row(*head, Text(r["status"], style=style), _sps(r) if ok and sps else "-",
@@ -698,8 +711,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["slower_ns_per_step"]), ms(r["faster_ns_per_step"]), f"{r['ratio']:.2f}x")
     if ratios.empty:
         o.caption = "needs two frameworks recorded with the same model, batch size and workers"
-    c = convergence_table(table)
-    return [t, m, p, *([c] if c is not None else []), o]
+    conv = convergence_table(table)
+    return [t, m, p, *([conv] if conv is not None else []), o]
 
 
 def convergence_table(table: pd.DataFrame) -> Table | None:
@@ -831,7 +844,7 @@ def model(result: ModelResult) -> str:
         p.caption += (f"\ninterference at {result.predictions[-1].workers} workers: compute "
                       f"beside a collective ×{1 + last.slowdown:.2f}, the collective beside "
                       f"compute ×{1 + last.comm_slowdown:.2f} ({last.source})")
-    items: list[object] = [head, t, grads, _messages_table(result), p]
+    items: list[RenderableType] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
               for n in result.notes]
     if result.check is not None:
@@ -846,7 +859,7 @@ def _messages_table(result: ModelResult) -> Table:
 
     g = result.base.gradients
     units = result.base.units
-    if result.mode == "fsdp" and units is not None and len(units.bytes):
+    if result.mode == Mode.FSDP and units is not None and len(units.bytes):
         t = Table(title=f"FSDP units, forward order ({result.policy.name})",
                   title_justify="left")
         for c in ["unit", "bytes", "share of compute"]:
@@ -869,7 +882,7 @@ def _messages_table(result: ModelResult) -> Table:
     return t
 
 
-def _check_items(c: Check) -> list[object]:
+def _check_items(c: Check) -> list[RenderableType]:
     t = Table(title=f"Check against {c.label} (ms per step)", title_justify="left")
     for col in ["term", "predicted", "measured", "error ms", "error"]:
         t.add_column(col, justify="left" if col == "term" else "right")
@@ -904,13 +917,13 @@ def whatif(w: WhatIf) -> str:
     s = Table(title="Changes (each alone)", title_justify="left")
     for c in ["change", "value", "factor", "wall ms/step", "step delta ms"]:
         s.add_column(c, justify="left" if c in ("change", "value") else "right")
-    for c in w.scenario:
-        s.add_row(f"{c.kind} {c.target}" if c.kind == "op" else c.kind, c.value,
-                  "-" if c.factor is None else f"{c.factor:.3g}x", ms(c.wall_ns),
-                  f"{c.delta_ns / 1e6:+,.3f}")
+    for ch in w.scenario:
+        s.add_row(f"{ch.kind} {ch.target}" if ch.kind == "op" else ch.kind, ch.value,
+                  "-" if ch.factor is None else f"{ch.factor:.3g}x", ms(ch.wall_ns),
+                  f"{ch.delta_ns / 1e6:+,.3f}")
     if not w.scenario:
         s.caption = "no change asked for: the measured step"
-    items: list[object] = [head, t, s]
+    items: list[RenderableType] = [head, t, s]
     if w.network_note:
         items.append(Text(f"network: {w.network_note}", style="grey50"))
     if w.engine == "graph":

@@ -9,7 +9,12 @@ from opprof.analysis.diff import Diff
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
+from opprof.render import ALL_VIEWS
 from opprof.render.tables import diff_table, report_table
+
+#: The views this format renders (all views) and its file type.
+VIEWS = ALL_VIEWS
+EXTENSION = ".csv"
 
 
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:

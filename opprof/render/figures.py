@@ -1,7 +1,7 @@
 """Paper figures with matplotlib: the same charts as the HTML report, as SVG, PNG or PDF, with
 readable fonts, units on every axis, legends and one colour per phase (opprof.render.palette).
 
-A figure is made from a bench folder's results (:class:`~opprof.render.plotdata.Bench`) or
+A figure is made from a bench folder's results (:class:`~opprof.analysis.matrix.Bench`) or
 from reports of one or more traces; :data:`FIGURES` names them and says which input each
 needs. Text stays text in SVG and PDF (fonts embedded as TrueType), so a figure can be edited
 and searched. Figures use matplotlib's object API (no pyplot state, no GUI backend).
@@ -9,19 +9,24 @@ and searched. Figures use matplotlib's object API (no pyplot state, no GUI backe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 from matplotlib import rc_context
 from matplotlib.figure import Figure
 
+from opprof.analysis.matrix import Bench
 from opprof.analysis.report import Report
-from opprof.errors import OpprofError
+from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.render import palette, plotdata
-from opprof.render.plotdata import Bench
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 #: Figure name → (what it shows, the inputs it takes: "bench", "traces" or both).
 FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -41,12 +46,12 @@ FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
 SUFFIXES = (".svg", ".png", ".pdf")
 #: Figures `opprof bench` writes into its figures/ folder.
 BENCH_FIGURES = ("phases", "ops", "scaling", "memory")
-RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10,
-      "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8,
-      "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-      "grid.color": "#E5E5E5", "grid.linewidth": 0.6, "axes.axisbelow": True,
-      "svg.fonttype": "none", "pdf.fonttype": 42, "figure.dpi": 100, "savefig.dpi": 200,
-      "savefig.bbox": "tight"}
+RC: dict[RcKeyType, Any] = {
+    "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
+    "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.spines.top": False,
+    "axes.spines.right": False, "axes.grid": True, "grid.color": "#E5E5E5", "grid.linewidth": 0.6,
+    "axes.axisbelow": True, "svg.fonttype": "none", "pdf.fonttype": 42, "figure.dpi": 100,
+    "savefig.dpi": 200, "savefig.bbox": "tight"}
 
 Traces = list[tuple[str, Report]]
 
@@ -60,15 +65,15 @@ def make(name: str, source: Bench | Traces, top: int = 10) -> Figure:
         need = "a bench folder" if FIGURES[name][1] == ("bench",) else "traces"
         raise OpprofError(f"--figure {name} needs {need} (it shows {FIGURES[name][0]})")
     with rc_context(RC):
-        fn = globals()[f"_{name}_{kind}"]
-        return fn(source, top)
+        return MAKERS[name, kind](source, top)
 
 
 def save(fig: Figure, path: Path) -> Path:
     """Write the figure atomically; the format comes from the suffix (.svg, .png, .pdf)."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
-        raise OpprofError(f"{path}: a figure is written as .svg, .png or .pdf")
+        raise OpprofError("a figure is written as .svg, .png or .pdf",
+                          path=path, kind=ErrorKind.USAGE)
     with rc_context(RC):
         meta = {"Creator": "opprof"} if suffix in (".svg", ".pdf") else {"Software": "opprof"}
         write_atomic(path, lambda tmp: fig.savefig(tmp, format=suffix[1:], metadata=meta))
@@ -377,3 +382,16 @@ def _convergence_bench(b: Bench, top: int) -> Figure:
 
 def _convergence_traces(traces: Traces, top: int) -> Figure:
     return _convergence(plotdata.trace_curves(traces))
+
+
+#: (figure, input) → the function drawing it: every (name, input) :data:`FIGURES` lists.
+MAKERS: dict[tuple[str, str], Callable[[Any, int], Figure]] = {
+    ("phases", "bench"): _phases_bench, ("phases", "traces"): _phases_traces,
+    ("ops", "bench"): _ops_bench, ("ops", "traces"): _ops_traces,
+    ("scaling", "bench"): _scaling_bench,
+    ("memory", "bench"): _memory_bench, ("memory", "traces"): _memory_traces,
+    ("steps", "traces"): _steps_traces,
+    ("ranks", "traces"): _ranks_traces,
+    ("devices", "traces"): _devices_traces,
+    ("convergence", "bench"): _convergence_bench, ("convergence", "traces"): _convergence_traces,
+}

@@ -1,4 +1,5 @@
 """The HTML report: one self-contained file (plotly.js, styles and scripts inlined; no CDN, no
+
 request when it opens) for `report`, `diff` and `bench`, with plotly charts and sortable
 tables.
 
@@ -19,7 +20,7 @@ import html
 import json
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -30,9 +31,17 @@ from plotly.offline import get_plotlyjs
 from opprof import __version__
 from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.report import Report
-from opprof.render import palette, plotdata, units
-from opprof.render.plotdata import MS, Bench
+from opprof.render import PAGE_VIEWS, palette, plotdata, units
+from opprof.render.plotdata import MS
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from opprof.analysis.matrix import Bench
+    from opprof.meta import MetaMapping
+
+#: The views this format renders (a report and a diff: no model views) and its file type.
+VIEWS = PAGE_VIEWS
+EXTENSION = ".html"
 
 #: Rows of the operator bar chart when --top is not given (the table has every operator).
 DEFAULT_TOP = 20
@@ -264,7 +273,7 @@ def _meta_text(v: Any, limit: int) -> str:
     return html.escape(text)
 
 
-def meta_table(meta: dict, limit: int = 300, pair: bool = False) -> str:
+def meta_table(meta: MetaMapping, limit: int = 300, pair: bool = False) -> str:
     """The run's metadata as a key/value table (long values cut at ``limit`` characters);
     ``pair``: each value is ``{"A": …, "B": …}``, shown in two columns."""
     rows = []
@@ -316,7 +325,7 @@ OP_COLUMNS: list[Column] = [
     ("share_of_phase", "share of phase", f_pct)]
 
 
-def _subtitle(meta: dict) -> str:
+def _subtitle(meta: MetaMapping) -> str:
     keys = [("framework", ""), ("framework_version", ""), ("model", ""), ("dataset", ""),
             ("batch_size", "batch "), ("workers", "workers "), ("mode", "mode "),
             ("device", "")]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from opprof.analysis.report import Report
+from opprof.render import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 
@@ -17,6 +18,10 @@ if TYPE_CHECKING:  # only names here: `report --format json` imports no model or
     from opprof.analysis.diff import Diff
     from opprof.analysis.predict import ModelResult
     from opprof.analysis.whatif import WhatIf
+
+#: The views this format renders (all views) and its file type.
+VIEWS = ALL_VIEWS
+EXTENSION = ".json"
 
 
 def _clean(v: Any) -> Any:
@@ -56,7 +61,8 @@ def report_dict(rep: Report, top: int | None = None) -> dict:
             "comm_overlap": _clean(rep.comm_overlap), "ops": records(ops),
             "device_ops": records(dev), "ranks": records(rep.ranks),
             "devices": records(rep.devices), "device_span": rep.device_span,
-            "stragglers": records(rep.stragglers), "noise": rep.noise,
+            "stragglers": records(rep.stragglers),
+            "noise": rep.noise.to_dict() if rep.noise else None,
             "collective_kinds": records(rep.collective_kinds),
             "collectives": records(rep.collectives),
             "memory": memory_records(rep),
@@ -90,8 +96,8 @@ def convergence_dict(rep: Report) -> dict:
     ({target: ns} for the targets reached) and ``convergence_summary`` (null: no curve)."""
     summary = rep.convergence
     return {"convergence": records(convergence_frame(rep.meta)),
-            "time_to_accuracy": summary["time_to_accuracy"] if summary else {},
-            "convergence_summary": summary}
+            "time_to_accuracy": summary.time_to_accuracy if summary else {},
+            "convergence_summary": summary.to_dict() if summary else None}
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -133,10 +139,11 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
         "headline_ratio": _clean(d.headline_ratio), "mismatches": d.mismatches,
         "memory_verdict": _memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
-        "memory": records(d.memory), "summary": d.summary, "a_noise": d.a_noise,
-        "b_noise": d.b_noise,
+        "memory": records(d.memory), "summary": d.summary,
+        "a_noise": d.a_noise.to_dict() if d.a_noise else None,
+        "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
-        "convergence": d.convergence,
+        "convergence": d.convergence.to_dict() if d.convergence else None,
     }, indent=2)
 
 

@@ -9,10 +9,15 @@ from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
+from opprof.render import ALL_VIEWS
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
 from opprof.taxonomy import PHASES
+
+#: The views this format renders (all views) and its file type.
+VIEWS = ALL_VIEWS
+EXTENSION = ".md"
 
 
 def md_table(df: pd.DataFrame) -> str:

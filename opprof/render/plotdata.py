@@ -8,17 +8,19 @@ trace's event count.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from opprof import kinds
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:  # the bench's results, read by opprof.pipeline.bench.read_bench
+    from opprof.analysis.matrix import Bench
 
 MS = 1e6
 MIB = 2.0**20
@@ -182,34 +184,7 @@ def diff_waterfall(d: Diff, level: str, top: int = 10) -> Waterfall:
 
 # --- bench ----------------------------------------------------------------------------------
 
-DONE = ("ok", "resumed")
-
-
-@dataclass
-class Bench:
-    """A bench folder's results: one row per run, the cross-framework op ratios, the config."""
-
-    table: pd.DataFrame
-    ratios: pd.DataFrame
-    config: dict
-    path: Path | None = None
-    #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
-    #: train_accuracy, test_accuracy lists).
-    curves: dict = field(default_factory=dict)
-
-
-def read_bench(path: Path) -> Bench:
-    """The bench.json of a bench folder (or the file itself)."""
-    f = path / "bench.json" if path.is_dir() else path
-    try:
-        doc = json.loads(f.read_text())
-        table, ratios = pd.DataFrame(doc["runs"]), pd.DataFrame(doc.get("op_ratios") or [])
-    except FileNotFoundError:
-        raise OpprofError(f"{path}: no bench.json here (a folder written by `opprof bench`)")\
-            from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise OpprofError(f"{f}: not a bench.json written by `opprof bench` ({exc})") from None
-    return Bench(table, ratios, doc.get("config") or {}, path, doc.get("curves") or {})
+DONE = tuple(s.value for s in kinds.DONE)
 
 
 def bench_curves(b: Bench) -> pd.DataFrame:
@@ -249,11 +224,6 @@ def trace_curves(traces: list[tuple[str, Report]]) -> pd.DataFrame:
                                     "loss": c["loss"], "test_accuracy": c["test_accuracy"]}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["label", "fw", "repeat", "step", "time_s", "loss", "test_accuracy"])
-
-
-def is_bench(path: Path) -> bool:
-    """Whether ``path`` is a bench folder or a bench.json."""
-    return (path.is_dir() and (path / "bench.json").is_file()) or path.name == "bench.json"
 
 
 def run_label(row: pd.Series) -> str:

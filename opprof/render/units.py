@@ -46,7 +46,7 @@ def rate(bps: float | None) -> str:
     """Bytes per second in decimal units (MB/s, GB/s), as networks are rated."""
     if _missing(bps) or not bps:
         return "-"
-    bps = float(bps)  # type: ignore[arg-type]
+    bps = float(bps)
     if math.isinf(bps):
         return "unlimited"
     for scale, unit in _DECIMAL_RATE:

@@ -14,7 +14,7 @@ analyses read them together), and a DuckDB or pandas user filters ``kind = 'memo
   ``tid`` :data:`MEMORY_TID` (a lane of its own);
 - ``step``: the step the instant falls in, -1 outside steps (start-up, warm-up, servers);
 - ``phase``: the phase the wall-time breakdown gives that instant
-  (:func:`opprof.analysis.breakdown.phase_at`); empty outside steps;
+  (:func:`opprof.walltime.phase_at`); empty outside steps;
 - ``kind`` ``memory``; ``op`` empty; ``counted`` False; ``depth`` 0; ``link`` -1;
 - ``detail``: the source — ``sampled``, ``kineto``, ``xprof``, ``mxnet``, ``nsys``.
 
@@ -25,18 +25,22 @@ written only when the high-water mark changes.
 
 Memory rows never enter the operator, phase, device or rank analyses: they are not
 ``counted``, carry no op, are not markers and not device kinds. Normalizers add them after
-:func:`opprof.events.finish` (:func:`add_memory`), so step finding and phase inference never
-see them.
+:func:`.events.finish` (:func:`add_memory`), so step finding and phase inference never see
+them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
-from opprof.events import cover_label
+from opprof.filters import memory
+from opprof.normalizers.events import cover_label
 from opprof.taxonomy import MEMORY_KIND, MEMORY_SERIES, PHASES
 from opprof.trace import COLUMNS, Trace, concat_traces, conform
+from opprof.walltime import phase_at
 
 #: The lane (tid) of memory rows.
 MEMORY_TID = -3
@@ -51,7 +55,7 @@ def samples(rank: int | np.ndarray, role: str | np.ndarray, pid: int | np.ndarra
     ts = np.asarray(ts, np.int64)
     n = len(ts)
 
-    def col(v: object, dtype: object = object) -> np.ndarray:
+    def col(v: Any, dtype: Any = object) -> np.ndarray:
         arr = np.asarray(v, dtype=dtype)
         return np.full(n, v, dtype=dtype) if arr.ndim == 0 else arr
 
@@ -61,8 +65,8 @@ def samples(rank: int | np.ndarray, role: str | np.ndarray, pid: int | np.ndarra
 
 
 def is_memory(events: pd.DataFrame) -> pd.Series:
-    """Which rows are memory rows."""
-    return events["kind"] == MEMORY_KIND
+    """Which rows are memory rows (:func:`opprof.filters.memory`)."""
+    return memory(events)
 
 
 def without_memory(trace: Trace) -> Trace:
@@ -77,8 +81,6 @@ def without_memory(trace: Trace) -> Trace:
 def memory_rows(trace: Trace, raw: pd.DataFrame) -> pd.DataFrame:
     """Memory rows (the events table's COLUMNS) for a sample frame, placed in the trace's
     steps and phases."""
-    from opprof.analysis.breakdown import phase_at
-
     raw = raw.reset_index(drop=True)
     n = len(raw)
     unknown = sorted(set(raw["name"].astype(str)) - set(MEMORY_SERIES))

@@ -1,6 +1,6 @@
-"""``opprof.profile()``: the runner under a script's own control — the script says where each
-training step ends (``prof.step()``), opprof does the rest (warm-up, timing, profiled steps,
-native trace, `.trace`).
+"""The profile pipeline, ``opprof.profile()``: the runner under a script's own control — the
+script says where each training step ends (``prof.step()``), opprof does the rest (warm-up,
+timing, profiled steps, native trace, `.trace`).
 
 ::
 
@@ -32,16 +32,18 @@ from opprof.collectors import channel, inject
 from opprof.collectors.config import Framework, Protocol
 from opprof.collectors.runner import Runner
 from opprof.errors import OpprofError, first_line
+from opprof.kinds import FRAMEWORK_INFO
+from opprof.pipeline import native_folder
 
-_MODULES = {Framework.TORCH: "torch", Framework.TF: "tensorflow", Framework.MXNET: "mxnet"}
 MERGE_WAIT_S = 60.0  # how long rank 0 waits for the other ranks' traces
 
 
 class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)``
     """Profile the steps a script marks with :meth:`step` (see the module docstring)."""
 
-    def __init__(self, steps: int = 5, warmup: int = 2, output: str | os.PathLike = "profile.trace",
-                 *, timing_steps: int = 3, fw: str = "auto", profile_memory: bool = True) -> None:
+    def __init__(self, steps: int = 5, warmup: int = 2,
+                 output: str | os.PathLike[str] = "profile.trace", *, timing_steps: int = 3,
+                 fw: str = "auto", profile_memory: bool = True) -> None:
         self.protocol = Protocol(steps, warmup, timing_steps, profile_memory=profile_memory)
         self.protocol.check()
         self.output = Path(output)
@@ -53,8 +55,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
     def native(self) -> Path:
         """The folder of the native traces."""
         folder = inject.run_folder()
-        return folder if folder is not None else self.output.with_name(
-            self.output.name.removesuffix(".trace") + ".native")
+        return folder if folder is not None else native_folder(self.output)
 
     def __enter__(self) -> profile:
         fw = _framework(self.fw)
@@ -89,8 +90,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
     def _merge(self, runner: Runner) -> None:
         """Write ``output`` from the native traces of this session's processes."""
         from opprof.collectors.jobs import command_recording
-        from opprof.normalizers import normalize, write_folder_meta
-        from opprof.trace import save
+        from opprof.pipeline import save_recording
 
         folder = self.native
         session = runner.facts.extra.get("session")
@@ -107,9 +107,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
                   f"nothing written to {self.output}", file=sys.stderr)
             return
         meta = {**rec.meta, "native_dir": str(folder)}
-        write_folder_meta(folder, meta)  # `opprof import` of the folder reads it back
-        self.trace = normalize(rec.native, meta)
-        save(self.trace, self.output)
+        self.trace = save_recording(rec.native, meta, folder, self.output)
         print(f"opprof: wrote {self.output} ({len(self.trace.ranks)} rank(s), "
               f"{runner.facts.profiled_steps} profiled step(s)); see `opprof report "
               f"{self.output}`", file=sys.stderr)
@@ -118,7 +116,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
 def _framework(fw: str) -> Framework:
     if fw != "auto":
         return Framework(fw)
-    loaded = [f for f, module in _MODULES.items() if module in sys.modules]
+    loaded = [f for f, info in FRAMEWORK_INFO.items() if info.module in sys.modules]
     if len(loaded) != 1:
         raise OpprofError(
             "opprof.profile(): import the framework you train with first" if not loaded else
@@ -133,7 +131,8 @@ def _adapter(fw: Framework, protocol: Protocol) -> Any:
 
         from opprof.collectors.torch import TorchAdapter
 
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+        initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # (torch's)
+        device = "cuda" if torch.cuda.is_available() and initialized else "cpu"
         return TorchAdapter(protocol.steps, device, profile_memory=protocol.profile_memory)
     if fw == Framework.TF:
         from opprof.collectors.tf import TFAdapter

@@ -3,7 +3,7 @@
 A *container* is an event whose mapping row says ``container`` (``Torch-Compiled Region``,
 ``CompiledFunction``, ``CompiledFunctionBackward``, the FX graph call): not an operator that
 swallows what it encloses, but a region whose operators keep their own op
-(``aten::addmm`` there is ``fully_connected``). What :func:`opprof.events.finish` does with
+(``aten::addmm`` there is ``fully_connected``). What :func:`.events.finish` does with
 them, through :class:`Graphs`:
 
 * an operator inside a graph that no row maps (an inductor wrapper's own call) is the graph's

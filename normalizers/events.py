@@ -67,7 +67,7 @@ its communication closes the step in the same way (the last pull before the next
 pass).
 
 **Compiled graphs** (torch.compile): events whose row is a ``container`` are transparent —
-the operators inside keep their own op, the graph gets the rest (``opprof.graphs``).
+the operators inside keep their own op, the graph gets the rest (``opprof.normalizers.graphs``).
 
 Everything is vectorized over events; only the mapping table runs per distinct name.
 """
@@ -80,9 +80,9 @@ import numpy as np
 import pandas as pd
 
 from opprof import drops
-from opprof.errors import OpprofError
-from opprof.graphs import Graphs
-from opprof.intervals import Nesting, label_points
+from opprof.errors import ErrorKind, OpprofError
+from opprof.intervals import Nesting, label_points, lane_ids
+from opprof.normalizers.graphs import Graphs
 from opprof.taxonomy import (
     CANONICAL_OPS,
     COMM_OPS,
@@ -447,19 +447,6 @@ def _span_events(spans: pd.DataFrame, df: pd.DataFrame, rank: np.ndarray, on_hos
     })
 
 
-def lane_ids(rank: np.ndarray, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """One integer per distinct (rank, pid, tid), numbered in order of first appearance
-    (what ``groupby(..., sort=False).ngroup()`` gives, without building groups)."""
-    if len(rank) == 0:
-        return np.zeros(0, np.int64)
-    key = np.zeros(len(rank), np.int64)
-    for part in (rank, pid, tid):
-        codes, uniq = pd.factorize(part)
-        key = key * len(uniq) + codes  # distinct combinations stay distinct
-        key = pd.factorize(key)[0].astype(np.int64)  # renumber: never overflows
-    return key
-
-
 def _resolve_phase(row_phase: np.ndarray, marker_phase: np.ndarray) -> np.ndarray:
     """Intrinsic row phase > marker phase > row phase > other (phase codes; -1 for none)."""
     intrinsic = np.isin(row_phase, _INTRINSIC_CODES)
@@ -492,7 +479,8 @@ def usable(raw: pd.DataFrame, meta: dict, step_pattern: str = STEP_PATTERN) -> p
     drops.skip(meta, outside & ~marker, "time outside the trace's span")
     if bad.all():
         source = (meta.get("sources") or ["trace"])[0]
-        raise OpprofError(f"{source}: no usable events ({drops.describe(meta[drops.KEY])})")
+        raise OpprofError(f"no usable events ({drops.describe(meta[drops.KEY])})",
+                          path=source, kind=ErrorKind.NO_EVENTS)
     return raw[~bad]
 
 

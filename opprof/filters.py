@@ -1,0 +1,73 @@
+"""Named filters over the events table: the masks the analyses write again and again, each a
+boolean Series aligned with the table, composed with ``&``, ``|`` and ``~``::
+
+    ops = ev[workers(ev) & counted(ev) & in_steps(ev)]
+
+(in the spirit of Holistic Trace Analysis' ``trace_filter``). Vectorized, on the categorical
+columns as stored; no copy of the table.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from opprof.kinds import Role
+from opprof.taxonomy import COMM_OPS, DEVICE_KINDS, MEMORY_KIND
+
+HOST = "cpu"  # the device column of host (CPU) events
+
+
+def workers(ev: pd.DataFrame) -> pd.Series:
+    """Events of worker ranks (not parameter servers or schedulers)."""
+    return ev["role"] == Role.WORKER.value
+
+
+def counted(ev: pd.DataFrame) -> pd.Series:
+    """Events summed in operator totals (the outermost operator on its lane, every
+    kernel and copy, communication wherever issued)."""
+    return ev["counted"]
+
+
+def in_steps(ev: pd.DataFrame) -> pd.Series:
+    """Events inside a profiled step (``step`` is -1 outside steps)."""
+    return ev["step"] >= 0
+
+
+def on_host(ev: pd.DataFrame) -> pd.Series:
+    """Events of host threads (device ``cpu``)."""
+    return ev["device"] == HOST
+
+
+def on_device(ev: pd.DataFrame) -> pd.Series:
+    """Events on a device's timeline (``cuda:0``, …): not the host's."""
+    return ev["device"] != HOST
+
+
+def device_work(ev: pd.DataFrame) -> pd.Series:
+    """Kernels, copies and memsets that ran on a device."""
+    return ev["kind"].isin(DEVICE_KINDS) & on_device(ev)
+
+
+def kernels(ev: pd.DataFrame) -> pd.Series:
+    """Device kernels (compute and communication)."""
+    return (ev["kind"] == "kernel") & on_device(ev)
+
+
+def markers(ev: pd.DataFrame) -> pd.Series:
+    """Host phase and step markers (``opprof.forward``, ``ProfilerStep#3``, …)."""
+    return (ev["kind"] == "marker") & on_host(ev)
+
+
+def communication(ev: pd.DataFrame) -> pd.Series:
+    """Communication events, by their canonical op (every collective, push/pull)."""
+    return ev["op"].isin(COMM_OPS)
+
+
+def memory(ev: pd.DataFrame) -> pd.Series:
+    """Rows of the memory table (samples of a memory series)."""
+    return ev["kind"] == MEMORY_KIND
+
+
+def step_work(ev: pd.DataFrame) -> pd.Series:
+    """What the steps' analyses look at: worker events inside a step."""
+    return workers(ev) & in_steps(ev)

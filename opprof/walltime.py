@@ -1,0 +1,174 @@
+"""Which phase wins each instant of a step: the tiers of the wall-time breakdown
+(:mod:`opprof.analysis.breakdown`'s docstring defines them), the blocked comm calls, and
+:func:`phase_at`, the phase of any instant.
+
+In the core because the normalizers place each memory sample in the phase of its instant
+when they read it (:mod:`opprof.normalizers.memory`); the breakdown sums the same tiers over
+every step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from opprof.filters import counted, markers, on_device, on_host, workers
+from opprof.intervals import Sweep, containing, lane_ids
+from opprof.taxonomy import PHASES
+from opprof.trace import Trace
+
+if TYPE_CHECKING:
+    from opprof.arrays import Array
+
+#: The phases that win an instant, highest first (then ``other``).
+PRIORITY = ("forward", "backward", "update", "comm", "h2d", "load")
+COMPUTE = ("forward", "backward", "update")
+_TIERS = [(p, "op") for p in PRIORITY] + [(p, "marker") for p in PRIORITY]
+COMPUTE_CODES = [PHASES.index(p) for p in COMPUTE]
+COMM_CODE = PHASES.index("comm")
+
+
+def blocked_in_comm(ops: pd.DataFrame) -> pd.DataFrame:
+    """Host comm calls issued inside a compute operator on the same thread (DDP's all-reduce
+    from a backward hook), with ``phase`` set to that operator's phase: while such a call
+    runs, its operator is waiting, not computing."""
+    host = ops[on_host(ops)]
+    comm = host[host["phase"] == "comm"]
+    compute = host[host["phase"].isin(COMPUTE)]
+    pos = container(comm, compute)
+    inside = comm[pos >= 0]
+    return inside.assign(phase=compute["phase"].to_numpy()[pos[pos >= 0]])
+
+
+class RankArrays(NamedTuple):
+    """One rank's intervals as arrays: its steps, its ops then markers (with their phase and
+    which are ops), and its blocked calls."""
+
+    s_start: Array
+    s_end: Array
+    starts: Array
+    ends: Array
+    phase: Array
+    is_op: Array
+    on_device: Array
+    k_start: Array
+    k_end: Array
+    k_phase: Array
+
+    @classmethod
+    def of(cls, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
+           blk: pd.DataFrame) -> RankArrays:
+        starts = np.concatenate([o["ts"].to_numpy(np.int64), m["ts"].to_numpy(np.int64)])
+        durs = np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
+        k_start = blk["ts"].to_numpy(np.int64)
+        device = np.concatenate([on_device(o).to_numpy(bool), np.zeros(len(m), bool)])
+        return cls(b["start"].to_numpy(np.int64), b["end"].to_numpy(np.int64), starts,
+                   starts + durs, np.concatenate([phase_codes(o), phase_codes(m)]),
+                   np.repeat([True, False], [len(o), len(m)]), device, k_start,
+                   k_start + blk["dur"].to_numpy(np.int64), phase_codes(blk))
+
+    def cover(self, sweep: Sweep, mask: Array,
+              minus: Array | None = None) -> Array:
+        """The segments of ``sweep`` covered by the masked intervals, less the ``minus``
+        blocked calls."""
+        if not mask.any():
+            return np.zeros(len(sweep.length), bool)
+        blocked = None if minus is None else (self.k_start[minus], self.k_end[minus])
+        return sweep.covered(self.starts[mask], self.ends[mask], blocked)
+
+    def winners(self, sweep: Sweep) -> Array:
+        """Per segment of ``sweep``: the phase code that wins it (the tiers of the module
+        docstring, highest first; ``other`` where nothing covers it)."""
+        winner = np.full(len(sweep.length), len(PHASES) - 1)  # "other"
+        for tier in reversed(range(len(_TIERS))):
+            p, src = _TIERS[tier]
+            code = PHASES.index(p)
+            mine = (self.phase == code) & (self.is_op if src == "op" else ~self.is_op)
+            cov = self.cover(sweep, mine, (self.k_phase == code) if src == "op" else None)
+            winner[cov] = code
+        exposed = self.device_comm_exposed(sweep)
+        if exposed is not None:
+            winner[exposed] = COMM_CODE
+        return winner
+
+    @property
+    def device_comm(self) -> Array:
+        """Which intervals are device communication kernels."""
+        comm: Array = self.on_device & self.is_op & (self.phase == COMM_CODE)
+        return comm
+
+    def device_comm_exposed(self, sweep: Sweep) -> Array | None:
+        """Per segment: a device comm kernel runs and no device compute kernel does (None on
+        a rank without device communication)."""
+        if not self.device_comm.any():
+            return None
+        compute = self.on_device & self.is_op & np.isin(self.phase, COMPUTE_CODES)
+        return self.cover(sweep, self.device_comm) & ~self.cover(sweep, compute)
+
+
+def phase_at(trace: Trace, rank: Array, ts: Array) -> Array:
+    """Per instant (rank, ts): the code (index in PHASES) of the phase that the wall-time
+    breakdown gives that instant — the same tiers that make the phases sum to the step —
+    or -1 when the instant is in no step of that worker rank (servers and schedulers have no
+    steps). An instant ``t`` belongs to the segment ``[a, b)`` with ``a <= t < b``."""
+    rank = np.asarray(rank, np.int64)
+    ts = np.asarray(ts, np.int64)
+    out = np.full(len(ts), -1, np.int64)
+    if not len(ts):
+        return out
+    bounds = trace.step_bounds()
+    ev = trace.events
+    worker = workers(ev)
+    ops = ev[worker & counted(ev) & ev["phase"].isin(PRIORITY)]
+    marks = ev[worker & markers(ev) & ev["phase"].isin(PRIORITY)]
+    worker_ranks = set(ev.loc[worker, "rank"].unique().tolist())
+    blocked = blocked_in_comm(ops)
+    for r in np.unique(rank):
+        b = bounds[bounds["rank"] == r].sort_values("start")
+        if r not in worker_ranks or b.empty:
+            continue
+        sel = np.flatnonzero(rank == r)
+        out[sel] = _rank_phase_at(b, ops[ops["rank"] == r], marks[marks["rank"] == r],
+                                  blocked[blocked["rank"] == r], ts[sel])
+    return out
+
+
+def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.DataFrame,
+                   t: Array) -> Array:
+    """:func:`phase_at` for the instants ``t`` of one rank (its step bounds ``b`` sorted)."""
+    a = RankArrays.of(b, o, m, blk)
+    sweep = Sweep(a.starts, a.ends, a.s_start, a.s_end, a.k_start, a.k_end, t)
+    winner = a.winners(sweep)
+    seg = np.searchsorted(sweep.points, t, side="right") - 1
+    in_step = sweep.bins(a.s_start, a.s_end)
+    ok = (seg >= 0) & (seg < len(sweep.length))
+    out = np.full(len(t), -1, np.int64)
+    good = np.flatnonzero(ok)
+    good = good[in_step[seg[good]] < len(a.s_start)]
+    out[good] = winner[seg[good]]
+    return out
+
+
+def phase_codes(df: pd.DataFrame) -> Array:
+    """Phase of each event as its index in PHASES (-1 for none)."""
+    col = df["phase"]
+    if isinstance(col.dtype, pd.CategoricalDtype) and tuple(col.cat.categories) == PHASES:
+        return np.asarray(col.cat.codes, np.int64)
+    return np.asarray(pd.Categorical(col.astype(object), categories=PHASES).codes, np.int64)
+
+
+def container(inner: pd.DataFrame, outer: pd.DataFrame) -> Array:
+    """Per ``inner`` event: the position in ``outer`` of the event of the same lane (rank,
+    pid, tid) that contains it, or -1. Outer events of one lane must not overlap (counted,
+    outermost operators do not)."""
+    if inner.empty or outer.empty:
+        return np.full(len(inner), -1, np.int64)
+    cols = [np.concatenate([inner[c].to_numpy(np.int64), outer[c].to_numpy(np.int64)])
+            for c in ("rank", "pid", "tid")]
+    lane = lane_ids(*cols)
+    li, lo = lane[:len(inner)], lane[len(inner):]
+    i_ts, o_ts = inner["ts"].to_numpy(np.int64), outer["ts"].to_numpy(np.int64)
+    return containing(li, i_ts, i_ts + inner["dur"].to_numpy(np.int64),
+                      lo, o_ts, o_ts + outer["dur"].to_numpy(np.int64))
