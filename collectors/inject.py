@@ -17,9 +17,9 @@ profiled.
 **What the hook does.** Nothing until a framework is imported: it only adds a finder to
 ``sys.meta_path`` that waits for the module defining a framework's optimizer step
 (``torch.optim.optimizer``, ``keras.src.optimizers.base_optimizer``, Keras 2's
-``tf_keras.src.optimizers.optimizer``, ``mxnet.gluon.trainer``, ``mxnet.module.module``) and then
-lets that framework's adapter install its step hook (see each adapter's docstring); Keras 3 is
-TensorFlow's, or torch's when its backend is torch (``KERAS_BACKEND=torch``).
+``tf_keras.src.optimizers.optimizer``; ``mxnet`` itself, which imports its Trainer and
+Module) and then lets that framework's adapter install its step hook (see each adapter's
+docstring); Keras 3 is TensorFlow's, or torch's when its backend is torch (``KERAS_BACKEND=torch``).
 The first optimizer step creates the process's :class:`~.runner.Runner`; one framework per
 process (the first to step). At exit — normal, an uncaught exception, or SIGTERM (when the
 script left SIGTERM's default action) — a runner that has not finished writes what it
@@ -57,8 +57,9 @@ TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
             "keras.src.optimizers.base_optimizer": Framework.TF,
             "tf_keras.src.optimizers.optimizer": Framework.TF,  # Keras 2
             "tf_keras.src.optimizers.legacy.optimizer_v2": Framework.TF,
-            "mxnet.gluon.trainer": Framework.MXNET,
-            "mxnet.module.module": Framework.MXNET}
+            # the whole package: ``import mxnet`` imports its Trainer and Module before it
+            # has ``mx.nd`` (through ``mxnet.contrib``), too early to hook
+            "mxnet": Framework.MXNET}
 #: Keras 3's optimizers: TensorFlow's adapter hooks them, or torch's on the torch backend.
 KERAS_TRIGGER = "keras.src.optimizers.base_optimizer"
 

@@ -416,14 +416,19 @@ LOSS_ENV = "OPPROF_LOSS"
 
 
 def hook_loss() -> LossLog:
-    """Keep the array every ``NDArray.backward()`` / ``autograd.backward()`` of one array runs
-    on (detached), for the :class:`LossLog` of `opprof run`; its value is the array's mean
-    (a Gluon loss is one value per sample), read outside the profiled steps."""
+    """Keep the arrays every ``NDArray.backward()`` / ``autograd.backward()`` runs on
+    (detached), for the :class:`LossLog` of `opprof run`; its value is their mean (a Gluon loss
+    is one value per sample; ``autograd.backward([loss_0, loss_1])`` takes one per device),
+    read outside the profiled steps."""
     import mxnet as mx
 
+    def mean(v: Any) -> Any:
+        if isinstance(v, tuple):
+            v = mx.nd.concat(*[h.reshape((-1,)) for h in v], dim=0)
+        return v.mean().reshape((1,))
+
     def read(values: list[Any]) -> list[float]:
-        return [float(v) for v in mx.nd.stack(*[v.mean().reshape((1,)) for v in values])
-                .asnumpy().ravel()]
+        return [float(v) for v in mx.nd.stack(*[mean(v) for v in values]).asnumpy().ravel()]
 
     log = LossLog(read)
     nd_backward, autograd_backward = mx.nd.NDArray.backward, mx.autograd.backward
@@ -433,8 +438,11 @@ def hook_loss() -> LossLog:
         return nd_backward(self, *args, **kwargs)
 
     def autograd(heads: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(heads, mx.nd.NDArray):  # a list of heads is no one loss: skipped
+        if isinstance(heads, mx.nd.NDArray):
             log.seen(heads.detach())
+        elif (isinstance(heads, (list, tuple)) and heads
+              and all(isinstance(h, mx.nd.NDArray) for h in heads)):
+            log.seen(tuple(h.detach() for h in heads))  # a loss per device, or one in a list
         return autograd_backward(heads, *args, **kwargs)
 
     backward.__doc__, autograd.__doc__ = nd_backward.__doc__, autograd_backward.__doc__
@@ -446,7 +454,7 @@ def hook_loss() -> LossLog:
 def install_hook(protocol: Protocol, folder: Path,
                  started: Callable[[Runner], bool]) -> None:
     """Count steps at ``gluon.Trainer.step`` / ``update`` and ``Module.update``, whichever of
-    their modules has been imported (each one's import calls this); track hybridized
+    their modules has been imported (``import mxnet`` imports both); track hybridized
     blocks for the profiled steps' static graphs (:mod:`.mxnet_graphs`)."""
     import sys
 

@@ -715,8 +715,8 @@ class _StepHook:
             return
         with tf.name_scope(STEP_DONE_SCOPE):  # the reads are weights_update (maps/tf.csv)
             done = [tf.identity(optimizer.iterations), *(tf.identity(v) for v in variables)]
-        with tf.control_dependencies(done):
-            tf.py_function(lambda: self.on_step(optimizer), [], [])
+            with tf.control_dependencies(done):  # the callback is opprof's, no operator
+                tf.py_function(lambda: self.on_step(optimizer), [], [])
 
     # -- XLA: the step ends where the compiled function returns
 
@@ -755,8 +755,9 @@ class _StepHook:
             if not traced:
                 end()
                 return result
-            with tf.control_dependencies(graph.get_operations()[first:]):
-                tf.py_function(end, [], [])
+            with tf.name_scope(STEP_DONE_SCOPE), tf.control_dependencies(
+                    graph.get_operations()[first:]):
+                tf.py_function(end, [], [])  # opprof's callback, no operator (maps/tf.csv)
             return result
 
         call.__doc__ = original.__doc__

@@ -575,6 +575,7 @@ def install_hook(protocol: Protocol, folder: Path,
     import functools
 
     from torch.optim import optimizer as module
+    from torch.profiler import record_function
 
     state: dict[str, Any] = {"depth": 0}
     on_step = _step_counter(protocol, folder, started)
@@ -599,14 +600,18 @@ def install_hook(protocol: Protocol, folder: Path,
         def step(*args: Any, **kwargs: Any) -> Any:
             state["depth"] += 1
             try:
-                out = hooked(*args, **kwargs)
+                if _under_dynamo():  # torch's own range is dropped from the traced step
+                    with record_function(f"Optimizer.step#{type(args[0]).__name__}.step"):
+                        out = hooked(*args, **kwargs)
+                else:
+                    out = hooked(*args, **kwargs)
             finally:
                 state["depth"] -= 1
             if state["depth"] == 0:  # an optimizer wrapping another counts once
-                after_optimizer_step(args[0])
+                _outside_dynamo(after_optimizer_step, args[0])
             return out
 
-        return step
+        return _eager_under_dynamo(step)
 
     module.Optimizer.profile_hook_step = staticmethod(  # type: ignore[method-assign]  # torch's
         profile_hook_step)
@@ -636,11 +641,12 @@ def install_keras_hook(protocol: Protocol, folder: Path,
         if state["depth"] == 0:  # an optimizer wrapping another (LossScaleOptimizer): once
             variables = (trainable_variables if trainable_variables is not None
                          else getattr(self, "_trainable_variables", None) or [])
-            on_step(self, [getattr(v, "value", v) for v in variables])
+            _outside_dynamo(on_step, self, [getattr(v, "value", v) for v in variables])
         return result
 
     apply.__doc__ = original.__doc__
     apply.__wrapped__ = original  # type: ignore[attr-defined]
+    _eager_under_dynamo(apply)
     BaseOptimizer.apply = apply
 
 
@@ -667,11 +673,70 @@ def hook_loss() -> LossLog:
     @functools.wraps(autograd_backward)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1:
-            log.seen(tensors.detach())  # a list of tensors is no one loss: skipped
+            _outside_dynamo(log.seen, tensors.detach())  # a list is no one loss: skipped
         return autograd_backward(tensors, *args, **kwargs)
 
-    torch.autograd.backward = backward
+    torch.autograd.backward = _eager_under_dynamo(backward)
     return log
+
+
+def _eager_under_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a hook around a user's optimizer step or ``backward()``), which Dynamo never
+    traces: inside a ``torch.compile``'d function it runs as it does in eager code (a profiler
+    range of its own, the step counted) instead of being traced, where each of its Python
+    calls would break the user's graph. Called from a compiled function, the call is where
+    Dynamo breaks the graph anyway (torch's optimizer breaks around its step, ``backward()``
+    is not traced), and the user's code it calls in turn is compiled as before; opprof's own
+    bookkeeping there runs :func:`_outside_dynamo`. What ``torch._dynamo.skip`` does, without
+    importing Dynamo (seconds) for eager jobs."""
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+        # its frames run as they are, and those of the helpers it calls first
+        for code in (fn.__code__, _under_dynamo.__code__, _outside_dynamo.__code__,
+                     _frame_api.__wrapped__.__code__):
+            set_code_exec_strategy(code, skip)
+    except (ImportError, AttributeError, TypeError):  # a torch with another Dynamo: as before
+        return fn
+    fn._torchdynamo_disable = True  # type: ignore[attr-defined]  # never inlined
+    return fn
+
+
+@functools.cache
+def _frame_api() -> tuple[Callable[[], Any], Callable[[Any], Any]] | None:
+    """torch's C functions that read and set the frame evaluation callback (Dynamo's, while
+    a compiled function runs); None for a torch without them."""
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback, set_eval_frame
+    except ImportError:
+        return None
+    return get_eval_frame_callback, set_eval_frame
+
+
+def _under_dynamo() -> bool:
+    """Whether Dynamo processes the frames called from here (a compiled function's call):
+    the profiler ranges they open are dropped from the traced code."""
+    api = _frame_api()
+    return api is not None and api[0]() not in (None, False)
+
+
+def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with Dynamo leaving alone every frame it runs (opprof's bookkeeping,
+    called from a hook inside a compiled function: Dynamo would compile the runner), as
+    ``torch._dynamo.disable`` does; in eager code a plain call (a fraction of a µs more)."""
+    api = _frame_api()
+    if api is None or api[0]() in (None, False):
+        return fn(*args)
+    prior = api[1](None)
+    try:
+        return fn(*args)
+    finally:
+        api[1](prior)
 
 
 def let_threads_finish(limit_s: float = 0.2, slice_s: float = 0.002) -> float:

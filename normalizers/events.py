@@ -36,12 +36,14 @@ after its steps are found:
   needs no gradient, such as Keras computing its learning-rate terms as the training
   function starts: it stays update, but the step is not heading there);
 * a *gap* is an interval no phased operator covers, on any thread (and the tail from the
-  rank's last one to its last step's end); it takes the phase of the first leading operator
-  that starts at or after its end (the last one's, for the tail). Host time before an
-  operator is thus spent on the way to it: the gap between two forward operators is forward,
-  the one before ``loss.backward()``'s first operator backward, the one before the next
-  batch is fetched load. A long operator on another thread (MXNet's Python thread blocked
-  in a batch copy while the engine computes) covers its time and leaves no gap there;
+  rank's last one to its last step's end, and the head from its first step's start — a
+  step marker's, as ``opprof run`` writes — to its first one); it takes the phase of the
+  first leading operator that starts at or after its end (the last one's, for the tail).
+  Host time before an operator is thus spent on the way to it: the gap between two forward
+  operators is forward, the one before ``loss.backward()``'s first operator backward, the
+  one before the next batch is fetched load. A long operator on another thread (MXNet's
+  Python thread blocked in a batch copy while the engine computes) covers its time and
+  leaves no gap there;
 * consecutive gaps of one phase make one span, a marker event ``opprof.inferred.<phase>`` on
   a lane of its own (tid ``INFERRED_TID``): it gives its phase to the time no operator
   covers (the breakdown's marker tier) and counts in that phase's busy time;
@@ -257,7 +259,8 @@ def finish(
         lead = top[_leads(rank[top], ts[top], step[top], row_phase[top])]
         spans = infer_phase_spans(rank[top], ts[top], end[top],
                                   (rank[lead], ts[lead], row_phase[lead]),
-                                  bounds.groupby("rank")["end"].max())
+                                  bounds.groupby("rank")["end"].max(),
+                                  bounds.groupby("rank")["start"].min())
         bare = np.flatnonzero(unmarked & outer & (row_phase < 0))
         own_phase[bare] = next_phase(rank[bare], ts[bare], rank[lead], ts[lead],
                                      row_phase[lead])
@@ -361,13 +364,15 @@ def _leads(rank: np.ndarray, ts: np.ndarray, step: np.ndarray,
 
 def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray,
                       leads: tuple[np.ndarray, np.ndarray, np.ndarray],
-                      until: pd.Series) -> pd.DataFrame:
+                      until: pd.Series, since: pd.Series | None = None) -> pd.DataFrame:
     """Phase spans of ranks without phase markers, from their phased operators.
 
     Per rank, a *gap* is an interval no phased operator covers (on any thread); it takes
     the phase of the first operator in ``leads`` (rank, start, phase) that starts at or
     after its end (the last one's, for the gap after the rank's last operator up to
-    ``until[rank]``, its last step's end). Consecutive gaps of one phase make one span,
+    ``until[rank]``, its last step's end), and so is the head from ``since[rank]``, its first
+    step's start (a step marker's), to its first operator: the first profiled step is on its
+    way there as every later one is. Consecutive gaps of one phase make one span,
     from the first gap's start to the last one's end (the operators in between run in that
     phase, or win their instants by their own). The spans of a rank do not overlap.
     Returns rank, start, end, phase."""
@@ -384,9 +389,14 @@ def infer_phase_spans(rank: np.ndarray, ts: np.ndarray, end: np.ndarray,
     gap = ~first & (s > reach)
     tail = until.reindex(last.index).to_numpy(dtype=float)
     has_tail = ~np.isnan(tail) & (tail > last.to_numpy())
-    g_rank = np.r_[r[gap], last.index.to_numpy(np.int64)[has_tail]]
-    g_start = np.r_[reach[gap], last.to_numpy(np.int64)[has_tail]]
-    g_end = np.r_[s[gap], tail[has_tail].astype(np.int64)]
+    head_rank = r[first]
+    since = pd.Series(dtype=np.int64) if since is None else since
+    head = since.reindex(head_rank, fill_value=0).to_numpy(np.int64)
+    has_head = np.isin(head_rank, since.index) & (head < s[first])
+    g_rank = np.r_[head_rank[has_head], r[gap], last.index.to_numpy(np.int64)[has_tail]]
+    g_start = np.r_[head[has_head], reach[gap],
+                    last.to_numpy(np.int64)[has_tail]]
+    g_end = np.r_[s[first][has_head], s[gap], tail[has_tail].astype(np.int64)]
     if not len(g_rank):
         return none
     order = np.lexsort((g_start, g_rank))

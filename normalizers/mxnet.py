@@ -64,9 +64,9 @@ import pandas as pd
 from opprof import drops
 from opprof.errors import ErrorKind, OpprofError
 from opprof.normalizers import chrome
-from opprof.normalizers.events import cover_label, finish
+from opprof.normalizers.events import INFERRED_PREFIX, cover_label, finish
 from opprof.normalizers.memory import add_memory, samples
-from opprof.taxonomy import COMM_OPS, mapping_table
+from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, mapping_table
 from opprof.trace import Trace
 
 NAME = "mxnet"
@@ -200,9 +200,65 @@ def from_docs(docs: list[tuple[Path, dict]], meta: dict) -> Trace:
     info.update(meta)
     if warnings:
         info[drops.KEY] = drops.merged([info.get(drops.KEY), warnings[drops.KEY]])
-    trace = _server_steps(finish(raw, mapping_table(NAME), info), set(workers))
+    trace = _gradients_made_of_forward_ops(finish(raw, mapping_table(NAME), info))
+    trace = _server_steps(trace, set(workers))
     trace = _window_bytes(trace, info.get("comm_bytes_per_step") or {})
     return add_memory(trace, pd.concat(memory, ignore_index=True))
+
+
+#: Each canonical op's backward twin (``attention`` → ``attention_backward``), where it has one.
+_TWIN = {o: f"{o}_backward" for o in CANONICAL_OPS if f"{o}_backward" in CANONICAL_OPS}
+
+
+def _gradients_made_of_forward_ops(trace: Trace) -> Trace:
+    """MXNet builds some gradients from forward operators (``batch_dot``'s is two
+    ``batch_dot``s, ``transpose``'s a ``transpose``): on a worker those are their op's backward
+    twin (``attention_backward``), as every ``_backward_*`` operator is, so that a diff with
+    torch or TF compares backward with backward. With phase markers, the operators in the
+    backward phase; without (a user's own job: their row says forward), the ones that run
+    after both a step's first ``_backward_*`` operator and its loss (the forward pass is over
+    then; the engine may run a gradient that needs only a shape before the loss) and before its
+    last ``_backward_*`` operator, with the inferred forward spans there (the gaps before
+    them)."""
+    ev = trace.events
+    op = ev["op"].astype(object)
+    twin = op.map(_TWIN)
+    worker = (ev["role"] == "worker") & (ev["step"] >= 0)
+    backward = (ev["phase"] == "backward").to_numpy()
+    inferred = ev["rank"].isin(trace.meta.get("inferred_phases", [])).to_numpy()
+    change = (worker & twin.notna()).to_numpy() & backward
+    spans = np.zeros(len(ev), bool)
+    if inferred.any():
+        own = worker.to_numpy() & inferred & ev["counted"].to_numpy() & backward & \
+            ev["name"].astype(str).str.startswith("_backward_").to_numpy()
+        key = ev["rank"].to_numpy(np.int64) * (1 << 24) + ev["step"].to_numpy(np.int64)
+        start, end = ev["ts"].to_numpy(np.int64), (ev["ts"] + ev["dur"]).to_numpy(np.int64)
+        first = pd.Series(start[own]).groupby(key[own]).min()
+        last = pd.Series(end[own]).groupby(key[own]).max()
+        # the window opens after the first gradient and the loss: the engine runs a gradient
+        # as soon as its inputs are ready (a mean's needs only a shape), maybe before the loss
+        loss = worker.to_numpy() & inferred & (ev["op"] == "loss").to_numpy()
+        loss_end = pd.Series(end[loss]).groupby(key[loss]).max()
+        lo = np.fmax(pd.Series(key).map(first).to_numpy(dtype=float),
+                     pd.Series(key).map(loss_end).to_numpy(dtype=float))
+        hi = pd.Series(key).map(last).to_numpy(dtype=float)
+        inside = inferred & (start >= lo) & (end <= hi)  # NaN (no backward) compares False
+        forward = (ev["phase"] == "forward").to_numpy()
+        change |= inside & forward & worker.to_numpy() & twin.notna().to_numpy() & \
+            (ev["kind"] == "cpu_op").to_numpy()
+        spans = inside & forward & (ev["name"] == INFERRED_PREFIX + "forward").to_numpy()
+    if not (change.any() or spans.any()):
+        return trace
+    ev = ev.copy()
+    ev.loc[change, "op"] = twin[change].to_numpy()
+    ev.loc[change | spans, "phase"] = "backward"
+    if spans.any():
+        name = INFERRED_PREFIX + "backward"
+        if isinstance(ev["name"].dtype, pd.CategoricalDtype) and \
+                name not in ev["name"].cat.categories:
+            ev["name"] = ev["name"].cat.add_categories([name])
+        ev.loc[spans, "name"] = name
+    return Trace(ev, trace.meta)
 
 
 def _window_bytes(trace: Trace, per_step: dict[str, int]) -> Trace:

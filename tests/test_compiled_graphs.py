@@ -216,6 +216,27 @@ def test_a_profiled_step_that_recompiles_is_flagged(compiled_run) -> None:
     assert len(warnings) == 1 and f"step {step} " in warnings[0], text.stdout
 
 
+@pytest.mark.slow
+def test_a_whole_compiled_step_keeps_its_update_and_the_users_graphs(tmp_path: Path) -> None:
+    """forward, backward() and the optimizer's step in one compiled function: opprof's hooks
+    are never traced by Dynamo (no warning, no graph break of theirs), and the optimizer's
+    compiled graph is the update (``Optimizer.step#…``, whose range torch drops when traced)."""
+    needs("torch")
+    res, report = _run(tmp_path, sys.executable, str(SCRIPTS / "torch_compile_step.py"),
+                       "--steps", "8")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Dynamo does not know" not in res.stderr and "Traceback" not in res.stderr
+    _check_figures(report)
+    ev = load(tmp_path / "run.trace").events
+    ev = ev[ev["step"] >= 0]
+    step = ev[ev["name"].astype(str) == "Optimizer.step#AdamW.step"]
+    assert len(step) == 3 and (step["op"] == "weights_update").all()
+    assert (step["phase"] == "update").all()
+    kernels = ev[ev["name"].astype(str).str.contains("cpp_fused_.*addcdiv")]  # AdamW's graph
+    assert len(kernels) == 3 and (kernels["op"] == "weights_update").all()
+    assert len(report["convergence"]) == 8  # the loss backward() ran on, every step
+
+
 # ------------------------------------------------------------------ Keras 3 on torch
 
 

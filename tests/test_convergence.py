@@ -95,6 +95,12 @@ def test_compare_splits_the_gap_into_step_time_and_steps() -> None:
     assert first.steps_share == pytest.approx(2.0)
     assert c.sentence.startswith("A reaches 50% test accuracy first")
     assert c.targets[1].first is None and "Neither" in c.targets[1].sentence
+    # the same steps needed, only the step time differs: no "-0%" from a rounding error
+    at_100 = [[{**r, "time_ns": r["step"] * t // 100}
+               for r in _curve(0, 1, {100: 0.6}, steps=100)] for t in (577518151, 604561200)]
+    same = compare({"convergence": at_100[0]}, {"convergence": at_100[1]}, "A", "B")
+    assert same is not None
+    assert same.sentence.endswith("explains 100% of the difference, the steps needed 0%.")
     only = compare(a, {"convergence": _curve(0, 5, {80: 0.3}, steps=100)}, "A", "B")
     assert only is not None and only.first == "a"
     assert only.sentence.startswith("Only A reaches 50%")

@@ -99,3 +99,33 @@ def test_record_command_as_a_user_runs_it(tmp_path: Path) -> None:
     trace = read_parquet(tmp_path / "lenet5-mxnet.trace")
     assert trace.meta["framework"] == "mxnet" and trace.meta["source_formats"] == ["mxnet"]
     assert (tmp_path / "lenet5-mxnet.native" / "rank0_worker.dumps.txt").is_file()
+
+
+def test_opprof_runs_loss_hook_keeps_a_list_of_losses_too() -> None:
+    """`opprof run`'s loss of a Gluon step: the mean of the array ``backward()`` ran on, and of
+    the arrays ``autograd.backward([...])`` ran on (a loss per device, or one in a list)."""
+    from opprof.collectors.mxnet import hook_loss, import_mxnet
+
+    mx = import_mxnet()
+    from mxnet import autograd, gluon
+
+    saved = mx.nd.NDArray.backward, mx.autograd.backward
+    try:
+        log = hook_loss()
+        net = gluon.nn.Dense(1)
+        net.initialize()
+        x = mx.nd.random.normal(shape=(6, 3))
+        with autograd.record():
+            halves = [(net(x[:2]) ** 2).reshape((-1,)), (net(x[2:]) ** 2).reshape((-1,))]
+        mx.autograd.backward(halves)
+        log.step_end(False)
+        with autograd.record():
+            whole = (net(x) ** 2).reshape((-1,))
+        whole.backward()
+        log.step_end(False)
+        rows = log.rows()
+    finally:
+        mx.nd.NDArray.backward, mx.autograd.backward = saved
+    expected = float((net(x) ** 2).mean().asscalar())  # the same six values both times
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["loss"] for r in rows] == pytest.approx([expected, expected], rel=1e-5)

@@ -33,6 +33,8 @@ def opprof_run(tmp: Path, name: str) -> tuple[Path, dict]:
     res = run_cli("run", "--steps", str(STEPS), "--warmup", "2", "-o", "x.trace", "--format",
                   "json", "--", sys.executable, str(SCRIPTS / name), cwd=tmp)
     assert res.returncode == 0, res.stderr[-3000:]
+    # `import mxnet` imports its Module before it has `mx.nd`: no false "not profiled"
+    assert "cannot hook" not in res.stderr, res.stderr[-3000:]
     return tmp / "x.trace", json.loads(res.stdout)
 
 
@@ -173,3 +175,24 @@ def test_module_loop_in_a_parameter_server_job(tmp_path: Path) -> None:
     trace = load(tmp_path / "ps.trace")
     server = trace.events[trace.events["role"] == "server"]
     assert set(server["rank"]) == {2} and (server["op"] == "weights_update").any()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hybridize", [False, True], ids=["imperative", "hybridized"])
+def test_a_gradient_made_of_forward_operators_is_backward(tmp_path: Path,
+                                                          hybridize: bool) -> None:
+    """``batch_dot``'s gradient is two ``batch_dot``s: in a user's job (no phase markers)
+    they are ``attention_backward`` in the backward phase, not forward attention."""
+    import sys
+
+    res = run_cli("run", "--steps", str(STEPS), "--warmup", "2", "-o", "x.trace", "--format",
+                  "json", "--", sys.executable, str(SCRIPTS / "mxnet_attention.py"),
+                  *(["--hybridize"] if hybridize else []), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for s in json.loads(res.stdout)["steps"]:
+        assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"], s
+    ev = load(tmp_path / "x.trace").events
+    dots = ev[(ev["name"] == "batch_dot") & ev["counted"] & (ev["step"] >= 0)]
+    per_step = dots.groupby(["op", "phase"], observed=True).size() / STEPS
+    assert per_step.to_dict() == {("attention", "forward"): 2,
+                                  ("attention_backward", "backward"): 4}, per_step

@@ -9,6 +9,8 @@ trace-viewer args (``hlo_category``, ``tf_op``) map the same way."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -97,6 +99,73 @@ def test_tf_op_totals_still_match_xprof(run) -> None:
     trace = load(tmp / "x.trace")
     for path in (tmp / "x.native").rglob("*.xplane.pb"):
         assert assert_totals_match_xprof(trace, path, counts=False) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("xla", [False, True], ids=["eager-graph", "xla"])
+def test_a_small_keras_classifier_under_opprof_run(tmp_path: Path, xla: bool) -> None:
+    """A step of a fraction of a millisecond (an MLP, RMSprop, a softmax output): opprof's own
+    per-step callback is no operator, and the optimizer's scope (Keras 3 names RMSprop
+    ``rm_sprop``) is the update."""
+    needs("tensorflow", "keras")
+    res = run_cli("run", *PROTOCOL, "-o", str(tmp_path / "x.trace"), "--format", "json", "--",
+                  "python", str(SCRIPTS / "tf_keras_mlp_fit.py"), "--steps", "12",
+                  *(["--xla"] if xla else []), cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert len(report["steps"]) == 5
+    for s in report["steps"]:
+        assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"], s
+        for phase in ("forward", "backward", "update"):
+            assert s["phases"][phase] > 0, (phase, s)
+    step_ns = sum(s["dur_ns"] for s in report["steps"])
+    assert report["phases"]["other"]["share"] <= 0.10
+    other_op = sum(o["total_ns"] for o in report["ops"] if o["op"] == "other")
+    assert other_op <= 0.10 * step_ns, other_op / step_ns
+    ev = load(tmp_path / "x.trace").events
+    ev = ev[ev["step"] >= 0]
+    callback = ev[ev["name"].astype(str) == "EagerPyFunc"]
+    assert len(callback) and (callback["kind"] == "marker").all() and not callback["counted"].any()
+    update = ev[ev["counted"] & (ev["op"] == "weights_update")]
+    assert update["detail"].astype(str).str.contains("rm_sprop/").any()
+
+
+def _optimizer_names() -> list[str]:
+    """The name scope of every Keras 3 and Keras 2 optimizer that builds with no argument."""
+    import inspect
+    names = []
+    for module in ("keras", "tf_keras"):
+        if importlib.util.find_spec(module) is None:
+            continue
+        optimizers = importlib.import_module(module).optimizers
+        for cls in vars(optimizers).values():
+            if inspect.isclass(cls) and issubclass(cls, optimizers.Optimizer):
+                try:
+                    names.append(cls().name)
+                except (TypeError, ValueError):  # needs arguments (LossScaleOptimizer, the base)
+                    pass
+    return names
+
+
+def test_every_keras_optimizers_scope_is_the_update() -> None:
+    """Keras 3 snake-cases its optimizers' names (``RMSprop`` → ``rm_sprop``, ``AdamW`` →
+    ``adam_w``): every one's ops, TF ops and XLA ones, are the update."""
+    needs("tensorflow", "keras")
+    names = _optimizer_names()
+    assert {"rm_sprop", "adam_w", "sgd", "RMSprop"} <= set(names), names
+    keys = [k for n in names for k in (f"{n}/AssignSubVariableOp:AssignSubVariableOp",
+                                       f"XLA loop fusion: {n}/Add_3:AddV2")]
+    got = mapping_table("tf").classify(keys)
+    wrong = got[(got["op"] != "weights_update") | (got["phase"] != "update")]
+    assert wrong.empty, wrong
+
+
+def test_a_softmax_is_attention_only_inside_attention() -> None:
+    got = mapping_table("tf").classify([
+        "transformer_1/multi_head_attention_1/Softmax:_MklSoftmax",
+        "model/multi_head_attention/softmax/Softmax:Softmax",
+        "sequential_1/dense_1/Softmax:_MklSoftmax", "model/softmax/Softmax:Softmax"])
+    assert got["op"].tolist() == ["attention", "attention", "activation", "activation"]
 
 
 # ------------------------------------------------------------------ the mapping itself

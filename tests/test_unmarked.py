@@ -215,6 +215,23 @@ def test_a_gap_goes_to_the_operator_that_starts_next() -> None:
         10_000, 30_000, 20_000, 20_000]
 
 
+def test_the_first_marked_step_is_on_its_way_to_its_first_operator() -> None:
+    """`opprof run` marks steps but not phases: the first step's marker starts before its first
+    operator (the script's Python between steps), and that head is the same phase it is in
+    every later step, not `other`."""
+    raw = pd.DataFrame([{"rank": 0, "role": "worker", "pid": 1, "tid": 1, "device": "cpu",
+                         "ts": s * 1000, "dur": (e - s) * 1000, "name": n,
+                         "kind": "marker" if n.startswith("opprof.step") else "cpu_op",
+                         "bytes": 0, "detail": None, "link": -1}
+                        for n, s, e in (("opprof.step#0", 0, 50), ("load", 10, 15),
+                                        ("fwd", 20, 30), ("bwd", 32, 40), ("upd", 42, 48),
+                                        ("opprof.step#1", 50, 100), ("load", 60, 65),
+                                        ("fwd", 70, 80), ("bwd", 82, 90), ("upd", 92, 98))])
+    steps = step_breakdown(finish(raw, TABLE, {}))
+    assert (steps["other"] == 0).all()
+    assert steps["load"].tolist() == [17_000, 15_000]  # 0-15 and 48-50; 50-65
+
+
 def test_an_operator_without_a_phase_takes_the_next_ones() -> None:
     tr = _trace(("fwd", 1, 0, 10), ("copy", 1, 12, 14), ("fwd", 1, 20, 30),
                 ("copy", 1, 32, 34), ("bwd", 1, 40, 50), ("upd", 1, 55, 60))

@@ -177,8 +177,9 @@ def _compare_at(ca: pd.DataFrame, cb: pd.DataFrame, target: float, la: str,
             f"({ts / tf:.2f}x); steps needed {nf} vs {ns_}, time per step "
             f"{sf / 1e6:.1f} ms vs {ss / 1e6:.1f} ms")
     if share_step is not None:
-        text += (f": the step time explains {share_step:.0%} of the difference, the steps "
-                 f"needed {1 - share_step:.0%}")
+        # rounded first: a share of 1 - 1e-16 is "0%", not "-0%"
+        text += (f": the step time explains {round(share_step, 2) + 0.0:.0%} of the "
+                 f"difference, the steps needed {round(1 - share_step, 2) + 0.0:.0%}")
     return AtTarget(target, _side(ha), _side(hb), first, share_step,
                     None if share_step is None else 1.0 - share_step, text + ".")
 
