@@ -5,7 +5,9 @@ file and reads a job whole; a format of one rank per file (Kineto) also plans th
 ranks and reads one rank on its own (:func:`read_native`), in this process (:func:`normalize`)
 or in workers (:mod:`opprof.job`): one path, the same ranks, metadata and errors.
 
-JSON is decoded typed (``chrome.py``): a file is decoded once as a Kineto
+JSON is decoded typed (``chrome.py``): a Kineto trace is read as its text streams in
+(``kineto.stream``: the events typed a span at a time and their columns taken, the text
+never held whole); any other file is decoded once as a Kineto
 :class:`~opprof.normalizers.kineto.Document` (its top level; the events stay views of the
 text, typed a chunk at a time while their columns are taken, ``kineto.typed_events``),
 which also answers MXNet's claim; an MXNet dump is then decoded with MXNet's own type.

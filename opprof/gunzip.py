@@ -1,12 +1,15 @@
-"""Gzip traces inflated in bounded pieces, with the reader's memory guards, and the one
-file a command reads inflated ahead on a second thread (:func:`prefetch`).
+"""Gzip traces inflated in bounded pieces, with the reader's memory guards, on a second
+thread (the inflating holds no GIL).
 
-Standard library only (and ISA-L's inflate where the ``fast`` extra installs it): the CLI
-starts :func:`prefetch` before it imports pandas and numpy, so the inflating (which holds
-no GIL) runs on the other core while the interpreter imports (about 0.4 s); the reader
-(``chrome.read_bytes``) then takes the text (:func:`prefetched`) instead of inflating it
-again. Any failure there (damaged data, a bomb, the file changed) is left to the reader,
-which reads the file again and says what is wrong in its usual line.
+Standard library only (and ISA-L's inflate where the ``fast`` extra installs it).
+:func:`pieces` gives a file's text in pieces for the streaming Kineto reader, inflated at
+most :data:`AHEAD` bytes ahead of it; :func:`gunzip` the whole text in one buffer, for the
+other readers. The CLI starts :func:`prefetch` on the one file a report reads (when no
+second process reads it: ``opprof.readahead``) before it imports pandas and numpy, so the
+first pieces are inflated while the interpreter imports; the reader then takes them
+(:func:`pieces`, or all at once: :func:`prefetched`). Any failure there (damaged data, a
+bomb, the file changed) is left to the reader, which reads the file again and says what is
+wrong in its usual line.
 """
 
 from __future__ import annotations
