@@ -287,6 +287,7 @@ def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
                 del buf[:nxt - 1]  # keep one byte before the next event: it becomes "["
                 buf[0] = 0x5B
                 break
+            end -= 1  # not between two events (nested objects): look before that "}"
         else:
             raise _NotStreamed  # no cut between events found: read whole
     events, footer = _tail(buf, header, not ascii_only)

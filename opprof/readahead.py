@@ -9,8 +9,9 @@ file, it takes the child's columns instead (:func:`taken`): on two cores the rea
 little wall time. Anything unexpected — the child fails or is killed, the file is no trace
 the streaming reader takes, the file changed since — and the reader reads the file itself,
 as it always does (and says what is wrong with it). Only where a core is idle
-(:func:`core_free`): on a busy machine the second process costs CPU and saves no time.
-``OPPROF_READAHEAD=0`` turns it off, ``=1`` on whatever the load.
+(:func:`core_free`): on a busy machine the second process costs CPU (about 0.1 s of a
+134k-event trace) for a gain that depends on what else runs. ``OPPROF_READAHEAD=0`` turns it
+off, ``=1`` on whatever the load.
 
 Standard library only at import: the CLI imports this module first thing.
 """
@@ -90,8 +91,9 @@ def report_file(argv: list[str]) -> str | None:
 def core_free() -> bool:
     """Whether a core is idle for the child now: fewer threads ready to run on the machine
     (``/proc/loadavg``'s count, this process included) than cores this process may use. A
-    second process gains wall time only where a core would otherwise idle; on a busy machine
-    it costs CPU (the fork, the columns' transfer) and gains nothing."""
+    second process surely gains wall time where a core would otherwise idle; on a busy
+    machine it costs CPU (the fork, the pages copied after it, the columns' transfer) for a
+    gain that depends on what else runs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
     try:
@@ -149,8 +151,9 @@ def start(argv: list[str]) -> bool:
 
 
 def _read_and_send(path: str, fd: int) -> None:
-    """In the child: the streamed document (or None) pickled into ``fd``; then exit at once
-    (no exit handlers, no flushing of the parent's buffers)."""
+    """In the child: the streamed document (:data:`NOT_STREAMED` for a file the streaming
+    reader does not take, a failure for anything else) pickled into ``fd``; then exit at
+    once (no exit handlers, no flushing of the parent's buffers)."""
     import signal
     import warnings
 

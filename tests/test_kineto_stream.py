@@ -136,7 +136,12 @@ def _layouts(tmp_path: Path) -> list[tuple[str, Path, bool]]:
     return out
 
 
-def test_json_layouts_stream_or_are_read_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("piece", [1 << 20, 333])
+def test_json_layouts_stream_or_are_read_whole(piece: int, monkeypatch,
+                                               tmp_path: Path) -> None:
+    """(Small pieces cut the text between nested objects too: the reader tries the cuts
+    before them.)"""
+    monkeypatch.setattr(gunzip, "STREAM_PIECE", piece)
     for name, path, streams in _layouts(tmp_path):
         assert _assert_same(path, True, must_stream=False) == streams, name
 

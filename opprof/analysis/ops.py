@@ -60,6 +60,8 @@ def own_durations(ev: pd.DataFrame) -> Array:
             return own
         _, anc = nesting.nest(left)
         level = left & (anc == idx)  # the outermost of those left: one level down
+        if not level.any():  # events that overlap only in part, none enclosing any other
+            level = left & (anc < 0)  # (a damaged trace): they end the loop
         parent = outer[level]
         np.subtract.at(own, parent[parent >= 0], dur[level][parent >= 0])
         outer = anc
