@@ -193,8 +193,8 @@ def test_a_trace_without_the_table_reads_as_before(runs, tmp_path: Path) -> None
 def test_bench_columns_curves_and_figure(runs, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from opprof.analysis.matrix import CONVERGENCE_COLUMNS as BENCH_COLUMNS
-    from opprof.analysis.matrix import convergence_columns
-    from opprof.render.plotdata import Bench, bench_curves
+    from opprof.analysis.matrix import Bench, convergence_columns
+    from opprof.render.plotdata import bench_curves
 
     trace, report = runs["torch"]
     cols = convergence_columns(TraceFile(trace).meta)
