@@ -641,6 +641,11 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
             mark = bytes([chrome.INVALID])
             dirty = [mark in bytes(r) for r in doc.traceEvents]
             drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
+            in_events = sum(bytes(r).count(mark) for r, d in
+                            zip(doc.traceEvents, dirty, strict=True) if d)
+            # the rest is in the fields around the events (a device's properties): said too
+            drops.note(warnings, "bytes of JSON text not UTF-8 outside the events (the fields "
+                       "holding them unread)", doc.invalid_utf8 - in_events)
             doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
         for chunk in event_chunks(doc, path):
             _take_chunk(chunk, pieces, mem, detail)

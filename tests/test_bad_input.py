@@ -565,3 +565,19 @@ def test_an_operator_table_of_events_overlapping_in_part_ends() -> None:
                                        np.int64)})
     with np.errstate(over="ignore"):
         assert len(own_durations(ev)) == 3
+
+
+def test_a_byte_not_utf8_around_the_events_is_said(tmp_path: Path) -> None:
+    """A flipped byte in a key of the fields around the events (a device's properties) loses
+    that field as one in an event would: the report says so (⚠, `meta.read_warnings`)."""
+    doc = json.loads(gzip.decompress(KINETO_FIXTURE.read_bytes()))
+    doc["deviceProperties"] = [{"id": 0, "name": "GPU"}]
+    text = json.dumps(doc).encode().replace(b'"name": "GPU"', b'"n\xffme": "GPU"', 1)
+    path = tmp_path / "t.json"
+    path.write_bytes(text)
+    r = run_cli("report", str(path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    warned = json.loads(r.stdout)["meta"]["read_warnings"]
+    assert warned == {"bytes of JSON text not UTF-8 outside the events (the fields holding "
+                      "them unread)": 1}
+    assert r.stderr.count("⚠") == 1
