@@ -122,7 +122,7 @@ def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dic
         print(f"[{name} #{rep}] calibrate (load {load()})", file=sys.stderr, flush=True)
         opprof("calibrate", "--fw", fw, "--workers", str(n), "--threads", str(threads),
                "--repeat", str(args.calib_repeat), "-o", str(net), "--format", "json",
-               *(["--mode", "fsdp"] if mode == "fsdp" else []))
+               *(["--mode", "fsdp", "--units", args.model] if mode == "fsdp" else []))
     measured = folder / f"{fw}-{mode}-{n}w.trace"
     loads: dict[str, str] = {}
 

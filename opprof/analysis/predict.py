@@ -46,9 +46,10 @@ from opprof.analysis.resources import Resources, resource_mismatch, resources
 from opprof.analysis.sharded import (
     ASSUMED_COPY_NS_PER_BYTE,
     ShardedPlan,
+    blocking_wait,
     copy_rate,
     fit_network,
-    segment_spread,
+    segment_sigmas,
     unit_bytes,
     unit_shares,
 )
@@ -154,6 +155,8 @@ class Units:
     #: Σ over the compute segments between blocking collectives of each one's σ (ns;
     #: :func:`opprof.analysis.sharded.segment_spread`), None where the trace cannot say
     segment_sigma_ns: float | None = None
+    #: each of those segments' σ (ns; :func:`opprof.analysis.sharded.segment_sigmas`)
+    segment_sigmas: Array | None = None
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
@@ -165,9 +168,10 @@ def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
         source = "one unit of all the gradient bytes (the trace names no FSDP units)"
     layers = gradients.layers if len(nbytes) > 1 else None
     share = unit_shares(layers, nbytes)
+    sigmas = segment_sigmas(trace, share) if len(nbytes) else None
     return Units(nbytes, share, source,
                  copy_rate(trace, nbytes, steps) if len(nbytes) else None,
-                 segment_spread(trace, share) if len(nbytes) else None)
+                 None if sigmas is None else float(sigmas.sum()), sigmas)
 
 
 def infer_mode(trace: Trace, workers: int | None = None) -> str:
@@ -372,11 +376,16 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
     if copy is None:
         copy = units.copy_ns_per_byte if units.copy_ns_per_byte is not None else \
             ASSUMED_COPY_NS_PER_BYTE
-    # Blocking collectives are barriers: the wait for the slowest worker at each, after each
-    # compute segment (its σ from the base); with prefetch (GPU) once per step.
-    sigma = units.segment_sigma_ns if not policy.overlap and \
-        units.segment_sigma_ns is not None else base.sigma_ns
-    wait = sigma * expected_max_normal(workers) if straggler else 0.0
+    # Blocking collectives are barriers: the wait for the slowest worker at each (the σ of the
+    # compute segment before it, from the base, and of the ranks' exits from the collective
+    # before, from the network); with prefetch (GPU) once per step.
+    if policy.overlap or units.segment_sigmas is None:
+        wait = base.sigma_ns * expected_max_normal(workers)
+    else:
+        wait = blocking_wait(units.segment_sigmas,
+                             float(network.info.get("exit_spread_ns") or 0.0),
+                             len(units.bytes), workers)
+    wait = wait if straggler else 0.0
     talk = communicate and workers > 1
     return ShardedPlan(
         phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),

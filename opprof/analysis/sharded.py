@@ -27,12 +27,10 @@ of both), else its share of the bytes.
   unit runs beside the next unit's backward; the update waits for the last RS;
 - **blocking** (gloo on CPU): the issuing thread waits for every collective (FSDP2's ranges
   enclose the whole gloo transfer in the traces), so AG and RS add to the step in full.
-- the wait for the slowest worker is that of :mod:`.predict`: σ·E[max of N normals] once per
-  step (σ: the base's per-step compute). Every blocking collective is a barrier, and were the
-  compute between the k of them independent, the wait would be √k times that; but a busy
-  machine's σ is mostly common to all ranks (it moves no rank ahead of another), and on
-  three ResNet-18 runs the √k form overestimated the measured wait 1.0–7.6×, the once-per-step
-  form was within 0.3–1.5× of it.
+- the wait for the slowest worker: with prefetch, σ·E[max of N normals] once per step (σ: the
+  base's per-step compute, :mod:`.predict`); blocking, at every collective, from the σ of the
+  compute segment before it and the spread of the ranks' exits from the one before
+  (:func:`blocking_wait`).
 
 Phases of the simulated step: forward, backward, update, load, h2d, other as given;
 ``comm`` is everything else — the waits for collectives and FSDP's copies, as the measured
@@ -49,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.commmodel import Network, fit
-from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
+from opprof.analysis.simulate import COMPUTE_PHASES, SimResult, expected_max_normal
 from opprof.errors import OpprofError
 from opprof.filters import counted, on_host, step_work
 from opprof.intervals import coverage
@@ -199,16 +197,22 @@ def unit_shares(trace_layers: pd.DataFrame, nbytes: Array) -> Array:
 
 
 def segment_spread(trace: Trace, share: Array) -> float | None:
-    """Σ over the compute segments between FSDP's blocking collectives of each segment's
-    standard deviation over the trace's worker (rank, step)s, in ns (None: the steps do not
-    run the same operators, or fewer than two steps).
+    """Σ of :func:`segment_sigmas` (ns; None where it has none)."""
+    sigmas = segment_sigmas(trace, share)
+    return None if sigmas is None else float(sigmas.sum())
+
+
+def segment_sigmas(trace: Trace, share: Array) -> Array | None:
+    """Each compute segment's standard deviation over the trace's worker (rank, step)s, in ns:
+    the units' forward segments (forward order), then their backward segments (backward
+    order); None when the steps do not run the same operators, or with fewer than two steps.
 
     On gloo every all-gather and reduce-scatter is a barrier: a rank that finishes the unit's
-    compute before it waits there for the slowest, so the step pays σ_s · E[max of N normals]
-    at every segment s, not once per step. The segments are each unit's forward (forward
-    order) and backward (backward order) compute, cut where the trace's counted operators of
-    the phase reach the units' cumulative shares of it (their mean position over the steps);
-    a segment's time is the wall time from the previous cut to its own, less the
+    compute before it waits there for the slowest, so the step pays a wait at every segment
+    s, not once per step (:func:`blocking_wait`). The segments are each unit's forward
+    (forward order) and backward (backward order) compute, cut where the trace's counted
+    operators of the phase reach the units' cumulative shares of it (their mean position over
+    the steps); a segment's time is the wall time from the previous cut to its own, less the
     communication inside that window (an FSDP trace's own collectives). On a host shared by
     other processes, time slicing makes segments vary a lot more than whole steps do (a rank
     that lost the CPU in one segment catches up in the next), which the per-step σ misses."""
@@ -219,7 +223,7 @@ def segment_spread(trace: Trace, share: Array) -> float | None:
     ev = ev[sel]
     comm = ev[(ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy()]
     host_ops = ev[ev["counted"].to_numpy(bool) & (ev["kind"] == "cpu_op").to_numpy()]
-    total = 0.0
+    sigmas: list[Array] = []
     orders = {"forward": np.asarray(share, np.float64),
               "backward": np.r_[share[1:][::-1], share[:1]].astype(np.float64)}
     for phase, shares in orders.items():
@@ -244,8 +248,23 @@ def segment_spread(trace: Trace, share: Array) -> float | None:
         cut = np.searchsorted(frac, np.cumsum(shares)[:-1], side="left")
         at = np.r_[0, np.minimum(cut, work.shape[1] - 1), work.shape[1] - 1]
         seg = np.diff(work[:, at], axis=1)
-        total += float(seg.std(axis=0, ddof=1).sum())
-    return total
+        sigmas.append(seg.std(axis=0, ddof=1))
+    out: Array = np.concatenate(sigmas)
+    return out
+
+
+def blocking_wait(sigmas: Array, exit_spread_ns: float, units: int, workers: int) -> float:
+    """The expected wait for the slowest of ``workers`` ranks summed over one step's blocking
+    collectives (ns): at each, E[max of N standard normals] × the σ of the ranks' arrival,
+    √(σ_s² + σ_x²) — the compute segment before it (``sigmas``: :func:`segment_sigmas`) and
+    the spread of the ranks' exits from the collective before (``exit_spread_ns``, measured
+    by `opprof calibrate --mode fsdp`). A step of U units has 3U − 1 collectives (U + U − 1
+    all-gathers, U reduce-scatters) and 2U segments: the U − 1 backward all-gathers that
+    follow a reduce-scatter with no compute between pay the exits' spread alone."""
+    x = max(0.0, float(exit_spread_ns))
+    s = np.asarray(sigmas, np.float64)
+    alone = max(0, 3 * units - 1 - len(s))
+    return expected_max_normal(workers) * (float(np.sqrt(s * s + x * x).sum()) + alone * x)
 
 
 def trace_samples(trace: Trace) -> pd.DataFrame:
@@ -298,17 +317,19 @@ def copy_rate(trace: Trace, nbytes: Array, steps: int) -> float | None:
 
 
 def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | None,
-                **fields: object) -> Network:
+                center: str = "median", **fields: object) -> Network:
     """An ``fsdp`` network from (kind, bytes, ns) samples: the all-gather's α–β, the
-    reduce-scatter's in ``info`` (the all-gather's where it has none)."""
+    reduce-scatter's in ``info`` (the all-gather's where it has none); each size's time the
+    ``center`` of its calls (:func:`opprof.analysis.commmodel.fit`)."""
     ag = samples[samples["kind"] == "all_gather"]
     rs = samples[samples["kind"] == "reduce_scatter"]
     if ag.empty and rs.empty:
         raise OpprofError("no all-gather or reduce-scatter with a size and a time to fit")
-    main = fit(ag if len(ag) else rs, Collective.FSDP, workers, **fields)  # type: ignore[arg-type]
+    main = fit(ag if len(ag) else rs, Collective.FSDP, workers, 1,
+               center, **fields)
     info = dict(main.info)
     if len(rs) and len(ag):
-        other = fit(rs, Collective.FSDP, workers)
+        other = fit(rs, Collective.FSDP, workers, 1, center)
         info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
                                   "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit,
                                   "samples": other.samples}
