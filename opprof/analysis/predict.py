@@ -571,7 +571,9 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append(f"network {bad_fit}")
     if collective == Collective.FSDP and base.units is not None:
         notes.append(f"FSDP units: {len(base.units.bytes)} ({base.units.source}); FSDP's "
-                     "copies " + ("from the network file" if "copy_ns_per_byte" in net.info
+                     "copies " + ("inside the calibrated collectives' times"
+                                  if net.info.get("copies") and net.source != "trace"
+                                  else "from the network file" if "copy_ns_per_byte" in net.info
                                   and net.source != "trace"
                                   else "measured in the trace" if base.units.copy_ns_per_byte
                                   is not None else f"assumed {ASSUMED_COPY_NS_PER_BYTE} ns/B"))
