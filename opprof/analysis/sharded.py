@@ -50,7 +50,7 @@ from opprof.analysis.commmodel import Network, fit
 from opprof.analysis.simulate import COMPUTE_PHASES, SimResult, expected_max_normal
 from opprof.errors import OpprofError
 from opprof.filters import counted, on_host, step_work
-from opprof.intervals import coverage
+from opprof.intervals import containing, coverage, lane_ids
 from opprof.kinds import Collective
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
@@ -63,6 +63,10 @@ KINDS = ("all_gather", "reduce_scatter")
 #: CPU core.
 ASSUMED_COPY_NS_PER_BYTE = 0.25
 _BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
+#: FSDP2's range around one unit's collective on the training thread (the root's has no unit)
+_FSDP_CALL = r"^FSDP::(all_gather|post_backward_reduce)(?: \((.*)\))?$"
+_FSDP_COPY_OUT = r"^FSDP::all_gather_copy_out(?: \((.*)\))?$"
+_C10D_CALL = r"^c10d::_(?:allgather|reduce_scatter)_base_$"
 
 
 @dataclass
@@ -265,6 +269,80 @@ def blocking_wait(sigmas: Array, exit_spread_ns: float, units: int, workers: int
     s = np.asarray(sigmas, np.float64)
     alone = max(0, 3 * units - 1 - len(s))
     return expected_max_normal(workers) * (float(np.sqrt(s * s + x * x).sum()) + alone * x)
+
+
+def fsdp_calls(trace: Trace) -> tuple[pd.DataFrame, float]:
+    """FSDP2's collectives as its training thread pays them, the way `opprof calibrate --mode
+    fsdp` times them: per call (``FSDP::all_gather (unit)`` — copy-in, all-gather, and its
+    ``FSDP::all_gather_copy_out`` — or ``FSDP::post_backward_reduce (unit)`` — the
+    gradients' copy, reduce-scatter, the shard's copy) and rank: ``kind``, ``unit``,
+    ``bytes`` (the unit's unsharded bytes: the largest ``c10d::`` call inside), ``enter``,
+    ``exit``, ``copy_out_ns``, ``wait_ns`` (for the last rank to enter the same call: the
+    step's k-th call of that kind and unit) and ``ns`` (the rest: exit − the last entry +
+    the copy-out); and the ranks' exits' spread (the pooled σ of one rank's exit about the
+    call's mean, ns). Empty where the trace has no FSDP2 ranges around collectives."""
+    cols = ["rank", "step", "kind", "unit", "bytes", "enter", "exit", "copy_out_ns",
+            "wait_ns", "ns"]
+    ev = trace.events
+    ev = ev[step_work(ev) & on_host(ev)]
+    names = pd.Series(pd.unique(ev["name"].astype(str)))
+    ranges = names.str.extract(_FSDP_CALL)
+    is_copy_out = names.str.match(_FSDP_COPY_OUT)
+    which = {"range": names[ranges[0].notna()], "copy_out": names[is_copy_out],
+             "call": names[names.str.match(_C10D_CALL)]}
+    if not len(which["range"]) or not len(which["call"]):
+        return pd.DataFrame(columns=cols), 0.0
+    name = ev["name"].astype(str)
+    part = {k: ev[name.isin(v).to_numpy()] for k, v in which.items()}
+    kind_of = dict(zip(which["range"], ranges.loc[which["range"].index, 0], strict=True))
+    unit_of = dict(zip(which["range"], ranges.loc[which["range"].index, 1].fillna(""),
+                       strict=True))
+    unit_of.update(zip(which["copy_out"],
+                       which["copy_out"].str.extract(_FSDP_COPY_OUT)[0].fillna(""),
+                       strict=True))
+    both = pd.concat(part.values())
+    lane = lane_ids(both["rank"].to_numpy(), both["pid"].to_numpy(), both["tid"].to_numpy())
+    lanes = dict(zip(part, np.split(lane, np.cumsum([len(v) for v in part.values()])[:-1]),
+                     strict=True))
+    r, c = part["range"], part["call"]
+    r_end = (r["ts"] + r["dur"]).to_numpy(np.int64)
+    pos = containing(lanes["call"], c["ts"].to_numpy(np.int64),
+                     (c["ts"] + c["dur"]).to_numpy(np.int64), lanes["range"],
+                     r["ts"].to_numpy(np.int64), r_end)
+    nbytes = np.zeros(len(r), np.int64)
+    np.maximum.at(nbytes, pos[pos >= 0], c["bytes"].to_numpy(np.int64)[pos >= 0])
+    rname = r["name"].astype(str)
+    calls = pd.DataFrame({
+        "rank": r["rank"].to_numpy(), "step": r["step"].to_numpy(),
+        "kind": np.where(rname.map(kind_of) == "all_gather", "all_gather", "reduce_scatter"),
+        "unit": rname.map(unit_of).to_numpy(), "bytes": nbytes,
+        "enter": r["ts"].to_numpy(np.int64), "exit": r_end})
+    calls = calls[calls["bytes"] > 0].sort_values(["rank", "enter"], kind="stable")
+    key = ["rank", "step", "kind", "unit"]
+    calls["k"] = calls.groupby(key, sort=False).cumcount()
+    co = part["copy_out"]
+    outs = pd.DataFrame({"rank": co["rank"].to_numpy(), "step": co["step"].to_numpy(),
+                         "kind": "all_gather", "unit": co["name"].astype(str).map(unit_of),
+                         "ts": co["ts"].to_numpy(np.int64),
+                         "copy_out_ns": co["dur"].to_numpy(np.int64)}).sort_values(["rank",
+                                                                                    "ts"])
+    outs["k"] = outs.groupby(key, sort=False).cumcount()
+    calls = calls.merge(outs[[*key, "k", "copy_out_ns"]], on=[*key, "k"], how="left")
+    calls["copy_out_ns"] = calls["copy_out_ns"].fillna(0).astype(np.int64)
+    same = calls.groupby(["step", "kind", "unit", "k"], sort=False)
+    ranks = calls.groupby("step")["rank"].transform("nunique")
+    calls = calls[(same["rank"].transform("nunique") == ranks) & (ranks >= 2)]
+    if calls.empty:
+        return pd.DataFrame(columns=cols), 0.0
+    same = calls.groupby(["step", "kind", "unit", "k"], sort=False)
+    last = same["enter"].transform("max")
+    done = calls["exit"] + calls["copy_out_ns"]
+    calls = calls.assign(wait_ns=last - calls["enter"], ns=done - last)
+    dev = (done - done.groupby([calls[c] for c in ("step", "kind", "unit", "k")])
+           .transform("mean")).to_numpy(np.float64)
+    free = len(calls) - same.ngroups
+    spread = float(np.sqrt((dev * dev).sum() / free)) if free > 0 else 0.0
+    return calls[cols].reset_index(drop=True), spread
 
 
 def trace_samples(trace: Trace) -> pd.DataFrame:
