@@ -18,10 +18,14 @@ of both), else its share of the bytes.
               backward and RS (the root stays gathered after forward: no second AG)
     update:   the optimizer on this rank's 1/N shard, after the last RS
 
-- all-gather (AG) of a unit of n bytes and reduce-scatter (RS): the ring's α–β cost
-  ``(N−1)·α + (N−1)/N·n·β`` (:mod:`opprof.analysis.commmodel`), each kind its own α, β;
-  FSDP's copies around them (copy-in of the shard, copy-out of the gathered unit, the
-  gradient's copy-in before RS) cost ``copy_ns_per_byte`` per byte on the compute lane;
+- all-gather (AG) of a unit of n bytes and reduce-scatter (RS): what the training thread
+  pays for the call after the last rank entered it, FSDP's copies inside (`opprof calibrate
+  --mode fsdp` times it so; :func:`fsdp_calls` reads it from an FSDP trace): the measured
+  curve, the ring's α–β ``(N−1)·α + (N−1)/N·n·β`` beyond it and at other N
+  (:mod:`opprof.analysis.commmodel`), each kind its own; a network that times the
+  collective alone (an earlier calibrate, a GPU trace's spans) adds FSDP's copies around it
+  (copy-in of the shard, copy-out of the gathered unit, the gradient's copy-in before RS) at
+  ``copy_ns_per_byte`` per byte on the compute lane;
 - **prefetch** (``overlap``, NCCL on GPU: collectives on their own streams): the AG of the
   next unit is issued as the current unit's compute starts, so it runs beside it; the RS of a
   unit runs beside the next unit's backward; the update waits for the last RS;
