@@ -13,10 +13,14 @@ name its python with ``--hta-python``.
 
 Every measurement runs in a fresh process, is repeated (best of ``--repeat``; once on the
 long copy), and reports the whole process's wall time as a user meets it (the headline:
-``opprof report FILE --format json``), the work timed after imports beside it, and peak
-memory (the process and its children). Goals (issue #24): ``opprof report`` <= 0.7x
-`json.load`'s process (at most 1.0x), >= 6x faster than HTA (at least 4x), <= half HTA's
-memory; on a 10x longer copy, peak <= 0.25x json.load's (at most 0.35x).
+``opprof report FILE --format json``), the work timed after imports beside it, its CPU
+time, and peak memory (the process and its children). The report is also run in one process
+(``OPPROF_READAHEAD=0``: no second process reading the trace while the first imports), to
+show what the second process saves where a core is free and costs where none is. opprof's
+modules are byte-compiled first, as ``pip install`` does (``--no-byte-compile``: not).
+Goals (issue #24): ``opprof report`` <= 0.7x `json.load`'s process (at most 1.0x), >= 6x
+faster than HTA (at least 4x), <= half HTA's memory; on a 10x longer copy, peak <= 0.25x
+json.load's (at most 0.35x).
 """
 
 from __future__ import annotations
@@ -112,12 +116,25 @@ def record(steps: int, workdir: Path) -> Path:
     return out.native[0]
 
 
-def once(cmd: list[str]) -> tuple[float, int, str, float]:
-    """(wall s, peak bytes, output line, CPU s) of one run."""
-    r = run(cmd)
+def once(cmd: list[str], env: dict | None = None) -> tuple[float, int, str, float, int, int]:
+    """(wall s, peak bytes (the tree's PSS), output line, CPU s, the process's own peak
+    RSS bytes, the most processes at once) of one run."""
+    r = run(cmd, env=env)
     if r.rc != 0:
         raise SystemExit(f"failed: {' '.join(cmd[:4])} …")
-    return r.wall_s, r.peak_bytes, r.out, r.cpu_s
+    return r.wall_s, r.peak_bytes, r.out, r.cpu_s, r.rss_bytes, r.procs
+
+
+def byte_compile() -> None:
+    """Byte-compile opprof's modules where Python looks for them (``__pycache__``, ignored
+    by git), as ``pip install`` does: with ``PYTHONDONTWRITEBYTECODE`` set (as on a shared
+    development machine) an editable install would otherwise compile them from source in
+    every process measured (~0.05 s), which no installed copy does."""
+    import compileall
+
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("opprof", "normalizers", "collectors"):
+        compileall.compile_dir(root / folder, quiet=1)
 
 
 def work(out: str) -> float:
@@ -126,6 +143,11 @@ def work(out: str) -> float:
 
 
 REPORT = "opprof report FILE --format json"
+#: The same with opprof.readahead's second process whatever the load, and never: what the
+#: second process saves where a core is free and costs where none is (the headline runs
+#: it only when a core is idle as the command starts).
+TWO_PROCESSES = "  the same, read-ahead forced"
+ONE_PROCESS = "  the same, one process (no read-ahead)"
 
 
 def measure_file(path: Path, hta_dir: Path, repeat: int, decoders: bool,
@@ -145,15 +167,20 @@ def measure_file(path: Path, hta_dir: Path, repeat: int, decoders: bool,
             continue
         cmds[label] = [py, "-c", code, str(path), str(hta_dir)]
     cmds[REPORT] = [sys.executable, "-m", "opprof", "report", str(path), "--format", "json"]
-    runs: dict[str, list[tuple[float, int, str, float]]] = {k: [] for k in cmds}
+    cmds[TWO_PROCESSES] = cmds[ONE_PROCESS] = cmds[REPORT]
+    envs = {TWO_PROCESSES: {"OPPROF_READAHEAD": "1"}, ONE_PROCESS: {"OPPROF_READAHEAD": "0"}}
+    runs: dict[str, list[tuple[float, int, str, float, int, int]]] = {k: [] for k in cmds}
     for _ in range(repeat):
         for label, cmd in cmds.items():
-            runs[label].append(once(cmd))
-    out: dict[str, tuple[float, float, int, str, float]] = {}
+            runs[label].append(once(cmd, envs.get(label)))
+    out: dict[str, tuple[float, float, int, str, float, int, str]] = {}
     for label, rs in runs.items():
+        reports = (REPORT, TWO_PROCESSES, ONE_PROCESS)
         out[label] = (min(work(r[2]) for r in rs), min(r[0] for r in rs),
-                      max(r[1] for r in rs), rs[0][2].split()[0] if label != REPORT else "",
-                      min(r[3] for r in rs))
+                      max(r[1] for r in rs),
+                      rs[0][2].split()[0] if label not in reports else "",
+                      min(r[3] for r in rs), max(r[4] for r in rs),
+                      "/".join(str(r[5]) for r in rs))
     return out
 
 
@@ -162,12 +189,14 @@ def show(path: Path, rows: dict) -> None:
     n = int(rows["opprof load+breakdown"][3])
     print(f"\n{path.name}: {path.stat().st_size / 1e6:.1f} MB on disk, {n:,} events; "
           f"{load_line()}")
-    print(f"{'':36}{'process s':>10}{'work s':>8}{'CPU s':>7}{'peak MiB':>10}"
-          f"{'x json.load':>12}{'x its CPU':>10}{'x its peak':>11}")
+    print(f"{'':40}{'process s':>10}{'work s':>8}{'CPU s':>7}{'peak MiB':>10}"
+          f"{'RSS MiB':>9}{'x json.load':>12}{'x its CPU':>10}{'x its peak':>11}"
+          f"  processes")
     base = rows["json.load"]
-    for label, (secs, wall, peak, _, cpu) in rows.items():
-        print(f"{label:36}{wall:10.2f}{secs:8.2f}{cpu:7.2f}{peak / 2**20:10.0f}"
-              f"{wall / base[1]:12.2f}{cpu / base[4]:10.2f}{peak / base[2]:11.2f}")
+    for label, (secs, wall, peak, _, cpu, rss, procs) in rows.items():
+        print(f"{label:40}{wall:10.2f}{secs:8.2f}{cpu:7.2f}{peak / 2**20:10.0f}"
+              f"{rss / 2**20:9.0f}{wall / base[1]:12.2f}{cpu / base[4]:10.2f}"
+              f"{peak / base[2]:11.2f}  {procs}")
     ours = rows[REPORT]
     work_ours = rows["opprof load+breakdown"]
     print(f"HEADLINE opprof report (whole process) {ours[1]:.2f} s = "
@@ -182,7 +211,7 @@ def show(path: Path, rows: dict) -> None:
         print(f"vs HTA: {hta[1] / ours[1]:.1f}x faster whole process ({hta[1]:.2f} s), "
               f"{hta[0] / work_ours[0]:.1f}x faster work, {hta[4] / ours[4]:.1f}x less CPU "
               f"(goal >= 6x, at least 4x); {ours[2] / hta[2]:.2f}x its peak memory "
-              "(goal <= 0.5x)")
+              f"(goal <= 0.5x; its largest process's RSS: {ours[5] / hta[5]:.2f}x)")
     else:
         print("HTA not installed (pip install HolisticTraceAnalysis, or --hta-python PATH "
               "to a virtual environment's python that has it): no HTA figures")
@@ -202,7 +231,13 @@ def main() -> None:
                          "installed (e.g. /work/hta-venv/bin/python): HTA's figures beside")
     ap.add_argument("--decoders", action="store_true",
                     help="also time orjson and msgspec alone on the text")
+    ap.add_argument("--no-byte-compile", action="store_true",
+                    help="measure without byte-compiling opprof's modules first (see "
+                         "byte_compile: an editable install under PYTHONDONTWRITEBYTECODE "
+                         "compiles them in every process)")
     args = ap.parse_args()
+    if not args.no_byte_compile:
+        byte_compile()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.trace:
@@ -216,8 +251,11 @@ def main() -> None:
             k = args.copies * args.long
             files.append(build_long(k, tmp / f"nccl-x{k}.json.gz", DEFAULT_SOURCE))
         print("process s: the whole process as a user runs it (interpreter start and imports "
-              "included); work s: timed inside it after its imports. Peak: the process "
-              "tree's PSS.")
+              "included); work s: timed inside it after its imports; CPU s: user + system "
+              "of the process and its children (what it costs on a loaded machine). Peak: "
+              "the process tree's PSS; RSS: the largest resident set of the process itself."
+              + ("" if args.no_byte_compile else " opprof's modules byte-compiled first, "
+                 "as pip install does (--no-byte-compile: not)."))
         for i, f in enumerate(files):
             hta_dir = tmp / f"hta{i}"
             hta_dir.mkdir()

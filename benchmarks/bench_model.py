@@ -2,7 +2,8 @@
 
 For each case (framework × mode) it runs, as a user would, with the opprof command line:
 
-1. ``opprof calibrate --fw FW --workers N`` — the collective on this host → net.json;
+1. ``opprof calibrate --fw FW --workers N`` — the collective on this host → net.json (torch
+   FSDP: ``--mode fsdp --units MODEL``, FSDP's calls at the model's unit sizes);
 2. the 1-worker baseline ``opprof record --threads T`` (T = this host's CPUs ÷ N, what each of
    the N workers gets). ``--baseline colocated`` (the default) records N such 1-worker runs at
    the same time and takes the first: one worker measured while N−1 neighbours compute beside
@@ -120,9 +121,10 @@ def run_case(name: str, folder: Path, args: argparse.Namespace, rep: int) -> dic
     t0 = time.time()
     if not args.recheck:
         print(f"[{name} #{rep}] calibrate (load {load()})", file=sys.stderr, flush=True)
+        repeat = args.fsdp_calib_repeat if mode == "fsdp" else args.calib_repeat
         opprof("calibrate", "--fw", fw, "--workers", str(n), "--threads", str(threads),
-               "--repeat", str(args.calib_repeat), "-o", str(net), "--format", "json",
-               *(["--mode", "fsdp"] if mode == "fsdp" else []))
+               "--repeat", str(repeat), "-o", str(net), "--format", "json",
+               *(["--mode", "fsdp", "--units", args.model] if mode == "fsdp" else []))
     measured = folder / f"{fw}-{mode}-{n}w.trace"
     loads: dict[str, str] = {}
 
@@ -257,6 +259,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="threads per worker for both runs (default: the host's CPUs ÷ workers)")
     ap.add_argument("--calib-repeat", type=int, default=5)
+    ap.add_argument("--fsdp-calib-repeat", type=int, default=15,
+                    help="calibrate --mode fsdp: timed calls per unit size (cheap: the mean of "
+                         "calls with a heavy tail needs more of them)")
     ap.add_argument("--baseline", choices=["colocated", "alone"], default="colocated")
     ap.add_argument("--no-straggler", action="store_true",
                     help="pass --no-straggler to opprof model")

@@ -29,25 +29,34 @@ class Measured:
     rc: int
     out: str
     cpu_s: float = float("nan")
+    #: the largest resident set of the process itself (not its children), sampled as the
+    #: tree's PSS is: PSS shares library pages with every other process that maps them
+    #: (other programs running the same pandas lower it), RSS counts them whole
+    rss_bytes: int = 0
+    #: the most processes seen at once in its tree (a second process, a pool's workers)
+    procs: int = 1
 
 
-def _tree_rss(proc) -> int:  # noqa: ANN001 (psutil.Process)
+def _tree_rss(proc) -> tuple[int, int, int]:  # noqa: ANN001 (psutil.Process)
+    """(PSS of the process and its descendants, RSS of the process itself, processes)."""
     import psutil
 
-    total = 0
+    total = own = 0
     try:
         procs = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return 0, 0, 0
     for p in procs:
         try:
-            total += p.memory_full_info().pss
+            info = p.memory_full_info()
+            total += info.pss
+            own = info.rss if p is proc else own
         except (psutil.Error, AttributeError):
             try:
                 total += p.memory_info().rss
             except psutil.Error:
                 pass
-    return total
+    return total, own, len(procs)
 
 
 def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
@@ -57,7 +66,7 @@ def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
 
     import psutil
 
-    peak = 0
+    peak = peak_own = most = 0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -66,9 +75,10 @@ def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
     done = threading.Event()
 
     def watch() -> None:
-        nonlocal peak
+        nonlocal peak, peak_own, most
         while not done.is_set():
-            peak = max(peak, _tree_rss(ps))
+            tree, own, n = _tree_rss(ps)
+            peak, peak_own, most = max(peak, tree), max(peak_own, own), max(most, n)
             done.wait(0.02)
 
     t = threading.Thread(target=watch, daemon=True)
@@ -84,7 +94,8 @@ def run(cmd: list[str], env: dict | None = None, cwd: str | None = None,
     if p.returncode != 0:
         sys.stderr.write(err[-2000:])
     lines = out.strip().splitlines()
-    return Measured(wall, peak, p.returncode, lines[-1] if lines else "", cpu)
+    return Measured(wall, peak, p.returncode, lines[-1] if lines else "", cpu, peak_own,
+                    most)
 
 
 def load_line() -> str:

@@ -3,9 +3,10 @@ over message sizes, through the framework's own backend, on processes started on
 
 - **torch**: ``torch.distributed.all_reduce`` of a float32 tensor over the gloo backend (as
   DistributedDataParallel uses on CPU), one process per rank, rendezvous over loopback TCP;
-  for ``--mode fsdp``, what FSDP does instead: ``all_gather_into_tensor`` and
-  ``reduce_scatter_tensor`` of a unit of the size (each rank holding its 1/N shard), and the
-  copy FSDP makes around them (``kind``: ``all_gather``, ``reduce_scatter``, ``copy``).
+  for ``--mode fsdp``, what FSDP2 does instead, the way it does it in training: a unit's
+  all-gather with its copy-in and copy-out, and its reduce-scatter with the gradients' copy,
+  each after a stretch of compute on every rank (``kind``: ``all_gather``,
+  ``reduce_scatter``; each call's ``enter`` and ``exit`` on the host's clock).
   Then a compute loop timed alone and beside the all-reduce (``kind`` ``alone``, ``beside``):
   how much compute slows while gloo reduces on the same cores (the model's interference).
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
@@ -17,10 +18,11 @@ over message sizes, through the framework's own backend, on processes started on
   and split back: ``kind: pack`` samples).
 
 Every size is warmed up once, then timed ``repeat`` times, each call after a barrier so the
-workers start it together; every worker writes its per-call times to ``rankR.json``. The
-processes are started by :func:`launch`, the one place that starts, watches and stops them
-(free loopback ports, children that die with the launcher, process groups stopped on the
-first failure or at the deadline, the failure in one line).
+workers start it together (FSDP's: after compute, as in training); every worker writes its
+per-call times to ``rankR.json``. The processes are started by :func:`launch`, the one place
+that starts, watches and stops them (free loopback ports, children that die with the
+launcher, process groups stopped on the first failure or at the deadline, the failure in one
+line).
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ from opprof.kinds import FRAMEWORKS
 DEFAULT_SIZES = tuple(4 ** k * 1024 for k in range(1, 9))
 #: Pieces a TF gradient pack is made of in the packing benchmark.
 PACK_PIECES = 16
+#: ``--mode fsdp``: the compute each rank does before every FSDP collective it times (ns), as
+#: a unit's forward or backward precedes the collective in training.
+FSDP_GAP_NS = 10_000_000
+#: ``--mode fsdp``: one FSDP unit's parameters as fractions of its bytes (a residual block:
+#: two convolutions' weights and four normalisation vectors).
+UNIT_PIECES = (0.4995, 0.0005, 0.0005, 0.4985, 0.0005, 0.0005)
 
 
 @dataclass
@@ -213,26 +221,101 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
 
 
 def _torch_fsdp(job: Job, rank: int) -> list[dict]:
-    """FSDP's collectives and copy for every size (the unit's unsharded bytes)."""
+    """FSDP's collectives for every size (the unit's unsharded bytes), called the way FSDP2
+    calls them in training (``kind``: ``all_gather``, ``reduce_scatter``):
+
+    - each call follows a stretch of compute on every rank (:data:`FSDP_GAP_NS`, a
+      convolution's forward and backward), as a unit's forward or backward precedes it in
+      training, not a barrier: the ranks arrive apart, the first one sleeps in the call and
+      must be woken, and the buffers are cold;
+    - an all-gather is FSDP's copy-in of the unit's parameter shards into a new flat buffer,
+      the all-gather (async, then waited for) and the copy-out into newly allocated unsharded
+      parameters; a reduce-scatter is the gradients' ``chunk_cat`` into a new buffer, the
+      reduce-scatter (average) and the copy of this rank's shard;
+    - every sample holds the call's ``enter`` and ``exit`` on the host's monotonic clock
+      (every rank runs on this host), so the wait for the last rank to enter can be told
+      from what the call costs after it (:func:`opprof.pipeline.calibrate.fsdp_network`)."""
+    import importlib
+
     import torch
     import torch.distributed as dist
 
+    importlib.import_module("torch.distributed.fsdp")  # registers FSDP2's torch.ops.fsdp
+    fsdp = torch.ops.fsdp
     n_ranks = job.workers
-    full = {n: torch.ones(max(n_ranks, n // 4 // n_ranks * n_ranks), dtype=torch.float32)
-            for n in job.sizes}
-    shard = {n: torch.ones(full[n].numel() // n_ranks, dtype=torch.float32) for n in job.sizes}
-    # FSDP's copy-out: the gathered buffer split into the unit's parameters (16 here)
-    sizes = {n: [len(c) for c in torch.arange(full[n].numel()).tensor_split(PACK_PIECES)]
-             for n in job.sizes}
-    params = {n: [torch.empty(k) for k in sizes[n]] for n in job.sizes}
+    compute = _compute_for(FSDP_GAP_NS)
+
+    def pieces(n: int) -> list[int]:  # numel of each parameter, each divisible by N
+        numel = max(n // 4, n_ranks * len(UNIT_PIECES))
+        return [max(n_ranks, int(numel * f) // n_ranks * n_ranks) for f in UNIT_PIECES]
+
+    units = {n: pieces(n) for n in job.sizes}
+    shards = {n: [torch.randn(k // n_ranks) for k in units[n]] for n in job.sizes}
+
+    def all_gather(n: int) -> None:
+        split = [k // n_ranks for k in units[n]]
+        numel = sum(split)
+        gathered = torch.empty(numel * n_ranks)
+        inp, gathered = fsdp.all_gather_copy_in(shards[n], gathered, split, numel, rank)
+        dist.all_gather_single(gathered, inp, async_op=True).wait()
+        params = [torch.empty(k).view(n_ranks, -1) for k in units[n]]
+        fsdp.split_with_sizes_copy(gathered.view(n_ranks, -1), split, dim=1, out=params)
+
+    grads: dict[int, list[Any]] = {}
+
+    def reduce_scatter(n: int) -> None:
+        numel = sum(units[n])
+        flat = torch.empty(numel)
+        fsdp.chunk_cat(grads.pop(n), dim=0, num_chunks=n_ranks, out=flat.view(n_ranks, -1))
+        shard = torch.empty(numel // n_ranks)
+        dist.reduce_scatter_single(shard, flat, op=dist.ReduceOp.AVG)
+        torch.empty_like(shard).copy_(shard)
+
+    def new_grads(n: int) -> None:  # written by the backward just before, as in training
+        grads[n] = [torch.full((k,), 1.0) for k in units[n]]
+
     out = []
-    for kind, call in (
-            ("all_gather", lambda n: dist.all_gather_into_tensor(full[n], shard[n])),
-            ("reduce_scatter", lambda n: dist.reduce_scatter_tensor(shard[n], full[n])),
-            ("copy", lambda n: torch.split_with_sizes_copy(full[n], sizes[n],
-                                                           out=params[n]))):
-        out += [{**s, "kind": kind} for s in _timed(call, dist.barrier, job, rank)]
+    for n in job.sizes:
+        all_gather(n)  # warm-up
+        new_grads(n)
+        reduce_scatter(n)
+        for _ in range(job.repeat):
+            for kind, call in (("all_gather", all_gather), ("reduce_scatter", reduce_scatter)):
+                if kind == "reduce_scatter":
+                    new_grads(n)
+                compute()
+                enter = time.monotonic_ns()
+                call(n)
+                done = time.monotonic_ns()
+                out.append({"rank": rank, "bytes": int(n), "ns": done - enter, "kind": kind,
+                            "enter": enter, "exit": done})
     return out
+
+
+def _compute_for(ns: int) -> Any:
+    """A function that computes for about ``ns`` on this worker's threads (a small
+    convolution's forward and backward, repeated; the count fixed once, so later calls do
+    the same work however busy the host is)."""
+    import torch
+
+    x = torch.ones(4, 32, 28, 28, requires_grad=True)
+    w = torch.ones(32, 32, 3, 3, requires_grad=True)
+
+    def chunk() -> None:
+        torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+
+    times = []
+    for _ in range(4):
+        t0 = time.perf_counter_ns()
+        chunk()
+        times.append(time.perf_counter_ns() - t0)
+    reps = max(1, round(ns / max(sorted(times)[1], 1)))
+
+    def compute() -> None:
+        for _ in range(reps):
+            chunk()
+
+    return compute
 
 
 def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:

@@ -5,7 +5,9 @@ file and reads a job whole; a format of one rank per file (Kineto) also plans th
 ranks and reads one rank on its own (:func:`read_native`), in this process (:func:`normalize`)
 or in workers (:mod:`opprof.job`): one path, the same ranks, metadata and errors.
 
-JSON is decoded typed (``chrome.py``): a file is decoded once as a Kineto
+JSON is decoded typed (``chrome.py``): a Kineto trace is read as its text streams in
+(``kineto.stream``: the events typed a span at a time and their columns taken, the text
+never held whole); any other file is decoded once as a Kineto
 :class:`~opprof.normalizers.kineto.Document` (its top level; the events stay views of the
 text, typed a chunk at a time while their columns are taken, ``kineto.typed_events``),
 which also answers MXNet's claim; an MXNet dump is then decoded with MXNet's own type.
@@ -76,11 +78,18 @@ def read_json(path: Path) -> JSON:
 _PLAIN_JSON = msgspec.json.Decoder()
 
 
-def read_doc(path: Path, head: bytes) -> tuple[Format | None, Any]:
+def read_doc(path: Path, head: bytes, detail: bool = True) -> tuple[Format | None, Any]:
     """(format, decoded document) of a JSON trace file; (None, description) when it is
-    JSON of no known format."""
+    JSON of no known format. A Kineto trace is read as its text streams in, its events
+    taken as columns already (``kineto.stream``; ``detail``: as ``read_rank`` will read
+    them); any other file, or one the streaming reader leaves, is decoded whole."""
     from opprof.normalizers import kineto
 
+    streamed = kineto.stream(path, head, detail)
+    if streamed is not None:
+        fmt = next((f for f in JSON_FORMATS if f.claims(path, head, streamed)), None)
+        if fmt is not None and fmt.name == kineto.NAME:
+            return fmt, streamed
     data = chrome.read_bytes(path, head)
     doc = kineto.decode(data, path)
     if doc is None:
@@ -112,7 +121,7 @@ def read_native(path: Path, meta: MetaMapping, *, index: int = 0,
     """Decode one native JSON file; when its format reads one rank per file, normalize it:
     as ``rank`` when given, else as its format plans it after the ranks ``taken`` by the
     files before it (the rank it declares, else ``index``)."""
-    fmt, doc = read_doc(path, head if head is not None else head_bytes(path))
+    fmt, doc = read_doc(path, head if head is not None else head_bytes(path), detail)
     if fmt is None:
         return Native(None, what=str(doc))
     ranked = by_rank(fmt)

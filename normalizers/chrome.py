@@ -25,14 +25,16 @@ from contextlib import contextmanager
 from itertools import repeat
 from operator import attrgetter, is_
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC, gib, gunzip, memory_budget, prefetched
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -264,6 +266,8 @@ def integers(values: Sequence[Any], fill: int = -1) -> np.ndarray:
 def strings(values: Sequence[Any], missing: str = "") -> pd.Categorical:
     """A column of names as a Categorical with sorted string categories: factorized once,
     converted to text once per distinct value (non-strings as ``str`` does; None → missing)."""
+    import pandas as pd
+
     codes, text = string_codes(values, missing)
     cats = sorted(set(text))
     pos = {t: i for i, t in enumerate(cats)}
@@ -279,6 +283,8 @@ def string_codes(values: Sequence[Any], missing: str = "") -> tuple[np.ndarray, 
     if fast is not None:
         codes, text = fast
     else:
+        import pandas as pd  # (the reading half of a reader runs without pandas otherwise)
+
         arr = _as_objects(values)
         try:
             codes, uniq = pd.factorize(arr, use_na_sentinel=True)

@@ -235,6 +235,8 @@ def finish(
         copy = in_comm & own_comm & ~is_comm_op & (row_op != top_op)
         op[in_comm] = np.where(copy[in_comm], row_op[in_comm], top_op[in_comm])
         counted |= in_comm & ((comm_anc == np.arange(n)) | copy)
+        del comm_anc, top_op  # (a column each: the table's memory peaks below)
+    del nesting
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
     outer = (is_op & on_host & (anc == np.arange(n))) | (container & (graphs.inner < 0))
@@ -296,8 +298,11 @@ def finish(
         if len(inferred):
             _launchers_of_copies(phase, anc, np.isin(rank, inferred), row_phase, is_device_ev,
                                  src[pos[ok]], idx[ok])
+        del key_host, src, pos, idx, launcher_op
     counted |= is_device_ev
     op[(op == _FUSED) & (phase == _PHASE["backward"])] = _FUSED_BACKWARD
+    # What the table is not made of, dropped before it is made: a report's memory peaks here.
+    del codes, row_op, row_phase, row_kind, end, marker_phase, own_phase, lane, anc, matched
 
     # copy=False: the columns are fresh arrays, or the raw frame's (copy-on-write)
     out = pd.DataFrame({

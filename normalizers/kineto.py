@@ -16,27 +16,32 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
-from opprof import drops
+from opprof import drops, gunzip, readahead
 from opprof.errors import ErrorKind, OpprofError
-from opprof.intervals import containing
+from opprof.gunzip import GZIP_MAGIC
 from opprof.normalizers import chrome
-from opprof.normalizers.events import STEP_PATTERN, finish
-from opprof.normalizers.memory import add_memory, samples
 from opprof.sharding import refine_mode, sharded_mode
-from opprof.taxonomy import KINDS, ROLES, mapping_table
-from opprof.trace import Trace, concat_traces
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from opprof.trace import Trace
+
+# The reading half of this module (decoding, streaming, taking columns) needs msgspec and
+# numpy only: pandas and the table-building modules are imported by the functions that
+# build tables, so that opprof.readahead reads a trace in a process that never imports them.
 
 NAME = "kineto"
 _KIND_OF_CAT = {
@@ -107,6 +112,9 @@ class Document(msgspec.Struct, gc=False):
     opprofClock: Any = None
     #: bytes of the text that were not UTF-8 (set after decoding, chrome.Repaired)
     invalid_utf8: int = msgspec.field(default=0, name="\u00a7opprof invalid utf-8\u00a7")
+    #: the events already taken as columns while the text streamed in (:func:`stream`):
+    #: ``(detail, column pieces, allocator samples)``; None when ``traceEvents`` holds them
+    streamed: Any = msgspec.field(default=None, name="\u00a7opprof streamed\u00a7")
 
 
 _DECODER = msgspec.json.Decoder(Document)
@@ -178,6 +186,188 @@ def event_chunks(doc: Document, path: Path | str = "",
         yield typed_events(doc, start, start + size, path)
 
 
+#: Where the event array begins: the streaming reader's header ends there.
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+#: The most text read before the event array for a file to be streamed (Kineto writes a
+#: few KiB of device properties there); past it, the file is read whole.
+_HEADER_LIMIT = 4 << 20
+_WHITESPACE = b" \t\n\r"
+_UTF8_BOM = b"\xef\xbb\xbf"
+_BOUNDARY_TRIES = 4  # earlier event boundaries tried when a cut is not one (nested objects)
+
+
+class _NotStreamed(Exception):
+    """The file is not one the streaming reader takes: read it whole."""
+
+
+def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
+    """A Kineto document read as its text streams in, without ever holding the text whole
+    (:func:`gunzip.pieces`: gzip inflated on a second thread, a bounded stretch ahead): the
+    events are typed :data:`CHUNK` at a time, in the same chunks as the whole-text reader,
+    and their columns taken (:func:`_take_chunk`) as the pieces arrive; the top-level fields
+    are decoded from the text around the event array. The result is the
+    :func:`decode` + :func:`_raw_events` of the whole text, exactly, with the columns
+    already taken (``Document.streamed``).
+
+    None — read the file whole (:func:`chrome.read_bytes`, :func:`decode`), which says what
+    is wrong with a damaged file — for anything this reader does not take as it is: a file
+    that does not state Kineto's ``schemaVersion``, ``distributedInfo`` or
+    ``deviceProperties`` before its events, text that is not UTF-8, JSON it cannot cut into
+    events, any error."""
+    if not (head.startswith(GZIP_MAGIC) or head.lstrip(b" \t\n\r\xef\xbb\xbf")[:1] == b"{"):
+        return None
+    ahead = readahead.taken(path, detail)  # read by `opprof report`'s second process
+    if ahead is not None:
+        return None if ahead is readahead.NOT_STREAMED else ahead
+    source = gunzip.pieces(path)
+    if source is None:
+        return None
+    try:
+        return _stream(iter(source), path, detail)
+    except (_NotStreamed, OpprofError, msgspec.DecodeError, msgspec.ValidationError,
+            UnicodeDecodeError, RecursionError, ValueError):
+        return None
+    finally:
+        source.close()
+
+
+def _utf8(text: bytes) -> None:
+    """UnicodeDecodeError when ``text`` is not UTF-8 (the whole-text reader repairs it)."""
+    if not text.isascii():
+        codecs.utf_8_decode(text, "strict", True)
+
+
+def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
+    buf = bytearray()
+    for piece in pieces:  # the header: the text before the event array
+        buf += piece
+        found = _EVENTS_KEY.search(buf)
+        if found:
+            break
+        if len(buf) > _HEADER_LIMIT:
+            raise _NotStreamed
+    else:
+        raise _NotStreamed
+    header = bytes(buf[:found.end() - 1])  # up to the array's "["
+    if header.startswith(_UTF8_BOM):
+        header = header[len(_UTF8_BOM):]
+    _utf8(header)
+    with chrome.no_gc():
+        top = _DECODER.decode(header + b"[]}")
+    if top.schemaVersion is None and top.distributedInfo is None and \
+            top.deviceProperties is None:
+        raise _NotStreamed  # maybe no Kineto trace: the whole-text reader decides
+    del buf[:found.end() - 1]  # the text now starts with the array's "["
+    ascii_only = buf.isascii()  # else each span is checked to be UTF-8
+    cols: list[dict[str, Any]] = []
+    mem: list[Event] = []
+    pending: list[Event] = []  # typed, not yet taken: chunks as the whole-text reader's
+
+    def take(events: list[Event], final: bool = False) -> None:
+        nonlocal pending
+        pending += events
+        done = 0
+        while len(pending) - done >= CHUNK or (final and done < len(pending)):
+            _take_chunk(pending[done:done + CHUNK], cols, mem, detail)
+            done += CHUNK
+        pending = pending[done:]
+
+    for piece in pieces:
+        buf += piece
+        ascii_only = ascii_only and piece.isascii()
+        end = len(buf)
+        for _ in range(_BOUNDARY_TRIES):
+            cut = _last_boundary(buf, end)
+            if cut is None:
+                break
+            end, nxt = cut
+            events = _typed_span(buf, end, not ascii_only)
+            if events is not None:
+                take(events)
+                del buf[:nxt - 1]  # keep one byte before the next event: it becomes "["
+                buf[0] = 0x5B
+                break
+            end -= 1  # not between two events (nested objects): look before that "}"
+        else:
+            raise _NotStreamed  # no cut between events found: read whole
+    events, footer = _tail(buf, header, not ascii_only)
+    take(events, final=True)
+    _utf8(footer)
+    with chrome.no_gc():
+        doc = _DECODER.decode(header + b"[]" + footer)
+    if doc.traceEvents or b'"traceEvents"' in footer or (
+            doc.schemaVersion is None and doc.distributedInfo is None
+            and doc.deviceProperties is None):
+        raise _NotStreamed  # another event array, or no Kineto marks after all
+    doc.streamed = (detail, cols, mem)
+    return doc
+
+
+def _last_boundary(buf: bytearray, end: int) -> tuple[int, int] | None:
+    """The last place before ``end`` where one event ends and the next begins: (the index
+    just past the ``}``, the index of the next ``{``), with only whitespace and one comma
+    between; None when there is none. (A cut between nested objects is found too; the
+    decoder rejects it, see :func:`_stream`.)"""
+    n = len(buf)
+    j = end
+    while True:
+        j = buf.rfind(b"}", 0, j)
+        if j <= 0:
+            return None
+        k = j + 1
+        while k < n and buf[k] in _WHITESPACE:
+            k += 1
+        if k < n and buf[k] == 0x2C:  # ","
+            k += 1
+            while k < n and buf[k] in _WHITESPACE:
+                k += 1
+            if k < n and buf[k] == 0x7B:  # "{"
+                return j + 1, k
+
+
+def _typed_span(buf: bytearray, end: int, check_utf8: bool) -> list[Event] | None:
+    """The events of ``buf[:end]`` (which starts with ``[``) typed, or None when that text
+    is not a list of events (the cut was not between two events). ``check_utf8``: the text
+    is not all ASCII (UnicodeDecodeError where it is not UTF-8)."""
+    if check_utf8:
+        with memoryview(buf) as view, view[:end] as span:
+            codecs.utf_8_decode(span, "strict", True)
+    keep = buf[end]
+    buf[end] = 0x5D  # "]": the span is a JSON array in place, no copy of the text
+    try:
+        with memoryview(buf) as view, view[:end + 1] as span, chrome.no_gc():
+            return _EVENTS.decode(span)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    finally:
+        buf[end] = keep
+
+
+def _tail(buf: bytearray, header: bytes, check_utf8: bool) -> tuple[list[Event], bytes]:
+    """The last events and the text after the event array (the footer), from the rest of
+    the text (which starts with ``[``): the array's ``]`` is the one after which the text
+    reads as the end of the document and before which as a list of events."""
+    j = len(buf)
+    for _ in range(64):
+        j = buf.rfind(b"]", 0, j)
+        if j <= 0:
+            break
+        footer = bytes(buf[j + 1:])
+        try:
+            with chrome.no_gc():
+                _DECODER.decode(header + b"[]" + footer)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            continue
+        try:
+            with memoryview(buf) as view, view[:j + 1] as span, chrome.no_gc():
+                if check_utf8:
+                    codecs.utf_8_decode(span, "strict", True)
+                return _EVENTS.decode(span), footer
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+    raise _NotStreamed
+
+
 def _field(obj: Any, key: str) -> Any:
     """A field of a decoded document or event, typed struct or plain dict alike."""
     if isinstance(obj, dict):
@@ -203,6 +393,8 @@ def claims_json(doc: Any) -> bool:
 
 def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
     """Normalize one Kineto document per rank into one Trace."""
+    from opprof.trace import concat_traces
+
     ranks = assign_ranks([declared_rank(doc, i) for i, (_, doc) in enumerate(docs)])
     parts = [rank_trace(path, doc, rank, meta) for (path, doc), rank in
              zip(docs, ranks, strict=True)]
@@ -243,6 +435,12 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
     import), and the facts about it that :func:`merge_meta` combines across ranks. Without
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
+    import pandas as pd
+
+    from opprof.normalizers.events import finish
+    from opprof.normalizers.memory import add_memory
+    from opprof.taxonomy import KINDS, mapping_table
+
     base_ns = _int(doc.baseTimeNanoseconds or 0)
     # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     warnings: dict = {}
@@ -354,6 +552,10 @@ def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame |
     Reserved`` as ``reserved`` (the CPU allocator keeps no pool: Kineto writes 0 there).
     On the CPU, torch counts only what was allocated while the profiler ran: tensors
     allocated before it started (the parameters, the optimizer's state) are not in it."""
+    import pandas as pd
+
+    from opprof.normalizers.memory import samples
+
     if not mem:
         return None
     ts_v, pid_v, args_v = chrome.columns(mem, ("ts", "pid", "args"))
@@ -421,24 +623,33 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     times or ids cannot be used are dropped and counted in ``warnings``. Without ``detail``
     only collectives get their ``detail`` text (their process group: what a report reads).
     """
+    import pandas as pd
+
+    from opprof.normalizers.events import STEP_PATTERN
+    from opprof.taxonomy import KINDS, ROLES
+
     warnings = {} if warnings is None else warnings
-    if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
-        mark = bytes([chrome.INVALID])
-        dirty = [mark in bytes(r) for r in doc.traceEvents]
-        drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
-        doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
     pieces: list[dict[str, Any]] = []
     mem: list[Event] = []
-    for chunk in event_chunks(doc, path):
-        phs = list(map(_PH, chunk))
-        if "i" in phs:  # instant events: the allocator's samples among them
-            mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
-                    if e.name == "[memory]" and e.args is not None]
-        x = list(compress(chunk, map(eq, phs, repeat("X"))))
-        del chunk, phs
-        if x:
-            pieces.append(_chunk_columns(x, detail))
-        del x
+    if doc.streamed is not None:  # taken while the text streamed in
+        streamed_detail, pieces, mem = doc.streamed
+        doc.streamed = None
+        if streamed_detail != detail:
+            raise ValueError("the document was streamed with another detail setting")
+    else:
+        if doc.invalid_utf8:  # the events holding a byte that was not UTF-8 (chrome.Repaired)
+            mark = bytes([chrome.INVALID])
+            dirty = [mark in bytes(r) for r in doc.traceEvents]
+            drops.skip(warnings, np.array(dirty, bool), "JSON text that is not UTF-8")
+            in_events = sum(bytes(r).count(mark) for r, d in
+                            zip(doc.traceEvents, dirty, strict=True) if d)
+            # the rest is in the fields around the events (a device's properties): said too
+            drops.note(warnings, "bytes of JSON text not UTF-8 outside the events (the fields "
+                       "holding them unread)", doc.invalid_utf8 - in_events)
+            doc.traceEvents = [r for r, d in zip(doc.traceEvents, dirty, strict=True) if not d]
+        for chunk in event_chunks(doc, path):
+            _take_chunk(chunk, pieces, mem, detail)
+            del chunk
     doc.traceEvents = []
     if not pieces:
         dropped = warnings.get(drops.KEY)
@@ -502,6 +713,20 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
 
+def _take_chunk(chunk: list[Event], pieces: list[dict[str, Any]], mem: list[Event],
+                detail: bool) -> None:
+    """One chunk of events (:data:`CHUNK`, in file order): its complete events' columns
+    appended to ``pieces``, its allocator samples (``[memory]`` instant events) to ``mem``."""
+    phs = list(map(_PH, chunk))
+    if "i" in phs:  # instant events: the allocator's samples among them
+        mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
+                if e.name == "[memory]" and e.args is not None]
+    x = list(compress(chunk, map(eq, phs, repeat("X"))))
+    del phs
+    if x:
+        pieces.append(_chunk_columns(x, detail))
+
+
 def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     """The columns of one chunk of complete events: numbers as numpy arrays, names and
     categories as (codes, distinct text) (joined by :func:`_join_strings`), ``Input Dims``
@@ -557,6 +782,8 @@ def _join_strings(parts: list[tuple[np.ndarray, list[str]]]) -> pd.Categorical:
     """One Categorical of the chunks' columns (:func:`chrome.string_codes`), as
     :func:`chrome.strings` makes it of the whole column: the sorted union of their text,
     each chunk's codes mapped into it (once per distinct value, not per event)."""
+    import pandas as pd
+
     cats = sorted(set().union(*(text for _, text in parts)))
     pos = {t: i for i, t in enumerate(cats)}
     codes = np.concatenate([np.array([pos[t] for t in text], np.int64)[c] if len(c)
@@ -591,6 +818,11 @@ def served_collectives(raw: pd.DataFrame,
     that reduce-scatter case, a span takes its call's collective; otherwise (several
     process groups interleaving) they keep their own. Spans run inline inside their call
     (``gloo:send`` in ``c10d::send``) are their call's already."""
+    import pandas as pd
+
+    from opprof.intervals import containing
+    from opprof.taxonomy import mapping_table
+
     out = raw["collective"].to_numpy(object).copy()
     nbytes = raw["bytes"].to_numpy(np.int64).copy()
     names = raw["name"].astype("category")
@@ -644,7 +876,8 @@ def _comm_args(names: tuple[np.ndarray, list[str]],
         collective[i] = a.collective if isinstance(a.collective, str) else None
         group[i] = _group_text(a)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
-        nel = np.nanmax(np.r_[chrome.numbers([a.in_nelems, a.out_nelems]), -1.0])
+        nel = max([v for v in chrome.numbers([a.in_nelems, a.out_nelems]).tolist()
+                   if v == v] + [-1.0])  # the larger of the two that are numbers, else -1
         if size is not None and nel >= 0:
             out[i] = nel * size
             continue
@@ -667,6 +900,8 @@ def _is_comm_name(name: str) -> bool:
 def _collective_ops(collective: np.ndarray) -> np.ndarray:
     """The ``Collective name`` column mapped by ``maps/collectives.csv`` (the op of a
     ``record_param_comms``), in place: one classification of the whole column."""
+    from opprof.taxonomy import mapping_table
+
     has = np.flatnonzero(collective != None)  # noqa: E711 (element-wise)
     if len(has):
         cls = mapping_table("collectives").classify(collective[has])

@@ -57,10 +57,39 @@ def main() -> None:
     stopped by a signal is one line and 128 + the signal's number."""
     raise_on_signals()
     set_invocation(shlex.join(["opprof", *sys.argv[1:]]))  # the .trace files' stamp
-    from opprof.gunzip import prefetch_argv
+    from opprof import readahead
 
-    prefetch_argv(sys.argv[1:])  # inflates a report's trace while the imports run
+    if not readahead.start(sys.argv[1:]):  # a report's trace read by a second process
+        from opprof.gunzip import prefetch_argv
+
+        prefetch_argv(sys.argv[1:])  # else inflated on a second thread
     _main()
+    if sys.argv[1:2] == ["report"]:
+        _exit_at_once()
+
+
+def _exit_at_once() -> None:
+    """End a finished report without freeing its objects one by one: the exit handlers run
+    and the output is flushed, then the process ends and the system takes its memory back
+    at once (Python's own teardown of pandas' and numpy's objects costs ~0.1 s). Left to
+    Python's exit when a thread that is not a daemon still runs or the output cannot be
+    flushed (Python then says so as usual)."""
+    import atexit
+    import os
+    import threading
+
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate()
+           if t is not threading.main_thread()):
+        return
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        os._exit(0)  # as _main: a reader that stopped reading (| head) is no error
+    except OSError:
+        return
+    os._exit(0)
 
 
 def _say(text: str) -> None:

@@ -70,8 +70,10 @@ def timeline_problems(ts: Array, dur: Array) -> tuple[Array, Array]:
     outside = np.zeros(len(ts), bool)
     ok = ~negative
     if ok.any():
-        end = ts + np.maximum(dur, 0)
+        # an end past int64 (a damaged duration) would wrap round to a time before its start
+        fits = dur <= np.iinfo(np.int64).max - np.maximum(ts, 0)
+        end = ts + np.where(fits, np.maximum(dur, 0), 0)
         lo, hi = np.percentile(ts[ok], 25), np.percentile(end[ok], 75)
         margin = max(SPAN_MARGIN * (hi - lo), SPAN_MARGIN_NS)
-        outside = ok & ((ts < lo - margin) | (end > hi + margin))
+        outside = ok & (~fits | (ts < lo - margin) | (end > hi + margin))
     return negative, outside

@@ -1,12 +1,15 @@
-"""Gzip traces inflated in bounded pieces, with the reader's memory guards, and the one
-file a command reads inflated ahead on a second thread (:func:`prefetch`).
+"""Gzip traces inflated in bounded pieces, with the reader's memory guards, on a second
+thread (the inflating holds no GIL).
 
-Standard library only (and ISA-L's inflate where the ``fast`` extra installs it): the CLI
-starts :func:`prefetch` before it imports pandas and numpy, so the inflating (which holds
-no GIL) runs on the other core while the interpreter imports (about 0.4 s); the reader
-(``chrome.read_bytes``) then takes the text (:func:`prefetched`) instead of inflating it
-again. Any failure there (damaged data, a bomb, the file changed) is left to the reader,
-which reads the file again and says what is wrong in its usual line.
+Standard library only (and ISA-L's inflate where the ``fast`` extra installs it).
+:func:`pieces` gives a file's text in pieces for the streaming Kineto reader, inflated at
+most :data:`AHEAD` bytes ahead of it; :func:`gunzip` the whole text in one buffer, for the
+other readers. The CLI starts :func:`prefetch` on the one file a report reads (when no
+second process reads it: ``opprof.readahead``) before it imports pandas and numpy, so the
+first pieces are inflated while the interpreter imports; the reader then takes them
+(:func:`pieces`, or all at once: :func:`prefetched`). Any failure there (damaged data, a
+bomb, the file changed) is left to the reader, which reads the file again and says what is
+wrong in its usual line.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import stat
 import threading
 import types
 import zlib
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from opprof.errors import ErrorKind, OpprofError
@@ -66,16 +71,33 @@ def gunzip(data: bytes, path: Path, budget: int) -> bytearray:
     them (each twice the text at its peak). The buffer is sized up front from the gzip
     trailer's ISIZE (the text's size mod 2**32) — only a hint: at most what the checks
     allow (the budget, the bomb ratio), and grown or cut to what is really inflated."""
-    total, size = 0, len(data)
+    out = bytearray(_size_hint(data, budget))
+    total = 0
+    for piece in inflate(data, path, budget):
+        out[total:total + len(piece)] = piece  # grows the buffer past its end
+        total += len(piece)
+    del out[total:]
+    return out
+
+
+def _size_hint(data: bytes, budget: int) -> int:
+    """The inflated size the gzip trailer states, within what the checks allow."""
+    size = len(data)
     hint = int.from_bytes(data[-4:], "little") if size >= 18 else 0
-    out = bytearray(min(hint, budget, max(_RATIO_FROM, MAX_INFLATE_RATIO * size)))
+    return min(hint, budget, max(_RATIO_FROM, MAX_INFLATE_RATIO * size))
+
+
+def inflate(data: bytes, path: Path, budget: int, piece_size: int = _PIECE) -> Iterator[bytes]:
+    """The inflated text of gzip ``data`` in pieces of at most ``piece_size`` bytes, with
+    :func:`gunzip`'s checks (each a one-line OpprofError): more than ``budget`` bytes, a
+    decompression bomb, damaged or truncated data."""
+    total, size = 0, len(data)
     try:
         while data:
             d = _inflater.decompressobj(wbits=31)
             rest = data
             while True:
-                piece = d.decompress(rest, _PIECE)
-                out[total:total + len(piece)] = piece  # grows the buffer past its end
+                piece = d.decompress(rest, piece_size)
                 total += len(piece)
                 used = size - len(d.unconsumed_tail) - len(d.unused_data)  # of the whole file
                 if total > budget:
@@ -88,6 +110,8 @@ def gunzip(data: bytes, path: Path, budget: int) -> bytearray:
                         f"({gib(total)} from {gib(used)} so far): a "
                         "decompression bomb, not a trace; not read",
                         path=path, kind=ErrorKind.TOO_LARGE)
+                if piece:
+                    yield piece
                 rest = d.unconsumed_tail
                 if d.eof or not rest and not piece:
                     break
@@ -98,13 +122,116 @@ def gunzip(data: bytes, path: Path, budget: int) -> bytearray:
     except _INFLATE_ERRORS as exc:
         raise OpprofError(f"truncated or damaged gzip data ({exc})",
                           path=path, kind=ErrorKind.DAMAGED) from None
-    del out[total:]
-    return out
 
 
+#: The inflating thread stays at most this many bytes of text ahead of its reader, so a
+#: streaming reader never holds the whole text (the whole-text reader takes them all).
+AHEAD = 4 << 20
+#: Bytes a streaming reader takes at a time.
+STREAM_PIECE = 1 << 20
 
 
-_ahead: dict[tuple[int, int], tuple[threading.Thread, dict[str, object], tuple[int, int]]] = {}
+class Pieces:
+    """A regular file's text in pieces of at most :data:`STREAM_PIECE` bytes — a gzip file
+    inflated on a second thread (the inflating holds no GIL) at most :data:`AHEAD` bytes
+    ahead of the reader, a plain file read as it is taken. Iterate once; a problem (damaged
+    gzip, a bomb, the budget, an unreadable file) is the OpprofError line :func:`gunzip`
+    gives, raised where the reader has come to. :meth:`close` stops the thread."""
+
+    def __init__(self, path: str | os.PathLike[str], gzipped: bool) -> None:
+        self.path = Path(path)
+        self._gzipped = gzipped
+        self._cond = threading.Condition()
+        self._queue: deque[bytes] = deque()
+        self._held = 0
+        self._done = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.hint = 0  # the inflated size the gzip trailer states (a hint only)
+        if gzipped:
+            self._thread = threading.Thread(target=self._inflate, name="opprof-inflate",
+                                            daemon=True)
+            self._thread.start()
+
+    def _inflate(self) -> None:
+        try:
+            data, budget = self.path.read_bytes(), memory_budget()
+            self.hint = _size_hint(data, budget)
+            for piece in inflate(data, self.path, budget, STREAM_PIECE):
+                with self._cond:
+                    while self._held >= AHEAD and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    self._queue.append(piece)
+                    self._held += len(piece)
+                    self._cond.notify_all()
+        except (OSError, OpprofError, MemoryError) as exc:
+            self._error = exc
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def __iter__(self) -> Iterator[bytes]:
+        if not self._gzipped:
+            yield from self._plain()
+            return
+        while True:
+            with self._cond:
+                while not self._queue and not self._done:
+                    self._cond.wait()
+                if not self._queue:
+                    if self._error is not None:
+                        raise self._error if isinstance(self._error, OpprofError) else \
+                            OpprofError(f"cannot read ({self._error})", path=self.path,
+                                        kind=ErrorKind.UNREADABLE)
+                    return
+                piece = self._queue.popleft()
+                self._held -= len(piece)
+                self._cond.notify_all()
+            yield piece
+
+    def _plain(self) -> Iterator[bytes]:
+        budget = memory_budget()
+        try:
+            with open(self.path, "rb") as f:
+                if os.fstat(f.fileno()).st_size > budget:
+                    raise OpprofError(f"{gib(os.fstat(f.fileno()).st_size)} of JSON is more "
+                                      "than this machine can decode now", path=self.path,
+                                      kind=ErrorKind.TOO_LARGE)
+                while piece := f.read(STREAM_PIECE):
+                    yield piece
+        except OSError as exc:
+            raise OpprofError(f"cannot read ({exc.strerror or exc})", path=self.path,
+                              kind=ErrorKind.UNREADABLE) from None
+
+    def text(self) -> bytearray | None:
+        """All of the text as one buffer (None on any problem: the reader reads the file
+        again and says what is wrong)."""
+        out, total = bytearray(), 0
+        try:
+            for piece in self:
+                if not total:
+                    out = bytearray(self.hint)  # known once the first piece is in
+                out[total:total + len(piece)] = piece
+                total += len(piece)
+        except OpprofError:
+            return None
+        del out[total:]
+        return out
+
+    def close(self) -> None:
+        """Stop inflating and drop what is held (the thread ends at its next piece)."""
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._held = 0
+            self._cond.notify_all()
+
+
+_ahead: dict[tuple[int, int], tuple[Pieces, tuple[int, int]]] = {}
 
 
 def _identity(path: str | os.PathLike[str]) -> tuple[tuple[int, int], tuple[int, int]] | None:
@@ -118,46 +245,60 @@ def _identity(path: str | os.PathLike[str]) -> tuple[tuple[int, int], tuple[int,
     return (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns)
 
 
-def prefetch(path: str | os.PathLike[str]) -> bool:
-    """Start reading and inflating ``path`` on a second thread when it is a regular gzip
-    file within the memory budget; True when started. Its text is kept for the reader
-    (:func:`prefetched`)."""
-    ident = _identity(path)
-    if ident is None or ident[0] in _ahead:
-        return False
+def _is_gzip(path: str | os.PathLike[str]) -> bool | None:
+    """Whether a file starts like gzip; None when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            if f.read(2) != GZIP_MAGIC:
-                return False
+            return f.read(2) == GZIP_MAGIC
     except OSError:
+        return None
+
+
+def prefetch(path: str | os.PathLike[str]) -> bool:
+    """Start inflating ``path`` on a second thread when it is a regular gzip file; True when
+    started. Its text is kept for the reader (:func:`prefetched` whole, :func:`pieces` in
+    pieces), at most :data:`AHEAD` bytes ahead of it."""
+    ident = _identity(path)
+    if ident is None or ident[0] in _ahead or not _is_gzip(path):
         return False
-    box: dict[str, object] = {}
-
-    def work() -> None:
-        try:
-            box["data"] = gunzip(Path(path).read_bytes(), Path(path), memory_budget())
-        except (OSError, OpprofError, MemoryError):
-            pass  # the reader reads it again and says what is wrong
-
-    thread = threading.Thread(target=work, name="opprof-inflate", daemon=True)
-    _ahead[ident[0]] = (thread, box, ident[1])
-    thread.start()
+    _ahead[ident[0]] = (Pieces(path, gzipped=True), ident[1])
     return True
 
 
-def prefetched(path: str | os.PathLike[str]) -> bytearray | None:
-    """The inflated text of ``path`` when :func:`prefetch` started on it (waiting for the
-    thread) and the file is unchanged since; None otherwise. Handed out once."""
+def _take(path: str | os.PathLike[str]) -> Pieces | None:
+    """The prefetch of ``path`` when one was started and the file is unchanged since
+    (handed out once); None otherwise."""
     ident = _identity(path)
     if ident is None:
         return None
     entry = _ahead.pop(ident[0], None)
     if entry is None:
         return None
-    thread, box, when = entry
-    thread.join()
-    data = box.pop("data", None)
-    return data if isinstance(data, bytearray) and ident[1] == when else None
+    ahead, when = entry
+    if ident[1] != when:
+        ahead.close()
+        return None
+    return ahead
+
+
+def prefetched(path: str | os.PathLike[str]) -> bytearray | None:
+    """The inflated text of ``path`` when :func:`prefetch` started on it (waiting for the
+    thread) and the file is unchanged since; None otherwise. Handed out once."""
+    ahead = _take(path)
+    return None if ahead is None else ahead.text()
+
+
+def pieces(path: str | os.PathLike[str]) -> Pieces | None:
+    """The text of the regular file ``path`` in pieces (:class:`Pieces`): the prefetch's
+    when one was started on it, else a new one (gzip inflated on a second thread). None for
+    anything but a regular file."""
+    ahead = _take(path)
+    if ahead is not None:
+        return ahead
+    if _identity(path) is None:
+        return None
+    gz = _is_gzip(path)
+    return None if gz is None else Pieces(path, gzipped=gz)
 
 
 def prefetch_argv(argv: list[str], commands: tuple[str, ...] = ("report",)) -> None:

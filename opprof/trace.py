@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pandas.api.types import union_categoricals
 
 from opprof.errors import ErrorKind, OpprofError, first_line
@@ -239,6 +238,8 @@ class TraceWriter:
         if curve:
             kv[CONVERGENCE_KEY] = json.dumps(curve, default=_json_default).encode()
         schema = SCHEMA.with_metadata(kv)
+        import pyarrow.parquet as pq  # (with its file systems: not for a native trace)
+
         self._writer = pq.ParquetWriter(tmp, schema, compression="zstd")
         self.row_groups: dict[str, list[int]] = {}
         self._next = 0
@@ -316,6 +317,8 @@ class TraceFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        import pyarrow.parquet as pq  # (with its file systems: not for a native trace)
+
         try:
             self._pf = pq.ParquetFile(_source(self.path))
         except (pa.ArrowInvalid, OSError) as exc:

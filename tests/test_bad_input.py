@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -535,3 +536,48 @@ def test_a_full_disk_while_writing(args: list[str], good_trace: Path, tmp_path: 
     assert lines[0].startswith(f"opprof: error: {args[-1]}: cannot be written (No space "
                                "left on device"), lines[0]
     assert "Traceback" not in res.stderr
+
+
+def test_a_duration_whose_end_is_past_int64_is_dropped_not_wrapped() -> None:
+    """A damaged `.trace` can hold a duration so large that its end passes int64 and wraps
+    round to a time before its start: such an event is outside the trace's span (dropped
+    and counted), never placed on the timeline with its end before its start."""
+    from opprof.drops import timeline_problems
+
+    ts = np.array([10**18, 10**18 + 5, 10**18 + 9], np.int64)
+    dur = np.array([100, 8_985_195_556_438_212_612, 3], np.int64)
+    negative, outside = timeline_problems(ts, dur)
+    assert not negative.any()
+    assert outside.tolist() == [False, True, False]
+
+
+def test_an_operator_table_of_events_overlapping_in_part_ends() -> None:
+    """Own durations (each operator less the counted ones inside it) on a lane whose events
+    overlap only in part (ends wrapped past int64 in a damaged trace) are computed in finite
+    time: the events nothing encloses end the loop."""
+    import pandas as pd
+
+    from opprof.analysis.ops import own_durations
+
+    ev = pd.DataFrame({"rank": 0, "pid": 1, "tid": 1,
+                       "ts": np.array([8, 72, 97], np.int64) + 10**18,
+                       "dur": np.array([8223372036854775830, 8223372036854775809, 41],
+                                       np.int64)})
+    with np.errstate(over="ignore"):
+        assert len(own_durations(ev)) == 3
+
+
+def test_a_byte_not_utf8_around_the_events_is_said(tmp_path: Path) -> None:
+    """A flipped byte in a key of the fields around the events (a device's properties) loses
+    that field as one in an event would: the report says so (⚠, `meta.read_warnings`)."""
+    doc = json.loads(gzip.decompress(KINETO_FIXTURE.read_bytes()))
+    doc["deviceProperties"] = [{"id": 0, "name": "GPU"}]
+    text = json.dumps(doc).encode().replace(b'"name": "GPU"', b'"n\xffme": "GPU"', 1)
+    path = tmp_path / "t.json"
+    path.write_bytes(text)
+    r = run_cli("report", str(path), "--format", "json")
+    assert r.returncode == 0, r.stderr
+    warned = json.loads(r.stdout)["meta"]["read_warnings"]
+    assert warned == {"bytes of JSON text not UTF-8 outside the events (the fields holding "
+                      "them unread)": 1}
+    assert r.stderr.count("⚠") == 1

@@ -66,10 +66,14 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     worker = workers(ev)
     # Steps are a worker notion: servers and schedulers serve them and get no rows.
     bounds = bounds[bounds["rank"].isin(ev.loc[worker, "rank"].unique())]
-    ops = ev[worker & counted(ev) & ev["phase"].isin(PRIORITY)]
-    marks = ev[worker & markers(ev) & ev["phase"].isin(PRIORITY)]
+    phased = ev["phase"].isin(PRIORITY)
+    # only the columns read below are copied (a filter copies every column it takes)
+    ops = ev.loc[worker & counted(ev) & phased,
+                 ["rank", "pid", "tid", "ts", "dur", "device", "phase"]]
+    marks = ev.loc[worker & markers(ev) & phased, ["rank", "ts", "dur", "phase"]]
     blocked = blocked_in_comm(ops)
-    kernel_rows = ev[worker & kernels(ev)]
+    kernel_rows = ev.loc[worker & kernels(ev),
+                         ["rank", "ts", "dur", "op", *(["link"] if "link" in ev else [])]]
     launched = launch_times(ev, kernel_rows)
     kernel_rows = kernel_rows.assign(launched=np.where(launched >= 0, launched,
                                                        kernel_rows["ts"].to_numpy(np.int64)))

@@ -70,10 +70,12 @@ def bus_factor(op: str, n: int | float) -> float:
     return np.nan
 
 
-def collective_part(trace: Trace) -> pd.DataFrame:
+def collective_part(trace: Trace, *,
+                    found: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> pd.DataFrame:
     """Every execution of a collective in the steps of the ranks of ``trace``: its op,
-    group, size, bytes, duration and the ns of it hidden behind compute."""
-    timing, _ = collectives(trace)
+    group, size, bytes, duration and the ns of it hidden behind compute (``found``: what
+    :func:`opprof.analysis.ranks.collectives` gives for the trace, if already made)."""
+    timing, _ = collectives(trace) if found is None else found
     if timing.empty:
         return pd.DataFrame(columns=PART_COLUMNS)
     ev = trace.events
@@ -150,9 +152,10 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     """``timing`` with bytes (the larger of its own and its call's), group and size (its
     own, else its call's)."""
     host = workers(ev) & on_host(ev)
-    comm = ev[host & communication(ev)]
-    calls = comm[counted(comm)]
     cols = ["rank", "pid", "tid", "ts", "dur"]
+    read = [*cols, "bytes", "counted", *(["detail"] if "detail" in ev else [])]
+    comm = ev.loc[host & communication(ev), read]  # no other column copied
+    calls = comm[counted(comm)]
     # a call's payload and group: the largest bytes and the first group among its events
     info = _group_of(comm)
     inner = pd.DataFrame({"call": container(comm[cols], calls[cols]),
@@ -162,20 +165,24 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     call = inner[inner["call"] >= 0].groupby("call").agg(
         bytes=("bytes", "max"), group=("group", "first"), size=("size", "first"))
     # a device kernel's call: the one enclosing the runtime call that launched it
-    launches = ev[host & (ev["link"] >= 0)]
-    key = pd.Index(launches["rank"].to_numpy(np.int64) * (1 << 40)
-                   + launches["link"].to_numpy(np.int64))
+    launches = ev.loc[host & (ev["link"] >= 0), [*cols, "link"]]
+    key = (launches["rank"].to_numpy(np.int64) * (1 << 40)
+           + launches["link"].to_numpy(np.int64))
+    t_key = timing["rank"].to_numpy(np.int64) * (1 << 40) + timing["link"].to_numpy(np.int64)
+    wanted = np.isin(key, t_key)  # the launches of timing events alone (each on its own)
+    launches, key = launches[wanted], pd.Index(key[wanted])
     first = ~key.duplicated(keep="first")
     via_launch = pd.Series(container(launches[cols], calls[cols])[first], index=key[first])
-    t_key = timing["rank"].to_numpy(np.int64) * (1 << 40) + timing["link"].to_numpy(np.int64)
     from_launch = via_launch.reindex(t_key).to_numpy(dtype=float)
     # a host event's call: the call itself, or the one enclosing it
     from_host = container(timing[cols], calls[cols]).astype(float)
-    on_device = (ev.loc[timing["event"], "device"] != "cpu").to_numpy()
+    mine = ev.loc[timing["event"], ["device", "bytes", *(["detail"] if "detail" in ev
+                                                          else [])]]
+    on_device = (mine["device"] != "cpu").to_numpy()
     which = np.where(on_device, from_launch, from_host)
     c = call.reindex(np.where(np.isnan(which), -1, which).astype(np.int64))
-    own = _group_of(ev.loc[timing["event"]])
-    own_bytes = ev.loc[timing["event"], "bytes"].to_numpy(np.int64)
+    own = _group_of(mine)
+    own_bytes = mine["bytes"].to_numpy(np.int64)
     out = timing.copy()
     # the larger: a span may see only its input (gloo:all_gather), its call the whole
     out["bytes"] = np.maximum(own_bytes, c["bytes"].fillna(0).to_numpy()).astype(np.int64)
@@ -206,12 +213,12 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:
     """Per timing event: ns of it during which its rank computed (compute kernels where the
     event is a device kernel, unblocked compute operators otherwise)."""
     out = np.zeros(len(timing), np.int64)
-    mine = ev[workers(ev)]
-    device_kernels = mine[kernels(mine)]
-    dev_compute = device_kernels[~communication(device_kernels)]
-    host = mine[counted(mine) & on_host(mine)]
-    host_compute = host[host["phase"].isin(COMPUTE)]
-    host_comm = host[communication(host)]
+    cols = ["rank", "pid", "tid", "ts", "dur"]  # all that is read of them: no other copied
+    worker, comm = workers(ev), communication(ev)
+    dev_compute = ev.loc[worker & kernels(ev) & ~comm, cols]
+    host = worker & counted(ev) & on_host(ev)
+    host_compute = ev.loc[host & ev["phase"].isin(COMPUTE), cols]
+    host_comm = ev.loc[host & comm, cols]
     blocked = host_comm[container(host_comm, host_compute) >= 0]
     ranks = timing["rank"].to_numpy()
     on_device = timing["on_device"].to_numpy(bool)

@@ -29,11 +29,12 @@ project's machine the 64 MiB times of 25 calibrations were 0.8–15× the fitted
 2.4×).
 
 **Fitting** (:func:`fit`): measured (bytes, ns) pairs are reduced to the median time per
-message size, then α and β are the least-squares solution of the cost equation above over
-those sizes, weighted by 1/time (each size counts by its relative error, so small messages
-pin α and large ones β), re-weighted three times with Huber weights (residuals beyond 1.5×
-the median absolute residual count less) and kept non-negative. With a single message size
-α cannot be told from β: α is set to 0 and β fitted alone, and the fit says so.
+message size (or the mean, for FSDP's calls timed as in training), then α and β are the
+least-squares solution of the cost equation above over those sizes, weighted by 1/time (each
+size counts by its relative error, so small messages pin α and large ones β), re-weighted
+three times with Huber weights (residuals beyond 1.5× the median absolute residual count
+less) and kept non-negative. With a single message size α cannot be told from β: α is set to
+0 and β fitted alone, and the fit says so.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class FitQuality(TypedDict, total=False):
     rel_rmse: float
     max_rel_error: float
     note: str
+    center: str  # each size's time: its calls' median (or mean)
 
 
 @dataclass
@@ -248,9 +250,11 @@ def assumed(collective: str) -> Network:
 
 
 def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
-        **fields: Any) -> Network:
+        center: str = "median", **fields: Any) -> Network:
     """Fit α and β to measured collectives (columns ``bytes``, ``ns``) of ``workers`` workers
-    (see the module docstring). Extra keyword fields go into the Network."""
+    (see the module docstring): each size's time is the ``center`` (``median``, or ``mean``
+    where rare long calls are part of the cost) of its calls. Extra keyword fields go into
+    the Network."""
     s = samples[(samples["bytes"] > 0) & (samples["ns"] > 0)]
     if s.empty:
         raise OpprofError("no collective with a known size and duration to fit α and β to")
@@ -258,7 +262,8 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
         raise OpprofError("a collective among one worker moves nothing; α and β need at least "
                           "two workers")
     g = s.groupby("bytes")["ns"]
-    pts = pd.DataFrame({"ns": g.median(), "calls": g.size()}).reset_index()
+    pts = pd.DataFrame({"ns": g.mean() if center == "mean" else g.median(),
+                        "calls": g.size()}).reset_index()
     x = pts["bytes"].to_numpy(np.float64)
     y = pts["ns"].to_numpy(np.float64)
     a, b = design(x, collective, workers, servers)
@@ -272,7 +277,8 @@ def fit(samples: pd.DataFrame, collective: str, workers: int, servers: int = 1,
     rel = (pred - y) / y
     fit_info: FitQuality = {"points": int(len(pts)), "calls": int(pts["calls"].sum()),
                             "rel_rmse": float(np.sqrt(np.mean(rel ** 2))),
-                            "max_rel_error": float(np.max(np.abs(rel))), "note": note}
+                            "max_rel_error": float(np.max(np.abs(rel))), "note": note,
+                            "center": center}
     samples_out: list[Sample] = [
         {"bytes": int(r.bytes), "ns": float(r.ns), "calls": int(r.calls),
          "predicted_ns": float(p)} for r, p in zip(pts.itertuples(), pred, strict=True)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.ops import op_events
+from opprof.analysis.ops import op_mask
 from opprof.taxonomy import FUSED_OPS
 from opprof.trace import Trace
 
@@ -25,8 +25,8 @@ KERNEL_COLUMNS = ["op", "phase", "name", "count", "total_ns"]
 def compile_steps(trace: Trace) -> pd.DataFrame:
     """Per (rank, step) with compilation in it: ``compile_ns``, the time of its counted
     ``compile`` operators."""
-    ev = op_events(trace, "host")
-    ev = ev[ev["op"] == "compile"]
+    ev = trace.events
+    ev = ev.loc[op_mask(ev, "host") & (ev["op"] == "compile"), ["rank", "step", "dur"]]
     if ev.empty:
         return pd.DataFrame({c: np.zeros(0, np.int64) for c in COMPILE_COLUMNS})
     g = ev.groupby(["rank", "step"], observed=True)["dur"].sum()
@@ -36,8 +36,10 @@ def compile_steps(trace: Trace) -> pd.DataFrame:
 def fused_kernels(trace: Trace) -> pd.DataFrame:
     """Per (op, phase, native name) of the counted ``fused`` / ``fused_backward`` events on
     hosts and devices: ``count`` and ``total_ns``."""
-    parts = [op_events(trace, w) for w in ("host", "device")]
-    ev = pd.concat([p[p["op"].isin(FUSED_OPS)] for p in parts], ignore_index=True)
+    all_ev = trace.events
+    fused = all_ev["op"].isin(FUSED_OPS)
+    ev = pd.concat([all_ev.loc[op_mask(all_ev, w) & fused, ["op", "phase", "name", "dur"]]
+                    for w in ("host", "device")], ignore_index=True)
     if ev.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     frame = pd.DataFrame({"op": ev["op"].astype(str), "phase": ev["phase"].astype(str),

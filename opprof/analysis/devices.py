@@ -67,7 +67,8 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
     if span not in SPANS:
         raise ValueError(f"span must be one of {SPANS}, not {span!r}")
     ev = trace.events
-    dev = ev[device_work(ev)]
+    dev = ev.loc[device_work(ev), ["rank", "device", "ts", "dur", "kind", "op", "tid",
+                                   *(["link"] if "link" in ev else [])]]  # no other copied
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     launch_ts = launch_times(ev, dev)
@@ -76,16 +77,16 @@ def device_breakdown(trace: Trace, span: str = "steps") -> pd.DataFrame:
         cutoff = _last_step_starts(trace, dev["rank"].to_numpy(np.int64))
         when = np.where(launch_ts >= 0, launch_ts, dev["ts"].to_numpy(np.int64))
         left_out = when >= cutoff
-    counts = pd.Series(left_out).groupby([dev["rank"].to_numpy(),
-                                          dev["device"].astype(str).to_numpy()]).sum()
+    device = dev["device"].astype(str)
+    counts = pd.Series(left_out).groupby([dev["rank"].to_numpy(), device.to_numpy()]).sum()
     keep = ~left_out
-    dev, launch_ts = dev[keep], launch_ts[keep]
+    dev, launch_ts, device = dev[keep], launch_ts[keep], device[keep]
     if dev.empty:
         return pd.DataFrame(columns=COLUMNS)
     cat = np.where(dev["kind"].to_numpy() != "kernel", 2,
                    np.where(dev["op"].isin(COMM_OPS).to_numpy(), 0, 1))
     rows = []
-    keys = pd.DataFrame({"rank": dev["rank"].to_numpy(), "device": dev["device"].astype(str)})
+    keys = pd.DataFrame({"rank": dev["rank"].to_numpy(), "device": device})
     for (rank, device), idx in keys.groupby(["rank", "device"], sort=True).indices.items():
         sub = dev.iloc[idx]
         row = asdict(_one_device(sub["ts"].to_numpy(np.int64), sub["dur"].to_numpy(np.int64),
@@ -117,7 +118,7 @@ def launch_times(ev: pd.DataFrame, dev: pd.DataFrame) -> Array:
     out = np.full(len(dev), -1, dtype=np.int64)
     if "link" not in ev.columns:
         return out
-    host = ev[(ev["device"].astype(str) == "cpu") & (ev["link"] >= 0)]
+    host = ev.loc[(ev["device"] == "cpu") & (ev["link"] >= 0), ["rank", "link", "ts"]]
     if host.empty:
         return out
     key_h = pd.Index(host["rank"].to_numpy(np.int64) * (1 << 40)

@@ -20,10 +20,15 @@ def op_events(trace: Trace, where: str = "host") -> pd.DataFrame:
     """The events operator totals sum: counted, in a step, on worker ranks; ``where`` is
     ``host`` (CPU operators, runtime calls, comm, io) or ``device`` (GPU kernels, copies)."""
     ev = trace.events
+    return ev[op_mask(ev, where)]
+
+
+def op_mask(ev: pd.DataFrame, where: str = "host") -> pd.Series:
+    """Which events :func:`op_events` takes (a mask, so that a caller narrows it further
+    before any rows are copied)."""
     sel = counted(ev) & step_work(ev)
     device = device_work(ev)
-    sel &= device if where == "device" else ~device
-    return ev[sel]
+    return sel & (device if where == "device" else ~device)
 
 
 OP_COLUMNS = ["op", "phase", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns",
@@ -55,6 +60,8 @@ def own_durations(ev: pd.DataFrame) -> Array:
             return own
         _, anc = nesting.nest(left)
         level = left & (anc == idx)  # the outermost of those left: one level down
+        if not level.any():  # events that overlap only in part, none enclosing any other
+            level = left & (anc < 0)  # (a damaged trace): they end the loop
         parent = outer[level]
         np.subtract.at(own, parent[parent >= 0], dur[level][parent >= 0])
         outer = anc
@@ -65,8 +72,11 @@ def op_durations(trace: Trace, where: str = "host") -> pd.DataFrame:
     duration) with ``n``, how many events had it (op and phase as codes into the taxonomy,
     rows sorted); a host operator's duration is its own (:func:`own_durations`). Tables of
     several ranks merge exactly with :func:`merge_durations`."""
-    ev = op_events(trace, where)
-    dur = own_durations(ev) if where == "host" else ev["dur"].to_numpy(np.int64)
+    ev = trace.events
+    host = where == "host"  # (own durations read the lanes: rank, pid, tid, ts)
+    ev = ev.loc[op_mask(ev, where), ["op", "phase", "dur",
+                                     *(["rank", "pid", "tid", "ts"] if host else [])]]
+    dur = own_durations(ev) if host else ev["dur"].to_numpy(np.int64)
     df = pd.DataFrame({"op": ev["op"].cat.codes.to_numpy(np.int64),
                        "phase": ev["phase"].cat.codes.to_numpy(np.int64),
                        "dur": dur})

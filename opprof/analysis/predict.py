@@ -46,9 +46,11 @@ from opprof.analysis.resources import Resources, resource_mismatch, resources
 from opprof.analysis.sharded import (
     ASSUMED_COPY_NS_PER_BYTE,
     ShardedPlan,
+    blocking_wait,
     copy_rate,
     fit_network,
-    segment_spread,
+    fsdp_calls,
+    segment_sigmas,
     unit_bytes,
     unit_shares,
 )
@@ -168,6 +170,12 @@ class Units:
     #: Σ over the compute segments between blocking collectives of each one's σ (ns;
     #: :func:`opprof.analysis.sharded.segment_spread`), None where the trace cannot say
     segment_sigma_ns: float | None = None
+    #: each of those segments' σ (ns; :func:`opprof.analysis.sharded.segment_sigmas`)
+    segment_sigmas: Array | None = None
+    #: the spread of the ranks' exits from FSDP's calls in an FSDP trace (ns;
+    #: :func:`opprof.analysis.sharded.fsdp_calls`), whose times hold FSDP's copies; None
+    #: where the trace has no FSDP calls on CPU
+    exit_spread_ns: float | None = None
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
@@ -179,9 +187,20 @@ def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
         source = "one unit of all the gradient bytes (the trace names no FSDP units)"
     layers = gradients.layers if len(nbytes) > 1 else None
     share = unit_shares(layers, nbytes)
+    sigmas = segment_sigmas(trace, share) if len(nbytes) else None
+    calls, spread = _blocking_calls(trace)
     return Units(nbytes, share, source,
                  copy_rate(trace, nbytes, steps) if len(nbytes) else None,
-                 segment_spread(trace, share) if len(nbytes) else None)
+                 None if sigmas is None else float(sigmas.sum()), sigmas,
+                 spread if len(calls) else None)
+
+
+def _blocking_calls(trace: Trace) -> tuple[pd.DataFrame, float]:
+    """FSDP's calls as the training thread pays them (:func:`.sharded.fsdp_calls`) in a CPU
+    trace, where gloo blocks it; none on a GPU, where NCCL runs them beside compute."""
+    if str(trace.meta.get("device") or "cpu").startswith("cuda"):
+        return pd.DataFrame(columns=["kind", "bytes", "ns"]), 0.0
+    return fsdp_calls(trace)
 
 
 def infer_mode(trace: Trace, workers: int | None = None) -> str:
@@ -227,9 +246,12 @@ def _trace_samples(trace: Trace, steps: pd.DataFrame, mode: str,
     the last rank excluded, in synchronous modes) and payload."""
     empty = pd.DataFrame(columns=["bytes", "ns"])
     if mode == Mode.FSDP:
-        s = sharded_samples(trace)
-        return s[(s["bytes"] > 0) & (s["ns"] > 0)].reset_index(drop=True), \
-            "the backend's all-gather / reduce-scatter spans (unsharded bytes)"
+        calls, _ = _blocking_calls(trace)
+        s = calls[["kind", "bytes", "ns"]] if len(calls) else sharded_samples(trace)
+        note = ("FSDP's calls on the training thread from the last rank in, their copies "
+                "inside (unsharded bytes)" if len(calls) else
+                "the backend's all-gather / reduce-scatter spans (unsharded bytes)")
+        return s[(s["bytes"] > 0) & (s["ns"] > 0)].reset_index(drop=True), note
     if mode not in (Mode.ALLREDUCE, *PS_MODES) or (mode == Mode.ALLREDUCE and workers < 2):
         return empty, ""
     timing, _ = collectives(trace)
@@ -290,9 +312,16 @@ def _fit_trace(base: Baseline) -> Network | None:
         return None
     try:
         if base.collective == Collective.FSDP:
-            copy = base.units.copy_ns_per_byte if base.units is not None else None
-            return fit_network(base.samples, base.workers, copy, source="trace",
-                               framework=base.framework, backend="collectives in the trace")
+            units = base.units
+            inside = units is not None and units.exit_spread_ns is not None
+            copy = 0.0 if inside else units.copy_ns_per_byte if units is not None else None
+            net = fit_network(base.samples, base.workers, copy, "mean" if inside else "median",
+                              source="trace", framework=base.framework,
+                              backend="collectives in the trace")
+            if inside and units is not None:
+                net.info.update({"copies": "inside the FSDP calls' times",
+                                 "exit_spread_ns": units.exit_spread_ns})
+            return net
         net = fit(base.samples, base.collective, base.workers, max(base.servers, 1),
                   source="trace", framework=base.framework, backend="collectives in the trace")
     except OpprofError:
@@ -386,11 +415,16 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
     if copy is None:
         copy = units.copy_ns_per_byte if units.copy_ns_per_byte is not None else \
             ASSUMED_COPY_NS_PER_BYTE
-    # Blocking collectives are barriers: the wait for the slowest worker at each, after each
-    # compute segment (its σ from the base); with prefetch (GPU) once per step.
-    sigma = units.segment_sigma_ns if not policy.overlap and \
-        units.segment_sigma_ns is not None else base.sigma_ns
-    wait = sigma * expected_max_normal(workers) if straggler else 0.0
+    # Blocking collectives are barriers: the wait for the slowest worker at each (the σ of the
+    # compute segment before it, from the base, and of the ranks' exits from the collective
+    # before, from the network); with prefetch (GPU) once per step.
+    if policy.overlap or units.segment_sigmas is None:
+        wait = base.sigma_ns * expected_max_normal(workers)
+    else:
+        wait = blocking_wait(units.segment_sigmas,
+                             float(network.info.get("exit_spread_ns") or 0.0),
+                             len(units.bytes), workers)
+    wait = wait if straggler else 0.0
     talk = communicate and workers > 1
     return ShardedPlan(
         phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),
@@ -576,7 +610,10 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append(f"network {bad_fit}")
     if collective == Collective.FSDP and base.units is not None:
         notes.append(f"FSDP units: {len(base.units.bytes)} ({base.units.source}); FSDP's "
-                     "copies " + ("from the network file" if "copy_ns_per_byte" in net.info
+                     "copies " + (("inside the calibrated collectives' times"
+                                   if net.source != "trace" else
+                                   "inside the trace's FSDP calls") if net.info.get("copies")
+                                  else "from the network file" if "copy_ns_per_byte" in net.info
                                   and net.source != "trace"
                                   else "measured in the trace" if base.units.copy_ns_per_byte
                                   is not None else f"assumed {ASSUMED_COPY_NS_PER_BYTE} ns/B"))

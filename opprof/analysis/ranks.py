@@ -126,7 +126,7 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     outer = outer.assign(bytes=call_bytes)
     pay_cols = ["rank", "step", "bytes"]
     payload = first_per_rank([df.loc[df["bytes"] > 0, pay_cols] for df in
-                              (ev.loc[spans], outer, ev.loc[device])])
+                              (ev.loc[spans, pay_cols], outer, ev.loc[device, pay_cols])])
     return timing, payload.reset_index(drop=True)
 
 
@@ -173,16 +173,19 @@ class RankLocal:
         columns=["rank", "step", "op", "comm_ns", "overlap_ns"]))
 
 
-def rank_local(trace: Trace, steps: pd.DataFrame) -> RankLocal:
-    """The per-rank half of the analysis (``steps``: the trace's step_breakdown)."""
-    timing, payload = collectives(trace)
+def rank_local(trace: Trace, steps: pd.DataFrame, *,
+               found: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> RankLocal:
+    """The per-rank half of the analysis (``steps``: the trace's step_breakdown; ``found``:
+    its :func:`collectives`, if already made)."""
+    timing, payload = collectives(trace) if found is None else found
     ev = trace.events
-    compute = ev[workers(ev) & counted(ev) & ev["phase"].isin(COMPUTE)]
-    host_comm = ev[workers(ev) & counted(ev) & communication(ev) & on_host(ev)]
+    cols = ["rank", "pid", "tid", "ts", "dur", "device"]  # what is read: no other copied
+    done = workers(ev) & counted(ev)
+    compute = ev.loc[done & ev["phase"].isin(COMPUTE), cols]
+    host_comm = ev.loc[done & communication(ev) & on_host(ev), cols]
     blocked = host_comm[container(host_comm, compute[on_host(compute)]) >= 0]
     # on a GPU rank, what hides a collective is a compute kernel beside it (HTA's definition)
-    gpu_kernels = ev[workers(ev) & kernels(ev)]
-    dev_compute = gpu_kernels[~communication(gpu_kernels)]
+    dev_compute = ev.loc[workers(ev) & kernels(ev) & ~communication(ev), cols]
     frames, kinds = [], []
     for rank, b in steps.groupby("rank", sort=True):
         b = b.sort_values("start")

@@ -27,7 +27,14 @@ from opprof.analysis.devices import device_breakdown
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
 from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
-from opprof.analysis.ranks import RankLocal, combine_ranks, concat_local, rank_local, synchronous
+from opprof.analysis.ranks import (
+    RankLocal,
+    collectives,
+    combine_ranks,
+    concat_local,
+    rank_local,
+    synchronous,
+)
 from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
@@ -94,10 +101,12 @@ class RankPart:
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
     """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
-    steps = step_breakdown(trace)
-    comm = collective_part(trace)  # reads the process groups in ``detail``
-    if "detail" in trace.events:  # no other analysis reads it; every filter would copy it
+    full = trace
+    if "detail" in trace.events:  # only collective_part reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
+    steps = step_breakdown(trace)
+    found = collectives(trace)  # what collective_part and rank_local both start from
+    comm = collective_part(full, found=found)  # reads the process groups in ``detail``
     return RankPart(
         ranks=[int(r) for r in pd.unique(trace.events["rank"])],
         events=len(trace.events),
@@ -105,7 +114,7 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         host_durations=op_durations(trace, "host"),
         device_durations=op_durations(trace, "device"),
         devices=device_breakdown(trace, device_span),
-        local=rank_local(trace, steps),
+        local=rank_local(trace, steps, found=found),
         memory=memory_part(trace),
         compile_steps=compile_steps(trace),
         fused_kernels=fused_kernels(trace),

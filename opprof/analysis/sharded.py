@@ -18,21 +18,23 @@ of both), else its share of the bytes.
               backward and RS (the root stays gathered after forward: no second AG)
     update:   the optimizer on this rank's 1/N shard, after the last RS
 
-- all-gather (AG) of a unit of n bytes and reduce-scatter (RS): the ring's α–β cost
-  ``(N−1)·α + (N−1)/N·n·β`` (:mod:`opprof.analysis.commmodel`), each kind its own α, β;
-  FSDP's copies around them (copy-in of the shard, copy-out of the gathered unit, the
-  gradient's copy-in before RS) cost ``copy_ns_per_byte`` per byte on the compute lane;
+- all-gather (AG) of a unit of n bytes and reduce-scatter (RS): what the training thread
+  pays for the call after the last rank entered it, FSDP's copies inside (`opprof calibrate
+  --mode fsdp` times it so; :func:`fsdp_calls` reads it from an FSDP trace): the measured
+  curve, the ring's α–β ``(N−1)·α + (N−1)/N·n·β`` beyond it and at other N
+  (:mod:`opprof.analysis.commmodel`), each kind its own; a network that times the
+  collective alone (an earlier calibrate, a GPU trace's spans) adds FSDP's copies around it
+  (copy-in of the shard, copy-out of the gathered unit, the gradient's copy-in before RS) at
+  ``copy_ns_per_byte`` per byte on the compute lane;
 - **prefetch** (``overlap``, NCCL on GPU: collectives on their own streams): the AG of the
   next unit is issued as the current unit's compute starts, so it runs beside it; the RS of a
   unit runs beside the next unit's backward; the update waits for the last RS;
 - **blocking** (gloo on CPU): the issuing thread waits for every collective (FSDP2's ranges
   enclose the whole gloo transfer in the traces), so AG and RS add to the step in full.
-- the wait for the slowest worker is that of :mod:`.predict`: σ·E[max of N normals] once per
-  step (σ: the base's per-step compute). Every blocking collective is a barrier, and were the
-  compute between the k of them independent, the wait would be √k times that; but a busy
-  machine's σ is mostly common to all ranks (it moves no rank ahead of another), and on
-  three ResNet-18 runs the √k form overestimated the measured wait 1.0–7.6×, the once-per-step
-  form was within 0.3–1.5× of it.
+- the wait for the slowest worker: with prefetch, σ·E[max of N normals] once per step (σ: the
+  base's per-step compute, :mod:`.predict`); blocking, at every collective, from the σ of the
+  compute segment before it and the spread of the ranks' exits from the one before
+  (:func:`blocking_wait`).
 
 Phases of the simulated step: forward, backward, update, load, h2d, other as given;
 ``comm`` is everything else — the waits for collectives and FSDP's copies, as the measured
@@ -49,10 +51,10 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.commmodel import Network, fit
-from opprof.analysis.simulate import COMPUTE_PHASES, SimResult
+from opprof.analysis.simulate import COMPUTE_PHASES, SimResult, expected_max_normal
 from opprof.errors import OpprofError
 from opprof.filters import counted, on_host, step_work
-from opprof.intervals import coverage
+from opprof.intervals import containing, coverage, lane_ids
 from opprof.kinds import Collective
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
@@ -65,6 +67,10 @@ KINDS = ("all_gather", "reduce_scatter")
 #: CPU core.
 ASSUMED_COPY_NS_PER_BYTE = 0.25
 _BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
+#: FSDP2's range around one unit's collective on the training thread (the root's has no unit)
+_FSDP_CALL = r"^FSDP::(all_gather|post_backward_reduce)(?: \((.*)\))?$"
+_FSDP_COPY_OUT = r"^FSDP::all_gather_copy_out(?: \((.*)\))?$"
+_C10D_CALL = r"^c10d::_(?:allgather|reduce_scatter)_base_$"
 
 
 @dataclass
@@ -199,16 +205,22 @@ def unit_shares(trace_layers: pd.DataFrame, nbytes: Array) -> Array:
 
 
 def segment_spread(trace: Trace, share: Array) -> float | None:
-    """Σ over the compute segments between FSDP's blocking collectives of each segment's
-    standard deviation over the trace's worker (rank, step)s, in ns (None: the steps do not
-    run the same operators, or fewer than two steps).
+    """Σ of :func:`segment_sigmas` (ns; None where it has none)."""
+    sigmas = segment_sigmas(trace, share)
+    return None if sigmas is None else float(sigmas.sum())
+
+
+def segment_sigmas(trace: Trace, share: Array) -> Array | None:
+    """Each compute segment's standard deviation over the trace's worker (rank, step)s, in ns:
+    the units' forward segments (forward order), then their backward segments (backward
+    order); None when the steps do not run the same operators, or with fewer than two steps.
 
     On gloo every all-gather and reduce-scatter is a barrier: a rank that finishes the unit's
-    compute before it waits there for the slowest, so the step pays σ_s · E[max of N normals]
-    at every segment s, not once per step. The segments are each unit's forward (forward
-    order) and backward (backward order) compute, cut where the trace's counted operators of
-    the phase reach the units' cumulative shares of it (their mean position over the steps);
-    a segment's time is the wall time from the previous cut to its own, less the
+    compute before it waits there for the slowest, so the step pays a wait at every segment
+    s, not once per step (:func:`blocking_wait`). The segments are each unit's forward
+    (forward order) and backward (backward order) compute, cut where the trace's counted
+    operators of the phase reach the units' cumulative shares of it (their mean position over
+    the steps); a segment's time is the wall time from the previous cut to its own, less the
     communication inside that window (an FSDP trace's own collectives). On a host shared by
     other processes, time slicing makes segments vary a lot more than whole steps do (a rank
     that lost the CPU in one segment catches up in the next), which the per-step σ misses."""
@@ -219,7 +231,7 @@ def segment_spread(trace: Trace, share: Array) -> float | None:
     ev = ev[sel]
     comm = ev[(ev["kind"] == "comm").to_numpy() | ev["op"].isin(COMM_OPS).to_numpy()]
     host_ops = ev[ev["counted"].to_numpy(bool) & (ev["kind"] == "cpu_op").to_numpy()]
-    total = 0.0
+    sigmas: list[Array] = []
     orders = {"forward": np.asarray(share, np.float64),
               "backward": np.r_[share[1:][::-1], share[:1]].astype(np.float64)}
     for phase, shares in orders.items():
@@ -244,8 +256,97 @@ def segment_spread(trace: Trace, share: Array) -> float | None:
         cut = np.searchsorted(frac, np.cumsum(shares)[:-1], side="left")
         at = np.r_[0, np.minimum(cut, work.shape[1] - 1), work.shape[1] - 1]
         seg = np.diff(work[:, at], axis=1)
-        total += float(seg.std(axis=0, ddof=1).sum())
-    return total
+        sigmas.append(seg.std(axis=0, ddof=1))
+    out: Array = np.concatenate(sigmas)
+    return out
+
+
+def blocking_wait(sigmas: Array, exit_spread_ns: float, units: int, workers: int) -> float:
+    """The expected wait for the slowest of ``workers`` ranks summed over one step's blocking
+    collectives (ns): at each, E[max of N standard normals] × the σ of the ranks' arrival,
+    √(σ_s² + σ_x²) — the compute segment before it (``sigmas``: :func:`segment_sigmas`) and
+    the spread of the ranks' exits from the collective before (``exit_spread_ns``, measured
+    by `opprof calibrate --mode fsdp`). A step of U units has 3U − 1 collectives (U + U − 1
+    all-gathers, U reduce-scatters) and 2U segments: the U − 1 backward all-gathers that
+    follow a reduce-scatter with no compute between pay the exits' spread alone."""
+    x = max(0.0, float(exit_spread_ns))
+    s = np.asarray(sigmas, np.float64)
+    alone = max(0, 3 * units - 1 - len(s))
+    return expected_max_normal(workers) * (float(np.sqrt(s * s + x * x).sum()) + alone * x)
+
+
+def fsdp_calls(trace: Trace) -> tuple[pd.DataFrame, float]:
+    """FSDP2's collectives as its training thread pays them, the way `opprof calibrate --mode
+    fsdp` times them: per call (``FSDP::all_gather (unit)`` — copy-in, all-gather, and its
+    ``FSDP::all_gather_copy_out`` — or ``FSDP::post_backward_reduce (unit)`` — the
+    gradients' copy, reduce-scatter, the shard's copy) and rank: ``kind``, ``unit``,
+    ``bytes`` (the unit's unsharded bytes: the largest ``c10d::`` call inside), ``enter``,
+    ``exit``, ``copy_out_ns``, ``wait_ns`` (for the last rank to enter the same call: the
+    step's k-th call of that kind and unit) and ``ns`` (the rest: exit − the last entry +
+    the copy-out); and the ranks' exits' spread (the pooled σ of one rank's exit about the
+    call's mean, ns). Empty where the trace has no FSDP2 ranges around collectives."""
+    cols = ["rank", "step", "kind", "unit", "bytes", "enter", "exit", "copy_out_ns",
+            "wait_ns", "ns"]
+    ev = trace.events
+    ev = ev[step_work(ev) & on_host(ev)]
+    names = pd.Series(pd.unique(ev["name"].astype(str)))
+    ranges = names.str.extract(_FSDP_CALL)
+    is_copy_out = names.str.match(_FSDP_COPY_OUT)
+    which = {"range": names[ranges[0].notna()], "copy_out": names[is_copy_out],
+             "call": names[names.str.match(_C10D_CALL)]}
+    if not len(which["range"]) or not len(which["call"]):
+        return pd.DataFrame(columns=cols), 0.0
+    name = ev["name"].astype(str)
+    part = {k: ev[name.isin(v).to_numpy()] for k, v in which.items()}
+    kind_of = dict(zip(which["range"], ranges.loc[which["range"].index, 0], strict=True))
+    unit_of = dict(zip(which["range"], ranges.loc[which["range"].index, 1].fillna(""),
+                       strict=True))
+    unit_of.update(zip(which["copy_out"],
+                       which["copy_out"].str.extract(_FSDP_COPY_OUT)[0].fillna(""),
+                       strict=True))
+    both = pd.concat(part.values())
+    lane = lane_ids(both["rank"].to_numpy(), both["pid"].to_numpy(), both["tid"].to_numpy())
+    lanes = dict(zip(part, np.split(lane, np.cumsum([len(v) for v in part.values()])[:-1]),
+                     strict=True))
+    r, c = part["range"], part["call"]
+    r_end = (r["ts"] + r["dur"]).to_numpy(np.int64)
+    pos = containing(lanes["call"], c["ts"].to_numpy(np.int64),
+                     (c["ts"] + c["dur"]).to_numpy(np.int64), lanes["range"],
+                     r["ts"].to_numpy(np.int64), r_end)
+    nbytes = np.zeros(len(r), np.int64)
+    np.maximum.at(nbytes, pos[pos >= 0], c["bytes"].to_numpy(np.int64)[pos >= 0])
+    rname = r["name"].astype(str)
+    calls = pd.DataFrame({
+        "rank": r["rank"].to_numpy(), "step": r["step"].to_numpy(),
+        "kind": np.where(rname.map(kind_of) == "all_gather", "all_gather", "reduce_scatter"),
+        "unit": rname.map(unit_of).to_numpy(), "bytes": nbytes,
+        "enter": r["ts"].to_numpy(np.int64), "exit": r_end})
+    calls = calls[calls["bytes"] > 0].sort_values(["rank", "enter"], kind="stable")
+    key = ["rank", "step", "kind", "unit"]
+    calls["k"] = calls.groupby(key, sort=False).cumcount()
+    co = part["copy_out"]
+    outs = pd.DataFrame({"rank": co["rank"].to_numpy(), "step": co["step"].to_numpy(),
+                         "kind": "all_gather", "unit": co["name"].astype(str).map(unit_of),
+                         "ts": co["ts"].to_numpy(np.int64),
+                         "copy_out_ns": co["dur"].to_numpy(np.int64)}).sort_values(["rank",
+                                                                                    "ts"])
+    outs["k"] = outs.groupby(key, sort=False).cumcount()
+    calls = calls.merge(outs[[*key, "k", "copy_out_ns"]], on=[*key, "k"], how="left")
+    calls["copy_out_ns"] = calls["copy_out_ns"].fillna(0).astype(np.int64)
+    same = calls.groupby(["step", "kind", "unit", "k"], sort=False)
+    ranks = calls.groupby("step")["rank"].transform("nunique")
+    calls = calls[(same["rank"].transform("nunique") == ranks) & (ranks >= 2)]
+    if calls.empty:
+        return pd.DataFrame(columns=cols), 0.0
+    same = calls.groupby(["step", "kind", "unit", "k"], sort=False)
+    last = same["enter"].transform("max")
+    done = calls["exit"] + calls["copy_out_ns"]
+    calls = calls.assign(wait_ns=last - calls["enter"], ns=done - last)
+    dev = (done - done.groupby([calls[c] for c in ("step", "kind", "unit", "k")])
+           .transform("mean")).to_numpy(np.float64)
+    free = len(calls) - same.ngroups
+    spread = float(np.sqrt((dev * dev).sum() / free)) if free > 0 else 0.0
+    return calls[cols].reset_index(drop=True), spread
 
 
 def trace_samples(trace: Trace) -> pd.DataFrame:
@@ -298,17 +399,19 @@ def copy_rate(trace: Trace, nbytes: Array, steps: int) -> float | None:
 
 
 def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | None,
-                **fields: object) -> Network:
+                center: str = "median", **fields: object) -> Network:
     """An ``fsdp`` network from (kind, bytes, ns) samples: the all-gather's α–β, the
-    reduce-scatter's in ``info`` (the all-gather's where it has none)."""
+    reduce-scatter's in ``info`` (the all-gather's where it has none); each size's time the
+    ``center`` of its calls (:func:`opprof.analysis.commmodel.fit`)."""
     ag = samples[samples["kind"] == "all_gather"]
     rs = samples[samples["kind"] == "reduce_scatter"]
     if ag.empty and rs.empty:
         raise OpprofError("no all-gather or reduce-scatter with a size and a time to fit")
-    main = fit(ag if len(ag) else rs, Collective.FSDP, workers, **fields)  # type: ignore[arg-type]
+    main = fit(ag if len(ag) else rs, Collective.FSDP, workers, 1,
+               center, **fields)
     info = dict(main.info)
     if len(rs) and len(ag):
-        other = fit(rs, Collective.FSDP, workers)
+        other = fit(rs, Collective.FSDP, workers, 1, center)
         info["reduce_scatter"] = {"alpha_ns": other.alpha_ns,
                                   "beta_ns_per_byte": other.beta_ns_per_byte, "fit": other.fit,
                                   "samples": other.samples}

@@ -46,13 +46,17 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--mode", type=click.Choice([Mode.ALLREDUCE.value, Mode.FSDP.value]),
               default=Mode.ALLREDUCE.value,
               show_default=True,
-              help="fsdp (torch): FSDP's all-gather and reduce-scatter (each its own α–β) and "
-                   "its copy, instead of DDP's all-reduce.")
+              help="fsdp (torch): FSDP's all-gather and reduce-scatter (each its own α–β), "
+                   "with FSDP's copies, after compute as in training, instead of DDP's "
+                   "all-reduce.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads per worker (default: the host's CPUs split among the processes, "
                    "as `opprof record` does).")
 @click.option("--sizes", callback=parse_sizes, default=None,
               help="Message sizes, comma-separated (default 4K,16K,…,64M).")
+@click.option("--units", default=None, metavar="MODEL|TRACE",
+              help="--mode fsdp: time the FSDP units of a built-in model (resnet18, …, as "
+                   "`record --mode fsdp` shards it) or of a recorded .trace, instead of --sizes.")
 @click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed calls per size (after one warm-up call).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
@@ -60,8 +64,8 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
               help="The network file to write (JSON).")
 @format_option
 def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
-            sizes: tuple[int, ...], repeat: int, timeout_s: float, output: Path,
-            fmt: str) -> None:
+            sizes: tuple[int, ...], units: str | None, repeat: int, timeout_s: float,
+            output: Path, fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
     and fit α (latency) and β (time per byte). For torch's all-reduce, also time a compute loop
     and the collective alone and beside each other: the model's interference term.
@@ -69,13 +73,13 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
     \b
     Example:
       opprof calibrate --fw torch --workers 2 -o net.json
-      opprof calibrate --fw torch --workers 2 --mode fsdp -o fsdp-net.json
+      opprof calibrate --fw torch --workers 2 --mode fsdp --units resnet18 -o fsdp-net.json
       opprof calibrate --fw mxnet --workers 2 --servers 1 --sizes 64K,1M,16M -o ps.json
     """
     from opprof.pipeline.calibrate import CalibrateOptions, calibrate, status_line, write_network
     from opprof.render import renderer
 
-    o = CalibrateOptions(fw, workers, sizes, servers, mode, threads, repeat, timeout_s)
+    o = CalibrateOptions(fw, workers, sizes, servers, mode, threads, repeat, timeout_s, units)
     with Console(stderr=True).status(status_line(o)):
         net = calibrate(o)
     write_network(net, output)

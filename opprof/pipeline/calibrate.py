@@ -34,12 +34,16 @@ class CalibrateOptions:
     threads: int | None = None
     repeat: int = 5
     timeout_s: float = 600.0
+    #: --mode fsdp: time the FSDP units of this built-in model or `.trace` (:func:`unit_sizes`)
+    #: instead of ``sizes``
+    units: str | None = None
 
 
 def status_line(o: CalibrateOptions) -> str:
     """What is being measured, in one line."""
+    sizes = f"{o.units}'s FSDP units" if o.units else f"{len(o.sizes)} sizes"
     return (f"calibrating {o.fw} {framework_info(o.fw).backend} on {o.workers} worker(s): "
-            f"{len(o.sizes)} sizes × {o.repeat}")
+            f"{sizes} × {o.repeat}")
 
 
 def calibrate(o: CalibrateOptions) -> Network:
@@ -50,7 +54,12 @@ def calibrate(o: CalibrateOptions) -> Network:
     if o.mode == Mode.FSDP and fw != Framework.TORCH:
         raise OpprofError(f"--mode fsdp: FSDP is PyTorch's; use --fw torch (not {fw})")
     info = framework_info(fw)
-    job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=o.sizes,
+    sizes = o.sizes
+    if o.units is not None:
+        if o.mode != Mode.FSDP:
+            raise OpprofError("--units: the FSDP units' sizes are for --mode fsdp")
+        sizes = unit_sizes(o.units)
+    job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=sizes,
                        repeat=o.repeat, threads=threads, timeout_s=o.timeout_s,
                        extra={"mode": str(o.mode)} if o.mode == Mode.FSDP else {})
     workdir = Path(tempfile.mkdtemp(prefix="opprof-calibrate-"))
@@ -81,6 +90,29 @@ def calibrate(o: CalibrateOptions) -> Network:
     if not net.beta_ns_per_byte and not net.alpha_ns:
         raise OpprofError(f"calibrate {fw}: the fit found neither latency nor bandwidth")
     return net
+
+
+def unit_sizes(spec: str) -> tuple[int, ...]:
+    """The distinct unsharded bytes of the FSDP units of ``spec``: a `.trace` (its units,
+    :func:`opprof.analysis.sharded.unit_bytes`) or a built-in model, sharded as `opprof record
+    --mode fsdp` shards it (with the default dataset's classes)."""
+    from opprof.analysis.sharded import unit_bytes
+
+    path = Path(spec)
+    if path.suffix == ".trace" or path.exists():
+        from opprof.loader import load
+
+        units = [int(n) for n in unit_bytes(load(path))[0]]
+        if not units:
+            raise OpprofError("names no FSDP units (no unit_param_bytes in its metadata and no "
+                              "FSDP all-gathers)", path=path)
+    else:
+        from opprof.collectors.config import is_sequence_model
+        from opprof.collectors.datasets import TOKEN_VOCAB
+        from opprof.collectors.torch_models import build, unit_param_bytes
+
+        units = unit_param_bytes(build(spec, TOKEN_VOCAB if is_sequence_model(spec) else 10))
+    return tuple(sorted({n for n in units if n >= 4}))
 
 
 def write_network(net: Network, path: Path) -> None:
@@ -129,15 +161,35 @@ def interference(df: pd.DataFrame) -> tuple[float, float]:
 
 
 def fsdp_network(df: pd.DataFrame, workers: int, info: dict[str, Any]) -> Network:
-    """The ``fsdp`` network of FSDP's timed collectives and copy (a call's time: the mean
-    over the workers, as for the all-reduce)."""
-    df = df.assign(call=df.groupby(["rank", "kind", "bytes"]).cumcount())
-    calls = df.groupby(["kind", "bytes", "call"], as_index=False)["ns"].mean()
-    copy = calls[calls["kind"] == "copy"]
-    big = copy[copy["bytes"] >= 1 << 20]
-    rate = float((big["ns"] / big["bytes"]).median()) if len(big) else None
-    net = fit_network(calls[calls["kind"] != "copy"], workers, rate, source="calibrate",
-                      framework="torch",
-                      backend="gloo all_gather_into_tensor / reduce_scatter_tensor")
+    """The ``fsdp`` network of FSDP's timed collectives (:func:`fsdp_calls`): each size's time
+    is the mean of its calls (the scheduler's rare long wake-ups are part of what FSDP pays
+    per call, so not a median); FSDP's copies are inside those times (``copy_ns_per_byte``
+    0); ``info`` adds the mean wait per call for the last rank (``wait_ns``) and the spread of
+    the ranks' exits (``exit_spread_ns``), which the model's wait at the next collective
+    adds to each compute segment's own."""
+    calls, spread = fsdp_calls(df)
+    net = fit_network(calls, workers, 0.0, "mean", source="calibrate", framework="torch",
+                      backend="gloo all_gather_single / reduce_scatter_single, with FSDP's "
+                              "copies, after compute")
     net.info.update(info)
+    net.info.update({"copies": "inside the collectives' times",
+                     "wait_ns": float(calls["wait_ns"].mean()), "exit_spread_ns": spread,
+                     "calls": int(len(calls))})
     return net
+
+
+def fsdp_calls(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """Each timed FSDP call (kind, bytes) once: ``ns``, what it took after the last rank
+    entered it (exit − the latest enter over the ranks, the mean over the ranks: the wait
+    for that rank is the model's straggler term, not the collective's cost) and
+    ``wait_ns``, the mean wait for that rank; and the ranks' exits' spread (the pooled
+    standard deviation of one rank's exit about the call's mean exit, ns)."""
+    df = df.assign(call=df.groupby(["rank", "kind", "bytes"]).cumcount())
+    g = df.groupby(["kind", "bytes", "call"])
+    last = g["enter"].transform("max")
+    df = df.assign(ns=df["exit"] - last, wait_ns=last - df["enter"],
+                   dev=df["exit"] - g["exit"].transform("mean"))
+    calls = df.groupby(["kind", "bytes", "call"], as_index=False)[["ns", "wait_ns"]].mean()
+    free = len(df) - len(calls)
+    spread = float(((df["dev"].astype(float) ** 2).sum() / free) ** 0.5) if free > 0 else 0.0
+    return calls, spread

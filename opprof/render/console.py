@@ -941,10 +941,15 @@ def calibration(net: Network) -> str:
     head = Text("opprof calibrate  ", style="bold") + Text(
         f"{net.framework} · {net.backend} · {net.workers} workers"
         f"{f', {net.servers} server(s)' if net.servers else ''}\n") + network_line(net)
-    t = Table(title="Message sizes (median per size)", title_justify="left")
+    rs = net.info.get("reduce_scatter") or {}
+    t = Table(title=f"Message sizes ({net.fit.get('center', 'median')} per size"
+                    f"{'; all-gather, then reduce-scatter' if rs else ''})", title_justify="left")
     for c in ["size", "calls", "measured", "α–β fit", "fit error", ""]:
         t.add_column(c, justify="right")
-    for r in samples_table(net).to_dict("records"):
+    rows = samples_table(net).to_dict("records")
+    if rs.get("samples"):
+        rows += samples_table(list(rs["samples"])).to_dict("records")
+    for r in rows:
         err = (r["predicted_ns"] - r["ns"]) / r["ns"] if r["ns"] else float("nan")
         t.add_row(size(r["bytes"]), str(int(r["calls"])), _us(r["ns"]), _us(r["predicted_ns"]),
                   f"{err:+.1%}", Text("⚠", style="bold yellow") if abs(err) > FIT_LIMIT else "")

@@ -3,6 +3,8 @@ the csv and markdown renderers (and the JSON one's lists)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from opprof.analysis.commmodel import Network
@@ -52,7 +54,9 @@ def scenario_table(w: WhatIf) -> pd.DataFrame:
                         columns=["kind", "target", "value", "factor", "wall_ns", "delta_ns"])
 
 
-def samples_table(net: Network) -> pd.DataFrame:
-    """The measured message sizes of a network fit with their predicted times."""
-    t = pd.DataFrame(net.samples, columns=["bytes", "ns", "calls", "predicted_ns"])
+def samples_table(net: Network | list[dict[str, Any]]) -> pd.DataFrame:
+    """The measured message sizes of a network fit (or a list of its samples, as FSDP's
+    reduce-scatter keeps them in ``info``) with their predicted times."""
+    samples = net.samples if isinstance(net, Network) else net
+    t = pd.DataFrame(samples, columns=["bytes", "ns", "calls", "predicted_ns"])
     return t.assign(fit_error=(t["predicted_ns"] - t["ns"]) / t["ns"])
