@@ -6,7 +6,9 @@
 - **Fused kernels**: per ``fused`` / ``fused_backward`` row of the operator table, what it
   holds by native name (inductor's kernels, ``cpp_fused_gelu_native_layer_norm_0``,
   ``triton_poi_fused_add_relu_1``, whose names list the aten operators they fuse, and the
-  graphs' own time): count and total, so ``--by op`` can show the largest under the row.
+  graphs' own time): count and total per side (``where``: ``host`` for the graph calls and
+  the launch wrappers, ``device`` for the GPU kernels they ran), so each of ``--by op``'s
+  tables can show the largest under its own row.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from opprof.taxonomy import FUSED_OPS
 from opprof.trace import Trace
 
 COMPILE_COLUMNS = ["rank", "step", "compile_ns"]
-KERNEL_COLUMNS = ["op", "phase", "name", "count", "total_ns"]
+KERNEL_COLUMNS = ["where", "op", "phase", "name", "count", "total_ns"]
 
 
 def compile_steps(trace: Trace) -> pd.DataFrame:
@@ -34,17 +36,20 @@ def compile_steps(trace: Trace) -> pd.DataFrame:
 
 
 def fused_kernels(trace: Trace) -> pd.DataFrame:
-    """Per (op, phase, native name) of the counted ``fused`` / ``fused_backward`` events on
-    hosts and devices: ``count`` and ``total_ns``."""
+    """Per (where, op, phase, native name) of the counted ``fused`` / ``fused_backward``
+    events, ``where`` being ``host`` or ``device``: ``count`` and ``total_ns``."""
     all_ev = trace.events
     fused = all_ev["op"].isin(FUSED_OPS)
-    ev = pd.concat([all_ev.loc[op_mask(all_ev, w) & fused, ["op", "phase", "name", "dur"]]
-                    for w in ("host", "device")], ignore_index=True)
+    sides = {w: all_ev.loc[op_mask(all_ev, w) & fused, ["op", "phase", "name", "dur"]]
+             for w in ("host", "device")}
+    ev = pd.concat(list(sides.values()), ignore_index=True)
     if ev.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
-    frame = pd.DataFrame({"op": ev["op"].astype(str), "phase": ev["phase"].astype(str),
-                          "name": ev["name"].astype(str), "dur": ev["dur"].to_numpy(np.int64)})
-    return merge_kernels([frame.groupby(["op", "phase", "name"], sort=False)["dur"].agg(
+    where = np.repeat(list(sides), [len(v) for v in sides.values()])
+    frame = pd.DataFrame({"where": where, "op": ev["op"].astype(str),
+                          "phase": ev["phase"].astype(str), "name": ev["name"].astype(str),
+                          "dur": ev["dur"].to_numpy(np.int64)})
+    return merge_kernels([frame.groupby(["where", "op", "phase", "name"], sort=False)["dur"].agg(
         count="size", total_ns="sum").reset_index()])
 
 
@@ -54,6 +59,6 @@ def merge_kernels(parts: list[pd.DataFrame]) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     df = pd.concat(parts, ignore_index=True)
-    out = df.groupby(["op", "phase", "name"], sort=False)[["count", "total_ns"]].sum()
+    out = df.groupby(["where", "op", "phase", "name"], sort=False)[["count", "total_ns"]].sum()
     return out.reset_index().sort_values("total_ns", ascending=False, kind="stable"
                                          ).reset_index(drop=True)[KERNEL_COLUMNS]

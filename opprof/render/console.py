@@ -498,15 +498,21 @@ def critical_table(rep: Report) -> Table:
     return t
 
 
+def side(kernels: pd.DataFrame, where: str) -> pd.DataFrame:
+    """The rows of a fused-kernel table (opprof.analysis.compiled) of one side, host or device
+    (a table of an older report without the column: all of it)."""
+    return kernels[kernels["where"] == where] if "where" in kernels else kernels
+
+
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[RenderableType] = [_header(rep.meta, rep.noise)]
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     if by == "op":
-        items.append(op_table(rep.ops, top, "Host operators", rep.fused_kernels))
+        items.append(op_table(rep.ops, top, "Host operators", side(rep.fused_kernels, "host")))
         if not rep.device_ops.empty:
             items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
-                                  rep.fused_kernels))
+                                  side(rep.fused_kernels, "device")))
         if not rep.collectives.empty:
             items.append(collective_table(rep))
     elif by == "rank":
@@ -529,7 +535,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     elif by == "device":
         items.extend(device_tables(rep))
         items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
-                              rep.fused_kernels))
+                              side(rep.fused_kernels, "device")))
     elif by == "memory":
         items.extend(memory_tables(rep))
     else:
