@@ -289,6 +289,46 @@ def _torch_fsdp(job: Job, rank: int) -> list[dict]:
                 done = time.monotonic_ns()
                 out.append({"rank": rank, "bytes": int(n), "ns": done - enter, "kind": kind,
                             "enter": enter, "exit": done})
+    return out + _sharded_ops(job, rank, units[max(job.sizes)])
+
+
+#: The optimizer's in-place calls on one parameter of FSDP's shards (SGD with momentum's
+#: ``mul_``, ``add_``, ``add_``), each timed :data:`SHARDED_OP_ROUNDS` times over a unit.
+SHARDED_OP_ROUNDS = 40
+
+
+def _sharded_ops(job: Job, rank: int, pieces: list[int]) -> list[dict]:
+    """What an optimizer's call costs on FSDP2's sharded parameters (``DTensor``s) beyond
+    the same call on their local shards (``kind`` ``sharded_op`` and ``local_op``, ``ns`` per
+    call): a unit's parameters and gradients, sharded on dim 0 over the workers' mesh, each
+    updated as SGD with momentum does (``mul_``, ``add_``, ``add_``), under the profiler with
+    the recorder's settings (record_shapes, profile_memory: the run's steps are profiled, and
+    a call on a ``DTensor`` records more) — alternately, so both see the same host."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.profiler import ProfilerActivity, profile
+
+    mesh = init_device_mesh("cpu", (job.workers,))
+    sharded = [(distribute_tensor(torch.randn(k), mesh, [Shard(0)]),
+                distribute_tensor(torch.randn(k), mesh, [Shard(0)])) for k in pieces]
+    local = [(p.to_local(), g.to_local()) for p, g in sharded]
+
+    def update(params: list[tuple[Any, Any]]) -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(SHARDED_OP_ROUNDS):
+            for p, g in params:
+                p.mul_(0.9)
+                p.add_(g)
+                p.add_(g, alpha=-0.01)
+        return (time.perf_counter_ns() - t0) / (SHARDED_OP_ROUNDS * 3 * len(params))
+
+    update(sharded), update(local)  # warm-up: DTensor caches each call's sharding
+    out = []
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True):
+        for _ in range(max(3, job.repeat // 3)):
+            out.append({"rank": rank, "kind": "sharded_op", "ns": update(sharded), "bytes": 0})
+            out.append({"rank": rank, "kind": "local_op", "ns": update(local), "bytes": 0})
     return out
 
 

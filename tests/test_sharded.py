@@ -24,6 +24,7 @@ from opprof.analysis.sharded import (
     ShardedPlan,
     blocking_wait,
     fsdp_calls,
+    optimizer_calls,
     segment_spread,
     simulate_sharded,
     trace_samples,
@@ -378,6 +379,33 @@ def test_model_waits_with_the_calibrated_exit_spread() -> None:
     assert p.straggler_ns > base.units.segment_sigma_ns * expected_max_normal(4)
 
 
+def test_optimizer_calls_are_sgd_momentums_three_per_parameter() -> None:
+    pytest.importorskip("torch")
+    from opprof.collectors.torch_models import build
+
+    trace = load(FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz")
+    params = len(list(build("lenet5", 10).parameters()))
+    # SGD with momentum: mul_ and add_ on the momentum buffer, add_ on the parameter
+    assert optimizer_calls(trace) == 3 * params
+    assert baseline(trace).units.optimizer_calls == 3 * params
+
+
+def test_model_adds_each_optimizer_calls_dispatch_on_sharded_parameters() -> None:
+    trace = load(FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz")
+    base = baseline(trace)
+    calls = base.units.optimizer_calls
+    plain = Network("fsdp", 1e4, 0.1, source="calibrate", info={})
+    dispatch = Network("fsdp", 1e4, 0.1, source="calibrate", info={"sharded_op_ns": 2e4})
+    for n in (2, 4):
+        p0, _ = predict.plan(base, n, "fsdp", 1, plain)
+        p1, _ = predict.plan(base, n, "fsdp", 1, dispatch)
+        assert p0.phases["update"] == pytest.approx(base.phases["update"] / n)
+        assert p1.phases["update"] == pytest.approx(base.phases["update"] / n + calls * 2e4)
+    # one worker shards nothing: the base's update as it was
+    p1, _ = predict.plan(base, 1, "fsdp", 1, dispatch)
+    assert p1.phases["update"] == pytest.approx(base.phases["update"])
+
+
 # ------------------------------------------------------------------ calibrate --mode fsdp
 
 
@@ -400,6 +428,7 @@ def test_calibrate_fsdp_fits_all_gather_and_reduce_scatter_with_their_copies(
     assert net["info"]["copy_ns_per_byte"] == 0 and net["info"]["copies"]
     assert net["info"]["exit_spread_ns"] >= 0 and net["info"]["wait_ns"] >= 0
     assert net["info"]["calls"] == 2 * 2 * 2  # two kinds × two sizes × two calls
+    assert net["info"]["sharded_op_ns"] >= 0  # an optimizer's call on a DTensor, beyond
     assert [s["calls"] for s in net["samples"]] == [2, 2] and net["fit"]["center"] == "mean"
 
 
@@ -417,7 +446,11 @@ def test_fsdp_calls_are_timed_from_the_last_rank_in(tmp_path: Path) -> None:
     job = netbench.Job(fw="torch", workers=2, sizes=(65536,), repeat=3, threads=1,
                        extra={"mode": "fsdp"})
     df = pd.DataFrame(netbench.run(job, tmp_path / "work"))
-    assert set(df["kind"]) == {"all_gather", "reduce_scatter"}
+    assert set(df["kind"]) == {"all_gather", "reduce_scatter", "sharded_op", "local_op"}
+    ops = df[df["kind"].isin(["sharded_op", "local_op"])]
+    # each rank times the optimizer's calls on sharded parameters and on their shards alike
+    assert (ops["ns"] > 0).all() and ops.groupby(["rank", "kind"]).size().nunique() == 1
+    df = df.drop(ops.index)
     assert (df["exit"] - df["enter"] == df["ns"]).all() and (df["ns"] > 0).all()
     calls, spread = fsdp_calls(df)
     assert len(calls) == 2 * 3 and spread >= 0

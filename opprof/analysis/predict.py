@@ -50,6 +50,7 @@ from opprof.analysis.sharded import (
     copy_rate,
     fit_network,
     fsdp_calls,
+    optimizer_calls,
     segment_sigmas,
     unit_bytes,
     unit_shares,
@@ -176,6 +177,9 @@ class Units:
     #: :func:`opprof.analysis.sharded.fsdp_calls`), whose times hold FSDP's copies; None
     #: where the trace has no FSDP calls on CPU
     exit_spread_ns: float | None = None
+    #: the calls of the optimizer's step per step (:func:`.sharded.optimizer_calls`), each a
+    #: call on a sharded parameter under FSDP
+    optimizer_calls: float = 0.0
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
@@ -192,7 +196,7 @@ def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
     return Units(nbytes, share, source,
                  copy_rate(trace, nbytes, steps) if len(nbytes) else None,
                  None if sigmas is None else float(sigmas.sum()), sigmas,
-                 spread if len(calls) else None)
+                 spread if len(calls) else None, optimizer_calls(trace))
 
 
 def _blocking_calls(trace: Trace) -> tuple[pd.DataFrame, float]:
@@ -407,10 +411,15 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
             phases[p] = max(0.0, phases[p] + d)
     shard_of_base = base.workers if base.mode == Mode.FSDP else 1
     phases["update"] = phases["update"] * shard_of_base / max(workers, 1)
+    units = base.units or Units(np.zeros(0, np.int64), np.ones(1), "", None)
+    if base.mode != Mode.FSDP and workers > 1:
+        # the optimizer steps FSDP2's sharded parameters: every call pays a DTensor's dispatch
+        # (calibrate's ``sharded_op_ns``), which sharding does not divide
+        phases["update"] += units.optimizer_calls * float(
+            network.info.get("sharded_op_ns") or 0.0)
     if io_hidden:
         phases["load"] = 0.0
     io_busy = base.terms.extra()["io_busy_ns"]
-    units = base.units or Units(np.zeros(0, np.int64), np.ones(1), "", None)
     copy = network.info.get("copy_ns_per_byte")
     if copy is None:
         copy = units.copy_ns_per_byte if units.copy_ns_per_byte is not None else \

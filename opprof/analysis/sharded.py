@@ -275,6 +275,28 @@ def blocking_wait(sigmas: Array, exit_spread_ns: float, units: int, workers: int
     return expected_max_normal(workers) * (float(np.sqrt(s * s + x * x).sum()) + alone * x)
 
 
+def optimizer_calls(trace: Trace) -> float:
+    """The calls the optimizer's step makes per (rank, step), the mean: the host operators
+    directly inside each ``Optimizer.step#…`` range (SGD with momentum: ``mul_``, ``add_``,
+    ``add_`` per parameter). On FSDP2's sharded parameters every one is a call on a
+    ``DTensor``, which costs its dispatch on top of the shard's work (`opprof calibrate
+    --mode fsdp`: ``sharded_op_ns``); 0 where the trace shows no optimizer step."""
+    ev = trace.events
+    ev = ev[step_work(ev) & on_host(ev) & (ev["kind"] == "cpu_op")]
+    name = ev["name"].astype(str)
+    outer = ev[name.str.startswith("Optimizer.step#").to_numpy()]
+    if outer.empty:
+        return 0.0
+    lane = lane_ids(ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy())
+    at = ev.index.get_indexer(outer.index)
+    pos = containing(lane, ev["ts"].to_numpy(np.int64), (ev["ts"] + ev["dur"]).to_numpy(np.int64),
+                     lane[at], outer["ts"].to_numpy(np.int64),
+                     (outer["ts"] + outer["dur"]).to_numpy(np.int64))
+    depth = ev["depth"].to_numpy(np.int64)
+    inner = (pos >= 0) & (depth == outer["depth"].to_numpy(np.int64)[np.maximum(pos, 0)] + 1)
+    return float(inner.sum()) / len(outer)
+
+
 def fsdp_calls(trace: Trace) -> tuple[pd.DataFrame, float]:
     """FSDP2's collectives as its training thread pays them, the way `opprof calibrate --mode
     fsdp` times them: per call (``FSDP::all_gather (unit)`` — copy-in, all-gather, and its

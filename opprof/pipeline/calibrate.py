@@ -166,7 +166,12 @@ def fsdp_network(df: pd.DataFrame, workers: int, info: dict[str, Any]) -> Networ
     per call, so not a median); FSDP's copies are inside those times (``copy_ns_per_byte``
     0); ``info`` adds the mean wait per call for the last rank (``wait_ns``) and the spread of
     the ranks' exits (``exit_spread_ns``), which the model's wait at the next collective
-    adds to each compute segment's own."""
+    adds to each compute segment's own, and what an optimizer's call on FSDP's sharded
+    parameters costs beyond the same call on their local shards (``sharded_op_ns``: the
+    median over rounds and ranks of the difference, 0 where it came out below)."""
+    kind = df["kind"] if "kind" in df else pd.Series("", df.index)
+    ops = df[kind.isin(["sharded_op", "local_op"]).to_numpy()]
+    df = df[~kind.isin(["sharded_op", "local_op"]).to_numpy()]
     calls, spread = fsdp_calls(df)
     net = fit_network(calls, workers, 0.0, "mean", source="calibrate", framework="torch",
                       backend="gloo all_gather_single / reduce_scatter_single, with FSDP's "
@@ -175,6 +180,12 @@ def fsdp_network(df: pd.DataFrame, workers: int, info: dict[str, Any]) -> Networ
     net.info.update({"copies": "inside the collectives' times",
                      "wait_ns": float(calls["wait_ns"].mean()), "exit_spread_ns": spread,
                      "calls": int(len(calls))})
+    if len(ops):
+        per = ops.assign(round=ops.groupby(["rank", "kind"]).cumcount()) \
+            .pivot_table(index=["rank", "round"], columns="kind", values="ns")
+        if {"sharded_op", "local_op"} <= set(per.columns):
+            extra = float((per["sharded_op"] - per["local_op"]).median())
+            net.info["sharded_op_ns"] = max(0.0, extra)
     return net
 
 
