@@ -19,7 +19,9 @@ the calls' costs.
 
 Each folder is one of ``bench_model.py``'s torch-fsdp cases (``torch-base.trace``,
 ``torch-fsdp-2w.trace``, ``torch-net.json``); ``--sizes`` adds each unit size's mean cost
-per call, measured and calibrated.
+per call, measured and calibrated; ``--steps`` each profiled step's exposed comm, its calls'
+cost after the last rank in, the largest unit's part of it and its copy-in (the first touch
+of the unit's new flat buffer), against the model's one figure per step.
 """
 
 from __future__ import annotations
@@ -88,7 +90,22 @@ def pieces(trace: Trace, calls: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
-def run(folder: Path, sizes: bool) -> None:
+def by_step(d: pd.DataFrame, steps: pd.DataFrame, model_comm_ms: float) -> pd.DataFrame:
+    """Per profiled step (the mean over ranks, ms): exposed comm, the calls' cost after the
+    last rank entered, the largest unit's calls and their copy-in, beside the model's comm."""
+    big = d["bytes"] == d["bytes"].max()
+    per = pd.DataFrame({
+        "exposed comm": steps.groupby("step")["comm"].mean(),
+        "calls": d.groupby("step")["ns"].sum() / d.groupby("step")["rank"].nunique(),
+        "largest unit's calls": d[big].groupby("step")["ns"].sum()
+        / d[big].groupby("step")["rank"].nunique(),
+        "its copy-in": d[big].groupby("step")["copy-in"].sum()
+        / d[big].groupby("step")["rank"].nunique()}) / 1e6
+    per["model's comm"] = model_comm_ms
+    return per
+
+
+def run(folder: Path, sizes: bool, each_step: bool = False) -> None:
     """One bench_model torch-fsdp case: measured against the model."""
     trace = load(folder / "torch-fsdp-2w.trace")
     calls, spread = fsdp_calls(trace)
@@ -120,16 +137,20 @@ def run(folder: Path, sizes: bool) -> None:
         cal = [net.kind_cost_ns(k, b, 2) / 1e6 for k, b in g.index]
         t = pd.DataFrame({"measured ms": g, "calibrated ms": cal})
         print(t.round(2).to_string())
+    if each_step:
+        print(by_step(d, steps, sim.phases["comm"] / 1e6).round(1).to_string())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--sizes", action="store_true", help="each unit size's cost per call")
+    ap.add_argument("--steps", action="store_true",
+                    help="each profiled step's exposed comm and the largest unit's calls")
     args = ap.parse_args()
     print("load average: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     for folder in args.folders:
-        run(folder, args.sizes)
+        run(folder, args.sizes, args.steps)
 
 
 if __name__ == "__main__":

@@ -403,7 +403,8 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
                   deltas: dict[str, float] | None, comm_scale: float, communicate: bool,
                   io_hidden: bool, straggler: bool) -> tuple[ShardedPlan, Policy]:
     """:func:`plan` for ``fsdp``: the base's compute, the optimizer on a 1/N shard (of the
-    base's shard, 1/N_base, in an FSDP base), its units' bytes and compute shares."""
+    base's shard, 1/N_base, in an FSDP base; from a base that did not shard, each of its calls
+    plus a DTensor's dispatch), its units' bytes and compute shares."""
     policy = policy_for(base.framework, Collective.FSDP, base.device)
     phases = {p: base.phases[p] for p in COMPUTE_PHASES}
     for p, d in (deltas or {}).items():

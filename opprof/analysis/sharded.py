@@ -16,7 +16,9 @@ of both), else its share of the bytes.
     forward:  AG(root) · [AG(u) → forward(u) → copy-out]  for u = root, 1 … U
     backward: [AG(u) → backward(u) → copy-out → RS(u)]    for u = U … 1, then the root's
               backward and RS (the root stays gathered after forward: no second AG)
-    update:   the optimizer on this rank's 1/N shard, after the last RS
+    update:   the optimizer on this rank's 1/N shard, after the last RS, each of its calls
+              a DTensor's dispatch more (:func:`optimizer_calls`, calibrate's
+              ``sharded_op_ns``)
 
 - all-gather (AG) of a unit of n bytes and reduce-scatter (RS): what the training thread
   pays for the call after the last rank entered it, FSDP's copies inside (`opprof calibrate
