@@ -540,7 +540,7 @@ def _stepper(batches: Iterator[Batch], model: nn.Module,
         with record_function("opprof.update"):
             optimizer.step()
             optimizer.zero_grad()
-        return loss.detach()
+            return loss.detach()  # (inside: the loss kept for --converge is the step's)
 
     return step
 
