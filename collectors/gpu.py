@@ -2,7 +2,9 @@
 
 ``require_cuda(fw)`` is called before a ``--device cuda`` recording starts, so a machine
 without a GPU (or a CPU-only framework build) gets one clear line and exit code 2 instead of
-a framework traceback half-way through; ``require_nsys()`` does the same for ``--nsys``.
+a framework traceback half-way through; ``require_gpu_per_rank`` refuses more torch workers
+on a machine than it has GPUs (NCCL's one rank per GPU); ``require_nsys()`` does the same for
+``--nsys``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ def require_cuda(fw: str) -> list[str]:
         raise OpprofError(f"--device cuda but {fw} {version} sees no CUDA GPU ({why}); "
                           "use --device cpu")
     return names
+
+
+def require_gpu_per_rank(fw: str, workers_here: int, gpus: list[str]) -> None:
+    """An OpprofError when torch would put two ranks on one GPU: NCCL refuses that ("Duplicate
+    GPU detected") at the first collective, after every worker has loaded."""
+    if fw == "torch" and workers_here > len(gpus):
+        raise OpprofError(
+            f"--device cuda with {workers_here} workers on this machine, but it has "
+            f"{len(gpus)} GPU(s) ({', '.join(gpus)}) and NCCL runs one rank per GPU; use "
+            f"--workers {len(gpus)} (or fewer), or --device cpu")
 
 
 def _gpus(fw: str, mod: ModuleType) -> tuple[list[str], str]:

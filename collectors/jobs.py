@@ -163,9 +163,10 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     check(config)
     require_installed(config.fw)
     if config.device == Device.CUDA:
-        from opprof.collectors.gpu import require_cuda
+        from opprof.collectors.gpu import require_cuda, require_gpu_per_rank
 
-        require_cuda(str(config.fw))
+        gpus = require_cuda(str(config.fw))
+        require_gpu_per_rank(str(config.fw), config.workers // config.rendezvous.nnodes, gpus)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     config = with_default_threads(config)

@@ -218,7 +218,9 @@ class TorchAdapter:
         averages = _key_averages(prof, self.device)
         write_atomic(trace.with_name(trace.name.replace(".pt.trace.json", ".key_averages.json")),
                      json.dumps(averages, indent=1) + "\n")
-        markers = sum(a["count"] for a in averages if a["name"].startswith("ProfilerStep"))
+        markers = sum(a["count"] for a in averages
+                      if a["name"].startswith("ProfilerStep") and "device_type" not in a
+                      and a["cpu_time_total_us"] > 0)
         if markers != self.steps:
             raise OpprofError(
                 f"torch.profiler {self.torch.__version__} recorded {markers} ProfilerStep "
@@ -278,6 +280,9 @@ class KeyAverage(TypedDict):
     cpu_time_total_us: float
     self_cpu_time_total_us: float
     device_time_total_us: NotRequired[float]  # on a GPU
+    device_type: NotRequired[str]  # a row of the device's own events (e.g. "cuda"): the
+    # GPU side of a ``record_function`` range, such as the ``ProfilerStep*`` that Kineto
+    # writes beside the CPU one when it traces CUDA
 
 
 def _key_averages(prof: Profile, device: torch.device) -> list[KeyAverage]:
@@ -289,6 +294,9 @@ def _key_averages(prof: Profile, device: torch.device) -> list[KeyAverage]:
                            "self_cpu_time_total_us": float(avg.self_cpu_time_total)}
         if device.type == "cuda":
             row["device_time_total_us"] = float(getattr(avg, "device_time_total", 0.0))
+        kind = str(getattr(avg, "device_type", "CPU")).rsplit(".", 1)[-1]
+        if kind != "CPU":
+            row["device_type"] = kind.lower()
         rows.append(row)
     return rows
 
@@ -532,7 +540,7 @@ def _stepper(batches: Iterator[Batch], model: nn.Module,
         with record_function("opprof.update"):
             optimizer.step()
             optimizer.zero_grad()
-        return loss.detach()
+            return loss.detach()  # (inside: the loss kept for --converge is the step's)
 
     return step
 

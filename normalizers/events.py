@@ -266,7 +266,10 @@ def finish(
                                      row_phase[lead])
     phase = np.where(is_marker, row_phase, own_phase)
     if container.any():
-        graphs.settle(op, phase, row_phase, anc, is_op & on_host & ~container)
+        autograd = np.append(np.asarray(names.categories.str.contains("CompiledFunction"), bool),
+                             False)[codes] & container
+        late = graphs.after_backward(autograd, rank, step, row_phase, is_op & on_host, unmarked)
+        graphs.settle(op, phase, row_phase, anc, is_op & on_host & ~container, late)
         op[has_anc] = op[anc[has_anc]]  # the backward twins settle gave outermost operators
         op[in_comm] = _COMM_OP
     phase[has_anc] = phase[anc[has_anc]]

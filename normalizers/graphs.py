@@ -18,7 +18,14 @@ them, through :class:`Graphs`:
   graph's op and phase, one per uncovered interval (:meth:`Graphs.own_time`; an FX graph
   call's is ``CompiledFxGraph <first 8 characters of its hash>… (own time)``). So a graph's
   span is its operators plus its own time, each counted once, and the phase breakdown sees
-  the whole span as the graph's phase.
+  the whole span as the graph's phase. Where the graph's thread is blocked in
+  ``loss.backward()`` while the autograd engine runs the backward graph on a thread of its
+  own (CUDA training with the whole step compiled), that time is no operator of the graph's:
+  it is a backward marker ``<graph> (waiting for backward)``, and the backward operators on
+  the engine's thread win it;
+* a graph outside any autograd wrapper that starts after its step's backward ended (the
+  optimizer step compiled with the rest of the training step, whose ``Optimizer.step``
+  range Dynamo drops) is update, on a rank without phase markers.
 
 A container inside an ordinary operator is part of that operator (a compiled optimizer step
 inside ``Optimizer.step#…`` is ``weights_update``). Everything is vectorized; the only loop
@@ -35,7 +42,7 @@ import pandas as pd
 from opprof.intervals import Nesting, containing, merge
 from opprof.taxonomy import CANONICAL_OPS, INTRINSIC_PHASES, PHASES
 
-_BACKWARD = PHASES.index("backward")
+_FORWARD, _BACKWARD, _UPDATE = (PHASES.index(p) for p in ("forward", "backward", "update"))
 _INTRINSIC = [PHASES.index(p) for p in INTRINSIC_PHASES]
 _OP = {o: i for i, o in enumerate(CANONICAL_OPS)}
 #: Each op's twin inside a backward graph (``fully_connected`` → ``fully_connected_backward``).
@@ -43,6 +50,8 @@ BACKWARD_TWIN = np.array([i if o.endswith("_backward") else _OP.get(f"{o}_backwa
                           for i, o in enumerate(CANONICAL_OPS)], dtype=np.int64)
 #: The suffix of the name of a graph's own-time events.
 OWN_TIME = " (own time)"
+#: The suffix of a graph's time spent waiting for the autograd engine's backward (a marker).
+WAITING = " (waiting for backward)"
 #: An FX graph call; its own time is named by the first characters of the graph's hash.
 _FX_CALL = r"^## Call CompiledFxGraph (\w{8})\w* ##$"
 
@@ -81,15 +90,21 @@ class Graphs:
         return cls(idx, level, inner, ops, ts, end)
 
     def settle(self, op: np.ndarray, phase: np.ndarray, row_phase: np.ndarray,
-               anc: np.ndarray, operators: np.ndarray) -> None:
+               anc: np.ndarray, operators: np.ndarray,
+               after_backward: np.ndarray | None = None) -> None:
         """Give graphs and the outermost operators inside them their phase, and backward
         twins inside backward graphs (in place; ``operators``: host operators that are not
-        containers, ``anc`` their outermost enclosing operator)."""
+        containers, ``anc`` their outermost enclosing operator). ``after_backward`` marks the
+        graphs outside any autograd wrapper that start after their step's backward ended on a
+        rank without phase markers: the optimizer step compiled with the rest of the training
+        step (Dynamo drops its ``Optimizer.step`` range), so update."""
         for lv in range(int(self.level.max()) + 1):
             sel = self.idx[self.level == lv]
             parent = self.inner[sel]
             take = (parent >= 0) & (row_phase[sel] < 0)
             phase[sel[take]] = phase[parent[take]]
+            if after_backward is not None:
+                phase[sel[after_backward[sel] & (phase[sel] == _FORWARD)]] = _UPDATE
         n = len(op)
         child = np.flatnonzero(operators & (self.inner >= 0) & (anc == np.arange(n))
                                & ~np.isin(row_phase, _INTRINSIC))
@@ -99,6 +114,32 @@ class Graphs:
         inside[self.idx] = True
         twin = inside & (phase == _BACKWARD) & (op >= 0)
         op[twin] = BACKWARD_TWIN[op[twin]]
+
+    def after_backward(self, autograd: np.ndarray, rank: np.ndarray, step: np.ndarray,
+                       phase: np.ndarray, host_ops: np.ndarray, unmarked: np.ndarray
+                       ) -> np.ndarray:
+        """Per event: a graph outside any autograd wrapper (``autograd``: the
+        ``CompiledFunction`` / ``CompiledFunctionBackward`` events) on a rank without phase
+        markers that starts at or after the end of its step's last backward host operator
+        (``host_ops`` whose own row's ``phase`` is backward): see :meth:`settle`."""
+        n = len(step)
+        out = np.zeros(n, bool)
+        idx = self.idx
+        under = autograd.copy()
+        for lv in range(int(self.level.max()) + 1):
+            sel = idx[self.level == lv]
+            parent = self.inner[sel]
+            under[sel] |= np.where(parent >= 0, under[np.maximum(parent, 0)], False)
+        back = host_ops & (phase == _BACKWARD) & (step >= 0)
+        cand = idx[~under[idx] & unmarked[idx] & (step[idx] >= 0)]
+        if not back.any() or not len(cand):
+            return out
+        last = pd.Series(self.end[back]).groupby([rank[back], step[back]]).max()
+        pos = last.index.get_indexer(pd.MultiIndex.from_arrays([rank[cand], step[cand]]))
+        ok = pos >= 0
+        ended = np.where(ok, last.to_numpy(np.int64)[np.maximum(pos, 0)], np.iinfo(np.int64).max)
+        out[cand[ok & (self.ts[cand] >= ended)]] = True
+        return out
 
     def own_time(self, events: pd.DataFrame) -> pd.DataFrame:
         """The time of each graph that no host operator inside it covers, as counted events
@@ -119,18 +160,56 @@ class Graphs:
         gpos = starts // width
         src = events.iloc[idx[gpos]].reset_index(drop=True)
         k = len(src)
+        own_phase = src["phase"].astype(object).to_numpy().copy()
+        waits = _waiting_for_backward(events, src["rank"].to_numpy(np.int64),
+                                      src["tid"].to_numpy(np.int64), starts - base[gpos],
+                                      ends - base[gpos])
+        own_phase[waits] = "backward"
+        own_op = src["op"].astype(object).to_numpy().copy()
+        own_op[waits] = None
         return pd.DataFrame({
             "rank": src["rank"].to_numpy(), "role": src["role"].astype(object).to_numpy(),
             "pid": src["pid"].to_numpy(), "tid": src["tid"].to_numpy(),
             "device": src["device"].astype(object).to_numpy(),
             "ts": starts - base[gpos], "dur": ends - starts,
             "name": src["name"].astype(str).str.replace(_FX_CALL, r"CompiledFxGraph \1…",
-                                                        regex=True).to_numpy(object) + OWN_TIME,
-            "kind": "cpu_op", "op": src["op"].astype(object).to_numpy(),
-            "phase": src["phase"].astype(object).to_numpy(),
+                                                        regex=True).to_numpy(object)
+            + np.where(waits, WAITING, OWN_TIME),
+            "kind": np.where(waits, "marker", "cpu_op"), "op": own_op,
+            "phase": own_phase,
             "step": src["step"].to_numpy(np.int32),
             "depth": (src["depth"].to_numpy(np.int64) + 1).astype(np.int16),
-            "counted": np.ones(k, bool), "bytes": np.zeros(k, np.int64),
-            "detail": "time of the compiled graph that no operator inside it covers",
+            "counted": ~waits, "bytes": np.zeros(k, np.int64),
+            "detail": np.where(waits, "the graph's thread waits for the backward pass that the "
+                               "autograd engine runs on its own thread",
+                               "time of the compiled graph that no operator inside it covers"),
             "link": np.full(k, -1, np.int64),
         })
+
+
+def _waiting_for_backward(events: pd.DataFrame, rank: np.ndarray, tid: np.ndarray,
+                          start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per own-time interval (rank, lane's tid, start, end): whether a backward operator of
+    another thread of the rank starts inside it — the graph's thread is blocked in
+    ``loss.backward()`` while the autograd engine runs the backward graph on its own thread
+    (on a GPU; a whole training step compiled), so that time is backward, not the graph's."""
+    ev = events
+    back = (ev["counted"].to_numpy(bool) & ev["device"].eq("cpu").to_numpy(bool)
+            & ev["phase"].eq("backward").to_numpy(bool))
+    out = np.zeros(len(start), bool)
+    if not back.any() or not len(start):
+        return out
+    b_rank = ev["rank"].to_numpy(np.int64)[back]
+    b_tid = ev["tid"].to_numpy(np.int64)[back]
+    b_ts = ev["ts"].to_numpy(np.int64)[back]
+    t0 = int(min(b_ts.min(), start.min()))
+    width = int(max(b_ts.max(), end.max()) - t0) + 2
+    key = b_rank * width + (b_ts - t0)
+    order = np.argsort(key, kind="stable")
+    key, b_tid = key[order], b_tid[order]
+    lo = np.searchsorted(key, rank * width + (start - t0), side="left")
+    hi = np.searchsorted(key, rank * width + (end - t0), side="left")
+    # the first backward operator starting inside, on another thread (one lookup: a graph's
+    # own lane runs no operator inside its own time)
+    first = np.minimum(lo, len(key) - 1)
+    return (hi > lo) & (b_tid[first] != tid)

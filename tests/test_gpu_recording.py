@@ -46,3 +46,12 @@ def test_nsys_flag_without_nsys_is_a_clear_error(tmp_path: Path) -> None:
 def test_unknown_framework_is_refused() -> None:
     with pytest.raises(OpprofError, match="unknown framework"):
         require_cuda("jax")
+
+
+def test_more_torch_workers_than_gpus_is_refused_before_anything_runs() -> None:
+    from opprof.collectors.gpu import require_gpu_per_rank
+
+    with pytest.raises(OpprofError, match=r"2 workers on this machine, but it has 1 GPU\(s\) "
+                                          r"\(NVIDIA H200\) and NCCL runs one rank per GPU"):
+        require_gpu_per_rank("torch", 2, ["NVIDIA H200"])
+    require_gpu_per_rank("torch", 2, ["NVIDIA H200", "NVIDIA H200"])
