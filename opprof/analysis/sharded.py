@@ -285,10 +285,11 @@ def optimizer_calls(trace: Trace) -> float:
     --mode fsdp`: ``sharded_op_ns``); 0 where the trace shows no optimizer step."""
     ev = trace.events
     ev = ev[step_work(ev) & on_host(ev) & (ev["kind"] == "cpu_op")]
-    name = ev["name"].astype(str)
-    outer = ev[name.str.startswith("Optimizer.step#").to_numpy()]
-    if outer.empty:
+    names = pd.Series(pd.unique(ev["name"].astype(str)))
+    steps = names[names.str.startswith("Optimizer.step#")]
+    if steps.empty:
         return 0.0
+    outer = ev[ev["name"].astype(str).isin(steps).to_numpy()]
     lane = lane_ids(ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy())
     at = ev.index.get_indexer(outer.index)
     pos = containing(lane, ev["ts"].to_numpy(np.int64), (ev["ts"] + ev["dur"]).to_numpy(np.int64),
