@@ -430,6 +430,26 @@ def assign_ranks(declared: list[int]) -> list[int]:
     return out
 
 
+def release_freed_memory() -> None:
+    """Give the C heap's free memory back to the system (glibc's ``malloc_trim``): the
+    chunks of events decoded and dropped while reading leave ~30 MiB of free heap on a
+    135k-event file that the finishing pass's arrays (mapped, not from that heap) cannot
+    reuse, so returning it lowers the read's peak. A no-op where the C library has none."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
 def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
                detail: bool = True) -> tuple[Trace, dict]:
     """One document normalized as ``rank`` (a Trace whose metadata is that of a one-file
@@ -467,6 +487,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         "sharded": sharded_mode(raw["name"].cat.categories),
         drops.KEY: warnings.get(drops.KEY, {}),
     }
+    release_freed_memory()  # the decoded chunks' heap, before the finishing pass peaks
     trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
     info[drops.KEY] = trace.meta.get(drops.KEY, {})
     if memory is not None:
