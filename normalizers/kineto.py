@@ -435,19 +435,20 @@ def release_freed_memory() -> None:
     chunks of events decoded and dropped while reading leave ~30 MiB of free heap on a
     135k-event file that the finishing pass's arrays (mapped, not from that heap) cannot
     reuse, so returning it lowers the read's peak. A no-op where the C library has none."""
-    global _TRIM
-    if _TRIM is None:
-        import ctypes
-
-        try:
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_TRIM: Any = None
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None (musl, macOS)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def rank_trace(path: Path, doc: Document, rank: int, meta: dict,

@@ -234,7 +234,11 @@ class Pieces:
 _ahead: dict[tuple[int, int], tuple[Pieces, tuple[int, int]]] = {}
 
 
-def _identity(path: str | os.PathLike[str]) -> tuple[tuple[int, int], tuple[int, int]] | None:
+#: ((device, inode), (size, mtime ns)) of a regular file: the same file, unchanged.
+FileIdentity = tuple[tuple[int, int], tuple[int, int]]
+
+
+def file_identity(path: str | os.PathLike[str]) -> FileIdentity | None:
     """((device, inode), (size, mtime ns)) of a regular file; None for anything else."""
     try:
         st = os.stat(path)
@@ -258,7 +262,7 @@ def prefetch(path: str | os.PathLike[str]) -> bool:
     """Start inflating ``path`` on a second thread when it is a regular gzip file; True when
     started. Its text is kept for the reader (:func:`prefetched` whole, :func:`pieces` in
     pieces), at most :data:`AHEAD` bytes ahead of it."""
-    ident = _identity(path)
+    ident = file_identity(path)
     if ident is None or ident[0] in _ahead or not _is_gzip(path):
         return False
     _ahead[ident[0]] = (Pieces(path, gzipped=True), ident[1])
@@ -268,7 +272,7 @@ def prefetch(path: str | os.PathLike[str]) -> bool:
 def _take(path: str | os.PathLike[str]) -> Pieces | None:
     """The prefetch of ``path`` when one was started and the file is unchanged since
     (handed out once); None otherwise."""
-    ident = _identity(path)
+    ident = file_identity(path)
     if ident is None:
         return None
     entry = _ahead.pop(ident[0], None)
@@ -295,7 +299,7 @@ def pieces(path: str | os.PathLike[str]) -> Pieces | None:
     ahead = _take(path)
     if ahead is not None:
         return ahead
-    if _identity(path) is None:
+    if file_identity(path) is None:
         return None
     gz = _is_gzip(path)
     return None if gz is None else Pieces(path, gzipped=gz)

@@ -19,10 +19,11 @@ Standard library only at import: the CLI imports this module first thing.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
+
+from opprof.gunzip import FileIdentity, file_identity
 
 
 class _Child:
@@ -30,7 +31,7 @@ class _Child:
     far, drained from the pipe by a thread as it comes (so that the child ends as soon as it
     has read the file, instead of holding the columns until they are taken)."""
 
-    def __init__(self, ident: tuple[int, int, int, int], detail: bool, pid: int,
+    def __init__(self, ident: FileIdentity, detail: bool, pid: int,
                  fd: int) -> None:
         import threading
 
@@ -59,17 +60,6 @@ _DETAIL = False
 NOT_STREAMED = "not streamed"
 
 
-def _identity(path: str) -> tuple[int, int, int, int] | None:
-    """(device, inode, size, mtime ns) of a regular file; None for anything else."""
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
 def report_file(argv: list[str]) -> str | None:
     """The one trace file a command line reports (``opprof report FILE ...``); None for
     other commands, several files or a file that is not JSON or gzip."""
@@ -77,7 +67,7 @@ def report_file(argv: list[str]) -> str | None:
             and (i == 0 or argv[i - 1] not in ("-o", "--output", "--by", "--top", "--format",
                                                 "--device-span", "--scheduler", "--jobs",
                                                 "-j"))]
-    if len(args) != 2 or args[0] != "report" or _identity(args[1]) is None:
+    if len(args) != 2 or args[0] != "report" or file_identity(args[1]) is None:
         return None  # (a FIFO or a device is never opened here)
     try:
         with open(args[1], "rb") as f:
@@ -117,7 +107,7 @@ def start(argv: list[str]) -> bool:
     if path is None or setting == "0" or not hasattr(os, "fork") or (
             setting != "1" and not core_free()):
         return False
-    ident = _identity(path)
+    ident = file_identity(path)
     if ident is None:
         return False
     import msgspec  # noqa: F401 (both processes need them: imported once, before the fork)
@@ -202,7 +192,7 @@ def taken(path: str | os.PathLike[str], detail: bool) -> Any:
     once."""
     global _child
     child = _child
-    if child is None or _identity(str(path)) != child.ident or detail != child.detail:
+    if child is None or file_identity(str(path)) != child.ident or detail != child.detail:
         return None
     _child = None
     import pickle
@@ -213,7 +203,7 @@ def taken(path: str | os.PathLike[str], detail: bool) -> Any:
     except Exception:  # noqa: BLE001 (the child failed or was killed: read it here)
         status, doc = "failed", None
     del child.data
-    return doc if status == "read" and _identity(str(path)) == child.ident else None
+    return doc if status == "read" and file_identity(str(path)) == child.ident else None
 
 
 def _reap(pid: int) -> None:

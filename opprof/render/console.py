@@ -500,7 +500,7 @@ def critical_table(rep: Report) -> Table:
 
 def side(kernels: pd.DataFrame, where: str) -> pd.DataFrame:
     """The rows of a fused-kernel table (opprof.analysis.compiled) of one side, host or device
-    (a table of an older report without the column: all of it)."""
+    (a report's default, empty table has no columns: itself)."""
     return kernels[kernels["where"] == where] if "where" in kernels else kernels
 
 
