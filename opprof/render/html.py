@@ -36,6 +36,7 @@ from opprof.render.plotdata import MS
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
+    from opprof.advice.base import Advisory
     from opprof.analysis.matrix import Bench
     from opprof.meta import MetaMapping
 
@@ -339,12 +340,14 @@ def _subtitle(meta: MetaMapping) -> str:
     return "  ·  ".join(f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, ""))
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The whole report as one HTML page (every view; ``by`` is ignored)."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The whole report as one HTML page (every view; ``by`` is ignored; ``advice`` first)."""
     meta = rep.meta
     n_steps, ranks = len(rep.steps), sorted(set(rep.steps["rank"])) if len(rep.steps) else []
     mean = float(rep.steps["dur_ns"].mean()) if n_steps else float("nan")
-    secs = [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
+    secs = [("advice", "Advice", _report_advice(advice))] if advice is not None else []
+    secs += [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
             ("steps", "Step breakdown", _report_steps(rep, len(ranks))),
             ("ops", "Operators", _report_ops(rep.ops, top, "host"))]
     if len(rep.device_ops):
@@ -368,6 +371,35 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     title = "opprof report — " + (" ".join(str(meta[k]) for k in ("framework", "model")
                                            if meta.get(k)) or name)
     return page(title, _subtitle(meta), secs, footer)
+
+
+def _report_advice(a: Advisory) -> str:
+    """The advice, largest saving first: what the trace shows, what to do, the saving."""
+    training = [x for x in a.advice if x.kind == "training"]
+    out = ""
+    if not a.step_ns:
+        return note("No advice: " + next(iter(a.not_checked.values()), "no steps"))
+    if not training:
+        out += (f'<p><b>Healthy</b>: no rule finds a saving of 2% of the step or more '
+                f"({html.escape(a.bound)}).</p>")
+    else:
+        rows = pd.DataFrame([{"#": i, "saves_ms": x.saving_ns, "share": x.saving_share,
+                              "confidence": x.confidence, "finding": x.finding,
+                              "action": x.action, "model": x.model}
+                             for i, x in enumerate(training, 1)])
+        out += table(rows, [("#", "#", f_text), ("saves_ms", "saves ms/step", f_ms),
+                            ("share", "share of step", f_pct),
+                            ("confidence", "confidence", f_text),
+                            ("finding", "finding", f_text), ("action", "action", f_text),
+                            ("model", "predicted by", f_text)])
+    for x in a.advice:
+        if x.kind != "training":
+            out += note(f"{x.finding}: {x.action}")
+    if a.not_checked:
+        out += note("Not checked: " + "; ".join(f"{k} ({v})" for k, v in a.not_checked.items()))
+    return out + note("Each saving is predicted per step by the model or the replay of this "
+                      "trace's dependency graph; `opprof advise TRACE` gives the evidence, "
+                      "`--verify` checks them on a recorded run.")
 
 
 def _report_summary(rep: Report, n_steps: int, ranks: list[int], mean: float) -> str:
