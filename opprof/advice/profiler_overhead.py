@@ -29,9 +29,10 @@ def advise(ev: Evidence) -> list[Advice]:
     out = []
     if noise.overhead is not None and noise.overhead > OVERHEAD:
         memory = ev.meta.get("memory_sources") or []
-        evidence: JSONObject = {"overhead": noise.overhead, "profiled_median_ns": noise.profiled_median_ns,
-                    "unprofiled_median_ns": noise.median_ns,
-                    "allocator_profiled": "kineto" in memory or "mxnet" in memory}
+        evidence: JSONObject = {
+            "overhead": noise.overhead, "profiled_median_ns": noise.profiled_median_ns,
+            "unprofiled_median_ns": noise.median_ns,
+            "allocator_profiled": "kineto" in memory or "mxnet" in memory}
         action = ("read the savings as shares of the step (the profiled operators are "
                   "inflated); for a lighter profile record fewer details ("
                   + ("--no-profile-memory, " if evidence["allocator_profiled"] else "")
