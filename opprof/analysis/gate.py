@@ -14,15 +14,18 @@ Each check compares two samples of per-step times, BASE's and NEW's:
 * an **operator** (``--fail-on convolution_backward:+20%``): its host time in each profiled
   step (device time where the trace has GPU kernels), summed over the step's events.
 
-The test is the one-sided **Mann–Whitney U** test of NEW against BASE shifted by the threshold
-(each BASE sample × (1 + X%), or + X ms): the null hypothesis is "NEW is at most X slower than
-BASE", rejected at ``alpha`` (0.05) when NEW's samples lie above BASE's shifted ones more often
-than chance allows. It assumes nothing about the shape of the times (a busy machine's steps are
+The **margin** NEW may be slower by is the threshold (X% of BASE's median, or X ms), or the runs'
+**noise** where that is larger: the larger of the two samples' interquartile range / median (a
+run whose steps vary by 30% among themselves cannot show a 5% regression; the machine's load
+that makes them vary also differs from one run to the next). The test is the one-sided
+**Mann–Whitney U** test of NEW against BASE shifted by the margin (each BASE sample × (1 +
+margin / BASE's median)): the null hypothesis is "NEW is at most the margin slower than BASE",
+rejected at ``alpha`` (0.05) when NEW's samples lie above BASE's shifted ones more often than
+chance allows. It assumes nothing about the shape of the times (a busy machine's steps are
 skewed), and it is exact for small samples (the distribution of U enumerated, no ties) — six
-timed steps per run give a smallest p of 1/924. A check **fails** when the median slowdown is
-beyond the threshold *and* the test rejects: a slowdown smaller than the runs' own spread is not
-significant, so the noise of both runs is what the threshold must clear. The gate fails when
-any check fails.
+timed steps per run give a smallest p of 1/924. A check **fails** when NEW's median is slower
+than BASE's by more than the margin *and* the test rejects. The gate fails when any check
+fails.
 """
 
 from __future__ import annotations
@@ -41,13 +44,16 @@ from opprof.taxonomy import CANONICAL_OPS, PHASES
 if TYPE_CHECKING:
     import pandas as pd
 
+    from opprof.analysis.report import Report
     from opprof.arrays import Array
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
+    from opprof.trace import Trace
 
 #: The significance level a check must reach to fail.
 ALPHA = 0.05
-TEST = "Mann-Whitney U (one-sided, NEW vs BASE shifted by the threshold)"
+TEST = ("Mann-Whitney U (one-sided: NEW's steps vs BASE's shifted by the margin, the threshold "
+        "or the runs' noise, the larger)")
 #: Samples up to which the U distribution is enumerated exactly (no ties); beyond, the normal
 #: approximation with the tie correction and a continuity correction.
 EXACT_MAX = 60
@@ -71,18 +77,12 @@ class Threshold:
             return f"+{self.relative * 100:g}%"
         return f"+{(self.absolute_ns or 0.0) / 1e6:g} ms"
 
-    def shifted(self, base: Array) -> Array:
-        """BASE's samples moved by the threshold (what NEW must exceed)."""
-        if self.relative is not None:
-            out: Array = base * (1.0 + self.relative)
-            return out
-        return base + float(self.absolute_ns or 0.0)
-
-    def exceeded(self, base_ns: float, new_ns: float) -> bool:
-        """Whether NEW's median is beyond the threshold over BASE's."""
-        if self.relative is not None:
-            return bool(base_ns > 0 and new_ns > base_ns * (1.0 + self.relative))
-        return bool(new_ns - base_ns > float(self.absolute_ns or 0.0))
+    def margin_ns(self, base_ns: float, noise: float = 0.0) -> float:
+        """How much slower than ``base_ns`` NEW may be: the threshold, or the runs' noise
+        (a relative spread) where that is larger."""
+        own = base_ns * self.relative if self.relative is not None else float(
+            self.absolute_ns or 0.0)
+        return max(own, base_ns * noise)
 
 
 def parse_amount(text: str, target: str = "step") -> Threshold:
@@ -125,8 +125,23 @@ class Check:
     base_median_ns: float
     new_median_ns: float
     p_value: float | None
-    exceeded: bool  # the median slowdown is beyond the threshold
+    #: the runs' noise: the larger of the two samples' interquartile range / median
+    noise: float
+    #: what NEW's median must exceed BASE's by: the threshold or the noise, the larger (ns)
+    margin_ns: float
     alpha: float = ALPHA
+
+    @property
+    def exceeded(self) -> bool:
+        """NEW's median is slower than BASE's by more than the margin."""
+        return self.delta_ns > self.margin_ns
+
+    @property
+    def noise_bound(self) -> bool:
+        """The runs' noise, not the threshold, set the margin."""
+        own = (self.base_median_ns * self.threshold.relative if self.threshold.relative
+               is not None else float(self.threshold.absolute_ns or 0.0))
+        return self.margin_ns > own
 
     @property
     def delta_ns(self) -> float:
@@ -155,6 +170,7 @@ class Check:
                 "source": self.source, "base_median_ns": self.base_median_ns,
                 "new_median_ns": self.new_median_ns,
                 "samples": {"base": self.base_samples, "new": self.new_samples},
+                "noise": self.noise, "margin_ns": self.margin_ns,
                 "beyond_threshold": self.exceeded, "significant": self.significant}
 
 
@@ -191,6 +207,7 @@ class Gate:
                 "test": self.test, "alpha": self.alpha, "source": h.source,
                 "base_median_ns": h.base_median_ns, "new_median_ns": h.new_median_ns,
                 "samples": {"base": h.base_samples, "new": h.new_samples},
+                "noise": h.noise, "margin_ns": h.margin_ns,
                 "checks": [c.to_dict() for c in self.checks], "notes": list(self.notes)}
 
 
@@ -301,6 +318,74 @@ def check(threshold: Threshold, base: Array, new: Array, source: str,
         raise OpprofError(f"--fail-on {threshold.target}: "
                           f"{'BASE' if not len(base) else 'NEW'} has no {source} to compare")
     b, n = float(np.median(base)), float(np.median(new))
-    p = mann_whitney_greater(new, threshold.shifted(base))
-    return Check(threshold.target, source, threshold, len(base), len(new), b, n, p,
-                 threshold.exceeded(b, n), alpha)
+    noise = max(spread(base), spread(new))
+    margin = threshold.margin_ns(b, noise)
+    shifted = base * (1.0 + margin / b) if b > 0 else base + margin
+    p = mann_whitney_greater(new, shifted)
+    return Check(threshold.target, source, threshold, len(base), len(new), b, n, p, noise,
+                 margin, alpha)
+
+
+def spread(x: Array) -> float:
+    """Interquartile range / median (linear interpolation; 0 for fewer than 2 samples)."""
+    if len(x) < 2:
+        return 0.0
+    q1, med, q3 = (float(v) for v in np.percentile(x, [25, 50, 75]))
+    return (q3 - q1) / med if med > 0 else 0.0
+
+
+def op_per_step(trace: Trace, op: str) -> pd.DataFrame:
+    """Per (worker rank, step): the time of canonical operator ``op`` in it (``ns``), its
+    device time where the trace has GPU work, else its host operators' own time; every
+    (rank, step) of the trace, 0 where the operator did not run."""
+    import pandas as pd
+
+    from opprof.analysis.ops import op_events, own_durations
+    from opprof.filters import device_work
+
+    ev = trace.events
+    where = "device" if bool(device_work(ev).any()) else "host"
+    sel = op_events(trace, where)
+    dur = own_durations(sel) if where == "host" else sel["dur"].to_numpy(np.int64)
+    df = pd.DataFrame({"rank": sel["rank"].to_numpy(np.int64),
+                       "step": sel["step"].to_numpy(np.int64), "ns": dur,
+                       "op": sel["op"].astype(object).to_numpy()})
+    got = df[df["op"] == op].groupby(["rank", "step"])["ns"].sum()
+    bounds = trace.step_bounds()
+    keys = bounds[bounds["rank"].isin(trace.ranks)][["rank", "step"]].drop_duplicates()
+    keys = keys.astype(np.int64)
+    out = keys.merge(got.rename("ns").reset_index(), on=["rank", "step"], how="left")
+    return out.fillna({"ns": 0.0})
+
+
+def gate(base: Report, new: Report, thresholds: list[Threshold], alpha: float = ALPHA,
+         base_trace: Trace | None = None, new_trace: Trace | None = None) -> Gate:
+    """Check NEW against BASE for every threshold (``step``: the unprofiled steps, else the
+    profiled ones; a phase: its wall time per profiled step; an operator: its time per
+    profiled step, from the traces)."""
+    checks = []
+    notes = []
+    for t in thresholds:
+        if t.target == "step":
+            b, n = unprofiled_samples(base.meta), unprofiled_samples(new.meta)
+            source = "unprofiled steps"
+            if not len(b) or not len(n):
+                b = per_step(base.steps, "dur_ns", synchronous(base.meta))
+                n = per_step(new.steps, "dur_ns", synchronous(new.meta))
+                source = "profiled steps"
+                notes.append("the step is compared on profiled steps: "
+                             + " and ".join(side for side, r in (("BASE", base), ("NEW", new))
+                                            if not len(unprofiled_samples(r.meta)))
+                             + " kept no unprofiled timing")
+        elif t.target in PHASES:
+            b = per_step(base.steps, t.target, synchronous(base.meta))
+            n = per_step(new.steps, t.target, synchronous(new.meta))
+            source = "profiled steps (wall time of the phase)"
+        else:
+            if base_trace is None or new_trace is None:
+                raise OpprofError(f"--fail-on {t.target}: an operator gate needs the traces")
+            b = per_step(op_per_step(base_trace, t.target), "ns", synchronous(base.meta))
+            n = per_step(op_per_step(new_trace, t.target), "ns", synchronous(new.meta))
+            source = "profiled steps (time of the operator)"
+        checks.append(check(t, b, n, source, alpha))
+    return Gate(checks, alpha, notes=notes)

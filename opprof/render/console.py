@@ -24,6 +24,8 @@ from opprof.taxonomy import PHASES
 if TYPE_CHECKING:
     from opprof.advice.base import AdviseResult, Advisory, Verification
     from opprof.analysis.convergence import Summary
+    from opprof.analysis.gate import Check as GateCheck
+    from opprof.analysis.gate import Gate
     from opprof.analysis.noise import Noise
     from opprof.meta import MetaMapping
 
@@ -602,6 +604,10 @@ def diff(d: Diff, top: int | None = None) -> str:
               for line in quality_lines(noise)]
     if d.whatif is not None:
         items.append(whatif_swaps_table(d, top))
+    if d.gate is not None:
+        items += [Text(line, style="bold red" if i == 0 and d.gate.verdict == "fail"
+                       else "bold green" if i == 0 else "")
+                  for i, line in enumerate(gate_lines(d.gate))]
     return render(*items)
 
 
@@ -1049,3 +1055,41 @@ def advice(result: AdviseResult) -> str:
     if result.verification is not None:
         items.extend(verification_table(result.verification))
     return render(*items)
+
+
+def _check_text(c: GateCheck) -> str:
+    """One check in words: the slowdown, the samples, the threshold and the test."""
+    what = "step" if c.target == "step" else c.target
+    delta = c.delta
+    change = (f"{abs(delta):.1%} {'slower' if delta > 0 else 'faster'}" if delta is not None
+              else f"{c.delta_ns / 1e6:+,.3f} ms")
+    p = "-" if c.p_value is None else f"{c.p_value:.3g}"
+    margin = (f"; the runs' noise {c.noise:.0%} sets the margin" if c.noise_bound else "")
+    return (f"NEW's {what} is {change} than BASE's (median of {c.new_samples} vs "
+            f"{c.base_samples} {c.source}: {ms(c.new_median_ns)} vs {ms(c.base_median_ns)} "
+            f"ms; threshold {c.threshold.text}{margin}; p = {p})")
+
+
+def gate_line(g: Gate) -> str:
+    """The gate's one-line verdict."""
+    h = g.headline
+    if g.verdict == "fail":
+        why = f"beyond {h.threshold.text} and the noise (p < {g.alpha:g})"
+    elif h.delta_ns <= 0:
+        why = "not slower"
+    elif not h.exceeded:
+        why = (f"within the runs' noise ({h.noise:.0%})" if h.noise_bound
+               else f"within {h.threshold.text}")
+    else:
+        why = f"beyond the margin but not significant (p ≥ {g.alpha:g})"
+    more = f" ({len(g.failed)} of {len(g.checks)} checks failed)" if len(g.checks) > 1 else ""
+    return f"gate: {g.verdict.upper()}{more} — {_check_text(h)}: {why}"
+
+
+def gate_lines(g: Gate) -> list[str]:
+    """The verdict, then every other check and the notes."""
+    lines = [gate_line(g)]
+    lines += [f"  {c.verdict}: {_check_text(c)}" for c in g.checks if c is not g.headline]
+    lines += [f"  test: {g.test}, alpha {g.alpha:g}"]
+    lines += [f"  note: {n}" for n in g.notes]
+    return lines

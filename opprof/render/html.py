@@ -373,6 +373,18 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     return page(title, _subtitle(meta), secs, footer)
 
 
+def _gate_html(d: Diff) -> str:
+    """The regression gate's verdict and checks (``diff --fail-above``)."""
+    if d.gate is None:
+        return ""
+    from opprof.render.console import gate_lines
+
+    lines = gate_lines(d.gate)
+    color = "#b00020" if d.gate.verdict == "fail" else "#1b7f3b"
+    return (f'<p style="color:{color}"><b>{html.escape(lines[0])}</b></p>'
+            + "".join(note(line.strip()) for line in lines[1:]))
+
+
 def _report_advice(a: Advisory) -> str:
     """The advice, largest saving first: what the trace shows, what to do, the saving."""
     training = [x for x in a.advice if x.kind == "training"]
@@ -715,7 +727,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                       else " (no unprofiled timing in both runs)")
                    + ". The phase and operator tables are profiled times; positive A−B: A "
                      "spends longer.")
-            + (note(verdict) if verdict else ""))
+            + (note(verdict) if verdict else "") + _gate_html(d))
     both = pd.DataFrame({p: [float(d.phases.set_index('phase').get('a_ns_per_step', {}).get(p, 0)),
                              float(d.phases.set_index('phase').get('b_ns_per_step', {}).get(p, 0))]
                          for p in PHASES}) / MS

@@ -123,6 +123,11 @@ def diff(d: Diff, top: int | None = None) -> str:
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
         out += f"\n### What if A ran each operator at B's speed\n\n{md_table(rows)}\n"
+    if d.gate is not None:
+        from opprof.render.console import gate_lines
+
+        out += "\n### Regression gate\n\n" + "".join(f"- {line.strip()}\n"
+                                                       for line in gate_lines(d.gate))
     return out
 
 
