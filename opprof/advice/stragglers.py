@@ -1,7 +1,8 @@
 """Stragglers: in a synchronous job every rank waits for the slowest at each collective, so a
 rank that is slower step after step slows them all. Evidence: per step, the rank with the
 largest own time (step minus its wait for others; :mod:`opprof.analysis.ranks`), how often the
-same rank is the slowest, by how much, its host. Action: name the rank and what to look at
+same rank is the slowest — more often than chance allows (:data:`CHANCE`), else it is the
+machine's noise —, by how much, its host. Action: name the rank and what to look at
 (its data shard, its device or host, what else runs there; or balance the work). Saving: per
 step, the slowest rank's own time minus the next slowest's (the step is bound by the slowest:
 at the others' speed it would be bound by the next), the mean over the steps — the
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 
 NAME = "stragglers"
 NEEDS: tuple[str, ...] = ("ranks",)
-#: The share of the steps one rank must be the slowest in to be a straggler (not chance).
-MOST_STEPS = 0.6
+#: How unlikely it must be that one of the ranks is the slowest that often by chance (a
+#: binomial tail, each rank equally likely to be the slowest of a step).
+CHANCE = 0.1
 
 
 def advise(ev: Evidence) -> list[Advice]:
@@ -43,8 +45,10 @@ def advise(ev: Evidence) -> list[Advice]:
     counts = slowest["rank"].value_counts()
     rank = int(counts.index[0])
     steps = int(per["step"].nunique())
-    if counts.iloc[0] / steps < MOST_STEPS:
-        return []
+    n_ranks = int(per["rank"].nunique())
+    chance = _by_chance(int(counts.iloc[0]), steps, n_ranks)
+    if chance >= CHANCE:
+        return []  # another rank is as likely: the machine's noise, no straggler
     saving = []
     for _, g in per.groupby("step"):
         own = g.set_index("rank")["own_ns"].astype(np.float64)
@@ -62,6 +66,7 @@ def advise(ev: Evidence) -> list[Advice]:
     hosts = {str(r.get("rank")): r.get("host") for r in (ev.meta.get("per_rank") or [])
              if isinstance(r, dict)}
     evidence: JSONObject = {"rank": rank, "slowest_in_steps": int(counts.iloc[0]), "steps": steps,
+                            "chance": chance,
                 "own_ns_per_step": own, "others_median_own_ns": median_other,
                 "excess_share": own / median_other - 1.0 if median_other > 0 else None,
                 "host": hosts.get(str(rank))}
@@ -82,3 +87,13 @@ def advise(ev: Evidence) -> list[Advice]:
     return [Advice(NAME, finding, action, saving_ns, saving_ns / step if step else 0.0,
                    "medium", evidence, "the slowest rank's excess over the next slowest, per "
                                        "step (the synchronous step is bound by the slowest)")]
+
+
+def _by_chance(k: int, n: int, ranks: int) -> float:
+    """The probability that some rank is the slowest in at least ``k`` of ``n`` steps when each
+    of ``ranks`` ranks is as likely to be (a union bound over the ranks)."""
+    from math import comb
+
+    p = 1.0 / ranks
+    tail = sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+    return min(1.0, ranks * tail)
