@@ -21,7 +21,7 @@ NAME = "launch-bound"
 NEEDS: tuple[str, ...] = ("gpu",)
 #: The launch share of the GPU ranks' critical paths from which a step is launch-bound.
 LAUNCH_SHARE = 0.20
-GRAPH_LAUNCH = r"(?i)(cuda|hip)GraphLaunch"
+GRAPH_LAUNCH = r"(?i)(?:cuda|hip)GraphLaunch"
 #: The gap between two kernels replayed by one CUDA graph where the trace has none of its own:
 #: the median measured in fixtures/gpu/compiled-cudagraphs.pt.trace.json.gz (H200, CUDA 13,
 #: 189 gaps; p10 384 ns, p90 800 ns).

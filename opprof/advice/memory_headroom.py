@@ -7,7 +7,8 @@ the parameters, their gradients and the optimizer's state), the batch size. Acti
 larger (k a power of two that fits in 80% of the capacity). Saving: the phase model with the
 per-sample phases × k and the update once, per sample
 (:func:`opprof.analysis.knobs.batched`); the exposed communication is kept per sample (its
-amortization is the exposed-communication rule's gradient accumulation, not counted twice)."""
+amortization is the exposed-communication rule's gradient accumulation, not counted twice).
+A pipeline-parallel job is left to the pipeline rules: its larger batch is more micro-batches."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ STATE_COPIES = 4
 def advise(ev: Evidence) -> list[Advice]:
     """The memory-headroom advice (see the module docstring)."""
     mem = ev.report.memory.ranks
-    if mem.empty:
+    if mem.empty or ev.pipeline_job:
+        # a pipeline's larger batch is more micro-batches: the pipeline rule's question
         return []
     workers = mem[mem["role"] == "worker"]
     if workers.empty:
