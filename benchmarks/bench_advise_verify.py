@@ -43,6 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--case", action="append", choices=sorted(CASES), default=None)
     ap.add_argument("--actions", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of every configuration")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here")
     args = ap.parse_args()
     cases = args.case or list(CASES)
@@ -59,6 +60,7 @@ def main() -> None:
                 print(f"| {name} | record failed: {res.stderr.strip().splitlines()[-1]} |")
                 continue
             res = opprof("advise", "base.trace", "--verify", "--actions", str(args.actions),
+                         "--repeat", str(args.repeat),
                          "--format", "json", cwd=folder)
             if res.returncode != 0:
                 print(f"| {name} | advise failed: {res.stderr.strip().splitlines()[-1]} |")

@@ -278,3 +278,18 @@ def test_verify_records_the_action_and_reports_predicted_and_achieved(folder: Pa
                else folder / act["trace"])
     option = act["knob"]["option"]
     assert option in new.meta["command"]
+
+
+def test_a_kineto_trace_keeps_its_gpus_memory_for_the_headroom_rule() -> None:
+    """The device properties' totalGlobalMem of the H200 recording, as the trace's
+    ``gpu_memory_bytes`` (what memory-headroom weighs a larger batch against)."""
+    import gzip
+
+    from opprof.loader import load
+
+    path = GPU / "compiled-adamw.pt.trace.json.gz"
+    with gzip.open(path, "rt") as f:
+        props = json.load(f)["deviceProperties"]
+    assert load(path).meta["gpu_memory_bytes"] == min(p["totalGlobalMem"] for p in props)
+    a = advisory(path)  # no memory samples in this user's trace: the rule says so
+    assert "memory-headroom" in a.not_checked

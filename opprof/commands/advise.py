@@ -26,12 +26,15 @@ if TYPE_CHECKING:
                    "and the achieved saving of each.")
 @click.option("--actions", "limit", type=click.IntRange(min=1), default=3, show_default=True,
               help="With --verify: how many actions to apply (one run each).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --verify: rounds of the baseline and every action, one after "
+                   "another (a busy machine's load then falls on each alike); medians.")
 @click.option("--verify-dir", type=click.Path(path_type=Path), default=None,
               help="With --verify: where the new runs go [default: TRACE-STEM.verify/].")
 @format_option
 @output_option
-def command(trace: tuple[Path, ...], verify: bool, limit: int, verify_dir: Path | None,
-            fmt: str, output: Path | None) -> None:
+def command(trace: tuple[Path, ...], verify: bool, limit: int, repeat: int,
+            verify_dir: Path | None, fmt: str, output: Path | None) -> None:
     """Advice on TRACE, ranked by the time each action saves: what the trace shows, what to
     change, and the saving the model or the replay predicts for it.
 
@@ -54,7 +57,7 @@ def command(trace: tuple[Path, ...], verify: bool, limit: int, verify_dir: Path 
         options = recorded_options(trace_.meta.get("command"), trace[0])
         folder = verify_dir or trace[0].with_name(trace[0].name.removesuffix(".trace")
                                                   + ".verify")
-        verification = check(advisory, options, folder, limit,
+        verification = check(advisory, options, folder, limit, repeat,
                              say=lambda line: click.echo(f"opprof: {line}", err=True))
     text = render.advice(AdviseResult(advisory, verification))
     if output is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -70,11 +71,12 @@ def applicable(advice: Advice, options: RecordOptions) -> str | None:
 
 
 def verify(result: Advisory, options: RecordOptions, folder: Path, limit: int = 3,
-           say: Callable[[str], None] = lambda line: None) -> Verification:
+           repeat: int = 1, say: Callable[[str], None] = lambda line: None) -> Verification:
     """Apply the first ``limit`` actions with a record knob (the ranked advice, then the minor
     findings) to the recorded run ``options``: record the baseline again, then each action
-    with its knob, into ``folder``; each predicted saving beside the achieved one (the
-    unprofiled step time, per sample)."""
+    with its knob, into ``folder`` — ``repeat`` rounds of them, one after another, so a change
+    of the machine's load falls on every configuration alike; each predicted saving beside the
+    achieved one (the median over the rounds of the unprofiled step time, per sample)."""
     from opprof.pipeline.record import record
 
     chosen: list[Advice] = []
@@ -90,23 +92,25 @@ def verify(result: Advisory, options: RecordOptions, folder: Path, limit: int = 
     if not chosen:
         return Verification([], skipped, _load())
     folder.mkdir(parents=True, exist_ok=True)
-    base_path = folder / "base.trace"
-    say(f"recording the baseline again: {base_path}")
-    base = record(replace(options, output=base_path,
-                          command=_command(options.command, None, base_path)))
-    base_step = _per_sample(base.meta, int(options.batch_size))
-    out = []
-    for a in chosen:
-        knob = a.knob
-        assert knob is not None  # (chosen only with one)
-        path = folder / f"{a.rule}-{knob.option.strip('-')}-{knob.value}.trace"
-        say(f"recording with {knob.text}: {path}")
-        change: dict[str, Any] = {knob.field: knob.value}
-        run = record(replace(options, output=path,
-                             command=_command(options.command, knob, path), **change))
-        new_step = _per_sample(run.meta, int(options.batch_size))
-        out.append(Verified(a.rule, a.action, knob, a.saving_ns, a.saving_share, base_step,
-                            new_step, str(path), str(base_path)))
+    configs: list[tuple[str, Knob | None]] = [("base", None)]
+    configs += [(f"{a.rule}-{a.knob.option.strip('-')}-{a.knob.value}", a.knob)
+                for a in chosen if a.knob is not None]
+    steps: dict[str, list[float]] = {name: [] for name, _ in configs}
+    paths: dict[str, Path] = {}
+    for r in range(repeat):
+        for name, knob in configs:
+            path = folder / (f"{name}.trace" if repeat == 1 else f"{name}-{r + 1}.trace")
+            say(f"recording {'the baseline again' if knob is None else 'with ' + knob.text}"
+                f"{f' (round {r + 1} of {repeat})' if repeat > 1 else ''}: {path}")
+            change: dict[str, Any] = {knob.field: knob.value} if knob is not None else {}
+            run = record(replace(options, output=path,
+                                 command=_command(options.command, knob, path), **change))
+            steps[name].append(_per_sample(run.meta, int(options.batch_size)))
+            paths[name] = path
+    base_step = statistics.median(steps["base"])
+    out = [Verified(a.rule, a.action, a.knob, a.saving_ns, a.saving_share, base_step,
+                    statistics.median(steps[name]), str(paths[name]), str(paths["base"]))
+           for a, (name, _) in zip(chosen, configs[1:], strict=True) if a.knob is not None]
     return Verification(out, skipped, _load())
 
 
