@@ -86,9 +86,10 @@ def _loader(ev: Evidence, load: float, step: float) -> Advice:
     else:
         action = (f"DataLoader(..., num_workers={k}, persistent_workers=True, "
                   "prefetch_factor=2) so batches load in worker processes ahead of the step")
-        if now:
-            action = (f"more DataLoader workers ({now} → {k}) or a larger prefetch_factor; "
-                      "move per-sample work (decoding, augmentation) out of the step")
+        if now or (now is None and ev.named(MULTI)):
+            action = (f"more DataLoader workers ({now or 'some'} → {k}) or a larger "
+                      "prefetch_factor; move per-sample work (decoding, augmentation) out of "
+                      "the step")
     confidence = "high" if busy / k <= rest else "medium"
     if not ev.gpu and ev.meta.get("threads") and cpus and int(ev.meta["threads"]) >= cpus:
         # the loader's processes would share the cores the step computes on
