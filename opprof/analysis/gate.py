@@ -365,6 +365,13 @@ def gate(base: Report, new: Report, thresholds: list[Threshold], alpha: float = 
     profiled step, from the traces)."""
     checks = []
     notes = []
+    for side, r in (("BASE", base), ("NEW", new)):
+        if r.noise is not None and "noisy" in r.noise.flags:
+            drift = f", drifted {r.noise.drift:+.0%}" if r.noise.drift is not None else ""
+            notes.append(f"⚠ {side} ran on a busy machine (its unprofiled steps vary by "
+                         f"{(r.noise.spread or 0):.0%}{drift}): the load may differ between "
+                         "the runs by more than either shows, so record both on a quiet "
+                         "machine before trusting the verdict")
     for t in thresholds:
         if t.target == "step":
             b, n = unprofiled_samples(base.meta), unprofiled_samples(new.meta)
