@@ -459,7 +459,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     import pandas as pd
 
     from opprof.normalizers.events import finish
-    from opprof.normalizers.memory import add_memory
+    from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
 
     base_ns = _int(doc.baseTimeNanoseconds or 0)
@@ -576,7 +576,7 @@ def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame |
     allocated before it started (the parameters, the optimizer's state) are not in it."""
     import pandas as pd
 
-    from opprof.normalizers.memory import samples
+    from opprof.normalizers.memory_rows import samples
 
     if not mem:
         return None

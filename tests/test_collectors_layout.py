@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 MODULES = ["opprof.collectors", "opprof.collectors.config", "opprof.collectors.runner",
-           "opprof.collectors.supervisor", "opprof.collectors.channel", "opprof.collectors.jobs",
+           "opprof.collectors.supervisor", "opprof.collectors.channel", "opprof.collectors.launch",
            "opprof.collectors.worker", "opprof.collectors.inject", "opprof.pipeline.profile",
            "opprof.collectors.torch", "opprof.collectors.tf", "opprof.collectors.mxnet",
            "opprof.collectors.startup", "opprof"]

@@ -142,7 +142,7 @@ def test_report_by_critical_cli() -> None:
 
 
 def test_whatif_runs_over_the_graph() -> None:
-    from opprof.analysis.whatif import context, whatif
+    from opprof.model.whatif import context, whatif
 
     ctx = context(load(CPU["torch-ddp"]), "ddp")
     assert ctx.graph is not None
@@ -158,7 +158,7 @@ def test_a_collectives_factor_scales_its_own_nodes_once() -> None:
     """--op all_reduce=F scales the all-reduce's nodes by F (it scaled them by F² and every
     other collective by F: the phase model's one comm lane was applied on top); --op comm=F
     is --comm F."""
-    from opprof.analysis.whatif import context, whatif
+    from opprof.model.whatif import context, whatif
 
     ctx = context(load(shared_trace("nccl-2rank-rank0.json.gz")), "nccl")
     g, order = ctx.graph

@@ -26,12 +26,12 @@ from opprof.analysis.breakdown import phase_at, step_breakdown
 from opprof.analysis.memory import memory_part
 from opprof.analysis.ops import native_totals
 from opprof.analysis.report import build_report
-from opprof.collectors.memory import Sampler, read_status
+from opprof.collectors.rss import Sampler, read_status
 from opprof.export.chrome import document
 from opprof.job import report as job_report
 from opprof.loader import load
 from opprof.normalizers import sampled
-from opprof.normalizers.memory import MEMORY_TID, without_memory
+from opprof.normalizers.memory_rows import MEMORY_TID, without_memory
 from opprof.taxonomy import PHASES
 from opprof.trace import TraceFile, save
 from tests.conftest import FIXTURES, REPO, run_cli

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks.jobs import build_job, shift_ns
+from benchmarks.bigtraces import build_job, shift_ns
 from opprof import job, load, parallel
 from opprof.analysis.report import build_report
 from opprof.pipeline.imports import import_

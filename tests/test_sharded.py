@@ -12,15 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opprof.analysis import predict
 from opprof.analysis.breakdown import container, step_breakdown
 from opprof.analysis.collectives import collective_part
-from opprof.analysis.commmodel import Network
 from opprof.analysis.critpath import BOUND_BY, bound_by, graph_of, replay
-from opprof.analysis.interference import measure
 from opprof.analysis.ops import op_events, op_table
-from opprof.analysis.predict import baseline
-from opprof.analysis.sharded import (
+from opprof.intervals import union_length
+from opprof.loader import load
+from opprof.model import predict
+from opprof.model.commmodel import Network
+from opprof.model.interference import measure
+from opprof.model.predict import baseline
+from opprof.model.sharded import (
     ShardedPlan,
     blocking_wait,
     fsdp_calls,
@@ -29,10 +31,8 @@ from opprof.analysis.sharded import (
     simulate_sharded,
     trace_samples,
 )
-from opprof.analysis.simulate import expected_max_normal
-from opprof.analysis.terms import terms
-from opprof.intervals import union_length
-from opprof.loader import load
+from opprof.model.step import expected_max_normal
+from opprof.model.terms import terms
 from opprof.taxonomy import COMM_OPS, PHASES
 from tests.conftest import FIXTURES, run_cli
 

@@ -15,15 +15,15 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
-from opprof.analysis.commmodel import Network
 from opprof.analysis.convergence import TARGETS
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.memory import RunMemory, memory_part, run_memory
 from opprof.analysis.noise import NOISE_SPREAD, Noise, assess, flags
 from opprof.analysis.ops import op_table
-from opprof.analysis.predict import check, network_from_trace, predict
 from opprof.errors import OpprofError
 from opprof.kinds import DONE, Mode, RunStatus
+from opprof.model.commmodel import Network
+from opprof.model.predict import check, network_from_trace, predict
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
 
@@ -299,7 +299,7 @@ def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
 
 def prediction(single: Trace, multi: Trace, network: Network | None = None) -> BenchPrediction:
     """The model's prediction of a multi-worker run from the same framework and model's
-    1-worker run (:mod:`opprof.analysis.predict`), checked against it: predicted profiled step
+    1-worker run (:mod:`opprof.model.predict`), checked against it: predicted profiled step
     and scaling (step(1) / step(N)) beside the measured ones, the error, and a note saying
     where α and β came from — or why there is no prediction."""
     workers = int(multi.meta.get("workers") or len(multi.ranks) or 1)

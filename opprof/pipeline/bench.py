@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
 from opprof.analysis.matrix import (
     Bench,
     BenchPrediction,
@@ -51,6 +50,7 @@ from opprof.errors import ErrorKind, Interrupted, OpprofError, raise_on_signals,
 from opprof.files import write_atomic
 from opprof.invocation import set_invocation
 from opprof.kinds import DONE, FRAMEWORK_INFO, Framework, Mode, RunStatus, framework_info
+from opprof.model.commmodel import Network
 from opprof.pipeline.calibrate import read_network
 from opprof.trace import TraceFile, read_parquet
 

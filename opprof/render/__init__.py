@@ -13,11 +13,11 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # names only: `report --format json` imports no model or diff code
-    from opprof.analysis.commmodel import Network
     from opprof.analysis.diff import Diff
-    from opprof.analysis.predict import ModelResult
     from opprof.analysis.report import Report
-    from opprof.analysis.whatif import WhatIf
+    from opprof.model.commmodel import Network
+    from opprof.model.predict import ModelResult
+    from opprof.model.whatif import WhatIf
 
 FORMATS = ("rich", "json", "csv", "md")
 #: `report` and `diff` also render one self-contained HTML page (opprof.render.html; needs

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
+from opprof.model.commmodel import Network
+from opprof.model.predict import ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render import ALL_VIEWS
 from opprof.render.tables import diff_table, report_table
 

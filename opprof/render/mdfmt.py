@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
+from opprof.model.commmodel import Network, fit_warning
+from opprof.model.predict import ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render import ALL_VIEWS
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
