@@ -136,7 +136,7 @@ FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
         Framework.MXNET, "mxnet", ("mxnet",),
         (Mode.SINGLE, Mode.PS_SYNC, Mode.PS_ASYNC), Mode.PS_SYNC,
         "opprof.collectors.mxnet",
-        "from opprof.collectors.mxnet import import_mxnet; import_mxnet()", Collective.PS,
+        "from opprof.collectors.mxnet_lib import import_mxnet; import_mxnet()", Collective.PS,
         "kvstore dist_sync push/pull"),
 }
 

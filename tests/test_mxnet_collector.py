@@ -104,7 +104,8 @@ def test_record_command_as_a_user_runs_it(tmp_path: Path) -> None:
 def test_opprof_runs_loss_hook_keeps_a_list_of_losses_too() -> None:
     """`opprof run`'s loss of a Gluon step: the mean of the array ``backward()`` ran on, and of
     the arrays ``autograd.backward([...])`` ran on (a loss per device, or one in a list)."""
-    from opprof.collectors.mxnet import hook_loss, import_mxnet
+    from opprof.collectors.mxnet import hook_loss
+    from opprof.collectors.mxnet_lib import import_mxnet
 
     mx = import_mxnet()
     from mxnet import autograd, gluon

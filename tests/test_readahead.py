@@ -73,9 +73,9 @@ def test_only_a_report_of_one_json_file_is_read_ahead(tmp_path: Path) -> None:
 
 
 def test_a_child_nobody_takes_ends_with_the_command() -> None:
-    code = ("from opprof import readahead; "
+    code = ("from opprof import preread, readahead; "
             f"assert readahead.start(['report', {str(KINETO)!r}]); "
-            "print(readahead._child.pid, flush=True)")
+            "print(preread.running().pid, flush=True)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "OPPROF_READAHEAD": "1"})
     assert r.returncode == 0, r.stderr

@@ -17,8 +17,8 @@ from opprof.kinds import DONE, Mode, RunStatus
 from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
-from opprof.render import ALL_VIEWS
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ from opprof.analysis.report import Report
 from opprof.model.commmodel import Network
 from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
-from opprof.render import ALL_VIEWS
 from opprof.render.tables import diff_table, report_table
+from opprof.render.views import ALL_VIEWS
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from opprof.analysis.report import Report
-from opprof.render import ALL_VIEWS
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 

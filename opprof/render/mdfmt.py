@@ -9,10 +9,10 @@ from opprof.analysis.report import Report
 from opprof.model.commmodel import Network, fit_warning
 from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
-from opprof.render import ALL_VIEWS
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 #: The views this format renders (all views) and its file type.
