@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-gpu"
+SHARED = Path(__file__).resolve().parents[1] / "fixtures" / "shared" / "kineto-gpu"
 DEFAULT_SOURCE = SHARED / "nccl-2rank-rank0.json.gz"
 _RANK, _BASE = "@@opprof-rank@@", "@@opprof-base@@"
 

@@ -13,7 +13,7 @@ import pytest
 from opprof.analysis import critpath
 from opprof.analysis.critpath import BOUND_BY, bound_by, build_graph, graph_of, replay
 from opprof.loader import load
-from tests.conftest import FIXTURES, SHARED_TRACES, run_cli, shared_trace
+from tests.conftest import FIXTURES, NSYS_SQLITE, fixture_file, run_cli, shared_trace
 
 GPU = ["nccl-2rank-rank0.json.gz", "sampled-128rank-rank0.json.gz",
        "sampled-128rank-rank1.json.gz", "alexnet-1gpu.json.gz", "amd-mi250-toy-train.json.gz",
@@ -31,10 +31,7 @@ CPU = {"torch": FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
 
 
 def _nsys() -> object:
-    path = SHARED_TRACES / "nsys" / "saxpy-mpi-cuda.sqlite"
-    if not path.is_file():
-        pytest.skip(f"shared trace {path} not present")
-    return path
+    return fixture_file(NSYS_SQLITE)
 
 
 def _check(path: object) -> tuple[critpath.Graph, object]:

@@ -1,8 +1,9 @@
 """The house's rooms and contracts: the core imports no analysis, model, renderer, command,
 exporter or collector (an AST scan of every import, top-level or inside a function); the
-analyses import no model, and the model nothing that records, renders or runs a command; the registries
-return their protocols (a renderer offers exactly the views it says, an exporter writes its
-file type, every native format is one Format); `import opprof` and `opprof --help` stay light."""
+analyses import no model, and the model nothing that records, renders or runs a command; the
+registries return their protocols (a renderer offers exactly the views it says, an exporter
+writes its file type, every native format is one Format) and their modules never import them
+back; `import opprof` and `opprof --help` stay light."""
 
 from __future__ import annotations
 

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("mxnet") is None:
-    pytest.skip("needs mxnet", allow_module_level=True)
+from tests.procs import needs  # (before the imports it guards)
+
+needs("mxnet")
 
 from opprof.analysis.breakdown import step_breakdown  # noqa: E402
 from opprof.collectors import RecordConfig, record  # noqa: E402

@@ -5,15 +5,15 @@ for the profiled steps only and put back after."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("mxnet") is None:
-    pytest.skip("needs mxnet", allow_module_level=True)
+from tests.procs import needs  # (before the imports it guards)
+
+needs("mxnet")
 
 from opprof.loader import load  # noqa: E402
 from opprof.taxonomy import PHASES  # noqa: E402
