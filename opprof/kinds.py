@@ -59,7 +59,7 @@ class Role(Kind):
 
 
 class Collective(Kind):
-    """How the model's communication term moves the gradients (``analysis.commmodel``)."""
+    """How the model's communication term moves the gradients (``model.commmodel``)."""
 
     ALLREDUCE = "allreduce"  # ring all-reduce (DDP, MWMS; ZeRO's gradients too)
     PS = "ps"  # parameter-server push/pull over S servers
