@@ -36,6 +36,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+
 from opprof.kinds import Role
 
 if TYPE_CHECKING:
@@ -197,3 +200,26 @@ def colocation(curve: Curve, place: Placement, server_duty: float = 0.0,
     s = [curve.at(k) for k in crowds]
     return Colocation(sum(s) / len(s), max(s), sum(crowds) / len(crowds), curve.source,
                       place.source, notes)
+
+
+def fit_loop(samples: pd.DataFrame) -> dict[int, list[float]]:
+    """Each round's co-location ratio per count ``k`` from `opprof calibrate`'s loop (``kind:
+    coloc`` samples: ``rank``, ``round``, ``k``, ``index`` of the step in its phase, ``ns``):
+    the median step of the round's k-worker phase over the median step of its one-worker phase,
+    the first step of every phase left out (it follows an idle wait). k → the rounds' ratios."""
+    df = samples[samples["index"] > 0] if (samples["index"] > 0).any() else samples
+    med = df.groupby(["round", "k"])["ns"].median().unstack("k")
+    if 1 not in med.columns:
+        return {}
+    out: dict[int, list[float]] = {}
+    for k in med.columns:
+        if int(k) > 1:
+            ratio = (med[k] / med[1]).dropna()
+            out[int(k)] = [float(v) for v in ratio if np.isfinite(v) and v > 0]
+    return out
+
+
+def slowdowns(ratios: dict[int, list[float]]) -> dict[int, float]:
+    """``s(k)``: the median over rounds of the ratio, less 1 (may come out a little below 0 on
+    a noisy host; :meth:`Curve.at` reads it as 0)."""
+    return {k: float(np.median(v)) - 1.0 for k, v in sorted(ratios.items()) if v}

@@ -6,6 +6,7 @@ model`, `opprof whatif` and `opprof bench`)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import tempfile
@@ -15,12 +16,17 @@ from typing import Any
 
 import pandas as pd
 
+from opprof.analysis.colocation import fit_loop, slowdowns
 from opprof.analysis.commmodel import Network, fit
 from opprof.analysis.sharded import fit_network
 from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.kinds import Collective, Framework, Mode, framework_info
 
+#: The model whose training step the co-location loop times by default: small, so that many
+#: interleaved rounds fit in a few seconds (``--model`` names the user's).
+DEFAULT_COLOCATION_MODEL = "lenet5"
+DEFAULT_BATCH = 32
 
 @dataclass(frozen=True)
 class CalibrateOptions:
@@ -37,6 +43,11 @@ class CalibrateOptions:
     #: --mode fsdp: time the FSDP units of this built-in model or `.trace` (:func:`unit_sizes`)
     #: instead of ``sizes``
     units: str | None = None
+    #: co-location: the built-in model (or a `.trace`, its model and batch) whose training step
+    #: the loop times alone and on k workers at once, its batch, and the loop's rounds (0: none)
+    model: str = DEFAULT_COLOCATION_MODEL
+    batch_size: int | None = None
+    colocation_rounds: int = 8
 
 
 def status_line(o: CalibrateOptions) -> str:
@@ -59,16 +70,22 @@ def calibrate(o: CalibrateOptions) -> Network:
         if o.mode != Mode.FSDP:
             raise OpprofError("--units: the FSDP units' sizes are for --mode fsdp")
         sizes = unit_sizes(o.units)
+    extra: dict[str, Any] = {"mode": str(o.mode)} if o.mode == Mode.FSDP else {}
+    loop = colocation_loop(o)
+    if loop is not None:
+        extra["colocation"] = loop
     job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=sizes,
-                       repeat=o.repeat, threads=threads, timeout_s=o.timeout_s,
-                       extra={"mode": str(o.mode)} if o.mode == Mode.FSDP else {})
+                       repeat=o.repeat, threads=threads, timeout_s=o.timeout_s, extra=extra)
     workdir = Path(tempfile.mkdtemp(prefix="opprof-calibrate-"))
     samples = netbench.run(job, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     df = pd.DataFrame(samples)
-    facts = {"host": socket.gethostname(),
-             "threads": threads or netbench.default_threads(fw, workers, servers),
-             "repeat": o.repeat}
+    facts: dict[str, Any] = {"host": socket.gethostname(),
+                             "threads": threads or netbench.default_threads(fw, workers, servers),
+                             "repeat": o.repeat}
+    if "kind" in df and (df["kind"] == "coloc").any():
+        facts["colocation"] = colocation_info(df[df["kind"] == "coloc"], loop or {})
+        df = df[df["kind"] != "coloc"].reset_index(drop=True)
     if o.mode == Mode.FSDP:
         return fsdp_network(df, workers, facts)
     if "kind" in df and (df["kind"] == "beside").any():
@@ -90,6 +107,48 @@ def calibrate(o: CalibrateOptions) -> Network:
     if not net.beta_ns_per_byte and not net.alpha_ns:
         raise OpprofError(f"calibrate {fw}: the fit found neither latency nor bandwidth")
     return net
+
+
+def colocation_loop(o: CalibrateOptions) -> dict[str, Any] | None:
+    """What the co-location loop runs (None: ``colocation_rounds`` 0, or one worker): the
+    model and batch of ``o.model`` — a built-in model, or a recorded `.trace`'s (its
+    metadata's ``model`` and ``batch_size``; ``o.batch_size`` wins) — and the rounds."""
+    if o.colocation_rounds <= 0 or o.workers < 2:
+        return None
+    model, batch = o.model, o.batch_size
+    path = Path(o.model)
+    if path.suffix == ".trace" or path.exists():
+        from opprof.trace import TraceFile
+
+        meta = TraceFile(path).meta
+        if not meta.get("model"):
+            raise OpprofError("names no built-in model in its metadata; give --model MODEL",
+                              path=path)
+        model, batch = str(meta["model"]), batch or meta.get("batch_size")
+    from opprof.collectors.config import canonical_name
+
+    return {"model": canonical_name(model), "batch_size": int(batch or DEFAULT_BATCH),
+            "rounds": o.colocation_rounds}
+
+
+def colocation_info(samples: pd.DataFrame, loop: dict[str, Any]) -> dict[str, Any]:
+    """The network file's ``info.colocation``: ``slowdown`` (k → s(k): the median over the
+    rounds of each round's ratio of the k-worker phase's median step to the one-worker phase's,
+    less 1; :mod:`opprof.analysis.colocation`), each round's ratios, the median step alone and
+    with k at once, the loop's model, batch, rounds and seconds per phase, this host's CPUs
+    and its load average when the loop ended."""
+    from opprof.collectors.netbench import PHASE_S
+
+    ratios = fit_loop(samples)
+    med = samples[samples["index"] > 0].groupby("k")["ns"].median()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"slowdown": {str(k): v for k, v in slowdowns(ratios).items()},
+            "ratios": {str(k): v for k, v in ratios.items()},
+            "alone_ns": float(med.get(1, float("nan"))),
+            "together_ns": {str(int(k)): float(v) for k, v in med.items() if int(k) > 1},
+            "model": loop.get("model"), "batch_size": loop.get("batch_size"),
+            "rounds": int(samples["round"].nunique()), "seconds_per_phase": PHASE_S,
+            "cpus": cpus, "load_average": round(os.getloadavg()[0], 2)}
 
 
 def unit_sizes(spec: str) -> tuple[int, ...]:
