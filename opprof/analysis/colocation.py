@@ -101,7 +101,7 @@ def from_network(info: dict[str, Any]) -> Curve | None:
         return None
     points = {int(k): float(v) for k, v in doc["slowdown"].items()}
     what = doc.get("model") or "a model"
-    batch = f", batch {doc['batch_size']}" if doc.get("batch_size") else ""
+    batch = f" (batch {doc['batch_size']})" if doc.get("batch_size") else ""
     return Curve(points, f"calibrate: {what}'s training step{batch} alone and on "
                          f"{'/'.join(str(k) for k in sorted(points) if k > 1) or '-'} workers "
                          f"at once, {doc.get('rounds', '?')} interleaved rounds",

@@ -475,9 +475,10 @@ def placement_for(base: Baseline, mode: str, workers: int, servers: int,
         return per_host(workers, workers_per_host, s)
     if workers == base.workers and s == (base.servers if base.collective else 0):
         return base.placement
+    known = not base.placement.source.startswith("hosts unknown")
     return spread_over(workers, s, base.placement.hosts,
-                       "the base's hosts" if base.placement.hosts > 1 else
-                       f"one host, as the base's ({base.placement.source})")
+                       base.placement.source if not known else "the base's hosts"
+                       if base.placement.hosts > 1 else "one host, the base's")
 
 
 @dataclass(frozen=True)
