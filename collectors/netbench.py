@@ -226,7 +226,8 @@ class Conductor:
         """Stop listening (the thread ends with its sockets)."""
         with contextlib.suppress(OSError):
             self.sock.close()
-        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
 
     def result(self, what: str) -> list[dict[str, Any]]:
         """The ``coloc`` samples (one line naming the failure when the loop did not end)."""
