@@ -53,8 +53,11 @@ class CalibrateOptions:
 def status_line(o: CalibrateOptions) -> str:
     """What is being measured, in one line."""
     sizes = f"{o.units}'s FSDP units" if o.units else f"{len(o.sizes)} sizes"
+    coloc = (f", then co-location: {Path(o.model).name}'s step alone and on 2…{o.workers} "
+             f"workers at once × {o.colocation_rounds} rounds"
+             if o.colocation_rounds > 0 and o.workers > 1 else "")
     return (f"calibrating {o.fw} {framework_info(o.fw).backend} on {o.workers} worker(s): "
-            f"{sizes} × {o.repeat}")
+            f"{sizes} × {o.repeat}{coloc}")
 
 
 def calibrate(o: CalibrateOptions) -> Network:
