@@ -26,8 +26,9 @@ builds the framework's own training step of a small built-in model (as `opprof r
 it, on its threads, no profiler; :func:`train_step`) and this process conducts them over a
 loopback socket (:class:`Conductor`): in each round, one worker computes alone, then k workers
 at once for every k up to N (the order reversed every other round), each for
-:data:`PHASE_S` seconds of back-to-back steps; the workers' step times come back as ``kind:
-coloc`` samples (``round``, ``k``, ``index`` of the step in its phase). The job's other
+:data:`PHASE_S` seconds of back-to-back steps; the workers' step times (wall, and the
+process's CPU time) come back as ``kind: coloc`` samples (``round``, ``k``, ``index`` of the
+step in its phase, ``ns``, ``cpu_ns``). The job's other
 processes (gloo's, TensorFlow's and MXNet's servers and scheduler) stay up meanwhile, as in
 training; a worker waiting for its turn sleeps in the socket.
 
@@ -207,10 +208,12 @@ class Conductor:
                     line = files[r].readline()
                     if not line:
                         raise OSError(f"worker {r} closed the connection")
-                    for i, ns in enumerate(json.loads(line)["ns"]):
+                    reply = json.loads(line)
+                    for i, (ns, cpu) in enumerate(zip(reply["ns"], reply["cpu_ns"],
+                                                      strict=True)):
                         self.samples.append({"rank": r, "kind": "coloc", "round": rnd,
                                              "k": len(ranks), "index": i, "ns": int(ns),
-                                             "bytes": 0})
+                                             "cpu_ns": int(cpu), "bytes": 0})
             for f in files.values():
                 f.write(json.dumps({"seconds": 0}) + "\n")
                 f.flush()
@@ -359,12 +362,14 @@ def colocation(fw: str, job: Job, rank: int) -> None:
             if seconds <= 0:
                 break
             times: list[int] = []
+            cpu: list[int] = []
             end = time.perf_counter_ns() + int(seconds * 1e9)
             while len(times) < PHASE_STEPS or time.perf_counter_ns() < end:
-                t0 = time.perf_counter_ns()
+                t0, c0 = time.perf_counter_ns(), time.process_time_ns()
                 step()
                 times.append(time.perf_counter_ns() - t0)
-            f.write(json.dumps({"ns": times}) + "\n")
+                cpu.append(time.process_time_ns() - c0)
+            f.write(json.dumps({"ns": times, "cpu_ns": cpu}) + "\n")
             f.flush()
 
 

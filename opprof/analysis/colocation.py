@@ -202,13 +202,14 @@ def colocation(curve: Curve, place: Placement, server_duty: float = 0.0,
                       place.source, notes)
 
 
-def fit_loop(samples: pd.DataFrame) -> dict[int, list[float]]:
+def fit_loop(samples: pd.DataFrame, column: str = "ns") -> dict[int, list[float]]:
     """Each round's co-location ratio per count ``k`` from `opprof calibrate`'s loop (``kind:
-    coloc`` samples: ``rank``, ``round``, ``k``, ``index`` of the step in its phase, ``ns``):
-    the median step of the round's k-worker phase over the median step of its one-worker phase,
-    the first step of every phase left out (it follows an idle wait). k → the rounds' ratios."""
+    coloc`` samples: ``rank``, ``round``, ``k``, ``index`` of the step in its phase, ``ns``
+    (wall) and ``cpu_ns``): the median step of the round's k-worker phase over the median step
+    of its one-worker phase, the first step of every phase left out (it follows an idle
+    wait); ``column`` ``cpu_ns`` for the steps' CPU time. k → the rounds' ratios."""
     df = samples[samples["index"] > 0] if (samples["index"] > 0).any() else samples
-    med = df.groupby(["round", "k"])["ns"].median().unstack("k")
+    med = df.groupby(["round", "k"])[column].median().unstack("k")
     if 1 not in med.columns:
         return {}
     out: dict[int, list[float]] = {}

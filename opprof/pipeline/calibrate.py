@@ -137,7 +137,9 @@ def colocation_loop(o: CalibrateOptions) -> dict[str, Any] | None:
 def colocation_info(samples: pd.DataFrame, loop: dict[str, Any]) -> dict[str, Any]:
     """The network file's ``info.colocation``: ``slowdown`` (k → s(k): the median over the
     rounds of each round's ratio of the k-worker phase's median step to the one-worker phase's,
-    less 1; :mod:`opprof.analysis.colocation`), each round's ratios, the median step alone and
+    less 1; :mod:`opprof.analysis.colocation`), each round's ratios, ``cpu_slowdown`` (the
+    same of the steps' CPU time: the contention for caches and memory without the scheduler's
+    share of the cores, which the wall time holds too), the median step alone and
     with k at once, the loop's model, batch, rounds and seconds per phase, this host's CPUs
     and its load average when the loop ended."""
     from opprof.collectors.netbench import PHASE_S
@@ -145,8 +147,10 @@ def colocation_info(samples: pd.DataFrame, loop: dict[str, Any]) -> dict[str, An
     ratios = fit_loop(samples)
     med = samples[samples["index"] > 0].groupby("k")["ns"].median()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpu = slowdowns(fit_loop(samples, "cpu_ns")) if "cpu_ns" in samples else {}
     return {"slowdown": {str(k): v for k, v in slowdowns(ratios).items()},
             "ratios": {str(k): v for k, v in ratios.items()},
+            "cpu_slowdown": {str(k): v for k, v in cpu.items()},
             "alone_ns": float(med.get(1, float("nan"))),
             "together_ns": {str(int(k)): float(v) for k, v in med.items() if int(k) > 1},
             "model": loop.get("model"), "batch_size": loop.get("batch_size"),

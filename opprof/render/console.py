@@ -988,15 +988,19 @@ def _colocation_table(c: dict[str, Any]) -> Table:
     t = Table(title=f"Co-location ({c.get('model')} training step, batch "
                     f"{c.get('batch_size')}, {c.get('rounds')} interleaved rounds)",
               title_justify="left")
-    for col in ["workers at once", "step alone", "step together", "slowdown", "rounds' ratios"]:
+    for col in ["workers at once", "step alone", "step together", "slowdown", "rounds' ratios",
+                "CPU time"]:
         t.add_column(col, justify="right")
     for k, s in sorted(c["slowdown"].items(), key=lambda kv: int(kv[0])):
         ratios = sorted(c.get("ratios", {}).get(k, []))
         spread = f"{ratios[0]:.2f} … {ratios[-1]:.2f}" if ratios else "-"
+        cpu = c.get("cpu_slowdown", {}).get(k)
         t.add_row(k, f"{c.get('alone_ns', float('nan')) / 1e6:,.1f} ms",
                   f"{c.get('together_ns', {}).get(k, float('nan')) / 1e6:,.1f} ms",
-                  f"×{1 + max(0.0, s):.3f}", spread)
-    t.caption = ("slowdown: the median over rounds of each round's median step with k workers "
-                 "at once over its step alone (alone and together back to back); load average "
+                  f"×{1 + max(0.0, s):.3f}", spread, "-" if cpu is None else f"×{1 + cpu:.3f}")
+    t.caption = ("slowdown (what the model applies): the median over rounds of each round's "
+                 "median step with k workers at once over its step alone (alone and together "
+                 "back to back); CPU time: the same of the steps' CPU time (caches and memory "
+                 "without the scheduler's share of the cores); load average "
                  f"{c.get('load_average', '?')} at the end")
     return t
