@@ -320,3 +320,8 @@ def test_calibrate_refuses_an_unknown_model_in_one_line(tmp_path: Path) -> None:
                   "-o", str(tmp_path / "n.json"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "nosuchnet" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    gone = tmp_path / "gone.trace"
+    res = run_cli("calibrate", "--fw", "torch", "--workers", "2", "--model", str(gone),
+                  "-o", str(tmp_path / "n.json"))
+    assert res.returncode == 2 and "no such file" in res.stderr and str(gone) in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "n.json").exists()

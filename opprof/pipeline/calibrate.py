@@ -123,6 +123,9 @@ def colocation_loop(o: CalibrateOptions) -> dict[str, Any] | None:
     if path.suffix == ".trace" or path.exists():
         from opprof.trace import TraceFile
 
+        if not path.is_file():
+            raise OpprofError("no such file (--model: a built-in model or a recorded .trace)",
+                              path=path, kind=ErrorKind.MISSING)
         meta = TraceFile(path).meta
         if not meta.get("model"):
             raise OpprofError("names no built-in model in its metadata; give --model MODEL",
