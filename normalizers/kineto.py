@@ -458,6 +458,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
+    from opprof.normalizers.closures import split_closures
     from opprof.normalizers.events import finish
     from opprof.normalizers.memory import add_memory
     from opprof.taxonomy import KINDS, mapping_table
@@ -470,6 +471,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+        raw = split_closures(raw, mapping_table(NAME))
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
