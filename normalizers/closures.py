@@ -13,12 +13,14 @@ Each call of the closure is found:
   the closure a step is given (:func:`opprof.collectors.torch._marked_closure`);
 * **unmarked** (a trace of your own, such as Lightning's ``PyTorchProfiler``): a step that
   holds backward operators on its own thread (autograd's ``evaluate_function``: the CPU runs
-  the backward on the calling thread) ran its closure from its first forward or backward
-  operator to the end of its last backward operator.
+  the backward on the calling thread) ran one closure, from the step's start to the end of
+  its last backward operator (LBFGS' work between its evaluations is then not told apart,
+  and where the backward runs on a thread of its own — CUDA — the step is left whole).
 
-A step with closures is replaced by its *pieces* outside them: events of the same name on
-the same lane (the time before the first call — pre-hooks — between calls, as LBFGS does,
-and after the last: the update itself), each the optimizer's (``weights_update``, update).
+A step with closures is replaced by its *pieces* outside them, events of the same name on
+the same lane (``detail``: :data:`PIECE`) — the time before the first call (pre-hooks),
+between calls (as LBFGS does) and after the last (the update itself) — each the optimizer's
+(``weights_update``, update).
 What ran inside a closure is then nested in no step and is classified as in any loop (its
 forward operators forward, autograd's backward; Lightning's gradient clipping, run by the
 closure after ``backward()``, takes the phase of the update it leads to, as
@@ -39,12 +41,15 @@ import pandas as pd
 from opprof.intervals import containing, lane_ids, lane_keys
 
 if TYPE_CHECKING:
+    from opprof.arrays import Array
     from opprof.taxonomy import MappingTable
 
 #: torch's range around an optimizer's step.
 STEP = r"Optimizer\.step#.*"
 #: opprof's range around a call of a step's closure (``opprof.collectors.torch.CLOSURE``).
 CLOSURE = r"opprof\.closure#.*"
+#: The ``detail`` of a piece of a step.
+PIECE = "the optimizer's own part of its step (outside the closure's calls)"
 
 
 def split_closures(raw: pd.DataFrame, table: MappingTable) -> pd.DataFrame:
@@ -83,7 +88,7 @@ def split_closures(raw: pd.DataFrame, table: MappingTable) -> pd.DataFrame:
     return _pieces(raw, steps, lane[steps], ts[steps], end[steps], c_lane, c_start, c_end)
 
 
-def _outermost(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _outermost(lane: Array, start: Array, end: Array) -> Array:
     """Which intervals no other of their lane encloses (the first of identical ones)."""
     order = np.lexsort((-end, start, lane))
     lane_o, end_o = lane[order], end[order]
@@ -94,30 +99,25 @@ def _outermost(lane: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
     return out
 
 
-def _unmarked(lane: np.ndarray, ts: np.ndarray, end: np.ndarray, candidate: np.ndarray,
-              row_phase: np.ndarray, s_lane: np.ndarray, s_start: np.ndarray,
-              s_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _unmarked(lane: Array, ts: Array, end: Array, candidate: Array,
+              row_phase: Array, s_lane: Array, s_start: Array,
+              s_end: Array) -> tuple[Array, Array, Array]:
     """The closure each step (non-overlapping per lane) ran, where it holds backward
-    operators on its lane: from its first forward or backward operator to the end of its
-    last backward one. Returns the closures' lane, start, end."""
-    sel = candidate & np.isin(row_phase, ("forward", "backward"))
-    idx = np.flatnonzero(sel)
+    operators on its lane: from the step's start to the end of its last backward operator.
+    Returns the closures' lane, start, end."""
+    idx = np.flatnonzero(candidate & (row_phase == "backward"))
     where = containing(lane[idx], ts[idx], end[idx], s_lane, s_start, s_end)
     inside = where >= 0
-    idx, where = idx[inside], where[inside]
-    if not len(idx):
+    if not inside.any():
         return (np.zeros(0, np.int64),) * 3
-    bwd = row_phase[idx] == "backward"
-    first = pd.Series(ts[idx]).groupby(where).min()
-    last = pd.Series(end[idx][bwd]).groupby(where[bwd]).max()
+    last = pd.Series(end[idx[inside]]).groupby(where[inside]).max()
     found = last.index.to_numpy(np.int64)
-    return (s_lane[found], first.reindex(found).to_numpy(np.int64),
-            last.to_numpy(np.int64))
+    return s_lane[found], s_start[found], last.to_numpy(np.int64)
 
 
-def _pieces(raw: pd.DataFrame, steps: np.ndarray, s_lane: np.ndarray, s_start: np.ndarray,
-            s_end: np.ndarray, c_lane: np.ndarray, c_start: np.ndarray,
-            c_end: np.ndarray) -> pd.DataFrame:
+def _pieces(raw: pd.DataFrame, steps: Array, s_lane: Array, s_start: Array,
+            s_end: Array, c_lane: Array, c_start: Array,
+            c_end: Array) -> pd.DataFrame:
     """``raw`` with each step that encloses closures (on its lane; closures of a lane do not
     overlap) replaced by the intervals of the step outside them."""
     order = np.lexsort((c_start, c_lane))
@@ -149,6 +149,7 @@ def _pieces(raw: pd.DataFrame, steps: np.ndarray, s_lane: np.ndarray, s_start: n
     out = raw.iloc[src].copy()
     out["ts"] = p_start[keep]
     out["dur"] = (p_end - p_start)[keep]
+    out["detail"] = PIECE
     if "link" in out:  # a correlation id stays with one piece: the last (the update)
         out["link"] = np.where(last[keep], out["link"].to_numpy(np.int64), -1)
     rest = np.ones(len(raw), bool)

@@ -25,10 +25,12 @@ SCRIPTS = REPO / "tests" / "scripts"
 PROTOCOL = ["--warmup", "1", "--timing-steps", "1", "--steps", "3"]
 
 
-def opprof_run(tmp: Path, *command: str, options: tuple[str, ...] = (), timeout: float = 600):
-    """``opprof run`` as a user runs it, in ``tmp``; (result, report JSON or None)."""
+def opprof_run(tmp: Path, *command: str, options: tuple[str, ...] = (), timeout: float = 600,
+               env: dict[str, str] | None = None):
+    """``opprof run`` as a user runs it, in ``tmp`` (``env``: variables to set); (result,
+    report JSON or None)."""
     res = run_cli("run", *PROTOCOL, *options, "-o", str(tmp / "run.trace"), "--format", "json",
-                  "--", *command, cwd=tmp, timeout=timeout)
+                  "--", *command, cwd=tmp, timeout=timeout, env=env)
     report = json.loads(res.stdout) if res.stdout.strip() else None
     return res, report
 

@@ -34,8 +34,9 @@ class GAN(pl.LightningModule):
         self.bce = nn.BCEWithLogitsLoss()
 
     def training_step(self, batch, batch_idx):
-        if batch_idx == args.fail_at:
-            raise RuntimeError(f"lightning_manual.py: failing at batch {batch_idx} as asked")
+        if self.global_step // 2 == args.fail_at:
+            raise RuntimeError(f"lightning_manual.py: failing at step {self.global_step // 2} "
+                               "as asked")
         (real,) = batch
         g_opt, d_opt = self.optimizers()
         g_sched, d_sched = self.lr_schedulers()
