@@ -202,3 +202,89 @@ def test_the_closure_is_taken_out_of_the_optimizer_step(run) -> None:
             inner = ev.loc[(ev["rank"] == rank) & (names == closure), "dur"].sum()
             assert (own + inner) / 1000 == pytest.approx(kavg[name]["cpu_time_total_us"],
                                                          rel=0.01, abs=2.0)
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def _finished(*events: tuple[str, int, int, int]):
+    """Kineto events (name, tid, start µs, end µs) of one rank, read as the Kineto reader
+    reads them: closures taken out of the optimizer steps, then finished."""
+    from opprof.normalizers.closures import split_closures
+    from opprof.normalizers.events import finish
+
+    raw = pd.DataFrame([{"rank": 0, "role": "worker", "pid": 1, "tid": tid, "device": "cpu",
+                         "ts": s * 1000, "dur": (e - s) * 1000, "name": n,
+                         "kind": "marker" if n.startswith(("opprof.", "ProfilerStep",
+                                                           "Optimizer.")) else "cpu_op",
+                         "bytes": 0, "detail": None, "link": -1, "collective": None}
+                        for n, tid, s, e in events])
+    raw["name"] = raw["name"].astype("category")
+    raw["device"] = raw["device"].astype("category")
+    table = mapping_table("kineto")
+    return finish(split_closures(raw, table), table, {}).events
+
+
+def _of(ev: pd.DataFrame, name: str) -> list[tuple[str, str, int, int]]:
+    rows = ev[ev["name"].astype(str) == name].sort_values("ts")
+    return [(str(o), str(p), int(t) // 1000, int(t + d) // 1000)
+            for o, p, t, d in zip(rows["op"], rows["phase"], rows["ts"], rows["dur"],
+                                  strict=True)]
+
+
+ADDMM_BWD = "autograd::engine::evaluate_function: AddmmBackward0"
+
+
+def test_a_marked_closure_is_not_the_optimizers() -> None:
+    ev = _finished(("ProfilerStep#1", 1, 0, 100), ("Optimizer.step#SGD.step", 1, 10, 90),
+                   ("opprof.closure#SGD", 1, 12, 70), ("aten::linear", 1, 15, 30),
+                   (ADDMM_BWD, 1, 40, 60), ("aten::add_", 1, 75, 85))
+    assert _of(ev, "Optimizer.step#SGD.step") == [("weights_update", "update", 10, 12),
+                                                  ("weights_update", "update", 70, 90)]
+    assert (ev.loc[ev["name"] == "Optimizer.step#SGD.step", "detail"] == closures.PIECE).all()
+    assert _of(ev, "aten::linear") == [("fully_connected", "forward", 15, 30)]
+    assert _of(ev, ADDMM_BWD) == [("fully_connected_backward", "backward", 40, 60)]
+    assert _of(ev, "aten::add_") == [("weights_update", "update", 75, 85)]
+    counted = ev[ev["counted"]]
+    assert counted["dur"].sum() == (2 + 20 + 15 + 20) * 1000  # each instant counted once
+
+
+def test_every_call_of_the_closure_is_taken_out() -> None:
+    """LBFGS calls its closure several times: the optimizer's work between the calls is its."""
+    ev = _finished(("Optimizer.step#LBFGS.step", 1, 0, 100),
+                   ("opprof.closure#LBFGS", 1, 5, 30), (ADDMM_BWD, 1, 10, 25),
+                   ("aten::dot", 1, 32, 38),
+                   ("opprof.closure#LBFGS", 1, 40, 70), (ADDMM_BWD, 1, 45, 65))
+    assert [p[2:] for p in _of(ev, "Optimizer.step#LBFGS.step")] == [(0, 5), (30, 40),
+                                                                     (70, 100)]
+    assert _of(ev, "aten::dot")[0][:2] == ("weights_update", "update")
+
+
+def test_an_optimizer_wrapping_another_has_both_steps_split() -> None:
+    ev = _finished(("Optimizer.step#ZeroRedundancyOptimizer.step", 1, 0, 100),
+                   ("Optimizer.step#SGD.step", 1, 5, 95),
+                   ("opprof.closure#ZeroRedundancyOptimizer", 1, 10, 60),
+                   (ADDMM_BWD, 1, 20, 50))
+    assert [p[2:] for p in _of(ev, "Optimizer.step#ZeroRedundancyOptimizer.step")] == [
+        (0, 10), (60, 100)]
+    assert [p[2:] for p in _of(ev, "Optimizer.step#SGD.step")] == [(5, 10), (60, 95)]
+    assert _of(ev, ADDMM_BWD)[0][:2] == ("fully_connected_backward", "backward")
+
+
+def test_an_unmarked_closure_ends_with_the_steps_last_backward_operator() -> None:
+    """A trace of your own: the step ran its closure from its start to its last backward."""
+    ev = _finished(("Optimizer.step#AdamW.step", 1, 0, 100), ("aten::linear", 1, 5, 20),
+                   (ADDMM_BWD, 1, 30, 60), ("aten::_foreach_norm", 1, 62, 66),
+                   ("aten::_foreach_add_", 1, 70, 95))
+    assert _of(ev, "Optimizer.step#AdamW.step") == [("weights_update", "update", 60, 100)]
+    assert _of(ev, "aten::linear")[0][:2] == ("fully_connected", "forward")
+    assert _of(ev, "aten::_foreach_norm")[0][:2] == ("weights_update", "update")
+
+
+def test_an_optimizer_that_multiplies_matrices_keeps_its_step() -> None:
+    """No closure and no backward inside (Muon's Newton–Schulz matmuls): all the step's."""
+    ev = _finished(("aten::linear", 1, 0, 10), (ADDMM_BWD, 1, 12, 20),
+                   ("Optimizer.step#Muon.step", 1, 25, 60), ("aten::mm", 1, 30, 40))
+    assert _of(ev, "Optimizer.step#Muon.step") == [("weights_update", "update", 25, 60)]
+    assert _of(ev, "aten::mm")[0][:2] == ("weights_update", "update")
+    assert (ev["detail"] != closures.PIECE).all()
