@@ -38,6 +38,11 @@ optimizer step post hook would be the natural place, but it runs inside the
 ``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
 previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
 torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
+A closure given to the step (``optimizer.step(closure)``: Lightning's automatic optimization
+runs ``training_step`` and ``backward()`` in it, LBFGS calls it several times) is called inside
+a range of its own, ``opprof.closure#<optimizer>`` (:data:`CLOSURE`), so that the reader
+takes its forward and backward out of the ``Optimizer.step#…`` range
+(:mod:`opprof.normalizers.closures`); its result and exceptions are the closure's.
 Keras 3 on the torch backend (``KERAS_BACKEND=torch``) steps with its own optimizers: there the
 end of ``BaseOptimizer.apply`` ends a step (:func:`install_keras_hook`).
 

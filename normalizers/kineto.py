@@ -12,6 +12,9 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
 ``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
+An ``Optimizer.step`` that ran its closure (Lightning's ``fit``) is first cut around the
+closure's calls, so that their forward and backward are not the optimizer's
+(``opprof.normalizers.closures``).
 """
 
 from __future__ import annotations
