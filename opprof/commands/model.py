@@ -64,8 +64,8 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
     from opprof.analysis.noise import assess, flags
-    from opprof.analysis.predict import check, predict
     from opprof.loader import load
+    from opprof.model.predict import check, predict
     from opprof.pipeline.calibrate import read_network
     from opprof.render import renderer
 
