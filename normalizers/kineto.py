@@ -12,6 +12,9 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
 ``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
+An ``Optimizer.step`` that ran its closure (Lightning's ``fit``) is first cut around the
+closure's calls, so that their forward and backward are not the optimizer's
+(``opprof.normalizers.closures``).
 """
 
 from __future__ import annotations
@@ -458,6 +461,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
+    from opprof.normalizers.closures import split_closures
     from opprof.normalizers.events import finish
     from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
@@ -470,6 +474,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+        raw = split_closures(raw, mapping_table(NAME))
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
