@@ -154,9 +154,9 @@ def test_the_nccl_trace_is_launch_bound_before_its_communication() -> None:
 def test_knobs_that_change_nothing_predict_the_measured_step() -> None:
     """The identities the predictions rest on: one batch × 1, prefetching with workers that
     keep up = loading hidden, DDP's own buckets = the measurement."""
-    from opprof.analysis import knobs
-    from opprof.analysis.whatif import context
     from opprof.loader import load
+    from opprof.model import knobs
+    from opprof.model.whatif import context
 
     ctx = context(load(ADVISE / "ddp.trace"))
     base = ctx.base.step_ns
@@ -172,9 +172,9 @@ def test_knobs_that_change_nothing_predict_the_measured_step() -> None:
 
 
 def test_a_larger_batch_amortizes_only_the_update_and_fixed_costs() -> None:
-    from opprof.analysis import knobs
-    from opprof.analysis.whatif import context
     from opprof.loader import load
+    from opprof.model import knobs
+    from opprof.model.whatif import context
 
     ctx = context(load(ADVISE / "input-bound.trace"))
     ph = ctx.base.phases

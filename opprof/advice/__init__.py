@@ -1,6 +1,6 @@
 """Advice ranked by the time it saves: one small module per rule, each reading its evidence in
 this trace, naming an action and predicting its saving with the model or the replay
-(:mod:`opprof.analysis.knobs`); :func:`advise` runs every rule whose evidence the trace has and
+(:mod:`opprof.model.knobs`); :func:`advise` runs every rule whose evidence the trace has and
 ranks what they say. Nothing is advised without evidence in this trace, and a step where no
 rule finds a saving of :data:`~opprof.advice.base.MIN_SHARE` of it or more is called healthy.
 

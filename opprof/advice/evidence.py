@@ -19,8 +19,8 @@ P2P = ("send", "recv")
 
 if TYPE_CHECKING:
     from opprof.analysis.report import Report
-    from opprof.analysis.whatif import Context
     from opprof.meta import MetaMapping
+    from opprof.model.whatif import Context
     from opprof.trace import Trace
 
 
@@ -123,8 +123,8 @@ class Evidence:
 
     @cached_property
     def context(self) -> Context:
-        """The what-if context (baseline and dependency graph; opprof.analysis.whatif)."""
-        from opprof.analysis.whatif import context
+        """The what-if context (baseline and dependency graph; opprof.model.whatif)."""
+        from opprof.model.whatif import context
 
         return context(self.trace, self.label)
 

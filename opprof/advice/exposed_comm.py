@@ -14,7 +14,7 @@ and their shares, the parallel layout, the gradient bytes. Actions by what domin
 * pipeline stages waiting in send/recv — more micro-batches (the pipeline rule's, where the
   pipeline analysis measures the bubble).
 
-Savings: the phase model with the knob turned (:mod:`opprof.analysis.knobs`: the DDP policy with
+Savings: the phase model with the knob turned (:mod:`opprof.model.knobs`: the DDP policy with
 other buckets, accumulation), the graph replay for an operator's collectives (FSDP's
 all-gathers halved, the broadcast removed), every collective hidden as the bound where no knob
 models the change — on the part of the exposed time the dominant collectives hold."""
@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from opprof.advice.base import Advice, Knob
-from opprof.analysis.knobs import (
+from opprof.kinds import PS_MODES, Mode
+from opprof.model.knobs import (
     Predicted,
     accumulated,
     buckets,
@@ -32,7 +33,6 @@ from opprof.analysis.knobs import (
     more_servers,
     op_scaled,
 )
-from opprof.kinds import PS_MODES, Mode
 
 if TYPE_CHECKING:
     from opprof.advice.evidence import Evidence

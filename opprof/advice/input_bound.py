@@ -4,8 +4,8 @@ to the device (``h2d``). Evidence: the exposed load and copy time, the loader th
 pageable host-to-device copies. Action: load in worker processes that prefetch (DataLoader
 ``num_workers``, ``tf.data`` ``num_parallel_calls``/``prefetch``), pinned memory and
 non-blocking copies. Saving: the phase model with the loading in K prefetching workers
-(:func:`opprof.analysis.knobs.prefetch`: the research's ``max(t_compute, t_io)``), the copies
-beside compute (:func:`~opprof.analysis.knobs.h2d_hidden`)."""
+(:func:`opprof.model.knobs.prefetch`: the research's ``max(t_compute, t_io)``), the copies
+beside compute (:func:`~opprof.model.knobs.h2d_hidden`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING
 
 from opprof.advice.base import Advice, Knob
-from opprof.analysis.knobs import h2d_hidden, load_busy_ns, prefetch
+from opprof.model.knobs import h2d_hidden, load_busy_ns, prefetch
 
 if TYPE_CHECKING:
     from opprof.advice.evidence import Evidence

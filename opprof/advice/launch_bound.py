@@ -4,7 +4,7 @@ framework's gaps), the device's idle share, the kernels per step and their mean 
 whether the step already replays CUDA graphs. Action: capture the step in CUDA graphs
 (``torch.compile(mode="reduce-overhead")``, ``torch.cuda.graphs``) or issue fewer, larger
 kernels (``torch.compile``, a larger batch). Saving: the dependency graph replayed with the
-host's issue time removed on the GPU ranks (:func:`opprof.analysis.knobs.launch_removed`) — an
+host's issue time removed on the GPU ranks (:func:`opprof.model.knobs.launch_removed`) — an
 upper bound: what the graphs capture of it."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ GRAPH_GAP_NS = 416.0
 
 def advise(ev: Evidence) -> list[Advice]:
     """The launch-bound advice (see the module docstring)."""
-    from opprof.analysis.knobs import launch_removed
+    from opprof.model.knobs import launch_removed
 
     c = ev.critical
     if c.empty:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from opprof.advice.base import Advice
-from opprof.analysis.knobs import op_scaled
+from opprof.model.knobs import op_scaled
 
 if TYPE_CHECKING:
     from opprof.advice.evidence import Evidence

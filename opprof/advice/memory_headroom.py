@@ -6,7 +6,7 @@ batch takes (the allocator's peak while profiling on a CPU; on a GPU the allocat
 the parameters, their gradients and the optimizer's state), the batch size. Action: a batch k×
 larger (k a power of two that fits in 80% of the capacity). Saving: the phase model with the
 per-sample phases × k and the update once, per sample
-(:func:`opprof.analysis.knobs.batched`); the exposed communication is kept per sample (its
+(:func:`opprof.model.knobs.batched`); the exposed communication is kept per sample (its
 amortization is the exposed-communication rule's gradient accumulation, not counted twice).
 A pipeline-parallel job is left to the pipeline rules: its larger batch is more micro-batches."""
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from opprof.advice.base import Advice, Knob
-from opprof.analysis.knobs import batched
+from opprof.model.knobs import batched
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -71,7 +71,7 @@ def advise(ev: Evidence) -> list[Advice]:
                 "excess_share": own / median_other - 1.0 if median_other > 0 else None,
                 "host": hosts.get(str(rank))}
     factor = median_other / own if own > 0 else 1.0
-    from opprof.analysis.knobs import rank_scaled
+    from opprof.model.knobs import rank_scaled
 
     replay = rank_scaled(ev.context, rank, factor)
     if replay is not None:

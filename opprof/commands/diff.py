@@ -82,8 +82,8 @@ def command(a: Path, b: Path, whatif: bool, fail_above: str | None,
             ta, tb = load(a), load(b)  # an operator's time per step needs the events
         d.gate = gate(ra, rb, thresholds, alpha, ta, tb)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
-        from opprof.analysis.whatif import context, op_swaps
         from opprof.loader import load
+        from opprof.model.whatif import context, op_swaps
 
         d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
     write_output(render.diff(d, top=top if top is not None else 15), fmt, output)

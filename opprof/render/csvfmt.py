@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
-from opprof.render import ALL_VIEWS
+from opprof.model.commmodel import Network
+from opprof.model.predict import ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render.tables import advice_table, diff_table, report_table
+from opprof.render.views import ALL_VIEWS
 
 if TYPE_CHECKING:
     from opprof.advice.base import AdviseResult, Advisory

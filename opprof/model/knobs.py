@@ -1,15 +1,15 @@
 """The performance model's step under the knobs a user turns: loader workers that prefetch,
 another DDP bucket size, a larger batch or gradient accumulation, communication hidden, an
 operator or a rank at another speed, the host's launch overhead gone (CUDA graphs) — each a
-prediction from the trace's own what-if machinery (:mod:`opprof.analysis.whatif`), never a
+prediction from the trace's own what-if machinery (:mod:`opprof.model.whatif`), never a
 fixed fraction. `opprof advise` (:mod:`opprof.advice`) turns each into an action's saving.
 
 Two engines, as for `opprof whatif`:
 
-* **phases** — the phase-level model (:mod:`opprof.analysis.simulate`) run on the trace's
-  baseline (:mod:`opprof.analysis.predict`) once as measured and once with the knob turned; the
+* **phases** — the phase-level model (:mod:`opprof.model.simulate`) run on the trace's
+  baseline (:mod:`opprof.model.predict`) once as measured and once with the knob turned; the
   prediction is the measured step moved by what the simulation changed
-  (:func:`~opprof.analysis.predict.calibrated`), so a knob that changes nothing predicts the
+  (:func:`~opprof.model.predict.calibrated`), so a knob that changes nothing predicts the
   measured step exactly;
 * **graph** — the trace's dependency graph (:mod:`opprof.analysis.critpath`) replayed with some
   nodes' own time or some edges' lags scaled; the step moves by the mean change over every
@@ -29,17 +29,18 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.critpath import COMM, LAUNCH, ORDER, Graph, replay
-from opprof.analysis.predict import calibrated, interference_for, network_for, plan
-from opprof.analysis.simulate import StepPlan, simulate
-from opprof.analysis.whatif import whatif
 from opprof.kinds import Collective, Mode
+from opprof.model.predict import calibrated, interference_for, network_for, plan
+from opprof.model.simulate import simulate
+from opprof.model.step import StepPlan
+from opprof.model.whatif import whatif
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from opprof.analysis.whatif import Context
     from opprof.arrays import Array
+    from opprof.model.whatif import Context
 
 #: Each graph's unedited replay (every edited one is compared with it).
 _MEASURED: weakref.WeakKeyDictionary[Graph, pd.DataFrame] = weakref.WeakKeyDictionary()
