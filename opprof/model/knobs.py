@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from opprof.arrays import Array
     from opprof.model.whatif import Context
 
-#: Each graph's unedited replay (every edited one is compared with it).
-_MEASURED: weakref.WeakKeyDictionary[Graph, pd.DataFrame] = weakref.WeakKeyDictionary()
+#: Each graph's unedited replay (every edited one is compared with it), by the graph's id
+#: (a Graph is no hashable key), with a weak reference that says it is still that graph.
+_MEASURED: dict[int, tuple[weakref.ref[Graph], pd.DataFrame]] = {}
 
 #: The phases whose time grows with the batch (per-sample work).
 PER_SAMPLE = ("load", "h2d", "forward", "backward")
@@ -195,9 +196,13 @@ def replayed(ctx: Context, node_factor: Array | None, edge_factor: Array | None,
         return None
     g, order = ctx.graph
     edited = replay(g, node_factor, order, edge_factor=edge_factor)
-    measured = _MEASURED.get(g)
-    if measured is None:
-        measured = _MEASURED[g] = replay(g, None, order)
+    cached = _MEASURED.get(id(g))
+    if cached is not None and cached[0]() is g:
+        measured = cached[1]
+    else:
+        measured = replay(g, None, order)
+        _MEASURED.clear()  # one trace's graph at a time
+        _MEASURED[id(g)] = (weakref.ref(g), measured)
     delta = float((edited["replay_ns"] - measured["replay_ns"]).mean())
     base = ctx.base.step_ns
     return Predicted(base, base + delta, "graph", how)
