@@ -164,13 +164,18 @@ def test_bad_gate_input_exits_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_gate_live_same_job_passes_and_a_slower_one_fails(folder: Path) -> None:
+def test_gate_live_fails_a_clearly_slower_run(folder: Path) -> None:
+    """Fresh recordings: the job, and the job with a 3 s sleep in every step (beyond any load
+    this machine has shown: its steps reached 1.6 s). Whether two runs of the same job pass
+    depends on the machine's load between them, not on opprof: benchmarks/bench_gate.py
+    measures it (the fixtures' pair is the deterministic test above)."""
     script = str(REPO / "tests" / "scripts" / "torch_loop.py")
-    for name, extra in (("a", []), ("b", []), ("slow", ["--sleep-ms", "2000"])):
+    for name, extra in (("a", []), ("slow", ["--sleep-ms", "3000"])):
         res = run_cli("run", "-o", f"{name}.trace", "--", "python", script, "--steps", "14",
                       *extra, cwd=folder)
         assert res.returncode == 0, res.stderr
-    same = run_cli("diff", "a.trace", "b.trace", "--fail-above", "5%", cwd=folder)
-    assert same.returncode == 0, same.stdout + same.stderr
     slow = run_cli("diff", "a.trace", "slow.trace", "--fail-above", "5%", cwd=folder)
     assert slow.returncode == 1, slow.stdout
+    assert "gate: FAIL" in slow.stdout
+    back = run_cli("diff", "slow.trace", "a.trace", "--fail-above", "5%", cwd=folder)
+    assert back.returncode == 0, back.stdout
