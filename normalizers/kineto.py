@@ -61,7 +61,8 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "lo
 
 
 _COMM_NAME = re.compile(
-    r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::|(?:void )?nccl(?:Dev)?Kernel")
+    r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::|(?:void )?nccl(?:Dev)?Kernel"
+    r"|_?c10d_functional(?:_autograd)?::(?!wait)")
 
 
 class Args(msgspec.Struct, gc=False):
@@ -470,6 +471,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+        raw["tid"] = async_lanes(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -874,6 +876,64 @@ def served_collectives(raw: pd.DataFrame,
         gathered = nbytes[spans] * np.where(span_op == "all_gather", group_size or 1, 1)
         nbytes[spans] = np.maximum(gathered, nbytes[calls])
     return out, nbytes
+
+
+#: The lanes (tids) of a rank's asynchronous backend spans: ``ASYNC_TID``, ``ASYNC_TID - 1`` …
+ASYNC_TID = -1000
+#: Rounds of lane assignment before the spans left each get a lane of their own.
+_ASYNC_ROUNDS = 64
+
+
+def async_lanes(raw: pd.DataFrame) -> np.ndarray:
+    """The ``tid`` column with each *asynchronous* backend span moved to a lane of its own.
+
+    gloo records the span of an asynchronous point-to-point call (``isend``/``irecv``,
+    ``batch_isend_irecv``: ``gloo:send``, ``gloo:recv``) on the thread that issued it, from
+    the moment it is posted to the moment it completes: it starts inside its ``c10d::send``
+    and ends long after it, while the thread computes on. Left on that lane it would seem to
+    enclose what follows. A backend span on a thread that issues ``c10d::`` calls and that
+    no such call contains is one of these: it goes to a lane ``ASYNC_TID - k`` where it
+    overlaps no other (lanes given in rounds, each taking the spans that start after every
+    earlier one ended), where it is an operator of its own (the collective in flight)."""
+    import pandas as pd
+
+    from opprof.intervals import containing
+
+    tid = raw["tid"].to_numpy(np.int64).copy()
+    names = raw["name"].astype("category")
+    cats = pd.Index(names.cat.categories.astype(str))
+    codes = names.cat.codes.to_numpy()
+    span = np.append(cats.str.match(_BACKEND_SPAN_NAME), False)[codes]
+    call = np.append(cats.str.startswith("c10d::"), False)[codes]
+    if not span.any() or not call.any():
+        return tid
+    pid = raw["pid"].to_numpy(np.int64)
+    lane = pid * (1 << 32) + tid
+    ts = raw["ts"].to_numpy(np.int64)
+    end = ts + raw["dur"].to_numpy(np.int64)
+    spans = np.flatnonzero(span & np.isin(lane, lane[call]))
+    calls = np.flatnonzero(call)
+    inside = containing(lane[spans], ts[spans], end[spans], lane[calls], ts[calls], end[calls])
+    moved = spans[inside < 0]
+    if not len(moved):
+        return tid
+    moved = moved[np.argsort(ts[moved], kind="stable")]
+    out_lane = np.full(len(moved), -1, np.int64)
+    left = np.arange(len(moved))
+    for k in range(_ASYNC_ROUNDS):
+        if not len(left):
+            break
+        s, e = ts[moved[left]], end[moved[left]]
+        reach = np.maximum.accumulate(np.r_[np.iinfo(np.int64).min, e[:-1]])
+        take = s >= reach  # starts after every earlier span left ended: no overlap
+        out_lane[left[take]] = k
+        left = left[~take]
+    out_lane[left] = _ASYNC_ROUNDS + np.arange(len(left))
+    tid[moved] = ASYNC_TID - out_lane
+    return tid
+
+
+_BACKEND_SPAN_NAME = r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$"
 
 
 def _comm_args(names: tuple[np.ndarray, list[str]],
