@@ -492,6 +492,11 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     }
     release_freed_memory()  # the decoded chunks' heap, before the finishing pass peaks
     trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
+    from opprof.parallelism import tag
+
+    detail_col, info["parallel"] = tag(trace.events, doc.distributedInfo)
+    if detail_col is not None:
+        trace.events["detail"] = detail_col
     info[drops.KEY] = trace.meta.get(drops.KEY, {})
     if memory is not None:
         memory["ts"] += offset
@@ -518,6 +523,15 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
         info["distributed"] = dist
     info.update(meta)
     refine_mode(info, next((i["sharded"] for i in infos if i.get("sharded")), None))
+    if any("parallel" in i for i in infos):
+        from opprof.parallelism import layout
+
+        mode, parallelism = layout([i.get("parallel") or {} for i in infos], len(infos),
+                                   info.get("mode"))
+        if parallelism:
+            info["parallelism"] = parallelism
+        if mode is not None:
+            info["mode"] = mode
     info["clock_offsets_ns"] = {str(i["rank"]): i["offset"] for i in infos}  # as applied
     if all("step_bounds" in i for i in infos):
         bounds = sorted((b for i in infos for b in i["step_bounds"]),
