@@ -472,6 +472,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
         raw["tid"] = async_lanes(raw)
+        raw = with_waits(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -945,6 +946,87 @@ def async_lanes(raw: pd.DataFrame) -> np.ndarray:
     out_lane[left] = _ASYNC_ROUNDS + np.arange(len(left))
     tid[moved] = ASYNC_TID - out_lane
     return tid
+
+
+#: The name of a wait opprof adds to a trace (:func:`with_waits`).
+WAIT_NAME = "opprof.wait"
+#: Spans of a rank tried per call, latest-ending first, for the one it waited for.
+_WAIT_TRIES = 4
+
+
+def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
+    """``raw`` with one event ``opprof.wait`` (kind comm, of the call's collective) for every
+    synchronous ``c10d::`` call after which its thread waited for the collective to complete.
+
+    A call such as ``dist.all_to_all_single`` enqueues the collective (the ``c10d::`` event)
+    and then blocks in ``Work.wait()``, which the profiler does not record: the thread is idle
+    until the backend's span (``gloo:all_to_all``, on gloo's thread) ends. When the call was
+    issued inside an operator (an autograd function's backward), that operator would seem to
+    compute all along. A call waited on so is one whose thread issues its next event only
+    after a backend span of the same collective (gloo runs a reduce-scatter as an all-reduce)
+    that started after the call ended; the wait is the time from the call's end to that
+    span's end, on the call's thread. A call that returns at once (DDP's all-reduce from a
+    backward hook: the backward goes on while it runs) gets none."""
+    import pandas as pd
+
+    from opprof.taxonomy import mapping_table
+
+    names = raw["name"].astype("category")
+    cats = pd.Index(names.cat.categories.astype(str))
+    codes = names.cat.codes.to_numpy()
+    call = np.append(cats.str.startswith("c10d::"), False)[codes]
+    span = np.append(cats.str.match(_BACKEND_SPAN_NAME), False)[codes]
+    if not call.any() or not span.any():
+        return raw
+    table = mapping_table(NAME).classify(cats)["op"].reindex(cats).to_numpy(object)
+    op = np.append(table, None)[codes]
+    named = raw["collective"].to_numpy(object) if "collective" in raw else np.full(
+        len(raw), None, dtype=object)
+    op = np.where(pd.isna(named), op, named)
+    lane = raw["pid"].to_numpy(np.int64) * (1 << 32) + raw["tid"].to_numpy(np.int64)
+    ts = raw["ts"].to_numpy(np.int64)
+    end = ts + raw["dur"].to_numpy(np.int64)
+    calls = np.flatnonzero(call)
+    # each call's thread: the start of its next event after the call ended
+    order = np.lexsort((ts, lane))
+    lanes = np.unique(lane)
+    t0 = int(ts.min())
+    width = int(ts.max() - t0) + 2
+    flat = np.searchsorted(lanes, lane[order]) * width + (ts[order] - t0)
+    c_lane = np.searchsorted(lanes, lane[calls])
+    at = np.searchsorted(flat, c_lane * width + np.minimum(end[calls] - t0, width - 1))
+    same = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] // width == c_lane)
+    nxt = np.where(same, ts[order][np.minimum(at, len(flat) - 1)], np.iinfo(np.int64).max)
+    spans = np.flatnonzero(span)
+    spans = spans[np.argsort(end[spans], kind="stable")]
+    s_end = end[spans]
+    wait_end = np.full(len(calls), -1, np.int64)
+    base = np.searchsorted(s_end, end[calls], side="left")
+    for k in range(_WAIT_TRIES):
+        j = base + k
+        inside = j < len(spans)
+        cand = spans[np.minimum(j, len(spans) - 1)]
+        serves = (op[cand] == op[calls]) | ((op[cand] == "all_reduce")
+                                             & (op[calls] == "reduce_scatter"))
+        good = (inside & (wait_end < 0) & serves & (ts[cand] >= ts[calls])
+                & (end[cand] <= nxt) & (end[cand] > end[calls]))
+        wait_end[good] = end[cand[good]]
+    waited = np.flatnonzero(wait_end > 0)
+    if not len(waited):
+        return raw
+    c = calls[waited]
+    rows = raw.iloc[c].copy()
+    rows["name"] = WAIT_NAME
+    rows["ts"] = end[c]
+    rows["dur"] = wait_end[waited] - end[c]
+    rows["bytes"] = 0
+    rows["link"] = -1
+    if "detail" in rows:
+        rows["detail"] = None
+    rows["collective"] = op[c]
+    out = pd.concat([raw, rows], ignore_index=True)
+    out["name"] = out["name"].astype("category")
+    return out
 
 
 _BACKEND_SPAN_NAME = r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$"
