@@ -80,6 +80,9 @@ class Args(msgspec.Struct, gc=False):
     group_size: Any = msgspec.field(default=None, name="Group size")
     group_name: Any = msgspec.field(default=None, name="Process Group Name")
     group_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+    in_split: Any = msgspec.field(default=None, name="In split size")
+    out_split: Any = msgspec.field(default=None, name="Out split size")
     name: Any = None  # process_name / thread_name metadata (format detection)
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
     total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
@@ -979,7 +982,7 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     if not call.any() or not span.any():
         return raw
     table = mapping_table(NAME).classify(cats)["op"].reindex(cats).to_numpy(object)
-    op = np.append(table, None)[codes]
+    op = np.append(table, np.array([None], dtype=object))[codes]
     named = raw["collective"].to_numpy(object) if "collective" in raw else np.full(
         len(raw), None, dtype=object)
     op = np.where(pd.isna(named), op, named)
@@ -1053,6 +1056,12 @@ def _comm_args(names: tuple[np.ndarray, list[str]],
         a = args[i]
         collective[i] = a.collective if isinstance(a.collective, str) else None
         group[i] = _group_text(a)
+        if "all_to_all" in text[codes[i]] or "alltoall" in text[codes[i]] or (
+                a.in_split is not None and a.collective in ("all_to_all", "alltoall",
+                                                            "alltoall_base")):
+            split = _split_text(text[codes[i]], a)
+            if split:
+                group[i] = f"{group[i]} {split}" if group[i] else split
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = max([v for v in chrome.numbers([a.in_nelems, a.out_nelems]).tolist()
                    if v == v] + [-1.0])  # the larger of the two that are numbers, else -1
@@ -1099,6 +1108,56 @@ def _group_text(a: Args) -> str | None:
     if parts and isinstance(a.group_desc, str) and a.group_desc and " " not in a.group_desc:
         parts.append(f"desc={a.group_desc}")
     return " ".join(parts) or None
+
+
+def _split_text(name: str, a: Args) -> str | None:
+    """``a2a_send_bytes=… a2a_recv_bytes=…`` of an all-to-all (the bytes it sends to and
+    receives from each peer, in group order), from its split sizes (rows of its tensors):
+    ``record_param_comms``' ``In split size`` / ``Out split size``; ``c10d::alltoall_base_``'s
+    and ``all_to_all_single``'s split arguments (``Concrete Inputs``, with
+    ``record_shapes``). None when the trace has no split sizes (an even split)."""
+    if name == "record_param_comms":
+        send, recv = _int_list(a.in_split), _int_list(a.out_split)
+        size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
+        nel = chrome.numbers([a.in_nelems]).tolist()[0]
+        rows = sum(send) if send else 0
+        row_bytes = nel * size / rows if size and rows and nel == nel else None
+    else:
+        c = a.concrete if isinstance(a.concrete, list) else []
+        dims = a.input_dims if isinstance(a.input_dims, list) else []
+        types = a.input_type if isinstance(a.input_type, list) else []
+        if name.startswith("c10d::"):  # (output, input, pg, output_splits, input_splits, …)
+            recv, send = (_int_list(c[3]), _int_list(c[4])) if len(c) > 4 else ([], [])
+            tensor, dtype = (dims[1], types[1]) if len(dims) > 1 and len(types) > 1 else (
+                None, None)
+        else:  # all_to_all_single(input, output_splits, input_splits, group)
+            recv, send = (_int_list(c[1]), _int_list(c[2])) if len(c) > 2 else ([], [])
+            tensor, dtype = (dims[0], types[0]) if dims and types else (None, None)
+        size = _DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        trailing = tensor[1:] if isinstance(tensor, list) and tensor else None
+        row_bytes = float(np.prod(trailing)) * size if trailing is not None and size and all(
+            isinstance(d, int) for d in trailing) else None
+    if not send or not recv or row_bytes is None:
+        return None
+    fmt = ",".join
+    return (f"a2a_send_bytes={fmt(str(int(r * row_bytes)) for r in send)} "
+            f"a2a_recv_bytes={fmt(str(int(r * row_bytes)) for r in recv)}")
+
+
+def _int_list(value: Any) -> list[int]:
+    """A list of integers given as a list or as its text (``'[63, 1]'``); [] otherwise."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not (value.startswith("[") and value.endswith("]")):
+            return []
+        try:
+            value = [int(v) for v in value[1:-1].split(",") if v.strip()]
+        except ValueError:
+            return []
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return []
+    return list(value)
 
 
 def _largest_numel(dims: Any) -> float:

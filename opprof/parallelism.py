@@ -102,7 +102,8 @@ def _per_name(names: pd.Series, pattern: re.Pattern[str]) -> Array:
     cat = names.astype("category")
     cats = cat.cat.categories.astype(str)
     hit = np.array([bool(pattern.match(c)) for c in cats] + [False], bool)
-    return hit[cat.cat.codes.to_numpy()]
+    out: Array = hit[cat.cat.codes.to_numpy()]
+    return out
 
 
 def collective_dims(ev: pd.DataFrame) -> Array:
@@ -165,7 +166,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
         op == "all_to_all", np.isin(op, ["send", "recv"]),
         funcol | (np.isin(op, _MODEL_OPS) & (in_phase == "forward") & ~ddp),
     ]
-    values = [desc, "fsdp", "tp", "ep", "pp", "tp"]
+    values: list[Any] = [desc, "fsdp", "tp", "ep", "pp", "tp"]
     chosen = np.select(rules, values, default="dp")
     out[comm] = chosen[comm]
     issuing = np.isin(lane, np.unique(lane[host & _per_name(names, _CALL)]))
@@ -204,7 +205,8 @@ def _thread_votes(out: Array, spans: Array, lane: Array, ts: Array, op: Array,
             continue
         served = served[np.argsort(ts[served], kind="stable")]
         pos = np.searchsorted(ts[served], ts[own[mine]], side="right") - 1
-        got = np.where(pos >= 0, out[served[np.maximum(pos, 0)]], None)
+        got = out[served[np.maximum(pos, 0)]].copy()
+        got[pos < 0] = None
         vote[mine] = got
     has = vote != None  # noqa: E711 (element-wise)
     if not has.any():
