@@ -311,7 +311,9 @@ def layout(facts: Iterable[Mapping[str, Any]], workers: int,
            recorded: object = None) -> tuple[str | None, dict[str, Any]]:
     """The job's mode and ``parallelism`` (dimension → degree and groups) from every rank's
     :func:`rank_facts`. The mode is None when the job shows no model parallelism (its only
-    dimension data parallel, or none): the recorded or recognized mode stays."""
+    dimension data parallel, or none): the recorded or recognized mode stays. A recorded
+    model-parallel mode with the same model-parallel dimensions stays too (``record --mode
+    ep``, whose replicated parameters' gradients are all-reduced: ``dp+ep`` in full)."""
     dims: dict[str, dict[str, Any]] = {}
     for f in facts:
         for d, info in (f.get("dims") or {}).items():
@@ -333,6 +335,9 @@ def layout(facts: Iterable[Mapping[str, Any]], workers: int,
     model = [d for d in parallelism if d not in DATA_DIMS]
     if not model:
         return None, parallelism
+    asked = str(recorded or "").split("+")
+    if set(model) == {d for d in asked if d not in DATA_DIMS} and set(asked) <= set(DIMS):
+        return str(recorded), parallelism  # what `record --mode ep` asked for, and ran
     names = list(parallelism)
     if "dp" in names and recorded == Mode.ZERO:
         names[names.index("dp")] = str(Mode.ZERO)
