@@ -408,14 +408,13 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+    from opprof.collectors import torch_parallel
     from opprof.collectors.torch_models import (
         TokenCrossEntropy,
         build,
         layer_counts,
         unit_param_bytes,
     )
-
-    from opprof.collectors import torch_parallel
 
     torch.manual_seed(config.seed)
     key = canonical_name(config.model)

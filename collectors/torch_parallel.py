@@ -22,7 +22,7 @@ function runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from opprof.errors import OpprofError
@@ -123,7 +123,7 @@ def _moe_class() -> type:
             self.expert = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(),
                                         nn.Linear(hidden, width))
             for p in self.expert.parameters():
-                p.expert = True  # type: ignore[attr-defined]  (not all-reduced)
+                setattr(p, "expert", True)  # noqa: B010 (marked: not all-reduced)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             shape = x.shape
@@ -134,11 +134,13 @@ def _moe_class() -> type:
             recv = torch.empty_like(send)
             dist.all_to_all_single(recv, send)
             s, r = send.tolist(), recv.tolist()
-            mine = AllToAll.apply(tokens[order], s, r)
-            back = AllToAll.apply(self.expert(mine), r, s)
+            exchange: Any = AllToAll.apply
+            mine = exchange(tokens[order], s, r)
+            back = exchange(self.expert(mine), r, s)
             out = torch.empty_like(back)
             out[order] = back
-            return (gate.unsqueeze(1) * out).reshape(shape)
+            done: torch.Tensor = (gate.unsqueeze(1) * out).reshape(shape)
+            return done
 
     return MoE
 
@@ -150,15 +152,14 @@ def MoEFeedForward(width: int, hidden: int, world: int) -> nn.Module:  # noqa: N
     return module
 
 
-def _feed_forward_pairs(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
+def _feed_forward_pairs(model: Any) -> list[tuple[Any, str, str]]:
     """(module, first linear, second linear) of every feed-forward block to split."""
     from torch import nn
 
     layers = getattr(model, "layers", None)
     if layers is not None:
         return [(layer, "linear1", "linear2") for layer in layers]
-    linear = [n for n, m in model.classifier.named_children()  # type: ignore[union-attr]
-              if isinstance(m, nn.Linear)]
+    linear = [n for n, m in model.classifier.named_children() if isinstance(m, nn.Linear)]
     return [(model.classifier, a, b) for a, b in zip(linear[0:-1:2], linear[1:-1:2],
                                                      strict=False)]
 
@@ -175,14 +176,14 @@ def tensor_parallel(model: nn.Module, mesh: Any) -> None:
         parallelize_module(module, mesh, {first: ColwiseParallel(), second: RowwiseParallel()})
 
 
-def stage_module(model: nn.Module, key: str, stage: int, stages: int) -> nn.Module:
+def stage_module(model: Any, key: str, stage: int, stages: int) -> nn.Module:
     """This stage's part of the model (one tensor in, one out)."""
     from torch import nn
 
     if key == "transformer":
         return _TransformerStage(model, stage, stages)
     if key == "fcn":
-        parts = list(model.classifier)  # type: ignore[union-attr, arg-type]
+        parts = list(model.classifier)
         head = [nn.Flatten(1)] if stage == 0 else []
         return nn.Sequential(*head, *_chunk(parts, stage, stages, pairs=True))
     blocks: list[nn.Module] = [nn.Sequential(model.conv1, model.bn1, model.relu)]
@@ -211,7 +212,7 @@ def _transformer_stage() -> type:
         """A share of the transformer's encoder layers; the first stage embeds the tokens,
         the last projects to the vocabulary."""
 
-        def __init__(self, model: nn.Module, stage: int, stages: int) -> None:
+        def __init__(self, model: Any, stage: int, stages: int) -> None:
             super().__init__()
             self.first, self.last = stage == 0, stage == stages - 1
             if self.first:
@@ -261,7 +262,8 @@ def training_step(mode: str, key: str, model: nn.Module, batches: Iterator[Batch
         mesh = init_device_mesh(kind, (world // FSDP_TP_DEGREE, FSDP_TP_DEGREE),
                                 mesh_dim_names=("dp", "tp"))
         tensor_parallel(model, mesh["tp"])
-        for layer in model.layers:  # type: ignore[union-attr]
+        layers: Any = model.layers
+        for layer in layers:
             fully_shard(layer, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -273,7 +275,7 @@ def training_step(mode: str, key: str, model: nn.Module, batches: Iterator[Batch
 
 def _marked_step(batches: Iterator[Batch], model: nn.Module,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 optimizer: Optimizer, device: torch.device, shared: list[torch.Tensor],
+                 optimizer: Optimizer, device: torch.device, shared: Sequence[torch.Tensor],
                  world: int) -> Callable[[], torch.Tensor]:
     """The four-marker step of a built-in model (``shared``: parameters whose gradients are
     averaged over the ranks after the backward pass, the replicated ones of ``ep``)."""
@@ -287,7 +289,8 @@ def _marked_step(batches: Iterator[Batch], model: nn.Module,
         with record_function("opprof.forward"):
             loss = loss_fn(model(x), y)
         with record_function("opprof.backward"):
-            loss.backward()
+            backward: Any = loss.backward
+            backward()
             for p in shared:
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
