@@ -10,7 +10,8 @@ activations going forward, the gradients coming back). Per rank and step:
   each such range is a chunk. Elsewhere (``Schedule1F1B``, a pipeline written by hand with
   ``dist.send`` / ``dist.recv``) a chunk is a run of forward (or backward) operators on the
   stage's threads that no send or receive and no switch between forward and backward
-  interrupts, numbered in order;
+  interrupts and that runs a layer of the model (not only copies or element-wise work, such
+  as making the batch or a receive buffer), numbered in order;
 - **forward / backward per micro-batch**: the wall time inside each chunk that the step's
   breakdown gives to compute (forward, backward or update: :mod:`opprof.walltime`), so a
   receive waited for inside a chunk is not counted as its compute;
@@ -55,6 +56,9 @@ P2P = ("send", "recv")
 _GPIPE_MARK = re.compile(r"^(Forward|Backward) (\d+)$")
 _PP_MARK = re.compile(r"^PP:(\d+)(F|B|I|W)(\d+)$")
 _FB = {"Forward": "F", "Backward": "B"}
+#: Operators that run no layer of the model (copies, element-wise work, a loop's own).
+_NOT_LAYER = ["memory", "memory_backward", "elementwise", "elementwise_backward", "other",
+              "data_load", "h2d", "comm"]
 
 
 def pipeline_part(trace: Trace) -> pd.DataFrame:
@@ -178,12 +182,17 @@ def _op_chunks(o: pd.DataFrame) -> pd.DataFrame:
     step = host["step"].to_numpy(np.int64)
     new = np.r_[True, (label[1:] != label[:-1]) | (step[1:] != step[:-1])] | is_p2p
     chunk = np.cumsum(new)
+    op = host["op"].astype(str).to_numpy()
     df = pd.DataFrame({"chunk": chunk, "kind": label, "step": step,
                        "start": host["ts"].to_numpy(np.int64),
-                       "end": host["ts"].to_numpy(np.int64) + host["dur"].to_numpy(np.int64)})
+                       "end": host["ts"].to_numpy(np.int64) + host["dur"].to_numpy(np.int64),
+                       "layer": ~np.isin(op, _NOT_LAYER)})
     df = df[df["kind"] != "P"]
     c = df.groupby("chunk", sort=True).agg(kind=("kind", "first"), step=("step", "first"),
-                                          start=("start", "min"), end=("end", "max"))
+                                          start=("start", "min"), end=("end", "max"),
+                                          layer=("layer", "any"))
+    if c["layer"].any():  # a micro-batch runs a layer: not the batch made, a buffer allocated
+        c = c[c["layer"]]
     c["mb"] = c.groupby(["step", "kind"]).cumcount()
     c["stage"] = -1
     return c[["kind", "stage", "mb", "start", "end"]].reset_index(drop=True)
