@@ -14,6 +14,7 @@ from opprof.render.units import size
 if TYPE_CHECKING:
     import pandas as pd
 
+    from opprof.analysis.parallelmodel import ParallelResult
     from opprof.analysis.report import Report
     from opprof.meta import MetaMapping
 
@@ -110,3 +111,57 @@ def comm_diff_table(comm: pd.DataFrame) -> Table:
                   "-" if ratio is None or ratio != ratio else f"{ratio:.2f}x",
                   _ms(r["delta_ns"]))
     return t
+
+
+def parallel_model_text(result: ParallelResult, fmt: str) -> str:
+    """`opprof model`'s output for a model-parallel trace in ``fmt`` (json: its
+    ``to_dict()``; csv: one row per prediction; md and rich: a table and the check)."""
+    import json
+
+    from opprof.analysis.parallelmodel import rows
+
+    table = rows(result)
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2)
+    terms = sorted({k for r in table for k in r} - {"degree", "microbatches", "step_ns",
+                                                    "speedup"})
+    cols = ["degree", "microbatches", "step_ns", "speedup", *terms]
+    if fmt == "csv":
+        lines = [",".join(cols)]
+        lines += [",".join("" if r.get(c) is None else str(r.get(c)) for c in cols)
+                  for r in table]
+        return "\n".join(lines) + "\n"
+    b = result.base
+    head = (f"base: {b.label} — {b.mode}, {b.workers} workers, step {_ms(b.step_ns)} ms"
+            + (f", {b.microbatches} micro-batches ({b.schedule})" if b.microbatches else "")
+            + f"; network α = {result.network.alpha_ns:,.0f} ns, β = "
+            f"{result.network.beta_ns_per_byte:.4g} ns/B ({result.network.source or 'given'})")
+    check = None
+    if result.check is not None:
+        chk = result.check
+        check = (f"check ({chk.label}): predicted {_ms(chk.predicted_ns)} ms, measured "
+                 f"{_ms(chk.measured_ns)} ms at {result.dimension} "
+                 f"{chk.degrees[result.dimension]}"
+                 + (f" ({chk.microbatches} micro-batches)" if chk.microbatches else "")
+                 + f": error {100 * chk.error:+.1f}%")
+    if fmt == "md":
+        out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        out += ["| " + " | ".join(_ms(r.get(c)) if c not in ("degree", "microbatches",
+                                                               "speedup")
+                                  else ("-" if r.get(c) is None else f"{r[c]:.3g}"
+                                        if c == "speedup" else str(r[c])) for c in cols)
+                + " |" for r in table]
+        return "\n".join([*out, "", *(x for x in [check, *result.notes] if x)]) + "\n"
+    from opprof.render.console import render
+
+    t = Table(title=f"Predicted step by {result.dimension} degree (ms)", title_justify="left")
+    for c in cols:
+        t.add_column(c.replace("_ns", "").replace("_", " "), justify="right")
+    for r in table:
+        t.add_row(*[str(r[c]) if c in ("degree", "microbatches") else
+                    ("-" if r.get(c) is None else f"{r[c]:.2f}x") if c == "speedup" else
+                    _ms(r.get(c)) for c in cols])
+    items: list[Any] = [Text(head), t]
+    items += [Text(x, style="bold") for x in [check] if x]
+    items += [Text(n) for n in result.notes]
+    return render(*items)
