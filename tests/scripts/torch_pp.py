@@ -49,7 +49,8 @@ def part_of(index: int) -> nn.Module:
 
 indices = [rank, rank + world] if looped else [rank]
 parts = [part_of(i) for i in indices]
-stages = [PipelineStage(p, i, n_stages, torch.device("cpu")) for p, i in zip(parts, indices, strict=True)]
+stages = [PipelineStage(p, i, n_stages, torch.device("cpu"))
+          for p, i in zip(parts, indices, strict=True)]
 loss_fn = nn.CrossEntropyLoss()
 if looped:
     multi = {"interleaved": ScheduleInterleaved1F1B, "looped": ScheduleLoopedBFS}[args.schedule]
