@@ -965,11 +965,12 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     and then blocks in ``Work.wait()``, which the profiler does not record: the thread is idle
     until the backend's span (``gloo:all_to_all``, on gloo's thread) ends. When the call was
     issued inside an operator (an autograd function's backward), that operator would seem to
-    compute all along. A call waited on so is one whose thread issues its next event only
-    after a backend span of the same collective (gloo runs a reduce-scatter as an all-reduce)
-    that started after the call ended; the wait is the time from the call's end to that
-    span's end, on the call's thread. A call that returns at once (DDP's all-reduce from a
-    backward hook: the backward goes on while it runs) gets none."""
+    compute all along. A call waited on so is one made inside an operator that is still open
+    when a backend span of the same collective (gloo runs a reduce-scatter as an all-reduce),
+    started after the call, ends, and whose thread issues its next event only after that
+    end; the wait is the time from the call's end to that span's end, on the call's thread.
+    A call that returns at once (DDP's all-reduce from a backward hook: the backward goes on
+    while it runs) gets none, nor one made between operators (the span shows that wait)."""
     import pandas as pd
 
     from opprof.taxonomy import mapping_table
@@ -1000,6 +1001,15 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     at = np.searchsorted(flat, c_lane * width + np.minimum(end[calls] - t0, width - 1))
     same = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] // width == c_lane)
     nxt = np.where(same, ts[order][np.minimum(at, len(flat) - 1)], np.iinfo(np.int64).max)
+    # and the end of the outermost operator around it (none: the call was made between
+    # operators, where the backend's span already shows the wait)
+    from opprof.intervals import Nesting
+
+    ops = (raw["kind"].astype(str) == "cpu_op").to_numpy() if "kind" in raw else np.ones(
+        len(raw), bool)
+    _, anc = Nesting(lane, ts, end).nest(ops & ~call)
+    around = anc[calls]
+    open_until = np.where(around >= 0, end[np.maximum(around, 0)], -1)
     spans = np.flatnonzero(span)
     spans = spans[np.argsort(end[spans], kind="stable")]
     s_end = end[spans]
@@ -1012,7 +1022,7 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
         serves = (op[cand] == op[calls]) | ((op[cand] == "all_reduce")
                                              & (op[calls] == "reduce_scatter"))
         good = (inside & (wait_end < 0) & serves & (ts[cand] >= ts[calls])
-                & (end[cand] <= nxt) & (end[cand] > end[calls]))
+                & (end[cand] <= nxt) & (end[cand] > end[calls]) & (end[cand] <= open_until))
         wait_end[good] = end[cand[good]]
     waited = np.flatnonzero(wait_end > 0)
     if not len(waited):
