@@ -18,8 +18,9 @@ The evidence, per collective (first that applies):
 5. everything else (DDP's bucketed all-reduce, a loss averaged for logging) → ``dp``.
 
 gloo runs collectives on threads of its own (a span ``gloo:all_reduce`` per execution, on a
-thread that serves one process group): each such thread takes the dimension most of its spans'
-calls have — per span, the latest call of a compatible collective issued before it started.
+thread that serves one process group): the spans of one collective on such a thread take the
+dimension most of their calls have — per span, the latest call of a compatible collective
+issued before it started.
 
 Groups: every rank's ``distributedInfo.pg_config`` lists the process groups it belongs to
 (name, description, ranks). A dimension takes the group whose description names it; else the
@@ -190,9 +191,9 @@ def _detail_dims(ev: pd.DataFrame, comm: Array) -> Array:
 
 def _thread_votes(out: Array, spans: Array, lane: Array, ts: Array, op: Array,
                   calls: Array) -> None:
-    """Backend spans on threads that issue no call (gloo's own threads): each thread takes the
-    dimension most of its spans' calls have (per span, the latest call of a collective it can
-    serve issued before it started); in place."""
+    """Backend spans on threads that issue no call (gloo's own threads): the spans of one
+    collective on one thread take the dimension most of their calls have (per span, the
+    latest call of a collective it can serve issued before it started); in place."""
     own = np.flatnonzero(spans)
     c = np.flatnonzero(calls)
     if not len(own) or not len(c):
@@ -211,9 +212,12 @@ def _thread_votes(out: Array, spans: Array, lane: Array, ts: Array, op: Array,
     has = vote != None  # noqa: E711 (element-wise)
     if not has.any():
         return
-    votes = pd.DataFrame({"lane": lane[own[has]], "dim": vote[has].astype(str)})
-    top = votes.groupby("lane")["dim"].agg(lambda d: d.value_counts().index[0])
-    dims = top.reindex(lane[own]).to_numpy(object)
+    # per thread and collective: one process group's thread may serve two dimensions (a
+    # mixture of experts' all-to-all and the replicated parameters' all-reduce on one group)
+    key = lane[own].astype(np.int64) * 64 + pd.factorize(op[own])[0]
+    votes = pd.DataFrame({"key": key[has], "dim": vote[has].astype(str)})
+    top = votes.groupby("key")["dim"].agg(lambda d: d.value_counts().index[0])
+    dims = top.reindex(key).to_numpy(object)
     keep = pd.isna(dims)
     out[own] = np.where(keep, out[own], dims)
 
