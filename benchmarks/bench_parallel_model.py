@@ -1,4 +1,4 @@
-"""Predicted vs measured: the model-parallel model (opprof.analysis.parallelmodel) against real
+"""Predicted vs measured: the model-parallel model (opprof.model.parallel) against real
 runs of the built-in transformer, with the opprof command line as a user runs it.
 
 For each case it records, interleaved per repeat (so a change of the host's load falls on both):

@@ -1,8 +1,8 @@
 """The MXNet adapter: MXNet's profiler for the runner, the built-in models' Gluon training
 step, the parameter-server roles, and the ``gluon.Trainer`` hook of `opprof run`.
 
-Importing this module imports no MXNet; :func:`import_mxnet` does, when a function runs (it
-restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
+Importing this module imports no MXNet; :func:`.mxnet_lib.import_mxnet` does, when a function
+runs (it restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
 
 **Profiler.** At the runner's profile boundary (without memory: ``--no-profile-memory``
 turns ``profile_all`` into everything but ``profile_memory``): ``set_config(profile_all=True,
@@ -44,7 +44,6 @@ import json
 import os
 import socket
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +66,7 @@ from opprof.collectors.config import (
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
 from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
+from opprof.collectors.mxnet_lib import import_mxnet as import_mxnet  # (also its old home)
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.files import write_atomic
 
@@ -75,22 +75,6 @@ PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
 KVSTORE = {Mode.PS_SYNC: "dist_sync", Mode.PS_ASYNC: "dist_async"}
 SERVER_TRACE = "server.json"  # MXNet's server K writes it as rankK_server.json in its cwd
 RUN_SERVER_TRACE = "opprof-server.json"  # the same under `opprof run` (the user's cwd)
-
-
-def import_mxnet() -> ModuleType:
-    """Import and return ``mxnet``, restoring ``np.bool`` first when numpy lacks it.
-
-    With ``DMLC_ROLE=server`` or ``scheduler`` in the environment the import itself runs the
-    parameter-server node until the job ends and then exits the process (MXNet's own design).
-    """
-    if "bool" not in np.__dict__:
-        np.bool = bool  # type: ignore[attr-defined]
-    with warnings.catch_warnings():
-        # mxnet.numpy aliases numpy functions removed long ago (NEP 32) and says so on import
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import mxnet
-
-    return mxnet
 
 
 def trace_name(rank: int) -> str:

@@ -359,7 +359,7 @@ def _compute_for(ns: int) -> Any:
 
 
 def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
-    from opprof.collectors.mxnet import import_mxnet
+    from opprof.collectors.mxnet_lib import import_mxnet
 
     mx = import_mxnet()
     kv = mx.kv.create("dist_sync")
@@ -441,7 +441,7 @@ def _write(workdir: Path, rank: int, job: Job, samples: list[dict], versions: di
 def main(argv: list[str]) -> int:
     """Entry point of every benchmark process (``python -m opprof.collectors.netbench``)."""
     if argv[:1] == ["mxnet-node"]:
-        from opprof.collectors.mxnet import import_mxnet
+        from opprof.collectors.mxnet_lib import import_mxnet
 
         import_mxnet()  # a scheduler or server runs inside the import until the job ends
         return 0

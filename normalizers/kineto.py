@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from opprof import drops, gunzip, readahead
+from opprof import drops, gunzip, preread
 from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC
 from opprof.normalizers import chrome
@@ -220,9 +220,9 @@ def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
     events, any error."""
     if not (head.startswith(GZIP_MAGIC) or head.lstrip(b" \t\n\r\xef\xbb\xbf")[:1] == b"{"):
         return None
-    ahead = readahead.taken(path, detail)  # read by `opprof report`'s second process
+    ahead = preread.taken(path, detail)  # read by `opprof report`'s second process
     if ahead is not None:
-        return None if ahead is readahead.NOT_STREAMED else ahead
+        return None if ahead is preread.NOT_STREAMED else ahead
     source = gunzip.pieces(path)
     if source is None:
         return None
@@ -463,7 +463,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     import pandas as pd
 
     from opprof.normalizers.events import finish
-    from opprof.normalizers.memory import add_memory
+    from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
 
     base_ns = _int(doc.baseTimeNanoseconds or 0)
@@ -596,7 +596,7 @@ def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame |
     allocated before it started (the parameters, the optimizer's state) are not in it."""
     import pandas as pd
 
-    from opprof.normalizers.memory import samples
+    from opprof.normalizers.memory_rows import samples
 
     if not mem:
         return None

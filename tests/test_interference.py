@@ -11,9 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.interference import Interference, from_cores, measure
-from opprof.analysis.predict import (
+from opprof.collectors.config import RecordConfig
+from opprof.collectors.launch import compute_processes, with_default_threads
+from opprof.errors import OpprofError
+from opprof.loader import load
+from opprof.model.commmodel import Network
+from opprof.model.interference import Interference, from_cores, measure
+from opprof.model.predict import (
     NOISY_CV,
     baseline,
     check,
@@ -21,13 +25,10 @@ from opprof.analysis.predict import (
     predict,
     spread,
 )
-from opprof.analysis.resources import Resources
-from opprof.analysis.simulate import AFTER_BACKWARD, DDP, StepPlan, simulate
-from opprof.analysis.terms import terms
-from opprof.collectors.config import RecordConfig
-from opprof.collectors.jobs import compute_processes, with_default_threads
-from opprof.errors import OpprofError
-from opprof.loader import load
+from opprof.model.resources import Resources
+from opprof.model.simulate import AFTER_BACKWARD, DDP, simulate
+from opprof.model.step import StepPlan
+from opprof.model.terms import terms
 from opprof.trace import save
 from tests.conftest import FIXTURES, run_cli
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.gradients import profile
-from opprof.analysis.simulate import DDP, messages
 from opprof.loader import load
+from opprof.model.commmodel import Network
+from opprof.model.gradients import profile
+from opprof.model.simulate import DDP, messages
 from tests.conftest import run_cli
 
 CASES = [("torch", "allreduce"), ("mxnet", "ps-sync"), ("tf", "allreduce")]

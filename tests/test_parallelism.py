@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.parallelmodel import check_parallel, parallel_base, predict_parallel
 from opprof.analysis.report import build_report
 from opprof.loader import load
+from opprof.model.parallel import check_parallel, parallel_base, predict_parallel
 from opprof.parallelism import MESH_NAMES, assign_groups, layout, mesh_dim
 from opprof.taxonomy import COMM_OPS, PHASES
 from tests.conftest import FIXTURES, run_cli

@@ -9,7 +9,6 @@ still equal the framework's own aggregate, and marked traces are left to their m
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -42,15 +41,9 @@ CASES = {
     "mxnet-gluon-dist-2w": ("mxnet", "mxnet_gluon.py", 2, ("load", "forward", "backward",
                                                              "comm")),
 }
-NEEDS = {"torch": "torch", "tf": "xprof", "mxnet": "mxnet"}
 
 
-def needs(fw: str):
-    return pytest.mark.skipif(importlib.util.find_spec(NEEDS[fw]) is None,
-                              reason=f"needs {NEEDS[fw]}")
-
-
-PARAMS = [pytest.param(name, marks=needs(fw)) for name, (fw, *_) in CASES.items()]
+PARAMS = list(CASES)
 
 
 def assert_inferred_goal(trace, workers: int, phases: tuple[str, ...]) -> pd.DataFrame:

@@ -69,8 +69,8 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
     from opprof.analysis.noise import assess, flags
-    from opprof.analysis.predict import check, predict
     from opprof.loader import load
+    from opprof.model.predict import check, predict
     from opprof.pipeline.calibrate import read_network
     from opprof.render import renderer
 
@@ -113,9 +113,9 @@ def _model_parallel(mode: str | None, trace_mode: object) -> str | None:
 
 def _parallel(tr: object, label: str, dimension: str, degrees: list[int],
               microbatches: int | None, net: object, measured: Path | None, fmt: str) -> None:
-    """`opprof model` of a model-parallel trace (opprof.analysis.parallelmodel)."""
-    from opprof.analysis.parallelmodel import check_parallel, predict_parallel
+    """`opprof model` of a model-parallel trace (opprof.model.parallel)."""
     from opprof.loader import load
+    from opprof.model.parallel import check_parallel, predict_parallel
     from opprof.render.paralleltables import parallel_model_text
 
     result = predict_parallel(tr, dimension, degrees, microbatches, net,  # type: ignore[arg-type]

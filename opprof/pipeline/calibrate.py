@@ -15,11 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, fit
-from opprof.analysis.sharded import fit_network
 from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.kinds import Collective, Framework, Mode, framework_info
+from opprof.model.commmodel import Network, fit
+from opprof.model.sharded import fit_network
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,9 @@ def calibrate(o: CalibrateOptions) -> Network:
 
 def unit_sizes(spec: str) -> tuple[int, ...]:
     """The distinct unsharded bytes of the FSDP units of ``spec``: a `.trace` (its units,
-    :func:`opprof.analysis.sharded.unit_bytes`) or a built-in model, sharded as `opprof record
+    :func:`opprof.model.sharded.unit_bytes`) or a built-in model, sharded as `opprof record
     --mode fsdp` shards it (with the default dataset's classes)."""
-    from opprof.analysis.sharded import unit_bytes
+    from opprof.model.sharded import unit_bytes
 
     path = Path(spec)
     if path.suffix == ".trace" or path.exists():

@@ -11,13 +11,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from opprof.analysis.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
-from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
 from opprof.kinds import DONE, Mode, RunStatus
-from opprof.render import ALL_VIEWS
+from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
+from opprof.model.predict import Check, ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render.paralleltables import (
     comm_diff_table,
     expert_tables,
@@ -25,6 +24,7 @@ from opprof.render.paralleltables import (
     pipeline_table,
 )
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
@@ -877,7 +877,7 @@ def model(result: ModelResult) -> str:
 def _messages_table(result: ModelResult) -> Table:
     """The messages the pipeline sends per step: gradients grouped as the framework groups
     them, with when they are ready in the base's backward pass."""
-    from opprof.analysis.simulate import messages
+    from opprof.model.simulate import messages
 
     g = result.base.gradients
     units = result.base.units

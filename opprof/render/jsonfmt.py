@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from opprof.analysis.report import Report
-from opprof.render import ALL_VIEWS
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
-    from opprof.analysis.commmodel import Network
     from opprof.analysis.diff import Diff
-    from opprof.analysis.predict import ModelResult
-    from opprof.analysis.whatif import WhatIf
     from opprof.jsontypes import JSONObject
+    from opprof.model.commmodel import Network
+    from opprof.model.predict import ModelResult
+    from opprof.model.whatif import WhatIf
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
@@ -158,7 +158,7 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 def model_dict(result: ModelResult) -> JSONObject:
     """`opprof model`'s JSON (docs/json.md)."""
-    from opprof.analysis.simulate import messages
+    from opprof.model.simulate import messages
     from opprof.render.modeltables import terms_table
 
     b = result.base

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
-from opprof.render import ALL_VIEWS
+from opprof.model.commmodel import Network, fit_warning
+from opprof.model.predict import ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 #: The views this format renders (all views) and its file type.

@@ -7,10 +7,10 @@ from typing import Any
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.predict import ModelResult
-from opprof.analysis.terms import PHASE_OF
-from opprof.analysis.whatif import WhatIf
+from opprof.model.commmodel import Network
+from opprof.model.predict import ModelResult
+from opprof.model.terms import PHASE_OF
+from opprof.model.whatif import WhatIf
 from opprof.taxonomy import PHASES
 
 

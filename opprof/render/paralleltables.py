@@ -14,9 +14,9 @@ from opprof.render.units import size
 if TYPE_CHECKING:
     import pandas as pd
 
-    from opprof.analysis.parallelmodel import ParallelResult
     from opprof.analysis.report import Report
     from opprof.meta import MetaMapping
+    from opprof.model.parallel import ParallelResult
 
 
 def _ms(ns: Any) -> str:
@@ -118,7 +118,7 @@ def parallel_model_text(result: ParallelResult, fmt: str) -> str:
     ``to_dict()``; csv: one row per prediction; md and rich: a table and the check)."""
     import json
 
-    from opprof.analysis.parallelmodel import rows
+    from opprof.model.parallel import rows
 
     table = rows(result)
     if fmt == "json":

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, assumed
 from opprof.analysis.report import Report, build_report
 from opprof.errors import OpprofError
 from opprof.filters import counted, on_host, step_work
 from opprof.kinds import Collective
+from opprof.model.commmodel import Network, assumed
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
@@ -254,7 +254,7 @@ def network_for(base_trace: Trace, given: Network | None) -> Network:
     collectives, else the assumed Ethernet."""
     if given is not None:
         return given
-    from opprof.analysis.predict import network_from_trace
+    from opprof.model.predict import network_from_trace
 
     fitted = network_from_trace(base_trace)
     return fitted if fitted is not None else assumed(Collective.ALLREDUCE)

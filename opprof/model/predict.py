@@ -3,13 +3,13 @@ one trace, and check a prediction against a measured multi-worker trace, term by
 
 The prediction (see docs/model.md for the equations and what they leave out):
 
-1. **Baseline**: the trace's terms (:mod:`opprof.analysis.terms`, mean over its worker
-   (rank, step)s), its gradients in backward order (:mod:`opprof.analysis.gradients`), its
+1. **Baseline**: the trace's terms (:mod:`opprof.model.terms`, mean over its worker
+   (rank, step)s), its gradients in backward order (:mod:`opprof.model.gradients`), its
    per-worker resources, and the collectives it already holds.
-2. **Network**: α and β of the mode's collective (:mod:`opprof.analysis.commmodel`) — from
+2. **Network**: α and β of the mode's collective (:mod:`opprof.model.commmodel`) — from
    ``--network`` (``opprof calibrate``), else fitted from the trace's own collectives, else an
    assumed 10 Gb/s Ethernet, and the result says which.
-3. **Simulation** (:mod:`opprof.analysis.simulate`) of one step at the base's worker count and
+3. **Simulation** (:mod:`opprof.model.simulate`) of one step at the base's worker count and
    at each N. Every worker computes what the base's worker computed (the same per-worker batch
    and resources), so the compute terms carry over; communication, its overlap with backward,
    the wait for the slowest worker (σ of the base's per-step compute time × the expected
@@ -38,14 +38,15 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network, assumed, collective_of, fit, fit_warning
-from opprof.analysis.gradients import FLOAT_BYTES, GradientProfile, profile
-from opprof.analysis.interference import Interference, Measured, from_cores, measure
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
-from opprof.analysis.resources import Resources, resource_mismatch, resources
-from opprof.analysis.sharded import (
+from opprof.errors import OpprofError
+from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mode
+from opprof.model.commmodel import Network, assumed, collective_of, fit, fit_warning
+from opprof.model.gradients import FLOAT_BYTES, GradientProfile, profile
+from opprof.model.interference import Interference, Measured, from_cores, measure
+from opprof.model.resources import Resources, resource_mismatch, resources
+from opprof.model.sharded import (
     ASSUMED_COPY_NS_PER_BYTE,
-    ShardedPlan,
     blocking_wait,
     copy_rate,
     fit_network,
@@ -55,19 +56,17 @@ from opprof.analysis.sharded import (
     unit_bytes,
     unit_shares,
 )
-from opprof.analysis.sharded import trace_samples as sharded_samples
-from opprof.analysis.simulate import (
+from opprof.model.sharded import trace_samples as sharded_samples
+from opprof.model.simulate import policy_for, simulate
+from opprof.model.step import (
     COMPUTE_PHASES,
     Policy,
+    ShardedPlan,
     SimResult,
     StepPlan,
     expected_max_normal,
-    policy_for,
-    simulate,
 )
-from opprof.analysis.terms import PHASE_OF, TERM_OF, Terms, terms_from_steps
-from opprof.errors import OpprofError
-from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mode
+from opprof.model.terms import PHASE_OF, TERM_OF, Terms, terms_from_steps
 from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
@@ -169,12 +168,12 @@ class Units:
     source: str
     copy_ns_per_byte: float | None
     #: Σ over the compute segments between blocking collectives of each one's σ (ns;
-    #: :func:`opprof.analysis.sharded.segment_spread`), None where the trace cannot say
+    #: :func:`opprof.model.sharded.segment_spread`), None where the trace cannot say
     segment_sigma_ns: float | None = None
-    #: each of those segments' σ (ns; :func:`opprof.analysis.sharded.segment_sigmas`)
+    #: each of those segments' σ (ns; :func:`opprof.model.sharded.segment_sigmas`)
     segment_sigmas: Array | None = None
     #: the spread of the ranks' exits from FSDP's calls in an FSDP trace (ns;
-    #: :func:`opprof.analysis.sharded.fsdp_calls`), whose times hold FSDP's copies; None
+    #: :func:`opprof.model.sharded.fsdp_calls`), whose times hold FSDP's copies; None
     #: where the trace has no FSDP calls on CPU
     exit_spread_ns: float | None = None
     #: the calls of the optimizer's step per step (:func:`.sharded.optimizer_calls`), each a
@@ -183,7 +182,7 @@ class Units:
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
-    """The :class:`Units` of a trace (:mod:`opprof.analysis.sharded`)."""
+    """The :class:`Units` of a trace (:mod:`opprof.model.sharded`)."""
     nbytes, source = unit_bytes(trace)
     if not len(nbytes):
         total = gradients.total_bytes

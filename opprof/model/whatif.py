@@ -26,7 +26,7 @@ defines) and another worker count use the phase-level model (``engine`` ``phases
 graph, the phases carry the graph's step (the gap to the model goes to the phases it moved).
 
 The new step is the measured one moved by what the simulation changed
-(:func:`opprof.analysis.predict.calibrated`), so a what-if that changes nothing returns the
+(:func:`opprof.model.predict.calibrated`), so a what-if that changes nothing returns the
 measured step exactly, and on a serial run (one operator at a time, one worker) replacing an
 operator's time by B's moves the step by exactly B's time minus A's. Each change's own effect
 (applied alone) is reported beside the combined one.
@@ -41,12 +41,15 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network, collective_of
-from opprof.analysis.critical import op_wall
 from opprof.analysis.critpath import COMM as COMM_PART
 from opprof.analysis.critpath import Graph, graph_of, replay
 from opprof.analysis.ops import op_table
-from opprof.analysis.predict import (
+from opprof.analysis.opshare import op_wall
+from opprof.errors import OpprofError
+from opprof.filters import device_work
+from opprof.kinds import Collective, Mode, default_mode
+from opprof.model.commmodel import Network, collective_of
+from opprof.model.predict import (
     Baseline,
     baseline,
     calibrated,
@@ -54,10 +57,7 @@ from opprof.analysis.predict import (
     network_for,
     plan,
 )
-from opprof.analysis.simulate import simulate
-from opprof.errors import OpprofError
-from opprof.filters import device_work
-from opprof.kinds import Collective, Mode, default_mode
+from opprof.model.simulate import simulate
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, PHASES
 from opprof.trace import Trace
 
