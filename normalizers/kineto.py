@@ -12,6 +12,9 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
 ``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
+An ``Optimizer.step`` that ran its closure (Lightning's ``fit``) is first cut around the
+closure's calls, so that their forward and backward are not the optimizer's
+(``opprof.normalizers.closures``).
 """
 
 from __future__ import annotations
@@ -462,6 +465,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
+    from opprof.normalizers.closures import split_closures
     from opprof.normalizers.events import finish
     from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
@@ -474,6 +478,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+        raw = split_closures(raw, mapping_table(NAME))
         raw["tid"] = async_lanes(raw)
         raw = with_waits(raw)
     memory = _memory_samples(mem, rank, base_ns)
@@ -1001,15 +1006,23 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     at = np.searchsorted(flat, c_lane * width + np.minimum(end[calls] - t0, width - 1))
     same = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] // width == c_lane)
     nxt = np.where(same, ts[order][np.minimum(at, len(flat) - 1)], np.iinfo(np.int64).max)
-    # and the end of the outermost operator around it (none: the call was made between
-    # operators, where the backend's span already shows the wait)
+    # and, when operators are around it (none: the call was made between operators, where
+    # the backend's span shows the wait), the first end of an event on its lane after the
+    # call's: the thread stays in the innermost of them, idle, until then
+    e_order = np.lexsort((end, lane))
+    e_flat = np.searchsorted(lanes, lane[e_order]) * width + (end[e_order] - t0)
+    e_at = np.searchsorted(e_flat, c_lane * width + (end[calls] - t0), side="right")
+    e_same = (e_at < len(e_flat)) & (e_flat[np.minimum(e_at, len(e_flat) - 1)] // width
+                                      == c_lane)
+    first_end = np.where(e_same, end[e_order][np.minimum(e_at, len(e_flat) - 1)], -1)
+    # (an operator around it at all: the outermost one, still open)
     from opprof.intervals import Nesting
 
     ops = (raw["kind"].astype(str) == "cpu_op").to_numpy() if "kind" in raw else np.ones(
         len(raw), bool)
     _, anc = Nesting(lane, ts, end).nest(ops & ~call)
     around = anc[calls]
-    open_until = np.where(around >= 0, end[np.maximum(around, 0)], -1)
+    open_until = np.where(around >= 0, np.minimum(end[np.maximum(around, 0)], first_end), -1)
     spans = np.flatnonzero(span)
     spans = spans[np.argsort(end[spans], kind="stable")]
     s_end = end[spans]

@@ -107,7 +107,8 @@ def test_predicted_terms_sum_to_the_predicted_step(traces: dict, name: str) -> N
     r = predict(traces[name], [1, 2, 4, 8], network=net)
     for p in r.predictions:
         t = p.terms()
-        assert list(t) == ["t_io", "t_h2d", "t_f", "t_b", "t_interf", "t_u", "t_comm", "other"]
+        assert list(t) == ["t_io", "t_h2d", "t_f", "t_b", "t_interf", "t_coloc", "t_u",
+                           "t_comm", "other"]
         assert sum(t.values()) == pytest.approx(p.step_ns, rel=1e-12)
         assert 0 <= t["t_interf"] <= p.phases["backward"]
 

@@ -245,7 +245,7 @@ def test_check_compares_term_by_term(traces: dict) -> None:
     c = check(r, tr, "itself")
     assert c.error == 0 and (c.terms["error_ns"] == 0).all()
     with_interference = [t for term in TERMS for t in
-                         ((term, "t_interf") if term == "t_b" else (term,))]
+                         ((term, "t_interf", "t_coloc") if term == "t_b" else (term,))]
     assert list(c.terms["term"]) == [*with_interference, "step"]
 
 

@@ -53,8 +53,10 @@ from opprof.model.predict import (
     Baseline,
     baseline,
     calibrated,
+    colocation_scale,
     interference_for,
     network_for,
+    placement_for,
     plan,
 )
 from opprof.model.simulate import simulate
@@ -234,10 +236,14 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     s0, s1 = (0.0, 0.0) if hidden else (i0.slowdown, i1.slowdown)
     p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
                  interference=s0, comm_interference=0.0 if hidden else i0.comm_slowdown)
-    p1, _ = plan(base, n, mode if n > 1 else Mode.SINGLE, s, net,
+    # other workers computing on the same hosts slow the compute (opprof.model.colocation)
+    new_mode = mode if n > 1 else Mode.SINGLE
+    cs = colocation_scale(base, net, new_mode, n, s, placement_for(base, new_mode, n, s))
+    p1, _ = plan(base, n, new_mode, s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
                  io_hidden=io_hidden, straggler=True, interference=s1,
-                 comm_interference=0.0 if hidden else i1.comm_slowdown)
+                 comm_interference=0.0 if hidden else i1.comm_slowdown,
+                 colocation=cs.relative, colocation_wait_ns=cs.wait_ns)
     phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
     if io_hidden:
         phases["load"] = 0.0

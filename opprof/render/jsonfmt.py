@@ -167,6 +167,8 @@ def model_dict(result: ModelResult) -> JSONObject:
               "exposed_comm_ns": p.exposed_comm_ns, "comm_busy_ns": p.comm_busy_ns,
               "wait_ns": p.wait_ns, "interference_ns": p.interference_ns,
               "interference": p.interference.to_dict() if p.interference else None,
+              "colocation_ns": p.colocation_ns,
+              "colocation": p.colocation.to_dict() if p.colocation else None,
               "terms": p.terms()} for p in result.predictions]
     check = None
     if result.check is not None:
@@ -174,7 +176,8 @@ def model_dict(result: ModelResult) -> JSONObject:
         check = {"label": c.label, "measured_step_ns": c.measured_step_ns,
                  "predicted_step_ns": c.predicted_step_ns, "error": _clean(c.error),
                  "terms": records(c.terms), "resources": c.resources.to_dict(),
-                 "spread": c.spread.to_dict() if c.spread is not None else None}
+                 "spread": c.spread.to_dict() if c.spread is not None else None,
+                 "colocation": c.colocation.to_dict() if c.colocation is not None else None}
     g = b.gradients
     return {
         "base": {"label": b.label, "framework": b.framework, "model": b.meta.model,

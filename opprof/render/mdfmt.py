@@ -134,6 +134,13 @@ def model(result: ModelResult) -> str:
         out += [f"### Check against {c.label}", "", md_table(check_table(result)), "",
                 f"Predicted {c.predicted_step_ns / 1e6:,.3f} ms vs measured "
                 f"{c.measured_step_ns / 1e6:,.3f} ms per step: error {c.error:+.1%}.", ""]
+        if c.spread is not None:
+            out += [f"Measured noise: {c.spread.verdict}.", ""]
+        if c.colocation is not None:
+            from opprof.render.modeltables import colocation_verdict
+
+            out += [f"{colocation_verdict(c.colocation)[0].upper()}"
+                    f"{colocation_verdict(c.colocation)[1:]}.", ""]
     out += [f"Note: {n}" for n in result.notes]
     return "\n".join(out).rstrip() + "\n"
 
