@@ -635,6 +635,32 @@ def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
     return ~bad
 
 
+def _identified(ts_us: np.ndarray, pid: np.ndarray, cat: pd.Categorical,
+                names: pd.Categorical, usable: np.ndarray, warnings: dict,
+                is_step: np.ndarray) -> np.ndarray:
+    """Which of the ``usable`` events can be placed and named: a start before the epoch
+    (Kineto's times are µs since it: a negative one is damage, and a trace of them would
+    nest every event wrongly), no name (nothing to classify it by), no process id or one
+    that is no number (only Kineto's own ``Trace`` spans have a text pid, ``Spans``) are
+    dropped and counted (step markers among them on their own)."""
+    import pandas as pd
+
+    negative = usable & (ts_us < 0)
+    name_cats = np.asarray(names.categories.astype(str))
+    no_name = usable & ~negative & np.append(name_cats == "", False)[names.codes]
+    trace_cat = np.append(pd.Index(cat.categories.astype(str)).str.lower() == "trace",
+                          False)[cat.codes]
+    no_pid = usable & ~negative & ~no_name & np.isnan(pid) & ~trace_cat
+    drops.note(warnings, "step markers unusable (negative timestamp)",
+               int((negative & is_step).sum()))
+    drops.skip(warnings, negative & ~is_step, "negative timestamp")
+    drops.skip(warnings, no_name, "name missing")
+    drops.note(warnings, "step markers unusable (process id missing or not a number)",
+               int((no_pid & is_step).sum()))
+    drops.skip(warnings, no_pid & ~is_step, "process id missing or not a number")
+    return ~(negative | no_name | no_pid)
+
+
 def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = None,
                 detail: bool = True) -> tuple[pd.DataFrame, list[Event]]:
     """The complete (``X``) events of one document as raw columns (see events.finish), and
@@ -694,6 +720,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
     is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
     keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
+    keep &= _identified(ts_us, pid, cat, names, keep, warnings, is_step)
     if not keep.any():
         raise OpprofError("Kineto trace with no usable events "
                           f"({drops.describe(warnings[drops.KEY])})",
