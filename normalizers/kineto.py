@@ -21,7 +21,7 @@ import functools
 import re
 from collections.abc import Iterator
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_not
+from operator import attrgetter, eq, is_, is_not
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,8 @@ _KIND_OF_CAT = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
 }
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"}
+#: The categories of GPU activities a host call launched (Kineto gives each its correlation id).
+_LAUNCHED_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _KINETO_CATS = {"cpu_op", "kernel", "cuda_runtime", "user_annotation", "python_function",
                 "gpu_memcpy", "cuda_driver"}
 _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8,
@@ -635,29 +637,31 @@ def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
     return ~bad
 
 
-def _identified(ts_us: np.ndarray, pid: np.ndarray, cat: pd.Categorical,
-                names: pd.Categorical, usable: np.ndarray, warnings: dict,
-                is_step: np.ndarray) -> np.ndarray:
+def _identified(ts_us: np.ndarray, pid: np.ndarray, tid_nan: np.ndarray,
+                name_bad: np.ndarray, cat: pd.Categorical, names: pd.Categorical,
+                usable: np.ndarray, warnings: dict, is_step: np.ndarray) -> np.ndarray:
     """Which of the ``usable`` events can be placed and named: a start before the epoch
     (Kineto's times are µs since it: a negative one is damage, and a trace of them would
-    nest every event wrongly), no name (nothing to classify it by), no process id or one
-    that is no number (only Kineto's own ``Trace`` spans have a text pid, ``Spans``) are
-    dropped and counted (step markers among them on their own)."""
+    nest every event wrongly), no name or one that is no text (nothing to classify it by),
+    no process or thread
+    id or one that is no number (only Kineto's own ``Trace`` spans have text ids:
+    ``Spans``, ``PyTorch Profiler``) are dropped and counted (step markers among them on
+    their own)."""
     import pandas as pd
 
     negative = usable & (ts_us < 0)
     name_cats = np.asarray(names.categories.astype(str))
-    no_name = usable & ~negative & np.append(name_cats == "", False)[names.codes]
+    no_name = usable & ~negative & (name_bad | np.append(name_cats == "", False)[names.codes])
     trace_cat = np.append(pd.Index(cat.categories.astype(str)).str.lower() == "trace",
                           False)[cat.codes]
-    no_pid = usable & ~negative & ~no_name & np.isnan(pid) & ~trace_cat
+    no_pid = usable & ~negative & ~no_name & (np.isnan(pid) | tid_nan) & ~trace_cat
     drops.note(warnings, "step markers unusable (negative timestamp)",
                int((negative & is_step).sum()))
     drops.skip(warnings, negative & ~is_step, "negative timestamp")
-    drops.skip(warnings, no_name, "name missing")
-    drops.note(warnings, "step markers unusable (process id missing or not a number)",
-               int((no_pid & is_step).sum()))
-    drops.skip(warnings, no_pid & ~is_step, "process id missing or not a number")
+    drops.skip(warnings, no_name, "name missing or not text")
+    drops.note(warnings, "step markers unusable (process or thread id missing or not a "
+               "number)", int((no_pid & is_step).sum()))
+    drops.skip(warnings, no_pid & ~is_step, "process or thread id missing or not a number")
     return ~(negative | no_name | no_pid)
 
 
@@ -703,11 +707,13 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         dropped = warnings.get(drops.KEY)
         raise OpprofError(f"{path}: Kineto trace with no complete events"
                           + (f" ({drops.describe(dropped)})" if dropped else ""))
+    drops.note(warnings, "events skipped: phase type (ph) missing",
+               sum(p.pop("no_ph", 0) for p in pieces))
     n = sum(p["n"] for p in pieces)
-    ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, corr, comm_bytes, collective = (
-        _joined([p.pop(k) for p in pieces])
-        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm",
-                  "collective"))
+    (ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, tid_nan, name_bad, corr, comm_bytes,
+     collective) = (_joined([p.pop(k) for p in pieces])
+                    for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac",
+                              "tid_nan", "name_bad", "link", "comm", "collective"))
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     texts: np.ndarray | None = None
@@ -717,10 +723,15 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
                                 for p in pieces])
     del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
+    if doc.baseTimeNanoseconds is not None and (
+            type(doc.baseTimeNanoseconds) not in (int, float)
+            or not np.isfinite(doc.baseTimeNanoseconds)):
+        drops.note(warnings, "baseTimeNanoseconds not a number (0 used: the times not "
+                   "aligned with other ranks')", 1)
     step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
     is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
     keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
-    keep &= _identified(ts_us, pid, cat, names, keep, warnings, is_step)
+    keep &= _identified(ts_us, pid, tid_nan, name_bad, cat, names, keep, warnings, is_step)
     if not keep.any():
         raise OpprofError("Kineto trace with no usable events "
                           f"({drops.describe(warnings[drops.KEY])})",
@@ -744,6 +755,12 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     device = pd.Categorical.from_codes(
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
+    launched = np.isin(cat_lower, list(_LAUNCHED_CATS))[codes]
+    drops.note(warnings, "GPU activities with no correlation id: the call that launched "
+               "them unknown", int((launched & (corr < 0) & keep).sum()))
+    launching = np.isin(cat_lower, ["cuda_runtime", "cuda_driver"])[codes]
+    drops.note(warnings, "CUDA runtime calls with no correlation id: the GPU work they "
+               "launched unknown", int((launching & (corr < 0) & keep).sum()))
     frame = pd.DataFrame({
         "rank": rank,
         "role": pd.Categorical.from_codes(np.zeros(n, np.int8), categories=ROLES),
@@ -771,9 +788,13 @@ def _take_chunk(chunk: list[Event], pieces: list[dict[str, Any]], mem: list[Even
         mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
                 if e.name == "[memory]" and e.args is not None]
     x = list(compress(chunk, map(eq, phs, repeat("X"))))
+    # an event with no phase type (``ph``) is no event of any kind: counted, not read
+    no_ph = phs.count(None)
     del phs
     if x:
         pieces.append(_chunk_columns(x, detail))
+    if no_ph and pieces:
+        pieces[-1]["no_ph"] = pieces[-1].get("no_ph", 0) + no_ph
 
 
 def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
@@ -792,6 +813,8 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     out["device"] = chrome.number_column(args_v, "device")
     out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
     out["name"] = chrome.string_codes(name_v)
+    # a name that is no text (missing, a number, a list): nothing to classify the event by
+    out["name_bad"] = ~np.fromiter(map(is_, map(type, name_v), repeat(str)), bool, n)
     del name_v
     out["comm"], out["collective"], group = _comm_args(out["name"], args_v)
     if detail:
@@ -807,6 +830,7 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     out["tid"] = chrome.integers(tid_v)
     tid_f = chrome.numbers(tid_v)
     out["tid_frac"] = np.isfinite(tid_f) & (tid_f != np.floor(tid_f))
+    out["tid_nan"] = np.isnan(tid_f)
     out["link"] = chrome.integers(corr_v)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None

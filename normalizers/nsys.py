@@ -74,6 +74,7 @@ from opprof.normalizers.cupti import (
     int_col,
     is_sqlite,
     memset_names,
+    missing_tables,
     nvtx_kinds,
     read_table,
     split_nvtx,
@@ -193,19 +194,14 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
             "nvtx": _nvtx(con, strings) if "NVTX_EVENTS" in names else None,
         }
         frames = [f for f in parts.values() if f is not None and len(f)]
-        device = sum(len(parts[k]) for k in ("kernel", "memcpy", "memset")
-                     if parts[k] is not None)
-        if device and (parts["runtime"] is None or not len(parts["runtime"])):
-            # an export without its CUDA runtime calls (a table dropped or emptied): read
-            # with what it has, said — no kernel can be given the call that launched it
-            drops.note(info.warnings, "GPU activities with no CUDA runtime call to launch them "
-                       "(no CUPTI_ACTIVITY_KIND_RUNTIME rows in the export): their host "
-                       "operators unknown", device)
-        launches = 0 if parts["runtime"] is None else int(
-            parts["runtime"]["name"].str.contains("Launch", regex=False).sum())
-        if launches and parts["kernel"] is None:
-            drops.note(info.warnings, "kernel launches with no kernel table in the export "
-                       "(CUPTI_ACTIVITY_KIND_KERNEL missing): their GPU time unknown", launches)
+        device = sum(len(f) for k in ("kernel", "memcpy", "memset")
+                     if (f := parts[k]) is not None)
+        runtime = parts["runtime"]
+        calls = 0 if runtime is None else len(runtime)
+        launches = 0 if runtime is None else int(
+            pd.Series(runtime["name"]).str.contains("Launch", regex=False).sum())
+        kernels = parts["kernel"] is not None and len(parts["kernel"]) > 0
+        missing_tables(info.warnings, "nsys", device, calls, launches, kernels)
         if not frames:
             return pd.DataFrame(columns=["rank", "role", "pid", "tid", "device", "ts", "dur",
                                          "name", "kind", "bytes", "detail", "link"]), _NO_MEMORY

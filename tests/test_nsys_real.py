@@ -67,8 +67,8 @@ def test_export_without_runtime_calls_is_read_and_says_so(tmp_path: Path, damage
     rep = report([str(db)], jobs=1)
     warnings = rep.meta["read_warnings"]
     assert warnings == {"GPU activities with no CUDA runtime call to launch them (no "
-                        "CUPTI_ACTIVITY_KIND_RUNTIME rows in the export): their host "
-                        "operators unknown": 20}
+                        "runtime-call rows in the nsys export): their host operators "
+                        "unknown": 20}
     ev = normalize([db]).events
     assert (ev["kind"] == "kernel").sum() == 5 and (ev["kind"] == "runtime").sum() == 0
 

@@ -38,6 +38,7 @@ from opprof.analysis.ranks import (
 from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
+    from opprof.analysis.critpath import RankWalk
     from opprof.meta import MetaMapping
 
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
@@ -97,10 +98,13 @@ class RankPart:
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the critical-path walks of its steps (``report --by critical``, HTML), or None
+    critical: RankWalk | None = None
 
 
-def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
-    """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
+def analyze(trace: Trace, device_span: str = "steps", critical: bool = False) -> RankPart:
+    """The per-rank work of a report, on the ranks of ``trace`` (usually one); ``critical``:
+    with the critical-path walks of its steps (:func:`opprof.analysis.critpath.rank_walk`)."""
     full = trace
     if "detail" in trace.events:  # only collective_part reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
@@ -119,7 +123,14 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         compile_steps=compile_steps(trace),
         fused_kernels=fused_kernels(trace),
         collectives=comm,
+        critical=_walk(trace, steps) if critical else None,
     )
+
+
+def _walk(trace: Trace, steps: pd.DataFrame) -> RankWalk:
+    from opprof.analysis.critpath import rank_walk
+
+    return rank_walk(trace, steps)
 
 
 def combine(parts: list[RankPart], meta: MetaMapping,
@@ -152,7 +163,18 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         collective_kinds=ranks.kinds,
         convergence=convergence_summary(meta),
         collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
+        critical=_critical(parts, meta),
     )
+
+
+def _critical(parts: list[RankPart], meta: MetaMapping) -> pd.DataFrame:
+    """The critical path of every (rank, step), from the ranks' walks (empty without)."""
+    walks = [p.critical for p in parts if p.critical is not None]
+    if not walks:
+        return pd.DataFrame()
+    from opprof.analysis.critpath import combine_walks
+
+    return combine_walks(walks, synchronous(meta))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
