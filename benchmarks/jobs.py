@@ -20,7 +20,10 @@ import re
 import sys
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-gpu"
+#: ../shared/traces/kineto-gpu beside the repository (or above a worktree of it)
+SHARED = next((d / "shared" / "traces" / "kineto-gpu" for d in Path(__file__).resolve().parents
+               if (d / "shared" / "traces" / "kineto-gpu").is_dir()),
+              Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-gpu")
 DEFAULT_SOURCE = SHARED / "nccl-2rank-rank0.json.gz"
 _RANK, _BASE = "@@opprof-rank@@", "@@opprof-base@@"
 
