@@ -256,9 +256,11 @@ def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
     _utf8(header)
     with chrome.no_gc():
         top = _DECODER.decode(header + b"[]}")
-    if top.schemaVersion is None and top.distributedInfo is None and \
-            top.deviceProperties is None:
-        raise _NotStreamed  # maybe no Kineto trace: the whole-text reader decides
+    # no Kineto field before the events (a trace written again by another tool puts them
+    # after): streamed only if its first events are Kineto's (their categories), and kept
+    # only if the fields come after them (below)
+    unsure = top.schemaVersion is None and top.distributedInfo is None and \
+        top.deviceProperties is None
     del buf[:found.end() - 1]  # the text now starts with the array's "["
     ascii_only = buf.isascii()  # else each span is checked to be UTF-8
     cols: list[dict[str, Any]] = []
@@ -266,8 +268,15 @@ def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
     pending: list[Event] = []  # typed, not yet taken: chunks as the whole-text reader's
 
     def take(events: list[Event], final: bool = False) -> None:
-        nonlocal pending
+        nonlocal pending, unsure
         pending += events
+        if unsure:  # decided on the first chunk's events (metadata events come first)
+            if len(pending) < CHUNK and not final:
+                return
+            if not any(type(e.cat) is str and e.cat.lower() in _KINETO_CATS
+                       for e in pending[:CHUNK]):
+                raise _NotStreamed  # maybe no Kineto trace: the whole-text reader decides
+            unsure = False
         done = 0
         while len(pending) - done >= CHUNK or (final and done < len(pending)):
             _take_chunk(pending[done:done + CHUNK], cols, mem, detail)
