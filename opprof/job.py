@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opprof import drops, parallel
 from opprof.errors import ErrorKind, OpprofError
+from opprof.strings import plain_strings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -184,8 +185,9 @@ def analyze_task(args: tuple[Task, str, bool]) -> Outcome:
     from opprof.analysis.report import analyze
 
     task, device_span, critical = args
-    traces, out = _read_or_skip(task, detail=False)
-    out.parts = [analyze(t, device_span, critical=critical) for t in traces]
+    with plain_strings():
+        traces, out = _read_or_skip(task, detail=False)
+        out.parts = [analyze(t, device_span, critical=critical) for t in traces]
     return out
 
 
@@ -287,6 +289,12 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
     """The Report of a job, computed rank by rank (see the module docstring); ``critical``:
     with each step's critical path (``Report.critical``), each rank's graph built and
     walked where the rank is read, only the collective calls' entries and exits combined."""
+    with plain_strings():
+        return _report(paths, device_span, scheduler, jobs, critical)
+
+
+def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler: str | None,
+            jobs: int | None, critical: bool) -> Report:
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)

@@ -35,6 +35,7 @@ from opprof.analysis.ranks import (
     rank_local,
     synchronous,
 )
+from opprof.strings import plain_strings
 from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
@@ -195,5 +196,6 @@ def split_ranks(trace: Trace) -> list[Trace]:
 
 def build_report(trace: Trace, device_span: str = "steps") -> Report:
     """Analyze a trace for `opprof report` (rank by rank, then combined)."""
-    return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                   device_span)
+    with plain_strings():
+        return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
+                       device_span)
