@@ -70,6 +70,7 @@ class Args(msgspec.Struct, gc=False):
     """The ``args`` fields opprof reads (every other one is skipped unread)."""
 
     correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
     device: Any = None
     bytes: Any = None
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
@@ -623,6 +624,7 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 
 _PH = attrgetter("ph")
 _CORRELATION, _INPUT_DIMS = attrgetter("correlation"), attrgetter("input_dims")
+_EXTERNAL = attrgetter("external_id")
 
 
 def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
@@ -646,6 +648,28 @@ def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
     return ~bad
 
 
+def _copies(usable: np.ndarray, name: np.ndarray, cat: np.ndarray, pid: np.ndarray,
+            tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, corr: np.ndarray,
+            ext: np.ndarray) -> np.ndarray:
+    """The usable events that are exact copies of an earlier one: the same name, category,
+    ids, times and correlation or external id (a call's own: two calls never share one;
+    events with neither are never taken for copies — two calls of one operator can
+    share their microsecond)."""
+    idd = usable & ((corr >= 0) | (ext >= 0))
+    rows = np.flatnonzero(idd)
+    out = np.zeros(len(usable), bool)
+    if len(rows) < 2:
+        return out
+    keys = [a[rows] for a in (ext, corr, dur, ts, tid, pid, cat, name)]
+    order = np.lexsort(keys)
+    same = np.ones(len(rows) - 1, bool)
+    for k in keys:
+        ko = k[order]
+        same &= ko[1:] == ko[:-1]
+    out[rows[order[1:][same]]] = True
+    return out
+
+
 def _identified(ts_us: np.ndarray, pid: np.ndarray, tid_nan: np.ndarray,
                 name_bad: np.ndarray, cat: pd.Categorical, names: pd.Categorical,
                 usable: np.ndarray, warnings: dict, is_step: np.ndarray) -> np.ndarray:
@@ -664,6 +688,9 @@ def _identified(ts_us: np.ndarray, pid: np.ndarray, tid_nan: np.ndarray,
     trace_cat = np.append(pd.Index(cat.categories.astype(str)).str.lower() == "trace",
                           False)[cat.codes]
     no_pid = usable & ~negative & ~no_name & (np.isnan(pid) | tid_nan) & ~trace_cat
+    cat_cats = np.asarray(cat.categories.astype(str))
+    no_cat = usable & ~negative & ~no_name & ~no_pid & np.append(cat_cats == "", False)[
+        cat.codes]
     drops.note(warnings, "step markers unusable (negative timestamp)",
                int((negative & is_step).sum()))
     drops.skip(warnings, negative & ~is_step, "negative timestamp")
@@ -671,7 +698,8 @@ def _identified(ts_us: np.ndarray, pid: np.ndarray, tid_nan: np.ndarray,
     drops.note(warnings, "step markers unusable (process or thread id missing or not a "
                "number)", int((no_pid & is_step).sum()))
     drops.skip(warnings, no_pid & ~is_step, "process or thread id missing or not a number")
-    return ~(negative | no_name | no_pid)
+    drops.skip(warnings, no_cat, "category (cat) missing")
+    return ~(negative | no_name | no_pid | no_cat)
 
 
 def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = None,
@@ -719,10 +747,11 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     drops.note(warnings, "events skipped: phase type (ph) missing",
                sum(p.pop("no_ph", 0) for p in pieces))
     n = sum(p["n"] for p in pieces)
-    (ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, tid_nan, name_bad, corr, comm_bytes,
-     collective) = (_joined([p.pop(k) for p in pieces])
-                    for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac",
-                              "tid_nan", "name_bad", "link", "comm", "collective"))
+    (ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, tid_nan, name_bad, corr, ext,
+     comm_bytes, collective) = (_joined([p.pop(k) for p in pieces])
+                                for k in ("ts", "dur", "device", "bytes", "pid", "tid",
+                                          "tid_frac", "tid_nan", "name_bad", "link", "ext",
+                                          "comm", "collective"))
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     texts: np.ndarray | None = None
@@ -741,6 +770,8 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
     keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
     keep &= _identified(ts_us, pid, tid_nan, name_bad, cat, names, keep, warnings, is_step)
+    keep &= drops.skip(warnings, _copies(keep, names.codes, cat.codes, pid, tid, ts_us, dur_us,
+                                         corr, ext), "an exact copy of another event")
     if not keep.any():
         raise OpprofError("Kineto trace with no usable events "
                           f"({drops.describe(warnings[drops.KEY])})",
@@ -819,6 +850,7 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     if None in args_v:  # (a scan in C; Kineto writes args on every complete event)
         args_v = [a if a is not None else _NO_ARGS for a in args_v]
     corr_v = list(map(_CORRELATION, args_v))
+    ext_v = list(map(_EXTERNAL, args_v))
     out["device"] = chrome.number_column(args_v, "device")
     out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
     out["name"] = chrome.string_codes(name_v)
@@ -841,6 +873,7 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     out["tid_frac"] = np.isfinite(tid_f) & (tid_f != np.floor(tid_f))
     out["tid_nan"] = np.isnan(tid_f)
     out["link"] = chrome.integers(corr_v)
+    out["ext"] = chrome.integers(ext_v)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None
     if has_dims.any() or group is not None:
