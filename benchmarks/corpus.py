@@ -238,7 +238,7 @@ def show(rows: list[dict], min_mb: float) -> dict:
 
 def long_copy(src: Path, k: int, tmp: Path) -> None:
     """The largest Kineto trace made ``k`` times longer: opprof's peak against json.load's."""
-    from jobs import build_long
+    from bigtraces import build_long
 
     out = build_long(k, tmp / f"long-x{k}.json.gz", src)
     py = sys.executable

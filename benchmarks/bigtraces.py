@@ -8,8 +8,8 @@
   each copy shifted past the previous one, with correlation ids and step numbers renumbered
   (what a longer profiling window of the same job records).
 
-    python benchmarks/jobs.py job 64 DIR [SOURCE.json.gz ...]
-    python benchmarks/jobs.py long 5 OUT.json.gz [SOURCE.json.gz]
+    python benchmarks/bigtraces.py job 64 DIR [SOURCE.json.gz ...]
+    python benchmarks/bigtraces.py long 5 OUT.json.gz [SOURCE.json.gz]
 """
 
 from __future__ import annotations
@@ -20,10 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-#: ../shared/traces/kineto-gpu beside the repository (or above a worktree of it)
-SHARED = next((d / "shared" / "traces" / "kineto-gpu" for d in Path(__file__).resolve().parents
-               if (d / "shared" / "traces" / "kineto-gpu").is_dir()),
-              Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-gpu")
+SHARED = Path(__file__).resolve().parents[1] / "fixtures" / "shared" / "kineto-gpu"
 DEFAULT_SOURCE = SHARED / "nccl-2rank-rank0.json.gz"
 _RANK, _BASE = "@@opprof-rank@@", "@@opprof-base@@"
 
