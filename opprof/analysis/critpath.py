@@ -44,7 +44,7 @@ from opprof.analysis.ranks import collectives, match, synchronous
 from opprof.filters import workers
 from opprof.intervals import Nesting, containing, lane_ids, lane_keys
 from opprof.taxonomy import COMM_OPS
-from opprof.trace import Trace
+from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -406,12 +406,11 @@ def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
         out["replay_ns"] = replay(graph, None, order)["replay_ns"].to_numpy() \
             if order is not None else np.nan
         return out
-    from opprof.analysis.report import split_ranks
-
+    ev = trace.events
     walks = []
-    for t in split_ranks(trace):
-        walks.append(rank_walk(t, None if steps is None else
-                               steps[steps["rank"].isin(pd.unique(t.events["rank"]))]))
+    for rank, rows in rank_slices(ev):  # one rank's events at a time
+        t = Trace(ev.iloc[rows].reset_index(drop=True), trace.meta)
+        walks.append(rank_walk(t, None if steps is None else steps[steps["rank"] == rank]))
     return combine_walks(walks, synchronous(trace.meta))
 
 
