@@ -185,8 +185,8 @@ def analyze_task(args: tuple[Task, str, bool]) -> Outcome:
     from opprof.analysis.report import analyze
 
     task, device_span, critical = args
-    with plain_strings():
-        traces, out = _read_or_skip(task, detail=False)
+    traces, out = _read_or_skip(task, detail=False)
+    with plain_strings():  # (the read keeps Arrow's compact strings: its peak is there)
         out.parts = [analyze(t, device_span, critical=critical) for t in traces]
     return out
 
@@ -289,8 +289,7 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
     """The Report of a job, computed rank by rank (see the module docstring); ``critical``:
     with each step's critical path (``Report.critical``), each rank's graph built and
     walked where the rank is read, only the collective calls' entries and exits combined."""
-    with plain_strings():
-        return _report(paths, device_span, scheduler, jobs, critical)
+    return _report(paths, device_span, scheduler, jobs, critical)
 
 
 def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler: str | None,
@@ -304,7 +303,8 @@ def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler
                          engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
-            return combine(parts, combined_meta(p, outs), device_span)
+            with plain_strings():
+                return combine(parts, combined_meta(p, outs), device_span)
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -313,5 +313,7 @@ def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler
     del trace
     parts = []
     while ranks:  # drop each rank's events once analyzed
-        parts.append(analyze(ranks.pop(0), device_span, critical=critical))
-    return combine(parts, meta, device_span)
+        with plain_strings():
+            parts.append(analyze(ranks.pop(0), device_span, critical=critical))
+    with plain_strings():
+        return combine(parts, meta, device_span)
