@@ -192,3 +192,20 @@ def nvtx_kinds(names: np.ndarray, torch_op: np.ndarray, table: MappingTable) -> 
     known = ((cls["row"] >= 0) & (cls["op"] != "")).to_numpy()[cat.codes]
     aten = pd.Series(cat.categories.astype(str)).str.startswith("aten::").to_numpy()[cat.codes]
     return np.where(torch_op | known | aten, "cpu_op", "marker").astype(object)
+
+
+def missing_tables(warnings: dict, fmt: str, device: int, calls: int, launches: int,
+                   kernels: bool) -> None:
+    """Say (opprof.drops) what an NVIDIA export lacking a table cannot tell: GPU activities
+    with no runtime call at all (the runtime table dropped or empty: no kernel has the call
+    that launched it), kernel launches with no kernel (the kernel table dropped or empty:
+    their GPU time is unknown)."""
+    from opprof import drops
+
+    if device and not calls:
+        drops.note(warnings, f"GPU activities with no CUDA runtime call to launch them (no "
+                   f"runtime-call rows in the {fmt} export): their host operators unknown",
+                   device)
+    if launches and not kernels:
+        drops.note(warnings, f"kernel launches with no kernel in the {fmt} export (its "
+                   "kernel table missing or empty): their GPU time unknown", launches)

@@ -300,7 +300,9 @@ def finish(
         idx = np.flatnonzero(inherit)
         ok = pos >= 0
         # a comm kernel of no collective of its own (NCCL's SendRecv) takes its call's
-        launcher_op = op[src[np.maximum(pos, 0)]]
+        # (no host call with a link at all — an nsys export without its runtime table —
+        # leaves every kernel with no launcher: ``ok`` is all False)
+        launcher_op = op[src[np.maximum(pos, 0)]] if len(src) else np.full(len(idx), -1)
         unnamed = (row_op[idx] == _COMM_OP) & np.isin(launcher_op, _COMM_CODES)
         take_op = ok & (~matched[idx] | unnamed)
         op[idx[take_op]] = op[src[pos[take_op]]]

@@ -39,9 +39,11 @@ from opprof.analysis.ranks import (
     rank_local,
     synchronous,
 )
+from opprof.strings import plain_strings
 from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
+    from opprof.analysis.critpath import RankWalk
     from opprof.meta import MetaMapping
 
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
@@ -111,10 +113,13 @@ class RankPart:
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
     pipeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     experts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the critical-path walks of its steps (``report --by critical``, HTML), or None
+    critical: RankWalk | None = None
 
 
-def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
-    """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
+def analyze(trace: Trace, device_span: str = "steps", critical: bool = False) -> RankPart:
+    """The per-rank work of a report, on the ranks of ``trace`` (usually one); ``critical``:
+    with the critical-path walks of its steps (:func:`opprof.analysis.critpath.rank_walk`)."""
     full = trace
     if "detail" in trace.events:  # only collective_part reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
@@ -135,7 +140,14 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         collectives=comm,
         pipeline=pipeline_part(trace),
         experts=expert_part(full),
+        critical=_walk(trace, steps) if critical else None,
     )
+
+
+def _walk(trace: Trace, steps: pd.DataFrame) -> RankWalk:
+    from opprof.analysis.critpath import rank_walk
+
+    return rank_walk(trace, steps)
 
 
 def combine(parts: list[RankPart], meta: MetaMapping,
@@ -172,7 +184,18 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         pipeline=combine_pipeline([p.pipeline for p in parts], meta),
         experts=experts,
         expert_load=expert_load,
+        critical=_critical(parts, meta),
     )
+
+
+def _critical(parts: list[RankPart], meta: MetaMapping) -> pd.DataFrame:
+    """The critical path of every (rank, step), from the ranks' walks (empty without)."""
+    walks = [p.critical for p in parts if p.critical is not None]
+    if not walks:
+        return pd.DataFrame()
+    from opprof.analysis.critpath import combine_walks
+
+    return combine_walks(walks, synchronous(meta))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -193,5 +216,6 @@ def split_ranks(trace: Trace) -> list[Trace]:
 
 def build_report(trace: Trace, device_span: str = "steps") -> Report:
     """Analyze a trace for `opprof report` (rank by rank, then combined)."""
-    return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                   device_span)
+    with plain_strings():
+        return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
+                       device_span)

@@ -58,15 +58,11 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
 
     check_output(fmt, output)
     render = page_renderer(fmt)
-    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
+    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs,
+                 critical=by == "critical" or fmt == "html")
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))
     warn_read(rep.meta)
-    if by == "critical" or fmt == "html":
-        from opprof.analysis.critpath import critical_path
-        from opprof.loader import load
-
-        rep.critical = critical_path(load(list(trace)))
     advisory = None
     if advice and ((by == "phase" and fmt == "rich") or fmt == "html"):
         from opprof.pipeline.advise import report_advice
