@@ -61,7 +61,11 @@ TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
             "tf_keras.src.optimizers.legacy.optimizer_v2": Framework.TF,
             # the whole package: ``import mxnet`` imports its Trainer and Module before it
             # has ``mx.nd`` (through ``mxnet.contrib``), too early to hook
-            "mxnet": Framework.MXNET}
+            "mxnet": Framework.MXNET,
+            # JAX: its jit / pmap / grad once jax is imported; optax's apply_updates after
+            "jax": Framework.JAX, "optax": Framework.JAX,
+            # Chainer: its optimizers, links and function hooks (chainer imports them all)
+            "chainer": Framework.CHAINER}
 #: Keras 3's optimizers: TensorFlow's adapter hooks them, or torch's on the torch backend.
 KERAS_TRIGGER = "keras.src.optimizers.base_optimizer"
 
