@@ -47,6 +47,7 @@ from types import FrameType, ModuleType, TracebackType
 from opprof.collectors.channel import watch_faults
 from opprof.collectors.config import Framework, Protocol, keras_backend
 from opprof.collectors.runner import Runner, writing
+from opprof.kinds import framework_info
 
 RUN_ENV = "OPPROF_RUN"
 PATHS_ENV = "OPPROF_PATHS"
@@ -105,6 +106,11 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
     # inductor's C++ kernels on the CPU record themselves (cpp_fused_…) only when asked
     env.setdefault(KERNEL_PROFILE_ENV, "1")
+    # Chainer 7 imports only with setuptools' own distutils shim off (read at start-up)
+    if fw == Framework.CHAINER or (fw == "auto" and sys.version_info < (3, 12)
+                                   and importlib.util.find_spec("chainer") is not None):
+        for key, value in framework_info(Framework.CHAINER).env:
+            env.setdefault(key, value)
     env[RUN_ENV] = json.dumps({"folder": str(Path(folder).resolve()), "fw": fw,
                                "steps": protocol.steps, "warmup": protocol.warmup,
                                "timing_steps": protocol.timing_steps,

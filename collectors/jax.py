@@ -168,7 +168,8 @@ class JAXAdapter:
         options.python_tracer_level = 0
         _HOOK.opprof_trace = True
         try:
-            _ORIGINAL_TRACE["start"](str(self.logdir), profiler_options=options)
+            _ORIGINAL_TRACE.get("start", jax.profiler.start_trace)(
+                str(self.logdir), profiler_options=options)
         except BaseException:
             _HOOK.opprof_trace = False
             raise
@@ -205,7 +206,7 @@ class JAXAdapter:
         if self.profiling:
             self.profiling = False
             try:
-                _ORIGINAL_TRACE["stop"]()
+                _ORIGINAL_TRACE.get("stop", self.jax.profiler.stop_trace)()
             finally:
                 _HOOK.opprof_trace = False
         assert self.logdir is not None
