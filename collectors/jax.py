@@ -33,8 +33,9 @@ of it from Python (not from inside another traced function) ends a step — a wh
 ``lax.scan`` loop compiled in one call is one step. Where the script marks its steps with
 ``jax.profiler.StepTraceAnnotation``, the annotation's end is the step instead; an eager loop
 (no jit) steps at ``optax.apply_updates``. The loss of a step is the first floating scalar
-its function returns. A script's own ``jax.profiler.start_trace`` while opprof profiles is
-ignored (JAX allows one trace at a time), with one line on stderr.
+its function returns. A script's own ``jax.profiler.trace`` / ``start_trace`` is not started
+under `opprof run` (JAX allows one trace at a time; opprof's records the profiled steps),
+with one line on stderr.
 
 **Threads** (`record --threads N`): XLA:CPU sizes its thread pools by the CPUs the process may
 run on, so N < the host's CPUs restricts the process to N of them (``sched_setaffinity``,
@@ -237,12 +238,11 @@ def _profiler_functions() -> None:
     _ORIGINAL_TRACE.update(start=profiler.start_trace, stop=profiler.stop_trace)
 
     def start_trace(*args: Any, **kwargs: Any) -> None:
-        if _HOOK.opprof_trace:
-            _note_once("this script's jax.profiler trace is ignored while opprof profiles "
-                       "(JAX runs one trace at a time)")
-            _HOOK.user_trace_ignored = True
-            return None
-        return _ORIGINAL_TRACE["start"](*args, **kwargs)
+        # Under `opprof run` the script's own traces are left out: JAX runs one at a time,
+        # and opprof's starts at its own step boundary.
+        _note_once("this script's own jax.profiler trace is not started under opprof run "
+                   "(JAX runs one trace at a time; opprof's records the profiled steps)")
+        _HOOK.user_trace_ignored = True
 
     def stop_trace() -> None:
         if _HOOK.user_trace_ignored:
@@ -453,6 +453,8 @@ class _Hook:
             if os.environ.get("OPPROF_LOSS", "1") != "0":
                 self.loss = LossLog(_read_losses)
             runner.loss_log = self.loss
+        elif owner == ANNOTATION and self.owner != ANNOTATION:
+            self.owner = ANNOTATION  # the script's annotations mark the steps from now on
         elif owner != self.owner:
             return None
         return runner
@@ -471,6 +473,8 @@ class _Hook:
 
 
 _HOOK = _Hook()
+#: The owner of the steps a script marks with ``jax.profiler.StepTraceAnnotation``.
+ANNOTATION = -1
 
 
 def _read_losses(values: list[Any]) -> list[float]:
@@ -619,7 +623,7 @@ def _hook_annotations(jax: ModuleType) -> None:
     def __exit__(self: Any, *exc: Any) -> Any:
         result = original(self, *exc)
         _HOOK.annotated = True
-        _HOOK.step_end(-1, _HOOK.pending, {"step_function": "StepTraceAnnotation",
+        _HOOK.step_end(ANNOTATION, _HOOK.pending, {"step_function": "StepTraceAnnotation",
                                            "transform": "annotation"})
         return result
 

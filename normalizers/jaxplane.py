@@ -25,6 +25,8 @@ without a gradient: inference, preprocessing) and normalizers/maps/jax.csv maps 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,6 +73,54 @@ def xla_keys(args: pd.DataFrame, hlo: pd.DataFrame) -> tuple[pd.Series, pd.Serie
     detail = (op + " @ " + ev["module"] + "/" + ev["hlo_op"]
               + np.where(called != "", " = " + called, ""))
     return key, detail
+
+
+def hlo_instructions(path: Path) -> pd.DataFrame:
+    """:func:`.xplane._hlo_instructions` for a JAX profile: the same rows, but an instruction
+    XLA made without metadata takes the JAX name of an operand that is part of the gradient
+    (under ``transpose(``: a weight gradient's convolution or reduction, whose users are the
+    optimizer's), else that of its first user, else of its first operand."""
+    from opprof.normalizers import xplane
+
+    return xplane._hlo_instructions(path, rows_of=module_rows)
+
+
+def module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
+    """The rows of one HLO module (see :func:`hlo_instructions`)."""
+    from opprof.normalizers.xplane import _category
+
+    computations = {c.id: c for c in module.computations}
+    rows = []
+    for comp in module.computations:
+        by_id = {i.id: i for i in comp.instructions}
+        users: dict[int, list[int]] = {}
+        for i in comp.instructions:
+            for o in i.operand_ids:
+                users.setdefault(o, []).append(i.id)
+        name = {i.id: i.metadata.op_name for i in comp.instructions if i.metadata.op_name}
+        for i in comp.instructions:  # post order: operands first
+            if i.id in name:
+                continue
+            grad = next((name[o] for o in i.operand_ids
+                         if "transpose(" in name.get(o, "")), None)
+            if grad is not None:
+                name[i.id] = grad
+        for i in reversed(comp.instructions):
+            if i.id not in name:
+                user = next((name[u] for u in users.get(i.id, []) if u in name), None)
+                if user is not None:
+                    name[i.id] = user
+        for i in comp.instructions:
+            if i.id not in name:
+                first = next((name[o] for o in i.operand_ids if o in name), None)
+                if first is not None:
+                    name[i.id] = first
+        for i in comp.instructions:
+            category, called = _category(i, computations)
+            op_type = by_id[i.id].metadata.op_type
+            rows.append((module.name, i.name, category, f"{name.get(i.id, '')}:{op_type}",
+                         called))
+    return rows
 
 
 def call_steps(name: pd.Series, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:

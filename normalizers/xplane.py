@@ -379,7 +379,7 @@ def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
     return ins.opcode, name
 
 
-def _hlo_instructions(path: Path) -> pd.DataFrame:
+def _hlo_instructions(path: Path, rows_of: Any = None) -> pd.DataFrame:
     """Per HLO instruction of the XLA programs an XPlane holds: its module, name, xprof's
     category and the TensorFlow op it comes from (``op_name:op_type`` of its metadata; an
     instruction XLA made without one takes that of the first instruction using its result,
@@ -404,7 +404,7 @@ def _hlo_instructions(path: Path) -> pd.DataFrame:
         for f in protos:
             proto = hlo_pb2.HloProto()
             proto.ParseFromString(f.read_bytes())
-            rows += _module_rows(proto.hlo_module)
+            rows += (rows_of or _module_rows)(proto.hlo_module)
     return pd.DataFrame(rows, columns=_HLO_COLUMNS).drop_duplicates(["module", "hlo_op"])
 
 
@@ -507,8 +507,11 @@ def _host_events(path: Path) -> dict[str, Any]:
     is_xla = _text(args["hlo_op"]) != ""
     jax = jaxplane.is_jax(name, args)
     if is_xla.any():
-        keys = jaxplane.xla_keys if jax else xla_keys
-        xla_key, xla_detail = keys(args[is_xla], _hlo_instructions(path))
+        if jax:
+            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla],
+                                                    jaxplane.hlo_instructions(path))
+        else:
+            xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
         key, detail = key.copy(), detail.copy()
         key.loc[is_xla] = xla_key.to_numpy(object)
         detail.loc[is_xla] = xla_detail.to_numpy(object)
