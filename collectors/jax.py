@@ -618,7 +618,11 @@ def _hook_annotations(jax: ModuleType) -> None:
     cls = jax.profiler.StepTraceAnnotation
     if getattr(cls.__exit__, "_opprof", False):
         return
-    original = cls.__exit__
+    original, enter = cls.__exit__, cls.__enter__
+
+    def __enter__(self: Any) -> Any:
+        _HOOK.annotated = True  # the calls inside are not steps of their own
+        return enter(self)
 
     def __exit__(self: Any, *exc: Any) -> Any:
         result = original(self, *exc)
@@ -628,7 +632,7 @@ def _hook_annotations(jax: ModuleType) -> None:
         return result
 
     __exit__._opprof = True  # type: ignore[attr-defined]
-    cls.__exit__ = __exit__
+    cls.__enter__, cls.__exit__ = __enter__, __exit__
 
 
 def install_hook(protocol: Protocol, folder: Path, started: Callable[[Runner], bool]) -> None:
