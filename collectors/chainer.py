@@ -137,6 +137,13 @@ class Events:
     def __init__(self) -> None:
         self.rows: list[tuple[str, int, int, int]] = []
         self.on = False
+        self.local = threading.local()  # .backward: inside Variable.backward on this thread
+        #: `opprof run`: given the loss each ``Variable.backward()`` starts from
+        self.loss_seen: Callable[[Any], None] | None = None
+
+    @property
+    def in_backward(self) -> bool:
+        return bool(getattr(self.local, "backward", 0))
 
     def add(self, name: str, start: int, end: int) -> None:
         if self.on:
@@ -178,7 +185,9 @@ def function_recorder(events: Events) -> Any:
             self._stack().append(time.perf_counter_ns())
 
         def forward_postprocess(self, function: Any, in_data: Any) -> None:
-            events.add(f"forward:{function.label}", self._stack().pop(), time.perf_counter_ns())
+            # a function applied by backward() itself (gradient accumulation) is backward
+            phase = "backward" if events.in_backward else "forward"
+            events.add(f"{phase}:{function.label}", self._stack().pop(), time.perf_counter_ns())
 
         def backward_preprocess(self, function: Any, in_data: Any, out_grad: Any) -> None:
             self._stack().append(time.perf_counter_ns())
@@ -323,6 +332,19 @@ def hook_calls(events: Events) -> None:
 
     _patch(chainer.optimizer.UpdateRule, "update",
            timed(lambda rule: f"update:{type(rule).__name__}"))
+
+    def backward(original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if events.loss_seen is not None and getattr(self, "size", 0) == 1:
+                events.loss_seen(np.array(self.array, copy=True))
+            events.local.backward = getattr(events.local, "backward", 0) + 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                events.local.backward -= 1
+        return call
+
+    _patch(chainer.Variable, "backward", backward)
     from chainer import iterators
 
     for cls in (iterators.SerialIterator, iterators.MultiprocessIterator,
@@ -500,10 +522,10 @@ def install_hook(protocol: Protocol, folder: Path, started: Callable[[Runner], b
         return
     _HOOK.hooked = True
     chainer = import_chainer()
-    hook_calls(_HOOK.events)
     if os.environ.get("OPPROF_LOSS", "1") != "0":
         _HOOK.loss = LossLog(lambda values: [float(np.mean(v)) for v in values])
-        _patch(chainer.Variable, "backward", _loss_wrapper)
+        _HOOK.events.loss_seen = _HOOK.loss.seen
+    hook_calls(_HOOK.events)
 
     def after(optimizer: Any) -> None:
         if _HOOK.off:
@@ -544,14 +566,6 @@ def install_hook(protocol: Protocol, folder: Path, started: Callable[[Runner], b
     except Exception:  # noqa: BLE001 - no ChainerMN (or no mpi4py): single-process training
         return
     _patch(_MultiNodeOptimizer, "update", counted)
-
-
-def _loss_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
-    def backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _HOOK.loss is not None and getattr(self, "size", 0) == 1:
-            _HOOK.loss.seen(np.array(self.array, copy=True))
-        return original(self, *args, **kwargs)
-    return backward
 
 
 def _optimizer_facts(optimizer: Any) -> dict[str, Any]:
