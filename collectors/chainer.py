@@ -42,6 +42,7 @@ the variable ``backward()`` ran on.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -169,7 +170,7 @@ def function_recorder(events: Events) -> Any:
     """A ``chainer.FunctionHook`` that records every function's forward and backward."""
     chainer = import_chainer()
 
-    class Recorder(chainer.FunctionHook):  # type: ignore[misc,name-defined]
+    class Recorder(chainer.FunctionHook):  # type: ignore[name-defined]
         name = "opprof"
 
         def __init__(self) -> None:
@@ -359,7 +360,11 @@ def hook_calls(events: Events) -> None:
         for method, kind in (("multi_node_mean_grad", "all_reduce"),
                              ("allreduce_grad", "all_reduce"), ("bcast_data", "broadcast"),
                              ("allreduce", "all_reduce"), ("bcast", "broadcast")):
-            _patch(cls, method, timed(lambda c, m=method, k=kind: f"comm:{k}:{m}"))
+            _patch(cls, method, timed(functools.partial(_comm_name, f"comm:{kind}:{method}")))
+
+
+def _comm_name(name: str, communicator: Any) -> str:
+    return name
 
 
 def _importable(name: str) -> bool:

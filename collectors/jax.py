@@ -61,7 +61,6 @@ from opprof.collectors.config import (
     INPUT_SIZE,
     SEQUENCE_MODELS,
     Framework,
-    Mode,
     Protocol,
     RecordConfig,
     Role,
@@ -597,7 +596,7 @@ def _hook_optax() -> None:
     if optax is None or "optax" in _HOOK.hooked:
         return
     _HOOK.hooked.add("optax")
-    original = optax.apply_updates
+    original: Callable[..., Any] = optax.apply_updates
 
     @functools.wraps(original)
     def apply_updates(*args: Any, **kwargs: Any) -> Any:
@@ -609,7 +608,7 @@ def _hook_optax() -> None:
                                                   "transform": "eager"})
         return result
 
-    optax.apply_updates = apply_updates
+    setattr(optax, "apply_updates", apply_updates)  # noqa: B010 - a module typed as its own
 
 
 def _hook_annotations(jax: ModuleType) -> None:
@@ -642,8 +641,8 @@ def install_hook(protocol: Protocol, folder: Path, started: Callable[[Runner], b
     jax = sys.modules.get("jax")
     if jax is not None and "jax" not in _HOOK.hooked:
         _HOOK.hooked.add("jax")
-        jax.jit = _wrap_transform(jax.jit, "jit")
-        jax.pmap = _wrap_transform(jax.pmap, "pmap")
+        for name in ("jit", "pmap"):
+            setattr(jax, name, _wrap_transform(getattr(jax, name), name))
         for name in ("grad", "value_and_grad", "vjp"):
             setattr(jax, name, _wrap_marking(getattr(jax, name)))
         _hook_annotations(jax)

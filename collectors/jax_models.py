@@ -166,7 +166,7 @@ def layernorm(c: _Ctx, name: str, x: jax.Array) -> jax.Array:
 
 
 def _conv_layer(m: Model, name: str, cin: int, cout: int, k: int, bias: bool) -> None:
-    shapes = {"weight": (cout, cin, k, k)}
+    shapes: dict[str, tuple[int, ...]] = {"weight": (cout, cin, k, k)}
     if bias:
         shapes["bias"] = (cout,)
     m.layer(name, "conv", cin * k * k, **shapes)
