@@ -42,12 +42,10 @@ the variable ``backward()`` ran on.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -212,6 +210,8 @@ class ChainerAdapter:
         self.events, self.comm = events, comm
         self._facts = dict(facts or {})
         self.recorder = function_recorder(events)
+        if comm is not None:
+            hook_communicator(events, comm)
         self.timer: Any = None
         self.folder: Path | None = None
         self.rank = 0
@@ -351,20 +351,33 @@ def hook_calls(events: Events) -> None:
     for cls in (iterators.SerialIterator, iterators.MultiprocessIterator,
                 iterators.MultithreadIterator):
         _patch(cls, "__next__", timed(lambda it: f"load:{type(it).__name__}"))
-    if "chainermn" in sys.modules or _importable("chainermn"):
-        try:
-            from chainermn.communicators import mpi_communicator_base as base
-        except Exception:  # noqa: BLE001 - ChainerMN without mpi4py: no collectives to time
-            return
-        cls = base.MpiCommunicatorBase
-        for method, kind in (("multi_node_mean_grad", "all_reduce"),
-                             ("allreduce_grad", "all_reduce"), ("bcast_data", "broadcast"),
-                             ("allreduce", "all_reduce"), ("bcast", "broadcast")):
-            _patch(cls, method, timed(functools.partial(_comm_name, f"comm:{kind}:{method}")))
 
 
-def _comm_name(name: str, communicator: Any) -> str:
-    return name
+#: ChainerMN's communicator calls and the collective each is.
+COMM_CALLS = (("multi_node_mean_grad", "all_reduce"), ("allreduce_grad", "all_reduce"),
+              ("bcast_data", "broadcast"), ("allreduce", "all_reduce"), ("bcast", "broadcast"),
+              ("allreduce_obj", "all_reduce"), ("bcast_obj", "broadcast"))
+
+
+def hook_communicator(events: Events, comm: Any) -> None:
+    """Record a ChainerMN communicator's collectives (every class of its type that defines
+    them: the naive communicator overrides its base's)."""
+    def timed(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if not events.on:
+                    return original(self, *args, **kwargs)
+                t0 = time.perf_counter_ns()
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    events.add(name, t0, time.perf_counter_ns())
+            return call
+        return wrap
+
+    for cls in type(comm).__mro__:
+        for method, kind in COMM_CALLS:
+            _patch(cls, method, timed(f"comm:{kind}:{method}"))
 
 
 def _importable(name: str) -> bool:
