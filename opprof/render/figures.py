@@ -418,18 +418,25 @@ def _sweep_bench(b: Bench, dim: str, title: str) -> Figure:
     fig = _figure(9.5, 3.6)
     left, right = fig.subplots(1, 2)
     groups = df.groupby(["fw", "model", "workers", "mode", other], dropna=False, sort=False)
+    fixed_values = sorted({int(v) for v in df[other].dropna()})
+    styles = ("-", "--", "-.", ":")
     for i, (key, g) in enumerate(groups):
         fw, model, workers, mode, fixed = key
         g = g.sort_values(dim)
         label = f"{fw} {model}" + (f" x{workers} {mode}" if workers != 1 else "") + (
             f", {other.replace('_', ' ')} {int(fixed)}" if fixed == fixed and fixed is not None
             else "")
-        color = palette.series_color(i)
+        # one colour per framework (and model), one line style per value of the other sweep
+        color = palette.framework_color(str(fw), i) if df["model"].nunique() == 1 \
+            else palette.series_color(i)
+        style = styles[fixed_values.index(int(fixed)) % len(styles)] \
+            if fixed == fixed and fixed is not None else "-"
         x = g[dim].to_numpy(float)
-        left.plot(x, g["step_ns"].to_numpy(float) / 1e6, marker="o", color=color, label=label)
+        left.plot(x, g["step_ns"].to_numpy(float) / 1e6, marker="o", color=color,
+                  linestyle=style, label=label)
         y = g["speedup"] if dim == "threads" else g["samples_per_s"]
         right.plot(x, pd.to_numeric(y, errors="coerce").to_numpy(float), marker="o",
-                   color=color, label=label)
+                   color=color, linestyle=style, label=label)
     xs = sorted(df[dim].dropna().astype(int).unique())
     for ax in (left, right):
         ax.set_xscale("log", base=2)
@@ -439,14 +446,14 @@ def _sweep_bench(b: Bench, dim: str, title: str) -> Figure:
     left.set_ylabel("time per mini-batch (ms, unprofiled)")
     left.set_title(f"step time against {title}")
     if dim == "threads":
-        right.plot(xs, [v / xs[0] for v in xs], color="#999999", linestyle="--",
+        right.plot(xs, [v / xs[0] for v in xs], color="#999999", linestyle=":", linewidth=2,
                    label="linear")
         right.set_ylabel(f"speed-up over {xs[0]} thread(s)")
         right.set_title("speed-up")
     else:
         right.set_ylabel("samples/s")
         right.set_title(f"throughput against {title}")
-    right.legend(loc="best", frameon=False)
+    right.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     return fig
 
 
