@@ -157,3 +157,13 @@ def test_record_jax_two_workers_over_jax_distributed(tmp_path: Path) -> None:
     assert report["meta"]["framework"] == "jax" and report["meta"]["workers"] == 2
     assert sorted({s["rank"] for s in report["steps"]}) == [0, 1]
     assert any(o["op"] == "all_reduce" and o["phase"] == "comm" for o in report["ops"])
+
+
+def test_opprof_run_of_a_flax_linen_train_state_script(tmp_path: Path) -> None:
+    needs("jax", "optax", "flax")
+    report = _run(tmp_path, sys.executable, str(SCRIPTS / "jax_flax.py"), "--steps", "8")
+    _check(report, steps=3)
+    ops = {o["op"] for o in report["ops"]}
+    # Flax's module scopes (Conv_0, BatchNorm_0, Dense_0) name the layers
+    assert {"convolution", "batch_norm", "batch_norm_backward", "fully_connected_backward",
+            "weights_update"} <= ops
