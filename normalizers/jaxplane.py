@@ -77,8 +77,9 @@ def xla_keys(args: pd.DataFrame, hlo: pd.DataFrame) -> tuple[pd.Series, pd.Serie
 
 def hlo_instructions(path: Path) -> pd.DataFrame:
     """:func:`.xplane._hlo_instructions` for a JAX profile: the same rows, but an instruction
-    XLA made without metadata takes the JAX name of an operand that is part of the gradient
-    (under ``transpose(``: a weight gradient's convolution or reduction, whose users are the
+    XLA made without metadata takes the JAX name of what it runs (a fusion's or call's fused
+    instructions, root first), else of an operand that is part of the gradient (under
+    ``transpose(``: a weight gradient's convolution or reduction, whose users are the
     optimizer's), else that of its first user, else of its first operand."""
     from opprof.normalizers import xplane
 
@@ -90,6 +91,21 @@ def module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
     from opprof.normalizers.xplane import _category
 
     computations = {c.id: c for c in module.computations}
+    own = {(c.id, i.id): i.metadata.op_name for c in module.computations
+           for i in c.instructions if i.metadata.op_name}
+
+    def inner(ins: Any, seen: frozenset[int] = frozenset()) -> str | None:
+        """The JAX name inside what a fusion or call runs (its root first)."""
+        for cid in ins.called_computation_ids:
+            comp = computations.get(cid)
+            if comp is None or cid in seen:
+                continue
+            for i in reversed(comp.instructions):
+                name = own.get((cid, i.id)) or inner(i, seen | {cid})
+                if name:
+                    return name
+        return None
+
     rows = []
     for comp in module.computations:
         by_id = {i.id: i for i in comp.instructions}
@@ -97,7 +113,12 @@ def module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
         for i in comp.instructions:
             for o in i.operand_ids:
                 users.setdefault(o, []).append(i.id)
-        name = {i.id: i.metadata.op_name for i in comp.instructions if i.metadata.op_name}
+        name = {i.id: own[comp.id, i.id] for i in comp.instructions if (comp.id, i.id) in own}
+        for i in comp.instructions:  # a fusion or call XLA made: the name of what it runs
+            if i.id not in name and i.called_computation_ids and i.opcode != "while":
+                found = inner(i)
+                if found:
+                    name[i.id] = found
         for i in comp.instructions:  # post order: operands first
             if i.id in name:
                 continue
