@@ -119,3 +119,22 @@ def test_chainermn_two_ranks_under_mpiexec(tmp_path: Path) -> None:
     assert report["meta"]["workers"] == 2
     assert sorted({s["rank"] for s in report["steps"]}) == [0, 1]
     assert any(o["op"] == "all_reduce" for o in report["ops"])
+
+
+def test_opprof_run_of_a_chainermn_script_under_mpiexec(tmp_path: Path) -> None:
+    needs("chainer", "mpi4py")
+    if shutil.which("mpiexec") is None:
+        pytest.skip("needs mpiexec (apt-get install openmpi-bin)")
+    mpi = ["mpiexec", "-n", "2", "--oversubscribe", "--mca", "btl", "self,tcp",
+           "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+    res = run_cli("run", *PROTOCOL, "-o", str(tmp_path / "run.trace"), "--format", "json",
+                  "--", *mpi, sys.executable, str(SCRIPTS / "chainermn_loop.py"), "--steps",
+                  "8", cwd=tmp_path, timeout=600,
+                  env={"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert report["meta"]["framework"] == "chainer" and report["meta"]["mode"] == "allreduce"
+    assert sorted({s["rank"] for s in report["steps"]}) == [0, 1]
+    for s in report["steps"]:
+        assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"]
+    assert any(o["op"] == "all_reduce" and o["phase"] == "comm" for o in report["ops"])
