@@ -141,6 +141,16 @@ def _adapter(fw: Framework, protocol: Protocol) -> Adapter:
         from opprof.collectors.tf import TFAdapter
 
         return TFAdapter()
+    if fw == Framework.JAX:  # (JAX dispatches asynchronously: block on your step's results
+        from opprof.collectors.jax import JAXAdapter  # before prof.step() to time it whole)
+
+        return JAXAdapter()
+    if fw == Framework.CHAINER:
+        from opprof.collectors.chainer import ChainerAdapter, Events, hook_calls
+
+        events = Events()
+        hook_calls(events)
+        return ChainerAdapter(events)
     from opprof.collectors.mxnet import MXNetAdapter
 
     return MXNetAdapter(profile_memory=protocol.profile_memory)
