@@ -34,7 +34,7 @@ optimizer = chainermn.create_multi_node_optimizer(chainer.optimizers.Adam(), com
 optimizer.setup(model)
 comm.bcast_data(model)
 rng = np.random.default_rng(comm.rank)
-for step in range(args.steps):
+for _ in range(args.steps):
     x = rng.normal(size=(args.batch, 256)).astype(np.float32)
     t = rng.integers(0, 10, args.batch).astype(np.int32)
     loss = F.softmax_cross_entropy(model(x), t)
