@@ -1,8 +1,10 @@
 """The benchmark models in plain JAX (no Flax), the same networks as :mod:`.torch_models`
-(the reference: layer and parameter counts match it), in JAX's NHWC layout.
+(the reference: layer and parameter counts match it), in JAX's own layouts: NHWC
+activations, HWIO convolution kernels, in×out dense weights (no transpose per step, as JAX
+users write them).
 
 A model is a :class:`Model`: ``init(key)`` gives its parameters (a nested dict, one entry per
-layer, each layer's arrays named as torch names them) and its state (BatchNorm's running
+layer, each layer's arrays named as torch names them, in JAX's layouts) and its state (BatchNorm's running
 statistics), ``apply(params, state, x, train, key)`` the logits and the new state. Every
 layer runs under ``jax.named_scope(<layer name>)`` (``conv1``, ``bn1``, ``fc``, ``pool1`` …),
 so the HLO ops XLA compiles keep the layer in their metadata's op name
@@ -100,20 +102,20 @@ class _Ctx:
 
 
 def conv(c: _Ctx, name: str, x: jax.Array, stride: int, pad: int) -> jax.Array:
-    """2-D convolution (weights O×I×kh×kw, as torch keeps them), NHWC in and out."""
+    """2-D convolution (kernel kh×kw×I×O), NHWC in and out."""
     p = c.params[name]
     with jax.named_scope(name):
         y = jax.lax.conv_general_dilated(
             x, p["weight"], (stride, stride), [(pad, pad), (pad, pad)],
-            dimension_numbers=("NHWC", "OIHW", "NHWC"))
+            dimension_numbers=("NHWC", "HWIO", "NHWC"))
         return y + p["bias"] if "bias" in p else y
 
 
 def dense(c: _Ctx, name: str, x: jax.Array) -> jax.Array:
-    """Fully connected layer (weights out×in, as torch keeps them)."""
+    """Fully connected layer (weights in×out)."""
     p = c.params[name]
     with jax.named_scope(name):
-        return x @ p["weight"].T + p["bias"]
+        return x @ p["weight"] + p["bias"]
 
 
 def relu(x: jax.Array) -> jax.Array:
@@ -166,14 +168,14 @@ def layernorm(c: _Ctx, name: str, x: jax.Array) -> jax.Array:
 
 
 def _conv_layer(m: Model, name: str, cin: int, cout: int, k: int, bias: bool) -> None:
-    shapes: dict[str, tuple[int, ...]] = {"weight": (cout, cin, k, k)}
+    shapes: dict[str, tuple[int, ...]] = {"weight": (k, k, cin, cout)}
     if bias:
         shapes["bias"] = (cout,)
     m.layer(name, "conv", cin * k * k, **shapes)
 
 
 def _fc_layer(m: Model, name: str, din: int, dout: int) -> None:
-    m.layer(name, "fc", din, weight=(dout, din), bias=(dout,))
+    m.layer(name, "fc", din, weight=(din, dout), bias=(dout,))
 
 
 def _bn_layer(m: Model, name: str, c: int) -> None:
@@ -190,7 +192,7 @@ def lenet5(classes: int) -> Model:
     def forward(c: _Ctx, x: jax.Array) -> jax.Array:
         x = maxpool("pool1", relu(conv(c, "conv1", x, 1, 0)), 2, 2)
         x = maxpool("pool2", relu(conv(c, "conv2", x, 1, 0)), 2, 2)
-        x = x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1)  # torch's C×H×W flatten order
+        x = x.reshape(x.shape[0], -1)
         x = relu(dense(c, "fc1", x))
         x = relu(dense(c, "fc2", x))
         return dense(c, "fc3", x)
@@ -214,7 +216,7 @@ def alexnet(classes: int) -> Model:
         x = relu(conv(c, "conv3", x, 1, 1))
         x = relu(conv(c, "conv4", x, 1, 1))
         x = maxpool("pool3", relu(conv(c, "conv5", x, 1, 1)), 3, 2)
-        x = x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1)
+        x = x.reshape(x.shape[0], -1)
         x = relu(dense(c, "fc1", dropout(c, "dropout1", x, 0.5)))
         x = relu(dense(c, "fc2", dropout(c, "dropout2", x, 0.5)))
         return dense(c, "fc3", x)
@@ -234,7 +236,7 @@ def fcn(classes: int) -> Model:
     _fc_layer(m, "head", width, classes)
 
     def forward(c: _Ctx, x: jax.Array) -> jax.Array:
-        x = x.transpose(0, 3, 1, 2).reshape(x.shape[0], -1)
+        x = x.reshape(x.shape[0], -1)
         for name in names:
             x = relu(dense(c, name, x))
         return dense(c, "head", x)
@@ -305,8 +307,8 @@ def lstm_model(vocab: int) -> Model:
     m.layer("embed", "embedding", 1, weight=(vocab, EMBED_DIM))
     din = EMBED_DIM
     for i in range(LSTM_LAYERS):
-        m.layer(f"lstm{i}", "recurrent", LSTM_HIDDEN, weight_ih=(4 * LSTM_HIDDEN, din),
-                weight_hh=(4 * LSTM_HIDDEN, LSTM_HIDDEN), bias_ih=(4 * LSTM_HIDDEN,),
+        m.layer(f"lstm{i}", "recurrent", LSTM_HIDDEN, weight_ih=(din, 4 * LSTM_HIDDEN),
+                weight_hh=(LSTM_HIDDEN, 4 * LSTM_HIDDEN), bias_ih=(4 * LSTM_HIDDEN,),
                 bias_hh=(4 * LSTM_HIDDEN,))
         din = LSTM_HIDDEN
     _fc_layer(m, "head", LSTM_HIDDEN, vocab)
@@ -320,7 +322,7 @@ def lstm_model(vocab: int) -> Model:
                 def cell(carry: tuple[jax.Array, jax.Array], xt: jax.Array,
                          p: Params = p) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
                     h, cc = carry
-                    g = xt @ p["weight_ih"].T + p["bias_ih"] + h @ p["weight_hh"].T + p["bias_hh"]
+                    g = xt @ p["weight_ih"] + p["bias_ih"] + h @ p["weight_hh"] + p["bias_hh"]
                     i_, f_, g_, o_ = jnp.split(g, 4, axis=-1)
                     cc = jax.nn.sigmoid(f_) * cc + jax.nn.sigmoid(i_) * jnp.tanh(g_)
                     h = jax.nn.sigmoid(o_) * jnp.tanh(cc)
@@ -341,7 +343,7 @@ def transformer_model(vocab: int) -> Model:
     m.layer("position", "embedding", 1, weight=(SEQ_LEN, D_MODEL))
     for i in range(ENCODER_LAYERS):
         m.layer(f"layer{i}.attention", "attention", D_MODEL,
-                in_proj_weight=(3 * D_MODEL, D_MODEL), in_proj_bias=(3 * D_MODEL,),
+                in_proj_weight=(D_MODEL, 3 * D_MODEL), in_proj_bias=(3 * D_MODEL,),
                 out_proj_weight=(D_MODEL, D_MODEL), out_proj_bias=(D_MODEL,))
         _fc_layer(m, f"layer{i}.linear1", D_MODEL, FF_DIM)
         _fc_layer(m, f"layer{i}.linear2", FF_DIM, D_MODEL)
@@ -353,7 +355,7 @@ def transformer_model(vocab: int) -> Model:
         p = c.params[name]
         b, t, d = x.shape
         with jax.named_scope(name):
-            q, k, v = jnp.split(x @ p["in_proj_weight"].T + p["in_proj_bias"], 3, axis=-1)
+            q, k, v = jnp.split(x @ p["in_proj_weight"] + p["in_proj_bias"], 3, axis=-1)
 
             def heads(a: jax.Array) -> jax.Array:
                 return a.reshape(b, t, HEADS, d // HEADS).transpose(0, 2, 1, 3)
@@ -363,7 +365,7 @@ def transformer_model(vocab: int) -> Model:
             scores = jnp.where(mask, scores, -jnp.inf)
             out = jax.nn.softmax(scores, axis=-1) @ heads(v)
             out = out.transpose(0, 2, 1, 3).reshape(b, t, d)
-            return out @ p["out_proj_weight"].T + p["out_proj_bias"]
+            return out @ p["out_proj_weight"] + p["out_proj_bias"]
 
     def forward(c: _Ctx, tokens: jax.Array) -> jax.Array:
         with jax.named_scope("embed"):
