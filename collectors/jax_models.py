@@ -3,11 +3,11 @@
 activations, HWIO convolution kernels, in×out dense weights (no transpose per step, as JAX
 users write them).
 
-A model is a :class:`Model`: ``init(key)`` gives its parameters (a nested dict, one entry per
-layer, each layer's arrays named as torch names them, in JAX's layouts) and its state
-(BatchNorm's running statistics), ``apply(params, state, x, train, key)`` the logits and the
-new state. Every layer runs under ``jax.named_scope(<layer name>)`` (``conv1``, ``bn1``, ``fc``, ``pool1`` …),
-so the HLO ops XLA compiles keep the layer in their metadata's op name
+A model is a :class:`Model`: ``init(key)`` gives its parameters (a nested dict, one entry
+per layer, each layer's arrays named as torch names them, in JAX's layouts) and its state
+(BatchNorm's running statistics); ``apply(params, state, x, train, key)`` the logits and the
+new state. Every layer runs under ``jax.named_scope(<layer name>)`` (``conv1``, ``bn1``,
+``fc``, ``pool1`` …), so the HLO ops XLA compiles keep the layer in their metadata's op name
 (``jit(train_step)/transpose(jvp(bn1))/…``): opprof's mapping table (normalizers/maps/jax.csv)
 reads the layer from there, as TensorFlow's reads Keras' layer scopes. Initialization is
 torch's default (uniform ±1/√fan_in for weights and biases; BatchNorm γ = 1, β = 0).
