@@ -120,6 +120,11 @@ def _framework(fw: str) -> Framework:
     if fw != "auto":
         return Framework(fw)
     loaded = [f for f, info in FRAMEWORK_INFO.items() if info.module in sys.modules]
+    if Framework.JAX in loaded and len(loaded) > 1:
+        # TensorFlow imports jax itself (and Keras 3 may): JAX trains only on Keras' jax backend
+        config = sys.modules.get("keras.src.backend.config")
+        if config is None or str(config.backend()) != "jax":
+            loaded.remove(Framework.JAX)
     if len(loaded) != 1:
         raise OpprofError(
             "opprof.profile(): import the framework you train with first" if not loaded else
