@@ -159,6 +159,15 @@ def check(config: RecordConfig) -> None:
                           "steps cannot be negative")
     if config.eval_every and not config.converge:
         raise OpprofError("--eval-every needs --converge STEPS (the steps to train)")
+    if config.loader_workers and fw not in (Framework.TORCH, Framework.MXNET):
+        how = ("with tf.data, which parallelizes itself" if fw == Framework.TF
+               else "in the training process")
+        raise OpprofError(f"--loader-workers: the {fw} models load {how}; give it for torch "
+                          "or mxnet")
+    if config.bucket_mb is not None and (fw != Framework.TORCH
+                                         or mode not in (Mode.ALLREDUCE, Mode.ZERO)):
+        raise OpprofError("--bucket-mb sets DistributedDataParallel's buckets: torch with "
+                          "--mode allreduce or zero")
     if fw == Framework.CHAINER and mode != Mode.SINGLE:
         from opprof.collectors.chainer import mpi_problem
 

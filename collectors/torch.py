@@ -434,24 +434,29 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
     pin = device.type == "cuda"
     sampler: DistributedSampler[Any] | None = None
+    # --loader-workers: worker processes that load ahead, kept across epochs
+    n = config.loader_workers
+    more: dict[str, Any] = {"num_workers": n, "persistent_workers": n > 0}
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=config.seed, drop_last=True)
         loader = DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
-                            drop_last=True, num_workers=0, pin_memory=pin)
+                            drop_last=True, pin_memory=pin, **more)
     else:
         loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True,
-                            drop_last=True, num_workers=0, pin_memory=pin,
-                            generator=torch.Generator().manual_seed(config.seed))
+                            drop_last=True, pin_memory=pin,
+                            generator=torch.Generator().manual_seed(config.seed), **more)
     model = build(key, classes).to(device)
     model.train()
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
              "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
              "layers": counts, "input_size": size, "unit_param_bytes": unit_param_bytes(model),
-             "num_classes": classes, "seed": config.seed}
+             "num_classes": classes, "seed": config.seed, "loader_workers": n}
+    if config.bucket_mb is not None:
+        facts["bucket_mb"] = config.bucket_mb
     trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
-                                     device, learning_rate(key))
+                                     device, learning_rate(key), config.bucket_mb)
 
     def predict(x: Array) -> Array:
         was = model.training
@@ -481,11 +486,12 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
 
 
 def parallelize(model: nn.Module, mode: Mode, device: torch.device,
-                lr: float = 0.01) -> tuple[nn.Module, Optimizer]:
+                lr: float = 0.01, bucket_mb: float | None = None) -> tuple[nn.Module, Optimizer]:
     """(the module to train, its optimizer: SGD with momentum at ``lr``) for ``mode``: the
-    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the
-    optimizer state sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard``
-    on every unit of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
+    model itself (one worker); in DistributedDataParallel (``allreduce``; ``bucket_mb``: its
+    ``bucket_cap_mb``, None: DDP's own); DDP with the optimizer state sharded by
+    ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit of
+    :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
     import torch
     from torch import nn
 
@@ -493,6 +499,7 @@ def parallelize(model: nn.Module, mode: Mode, device: torch.device,
 
     momentum = 0.9
     ids = [device.index] if device.type == "cuda" else None
+    ddp: dict[str, Any] = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
     if mode == Mode.FSDP:
         from torch.distributed.fsdp import fully_shard
 
@@ -503,12 +510,12 @@ def parallelize(model: nn.Module, mode: Mode, device: torch.device,
     if mode == Mode.ZERO:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
-                                            lr=lr, momentum=momentum)
+        zero = nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp)
+        return zero, ZeroRedundancyOptimizer(zero.parameters(), optimizer_class=torch.optim.SGD,
+                                             lr=lr, momentum=momentum)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if mode == Mode.ALLREDUCE:
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp), optimizer
     return model, optimizer
 
 

@@ -489,6 +489,8 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         "has_gpu": bool(np.isin(raw["kind"].cat.codes.to_numpy(),  # per category
                                 [KINDS.index(k) for k in ("kernel", "memcpy", "memset")]).any()),
         "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
+        "gpu_memory": [int(d["totalGlobalMem"]) for d in props if isinstance(d, dict)
+                       and isinstance(d.get("totalGlobalMem"), int) and d["totalGlobalMem"] > 0],
         "distributed": doc.distributedInfo or None,
         "sharded": sharded_mode(raw["name"].cat.categories),
         drops.KEY: warnings.get(drops.KEY, {}),
@@ -516,6 +518,9 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
         "gpus": sorted({g for i in infos for g in i["gpus"]}),
         "clock_error_ns": {str(i["rank"]): i["error"] for i in infos},
     }
+    memory = [m for i in infos for m in i.get("gpu_memory", [])]
+    if memory:  # the smallest device's total memory (`opprof advise`'s memory headroom)
+        info["gpu_memory_bytes"] = min(memory)
     dist = {str(i["rank"]): i["distributed"] for i in infos if i["distributed"]}
     if dist:
         info["distributed"] = dist

@@ -33,9 +33,12 @@ from opprof.render import page_renderer
               show_default=True,
               help="--by device over the complete profiled steps (work launched before the "
                    "last step began, as Holistic Trace Analysis) or the whole trace.")
+@click.option("--advice/--no-advice", default=True, show_default=True,
+              help="The advice section (`opprof advise`'s top three) first, on the default "
+                   "view and the HTML page.")
 @engine_options
 def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output: Path | None,
-            device_span: str, scheduler: str | None, jobs: int | None) -> None:
+            device_span: str, advice: bool, scheduler: str | None, jobs: int | None) -> None:
     """Report a TRACE (an opprof .trace, or native traces/folders, normalized on the fly).
 
     \b
@@ -62,4 +65,9 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
         from opprof.loader import load
 
         rep.critical = critical_path(load(list(trace)))
-    write_output(render.report(rep, by=by, top=top), fmt, output)
+    advisory = None
+    if advice and ((by == "phase" and fmt == "rich") or fmt == "html"):
+        from opprof.pipeline.advise import report_advice
+
+        advisory = report_advice(rep, list(trace))
+    write_output(render.report(rep, by=by, top=top, advice=advisory), fmt, output)
