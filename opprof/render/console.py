@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -667,6 +668,36 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
     return t
 
 
+def sweep_tables(swept: Mapping[str, object]) -> list[Table | Text]:
+    """`bench --threads` / `--batch-size`: time per mini-batch, samples/s, speed-up and
+    efficiency along each swept dimension, then where each run stops scaling."""
+    out: list[Table | Text] = []
+    for dim, title in (("threads", "threads"), ("batch_size", "batch size")):
+        frame = swept.get(dim)
+        if not isinstance(frame, pd.DataFrame) or frame.empty:
+            continue
+        other = "batch_size" if dim == "threads" else "threads"
+        t = Table(title=f"Time per mini-batch against the {title} (unprofiled)",
+                  title_justify="left")
+        cols = ["fw", "model", "workers", "mode", other.replace("_", " "), title, "ms/step",
+                "samples/s", "speed-up", "efficiency"]
+        for c in cols:
+            t.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
+        for r in frame.to_dict("records"):
+            fixed = r.get(other)
+            t.add_row(r["fw"], r["model"], str(r["workers"]), r["mode"],
+                      str(int(fixed)) if fixed is not None and fixed == fixed else "-",
+                      str(int(r[dim])), ms(r["step_ns"]),
+                      f"{r['samples_per_s']:,.1f}" if _known(r.get("samples_per_s")) else "-",
+                      f"{r['speedup']:.2f}x" if _known(r.get("speedup")) else "-",
+                      pct(r["efficiency"]) if _known(r.get("efficiency")) else "-")
+        out.append(t)
+    stops = swept.get("stops")
+    if isinstance(stops, list) and stops:
+        out.append(Text("\n".join(str(s["sentence"]) for s in stops if isinstance(s, dict))))
+    return out
+
+
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     """Runs (with their noise flags), the model's predictions and memory, their phase
     breakdown, and the operator-ratio table for a terminal."""
@@ -675,6 +706,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
+    # the sweeps' dimensions (`bench --batch-size 16,64 --threads 1,2`), when swept
+    key += [c for c in ("batch_size", "threads") if c in table and table[c].nunique() > 1]
     # samples/s keeps its full width: a `--repeat` range below the median is never cut
     sps_width = max([len(line) for r in table.to_dict("records")
                      if r["status"] in DONE and r["samples_per_s"]
@@ -694,7 +727,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     for r in table.to_dict("records"):
         ok = r["status"] in DONE
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
-        head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
+        head = [str(r[c]) if r[c] is not None and r[c] == r[c] else "-" for c in key]
         style = "green" if ok else ("red" if r["status"] == RunStatus.FAILED else "grey50")
         pred = r.get("predicted_step_ns")
         has = ok and pred is not None and pred == pred
