@@ -4,11 +4,15 @@ prediction against a measured multi-worker trace."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from opprof.commands import echo_output, format_option
 from opprof.kinds import PS_MODES, Mode
+
+if TYPE_CHECKING:
+    from opprof.meta import MetaMapping
 
 
 def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -58,12 +62,16 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
 @click.option("--microbatches", type=click.IntRange(min=1), default=None,
               help="--mode pp: the micro-batches of the predicted pipeline (default the "
-                   "trace's).")
+                   "trace's; from a one-worker trace, record --mode pp's: 4 when the batch "
+                   "divides by 4, else 2).")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=None,
+              help="--mode pp from a one-worker trace: the pipeline's schedule (default "
+                   "gpipe, as record --mode pp; --check takes the measured run's).")
 @format_option
 def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
             servers: int | None, network: Path | None, measured: Path | None,
             workers_per_host: int | None, straggler: bool, microbatches: int | None,
-            fmt: str) -> None:
+            schedule: str | None, fmt: str) -> None:
     """Predict TRACE's step time and speed-up on N workers (terms, α–β communication,
     layer-wise pipeline), and optionally check it against a measured run.
 
@@ -74,6 +82,8 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-torch.trace --workers 8 --workers-per-host 2 --network net.json
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
+      opprof model transformer.trace --mode tp --workers 2 --network net.json --check tp2.trace
+      opprof model transformer.trace --mode pp --workers 2 --microbatches 4 --check pp2.trace
     """
     from opprof.analysis.noise import assess, flags
     from opprof.loader import load
@@ -86,7 +96,11 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
     tr = load(list(trace))
     dimension = _model_parallel(mode, tr.meta.get("mode"))
     if dimension is not None:
-        _parallel(tr, label, dimension, workers, microbatches, net, measured, fmt)
+        if _one_worker(tr.meta, dimension):
+            _from_single(tr, label, dimension, workers, microbatches, schedule, net, measured,
+                         workers_per_host, fmt)
+        else:
+            _parallel(tr, label, dimension, workers, microbatches, net, measured, fmt)
         return
     if measured is not None:
         m = load(measured)
@@ -130,3 +144,31 @@ def _parallel(tr: object, label: str, dimension: str, degrees: list[int],
     if measured is not None:
         result.check = check_parallel(result, load(measured), measured.name)
     echo_output(parallel_model_text(result, fmt), fmt)
+
+
+def _one_worker(meta: MetaMapping, dimension: str) -> bool:
+    """Whether the trace is a one-worker run (no ``dimension`` to scale from: the model
+    splits it, :mod:`opprof.model.fromsingle`)."""
+    get = meta.get
+    par = get("parallelism") or {}
+    degree = int((par.get(dimension) or {}).get("degree") or 1) if isinstance(par, dict) else 1
+    return degree < 2 and int(get("workers") or 1) <= 1
+
+
+def _from_single(tr: object, label: str, dimension: str, degrees: list[int],
+                 microbatches: int | None, schedule: str | None, net: object,
+                 measured: Path | None, workers_per_host: int | None, fmt: str) -> None:
+    """`opprof model` of a one-worker trace with ``--mode tp|pp``."""
+    from opprof.loader import load
+    from opprof.model.fromsingle import check_from_single, predict_from_single
+    from opprof.render.paralleltables import split_model_text
+
+    m = load(measured) if measured is not None else None
+    if m is not None and schedule is None and dimension == "pp":
+        schedule = None  # the check takes the measured run's own
+    result = predict_from_single(tr, dimension, degrees, microbatches,  # type: ignore[arg-type]
+                                 net, label, schedule,  # type: ignore[arg-type]
+                                 workers_per_host)
+    if m is not None and measured is not None:
+        result.check = check_from_single(result, m, measured.name)
+    echo_output(split_model_text(result, fmt), fmt)
