@@ -41,7 +41,7 @@ from opprof.analysis.breakdown import step_breakdown
 from opprof.errors import OpprofError
 from opprof.filters import on_host, step_work
 from opprof.intervals import Nesting, lane_ids
-from opprof.taxonomy import PHASES
+from opprof.taxonomy import COMM_OPS, PHASES
 from opprof.trace import Trace
 
 if TYPE_CHECKING:
@@ -79,6 +79,10 @@ class BaseOps:
     #: the mean compute phases over their typical operators and gaps (module docstring)
     noise: float = 1.0
     notes: list[str] = field(default_factory=list)
+    #: per step (of the usual operators) and operator: its end, ns after the step's start
+    ends: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: each step's duration, ns
+    step_durs: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
 
     def of(self, phase: str) -> pd.DataFrame:
         """The operators of ``phase`` in order."""
@@ -88,15 +92,37 @@ class BaseOps:
         """The time of ``phase`` no operator covers, the least over steps (≥ 0)."""
         return self.gaps.get(phase, 0.0)
 
+    def segment_sigmas(self, cuts: list[tuple[str, int]]) -> Array:
+        """The standard deviation over steps of each stretch of the step between consecutive
+        ``cuts`` (a phase and an operator's position: the stretch ends where it does), the
+        first from the last cut of the step before (its end and the next step's start): on a
+        busy host a short stretch varies by a time slice, which a σ of whole steps spread in
+        proportion misses. Zeros with fewer than two steps."""
+        if not cuts or self.ends.empty:
+            return np.zeros(len(cuts))
+        keys = pd.MultiIndex.from_tuples(cuts, names=["phase", "pos"])
+        at = self.ends.set_index(["phase", "pos", "step"])["end_ns"].unstack("step")
+        at = at.reindex(keys).dropna(axis=1)
+        if at.shape[1] < 2:
+            return np.zeros(len(cuts))
+        t = np.sort(at.to_numpy(np.float64), axis=0)
+        dur = self.step_durs.reindex(at.columns).to_numpy(np.float64)
+        seg = np.vstack([t[:1] + dur - t[-1:], np.diff(t, axis=0)])
+        out: Array = seg.std(axis=1, ddof=1)
+        return out
+
     def typical_ns(self, phase: str) -> float:
         """The typical phase: its operators' typical times and its gap."""
         return float(self.of(phase)["dur_ns"].sum()) + self.gap_ns(phase)
 
 
-def base_ops(trace: Trace, label: str = "") -> BaseOps:
-    """The :class:`BaseOps` of a one-worker trace (one clear error otherwise)."""
+def base_ops(trace: Trace, label: str = "", rank: int | None = None) -> BaseOps:
+    """The :class:`BaseOps` of a one-worker trace (one clear error otherwise), or of one
+    ``rank`` of any trace."""
     name = label or "the trace"
     steps = step_breakdown(trace)
+    if rank is not None:
+        steps = steps[steps["rank"] == rank]
     if steps.empty:
         raise OpprofError(f"{name} has no profiled steps to model")
     if steps["rank"].nunique() > 1:
@@ -105,15 +131,25 @@ def base_ops(trace: Trace, label: str = "") -> BaseOps:
                           "that already runs that dimension)")
     ev = trace.events
     host = ev[step_work(ev).to_numpy() & on_host(ev).to_numpy()
-              & (ev["kind"] == "cpu_op").to_numpy()]
-    host = host[host["tid"].to_numpy() >= 0]
+              & ev["kind"].isin(["cpu_op", "comm"]).to_numpy()]
+    host = host[(host["tid"].to_numpy() >= 0)
+                & (host["rank"].to_numpy() == int(steps["rank"].iloc[0]))]
     names = host["name"].astype(str).to_numpy()
     lane = lane_ids(host["rank"].to_numpy(np.int64), host["pid"].to_numpy(np.int64),
                     host["tid"].to_numpy(np.int64))
     ts = host["ts"].to_numpy(np.int64)
-    top = host["counted"].to_numpy(bool)
-    _, anc = Nesting(lane, ts, ts + host["dur"].to_numpy(np.int64)).nest(top)
-    nested = np.bincount(anc[anc >= 0], minlength=len(host))
+    comm = (host["kind"] == "comm").to_numpy() | host["op"].isin(sorted(COMM_OPS)).to_numpy()
+    top = host["counted"].to_numpy(bool) & ~comm
+    dur = host["dur"].to_numpy(np.int64)
+    nesting = Nesting(lane, ts, ts + dur)
+    _, anc = nesting.nest(top)
+    nested = np.bincount(anc[(anc >= 0) & ~comm], minlength=len(host))
+    # an operator blocked in a collective it waits for (wait_tensor inside the next operator
+    # on a DTensor) did not compute meanwhile: its own time leaves that out
+    _, outer = nesting.nest(comm)
+    waited = comm & (outer == np.arange(len(host))) & (anc >= 0)
+    own = dur - np.bincount(anc[waited], weights=dur[waited], minlength=len(host))
+    host = host.assign(dur=own, end=ts + dur)
     call = np.isin(names, _NO_WORK)
     view = names == _NO_WORK[0]
     call_ns = float(np.median(host["dur"].to_numpy(np.int64)[view if view.any() else call])) \
@@ -122,7 +158,10 @@ def base_ops(trace: Trace, label: str = "") -> BaseOps:
     ops = ops.assign(nested=nested[top & host["phase"].isin(COMPUTE).to_numpy()],
                      phase=ops["phase"].astype(str), name=ops["name"].astype(str),
                      op=ops["op"].astype(str))
-    table, notes = _typical(ops, call_ns)
+    table, ends, notes = _typical(ops, call_ns)
+    start = steps.set_index("step")["start"]
+    ends = ends.assign(end_ns=ends["end"].to_numpy(np.int64)
+                       - start.reindex(ends["step"]).to_numpy(np.int64)).drop(columns="end")
     phase_ns = {p: float(steps[p].median()) for p in PHASES}
     mean_ns = {p: float(steps[p].mean()) for p in PHASES}
     compute = (steps["dur_ns"] - steps["comm"]).to_numpy(np.float64)
@@ -132,18 +171,20 @@ def base_ops(trace: Trace, label: str = "") -> BaseOps:
     gaps = {p: max(0.0, float((walls[p] - per_step[p].reindex(walls.index).fillna(0)).min()))
             if p in per_step else 0.0 for p in COMPUTE}
     out = BaseOps(table, phase_ns, mean_ns, float(steps["dur_ns"].mean()), call_ns,
-                  len(steps), sigma, gaps, 1.0, notes)
+                  len(steps), sigma, gaps, 1.0, notes, ends,
+                  steps.set_index("step")["dur_ns"].astype(np.float64))
     typical = sum(out.typical_ns(p) for p in COMPUTE)
     out.noise = sum(mean_ns[p] for p in COMPUTE) / typical if typical > 0 else 1.0
     return out
 
 
-def _typical(ops: pd.DataFrame, call_ns: float) -> tuple[pd.DataFrame, list[str]]:
+def _typical(ops: pd.DataFrame, call_ns: float
+             ) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Per phase: the operators of the steps that ran the usual number of them, each
     position's median duration (module docstring)."""
     ops = ops.sort_values(["step", "ts"], kind="stable")
     ops = ops.assign(pos=ops.groupby(["step", "phase"], sort=False).cumcount())
-    parts, notes = [], []
+    parts, notes, ends = [], [], []
     for phase in COMPUTE:
         p = ops[ops["phase"] == phase]
         if p.empty:
@@ -155,6 +196,7 @@ def _typical(ops: pd.DataFrame, call_ns: float) -> tuple[pd.DataFrame, list[str]
             notes.append(f"{phase}: {len(counts) - len(kept)} of {len(counts)} steps ran "
                          f"another number of operators than the usual {usual}; left out")
         p = p[p["step"].isin(kept)]
+        ends.append(p[["step", "phase", "pos", "end"]])
         first = p[p["step"] == kept[0]].set_index("pos")
         med = p.groupby("pos").agg(dur_ns=("dur", "median"), nested=("nested", "median"))
         parts.append(pd.DataFrame({
@@ -166,7 +208,9 @@ def _typical(ops: pd.DataFrame, call_ns: float) -> tuple[pd.DataFrame, list[str]
     table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
     table["fixed_ns"] = np.minimum(table["dur_ns"].to_numpy(np.float64),
                                    FIXED_CALLS * table["nested"].to_numpy(np.float64) * call_ns)
-    return table, notes
+    ends_table = pd.concat(ends, ignore_index=True) if ends else pd.DataFrame(
+        columns=["step", "phase", "pos", "end"])
+    return table, ends_table, notes
 
 
 def scaled_ns(ops: pd.DataFrame, share: float | Array) -> float:

@@ -18,8 +18,8 @@ shards and what DTensor costs):
 - the collectives (``t > 1``): per pair one all-reduce of the activation in the forward and
   one in the backward, each blocking: the network's cost of it among ``t`` ranks (``opprof
   calibrate``'s measured curve, α–β beyond it) and the wait for the slowest of the ``t`` ranks
-  at it: E[max of t normals] × σ·√(share), σ the base's step-to-step spread of its compute and
-  share the segment of the step before that collective;
+  at it: E[max of t normals] × σ of the stretch of the step before it, over the base's steps
+  (:meth:`BaseOps.segment_sigmas`);
 - co-location: the ``t`` ranks compute the same at the same time on the base's host (or
   ``--workers-per-host``): their compute × (1 + s) (:mod:`opprof.model.colocation`, the same
   curve and placement as the data-parallel model), shown as ``t_coloc``.
@@ -276,30 +276,15 @@ def _tp(m: _Model, t: int, place: Placement | None = None,
     if t > 1 and plan.pairs:
         for nbytes in plan.activation_bytes:
             comm += 2.0 * float(np.asarray(m.network.cost_ns(float(nbytes), t)).reshape(-1)[0])
-        wait = expected_max_normal(t) * base.sigma_ns * _root_shares(base, plan)
+        cuts = [("forward", c) for c in plan.forward_cuts] + [
+            ("backward", c) for c in plan.backward_cuts]
+        wait = expected_max_normal(t) * float(base.segment_sigmas(cuts).sum())
     parts["allreduce_ns"] = comm
     parts["wait_ns"] = wait
     rel, cwait, coloc = _coloc(m, t, place, on)
     parts["colocation_wait_ns"] = cwait if t > 1 else 0.0
     return comp, {"comm": comm + wait + parts["colocation_wait_ns"], "slowdown": rel}, coloc, \
         parts
-
-
-def _root_shares(base: BaseOps, plan: TpPlan) -> float:
-    """Σ √(share of the step's compute before each collective, since the one before): the
-    segments' σ when the step's σ is spread over it in proportion (independent jitter)."""
-    fwd = base.of("forward")["dur_ns"].to_numpy(np.float64)
-    bwd = base.of("backward")["dur_ns"].to_numpy(np.float64)
-    upd = float(base.of("update")["dur_ns"].sum())
-    total = float(fwd.sum() + bwd.sum() + upd)
-    if total <= 0:
-        return 0.0
-    at = sorted([float(np.cumsum(fwd)[c]) for c in plan.forward_cuts]
-                + [float(fwd.sum() + np.cumsum(bwd)[c]) for c in plan.backward_cuts])
-    if not at:
-        return 0.0
-    seg = np.diff(np.r_[at[-1] - total, at])  # the first one's since the last of the step before
-    return float(np.sqrt(np.clip(seg, 0.0, None) / total).sum())
 
 
 def _predict_tp(m: _Model, t: int, place: Placement | None = None,
