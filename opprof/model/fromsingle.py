@@ -116,6 +116,9 @@ class SplitCheck:
     terms: pd.DataFrame  # term, predicted_ns, measured_ns, error_ns, error
     spread: Spread
     colocation: ColocationCheck
+    #: the host's noise (:attr:`BaseOps.noise`) in the base and, the mean over its ranks, in
+    #: the measured run: a check across runs whose noise differs measures the host too
+    noise: dict[str, float] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -128,7 +131,7 @@ class SplitCheck:
                 "schedule": self.schedule, "predicted_ns": self.predicted_ns,
                 "measured_ns": self.measured_ns, "error": self.error,
                 "terms": self.terms.to_dict("records"), "spread": self.spread.to_dict(),
-                "colocation": self.colocation.to_dict()}
+                "colocation": self.colocation.to_dict(), "noise": dict(self.noise)}
 
 
 @dataclass
@@ -515,5 +518,13 @@ def check_from_single(result: SplitResult, measured: Trace,
     err = (pred.step_ns - step_m) / step_m
     coloc = ColocationCheck(pred.terms["t_coloc"], meas["t_coloc"], without.step_ns,
                             (without.step_ns - step_m) / step_m, err, pred.colocation)
+    noise = []
+    for r in sorted(steps["rank"].unique()):
+        try:
+            noise.append(base_ops(measured, label, int(r)).noise)
+        except OpprofError:
+            continue
     return SplitCheck(label, degree, micro, sched, pred.step_ns, step_m, pd.DataFrame(rows),
-                      spread(mt.per_step["dur_ns"].to_numpy(np.float64), pred.step_ns), coloc)
+                      spread(mt.per_step["dur_ns"].to_numpy(np.float64), pred.step_ns), coloc,
+                      {"base": m.base.noise,
+                       "measured": float(np.mean(noise)) if noise else math.nan})

@@ -241,6 +241,13 @@ def split_model_text(result: SplitResult, fmt: str) -> str:
         from opprof.render.modeltables import colocation_verdict
 
         check_lines.append(colocation_verdict(chk.colocation))
+        nb, nm = chk.noise.get("base"), chk.noise.get("measured")
+        if nb is not None and nm is not None and nm == nm:
+            check_lines.append(
+                f"the host's noise (compute over its typical operators and gaps): base "
+                f"×{nb:.2f}, measured ×{nm:.2f}" + (
+                    " — the runs met different loads: the error measures the host too"
+                    if abs(nm / nb - 1) > 0.2 else ""))
     notes = [f"assumption: {a}" for a in result.assumptions] + [
         f"note: {n}" for n in result.notes]
     last = result.predictions[-1] if result.predictions else None
