@@ -130,8 +130,15 @@ class SplitCheck:
         return {"label": self.label, "degree": self.degree, "microbatches": self.microbatches,
                 "schedule": self.schedule, "predicted_ns": self.predicted_ns,
                 "measured_ns": self.measured_ns, "error": self.error,
-                "terms": self.terms.to_dict("records"), "spread": self.spread.to_dict(),
-                "colocation": self.colocation.to_dict(), "noise": dict(self.noise)}
+                "terms": [{k: (None if k == "error" and not _finite(v) else v)
+                           for k, v in r.items()} for r in self.terms.to_dict("records")],
+                "spread": self.spread.to_dict(), "colocation": self.colocation.to_dict(),
+                "noise": {k: (v if _finite(v) else None) for k, v in self.noise.items()}}
+
+
+def _finite(x: object) -> bool:
+    """A finite number (JSON has no NaN or infinity)."""
+    return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 @dataclass
@@ -167,6 +174,9 @@ class SplitResult:
                 "check": self.check.to_dict() if self.check else None,
                 "assumptions": self.assumptions, "notes": self.notes}
 
+
+#: a term under this share of the measured step is negligible: no relative error
+_NEGLIGIBLE = 1e-4
 
 _TERM_PHASE = {"t_io": "load", "t_h2d": "h2d", "t_f": "forward", "t_b": "backward",
                "t_u": "update", "t_comm": "comm", "other": "other"}
@@ -508,11 +518,14 @@ def check_from_single(result: SplitResult, measured: Trace,
     for t in slowed:
         meas[t] = meas[t] * alone / computed if computed > 0 else meas[t]
     rows = []
+    step_m = mt.step_ns
     for t in (*TERMS, "t_coloc"):
         p, v = pred.terms.get(t, 0.0), meas.get(t, 0.0)
+        # a term the measured run spent (next to) nothing on has no relative error
+        negligible = abs(v) < _NEGLIGIBLE * step_m
         rows.append({"term": t, "predicted_ns": p, "measured_ns": v, "error_ns": p - v,
-                     "error": (p - v) / v if v else (0.0 if p == 0 else math.inf)})
-    step_m = mt.step_ns
+                     "error": (p - v) / v if not negligible else (
+                         0.0 if abs(p) < _NEGLIGIBLE * step_m else math.nan)})
     rows.append({"term": "step", "predicted_ns": pred.step_ns, "measured_ns": step_m,
                  "error_ns": pred.step_ns - step_m, "error": (pred.step_ns - step_m) / step_m})
     err = (pred.step_ns - step_m) / step_m
