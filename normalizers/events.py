@@ -236,6 +236,7 @@ def finish(
         op[in_comm] = np.where(copy[in_comm], row_op[in_comm], top_op[in_comm])
         counted |= in_comm & ((comm_anc == np.arange(n)) | copy)
         del comm_anc, top_op  # (a column each: the table's memory peaks below)
+    costs = _costs(df, nesting, is_op, anc, rank, is_device_ev, dur)
     del nesting
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
@@ -316,7 +317,7 @@ def finish(
         "phase": pd.Categorical.from_codes(phase, categories=PHASES),
         "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
-        "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
+        "bytes": df["bytes"], "detail": df["detail"], "link": _own(link), **costs,
     }, copy=False)
     if container.any():
         out = pd.concat([out, graphs.own_time(out)], ignore_index=True)
@@ -329,6 +330,25 @@ def finish(
     if not meta[drops.KEY]:
         del meta[drops.KEY]
     return Trace(conform(out), meta)
+
+
+def _costs(df: pd.DataFrame, nesting: Nesting, is_op: np.ndarray, anc: np.ndarray,
+           rank: np.ndarray, is_device: np.ndarray, dur: np.ndarray) -> dict:
+    """The cost columns (opprof.flops.attribute) where the normalizer gave its events their own
+    costs (raw columns ``flops``, ``model_flops``, ``mem_bytes``, ``precision``, ``cost_kind``);
+    none otherwise (the table then reads them as unknown)."""
+    if "cost_kind" not in df:
+        return {}
+    from opprof.flops.attribute import attribute
+    from opprof.flops.families import PRECISIONS
+
+    cols = attribute(*(df[c].to_numpy(np.float64) for c in ("flops", "model_flops",
+                                                            "mem_bytes")),
+                     df["precision"].to_numpy(np.int8), df["cost_kind"].to_numpy(np.int8),
+                     nesting, is_op, anc, rank, df["link"].to_numpy(np.int64), is_device, dur)
+    prec = cols.pop("precision").astype(np.int64)
+    cols["precision"] = pd.Categorical.from_codes(prec, categories=list(PRECISIONS))
+    return cols
 
 
 def _own(a: np.ndarray) -> np.ndarray:

@@ -72,6 +72,7 @@ class Args(msgspec.Struct, gc=False):
     bytes: Any = None
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
     input_type: Any = msgspec.field(default=None, name="Input type")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
     in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
@@ -682,6 +683,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         _joined([p.pop(k) for p in pieces])
         for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm",
                   "collective"))
+    costs = {k: _joined([p.pop(k) for p in pieces]) for k in COST_COLUMNS}
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     texts: np.ndarray | None = None
@@ -731,6 +733,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         "detail": texts,
         "link": corr,
         "collective": collective,
+        **costs,
     }, copy=False)  # every column is made here: no copy
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
@@ -774,6 +777,7 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
         if group is not None:
             for i in np.flatnonzero(group != None).tolist():  # noqa: E711 (element-wise)
                 dims_v[i] = args_v[i].input_dims
+    out.update(_chunk_costs(out["name"], args_v))
     del args_v
     out["cat"] = chrome.string_codes(cat_v)
     out["pid"] = chrome.numbers(pid_v)
@@ -792,6 +796,33 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
             texts[has] = [g if d is None else f"{g} dims={d}"
                           for g, d in zip(group[has], texts[has], strict=True)]
         out["detail"] = texts
+    return out
+
+
+#: The raw cost columns (opprof.flops.attribute) taken per chunk.
+COST_COLUMNS = ("flops", "model_flops", "mem_bytes", "precision", "cost_kind")
+
+
+def _chunk_costs(names: tuple[np.ndarray, list[str]], args: list[Args]) -> dict[str, np.ndarray]:
+    """Each event's own cost (:func:`opprof.flops.table.kineto_cost`) from its ``Input Dims``,
+    ``Input type`` and ``Concrete Inputs``: looked up per distinct name, costed per distinct
+    call (cached), only for the events whose name the torch operator table models."""
+    from opprof.flops.table import UNMODELED, kineto_cost, operator_table
+
+    codes, text = names
+    n = len(codes)
+    out = {"flops": np.full(n, np.nan), "model_flops": np.full(n, np.nan),
+           "mem_bytes": np.full(n, np.nan), "precision": np.full(n, -1, np.int8),
+           "cost_kind": np.full(n, UNMODELED, np.int8)}
+    table = operator_table("torch")
+    modeled = np.fromiter((table.row(t) is not None for t in text), bool, len(text))
+    if not len(modeled) or not modeled.any():
+        return out
+    for i in np.flatnonzero(modeled[codes]).tolist():
+        a = args[i]
+        got = kineto_cost(text[codes[i]], a.input_dims, a.input_type, a.concrete)
+        out["flops"][i], out["model_flops"][i], out["mem_bytes"][i] = got[:3]
+        out["precision"][i], out["cost_kind"][i] = got[3], got[4]
     return out
 
 
