@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from opprof.analysis.report import RankPart, Report
+    from opprof.flops.peaks import PeakOptions
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
     from opprof.normalizers.formats import RankFormat
@@ -280,8 +281,10 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
 
 
 def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
-           scheduler: str | None = None, jobs: int | None = None) -> Report:
-    """The Report of a job, computed rank by rank (see the module docstring)."""
+           scheduler: str | None = None, jobs: int | None = None,
+           peak: PeakOptions | None = None) -> Report:
+    """The Report of a job, computed rank by rank (see the module docstring); ``peak``: the
+    user's figures of the machine's peak (opprof.flops.peaks)."""
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)
@@ -290,7 +293,7 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
         outs = run_tasks(p, analyze_task, [(t, device_span) for t in p.tasks], engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
-            return combine(parts, combined_meta(p, outs), device_span)
+            return combine(parts, combined_meta(p, outs), device_span, peak)
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -300,4 +303,4 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
     parts = []
     while ranks:  # drop each rank's events once analyzed
         parts.append(analyze(ranks.pop(0), device_span))
-    return combine(parts, meta, device_span)
+    return combine(parts, meta, device_span, peak)

@@ -10,6 +10,8 @@ from opprof.commands import (
     check_output,
     engine_options,
     output_option,
+    peak_from,
+    peak_options,
     report_format_option,
     top_option,
     warn_damaged,
@@ -22,10 +24,11 @@ from opprof.render import page_renderer
 @click.command("report")
 @click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory",
-                                         "comm", "critical"]),
+                                         "comm", "critical", "roofline"]),
               default="phase", show_default=True,
               help="Which view to show (comm: per collective, bytes and bus bandwidth; "
-                   "critical: what bound each step, from its dependency graph).")
+                   "critical: what bound each step, from its dependency graph; roofline: "
+                   "FLOPs, bytes, intensity and what bound each operator).")
 @top_option
 @report_format_option
 @output_option
@@ -33,9 +36,11 @@ from opprof.render import page_renderer
               show_default=True,
               help="--by device over the complete profiled steps (work launched before the "
                    "last step began, as Holistic Trace Analysis) or the whole trace.")
+@peak_options
 @engine_options
 def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output: Path | None,
-            device_span: str, scheduler: str | None, jobs: int | None) -> None:
+            device_span: str, peak_flops: float | None, peak_bandwidth: float | None,
+            peak_file: Path | None, scheduler: str | None, jobs: int | None) -> None:
     """Report a TRACE (an opprof .trace, or native traces/folders, normalized on the fly).
 
     \b
@@ -47,13 +52,16 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html
+      opprof report llama.pt.trace.json.gz --by roofline --peak-flops 989T
     """
     from opprof.job import report
     from opprof.loader import is_opprof_trace
 
     check_output(fmt, output)
     render = page_renderer(fmt)
-    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
+    peak = peak_from(peak_flops, peak_bandwidth, peak_file)
+    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs,
+                 peak=peak)
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))
     warn_read(rep.meta)

@@ -11,6 +11,9 @@ of the events on their lane:
   tell) lets the costed events inside it count;
 * every counted contribution goes to the outermost operator around it — the event whose time
   the operator tables count — so an operator's FLOPs and its time are the same events';
+* a forward-only operator (a convolution, ``linear``, attention's forward) run inside a backward
+  operator is recomputation (activation checkpointing): its FLOPs are hardware FLOPs, not the
+  model's;
 * an operator with no costed or composite event inside it, or with one whose shapes are missing,
   has an unknown cost (NaN), never zero;
 * a device event (kernel, copy) gets a share of its launching operator's cost, in proportion to
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from opprof.flops.table import COMPOSITE_KIND, COSTED
+from opprof.flops.table import COMPOSITE_KIND, COSTED, FORWARD
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -48,19 +51,28 @@ def _sum_by(target: Array, values: Array, n: int, has: Array) -> Array:
 
 def attribute(flops: Array, model: Array, nbytes: Array, precision: Array, kind: Array,
               nesting: Nesting, is_op: Array, anc: Array, rank: Array, link: Array,
-              is_device: Array, dur: Array) -> dict[str, Array]:
+              is_device: Array, dur: Array, backward: Array | None = None,
+              comm: Array | None = None) -> dict[str, Array]:
     """The events table's cost columns (:data:`COLUMNS`) from the events' own costs.
 
     ``anc``: each event's outermost enclosing operator on its lane (itself when outermost, -1
     for none; a device event its own); ``link``: the correlation id tying a device event to the
-    runtime call that launched it."""
+    runtime call that launched it; ``backward``: per event, whether its own row says backward
+    (a forward-only operator inside a backward one is recomputation: hardware FLOPs, not the
+    model's); ``comm``: the communication events (a collective's kernel takes no share of the
+    compute operator whose hook launched it)."""
     n = len(flops)
     idx = np.arange(n)
-    costed = is_op & (kind == COSTED)
+    costed = is_op & ((kind == COSTED) | (kind == FORWARD))
     _, outer_costed = nesting.nest(costed)
     keep = ((costed & (outer_costed == idx))
             | (is_op & (kind == COMPOSITE_KIND) & (outer_costed < 0))) & (anc >= 0) & ~is_device
     target = anc[keep]
+    if backward is not None and len(target):
+        recomputed = (kind[keep] == FORWARD) & backward[target] & (target != idx[keep])
+        if recomputed.any():
+            model = model.copy()
+            model[np.flatnonzero(keep)[recomputed]] = 0.0
     has = np.zeros(n, bool)
     has[target] = True
     cols = {
@@ -77,7 +89,8 @@ def attribute(flops: Array, model: Array, nbytes: Array, precision: Array, kind:
         first = np.r_[True, target[order][1:] != target[order][:-1]]
         prec[target[order][first]] = precision[keep][order][first]
     cols["precision"] = prec
-    _device_shares(cols, rank, link, is_device, is_op, anc, dur)
+    _device_shares(cols, rank, link, is_device & ~(comm if comm is not None else False), is_op,
+                   anc, dur)
     return cols
 
 

@@ -42,8 +42,10 @@ from opprof.flops.families import (
 
 #: What a row says about an operator's events: no row (``UNMODELED``), a ``composite`` row
 #: (costs nothing itself, its operators count), or a cost that stands for everything inside the
-#: operator (``COSTED``: nested events are not counted again).
-UNMODELED, COMPOSITE_KIND, COSTED = 0, 1, 2
+#: operator (``COSTED``: nested events are not counted again; ``FORWARD``: and the operator is a
+#: forward pass's only — a convolution, ``linear``, attention's forward — so that run inside a
+#: backward operator it is recomputation: activation checkpointing re-running the forward).
+UNMODELED, COMPOSITE_KIND, COSTED, FORWARD = 0, 1, 2, 3
 #: The precision codes of the events table (-1: none).
 PRECISION_CODE = {p: i for i, p in enumerate(PRECISIONS)}
 
@@ -61,7 +63,9 @@ class Row:
 
     @property
     def kind(self) -> int:
-        return COMPOSITE_KIND if self.family == COMPOSITE else COSTED
+        if self.family == COMPOSITE:
+            return COMPOSITE_KIND
+        return FORWARD if "forward" in self.spec.flags else COSTED
 
     @property
     def matmul(self) -> bool:

@@ -18,6 +18,7 @@ from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
 from opprof.kinds import DONE, Mode, RunStatus
 from opprof.render import ALL_VIEWS
+from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.taxonomy import PHASES
 
@@ -508,7 +509,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view."""
     items: list[RenderableType] = [_header(rep.meta, rep.noise)]
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
-    if by == "op":
+    items += [Text(line) for line in efficiency_headline(rep)]
+    if by == "roofline":
+        items.extend(roofline_tables(rep, top))
+    elif by == "op":
         items.append(op_table(rep.ops, top, "Host operators", side(rep.fused_kernels, "host")))
         if not rep.device_ops.empty:
             items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
@@ -550,6 +554,39 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
             items.append(op_table(rep.device_ops, 10 if top is None else top,
                                   "Top GPU operators (kernels, copies)"))
     return render(*items)
+
+
+def roofline_tables(rep: Report, top: int | None) -> list[RenderableType]:
+    """`--by roofline`: per operator, per GPU kernel, and MFU per rank."""
+    from opprof.render.efficiency import rank_rows, roofline_rows
+
+    eff = rep.efficiency
+    if eff is None:
+        return []
+    out: list[RenderableType] = []
+    peak = eff.peak
+    ridge = (f"; ridge at {peak.flops_per_s / peak.bytes_per_s:,.1f} FLOP/byte"
+             if peak.flops_per_s and peak.bytes_per_s else "")
+    for title, df, kernel in (("Roofline by operator", eff.roofline, False),
+                              ("Roofline by GPU kernel", eff.kernels, True)):
+        if df.empty:
+            continue
+        head, rows = roofline_rows(df, top, kernel)
+        t = Table(title=title + ridge, title_justify="left")
+        for h in head:
+            t.add_column(h, justify="left" if h in ("op", "phase", "kernel", "bound")
+                         else "right", no_wrap=True, overflow="ellipsis")
+        for r in rows:
+            t.add_row(*r)
+        out.append(t)
+    head, rows = rank_rows(eff)
+    t = Table(title="MFU per rank (profiled steps)", title_justify="left")
+    for h in head:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    out.append(t)
+    return out
 
 
 def step_lines(d: Diff) -> list[str]:

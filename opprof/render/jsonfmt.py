@@ -73,7 +73,15 @@ def report_dict(rep: Report, top: int | None = None) -> JSONObject:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep), **critical_dict(rep)}
+            **convergence_dict(rep), **critical_dict(rep), **efficiency_json(rep)}
+
+
+def efficiency_json(rep: Report) -> JSONObject:
+    """``efficiency``, ``efficiency_detail``, ``roofline``, ``roofline_kernels``
+    (opprof.render.efficiency)."""
+    from opprof.render.efficiency import json_dict
+
+    return json_dict(rep)
 
 
 def critical_dict(rep: Report) -> JSONObject:

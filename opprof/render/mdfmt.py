@@ -11,6 +11,7 @@ from opprof.analysis.report import Report
 from opprof.analysis.whatif import WhatIf
 from opprof.render import ALL_VIEWS
 from opprof.render.console import compile_lines, partial_lines, quality_lines
+from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
 from opprof.taxonomy import PHASES
@@ -87,8 +88,8 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
 def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     """The chosen view as markdown."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
-    notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
-                    + partial_lines(rep.meta) + compile_lines(rep))
+    notes = "".join(f"> {line.strip()}\n\n" for line in quality_lines(rep.noise)
+                    + partial_lines(rep.meta) + compile_lines(rep) + efficiency_headline(rep))
     if by == "device" and rep.devices.empty and rep.device_ops.empty:
         body = "No device activity in this trace (no GPU kernels, copies or memsets)."
     else:
