@@ -339,8 +339,9 @@ def attention(call: Call, spec: Spec) -> Cost | None:
 
 def attention_backward(call: Call, spec: Spec) -> Cost | None:
     """Attention backward: four matmuls (``dV``, ``dP``, ``dQ``, ``dK``), twice the forward;
-    kernels that do not keep the scores (``recompute``: flash, memory-efficient) recompute
-    ``Q·Kᵀ`` too (hardware FLOPs)."""
+    kernels that do not keep the scores (``recompute``: flash, memory-efficient, cuDNN) compute
+    ``Q·Kᵀ`` again, a fifth matmul counted as ``torch.utils.flop_counter`` counts these
+    kernels."""
     gy, q, k, v = (spec.tensor(call, r) for r in ("gy", "q", "k", "v"))
     if q is None or k is None or v is None:
         return None
@@ -348,9 +349,9 @@ def attention_backward(call: Call, spec: Spec) -> Cost | None:
     if dims is None:
         return None
     bh, lq, s, e, ev = dims
-    model = 4.0 * bh * lq * s * (e + ev)
-    hw = model + (2.0 * bh * lq * s * e if "recompute" in spec.flags else 0.0) + (
-        spec.factor * bh * lq * s)
+    model = 4.0 * bh * lq * s * (e + ev) + (2.0 * bh * lq * s * e
+                                            if "recompute" in spec.flags else 0.0)
+    hw = model + spec.factor * bh * lq * s
     nbytes = 2 * total_bytes(q, k, v) + 2 * (gy.nbytes if gy is not None else q.nbytes)
     return Cost(hw, model, nbytes, precision(q, k, v))
 

@@ -2,7 +2,8 @@
 cost of one call.
 
 A row: ``pattern`` (a Python regular expression matched against the whole native name; the
-first row that matches wins), ``family`` (a function of :mod:`opprof.flops.families`, or
+first row that matches wins), ``name`` (a native name the row is the first to match: tested),
+``family`` (a function of :mod:`opprof.flops.families`, or
 ``composite``: the operator costs what the operators it runs cost, each counted on its own),
 ``args`` (the roles of the call's positional inputs in order, ``_`` for one not read;
 ``role=out`` / ``role=outN`` an output, ``role=@name`` a named attribute), ``flags``
@@ -60,6 +61,7 @@ class Row:
     example: str
     expect: str
     line: int
+    name: str = ""
 
     @property
     def kind(self) -> int:
@@ -135,7 +137,7 @@ def operator_table(framework: str) -> OperatorTable:
                     frozenset((rec.get("flags") or "").split()),
                     float(rec.get("factor") or 1))
         rows.append(Row(rec["pattern"], family, spec, rec.get("example") or "",
-                        rec.get("expect") or "", n))
+                        rec.get("expect") or "", n, (rec.get("name") or "").strip()))
     return OperatorTable(framework, rows)
 
 

@@ -150,3 +150,22 @@ def json_dict(rep: Report) -> JSONObject:
             "roofline": records(eff.roofline[cols]),
             "roofline_kernels": records(eff.kernels[["kernel", *cols]]) if len(eff.kernels)
             else []}
+
+
+def calibration_text(doc: JSONObject, fmt: str = "rich") -> str:
+    """A peak calibration (``opprof calibrate --peak``) as text: one line per thread count;
+    the document itself as JSON for ``--format json``."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(doc, indent=2)
+    rows = doc.get("threads") or []
+    lines = [f"peak of {doc.get('cpu')} on {doc.get('host')} ({doc.get('created')}):"]
+    for r in rows if isinstance(rows, list) else []:
+        if not isinstance(r, dict):
+            continue
+        flops = r.get("flops") or {}
+        rates = ", ".join(f"{p} {flops_rate(v)}" for p, v in flops.items()) if isinstance(
+            flops, dict) else ""
+        lines.append(f"  {r.get('threads')} thread(s): GEMM {rates}; memory {rate(r.get('bandwidth'))}")
+    return "\n".join(lines)
