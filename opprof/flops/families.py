@@ -98,7 +98,7 @@ class Spec:
     def at(self, call: Call, role: str) -> Operand:
         """The input playing ``role`` (``out`` and ``outN``: the call's outputs)."""
         pos = self.roles.get(role)
-        if pos is None:
+        if pos is None or (isinstance(pos, str) and not pos.startswith("out")):
             return None
         if isinstance(pos, str):  # an output
             k = int(pos[3:] or 0)
@@ -200,6 +200,10 @@ def gemm(call: Call, spec: Spec) -> Cost | None:
     bs = b.shape
     if "bt" in spec.flags:
         bs = bs[::-1] if len(bs) == 2 else bs  # [n, k] → [k, n]; a 1-D weight is a vector
+    if flag(spec.text(call, "ta")) and len(a.shape) > 1:  # TF's transpose_a / adj_x
+        a = Tensor((*a.shape[:-2], a.shape[-1], a.shape[-2]), a.dtype)
+    if flag(spec.text(call, "tb")) and len(bs) > 1:
+        bs = (*bs[:-2], bs[-1], bs[-2])
     a2 = a.shape if len(a.shape) > 1 else (1, a.shape[0])
     b2 = bs if len(bs) > 1 else (bs[0], 1)
     m, k = a2[-2], a2[-1]
@@ -209,7 +213,7 @@ def gemm(call: Call, spec: Spec) -> Cost | None:
     batch = broadcast([a2[:-2], b2[:-2]])
     if batch is None:
         return None
-    flops = 2.0 * math.prod(batch) * m * n * k
+    flops = 2.0 * math.prod(batch) * m * n * k * (2 if "backward" in spec.flags else 1)
     out_shape = (*batch, *([m] if len(a.shape) > 1 else []), *([n] if len(bs) > 1 else []))
     out = Tensor(out_shape, a.dtype)
     return Cost(flops, flops, total_bytes(a, b, c, out), precision(a, b))
@@ -303,6 +307,34 @@ def conv_backward(call: Call, spec: Spec) -> Cost | None:
     nbytes = gy.nbytes + (x.nbytes + w.nbytes if mask[0] else 0) + (
         x.nbytes + w.nbytes if mask[1] else 0)
     return Cost(flops, model, nbytes, precision(gy, x, w))
+
+
+def by_output(call: Call, spec: Spec) -> Cost | None:
+    """A convolution or dense layer counted from its output and weight: ``2 · numel(y) ·
+    prod(w) / C_out`` — each output element is a dot product over ``prod(w) / C_out`` weights
+    (a kernel window × input channels per group) — where ``y`` is the output (or, for the
+    gradients, the output's gradient) and ``w`` the weight (or its gradient). ``C_out`` is
+    ``w``'s first axis with ``cout_first`` (OIHW, [out, in]), else its last (TensorFlow's HWIO);
+    ``depthwise``: the last two (HWIM). With ``backward``: the input's and the weight's
+    gradients, one pass each (the input's left out where the ``mask`` says so)."""
+    y, w = spec.tensor(call, "y"), spec.tensor(call, "w")
+    if y is None or w is None or len(w.shape) < 2:
+        return None
+    if "depthwise" in spec.flags:
+        cout = w.shape[-1] * w.shape[-2]
+    else:
+        cout = w.shape[0] if "cout_first" in spec.flags else w.shape[-1]
+    if cout <= 0:
+        return None
+    fwd = 2.0 * y.numel * math.prod(w.shape) / cout
+    passes = 1
+    if "backward" in spec.flags:
+        mask = bools(spec.text(call, "mask")) or [True, True]
+        passes = int(mask[0]) + int(mask[1] if len(mask) > 1 else True)
+    model = fwd * passes
+    x = spec.tensor(call, "x")
+    nbytes = total_bytes(y, w, x) * (2 if "backward" in spec.flags else 1)
+    return Cost(model, model, nbytes, precision(x, w, y))
 
 
 def _attention_dims(q: Tensor, k: Tensor, v: Tensor, blhd: bool
@@ -613,12 +645,13 @@ COMPOSITE = "composite"
 
 Family = Callable[[Call, Spec], "Cost | None"]
 FAMILIES: dict[str, Family] = {
-    "gemm": gemm, "conv": conv, "conv_backward": conv_backward, "attention": attention,
+    "gemm": gemm, "conv": conv, "conv_backward": conv_backward, "by_output": by_output,
+    "attention": attention,
     "attention_backward": attention_backward, "recurrent": recurrent, "eltwise": eltwise,
     "reduce": reduce, "norm": norm, "grad": grad, "pool": pool, "copy": copy, "fill": fill,
     "free": free, "embedding": embedding, "embedding_backward": embedding_backward,
     "foreach": foreach, "optimizer": optimizer, "gather": gather,
 }
 #: The families whose FLOPs are the model's (matmul-like).
-MATMUL_FAMILIES = frozenset({"gemm", "conv", "conv_backward", "attention", "attention_backward",
-                             "recurrent"})
+MATMUL_FAMILIES = frozenset({"gemm", "conv", "conv_backward", "by_output", "attention",
+                             "attention_backward", "recurrent"})
