@@ -134,6 +134,9 @@ class MXNetAdapter:
         self.profiling = False
         self.trace: Path | None = None
         self.rank = 0
+        #: The network's nodes with their shapes (collectors.mxnet_shapes), for the operators'
+        #: FLOPs; None: the hybridized blocks' cached graphs, where there are any.
+        self.graph_nodes: list[dict[str, Any]] | None = None
 
     def version(self) -> str:
         return str(self.mx.__version__)
@@ -229,7 +232,19 @@ class MXNetAdapter:
                  "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
                  "kvstore": str(self.kv.type) if self._dist else None}
         write_atomic(folder / meta_name(self.rank), json.dumps(facts, indent=1) + "\n")
+        self._write_nodes()
         return [self.trace] if self.trace.is_file() else []
+
+    def _write_nodes(self) -> None:
+        """The graph's nodes and shapes beside the dump (opprof.flops.mxnet), for FLOPs."""
+        from opprof.collectors.mxnet_graphs import _BLOCKS
+        from opprof.collectors.mxnet_shapes import block_nodes
+        from opprof.flops.mxnet import write_nodes
+
+        assert self.trace is not None
+        nodes = self.graph_nodes if self.graph_nodes is not None else block_nodes(list(_BLOCKS))
+        if nodes:
+            write_nodes(nodes, self.trace)
 
     def after_profile(self) -> None:
         if not self._dist:
@@ -348,8 +363,13 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
              "input_size": size, "num_classes": classes, "seed": config.seed}
     adapter = MXNetAdapter(kv, profile_servers=kv is not None and config.servers > 0,
                            facts=facts, profile_memory=config.profile_memory)
-    step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
-                    scale, adapter)
+    from opprof.collectors.mxnet_shapes import net_nodes
+
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    sample, label = dataset[0]
+    adapter.graph_nodes = net_nodes(mx, net, (config.batch_size, *np.shape(sample)), loss_fn,
+                                    (config.batch_size, *np.shape(label)))
+    step = _stepper(mx, _cycle(loader), net, loss_fn, trainer, scale, adapter)
     convergence: Convergence[Any] | None  # (a step's losses: an MXNet NDArray)
     if key in SEQUENCE_MODELS:
         convergence = token_convergence(
