@@ -349,8 +349,8 @@ def _costs(df: pd.DataFrame, nesting: Nesting, is_op: np.ndarray, anc: np.ndarra
     from opprof.flops.attribute import attribute
     from opprof.flops.families import PRECISIONS
 
-    cols = attribute(*(df[c].to_numpy(np.float64) for c in ("flops", "model_flops",
-                                                            "mem_bytes")),
+    cols = attribute(df["flops"].to_numpy(np.float64), df["model_flops"].to_numpy(np.float64),
+                     df["mem_bytes"].to_numpy(np.float64),
                      df["precision"].to_numpy(np.int8), df["cost_kind"].to_numpy(np.int8),
                      nesting, is_op, anc, rank, df["link"].to_numpy(np.int64), is_device, dur,
                      backward, comm)

@@ -29,10 +29,10 @@ from pandas.api.types import union_categoricals
 
 from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.files import write_atomic
+from opprof.flops.families import PRECISIONS
 from opprof.kinds import Role
 from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
 from opprof.meta import TraceMeta, stamp
-from opprof.flops.families import PRECISIONS
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, KINDS, PHASES, ROLES
 
 if TYPE_CHECKING:

@@ -22,7 +22,8 @@ ROOFLINE = {"op", "phase", "flops", "bytes", "intensity", "achieved_flops_per_s"
             "achieved_bytes_per_s", "roofline_share", "bound"}
 
 
-def opprof(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def opprof(*args: str, cwd: Path | None = None,
+           timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "opprof", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=cwd)
 
@@ -220,3 +221,27 @@ def test_lenet5_recorded_by_opprof_has_its_flops_by_hand() -> None:
     forward = 2 * 8 * (conv1 + conv2 + fc)
     assert eff["flops_per_step"] == pytest.approx(3 * forward - 2 * 8 * conv1)
     assert not math.isnan(eff["bytes_per_step"])
+
+
+# ------------------------------------------------------------------ across frameworks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "batch"), [("lenet5", 8), ("resnet18", 2)])
+def test_a_built_in_model_has_the_same_flops_in_every_framework(model: str, batch: int,
+                                                                tmp_path: Path) -> None:
+    """torch from Kineto's shapes, TensorFlow from its graphs' shapes beside the XPlane, MXNet
+    from its symbol's inferred shapes beside the dump: the same model at the same batch size
+    does the same model FLOPs per step (within 5%; here exactly)."""
+    got = {}
+    for fw in ("torch", "tf", "mxnet"):
+        trace = tmp_path / f"{model}-{fw}.trace"
+        res = opprof("record", "--fw", fw, "--model", model, "--steps", "1", "--warmup", "1",
+                     "--timing-steps", "1", "--batch-size", str(batch), "-o", str(trace),
+                     cwd=tmp_path, timeout=1500)
+        assert res.returncode == 0, res.stderr
+        doc = report_json(trace)
+        got[fw] = doc["efficiency"]["flops_per_step"]
+        assert doc["efficiency_detail"]["coverage"] > 0.5, (fw, doc["efficiency_detail"])
+    assert got["tf"] == pytest.approx(got["torch"], rel=0.05), got
+    assert got["mxnet"] == pytest.approx(got["torch"], rel=0.05), got

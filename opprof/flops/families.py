@@ -496,8 +496,8 @@ def pool(call: Call, spec: Spec) -> Cost | None:
         return None
     out_t = spec.tensor(call, "out")
     if "adaptive" in spec.flags:
-        size = ints(spec.text(call, "output_size"))
-        d = len(size) if size else 0
+        size = ints(spec.text(call, "output_size")) or []
+        d = len(size)
         if not d or len(x.shape) < d + 1:
             return None
         spatial = x.shape[-d:]

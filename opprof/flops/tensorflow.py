@@ -52,7 +52,8 @@ def read_shapes(folder: Path) -> dict[str, Any] | None:
     if not isinstance(doc, dict) or doc.get("kind") != SHAPES_KIND or not isinstance(
             doc.get("ops"), dict):
         return None
-    return doc["ops"]
+    ops: dict[str, Any] = doc["ops"]
+    return ops
 
 
 def _tensor(entry: Any) -> Tensor | None:

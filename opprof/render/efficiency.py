@@ -167,5 +167,6 @@ def calibration_text(doc: JSONObject, fmt: str = "rich") -> str:
         flops = r.get("flops") or {}
         rates = ", ".join(f"{p} {flops_rate(v)}" for p, v in flops.items()) if isinstance(
             flops, dict) else ""
-        lines.append(f"  {r.get('threads')} thread(s): GEMM {rates}; memory {rate(r.get('bandwidth'))}")
+        lines.append(f"  {r.get('threads')} thread(s): GEMM {rates}; "
+                     f"memory {rate(r.get('bandwidth'))}")
     return "\n".join(lines)
