@@ -34,7 +34,7 @@ from opprof.flops.peaks import Peak, PeakOptions, read_calibration, resolve
 from opprof.taxonomy import COLLECTIVES, COMM_OPS, PS_OPS
 
 if TYPE_CHECKING:
-    from opprof.jsontypes import JSONObject
+    from opprof.jsontypes import JSON, JSONObject
     from opprof.meta import MetaMapping
     from opprof.trace import Trace
 
@@ -282,3 +282,110 @@ def _roofline_work(part: EfficiencyPart, on_device: bool) -> pd.DataFrame:
         h["precision"].reindex(keys).notna(), dev["precision"].reindex(keys))
     out = out[out["time_ns"].notna() & (out["flops"].notna() | out["mem_bytes"].notna())]
     return out.reset_index()
+
+
+@dataclass
+class EfficiencyComparison:
+    """Which of two runs uses its machine better (the higher MFU, each against its own peak;
+    on the same peak, the higher achieved FLOP/s), and which operators explain it."""
+
+    a: Efficiency | None
+    b: Efficiency | None
+    #: "A", "B", or None (equal, or not comparable: a side without FLOPs or without a peak).
+    better: str | None
+    #: Per op (matmul-like or not, with FLOPs on either side): a_flops_per_step,
+    #: b_flops_per_step, a_flops_per_s, b_flops_per_s (achieved over the op's time),
+    #: a_peak_share, b_peak_share (achieved / each side's peak of the op's precision),
+    #: share_of_gap (the op's part of the difference in peak share weighted by its FLOPs),
+    #: by share_of_gap.
+    ops: pd.DataFrame
+    sentence: str
+
+    def to_dict(self) -> JSONObject:
+        def side(e: Efficiency | None) -> JSON:
+            return e.to_dict() if e is not None else None
+
+        ops: list[JSON] = [{k: (None if isinstance(v, float) and np.isnan(v) else v)
+                                 for k, v in r.items()} for r in self.ops.to_dict("records")]
+        return {"a": side(self.a), "b": side(self.b), "better": self.better, "ops": ops,
+                "summary": self.sentence}
+
+
+def compare(a: Efficiency | None, b: Efficiency | None, la: str = "A",
+            lb: str = "B") -> EfficiencyComparison:
+    """Compare two runs' efficiency (see :class:`EfficiencyComparison`). An op's peak share
+    is its achieved FLOP/s over its side's peak of the op's precision; an op explains the gap
+    by the difference of its peak shares weighted by its share of the better run's FLOPs."""
+    empty = pd.DataFrame(columns=["op", "a_flops_per_step", "b_flops_per_step",
+                                  "a_flops_per_s", "b_flops_per_s", "a_peak_share",
+                                  "b_peak_share", "share_of_gap"])
+    missing = [f"{name}: {'no operator shapes' if e is None else e.peak.why or 'no peak'}"
+               for name, e in ((la, a), (lb, b)) if e is None or e.mfu is None]
+    if a is None or b is None:
+        return EfficiencyComparison(a, b, None, empty, "No efficiency comparison ("
+                                    + "; ".join(missing) + ").")
+
+    def per_op(e: Efficiency) -> pd.DataFrame:
+        r = e.roofline
+        if r.empty:
+            return pd.DataFrame(columns=["flops", "rate", "share"])
+        g = r.groupby("op", observed=True)
+        flops = g["flops"].sum(min_count=1)
+        time = (r["time_ns_per_step"] / 1e9).groupby(r["op"]).sum()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = flops / time
+            share = (r["achieved_flops_per_s"] / r["peak_flops_per_s"] * r["flops"]).groupby(
+                r["op"]).sum() / flops
+        return pd.DataFrame({"flops": flops, "rate": rate, "share": share})
+
+    pa, pb = per_op(a), per_op(b)
+    ops = pd.DataFrame({"a_flops_per_step": pa["flops"], "b_flops_per_step": pb["flops"],
+                        "a_flops_per_s": pa["rate"], "b_flops_per_s": pb["rate"],
+                        "a_peak_share": pa["share"], "b_peak_share": pb["share"]})
+    ops = ops[(ops["a_flops_per_step"].fillna(0) > 0) | (ops["b_flops_per_step"].fillna(0) > 0)]
+    if a.mfu is not None and b.mfu is not None and a.peak.flops_per_s == b.peak.flops_per_s:
+        key_a, key_b, what = a.achieved_flops_per_s, b.achieved_flops_per_s, "achieved FLOP/s"
+    else:
+        key_a, key_b, what = a.mfu, b.mfu, "MFU"
+    better = None
+    if key_a is not None and key_b is not None and key_a != key_b:
+        better = "A" if key_a > key_b else "B"
+    if better is not None and len(ops):
+        top = ops["a_flops_per_step" if better == "A" else "b_flops_per_step"].fillna(0)
+        weight = top / top.sum() if top.sum() else top
+        sign = 1 if better == "A" else -1
+        gap = sign * (ops["a_peak_share"] - ops["b_peak_share"]) * weight
+        ops["share_of_gap"] = gap / gap[gap > 0].sum() if (gap > 0).any() else np.nan
+    else:
+        ops["share_of_gap"] = np.nan
+    ops = ops.rename_axis("op").reset_index().sort_values(
+        "share_of_gap", ascending=False, kind="stable", na_position="last").reset_index(
+        drop=True)
+    return EfficiencyComparison(a, b, better, ops, _compare_sentence(
+        a, b, la, lb, better, ops, what, missing))
+
+
+def _compare_sentence(a: Efficiency, b: Efficiency, la: str, lb: str, better: str | None,
+                      ops: pd.DataFrame, what: str, missing: list[str]) -> str:
+    from opprof.render.units import flops_rate, share
+
+    if missing and what == "MFU":
+        return (f"{la} achieves {flops_rate(a.achieved_flops_per_s)}, {lb} "
+                f"{flops_rate(b.achieved_flops_per_s)} of model FLOPs; no MFU comparison ("
+                + "; ".join(missing) + ").")
+    if better is None:
+        return f"{la} and {lb} use their machines alike (MFU {share(a.mfu)})."
+    good, bad = (a, b) if better == "A" else (b, a)
+    gl, bl = (la, lb) if better == "A" else (lb, la)
+    text = (f"{gl} uses its machine better: MFU {share(good.mfu)} vs {share(bad.mfu)}"
+            + (f" ({flops_rate(good.achieved_flops_per_s)} vs "
+               f"{flops_rate(bad.achieved_flops_per_s)})" if what != "MFU" else
+               " (each against its own peak)"))
+    top = ops[ops["share_of_gap"] > 0]
+    if len(top):
+        r = top.iloc[0]
+        g, b_ = (r["a_peak_share"], r["b_peak_share"]) if better == "A" else (
+            r["b_peak_share"], r["a_peak_share"])
+        text += (f"; {r['op']} explains most of it: {share(g)} vs {share(b_)} of peak, "
+                 f"{share(r['share_of_gap'], 0)} of the difference")
+    return text + "."

@@ -10,6 +10,8 @@ from opprof.commands import (
     check_output,
     engine_options,
     output_option,
+    peak_from,
+    peak_options,
     report_format_option,
     top_option,
     write_output,
@@ -25,8 +27,10 @@ from opprof.commands import (
 @top_option
 @report_format_option
 @output_option
+@peak_options
 @engine_options
 def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: Path | None,
+            peak_flops: float | None, peak_bandwidth: float | None, peak_file: Path | None,
             scheduler: str | None, jobs: int | None) -> None:
     """Compare trace A with trace B (ratio = A/B), operator by operator.
 
@@ -43,8 +47,9 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: P
 
     check_output(fmt, output)
     render = page_renderer(fmt)
-    d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
-                     report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
+    peak = peak_from(peak_flops, peak_bandwidth, peak_file)
+    d = diff_reports(report([a], scheduler=scheduler, jobs=jobs, peak=peak),
+                     report([b], scheduler=scheduler, jobs=jobs, peak=peak), a.name, b.name)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
         from opprof.analysis.whatif import context, op_swaps
         from opprof.loader import load

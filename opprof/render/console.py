@@ -19,7 +19,7 @@ from opprof.analysis.whatif import WhatIf
 from opprof.kinds import DONE, Mode, RunStatus
 from opprof.render import ALL_VIEWS
 from opprof.render.efficiency import headline as efficiency_headline
-from opprof.render.units import ab_ratio, mib, rate, ratio, size
+from opprof.render.units import ab_ratio, mib, rate, ratio, share, size
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
@@ -627,7 +627,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    items: list[RenderableType] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items: list[RenderableType] = [head, *tables, *memory_diff(d), *efficiency_diff(d, top),
+                                   Text(d.summary, style="bold")]
     if d.convergence:
         items.append(Text(d.convergence.sentence, style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
@@ -636,6 +637,28 @@ def diff(d: Diff, top: int | None = None) -> str:
     if d.whatif is not None:
         items.append(whatif_swaps_table(d, top))
     return render(*items)
+
+
+def efficiency_diff(d: Diff, top: int | None) -> list[RenderableType]:
+    """Which run uses its machine better: MFU of each against its peak, and per operator the
+    achieved FLOP/s and share of peak that explain the difference."""
+    from opprof.render.efficiency import diff_rows
+
+    e = d.efficiency
+    if e is None:
+        return []
+    out: list[RenderableType] = []
+    head, rows = diff_rows(e, 5 if top is None else min(top, 10))
+    if rows:
+        t = Table(title="Efficiency (model FLOPs), by share of the MFU difference",
+                  title_justify="left")
+        for h in head:
+            t.add_column(h, justify="left" if h == "op" else "right")
+        for r in rows:
+            t.add_row(*r)
+        out.append(t)
+    out.append(Text(e.sentence, style="bold"))
+    return out
 
 
 #: How the diff names the run memory metrics.
@@ -698,7 +721,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                      if r["status"] in DONE and r["samples_per_s"]
                      for line in _sps(r).splitlines()] + [len("samples/s")])
     for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
-              "profiled/\nunprofiled", "scaling", "flags"]:
+              "profiled/\nunprofiled", "scaling", "MFU", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
                      else "right", no_wrap=c == "samples/s",
                      min_width=sps_width if c == "samples/s" else max(map(len, c.split())))
@@ -720,6 +743,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   _overhead(r) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
+                  share(r.get("mfu")) if ok and _known(r.get("mfu")) else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
         if ok:
             m.add_row(*head, ms(pred) if has else "-",

@@ -15,7 +15,7 @@ import pandas as pd
 from opprof.render.units import flop, flops_rate, ms, rate, share, size
 
 if TYPE_CHECKING:
-    from opprof.analysis.efficiency import Efficiency
+    from opprof.analysis.efficiency import Efficiency, EfficiencyComparison
     from opprof.analysis.report import Report
     from opprof.jsontypes import JSONObject
 
@@ -170,3 +170,16 @@ def calibration_text(doc: JSONObject, fmt: str = "rich") -> str:
         lines.append(f"  {r.get('threads')} thread(s): GEMM {rates}; "
                      f"memory {rate(r.get('bandwidth'))}")
     return "\n".join(lines)
+
+
+def diff_rows(e: EfficiencyComparison, top: int | None) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a diff's efficiency table: per op, A and B achieved FLOP/s and share
+    of peak, and its share of the MFU difference."""
+    head = ["op", "A FLOP/step", "B FLOP/step", "A FLOP/s", "B FLOP/s", "A % peak",
+            "B % peak", "share of gap"]
+    df = e.ops if top is None else e.ops.head(top)
+    rows = [[str(r["op"]), flop(r["a_flops_per_step"]), flop(r["b_flops_per_step"]),
+             flops_rate(r["a_flops_per_s"]), flops_rate(r["b_flops_per_s"]),
+             share(r["a_peak_share"]), share(r["b_peak_share"]), share(r["share_of_gap"], 0)]
+            for r in df.to_dict("records")]
+    return head, rows

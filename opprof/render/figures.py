@@ -45,6 +45,8 @@ FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "devices": ("GPU compute / comm / memcpy / idle per device", ("traces",)),
     "convergence": ("loss and test accuracy against training time and step (runs recorded "
                     "with --converge)", ("bench", "traces")),
+    "roofline": ("each operator's arithmetic intensity and achieved FLOP/s under the machine's "
+                 "ceilings, one panel per trace", ("traces",)),
 }
 SUFFIXES = (".svg", ".png", ".pdf")
 #: Figures `opprof bench` writes into its figures/ folder.
@@ -383,6 +385,12 @@ def _convergence_bench(b: Bench, top: int) -> Figure:
     return _convergence(plotdata.bench_curves(b))
 
 
+def _roofline_figure(traces: Traces, top: int) -> Figure:
+    from opprof.render.roofline import figure
+
+    return figure(traces, top)
+
+
 def _convergence_traces(traces: Traces, top: int) -> Figure:
     return _convergence(plotdata.trace_curves(traces))
 
@@ -397,4 +405,5 @@ MAKERS: dict[tuple[str, str], Callable[[Any, int], Figure]] = {
     ("ranks", "traces"): _ranks_traces,
     ("devices", "traces"): _devices_traces,
     ("convergence", "bench"): _convergence_bench, ("convergence", "traces"): _convergence_traces,
+    ("roofline", "traces"): lambda traces, top: _roofline_figure(traces, top),
 }

@@ -153,6 +153,7 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
         "convergence": d.convergence.to_dict() if d.convergence else None,
+        "efficiency": d.efficiency.to_dict() if d.efficiency else None,
     }, indent=2)
 
 

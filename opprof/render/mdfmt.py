@@ -115,6 +115,8 @@ def diff(d: Diff, top: int | None = None) -> str:
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
         out += f"\n### What if A ran each operator at B's speed\n\n{md_table(rows)}\n"
+    if d.efficiency is not None:
+        out += f"\n### Efficiency\n\n{d.efficiency.sentence}\n"
     return out
 
 
