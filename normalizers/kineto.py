@@ -612,6 +612,18 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 
 
 _PH = attrgetter("ph")
+_COST_ARGS = attrgetter("input_dims", "input_type", "concrete")
+
+
+def _ENCODE(value: Any) -> bytes:  # noqa: N802 - msgspec's encoder, named as a constant
+    """An event's shape args as one hashable key (JSON text); b"" when they cannot be."""
+    try:
+        return _JSON_ENCODE(value)
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        return b""
+
+
+_JSON_ENCODE = msgspec.json.encode
 _CORRELATION, _INPUT_DIMS = attrgetter("correlation"), attrgetter("input_dims")
 
 
@@ -807,7 +819,7 @@ def _chunk_costs(names: tuple[np.ndarray, list[str]], args: list[Args]) -> dict[
     """Each event's own cost (:func:`opprof.flops.table.kineto_cost`) from its ``Input Dims``,
     ``Input type`` and ``Concrete Inputs``: looked up per distinct name, costed per distinct
     call (cached), only for the events whose name the torch operator table models."""
-    from opprof.flops.table import UNMODELED, kineto_cost, operator_table
+    from opprof.flops.table import UNMODELED, operator_table, torch_cost
 
     codes, text = names
     n = len(codes)
@@ -818,11 +830,24 @@ def _chunk_costs(names: tuple[np.ndarray, list[str]], args: list[Args]) -> dict[
     modeled = np.fromiter((table.row(t) is not None for t in text), bool, len(text))
     if not len(modeled) or not modeled.any():
         return out
-    for i in np.flatnonzero(modeled[codes]).tolist():
-        a = args[i]
-        got = kineto_cost(text[codes[i]], a.input_dims, a.input_type, a.concrete)
-        out["flops"][i], out["model_flops"][i], out["mem_bytes"][i] = got[:3]
-        out["precision"][i], out["cost_kind"][i] = got[3], got[4]
+    idx = np.flatnonzero(modeled[codes])
+    if not len(idx):
+        return out
+    # one key per event (its args as JSON, encoded in C), one cost per distinct (name, key)
+    picked = [args[i] for i in idx.tolist()]
+    names_of = np.array(text, dtype=object)[codes[idx]].tolist()
+    try:  # (the args were decoded from JSON: they encode back; else one at a time)
+        keys = list(map(_JSON_ENCODE, map(_COST_ARGS, picked)))
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        keys = list(map(_ENCODE, map(_COST_ARGS, picked)))
+    pairs = list(zip(names_of, keys, strict=True))
+    costs = dict.fromkeys(pairs)
+    for pair in costs:
+        costs[pair] = torch_cost(*pair)
+    vals = np.array(list(map(costs.__getitem__, pairs)), dtype=np.float64).reshape(-1, 5)
+    out["flops"][idx], out["model_flops"][idx], out["mem_bytes"][idx] = vals[:, :3].T
+    out["precision"][idx] = vals[:, 3].astype(np.int8)
+    out["cost_kind"][idx] = vals[:, 4].astype(np.int8)
     return out
 
 

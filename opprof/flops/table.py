@@ -189,13 +189,20 @@ def torch_call(dims: Any, types: Any, concrete: Any) -> Call | None:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _torch_cost(name: str, key: bytes) -> tuple[float, float, float, int, int]:
+def torch_cost(name: str, key: bytes) -> tuple[float, float, float, int, int]:
+    """:func:`kineto_cost` of a call whose args (``Input Dims``, ``Input type``, ``Concrete
+    Inputs``) are ``key``, their JSON text (cached: a step repeats its calls)."""
     import msgspec
 
     row = operator_table("torch").row(name)
     if row is None:
         return NAN, NAN, NAN, -1, UNMODELED
-    dims, types, concrete = msgspec.json.decode(key)
+    if not key:
+        return NAN, NAN, NAN, -1, row.kind
+    try:
+        dims, types, concrete = msgspec.json.decode(key)
+    except (msgspec.DecodeError, ValueError, TypeError):
+        return NAN, NAN, NAN, -1, row.kind
     call = torch_call(dims, types, concrete)
     cost = row.cost(call) if call is not None else None
     if cost is None:
@@ -217,7 +224,7 @@ def kineto_cost(name: str, dims: Any, types: Any, concrete: Any
         key = msgspec.json.encode([dims, types, concrete])
     except (TypeError, msgspec.EncodeError, OverflowError):
         return NAN, NAN, NAN, -1, COSTED
-    return _torch_cost(name, key)
+    return torch_cost(name, key)
 
 
 def is_modeled(framework: str, name: str) -> bool:
