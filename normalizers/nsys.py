@@ -76,6 +76,7 @@ from opprof.normalizers.cupti import (
     memset_names,
     nvtx_kinds,
     read_table,
+    nvtx_costs,
     split_nvtx,
     sqlite_tables,
     tables,
@@ -135,6 +136,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     out.update(meta)
     if info.warnings:
         out[drops.KEY] = drops.merged([out.get(drops.KEY), info.warnings[drops.KEY]])
+    raw = raw.assign(**nvtx_costs(raw["name"], raw["detail"]))
     return add_memory(finish(raw, cupti_table(), out), pd.concat(memory, ignore_index=True))
 
 

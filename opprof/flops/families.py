@@ -276,6 +276,9 @@ def conv(call: Call, spec: Spec) -> Cost | None:
     x, w, b = spec.tensor(call, "x"), spec.tensor(call, "w"), spec.tensor(call, "b")
     if x is None or w is None:
         return None
+    if any(r in spec.roles and not spec.text(call, r) for r in ("stride", "padding",
+                                                                "dilation")):
+        return None  # (a trace that names the shapes but not the strides: nsys's NVTX)
     out_t = spec.tensor(call, "out")
     got = conv_flops(x, w, *_conv_args(call, spec))
     if got is None:

@@ -168,12 +168,15 @@ def torch_call(dims: Any, types: Any, concrete: Any) -> Call | None:
     """A :class:`Call` of Kineto's per-input lists (None when they are not lists)."""
     if not isinstance(dims, list):
         return None
-    types = types if isinstance(types, list) else []
+    if not isinstance(types, list):  # shapes without dtypes (nsys's NVTX ``sizes``)
+        types = ["" if isinstance(d, list) and d and all(isinstance(v, int) for v in d)
+                 else None for d in dims]
     concrete = concrete if isinstance(concrete, list) else []
     inputs: list[Operand] = []
     for i, d in enumerate(dims):
-        t = types[i] if i < len(types) and isinstance(types[i], str) else ""
-        dtype = TORCH_DTYPES.get(t)
+        t = types[i] if i < len(types) and isinstance(types[i], str) else None
+        dtype = TORCH_DTYPES.get(t) if t else ("" if t == "" and types[i] is not None
+                                               and isinstance(d, list) and d else None)
         if t == "TensorList" or (isinstance(d, list) and d and all(isinstance(e, list)
                                                                   for e in d)):
             shapes = [_shape(e) for e in d] if isinstance(d, list) else []
