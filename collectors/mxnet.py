@@ -215,6 +215,7 @@ class MXNetAdapter:
 
     def stop(self, complete: bool) -> list[Path]:
         assert self.trace is not None
+        nodes = self._nodes()  # (before the blocks' cached graphs are dropped below)
         if self.graphs is not None:
             self.graphs.restore()
             self.settle_after = self.graphs.settle_after
@@ -232,19 +233,21 @@ class MXNetAdapter:
                  "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
                  "kvstore": str(self.kv.type) if self._dist else None}
         write_atomic(folder / meta_name(self.rank), json.dumps(facts, indent=1) + "\n")
-        self._write_nodes()
+        if nodes:  # the graph's nodes and shapes beside the dump, for FLOPs
+            from opprof.flops.mxnet import write_nodes
+
+            write_nodes(nodes, self.trace)
         return [self.trace] if self.trace.is_file() else []
 
-    def _write_nodes(self) -> None:
-        """The graph's nodes and shapes beside the dump (opprof.flops.mxnet), for FLOPs."""
+    def _nodes(self) -> list[dict[str, Any]]:
+        """The network's nodes with their shapes (opprof.collectors.mxnet_shapes): the built-in
+        model's, else the hybridized blocks' cached graphs."""
+        if self.graph_nodes is not None:
+            return self.graph_nodes
         from opprof.collectors.mxnet_graphs import _BLOCKS
         from opprof.collectors.mxnet_shapes import block_nodes
-        from opprof.flops.mxnet import write_nodes
 
-        assert self.trace is not None
-        nodes = self.graph_nodes if self.graph_nodes is not None else block_nodes(list(_BLOCKS))
-        if nodes:
-            write_nodes(nodes, self.trace)
+        return block_nodes(list(_BLOCKS))
 
     def after_profile(self) -> None:
         if not self._dist:

@@ -215,11 +215,11 @@ def nvtx_costs(names: pd.Series, details: pd.Series) -> dict[str, np.ndarray]:
     sel = np.flatnonzero(text.str.contains("sizes = [", regex=False).to_numpy())
     if not len(sel):
         return out
-    key = pd.Series(names.astype(str).to_numpy()[sel] + "\x00" + text.to_numpy()[sel])
+    key = pd.Series(names.astype(str).to_numpy()[sel] + "\x1f" + text.to_numpy()[sel])
     codes, uniq = pd.factorize(key)
     got = []
     for k in uniq:
-        name, detail = k.split("\x00", 1)
+        name, detail = k.split("\x1f", 1)
         m = _SIZES.search(detail)
         try:
             dims = json.loads(m.group(1)) if m else None

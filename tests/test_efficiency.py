@@ -245,3 +245,63 @@ def test_a_built_in_model_has_the_same_flops_in_every_framework(model: str, batc
         assert doc["efficiency_detail"]["coverage"] > 0.5, (fw, doc["efficiency_detail"])
     assert got["tf"] == pytest.approx(got["torch"], rel=0.05), got
     assert got["mxnet"] == pytest.approx(got["torch"], rel=0.05), got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["tf_keras_fit.py", "mxnet_hybrid_static.py"])
+def test_opprof_run_counts_a_keras_or_gluon_users_flops(script: str, tmp_path: Path) -> None:
+    """The same small CNN in a user's Keras ``fit`` script and a user's hybridized Gluon loop
+    (batch 16: 3→16 and 16→32 3×3 same convolutions at 32² and 16², dense 2048→64→10): forward
+    2·16·(32²·16·27 + 16²·32·144 + 2048·64 + 64·10) FLOPs, backward twice that but for the first
+    convolution's input gradient — from the graphs' shapes opprof's adapters keep (Keras'
+    function inlined under ``StatefulPartitionedCall/``; the Gluon block's cached graph)."""
+    trace = tmp_path / "run.trace"
+    res = opprof("run", "--steps", "2", "--warmup", "2", "-o", str(trace), "--",
+                 sys.executable, str(REPO / "tests" / "scripts" / script), "--steps", "10",
+                 cwd=tmp_path, timeout=1500)
+    assert res.returncode == 0, res.stderr
+    doc = report_json(trace)
+    conv1, conv2 = 32 * 32 * 16 * 27, 16 * 16 * 32 * 144
+    forward = 2 * 16 * (conv1 + conv2 + 2048 * 64 + 64 * 10)
+    assert doc["efficiency"]["flops_per_step"] == pytest.approx(3 * forward - 2 * 16 * conv1)
+    assert doc["efficiency_detail"]["coverage"] > 0.8
+
+
+def test_diff_says_which_run_uses_its_machine_better() -> None:
+    res = opprof("diff", str(PUBLIC / "qwen1.5-0.5b-forward-h100.json.gz"),
+                 str(PUBLIC / "resnet-checkpoint-ddp-mi300x.json.gz"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    eff = json.loads(res.stdout)["efficiency"]
+    assert eff["better"] == "A" and set(eff["a"]) == CONTRACT
+    assert eff["a"]["mfu"] > eff["b"]["mfu"]
+    assert "uses its machine better" in eff["summary"]
+    assert eff["ops"] and {"op", "a_peak_share", "b_peak_share", "share_of_gap"} <= set(
+        eff["ops"][0])
+
+
+def test_html_report_and_plot_draw_the_roofline(tmp_path: Path) -> None:
+    trace = PUBLIC / "qwen1.5-0.5b-forward-h100.json.gz"
+    res = opprof("report", str(trace), "--format", "html", "-o", str(tmp_path / "r.html"))
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert 'id="efficiency"' in page and "arithmetic intensity" in page and "MFU" in page
+    res = opprof("plot", str(trace), "--figure", "roofline", "-o", str(tmp_path / "r.svg"))
+    assert res.returncode == 0, res.stderr
+    assert "arithmetic intensity" in (tmp_path / "r.svg").read_text()
+
+
+def test_nsys_ranges_with_shapes_give_gemm_flops_and_unknown_bytes() -> None:
+    """torch's ``emit_nvtx(record_shapes=True)`` ranges carry ``sizes = [[…]]`` and no dtypes
+    or scalars: a matmul's FLOPs are known, its bytes and a convolution's FLOPs are not."""
+    import pandas as pd
+
+    from opprof.normalizers.cupti import nvtx_costs, split_nvtx
+
+    text = pd.Series(["aten::mm, seq = 3, op_id = 5, sizes = [[4, 8], [8, 3]], "
+                      "input_op_ids = [(1, 0), (2, 0)]",
+                      "aten::conv2d, seq = 4, op_id = 6, sizes = [[1, 3, 8, 8], [6, 3, 3, 3], "
+                      "[6], [], [], [], []]", "my_range"])
+    name, detail, _ = split_nvtx(text)
+    got = nvtx_costs(pd.Series(name), pd.Series(detail))
+    assert got["model_flops"][0] == 2 * 4 * 8 * 3 and math.isnan(got["mem_bytes"][0])
+    assert math.isnan(got["flops"][1]) and math.isnan(got["flops"][2])

@@ -7,7 +7,9 @@ which opprof's TensorFlow adapter writes beside the XPlane (:data:`SHAPES_FILE`,
 with the shapes of the graph op of its name. A fused op (grappler's and oneDNN's
 ``_FusedConv2D``, ``_MklNativeFusedMatMul``) carries the name of the last op it absorbed (the
 ``BiasAdd`` or ``Relu`` after a convolution): the convolution is found by following the graph
-back through what was fused. An op whose name no graph holds (or two graphs hold with
+back through what was fused. An op of a function inlined into its caller runs under the
+call's name (``StatefulPartitionedCall/sequential/conv2d/BiasAdd``): its trailing parts name
+the graph op. An op whose name no graph holds (or two graphs hold with
 different shapes) has an unknown cost; so have the ops of a logdir without the shapes file
 (one not recorded by opprof), and XLA's compiled ops.
 """
@@ -76,8 +78,15 @@ def graph_call(rec: dict[str, Any]) -> Call:
 def _base(name: str, ops: dict[str, Any], fused: bool) -> dict[str, Any] | None:
     """The graph op of an event named ``name``; for a matmul-like runtime op (``fused``) whose
     name is that of an op fused after a convolution or matmul, the compute op found by following
-    its first input back (at most four ops)."""
+    its first input back (at most four ops). A function's ops inlined into its caller run under
+    the call's name (``StatefulPartitionedCall/…``, Keras ``fit``): the name's trailing parts
+    are tried too."""
     rec = ops.get(name)
+    parts = name.split("/")
+    for k in range(1, len(parts)):
+        if rec is not None:
+            break
+        rec = ops.get("/".join(parts[k:]))
     for _ in range(4):
         if not isinstance(rec, dict) or rec.get("ambiguous"):
             return None
