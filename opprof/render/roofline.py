@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from opprof.analysis.efficiency import Efficiency
     from opprof.analysis.report import Report
+    from opprof.arrays import Array
 
 BOUND_COLORS = {"compute": "#1b7837", "memory": "#2166ac", "latency-overhead": "#b2182b",
                 "": "#777777"}
@@ -34,11 +35,11 @@ def points(eff: Efficiency) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def ceilings(eff: Efficiency, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
+def ceilings(eff: Efficiency, x: Array) -> list[tuple[str, Array]]:
     """(name, FLOP/s at each intensity of ``x``) of the machine's ceilings: the matmul peak of
     the run's precision and the vector peak, each under the bandwidth's slope."""
     peak = eff.peak
-    out = []
+    out: list[tuple[str, Array]] = []
     bw = peak.bytes_per_s
     for name, p in ((f"{peak.precision or 'matmul'} peak", peak.flops_per_s),
                     ("vector peak", peak.vector_flops_per_s)):
@@ -51,7 +52,7 @@ def ceilings(eff: Efficiency, x: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def _span(pts: pd.DataFrame, eff: Efficiency) -> np.ndarray:
+def _span(pts: pd.DataFrame, eff: Efficiency) -> Array:
     lo = float(pts["intensity"].min()) if len(pts) else 0.01
     hi = float(pts["intensity"].max()) if len(pts) else 100.0
     if eff.peak.flops_per_s and eff.peak.bytes_per_s:
