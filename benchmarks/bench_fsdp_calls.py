@@ -2,7 +2,7 @@
 what the model takes for each part.
 
 For every FSDP2 collective on the training thread (``FSDP::all_gather (unit)`` with its
-copy-out, ``FSDP::post_backward_reduce (unit)``: :func:`opprof.analysis.sharded.fsdp_calls`)
+copy-out, ``FSDP::post_backward_reduce (unit)``: :func:`opprof.model.sharded.fsdp_calls`)
 it splits the measured time into the wait for the last rank to enter the same call and
 what the call costs after it, and that cost into the pieces the trace shows — the training
 thread's copy-in and FSDP's Python before the ``c10d::`` call, the call itself (for a
@@ -35,11 +35,11 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network
-from opprof.analysis.predict import baseline, plan
-from opprof.analysis.sharded import fsdp_calls
-from opprof.analysis.simulate import simulate
 from opprof.loader import load
+from opprof.model.commmodel import Network
+from opprof.model.predict import baseline, plan
+from opprof.model.sharded import fsdp_calls
+from opprof.model.simulate import simulate
 from opprof.trace import Trace
 
 PIECES = ("copy-in", "call", "hand-off in", "transfer", "hand-off out", "after", "copy-out")

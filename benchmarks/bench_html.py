@@ -7,7 +7,7 @@ event count, because its charts are made from aggregates, never events.
 For each input: its complete events (the ``X`` events of the Kineto files), the wall time
 of ``opprof report INPUT --format html -o FILE`` (a fresh process: start-up, import or
 normalization, analysis, rendering), the file's size, and the size beside plotly.js (inlined
-once, ~4.6 MB). Inputs are built from the real shared trace by benchmarks/jobs.py.
+once, ~4.6 MB). Inputs are built from the real shared trace by benchmarks/bigtraces.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from jobs import DEFAULT_SOURCE, build_job, build_long  # noqa: E402
+from bigtraces import DEFAULT_SOURCE, build_job, build_long  # noqa: E402
 
 
 def complete_events(path: Path) -> int:

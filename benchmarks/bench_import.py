@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import DEFAULT_SOURCE, build_long  # noqa: E402
+from bigtraces import DEFAULT_SOURCE, build_long  # noqa: E402
 from measure import load_line, run  # noqa: E402
 
 # Each child prints "<events> <seconds of work>": the work is timed after the imports, so

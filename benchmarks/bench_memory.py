@@ -43,7 +43,7 @@ def load() -> str:
 
 def read_costs(n: int = 20000) -> dict[str, float]:
     """µs per read of this process's memory, four ways."""
-    from opprof.collectors.memory import read_status
+    from opprof.collectors.rss import read_status
 
     pid = os.getpid()
     fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)

@@ -5,7 +5,7 @@
     python benchmarks/bench_scale.py --no-hta --jobs 1  # opprof alone, one process
 
 Each rank is a real trace (cycling through the sources; default the shared 2-rank NCCL trace,
-40k events) with its rank rewritten and its clock shifted (benchmarks/jobs.py); the jobs
+40k events) with its rank rewritten and its clock shifted (benchmarks/bigtraces.py); the jobs
 are written once under ``--cache`` and reused. Every measurement runs in a fresh process
 and reports wall time, events/s and peak memory of the process and all its children
 (opprof's pool workers, HTA's parser processes) together:
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import DEFAULT_SOURCE, build_job  # noqa: E402
+from bigtraces import DEFAULT_SOURCE, build_job  # noqa: E402
 from measure import load_line, run  # noqa: E402
 
 HTA = r"""

@@ -38,7 +38,7 @@ from opprof.collectors.config import (
     Role,
     require_installed,
 )
-from opprof.collectors.jobs import Recording, check, record
+from opprof.collectors.launch import Recording, check, record
 from opprof.collectors.supervisor import Progress, no_progress
 from opprof.errors import OpprofError
 from opprof.kinds import framework_info

@@ -23,7 +23,7 @@ def require_cuda(fw: str) -> list[str]:
         raise OpprofError(f"unknown framework {fw!r}; choose from {', '.join(FRAMEWORKS)}")
     try:
         if fw == "mxnet":
-            from opprof.collectors.mxnet import import_mxnet
+            from opprof.collectors.mxnet_lib import import_mxnet
 
             mod = import_mxnet()
         else:

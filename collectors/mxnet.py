@@ -1,8 +1,8 @@
 """The MXNet adapter: MXNet's profiler for the runner, the built-in models' Gluon training
 step, the parameter-server roles, and the ``gluon.Trainer`` hook of `opprof run`.
 
-Importing this module imports no MXNet; :func:`import_mxnet` does, when a function runs (it
-restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
+Importing this module imports no MXNet; :func:`.mxnet_lib.import_mxnet` does, when a function
+runs (it restores ``np.bool`` first: MXNet 1.9 still uses the alias numpy 1.24 removed).
 
 **Profiler.** At the runner's profile boundary (without memory: ``--no-profile-memory``
 turns ``profile_all`` into everything but ``profile_memory``): ``set_config(profile_all=True,
@@ -44,12 +44,12 @@ import json
 import os
 import socket
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
+from typing import Protocol as Structural
 
 import numpy as np
 
@@ -67,6 +67,7 @@ from opprof.collectors.config import (
 from opprof.collectors.convergence import image_convergence, token_convergence, token_data
 from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
 from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
+from opprof.collectors.mxnet_lib import import_mxnet as import_mxnet  # (also its old home)
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.files import write_atomic
 
@@ -75,22 +76,6 @@ PHASES = ("opprof.load", "opprof.forward", "opprof.backward", "opprof.update")
 KVSTORE = {Mode.PS_SYNC: "dist_sync", Mode.PS_ASYNC: "dist_async"}
 SERVER_TRACE = "server.json"  # MXNet's server K writes it as rankK_server.json in its cwd
 RUN_SERVER_TRACE = "opprof-server.json"  # the same under `opprof run` (the user's cwd)
-
-
-def import_mxnet() -> ModuleType:
-    """Import and return ``mxnet``, restoring ``np.bool`` first when numpy lacks it.
-
-    With ``DMLC_ROLE=server`` or ``scheduler`` in the environment the import itself runs the
-    parameter-server node until the job ends and then exits the process (MXNet's own design).
-    """
-    if "bool" not in np.__dict__:
-        np.bool = bool  # type: ignore[attr-defined]
-    with warnings.catch_warnings():
-        # mxnet.numpy aliases numpy functions removed long ago (NEP 32) and says so on import
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import mxnet
-
-    return mxnet
 
 
 def trace_name(rank: int) -> str:
@@ -320,22 +305,27 @@ class EpochSampler:
         return self.n
 
 
-def record_worker(config: RecordConfig, folder: Path) -> None:
-    """One process of `record --fw mxnet`: alone, a PS worker, or a server / scheduler
-    (which runs inside ``import mxnet`` and never returns)."""
-    role = os.environ.get("DMLC_ROLE", "")
-    mx = import_mxnet()  # a server or scheduler runs the job here, then exits
-    if role in ("server", "scheduler"):
-        raise SystemExit(f"mxnet returned from import as a {role}; not a PS node")
-    from opprof.collectors.mxnet_models import build, initializer, layer_counts
+@dataclass
+class _Data:
+    """One worker's shard of the built-in data: its loader, and what ``--converge`` reads."""
 
-    kv = mx.kv.create(KVSTORE[config.mode]) if config.mode in KVSTORE else None
-    rank, world = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
+    loader: Any
+    dataset: Any
+    classes: int
+    shard: slice
+    tokens: Any = None
+    images: Any = None
+    labels: Any = None
+
+
+def _data(mx: ModuleType, config: RecordConfig, rank: int, world: int) -> _Data:
+    """Worker ``rank`` of ``world``'s shard of ``config``'s data set, and its loader."""
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_worker = max(config.batch_size * 8, 256)
     shard = slice(rank * per_worker, (rank + 1) * per_worker)
     seed = config.seed * 1000 + rank
+    tokens = images = labels = None
     if key in SEQUENCE_MODELS:  # tokens as float32, MXNet's convention for indices
         tokens = token_data(config, per_worker * world)[shard]
         classes = TOKEN_VOCAB
@@ -348,9 +338,51 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     loader = mx.gluon.data.DataLoader(dataset, batch_size=config.batch_size,
                                       last_batch="discard", num_workers=0,
                                       sampler=EpochSampler(len(dataset), seed))
+    return _Data(loader, dataset, classes, shard, tokens, images, labels)
+
+
+def _network(mx: ModuleType, config: RecordConfig, classes: int) -> Any:
+    """The built-in model, initialized as `record` initializes it."""
+    from opprof.collectors.mxnet_models import build, initializer
+
     mx.random.seed(config.seed)
-    net = build(key, classes)
+    net = build(canonical_name(config.model), classes)
     net.initialize(initializer(), ctx=mx.cpu())
+    return net
+
+
+def local_step(config: RecordConfig) -> Callable[[], Any]:
+    """The training step of ``config``'s model on one worker with a local optimizer, no
+    profiler (its data, model and phases as `record` builds them; each phase waited for):
+    what `opprof calibrate` times alone and on several workers at once (co-location)."""
+    mx = import_mxnet()
+    data = _data(mx, config, 0, 1)
+    net = _network(mx, config, data.classes)
+    key = canonical_name(config.model)
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd",
+                               {"learning_rate": learning_rate(key), "momentum": 0.9})
+    marks = SimpleNamespace(profiling=False, domain=mx.profiler.Domain(DOMAIN))
+    return _stepper(mx, _cycle(data.loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(),
+                    trainer, config.batch_size, marks)
+
+
+def record_worker(config: RecordConfig, folder: Path) -> None:
+    """One process of `record --fw mxnet`: alone, a PS worker, or a server / scheduler
+    (which runs inside ``import mxnet`` and never returns)."""
+    role = os.environ.get("DMLC_ROLE", "")
+    mx = import_mxnet()  # a server or scheduler runs the job here, then exits
+    if role in ("server", "scheduler"):
+        raise SystemExit(f"mxnet returned from import as a {role}; not a PS node")
+    from opprof.collectors.mxnet_models import layer_counts
+
+    kv = mx.kv.create(KVSTORE[config.mode]) if config.mode in KVSTORE else None
+    rank, world = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
+    key = canonical_name(config.model)
+    size = INPUT_SIZE[key]
+    data = _data(mx, config, rank, world)
+    dataset, loader, classes, shard = data.dataset, data.loader, data.classes, data.shard
+    tokens, images, labels = data.tokens, data.images, data.labels
+    net = _network(mx, config, classes)
     # In a PS job the kvstore keeps the weights and the servers run the optimizer
     # (update_on_kvstore, the only choice MXNet allows for dist_async): ``opprof.update``
     # on a worker is pushing gradients and pulling weights.
@@ -393,8 +425,15 @@ def _cycle(loader: Any) -> Iterator[tuple[Any, Any]]:
         yield from loader
 
 
+class _Marks(Structural):
+    """What a step needs of its adapter: whether the profiler runs, and its domain."""
+
+    profiling: bool
+    domain: Any
+
+
 def _stepper(mx: ModuleType, batches: Iterator[tuple[Any, Any]], net: Any, loss_fn: Any,
-             trainer: Any, scale: int, adapter: MXNetAdapter) -> Callable[[], Any]:
+             trainer: Any, scale: int, adapter: _Marks) -> Callable[[], Any]:
     """One training step, returning its per-sample losses (read them after the step); its
     phases are Tasks while the profiler runs (Tasks record even while the profiler is
     stopped, so unprofiled steps use none)."""

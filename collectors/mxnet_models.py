@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from opprof.collectors.config import INPUT_SIZE, canonical_name
-from opprof.collectors.mxnet import import_mxnet
+from opprof.collectors.mxnet_lib import import_mxnet
 
 mx = import_mxnet()
 nn = mx.gluon.nn

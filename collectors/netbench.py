@@ -19,18 +19,34 @@ over message sizes, through the framework's own backend, on processes started on
 
 Every size is warmed up once, then timed ``repeat`` times, each call after a barrier so the
 workers start it together (FSDP's: after compute, as in training); every worker writes its
-per-call times to ``rankR.json``. The processes are started by :func:`launch`, the one place
-that starts, watches and stops them (free loopback ports, children that die with the
-launcher, process groups stopped on the first failure or at the deadline, the failure in one
-line).
+per-call times to ``rankR.json``.
+
+Then, with two or more workers, **co-location** (``job.extra["colocation"]``): every worker
+builds the framework's own training step of a small built-in model (as `opprof record` builds
+it, on its threads, no profiler; :func:`train_step`) and this process conducts them over a
+loopback socket (:class:`Conductor`): in each round, one worker computes alone, then k workers
+at once for every k up to N (the order reversed every other round), each for
+:data:`PHASE_S` seconds of back-to-back steps; the workers' step times (wall, and the
+process's CPU time) come back as ``kind: coloc`` samples (``round``, ``k``, ``index`` of the
+step in its phase, ``ns``, ``cpu_ns``). The job's other
+processes (gloo's, TensorFlow's and MXNet's servers and scheduler) stay up meanwhile, as in
+training; a worker waiting for its turn sleeps in the socket.
+
+The processes are started by :func:`launch`, the one place that starts, watches and stops
+them (free loopback ports, children that die with the launcher, process groups stopped on the
+first failure or at the deadline, the failure in one line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +65,10 @@ FSDP_GAP_NS = 10_000_000
 #: ``--mode fsdp``: one FSDP unit's parameters as fractions of its bytes (a residual block:
 #: two convolutions' weights and four normalisation vectors).
 UNIT_PIECES = (0.4995, 0.0005, 0.0005, 0.4985, 0.0005, 0.0005)
+#: Co-location: seconds of back-to-back training steps per phase of a round (alone, or k
+#: workers at once), at least :data:`PHASE_STEPS` steps.
+PHASE_S = 0.6
+PHASE_STEPS = 3
 
 
 @dataclass
@@ -87,6 +107,14 @@ def run(job: Job, workdir: Path) -> list[dict[str, Any]]:
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                 "TF_CPP_MIN_LOG_LEVEL": "2", "GLOO_SOCKET_IFNAME": "lo"})
     job = Job(**{**asdict(job), "threads": threads})
+    conductor = None
+    coloc = job.extra.get("colocation")
+    if coloc and job.workers > 1:
+        conductor = Conductor(job.workers, int(coloc.get("rounds", 8)),
+                              float(coloc.get("seconds", PHASE_S)), job.timeout_s)
+        job.extra = {**job.extra, "colocation": {**coloc, "port": conductor.port}}
+    elif coloc:
+        job.extra = {k: v for k, v in job.extra.items() if k != "colocation"}
     me = [sys.executable, "-m", "opprof.collectors.netbench"]
     plan: list[tuple[str, list[str], dict[str, str], bool]] = []
     if job.fw == "torch":
@@ -113,13 +141,103 @@ def run(job: Job, workdir: Path) -> list[dict[str, Any]]:
                  for i in range(job.servers)]
         plan += [(f"worker{i}", [*me, "mxnet", spec, str(i), str(workdir)],
                   {**dmlc, "DMLC_ROLE": "worker"}, True) for i in range(job.workers)]
-    launch(plan, workdir, job.timeout_s, f"calibrate {job.fw}")
+    if conductor is not None:
+        conductor.start()
+    try:
+        launch(plan, workdir, job.timeout_s, f"calibrate {job.fw}")
+    finally:
+        if conductor is not None:
+            conductor.close()
     out = []
     for path in sorted(workdir.glob("rank*.json")):
         out.extend(json.loads(path.read_text())["samples"])
     if not out:
         raise OpprofError(f"calibrate {job.fw}: no worker wrote its timings into {workdir}")
+    if conductor is not None:
+        out.extend(conductor.result(f"calibrate {job.fw}"))
     return out
+
+
+class Conductor:
+    """This process's side of the co-location loop (see the module docstring): listens on a
+    free loopback port; once every worker has connected, runs the rounds, each phase's workers
+    told at once to compute for ``seconds`` and their step times read back; then tells every
+    worker to go on. Runs on its own thread while the supervisor watches the job; a worker that
+    dies or hangs ends it (the supervisor names the worker)."""
+
+    def __init__(self, workers: int, rounds: int, seconds: float, timeout_s: float) -> None:
+        self.workers, self.rounds, self.seconds = workers, max(1, rounds), seconds
+        self.sock = socket.create_server((LOOPBACK, 0))
+        self.sock.settimeout(timeout_s)
+        self.port = int(self.sock.getsockname()[1])
+        self.timeout_s = timeout_s
+        self.samples: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self.done = False
+        self._thread = threading.Thread(target=self._run, name="opprof-colocation",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Start conducting (on its own thread)."""
+        self._thread.start()
+
+    def schedule(self) -> list[tuple[int, list[int]]]:
+        """(round, the ranks that compute at once) of every phase, in order: per round one
+        rank alone, then 2 … N at once, the order reversed every other round, the ranks
+        rotated so that every rank takes its turn alone."""
+        out = []
+        for rnd in range(self.rounds):
+            counts = list(range(1, self.workers + 1))
+            for k in counts[::-1] if rnd % 2 else counts:
+                out.append((rnd, [(rnd + i) % self.workers for i in range(k)]))
+        return out
+
+    def _run(self) -> None:
+        files: dict[int, Any] = {}
+        try:
+            while len(files) < self.workers:
+                conn, _ = self.sock.accept()
+                conn.settimeout(self.timeout_s)
+                f = conn.makefile("rw", encoding="utf-8")
+                files[int(json.loads(f.readline())["rank"])] = f
+            for rnd, ranks in self.schedule():
+                for r in ranks:
+                    files[r].write(json.dumps({"seconds": self.seconds}) + "\n")
+                    files[r].flush()
+                for r in ranks:
+                    line = files[r].readline()
+                    if not line:
+                        raise OSError(f"worker {r} closed the connection")
+                    reply = json.loads(line)
+                    for i, (ns, cpu) in enumerate(zip(reply["ns"], reply["cpu_ns"],
+                                                      strict=True)):
+                        self.samples.append({"rank": r, "kind": "coloc", "round": rnd,
+                                             "k": len(ranks), "index": i, "ns": int(ns),
+                                             "cpu_ns": int(cpu), "bytes": 0})
+            for f in files.values():
+                f.write(json.dumps({"seconds": 0}) + "\n")
+                f.flush()
+            self.done = True
+        except (OSError, ValueError, KeyError) as exc:
+            self.error = str(exc) or type(exc).__name__
+        finally:
+            for f in files.values():
+                with contextlib.suppress(OSError):
+                    f.close()
+
+    def close(self) -> None:
+        """Stop listening (the thread ends with its sockets)."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+
+    def result(self, what: str) -> list[dict[str, Any]]:
+        """The ``coloc`` samples (one line naming the failure when the loop did not end)."""
+        if not self.done:
+            raise OpprofError(f"{what}: the co-location loop did not finish "
+                              f"({self.error or 'no worker connected'})")
+        return self.samples
 
 
 def launch(plan: list[tuple[str, list[str], dict[str, str], bool]], workdir: Path,
@@ -198,6 +316,63 @@ def _beside(collective: Any, nbytes: int, barrier: Any, job: Job, rank: int) -> 
     return out + timed
 
 
+def train_step(fw: str, job: Job) -> Callable[[], object]:
+    """The framework's own training step of the co-location loop's model (``job.extra
+    ["colocation"]``: ``model``, ``batch_size``), as `opprof record` builds it for one worker,
+    on the built-in synthetic data, without the profiler."""
+    from opprof.collectors.config import RecordConfig
+    from opprof.kinds import Framework
+
+    spec = job.extra["colocation"]
+    config = RecordConfig(fw=Framework(fw), model=str(spec["model"]),
+                          batch_size=int(spec["batch_size"]),
+                          threads=job.threads)
+    if fw == "torch":
+        import torch
+
+        from opprof.collectors.torch import build_training
+
+        step, _, _ = build_training(config, torch.device("cpu"))
+        return step
+    if fw == "tf":
+        from opprof.collectors.tf import local_step
+
+        return local_step(config)
+    from opprof.collectors.mxnet import local_step as mxnet_step
+
+    return mxnet_step(config)
+
+
+def colocation(fw: str, job: Job, rank: int) -> None:
+    """This worker's part of the co-location loop (see the module docstring; nothing without
+    ``job.extra["colocation"]``): build the step, warm it up, then compute when the conductor
+    says so, for its seconds, and send back each step's wall time (ns)."""
+    spec = job.extra.get("colocation")
+    if not spec or not spec.get("port"):
+        return
+    step = train_step(fw, job)
+    for _ in range(2):  # warm-up: graphs traced, buffers allocated
+        step()
+    with socket.create_connection((LOOPBACK, int(spec["port"])), timeout=job.timeout_s) as conn:
+        f = conn.makefile("rw", encoding="utf-8")
+        f.write(json.dumps({"rank": rank}) + "\n")
+        f.flush()
+        for line in f:
+            seconds = float(json.loads(line).get("seconds") or 0.0)
+            if seconds <= 0:
+                break
+            times: list[int] = []
+            cpu: list[int] = []
+            end = time.perf_counter_ns() + int(seconds * 1e9)
+            while len(times) < PHASE_STEPS or time.perf_counter_ns() < end:
+                t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+                step()
+                times.append(time.perf_counter_ns() - t0)
+                cpu.append(time.process_time_ns() - c0)
+            f.write(json.dumps({"ns": times, "cpu_ns": cpu}) + "\n")
+            f.flush()
+
+
 def _torch_main(job: Job, rank: int, workdir: Path) -> None:
     import datetime
 
@@ -216,6 +391,7 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
         big = tensors[max(job.sizes)]
         samples += _beside(lambda: dist.all_reduce(big), max(job.sizes), dist.barrier, job,
                            rank)
+    colocation("torch", job, rank)
     _write(workdir, rank, job, samples, {"torch": torch.__version__})
     dist.destroy_process_group()
 
@@ -359,7 +535,7 @@ def _compute_for(ns: int) -> Any:
 
 
 def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
-    from opprof.collectors.mxnet import import_mxnet
+    from opprof.collectors.mxnet_lib import import_mxnet
 
     mx = import_mxnet()
     kv = mx.kv.create("dist_sync")
@@ -376,6 +552,7 @@ def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
         return out
 
     samples = _timed(call, kv._barrier, job, kv.rank, lambda out: out.wait_to_read())
+    colocation("mxnet", job, kv.rank)
     _write(workdir, kv.rank, job, samples, {"mxnet": mx.__version__})
 
 
@@ -426,6 +603,7 @@ def _tf_main(job: Job, rank: int, workdir: Path) -> None:
             pack(by_size[n])[-1].numpy()
             samples.append({"rank": rank, "bytes": int(n), "ns": time.perf_counter_ns() - t0,
                             "kind": "pack"})
+    colocation("tf", job, rank)
     _write(workdir, rank, job, samples, {"tensorflow": tf.__version__})
     sys.stdout.flush()
     os._exit(0)  # TF's collective and gRPC threads make a normal exit slow
@@ -441,7 +619,7 @@ def _write(workdir: Path, rank: int, job: Job, samples: list[dict], versions: di
 def main(argv: list[str]) -> int:
     """Entry point of every benchmark process (``python -m opprof.collectors.netbench``)."""
     if argv[:1] == ["mxnet-node"]:
-        from opprof.collectors.mxnet import import_mxnet
+        from opprof.collectors.mxnet_lib import import_mxnet
 
         import_mxnet()  # a scheduler or server runs inside the import until the job ends
         return 0

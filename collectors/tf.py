@@ -441,6 +441,19 @@ def _model_facts(config: RecordConfig, counts: dict[str, int], size: int,
             "input_size": size, "num_classes": classes, "seed": config.seed}
 
 
+def local_step(config: RecordConfig) -> Callable[[], float]:
+    """The training step of ``config``'s model on one worker, no profiler and no strategy (its
+    input pipeline, model and optimizer as `record` builds them), returning when it is done:
+    what `opprof calibrate` times alone and on several workers at once (co-location). The
+    threads are this process's (set before TensorFlow first ran)."""
+    tf = _tf()
+    ds, classes = _dataset(tf, config, INPUT_SIZE[canonical_name(config.model)])
+    model, optimizer, _ = _model(config, classes)
+    state = _Losses()
+    step = _stepper(tf, model, optimizer, iter(ds), None, config.batch_size, state)
+    return lambda: float(step())
+
+
 def record_worker(config: RecordConfig, folder: Path) -> None:
     """One task of `record --fw tf`: by its ``TF_CONFIG`` task (none: single)."""
     kind, _ = task_of_env()

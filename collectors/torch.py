@@ -38,6 +38,11 @@ optimizer step post hook would be the natural place, but it runs inside the
 ``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
 previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
 torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
+A closure given to the step (``optimizer.step(closure)``: Lightning's automatic optimization
+runs ``training_step`` and ``backward()`` in it, LBFGS calls it several times) is called inside
+a range of its own, ``opprof.closure#<optimizer>`` (:data:`CLOSURE`), so that the reader
+takes its forward and backward out of the ``Optimizer.step#…`` range
+(:mod:`opprof.normalizers.closures`); its result and exceptions are the closure's.
 Keras 3 on the torch backend (``KERAS_BACKEND=torch``) steps with its own optimizers: there the
 end of ``BaseOptimizer.apply`` ends a step (:func:`install_keras_hook`).
 
@@ -657,6 +662,8 @@ def install_hook(protocol: Protocol, folder: Path,
                     with record_function(f"Optimizer.step#{type(args[0]).__name__}.step"):
                         out = hooked(*args, **kwargs)
                 else:
+                    if depth[0] == 1:  # the closure's forward and backward: not the step's
+                        args, kwargs = _marked_closure(args, kwargs)
                     out = hooked(*args, **kwargs)
             finally:
                 depth[0] -= 1
@@ -668,6 +675,34 @@ def install_hook(protocol: Protocol, folder: Path,
 
     module.Optimizer.profile_hook_step = staticmethod(  # type: ignore[method-assign]  # torch's
         profile_hook_step)
+
+
+#: The profiler range opprof puts around each call of the closure an optimizer step is given
+#: (``optimizer.step(closure)``: Lightning's automatic optimization, LBFGS): ``opprof.closure#``
+#: and the optimizer's class. What runs inside is the closure's (its forward and backward), not
+#: the optimizer's (:mod:`opprof.normalizers.closures`).
+CLOSURE = "opprof.closure#"
+
+
+def _marked_closure(args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of ``Optimizer.step(self, closure=None)`` with the closure, if any, called
+    inside a profiler range of its own (:data:`CLOSURE`); its result and exceptions unchanged."""
+    from torch.profiler import record_function
+
+    given = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1
+                                                                  else None)
+    if not callable(given):
+        return args, kwargs
+    name = f"{CLOSURE}{type(args[0]).__name__}"
+
+    def closure(*a: Any, **kw: Any) -> Any:
+        with record_function(name):
+            return given(*a, **kw)
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure}
+    return (args[0], closure, *args[2:]), kwargs
 
 
 def install_keras_hook(protocol: Protocol, folder: Path,

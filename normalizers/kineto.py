@@ -12,6 +12,9 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
 ``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
+An ``Optimizer.step`` that ran its closure (Lightning's ``fit``) is first cut around the
+closure's calls, so that their forward and backward are not the optimizer's
+(``opprof.normalizers.closures``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from opprof import drops, gunzip, readahead
+from opprof import drops, gunzip, preread
 from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC
 from opprof.normalizers import chrome
@@ -217,9 +220,9 @@ def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
     events, any error."""
     if not (head.startswith(GZIP_MAGIC) or head.lstrip(b" \t\n\r\xef\xbb\xbf")[:1] == b"{"):
         return None
-    ahead = readahead.taken(path, detail)  # read by `opprof report`'s second process
+    ahead = preread.taken(path, detail)  # read by `opprof report`'s second process
     if ahead is not None:
-        return None if ahead is readahead.NOT_STREAMED else ahead
+        return None if ahead is preread.NOT_STREAMED else ahead
     source = gunzip.pieces(path)
     if source is None:
         return None
@@ -459,8 +462,9 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
+    from opprof.normalizers.closures import split_closures
     from opprof.normalizers.events import finish
-    from opprof.normalizers.memory import add_memory
+    from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
 
     base_ns = _int(doc.baseTimeNanoseconds or 0)
@@ -471,6 +475,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+        raw = split_closures(raw, mapping_table(NAME))
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -577,7 +582,7 @@ def _memory_samples(mem: list[Event], rank: int, base_ns: int) -> pd.DataFrame |
     allocated before it started (the parameters, the optimizer's state) are not in it."""
     import pandas as pd
 
-    from opprof.normalizers.memory import samples
+    from opprof.normalizers.memory_rows import samples
 
     if not mem:
         return None

@@ -65,7 +65,7 @@ from opprof import drops
 from opprof.errors import ErrorKind, OpprofError
 from opprof.normalizers import chrome
 from opprof.normalizers.events import INFERRED_PREFIX, cover_label, finish
-from opprof.normalizers.memory import add_memory, samples
+from opprof.normalizers.memory_rows import add_memory, samples
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, mapping_table
 from opprof.trace import Trace
 

@@ -82,7 +82,7 @@ from opprof.normalizers.cupti import (
     tables,
 )
 from opprof.normalizers.events import finish
-from opprof.normalizers.memory import add_memory, samples
+from opprof.normalizers.memory_rows import add_memory, samples
 from opprof.trace import Trace
 
 NAME = "nsys"

@@ -1,5 +1,5 @@
 """opprof's own resident-memory samples (``memory/<pid>.memory.csv`` in a run's ``.native``
-folder, written by :mod:`opprof.collectors.memory`) → memory rows of the ranks they belong to.
+folder, written by :mod:`opprof.collectors.rss`) → memory rows of the ranks they belong to.
 
 A file is one process: a header line (``# opprof memory samples {json}``: pid, host, label,
 role, rank as the run's channel knew them) and ``ts_ns,rss_bytes,hwm_bytes`` rows, the
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import ErrorKind, OpprofError, first_line
-from opprof.normalizers.memory import add_memory, is_memory, samples
+from opprof.normalizers.memory_rows import add_memory, is_memory, samples
 from opprof.trace import Trace
 
 NAME = "sampled"

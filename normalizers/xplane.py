@@ -107,7 +107,7 @@ from opprof import drops
 from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.normalizers.chrome import NONE
 from opprof.normalizers.events import finish
-from opprof.normalizers.memory import add_memory, samples
+from opprof.normalizers.memory_rows import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
 

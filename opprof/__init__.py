@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 from opprof.errors import OpprofError
+from opprof.version import __version__
 
 if TYPE_CHECKING:
     from opprof.loader import load

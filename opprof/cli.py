@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from opprof import __version__
 from opprof.errors import Interrupted, OpprofError, raise_on_signals
 from opprof.invocation import set_invocation
+from opprof.version import __version__
 
 #: Command name → the module under opprof.commands defining it. A command's module (and
 #: what it needs: pandas, the frameworks for ``record``) is imported only when that command

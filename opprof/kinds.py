@@ -59,7 +59,7 @@ class Role(Kind):
 
 
 class Collective(Kind):
-    """How the model's communication term moves the gradients (``analysis.commmodel``)."""
+    """How the model's communication term moves the gradients (``model.commmodel``)."""
 
     ALLREDUCE = "allreduce"  # ring all-reduce (DDP, MWMS; ZeRO's gradients too)
     PS = "ps"  # parameter-server push/pull over S servers
@@ -136,7 +136,7 @@ FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
         Framework.MXNET, "mxnet", ("mxnet",),
         (Mode.SINGLE, Mode.PS_SYNC, Mode.PS_ASYNC), Mode.PS_SYNC,
         "opprof.collectors.mxnet",
-        "from opprof.collectors.mxnet import import_mxnet; import_mxnet()", Collective.PS,
+        "from opprof.collectors.mxnet_lib import import_mxnet; import_mxnet()", Collective.PS,
         "kvstore dist_sync push/pull"),
 }
 

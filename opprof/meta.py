@@ -206,7 +206,7 @@ def stamp(meta: MetaMapping | None) -> TraceMeta:
     """A copy of ``meta`` as every `.trace` is written: the format version, the opprof
     version and the command that writes it (:func:`invocation`) — the one place they are
     set, for `record`, `run`, `import`, `opprof.profile()`, a merge and ``opprof.save``."""
-    from opprof import __version__
+    from opprof.version import __version__
 
     out = TraceMeta.of(meta).copy()
     if out.format_version is UNSET:  # (a format given stays: what the file's events follow)

@@ -5,10 +5,11 @@ The command line forks a child before it imports anything heavy (:func:`start`).
 imports only the Kineto reader's reading half (msgspec and numpy, no pandas), streams the
 file into columns (``kineto.stream``) and sends them back through a pipe; meanwhile this
 process imports the report's modules (about 0.3 s of CPU). Where the reader would stream the
-file, it takes the child's columns instead (:func:`taken`): on two cores the read costs
-little wall time. Anything unexpected — the child fails or is killed, the file is no trace
-the streaming reader takes, the file changed since — and the reader reads the file itself,
-as it always does (and says what is wrong with it). Only where a core is idle
+file, it takes the child's columns instead (:func:`opprof.preread.taken`: the child's handle
+waits there, so that this module and the reader do not import each other): on two cores the
+read costs little wall time. Anything unexpected — the child fails or is killed, the file is
+no trace the streaming reader takes, the file changed since — and the reader reads the file
+itself, as it always does (and says what is wrong with it). Only where a core is idle
 (:func:`core_free`): on a busy machine the second process costs CPU (about 0.1 s of a
 134k-event trace) for a gain that depends on what else runs. ``OPPROF_READAHEAD=0`` turns it
 off, ``=1`` on whatever the load.
@@ -23,41 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from opprof.gunzip import FileIdentity, file_identity
+from opprof import preread
+from opprof.gunzip import file_identity
 
-
-class _Child:
-    """The child started for this process: what it reads, its pid, and what it has sent so
-    far, drained from the pipe by a thread as it comes (so that the child ends as soon as it
-    has read the file, instead of holding the columns until they are taken)."""
-
-    def __init__(self, ident: FileIdentity, detail: bool, pid: int,
-                 fd: int) -> None:
-        import threading
-
-        self.ident, self.detail, self.pid, self.fd = ident, detail, pid, fd
-        self.data = bytearray()
-        self.thread = threading.Thread(target=self._drain, name="opprof-readahead",
-                                       daemon=True)
-        self.thread.start()
-
-    def _drain(self) -> None:
-        try:
-            while piece := os.read(self.fd, 1 << 20):  # (no GIL held while it waits)
-                self.data += piece
-        except OSError:
-            self.data = bytearray()
-        finally:
-            os.close(self.fd)
-            _reap(self.pid)
-
-
-_child: _Child | None = None
 #: What a report reads: events' ``detail`` text only for collectives (opprof.job).
 _DETAIL = False
-#: What :func:`taken` gives when the child found the file is none the streaming reader
-#: takes (the caller reads it whole at once, without trying to stream it again).
-NOT_STREAMED = "not streamed"
 
 
 def report_file(argv: list[str]) -> str | None:
@@ -101,7 +72,6 @@ def start(argv: list[str]) -> bool:
     """Fork the child that reads the trace ``argv`` reports (see the module docstring) when
     a core is free for it (:func:`core_free`; ``OPPROF_READAHEAD=1``: whatever the load,
     ``0``: never); True when one was started."""
-    global _child
     path = report_file(argv)
     setting = os.environ.get("OPPROF_READAHEAD", "")
     if path is None or setting == "0" or not hasattr(os, "fork") or (
@@ -133,15 +103,12 @@ def start(argv: list[str]) -> bool:
         os.close(r)
         _read_and_send(path, w)
     os.close(w)
-    _child = _Child(ident, _DETAIL, pid, r)
-    import atexit
-
-    atexit.register(_stop)
+    preread.hold(preread.Child(ident, _DETAIL, pid, r))
     return True
 
 
 def _read_and_send(path: str, fd: int) -> None:
-    """In the child: the streamed document (:data:`NOT_STREAMED` for a file the streaming
+    """In the child: the streamed document (:data:`preread.NOT_STREAMED` for a file the streaming
     reader does not take, a failure for anything else) pickled into ``fd``; then exit at
     once (no exit handlers, no flushing of the parent's buffers)."""
     import signal
@@ -152,7 +119,7 @@ def _read_and_send(path: str, fd: int) -> None:
     warnings.simplefilter("ignore")  # the parent's stderr is not the child's to write
     try:
         doc = _read(Path(path))
-        result: tuple[str, Any] = ("read", NOT_STREAMED if doc is None else doc)
+        result: tuple[str, Any] = ("read", preread.NOT_STREAMED if doc is None else doc)
     except BaseException:  # noqa: BLE001 (anything: the parent reads the file itself)
         result = ("failed", None)
     try:
@@ -183,46 +150,3 @@ def _read(path: Path) -> Any:
     with open(path, "rb") as f:
         head = f.read(64)
     return kineto.stream(path, head, _DETAIL)
-
-
-def taken(path: str | os.PathLike[str], detail: bool) -> Any:
-    """The document the child read of ``path`` when one was started on it, the file is
-    unchanged since and ``detail`` is what it read with (waiting for it), or
-    :data:`NOT_STREAMED`; None otherwise (then the caller reads the file itself). Handed out
-    once."""
-    global _child
-    child = _child
-    if child is None or file_identity(str(path)) != child.ident or detail != child.detail:
-        return None
-    _child = None
-    import pickle
-
-    child.thread.join()
-    try:
-        status, doc = pickle.loads(child.data)
-    except Exception:  # noqa: BLE001 (the child failed or was killed: read it here)
-        status, doc = "failed", None
-    del child.data
-    return doc if status == "read" and file_identity(str(path)) == child.ident else None
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except OSError:
-        pass
-
-
-def _stop() -> None:
-    """At exit: end a child whose document nobody took (the report stopped before)."""
-    global _child
-    child, _child = _child, None
-    if child is None or not child.thread.is_alive():
-        return
-    import signal
-
-    try:
-        os.kill(child.pid, signal.SIGKILL)  # the thread then reads the end and reaps it
-    except OSError:
-        pass
-    child.thread.join(5)

@@ -77,7 +77,7 @@ PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
 KINDS = ("cpu_op", "kernel", "memcpy", "memset", "runtime", "comm", "marker", "io", "memory")
 #: The memory table is the rows of kind ``memory``: one zero-duration row per sample of a
-#: series (its ``name``), never counted in operator time (see opprof.normalizers.memory).
+#: series (its ``name``), never counted in operator time (see opprof.normalizers.memory_rows).
 MEMORY_KIND = "memory"
 #: Memory series: the resident set sampled from outside the process (``rss``), the kernel's
 #: high-water mark of it (``hwm``, VmHWM), and the framework allocator's ``allocated`` and

@@ -12,7 +12,7 @@ rows as a JSON array (``meta["convergence"]`` once read; files without it have n
 
 The memory table is the rows with kind ``memory`` (zero-duration samples of a memory series:
 resident set, the kernel's high-water mark, the allocator's allocated / reserved bytes),
-in the same events table and the same per-rank row groups (:mod:`opprof.normalizers.memory`).
+in the same events table and the same per-rank row groups (:mod:`opprof.normalizers.memory_rows`).
 """
 
 from __future__ import annotations

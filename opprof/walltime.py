@@ -3,7 +3,7 @@
 :func:`phase_at`, the phase of any instant.
 
 In the core because the normalizers place each memory sample in the phase of its instant
-when they read it (:mod:`opprof.normalizers.memory`); the breakdown sums the same tiers over
+when they read it (:mod:`opprof.normalizers.memory_rows`); the breakdown sums the same tiers over
 every step.
 """
 

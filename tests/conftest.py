@@ -12,9 +12,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_TRACES = Path(os.environ.get("OPPROF_SHARED_TRACES", REPO.parent / "shared" / "traces"))
-KINETO_GPU = SHARED_TRACES / "kineto-gpu"
 FIXTURES = REPO / "fixtures"
+#: Real traces recorded elsewhere (HTA's and Pipit's test data, MIT), copied into the
+#: repository: fixtures/README.md.
+SHARED_TRACES = FIXTURES / "shared"
+KINETO_GPU = SHARED_TRACES / "kineto-gpu"
+NSYS_SQLITE = SHARED_TRACES / "nsys" / "saxpy-mpi-cuda.sqlite"
 
 
 @pytest.fixture
@@ -27,10 +30,15 @@ def folder(tmp_path: Path):
 
 
 def shared_trace(name: str) -> Path:
-    """A trace from ../shared/traces/kineto-gpu (skip when the shared folder is absent)."""
-    path = KINETO_GPU / name
-    if not path.exists():
-        pytest.skip(f"shared trace {path} not present")
+    """A Kineto trace from fixtures/shared/kineto-gpu; a test whose input is missing fails."""
+    return fixture_file(KINETO_GPU / name)
+
+
+def fixture_file(path: Path) -> Path:
+    """``path``, a file of the repository a test reads: the test fails when it is missing
+    (never skips, never runs on less)."""
+    if not path.is_file():
+        pytest.fail(f"the test's input {path} is missing from the repository")
     return path
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
-SHARED = ROOT.parent / "shared" / "traces"
+SHARED = FIXTURES / "shared"  # HTA's and Pipit's traces (fixtures/README.md)
 
 #: (label, source) of the JSON traces mutated: Kineto (torch, DDP, shared GPU traces), MXNet.
 KINETO_SOURCES = [FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
@@ -309,16 +309,21 @@ def all_cases(out: Path, seed: int, values: int, damage: int,
     """Every format's cases, deterministic for ``seed``."""
     rng = random.Random(seed)
     for src in KINETO_SOURCES:
-        if src.exists():
-            yield from json_cases(src, _sub(out, src.name), rng, values, damage)
+        yield from json_cases(_present(src), _sub(out, src.name), rng, values, damage)
     yield from json_cases(MXNET_SOURCE, _sub(out, "mxnet"), rng, values // 2, damage // 2,
                           mxnet=True)
-    if NSYS_SOURCE.exists():
-        yield from nsys_cases(NSYS_SOURCE, _sub(out, "nsys"), rng)
+    yield from nsys_cases(_present(NSYS_SOURCE), _sub(out, "nsys"), rng)
     yield from trace_cases(make_trace(_sub(out, "tr")), _sub(out, "trace"), rng,
                            max(3, values // 4))
-    if xplane and XPLANE_SOURCE is not None:
-        yield from xplane_cases(XPLANE_SOURCE, _sub(out, "xplane"), rng, 3)
+    if xplane:
+        yield from xplane_cases(_present(XPLANE_SOURCE), _sub(out, "xplane"), rng, 3)
+
+
+def _present(path: Path | None) -> Path:
+    """A source the fuzzing mutates: a missing one is an error (the cases never shrink)."""
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"the fuzzing source {path} is missing from the repository")
+    return path
 
 
 def _sub(out: Path, name: str) -> Path:

@@ -3,8 +3,6 @@ twin of the canonical op of its forward operator (normalizers/maps/kineto.csv)."
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from opprof.taxonomy import mapping_table
@@ -137,7 +135,7 @@ def _twin_cases() -> dict:
     }
 
 
-TWIN_CASES = sorted(_twin_cases()) if importlib.util.find_spec("torch") else []
+TWIN_CASES = sorted(_twin_cases())
 
 
 @pytest.mark.parametrize("case", TWIN_CASES)

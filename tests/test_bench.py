@@ -13,6 +13,7 @@ from opprof.loader import load
 from opprof.pipeline.bench import plan, probe
 from opprof.taxonomy import CANONICAL_OPS, PHASES
 from tests.conftest import run_cli
+from tests.procs import needs
 
 TINY = ["--model", "lenet5", "--batch-size", "8", "--steps", "2", "--warmup", "1",
         "--timing-steps", "1"]
@@ -28,7 +29,7 @@ def second_framework() -> str | None:
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("torch")
+    needs("torch")
     other = second_framework()
     fws = ["torch"] + ([other] if other else [])
     out = tmp_path_factory.mktemp("bench")
@@ -78,8 +79,7 @@ def test_every_valid_combination_is_recorded(matrix) -> None:
 @pytest.mark.slow
 def test_cross_framework_operator_ratios(matrix) -> None:
     fws, out, _, _ = matrix
-    if len(fws) < 2:
-        pytest.skip("only torch's collector imports here")
+    assert len(fws) >= 2, f"only {fws} record here: the frameworks' extras are declared"
     ratios = json.loads((out / "bench.json").read_text())["op_ratios"]
     assert ratios and ratios == sorted(ratios, key=lambda r: -r["ratio"])
     for r in ratios:
@@ -108,7 +108,7 @@ def test_resume_continues_a_partial_matrix(matrix) -> None:
 
 
 def test_a_failed_run_is_a_row_with_its_error(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     res = run_cli("bench", "--fw", "torch", *TINY, "--workers", "1", "--dataset",
                   str(tmp_path / "no-such-data"), "-o", str(tmp_path / "b"), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

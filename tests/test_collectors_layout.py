@@ -3,7 +3,6 @@ changes no global state; `--fw tf` records where torch cannot be imported."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import needs
+
 MODULES = ["opprof.collectors", "opprof.collectors.config", "opprof.collectors.runner",
-           "opprof.collectors.supervisor", "opprof.collectors.channel", "opprof.collectors.jobs",
+           "opprof.collectors.supervisor", "opprof.collectors.channel", "opprof.collectors.launch",
            "opprof.collectors.worker", "opprof.collectors.inject", "opprof.pipeline.profile",
            "opprof.collectors.torch", "opprof.collectors.tf", "opprof.collectors.mxnet",
            "opprof.collectors.startup", "opprof"]
@@ -43,8 +44,7 @@ def test_importing_a_collector_imports_no_framework_and_changes_nothing(module: 
 
 @pytest.mark.slow
 def test_fw_tf_records_where_torch_cannot_be_imported(tmp_path: Path) -> None:
-    if importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("xprof") is None:
-        pytest.skip("needs tensorflow and xprof")
+    needs("tensorflow", "xprof")
     blocked = tmp_path / "blocked" / "torch"
     blocked.mkdir(parents=True)
     (blocked / "__init__.py").write_text("raise ImportError('torch is blocked by this test')\n")

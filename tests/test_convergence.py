@@ -3,7 +3,6 @@ which run reaches it first) and real recordings of the three frameworks, tiny.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from opprof.trace import (
     convergence_frame,
 )
 from tests.conftest import REPO, run_cli
+from tests.procs import needs
 
 # ------------------------------------------------------------------ the runner's curve
 
@@ -121,8 +121,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
     folder = tmp_path_factory.mktemp("converge")
     out = {}
     for fw in ("torch", "mxnet", "tf"):
-        if importlib.util.find_spec({"tf": "tensorflow"}.get(fw, fw)) is None:
-            pytest.skip(f"{fw} is not installed")
+        needs({"tf": "tensorflow"}.get(fw, fw))
         trace = folder / f"{fw}.trace"
         res = run_cli("record", "--fw", fw, "--model", "lenet5", "--batch-size", "16",
                       "--steps", "2", "--warmup", "1", "--timing-steps", "1",
@@ -161,7 +160,7 @@ def test_record_converge_keeps_a_falling_loss_and_the_accuracy(runs, fw: str) ->
 
 @pytest.mark.slow
 def test_duckdb_reads_the_table_and_diff_names_the_first(runs) -> None:
-    duckdb = pytest.importorskip("duckdb")
+    import duckdb
     trace, report = runs["torch"]
     sql = (REPO / "docs" / "convergence.md").read_text().split(
         "-- convergence table\n")[1].split("\n```")[0]
@@ -191,7 +190,7 @@ def test_a_trace_without_the_table_reads_as_before(runs, tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_bench_columns_curves_and_figure(runs, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    needs("matplotlib")
     from opprof.analysis.matrix import CONVERGENCE_COLUMNS as BENCH_COLUMNS
     from opprof.analysis.matrix import Bench, convergence_columns
     from opprof.render.plotdata import bench_curves
@@ -244,7 +243,7 @@ for step in range(30):
 
 @pytest.mark.slow
 def test_opprof_run_keeps_the_loss_of_each_step(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     script = tmp_path / "train.py"
     script.write_text(USER_SCRIPT)
     trace = tmp_path / "mine.trace"

@@ -13,7 +13,7 @@ import pytest
 from opprof.analysis import critpath
 from opprof.analysis.critpath import BOUND_BY, bound_by, build_graph, graph_of, replay
 from opprof.loader import load
-from tests.conftest import FIXTURES, SHARED_TRACES, run_cli, shared_trace
+from tests.conftest import FIXTURES, NSYS_SQLITE, fixture_file, run_cli, shared_trace
 
 GPU = ["nccl-2rank-rank0.json.gz", "sampled-128rank-rank0.json.gz",
        "sampled-128rank-rank1.json.gz", "alexnet-1gpu.json.gz", "amd-mi250-toy-train.json.gz",
@@ -31,10 +31,7 @@ CPU = {"torch": FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
 
 
 def _nsys() -> object:
-    path = SHARED_TRACES / "nsys" / "saxpy-mpi-cuda.sqlite"
-    if not path.is_file():
-        pytest.skip(f"shared trace {path} not present")
-    return path
+    return fixture_file(NSYS_SQLITE)
 
 
 def _check(path: object) -> tuple[critpath.Graph, object]:
@@ -142,7 +139,7 @@ def test_report_by_critical_cli() -> None:
 
 
 def test_whatif_runs_over_the_graph() -> None:
-    from opprof.analysis.whatif import context, whatif
+    from opprof.model.whatif import context, whatif
 
     ctx = context(load(CPU["torch-ddp"]), "ddp")
     assert ctx.graph is not None
@@ -158,7 +155,7 @@ def test_a_collectives_factor_scales_its_own_nodes_once() -> None:
     """--op all_reduce=F scales the all-reduce's nodes by F (it scaled them by F² and every
     other collective by F: the phase model's one comm lane was applied on top); --op comm=F
     is --comm F."""
-    from opprof.analysis.whatif import context, whatif
+    from opprof.model.whatif import context, whatif
 
     ctx = context(load(shared_trace("nccl-2rank-rank0.json.gz")), "nccl")
     g, order = ctx.graph

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+from tests.procs import needs  # (before the imports it guards)
+
+needs("torch")
 
 from opprof.analysis.diff import _sentence, diff  # noqa: E402
 from opprof.loader import load  # noqa: E402

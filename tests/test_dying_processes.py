@@ -223,7 +223,7 @@ def test_torchrun_root_cause_is_the_rank_that_died(tmp_path: Path, rank0_ended: 
                                                    rank0_error: str | None,
                                                    rank0_log: str) -> None:
     from opprof.collectors.config import Facts
-    from opprof.collectors.jobs import torchrun_root_cause
+    from opprof.collectors.launch import torchrun_root_cause
 
     log = tmp_path / "torchrun.log"
     log.write_text(TORCHRUN_SUMMARY)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, bench_from_fixtures, run_cli, shared_trace
+from tests.procs import needs  # (before the imports it guards)
 
-pytest.importorskip("matplotlib")
+needs("matplotlib")
 from opprof.render.palette import DEVICE_COLORS, PHASE_COLORS  # noqa: E402
 
 FIX = REPO / "fixtures"

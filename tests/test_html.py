@@ -12,8 +12,9 @@ import pytest
 
 from tests import browser
 from tests.conftest import REPO, bench_from_fixtures, run_cli, shared_trace
+from tests.procs import needs  # (before the imports it guards)
 
-pytest.importorskip("plotly")
+needs("plotly")
 
 FIX = REPO / "fixtures"
 needs_chromium = pytest.mark.skipif(

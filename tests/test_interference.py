@@ -11,9 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.interference import Interference, from_cores, measure
-from opprof.analysis.predict import (
+from opprof.collectors.config import RecordConfig
+from opprof.collectors.launch import compute_processes, with_default_threads
+from opprof.errors import OpprofError
+from opprof.loader import load
+from opprof.model.commmodel import Network
+from opprof.model.interference import Interference, from_cores, measure
+from opprof.model.predict import (
     NOISY_CV,
     baseline,
     check,
@@ -21,13 +25,10 @@ from opprof.analysis.predict import (
     predict,
     spread,
 )
-from opprof.analysis.resources import Resources
-from opprof.analysis.simulate import AFTER_BACKWARD, DDP, StepPlan, simulate
-from opprof.analysis.terms import terms
-from opprof.collectors.config import RecordConfig
-from opprof.collectors.jobs import compute_processes, with_default_threads
-from opprof.errors import OpprofError
-from opprof.loader import load
+from opprof.model.resources import Resources
+from opprof.model.simulate import AFTER_BACKWARD, DDP, simulate
+from opprof.model.step import StepPlan
+from opprof.model.terms import terms
 from opprof.trace import save
 from tests.conftest import FIXTURES, run_cli
 
@@ -106,7 +107,8 @@ def test_predicted_terms_sum_to_the_predicted_step(traces: dict, name: str) -> N
     r = predict(traces[name], [1, 2, 4, 8], network=net)
     for p in r.predictions:
         t = p.terms()
-        assert list(t) == ["t_io", "t_h2d", "t_f", "t_b", "t_interf", "t_u", "t_comm", "other"]
+        assert list(t) == ["t_io", "t_h2d", "t_f", "t_b", "t_interf", "t_coloc", "t_u",
+                           "t_comm", "other"]
         assert sum(t.values()) == pytest.approx(p.step_ns, rel=1e-12)
         assert 0 <= t["t_interf"] <= p.phases["backward"]
 

@@ -18,7 +18,7 @@ import pytest
 from opprof import gunzip
 from opprof.errors import OpprofError
 from opprof.normalizers import chrome, head_bytes, kineto
-from tests.conftest import FIXTURES, KINETO_GPU
+from tests.conftest import FIXTURES, KINETO_GPU, fixture_file
 from tests.fuzzing import json_cases
 
 SOURCES = [
@@ -71,7 +71,7 @@ def _assert_same(path: Path, detail: bool, must_stream: bool = True) -> bool:
 
 
 def _sources() -> list[Path]:
-    return [s for s in SOURCES if s.exists()]
+    return [fixture_file(s) for s in SOURCES]
 
 
 @pytest.mark.parametrize("detail", [True, False])
@@ -84,9 +84,8 @@ def test_any_piece_and_chunk_size_gives_the_same_table(monkeypatch, tmp_path: Pa
     """Pieces cut anywhere (inside names, numbers, between events) and chunks of any size:
     the events are typed in the whole-text reader's chunks, so every column is the same."""
     plain = tmp_path / "alexnet.json"
-    plain.write_bytes(gzip.decompress(KINETO_GPU.joinpath("alexnet-1gpu.json.gz")
-                                      .read_bytes()) if KINETO_GPU.exists() else
-                      gzip.decompress(SOURCES[0].read_bytes()))
+    plain.write_bytes(gzip.decompress(fixture_file(KINETO_GPU / "alexnet-1gpu.json.gz")
+                                      .read_bytes()))
     for piece, chunk in [(97, 5), (1000, 64), (4096, 4096), (1 << 16, 333)]:
         monkeypatch.setattr(gunzip, "STREAM_PIECE", piece)
         monkeypatch.setattr(gunzip, "AHEAD", 4 * piece)
@@ -172,9 +171,7 @@ def test_the_text_is_never_held_whole(monkeypatch) -> None:
     """Python's allocations while a trace streams in stay under the size of its text (the
     pieces in flight, one chunk of typed events, the columns so far) and under half of what
     the whole-text reader holds."""
-    src = KINETO_GPU / "nccl-2rank-rank0.json.gz"
-    if not src.exists():
-        pytest.skip("shared traces absent")
+    src = fixture_file(KINETO_GPU / "nccl-2rank-rank0.json.gz")
     text = len(gzip.decompress(src.read_bytes()))
     monkeypatch.setattr(gunzip, "STREAM_PIECE", 1 << 16)
     monkeypatch.setattr(gunzip, "AHEAD", 1 << 18)

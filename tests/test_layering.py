@@ -1,7 +1,9 @@
-"""The house's rooms and contracts: the core imports no analysis, renderer, command, exporter or
-collector (an AST scan of every import, top-level or inside a function); the registries
-return their protocols (a renderer offers exactly the views it says, an exporter writes its
-file type, every native format is one Format); `import opprof` and `opprof --help` stay light."""
+"""The house's rooms and contracts: the core imports no analysis, model, renderer, command,
+exporter or collector (an AST scan of every import, top-level or inside a function); the
+analyses import no model, and the model nothing that records, renders or runs a command; the
+registries return their protocols (a renderer offers exactly the views it says, an exporter
+writes its file type, every native format is one Format) and their modules never import them
+back; `import opprof` and `opprof --help` stay light."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import pytest
 from tests.conftest import REPO
 
 #: Rooms above the core.
-UPPER = ("opprof.analysis", "opprof.render", "opprof.commands", "opprof.export",
-         "opprof.collectors", "opprof.pipeline")
+UPPER = ("opprof.analysis", "opprof.model", "opprof.render", "opprof.commands",
+         "opprof.export", "opprof.collectors", "opprof.pipeline")
 #: The CLI, the package's face and the orchestration (reading a job rank by rank, the pool,
 #: opening any TRACE) may call upward; every other core module may not.
 ORCHESTRATION = {"cli.py", "__init__.py", "job.py", "parallel.py", "loader.py"}
@@ -56,9 +58,23 @@ def test_analyses_never_parse_record_or_run_commands() -> None:
     for path in sorted((REPO / "opprof" / "analysis").glob("*.py")):
         bad = sorted(m for m in imported(path) if m.startswith(
             ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
-             "opprof.normalizers")) or (m.startswith("opprof.render")
-                                        and not m.startswith("opprof.render.units")))
+             "opprof.normalizers", "opprof.model")) or (
+                m.startswith("opprof.render") and not m.startswith("opprof.render.units")))
         assert bad == [], f"analysis/{path.name} imports {bad}"
+
+
+def test_the_model_is_a_room_above_the_analyses() -> None:
+    """The model reads traces and the analyses' results; it never parses, records, renders
+    (but sizes, through opprof.render.units) or runs a command."""
+    paths = sorted((REPO / "opprof" / "model").glob("*.py"))
+    assert {p.stem for p in paths} >= {"terms", "gradients", "commmodel", "simulate",
+                                       "sharded", "predict", "interference", "whatif", "step"}
+    for path in paths:
+        bad = sorted(m for m in imported(path) if m.startswith(
+            ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
+             "opprof.normalizers")) or (
+                m.startswith("opprof.render") and not m.startswith("opprof.render.units")))
+        assert bad == [], f"model/{path.name} imports {bad}"
 
 
 def test_renderers_offer_exactly_the_views_they_say() -> None:
@@ -105,3 +121,24 @@ def test_import_opprof_and_help_stay_light() -> None:
                          timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout.strip().splitlines()[-1]) == []
+
+
+def test_formats_never_import_the_registry_that_lists_them() -> None:
+    """The registries import their modules by name from a table; a format module imports the
+    protocols and shared helpers from their own modules (render.views, export.tracks), never
+    a name of the registry's ``__init__``."""
+    from opprof import export, render
+
+    for registry, table in (("opprof.render", {**render.MODULES, **render.PAGE_MODULES}),
+                            ("opprof.export", export.MODULES)):
+        folder = REPO / registry.replace(".", "/")
+        for module in table.values():
+            path = REPO / (module.replace(".", "/") + ".py")
+            back = []
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    back += [a.name for a in node.names if a.name == registry]
+                elif isinstance(node, ast.ImportFrom) and node.module == registry:
+                    back += [f"{registry}.{a.name}" for a in node.names
+                             if not (folder / f"{a.name}.py").exists()]
+            assert back == [], f"{module} imports its registry: {back}"

@@ -26,15 +26,16 @@ from opprof.analysis.breakdown import phase_at, step_breakdown
 from opprof.analysis.memory import memory_part
 from opprof.analysis.ops import native_totals
 from opprof.analysis.report import build_report
-from opprof.collectors.memory import Sampler, read_status
+from opprof.collectors.rss import Sampler, read_status
 from opprof.export.chrome import document
 from opprof.job import report as job_report
 from opprof.loader import load
 from opprof.normalizers import sampled
-from opprof.normalizers.memory import MEMORY_TID, without_memory
+from opprof.normalizers.memory_rows import MEMORY_TID, without_memory
 from opprof.taxonomy import PHASES
 from opprof.trace import TraceFile, save
 from tests.conftest import FIXTURES, REPO, run_cli
+from tests.procs import needs
 
 MEMORY = FIXTURES / "memory"
 FOLDERS = ["torch-lenet5", "mxnet-ps-sync", "tf-lenet5"]
@@ -397,7 +398,7 @@ def test_diff_puts_memory_beside_time():
 
 
 def test_perfetto_export_has_a_counter_track_per_series(tmp_path):
-    pytest.importorskip("perfetto")
+    needs("perfetto")
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace as PTrace
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackEvent
 

@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network, design, fit
-from opprof.analysis.critical import op_wall, phase_totals
-from opprof.analysis.gradients import profile
 from opprof.analysis.ops import op_table
-from opprof.analysis.predict import baseline, check, predict
-from opprof.analysis.resources import resource_mismatch, resources
-from opprof.analysis.simulate import DDP, messages
-from opprof.analysis.terms import TERMS, terms
+from opprof.analysis.opshare import op_wall, phase_totals
 from opprof.errors import OpprofError
 from opprof.loader import load
+from opprof.model.commmodel import Network, design, fit
+from opprof.model.gradients import profile
+from opprof.model.predict import baseline, check, predict
+from opprof.model.resources import resource_mismatch, resources
+from opprof.model.simulate import DDP, messages
+from opprof.model.terms import TERMS, terms
 from opprof.taxonomy import PHASES
 from opprof.trace import save
 from tests.conftest import FIXTURES, run_cli, shared_trace
@@ -245,7 +245,7 @@ def test_check_compares_term_by_term(traces: dict) -> None:
     c = check(r, tr, "itself")
     assert c.error == 0 and (c.terms["error_ns"] == 0).all()
     with_interference = [t for term in TERMS for t in
-                         ((term, "t_interf") if term == "t_b" else (term,))]
+                         ((term, "t_interf", "t_coloc") if term == "t_b" else (term,))]
     assert list(c.terms["term"]) == [*with_interference, "step"]
 
 
@@ -306,7 +306,7 @@ def test_speedup_is_nan_free_and_efficiency_at_most_one(traces: dict) -> None:
 
 
 def _plan(policy, cost_per_byte: float = 1.0, **kw):
-    from opprof.analysis.simulate import StepPlan
+    from opprof.model.step import StepPlan
 
     phases = {"load": 10.0, "h2d": 0.0, "forward": 100.0, "backward": 200.0, "update": 30.0,
               "other": 5.0}
@@ -316,7 +316,7 @@ def _plan(policy, cost_per_byte: float = 1.0, **kw):
 
 
 def test_simulated_buckets_overlap_backward_and_expose_only_the_tail() -> None:
-    from opprof.analysis.simulate import AFTER_BACKWARD, simulate
+    from opprof.model.simulate import AFTER_BACKWARD, simulate
 
     # DDP: bucket 1 (2 MiB ≥ 1 MiB) ready at 25% of backward, bucket 2 (30 MiB ≥ 25 MiB) at
     # 50%, bucket 3 (10 B) at the end; each costs 1 ns per MiB.
@@ -335,7 +335,7 @@ def test_simulated_buckets_overlap_backward_and_expose_only_the_tail() -> None:
 
 
 def test_simulated_tf_packing_is_update_time() -> None:
-    from opprof.analysis.simulate import MWMS, simulate
+    from opprof.model.simulate import MWMS, simulate
 
     r = simulate(_plan(MWMS, pack_ns=11.0))
     assert len(r.messages) == 1 and r.phases["update"] == 30.0 + 11.0
@@ -345,7 +345,7 @@ def test_simulated_tf_packing_is_update_time() -> None:
 
 
 def test_simulated_parameter_server_puts_the_optimizer_between_push_and_pull() -> None:
-    from opprof.analysis.simulate import KVSTORE, simulate
+    from opprof.model.simulate import KVSTORE, simulate
 
     r = simulate(_plan(KVSTORE, server_update_ns=7.0))
     # one key per gradient, one after another from the end of backward, each with its share
@@ -357,7 +357,7 @@ def test_simulated_parameter_server_puts_the_optimizer_between_push_and_pull() -
 
 
 def test_prefetched_io_is_hidden_behind_the_step() -> None:
-    from opprof.analysis.simulate import simulate
+    from opprof.model.simulate import simulate
 
     r = simulate(_plan(DDP, io_prefetch=True, io_busy_ns=400.0))
     rest = 100 + 200 + 30 + 5 + r.phases["comm"]
@@ -367,7 +367,7 @@ def test_prefetched_io_is_hidden_behind_the_step() -> None:
 
 
 def test_expected_maximum_of_normals() -> None:
-    from opprof.analysis.simulate import expected_max_normal
+    from opprof.model.step import expected_max_normal
 
     assert expected_max_normal(1) == 0
     assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-4)

@@ -7,10 +7,11 @@ with the module it needs; frameworks that are not installed are skipped.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 
 import pytest
+
+from tests.procs import needs
 
 MODELS = ("lenet5", "alexnet", "resnet18", "resnet50", "fcn")
 LAYERS = ("conv", "fc", "batchnorm")
@@ -45,9 +46,7 @@ OTHERS = [fw for fw in COUNTERS if fw != REFERENCE]
 
 
 def _need(fw: str) -> None:
-    module = COUNTERS[fw][0]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{fw} needs {module}, which is not installed")
+    needs(COUNTERS[fw][0])
 
 
 @pytest.mark.parametrize("classes", [10, 100])

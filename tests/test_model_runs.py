@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.gradients import profile
-from opprof.analysis.simulate import DDP, messages
 from opprof.loader import load
+from opprof.model.commmodel import Network
+from opprof.model.gradients import profile
+from opprof.model.simulate import DDP, messages
 from tests.conftest import run_cli
 
 CASES = [("torch", "allreduce"), ("mxnet", "ps-sync"), ("tf", "allreduce")]
@@ -35,8 +35,8 @@ OWN_BOUND = 1.0
 def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) -> None:
     out = tmp_path / "net.json"
     res = run_cli("calibrate", "--fw", fw, "--workers", "2", "--sizes", "16K,256K,4M",
-                  "--repeat", "2", "--threads", "1", "-o", str(out), "--format", "json",
-                  timeout=600)
+                  "--repeat", "2", "--threads", "1", "--colocation-rounds", "2", "-o", str(out),
+                  "--format", "json", timeout=600)
     assert res.returncode == 0, res.stderr
     net = Network.from_dict(json.loads(out.read_text()))
     assert net.source == "calibrate" and net.framework == fw and net.workers == 2
@@ -53,6 +53,12 @@ def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) ->
     if fw == "torch":  # and a compute loop beside gloo's all-reduce: the interference
         assert net.info["interference"] >= 0
         assert not any(s["bytes"] == 0 for s in net.samples)  # kept out of the fit
+    # and the framework's own lenet5 step alone and on both workers at once: co-location
+    coloc = net.info["colocation"]
+    assert coloc["model"] == "lenet5" and coloc["rounds"] == 2
+    assert len(coloc["ratios"]["2"]) == 2 and all(r > 0 for r in coloc["ratios"]["2"])
+    assert coloc["alone_ns"] > 0 and coloc["together_ns"]["2"] > 0
+    assert set(coloc["slowdown"]) == {"2"}
 
 
 def test_calibrate_refuses_an_all_reduce_of_one(tmp_path: Path) -> None:
@@ -67,7 +73,8 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
         fw: str, mode: str, tmp_path: Path) -> None:
     net = tmp_path / "net.json"
     res = run_cli("calibrate", "--fw", fw, "--workers", "2", "--threads", "1", "--sizes",
-                  "64K,1M,4M", "--repeat", "2", "-o", str(net), cwd=tmp_path, timeout=600)
+                  "64K,1M,4M", "--repeat", "2", "--colocation-rounds", "3", "--batch-size", "8",
+                  "-o", str(net), cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr
     for args in (["-o", "base.trace"], ["--workers", "2", "--mode", mode, "-o", "two.trace"]):
         res = run_cli("record", "--fw", fw, "--model", "lenet5", *TINY, *args, cwd=tmp_path,
@@ -93,6 +100,13 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
         check["measured_step_ns"])
     assert sum(terms[t]["predicted_ns"] for t in terms if t != "step") == pytest.approx(
         check["predicted_step_ns"])
+    # the co-location term: the calibrated slowdown of lenet5's step at batch 8, 2 per host
+    coloc = check["colocation"]
+    assert pred[2]["colocation"]["workers_per_host"] == 2 == coloc["workers_per_host"]
+    assert pred[2]["colocation"]["source"].startswith("calibrate: lenet5")
+    assert coloc["predicted_ns"] == pytest.approx(terms["t_coloc"]["predicted_ns"])
+    assert coloc["predicted_ns"] >= 0
+    assert coloc["step_without_ns"] <= check["predicted_step_ns"] + 1e-6
     spread = check["spread"]
     assert spread["steps"] == 8 and spread["interval_ns"][0] <= check["predicted_step_ns"]
     assert spread["verdict"].startswith(("too noisy", "within", "off by"))

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("mxnet") is None:
-    pytest.skip("needs mxnet", allow_module_level=True)
+from tests.procs import needs  # (before the imports it guards)
+
+needs("mxnet")
 
 from opprof.analysis.breakdown import step_breakdown  # noqa: E402
 from opprof.collectors import RecordConfig, record  # noqa: E402
@@ -104,7 +104,8 @@ def test_record_command_as_a_user_runs_it(tmp_path: Path) -> None:
 def test_opprof_runs_loss_hook_keeps_a_list_of_losses_too() -> None:
     """`opprof run`'s loss of a Gluon step: the mean of the array ``backward()`` ran on, and of
     the arrays ``autograd.backward([...])`` ran on (a loss per device, or one in a list)."""
-    from opprof.collectors.mxnet import hook_loss, import_mxnet
+    from opprof.collectors.mxnet import hook_loss
+    from opprof.collectors.mxnet_lib import import_mxnet
 
     mx = import_mxnet()
     from mxnet import autograd, gluon

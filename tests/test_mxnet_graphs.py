@@ -5,15 +5,15 @@ for the profiled steps only and put back after."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("mxnet") is None:
-    pytest.skip("needs mxnet", allow_module_level=True)
+from tests.procs import needs  # (before the imports it guards)
+
+needs("mxnet")
 
 from opprof.loader import load  # noqa: E402
 from opprof.taxonomy import PHASES  # noqa: E402
@@ -98,8 +98,8 @@ def test_bulking_is_off_for_the_profiled_steps_only(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """In one process: a static CachedOp runs in bulk segments before, one operator each
     while unbulked, and in segments again (with the user's own flags) after restore."""
-    from opprof.collectors.mxnet import import_mxnet
     from opprof.collectors.mxnet_graphs import StaticGraphs, track_blocks
+    from opprof.collectors.mxnet_lib import import_mxnet
     from opprof.normalizers.mxnet import parse_aggregate
 
     mx = import_mxnet()

@@ -3,13 +3,13 @@ processes): per-rank traces, the servers' traces, comm per worker, phases summin
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-if importlib.util.find_spec("mxnet") is None:
-    pytest.skip("needs mxnet", allow_module_level=True)
+from tests.procs import needs  # (before the imports it guards)
+
+needs("mxnet")
 
 from opprof.analysis.breakdown import step_breakdown  # noqa: E402
 from opprof.analysis.report import build_report  # noqa: E402

@@ -3,22 +3,20 @@ its time limit, keeps the traces already written and leaves no process behind.""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import threading
 import time
 from pathlib import Path
 
-import pytest
+from tests.procs import needs  # (before the imports it guards)
 
-if importlib.util.find_spec("mxnet") is None:
-    pytest.skip("needs mxnet", allow_module_level=True)
+needs("mxnet")
 
 from opprof.collectors import RecordConfig, channel, record, supervisor  # noqa: E402
 from opprof.collectors.runner import FAULT_PAUSE_S  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402
-from tests.faults import Fault, injected
+from tests.faults import Fault, injected  # noqa: E402
 
 
 def job_processes(workdir: Path) -> list[tuple[int, str]]:

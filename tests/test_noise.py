@@ -16,6 +16,7 @@ from opprof.analysis import noise
 from opprof.loader import load
 from opprof.trace import save
 from tests.conftest import FIXTURES, run_cli
+from tests.procs import needs
 
 MS = 1_000_000
 
@@ -64,7 +65,7 @@ def test_a_trace_without_samples_is_not_assessed() -> None:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("torch")
+    needs("torch")
     tmp = tmp_path_factory.mktemp("noise")
     res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--batch-size", "8",
                   "--steps", "2", "--warmup", "1", "--timing-steps", "3", "-o",
@@ -119,7 +120,7 @@ def test_diff_says_when_a_side_is_flagged(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_repeat_reports_the_median_and_spread(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     res = run_cli("bench", "--fw", "torch", "--model", "lenet5", "--batch-size", "8",
                   "--steps", "2", "--warmup", "1", "--timing-steps", "2", "--workers", "1",
                   "--repeat", "3", "-o", str(tmp_path / "b"), timeout=900)

@@ -230,8 +230,6 @@ def test_clock_offsets_shift_each_rank(tmp_path: Path) -> None:
                                     "tf/lenet5-ps-async-2w1s"])
 def test_other_frameworks_distributed_fixtures(folder: str) -> None:
     path = FIXTURES / folder
-    if not path.exists():
-        pytest.skip(f"{path} not committed yet")
     tr = load([path])
     ra = rank_analysis(tr)
     assert tr.ranks == [0, 1] and list(ra.ranks["rank"]) == [0, 1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from opprof import readahead
-from tests.conftest import FIXTURES, KINETO_GPU, run_cli
+from tests.conftest import FIXTURES, run_cli, shared_trace
 
 KINETO = FIXTURES / "torch-ddp" / "lenet5-gloo-2steps-rank0.pt.trace.json.gz"
 MXNET = FIXTURES / "mxnet" / "lenet5-single" / "rank0_worker.json.gz"
@@ -47,8 +47,7 @@ def test_a_damaged_file_is_the_same_one_line(tmp_path: Path) -> None:
 
 
 def test_the_child_reads_without_pandas() -> None:
-    src = KINETO_GPU / "alexnet-1gpu.json.gz"
-    src = src if src.exists() else KINETO
+    src = shared_trace("alexnet-1gpu.json.gz")
     code = ("import sys; from opprof import readahead; "
             f"doc = readahead._read(__import__('pathlib').Path({str(src)!r})); "
             "assert doc is not None and doc.streamed is not None, doc; "
@@ -73,9 +72,9 @@ def test_only_a_report_of_one_json_file_is_read_ahead(tmp_path: Path) -> None:
 
 
 def test_a_child_nobody_takes_ends_with_the_command() -> None:
-    code = ("from opprof import readahead; "
+    code = ("from opprof import preread, readahead; "
             f"assert readahead.start(['report', {str(KINETO)!r}]); "
-            "print(readahead._child.pid, flush=True)")
+            "print(preread.running().pid, flush=True)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "OPPROF_READAHEAD": "1"})
     assert r.returncode == 0, r.stderr

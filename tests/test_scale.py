@@ -17,12 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from benchmarks.jobs import build_job, shift_ns
+from benchmarks.bigtraces import build_job, shift_ns
 from opprof import job, load, parallel
 from opprof.analysis.report import build_report
 from opprof.pipeline.imports import import_
 from opprof.trace import META_KEY, TraceFile, conform
 from tests.conftest import REPO, run_cli, shared_trace
+from tests.procs import needs
 
 FRAMES = ("steps", "phases", "ops", "device_ops", "ranks", "devices", "stragglers",
           "rank_steps")
@@ -94,11 +95,11 @@ def test_the_file_stays_readable_by_pandas_duckdb_and_polars(job_dir: Path,
     n = len(load(out).events)
     df = pd.read_parquet(out)
     assert len(df) == n and isinstance(df["name"].dtype, pd.CategoricalDtype)
-    duckdb = pytest.importorskip("duckdb")
+    import duckdb
     rows = duckdb.sql(f"SELECT rank, count(*) FROM read_parquet('{out}') GROUP BY rank "
                       "ORDER BY rank").fetchall()
     assert [r for r, _ in rows] == list(range(6)) and sum(c for _, c in rows) == n
-    polars = pytest.importorskip("polars")
+    import polars
     assert polars.read_parquet(out).filter(polars.col("rank") == 2).height == (
         df["rank"] == 2).sum()
 
@@ -158,7 +159,7 @@ def _free_port() -> int:
 def dask_cluster():
     """A real Dask cluster on loopback: a scheduler and two single-threaded worker
     processes, stopped afterwards."""
-    pytest.importorskip("distributed")
+    needs("distributed")
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

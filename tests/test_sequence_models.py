@@ -5,7 +5,6 @@ step as op ``other``, and the recurrent or attention ops and their backward twin
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.procs import needs
 
 NEEDS = {"torch": "torch", "mxnet": "mxnet", "tf": "tensorflow"}
 TINY = ["--batch-size", "8", "--steps", "2", "--warmup", "1", "--timing-steps", "1",
@@ -25,8 +25,7 @@ KIND = {"lstm": "recurrent", "transformer": "attention"}
 @pytest.mark.parametrize("model", sorted(KIND))
 @pytest.mark.parametrize("fw", sorted(NEEDS))
 def test_record_maps_the_language_model(fw: str, model: str, tmp_path: Path) -> None:
-    if importlib.util.find_spec(NEEDS[fw]) is None:
-        pytest.skip(f"{fw} needs {NEEDS[fw]}, which is not installed")
+    needs(NEEDS[fw])
     out = tmp_path / "run.trace"
     res = run_cli("record", "--fw", fw, "--model", model, *TINY, "-o", str(out), timeout=600)
     assert res.returncode == 0, res.stderr
@@ -51,7 +50,8 @@ def test_torch_transformer_learns_the_tokens_and_counts_next_token_accuracy() ->
     """The training step and the convergence run's accuracy of `--model transformer`, in
     process: 40 steps lower the next-token loss from about ln(64), and the held-out next-token
     accuracy is a share of every predicted position."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from opprof.collectors.config import RecordConfig
     from opprof.collectors.torch import build_training
 

@@ -12,15 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opprof.analysis import predict
 from opprof.analysis.breakdown import container, step_breakdown
 from opprof.analysis.collectives import collective_part
-from opprof.analysis.commmodel import Network
 from opprof.analysis.critpath import BOUND_BY, bound_by, graph_of, replay
-from opprof.analysis.interference import measure
 from opprof.analysis.ops import op_events, op_table
-from opprof.analysis.predict import baseline
-from opprof.analysis.sharded import (
+from opprof.intervals import union_length
+from opprof.loader import load
+from opprof.model import predict
+from opprof.model.commmodel import Network
+from opprof.model.interference import measure
+from opprof.model.predict import baseline
+from opprof.model.sharded import (
     ShardedPlan,
     blocking_wait,
     fsdp_calls,
@@ -29,12 +31,11 @@ from opprof.analysis.sharded import (
     simulate_sharded,
     trace_samples,
 )
-from opprof.analysis.simulate import expected_max_normal
-from opprof.analysis.terms import terms
-from opprof.intervals import union_length
-from opprof.loader import load
+from opprof.model.step import expected_max_normal
+from opprof.model.terms import terms
 from opprof.taxonomy import COMM_OPS, PHASES
 from tests.conftest import FIXTURES, run_cli
+from tests.procs import needs
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FSDP_NAME = r"^(?:FSDP::|fsdp::|FullyShardedDataParallel\.|RegisterPostBackwardFunction)"
@@ -43,7 +44,7 @@ COMPUTE_OPS_OF = ("forward", "backward", "update")
 
 def opprof_run(tmp: Path, script: str, *args: str) -> Path:
     """``opprof run`` of a user's script under torchrun with two ranks; the trace."""
-    pytest.importorskip("torch")
+    needs("torch")
     out = tmp / f"{Path(script).stem}.trace"
     res = run_cli("run", "--steps", "2", "--warmup", "1", "--timing-steps", "1", "-o",
                   str(out), "--format", "json", "--", sys.executable, "-m",
@@ -184,7 +185,7 @@ def test_zero_run_is_recognized(zero) -> None:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("torch")
+    needs("torch")
     out = tmp_path_factory.mktemp("record-fsdp") / "job.trace"
     res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--batch-size", "8",
                   "--steps", "2", "--warmup", "1", "--timing-steps", "1", "--workers", "2",
@@ -380,7 +381,7 @@ def test_model_waits_with_the_calibrated_exit_spread() -> None:
 
 
 def test_optimizer_calls_are_sgd_momentums_three_per_parameter() -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     from opprof.collectors.torch_models import build
 
     trace = load(FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz")
@@ -412,7 +413,7 @@ def test_model_adds_each_optimizer_calls_dispatch_on_sharded_parameters() -> Non
 @pytest.mark.slow
 def test_calibrate_fsdp_fits_all_gather_and_reduce_scatter_with_their_copies(
         tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     out = tmp_path / "fsdp-net.json"
     res = run_cli("calibrate", "--fw", "torch", "--workers", "2", "--mode", "fsdp", "--sizes",
                   "64K,1M", "--repeat", "2", "-o", str(out), timeout=300)
@@ -437,7 +438,7 @@ def test_fsdp_calls_are_timed_from_the_last_rank_in(tmp_path: Path) -> None:
     """Each rank times FSDP's call from its own entry (after compute, as in training, so the
     ranks arrive apart) to its exit, on the host's clock: a call costs what it took after the
     last rank entered it, the earlier rank's wait left to the model's straggler term."""
-    pytest.importorskip("torch")
+    needs("torch")
     import pandas as pd
 
     from opprof.collectors import netbench
@@ -463,7 +464,7 @@ def test_fsdp_calls_are_timed_from_the_last_rank_in(tmp_path: Path) -> None:
 
 
 def test_calibrate_units_are_a_models_fsdp_units(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    needs("torch")
     from opprof.collectors.torch_models import build, unit_param_bytes
     from opprof.pipeline.calibrate import unit_sizes
 

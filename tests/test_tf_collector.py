@@ -4,7 +4,6 @@ totals that agree with xprof's own framework_op_stats."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,10 @@ from opprof.analysis.breakdown import step_breakdown
 from opprof.collectors import RecordConfig, record
 from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
+from tests.procs import needs  # (before the imports it guards)
 from tests.xprof_check import assert_totals_match_xprof
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("xprof") is None,
-    reason="needs tensorflow and xprof")
+needs("tensorflow", "xprof")
 
 CONFIG = {"fw": "tf", "model": "lenet5", "batch_size": 8, "steps": 2, "warmup": 1,
           "timing_steps": 1, "timeout_s": 300}

@@ -5,7 +5,6 @@ process left behind."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import time
 from pathlib import Path
@@ -17,11 +16,10 @@ from opprof.collectors import RecordConfig, record
 from opprof.errors import OpprofError
 from opprof.taxonomy import PHASES
 from tests.faults import Fault, injected
+from tests.procs import needs  # (before the imports it guards)
 from tests.xprof_check import assert_totals_match_xprof
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("xprof") is None,
-    reason="needs tensorflow and xprof")
+needs("tensorflow", "xprof")
 
 CONFIG = {"fw": "tf", "model": "lenet5", "batch_size": 8, "steps": 2, "warmup": 1,
           "timing_steps": 1, "workers": 2, "mode": "allreduce", "timeout_s": 240}

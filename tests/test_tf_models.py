@@ -4,13 +4,12 @@ counts and the 1% bound for every framework)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
-                                reason="needs tensorflow")
+from tests.procs import needs
+
+needs("tensorflow")
 
 EXACT = {"lenet5": 62006, "alexnet": 5871434, "resnet18": 11173962, "resnet50": 23520842,
          "fcn": 5256202}

@@ -7,8 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from opprof.collectors import RecordConfig, record  # noqa: E402
 from opprof.errors import OpprofError  # noqa: E402

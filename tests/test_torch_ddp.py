@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.procs import needs  # (before the imports it guards)
+
+needs("torch")
 
 from opprof.analysis.ops import native_totals  # noqa: E402
 from opprof.analysis.ranks import rank_analysis  # noqa: E402
@@ -25,7 +27,7 @@ from opprof.loader import load  # noqa: E402
 from opprof.normalizers import normalize  # noqa: E402
 from opprof.taxonomy import PHASES  # noqa: E402
 from tests.conftest import native_x_events, run_cli  # noqa: E402
-from tests.faults import Fault, injected
+from tests.faults import Fault, injected  # noqa: E402
 
 TINY = ["--model", "lenet5", "--batch-size", "8", "--steps", "2", "--warmup", "1",
         "--timing-steps", "1"]

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch
 
 from opprof.collectors import torch_models  # noqa: E402
 from opprof.collectors.torch_models import INPUT_SIZE, build, layer_counts  # noqa: E402

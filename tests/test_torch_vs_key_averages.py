@@ -8,14 +8,16 @@ from collections import Counter, defaultdict
 
 import pytest
 
-pytest.importorskip("torch")
+from tests.procs import needs  # (before the imports it guards)
 
-from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.ops import native_totals, op_table
-from opprof.collectors import RecordConfig, record
-from opprof.normalizers import normalize
-from opprof.taxonomy import PHASES
-from tests.conftest import FIXTURES, native_x_events
+needs("torch")
+
+from opprof.analysis.breakdown import step_breakdown  # noqa: E402
+from opprof.analysis.ops import native_totals, op_table  # noqa: E402
+from opprof.collectors import RecordConfig, record  # noqa: E402
+from opprof.normalizers import normalize  # noqa: E402
+from opprof.taxonomy import PHASES  # noqa: E402
+from tests.conftest import FIXTURES, native_x_events  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["fixture", "lenet5", "resnet18"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import FIT_LIMIT, fit, fit_errors, fit_warning
+from opprof.model.commmodel import FIT_LIMIT, fit, fit_errors, fit_warning
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 
 

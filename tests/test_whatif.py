@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from opprof.analysis.predict import predict
-from opprof.analysis.whatif import context, op_swaps, whatif
 from opprof.errors import OpprofError
 from opprof.loader import load
+from opprof.model.predict import predict
+from opprof.model.whatif import context, op_swaps, whatif
 from opprof.taxonomy import COMM_OPS, PHASES
 from tests.conftest import FIXTURES, run_cli
 from tests.test_model import TORCH, TRACES

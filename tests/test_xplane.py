@@ -5,7 +5,6 @@ framework_op_stats."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -18,10 +17,10 @@ from opprof.analysis.breakdown import step_breakdown
 from opprof.errors import OpprofError
 from opprof.taxonomy import CANONICAL_OPS, PHASES
 from tests.conftest import FIXTURES, run_cli
+from tests.procs import needs
 from tests.xprof_check import assert_totals_match_xprof
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("xprof") is None,
-                                reason="needs xprof")
+needs("xprof")
 
 ALLREDUCE = FIXTURES / "tf" / "lenet5-allreduce-2w"
 PS = FIXTURES / "tf" / "lenet5-ps-async-2w1s"

@@ -44,7 +44,7 @@ class Diff:
     #: Memory side by side (opprof.analysis.memory.compare_memory); empty without memory rows.
     memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: Per op, A's step if that op ran at B's speed (``diff --whatif``;
-    #: :func:`opprof.analysis.whatif.op_swaps`), or None.
+    #: :func:`opprof.model.whatif.op_swaps`), or None.
     whatif: pd.DataFrame | None = None
     #: Each side's file metadata (framework, model, batch size, …), shown by the HTML page.
     a_meta: JSONObject = field(default_factory=dict)

@@ -2,7 +2,8 @@
 efficiency and peak memory (with its ratio to the leanest run of the same model and worker
 count), the canonical operators with the largest cross-framework ratios (the research's
 "convolution_backward 7.67x" table), and for each multi-worker run the model's prediction
-from its 1-worker run beside the measurement. Pure functions over recorded runs."""
+from its 1-worker run beside the measurement (made by :mod:`opprof.model.benchpredict`).
+Pure functions over recorded runs."""
 
 from __future__ import annotations
 
@@ -15,14 +16,11 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import phase_summary, step_breakdown
-from opprof.analysis.commmodel import Network
 from opprof.analysis.convergence import TARGETS
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.memory import RunMemory, memory_part, run_memory
 from opprof.analysis.noise import NOISE_SPREAD, Noise, assess, flags
 from opprof.analysis.ops import op_table
-from opprof.analysis.predict import check, network_from_trace, predict
-from opprof.errors import OpprofError
 from opprof.kinds import DONE, Mode, RunStatus
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
@@ -71,9 +69,9 @@ class BenchConvergence:
 @dataclass
 class BenchPrediction:
     """The model's prediction of a multi-worker run from its 1-worker run, checked against
-    it (:func:`prediction`): predicted profiled step and scaling (step(1) / step(N)) beside
-    the measured scaling, the error, and a note saying where α and β came from — or, with
-    the numbers None, why there is no prediction."""
+    it (:func:`opprof.model.benchpredict.prediction`): predicted profiled step and scaling
+    (step(1) / step(N)) beside the measured scaling, the error, and a note saying where α
+    and β came from — or, with the numbers None, why there is no prediction."""
 
     note: str = ""
     predicted_step_ns: float | None = None
@@ -313,29 +311,6 @@ def _memory_ratios(table: pd.DataFrame, runs: list[Run]) -> None:
     least = peak.groupby(key).transform("min") if len(table) else peak
     table["rss_ratio"] = (peak / least.where(least > 0)).astype(object).where(
         peak.notna(), None)
-
-
-def prediction(single: Trace, multi: Trace, network: Network | None = None) -> BenchPrediction:
-    """The model's prediction of a multi-worker run from the same framework and model's
-    1-worker run (:mod:`opprof.analysis.predict`), checked against it: predicted profiled step
-    and scaling (step(1) / step(N)) beside the measured ones, the error, and a note saying
-    where α and β came from — or why there is no prediction."""
-    workers = int(multi.meta.get("workers") or len(multi.ranks) or 1)
-    mode = str(multi.meta.get("mode") or "")
-    try:
-        if network is None:
-            network = network_from_trace(multi)
-        result = predict(single, [workers], mode=mode or None,
-                         servers=int(multi.meta.get("servers") or 0) or None, network=network)
-        c = check(result, multi, "the measured run")
-    except OpprofError as exc:
-        return BenchPrediction(note=str(exc))
-    one = result.base.step_ns
-    return BenchPrediction(
-        note=f"network {result.network.source}: {result.network_note}",
-        predicted_step_ns=c.predicted_step_ns, prediction_error=c.error,
-        predicted_scaling=one / c.predicted_step_ns if c.predicted_step_ns else None,
-        profiled_scaling=one / c.measured_step_ns if c.measured_step_ns else None)
 
 
 def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Memory per rank: resident peak, allocator peaks, the model's parameter bytes, the step of
 the peak and the peak per phase, from the memory rows of the events table
-(opprof.normalizers.memory).
+(opprof.normalizers.memory_rows).
 
 Per rank, from its own rows (so it streams rank by rank like every per-rank analysis),
 over the rank's life **until the end of its last profiled step** (a server's or scheduler's:

@@ -63,6 +63,15 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--units", default=None, metavar="MODEL|TRACE",
               help="--mode fsdp: time the FSDP units of a built-in model (resnet18, …, as "
                    "`record --mode fsdp` shards it) or of a recorded .trace, instead of --sizes.")
+@click.option("--model", default=None, metavar="MODEL|TRACE",
+              help="Co-location: the built-in model (or a recorded .trace's model and batch) "
+                   "whose training step is timed on one worker alone and on 2 … N workers at "
+                   "once (default lenet5; give the model you train).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Co-location: the per-worker batch (default 32, or the .trace's).")
+@click.option("--colocation-rounds", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Co-location: interleaved rounds (one worker alone, then 2 … N at once); "
+                   "0 leaves it out.")
 @click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed calls per size (after one warm-up call).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
@@ -71,15 +80,19 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
                    "~/.cache/opprof/peak.json, where `opprof report` looks].")
 @format_option
 def command(peak: bool, fw: str | None, workers: int | None, servers: int, mode: str,
-            threads: int | None, sizes: tuple[int, ...], units: str | None, repeat: int,
-            timeout_s: float, output: Path | None, fmt: str) -> None:
+            threads: int | None, sizes: tuple[int, ...], units: str | None, model: str | None,
+            batch_size: int | None, colocation_rounds: int, repeat: int, timeout_s: float,
+            output: Path | None, fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
     and fit α (latency) and β (time per byte). For torch's all-reduce, also time a compute loop
-    and the collective alone and beside each other: the model's interference term.
+    and the collective alone and beside each other: the model's interference term. With 2 or
+    more workers, also time FW's own training step of a small model on one worker alone and on
+    2 … N workers at once, in interleaved rounds: the model's co-location term.
 
     \b
     Example:
       opprof calibrate --fw torch --workers 2 -o net.json
+      opprof calibrate --fw torch --workers 2 --model base.trace -o net.json
       opprof calibrate --fw torch --workers 2 --mode fsdp --units resnet18 -o fsdp-net.json
       opprof calibrate --fw mxnet --workers 2 --servers 1 --sizes 64K,1M,16M -o ps.json
       opprof calibrate --peak
@@ -89,10 +102,17 @@ def command(peak: bool, fw: str | None, workers: int | None, servers: int, mode:
         return
     if fw is None or workers is None or output is None:
         raise click.UsageError("give --fw, --workers and -o (or --peak)")
-    from opprof.pipeline.calibrate import CalibrateOptions, calibrate, status_line, write_network
+    from opprof.pipeline.calibrate import (
+        DEFAULT_COLOCATION_MODEL,
+        CalibrateOptions,
+        calibrate,
+        status_line,
+        write_network,
+    )
     from opprof.render import renderer
 
-    o = CalibrateOptions(fw, workers, sizes, servers, mode, threads, repeat, timeout_s, units)
+    o = CalibrateOptions(fw, workers, sizes, servers, mode, threads, repeat, timeout_s, units,
+                         model or DEFAULT_COLOCATION_MODEL, batch_size, colocation_rounds)
     with Console(stderr=True).status(status_line(o)):
         net = calibrate(o)
     write_network(net, output)

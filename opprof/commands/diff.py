@@ -51,8 +51,8 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: P
     d = diff_reports(report([a], scheduler=scheduler, jobs=jobs, peak=peak),
                      report([b], scheduler=scheduler, jobs=jobs, peak=peak), a.name, b.name)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
-        from opprof.analysis.whatif import context, op_swaps
         from opprof.loader import load
+        from opprof.model.whatif import context, op_swaps
 
         d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
     write_output(render.diff(d, top=top if top is not None else 15), fmt, output)

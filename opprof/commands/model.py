@@ -46,13 +46,18 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
               help="A measured multi-worker trace: the prediction for its worker count beside "
                    "its terms, with the error, an interval from the measured steps' spread and "
                    "a verdict (too noisy to judge / within the noise / off beyond it).")
+@click.option("--workers-per-host", type=click.IntRange(min=1), default=None,
+              help="Place the predicted workers this many to a host (default: on the base's "
+                   "hosts — one host for a 1-worker trace); workers that share a host slow "
+                   "each other's compute (the co-location term). --check uses the measured "
+                   "run's hosts.")
 @click.option("--straggler/--no-straggler", default=True, show_default=True,
               help="Add the expected wait for the slowest of N workers in each synchronous "
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
 @format_option
 def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
             servers: int | None, network: Path | None, measured: Path | None,
-            straggler: bool, fmt: str) -> None:
+            workers_per_host: int | None, straggler: bool, fmt: str) -> None:
     """Predict TRACE's step time and speed-up on N workers (terms, α–β communication,
     layer-wise pipeline), and optionally check it against a measured run.
 
@@ -60,12 +65,13 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
     Example:
       opprof model resnet18-torch.trace --workers 1,2,4,8,16 --mode allreduce
       opprof model resnet18-torch.trace --workers 2 --check resnet18-ddp2.trace
+      opprof model resnet18-torch.trace --workers 8 --workers-per-host 2 --network net.json
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
     from opprof.analysis.noise import assess, flags
-    from opprof.analysis.predict import check, predict
     from opprof.loader import load
+    from opprof.model.predict import check, predict
     from opprof.pipeline.calibrate import read_network
     from opprof.render import renderer
 
@@ -80,7 +86,7 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
         mode = mode or (str(m.meta["mode"]) if m_workers > 1 and m.meta.get("mode") else None)
         servers = servers or (int(m.meta.get("servers") or 0) or None)
     result = predict(tr, workers, mode=mode, servers=servers, network=net,
-                     straggler=straggler, label=label)
+                     straggler=straggler, label=label, workers_per_host=workers_per_host)
     if measured is not None:
         result.check = check(result, m, measured.name)
         for name, t in ((label, tr), (measured.name, m)):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from opprof.analysis.whatif import Context
+    from opprof.model.whatif import Context
 
 from opprof.commands import echo_output, format_option
 from opprof.commands.model import mode_option, network_option, servers_option
@@ -18,8 +18,8 @@ from opprof.errors import OpprofError
 
 def parse_op(spec: str, others: dict[str, Context]) -> tuple[str, float | Context, str]:
     """``OP=FACTOR`` or ``OP=OTHER.trace`` → (op, factor or the other trace, its label)."""
-    from opprof.analysis.whatif import context
     from opprof.loader import load
+    from opprof.model.whatif import context
 
     op, sep, value = spec.partition("=")
     if not sep or not op.strip() or not value.strip():
@@ -64,8 +64,8 @@ def command(trace: tuple[Path, ...], ops: tuple[str, ...], comm: str | None, io:
       opprof whatif resnet18-torch.trace --op batch_norm=0.5 --comm hidden --io hidden
       opprof whatif ddp2.trace --comm 0.5 --workers 8
     """
-    from opprof.analysis.whatif import context, whatif
     from opprof.loader import load
+    from opprof.model.whatif import context, whatif
     from opprof.pipeline.calibrate import read_network
     from opprof.render import renderer
 

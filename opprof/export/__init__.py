@@ -1,6 +1,8 @@
 """Exporters: write a Trace to other tools' formats. Each module is an :class:`Exporter`
 (``write(trace, path)``, and the file type it writes); :func:`exporter` returns it for a
-``--to`` value.
+``--to`` value: this registry names the modules in a table (:data:`MODULES`) and imports
+the one asked for by name; the exporters share :mod:`opprof.export.tracks`, never this module
+(``opprof.export.conformance`` has mypy check each against :class:`Exporter`).
 
 Memory rows (kind ``memory``) are no slices: the trace viewers get them as counter tracks, one
 per (rank, series, device), over the time the rank's events span (samples from before and
@@ -9,15 +11,17 @@ The CSV export is the table itself, memory rows included."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from opprof.trace import Trace
 
-TARGETS = ("perfetto", "chrome", "csv")
+#: ``--to`` → the module that writes it.
+MODULES = {"perfetto": "opprof.export.perfetto", "chrome": "opprof.export.chrome",
+           "csv": "opprof.export.csv"}
+TARGETS = tuple(MODULES)
 
 
 class Exporter(Protocol):
@@ -32,41 +36,8 @@ class Exporter(Protocol):
 
 def exporter(target: str) -> Exporter:
     """The exporter of a ``--to`` value."""
-    if target == "perfetto":
-        from opprof.export import perfetto
+    if target not in MODULES:
+        from opprof.errors import OpprofError
 
-        return perfetto
-    if target == "chrome":
-        from opprof.export import chrome
-
-        return chrome
-    if target == "csv":
-        from opprof.export import csv
-
-        return csv
-    from opprof.errors import OpprofError
-
-    raise OpprofError(f"--to {target}: choose from {', '.join(TARGETS)}")
-
-
-def split_memory(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the events without memory rows, the memory rows inside their rank's event span, with
-    a ``track`` name: ``memory <series> <device>``)."""
-    mem = events["kind"] == "memory"
-    if not mem.any():
-        return events, events.iloc[0:0].assign(track="")
-    ev, m = events[~mem], events[mem]
-    span = ev.assign(end=ev["ts"] + ev["dur"]).groupby("rank", observed=True).agg(
-        lo=("ts", "min"), hi=("end", "max"))
-    lo = m["rank"].map(span["lo"])
-    hi = m["rank"].map(span["hi"])
-    m = m[(m["ts"] >= lo) & (m["ts"] <= hi)]
-    track = "memory " + m["name"].astype(str) + " " + m["device"].astype(str)
-    return ev, m.assign(track=track.to_numpy())
-
-
-def lanes(events: pd.DataFrame) -> pd.DataFrame:
-    """Events with a ``lane`` number per (rank, pid, tid), for exporters that need tracks."""
-    ev = events.copy()
-    ev["lane"] = ev.groupby(["rank", "pid", "tid"], sort=True, observed=True).ngroup()
-    return ev
+        raise OpprofError(f"--to {target}: choose from {', '.join(TARGETS)}")
+    return cast(Exporter, importlib.import_module(MODULES[target]))

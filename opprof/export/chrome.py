@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from opprof.export import lanes, split_memory
+from opprof.export.tracks import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 

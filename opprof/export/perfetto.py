@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from opprof.errors import OpprofError
-from opprof.export import lanes, split_memory
+from opprof.export.tracks import lanes, split_memory
 from opprof.files import write_atomic
 from opprof.trace import Trace
 

@@ -35,14 +35,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
 from opprof.analysis.matrix import (
     Bench,
     BenchPrediction,
     Run,
     combine_repeats,
     compare,
-    prediction,
     summarize,
 )
 from opprof.collectors.config import RecordConfig
@@ -51,6 +49,8 @@ from opprof.errors import ErrorKind, Interrupted, OpprofError, raise_on_signals,
 from opprof.files import write_atomic
 from opprof.invocation import set_invocation
 from opprof.kinds import DONE, FRAMEWORK_INFO, Framework, Mode, RunStatus, framework_info
+from opprof.model.benchpredict import prediction
+from opprof.model.commmodel import Network
 from opprof.pipeline.calibrate import read_network
 from opprof.trace import TraceFile, read_parquet
 
@@ -228,7 +228,7 @@ def trace_path(folder: Path, run: Run, k: int = 1, repeat: int = 1) -> Path:
 def add_predictions(runs: list[Run], folder: Path, network: Network | None,
                     repeat: int = 1) -> None:
     """For each recorded multi-worker run: the model's prediction from the same framework and
-    model's 1-worker run, into its summary (:func:`opprof.analysis.matrix.prediction`); with
+    model's 1-worker run, into its summary (:func:`opprof.model.benchpredict.prediction`); with
     ``--repeat``, from and against each combination's median repetition."""
 
     def trace_of(r: Run) -> Path:

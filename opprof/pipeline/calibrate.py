@@ -6,6 +6,7 @@ model`, `opprof whatif` and `opprof bench`)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import tempfile
@@ -15,12 +16,17 @@ from typing import Any
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, fit
-from opprof.analysis.sharded import fit_network
 from opprof.errors import ErrorKind, OpprofError
 from opprof.files import write_atomic
 from opprof.kinds import Collective, Framework, Mode, framework_info
+from opprof.model.colocation import fit_loop, slowdowns
+from opprof.model.commmodel import Network, fit
+from opprof.model.sharded import fit_network
 
+#: The model whose training step the co-location loop times by default: small, so that many
+#: interleaved rounds fit in a few seconds (``--model`` names the user's).
+DEFAULT_COLOCATION_MODEL = "lenet5"
+DEFAULT_BATCH = 32
 
 @dataclass(frozen=True)
 class CalibrateOptions:
@@ -37,13 +43,21 @@ class CalibrateOptions:
     #: --mode fsdp: time the FSDP units of this built-in model or `.trace` (:func:`unit_sizes`)
     #: instead of ``sizes``
     units: str | None = None
+    #: co-location: the built-in model (or a `.trace`, its model and batch) whose training step
+    #: the loop times alone and on k workers at once, its batch, and the loop's rounds (0: none)
+    model: str = DEFAULT_COLOCATION_MODEL
+    batch_size: int | None = None
+    colocation_rounds: int = 8
 
 
 def status_line(o: CalibrateOptions) -> str:
     """What is being measured, in one line."""
     sizes = f"{o.units}'s FSDP units" if o.units else f"{len(o.sizes)} sizes"
+    coloc = (f", then co-location: {Path(o.model).name}'s step alone and on 2…{o.workers} "
+             f"workers at once × {o.colocation_rounds} rounds"
+             if o.colocation_rounds > 0 and o.workers > 1 else "")
     return (f"calibrating {o.fw} {framework_info(o.fw).backend} on {o.workers} worker(s): "
-            f"{sizes} × {o.repeat}")
+            f"{sizes} × {o.repeat}{coloc}")
 
 
 def calibrate(o: CalibrateOptions) -> Network:
@@ -59,16 +73,22 @@ def calibrate(o: CalibrateOptions) -> Network:
         if o.mode != Mode.FSDP:
             raise OpprofError("--units: the FSDP units' sizes are for --mode fsdp")
         sizes = unit_sizes(o.units)
+    extra: dict[str, Any] = {"mode": str(o.mode)} if o.mode == Mode.FSDP else {}
+    loop = colocation_loop(o)
+    if loop is not None:
+        extra["colocation"] = loop
     job = netbench.Job(fw=fw, workers=workers, servers=servers, sizes=sizes,
-                       repeat=o.repeat, threads=threads, timeout_s=o.timeout_s,
-                       extra={"mode": str(o.mode)} if o.mode == Mode.FSDP else {})
+                       repeat=o.repeat, threads=threads, timeout_s=o.timeout_s, extra=extra)
     workdir = Path(tempfile.mkdtemp(prefix="opprof-calibrate-"))
     samples = netbench.run(job, workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     df = pd.DataFrame(samples)
-    facts = {"host": socket.gethostname(),
-             "threads": threads or netbench.default_threads(fw, workers, servers),
-             "repeat": o.repeat}
+    facts: dict[str, Any] = {"host": socket.gethostname(),
+                             "threads": threads or netbench.default_threads(fw, workers, servers),
+                             "repeat": o.repeat}
+    if "kind" in df and (df["kind"] == "coloc").any():
+        facts["colocation"] = colocation_info(df[df["kind"] == "coloc"], loop or {})
+        df = df[df["kind"] != "coloc"].reset_index(drop=True)
     if o.mode == Mode.FSDP:
         return fsdp_network(df, workers, facts)
     if "kind" in df and (df["kind"] == "beside").any():
@@ -92,11 +112,60 @@ def calibrate(o: CalibrateOptions) -> Network:
     return net
 
 
+def colocation_loop(o: CalibrateOptions) -> dict[str, Any] | None:
+    """What the co-location loop runs (None: ``colocation_rounds`` 0, or one worker): the
+    model and batch of ``o.model`` — a built-in model, or a recorded `.trace`'s (its
+    metadata's ``model`` and ``batch_size``; ``o.batch_size`` wins) — and the rounds."""
+    if o.colocation_rounds <= 0 or o.workers < 2:
+        return None
+    model, batch = o.model, o.batch_size
+    path = Path(o.model)
+    if path.suffix == ".trace" or path.exists():
+        from opprof.trace import TraceFile
+
+        if not path.is_file():
+            raise OpprofError("no such file (--model: a built-in model or a recorded .trace)",
+                              path=path, kind=ErrorKind.MISSING)
+        meta = TraceFile(path).meta
+        if not meta.get("model"):
+            raise OpprofError("names no built-in model in its metadata; give --model MODEL",
+                              path=path)
+        model, batch = str(meta["model"]), batch or meta.get("batch_size")
+    from opprof.collectors.config import canonical_name
+
+    return {"model": canonical_name(model), "batch_size": int(batch or DEFAULT_BATCH),
+            "rounds": o.colocation_rounds}
+
+
+def colocation_info(samples: pd.DataFrame, loop: dict[str, Any]) -> dict[str, Any]:
+    """The network file's ``info.colocation``: ``slowdown`` (k → s(k): the median over the
+    rounds of each round's ratio of the k-worker phase's median step to the one-worker phase's,
+    less 1; :mod:`opprof.model.colocation`), each round's ratios, ``cpu_slowdown`` (the
+    same of the steps' CPU time: the contention for caches and memory without the scheduler's
+    share of the cores, which the wall time holds too), the median step alone and
+    with k at once, the loop's model, batch, rounds and seconds per phase, this host's CPUs
+    and its load average when the loop ended."""
+    from opprof.collectors.netbench import PHASE_S
+
+    ratios = fit_loop(samples)
+    med = samples[samples["index"] > 0].groupby("k")["ns"].median()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpu = slowdowns(fit_loop(samples, "cpu_ns")) if "cpu_ns" in samples else {}
+    return {"slowdown": {str(k): v for k, v in slowdowns(ratios).items()},
+            "ratios": {str(k): v for k, v in ratios.items()},
+            "cpu_slowdown": {str(k): v for k, v in cpu.items()},
+            "alone_ns": float(med.get(1, float("nan"))),
+            "together_ns": {str(int(k)): float(v) for k, v in med.items() if int(k) > 1},
+            "model": loop.get("model"), "batch_size": loop.get("batch_size"),
+            "rounds": int(samples["round"].nunique()), "seconds_per_phase": PHASE_S,
+            "cpus": cpus, "load_average": round(os.getloadavg()[0], 2)}
+
+
 def unit_sizes(spec: str) -> tuple[int, ...]:
     """The distinct unsharded bytes of the FSDP units of ``spec``: a `.trace` (its units,
-    :func:`opprof.analysis.sharded.unit_bytes`) or a built-in model, sharded as `opprof record
+    :func:`opprof.model.sharded.unit_bytes`) or a built-in model, sharded as `opprof record
     --mode fsdp` shards it (with the default dataset's classes)."""
-    from opprof.analysis.sharded import unit_bytes
+    from opprof.model.sharded import unit_bytes
 
     path = Path(spec)
     if path.suffix == ".trace" or path.exists():

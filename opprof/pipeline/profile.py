@@ -92,7 +92,7 @@ class profile:  # noqa: N801 - used like a function: ``with opprof.profile(...)`
 
     def _merge(self, runner: Runner) -> None:
         """Write ``output`` from the native traces of this session's processes."""
-        from opprof.collectors.jobs import command_recording
+        from opprof.collectors.launch import command_recording
         from opprof.pipeline import save_recording
 
         folder = self.native

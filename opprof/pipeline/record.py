@@ -13,8 +13,8 @@ from pathlib import Path
 from opprof.collectors import Progress as ProgressFn
 from opprof.collectors import RecordConfig, Rendezvous, no_progress
 from opprof.collectors import record as collect
-from opprof.collectors.jobs import CONFIG_FILE, Recording
-from opprof.collectors.memory import memory_files
+from opprof.collectors.launch import CONFIG_FILE, Recording
+from opprof.collectors.rss import memory_files
 from opprof.errors import Interrupted, OpprofError
 from opprof.kinds import Device, Framework, Mode, framework_info
 from opprof.pipeline import native_folder, save_recording

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from opprof.collectors import channel, inject
 from opprof.collectors.config import Facts, Protocol
-from opprof.collectors.jobs import command_recording, partial_meta
-from opprof.collectors.memory import sampling
+from opprof.collectors.launch import command_recording, partial_meta
+from opprof.collectors.rss import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
 from opprof.errors import Interrupted, OpprofError
 from opprof.kinds import Framework

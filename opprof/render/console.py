@@ -11,15 +11,15 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from opprof.analysis.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
-from opprof.analysis.predict import Check, ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
 from opprof.kinds import DONE, Mode, RunStatus
-from opprof.render import ALL_VIEWS
+from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
+from opprof.model.predict import Check, ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.units import ab_ratio, mib, rate, ratio, share, size
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
@@ -896,21 +896,28 @@ def model(result: ModelResult) -> str:
                     f"{f', {result.servers} server(s)' if result.servers else ''}; ms)",
               title_justify="left")
     for c in ["workers", "step", "speed-up", "efficiency", "exposed comm", "comm busy",
-              "wait", "interference", "compute"]:
+              "wait", "interference", "co-location", "compute"]:
         p.add_column(c, justify="right")
     for r in predictions_table(result).to_dict("records"):
         compute = r["step_ns"] - r["exposed_comm_ns"]
         p.add_row(str(r["workers"]), ms(r["step_ns"]), f"{r['speedup']:.2f}x",
                   pct(r["efficiency"]), ms(r["exposed_comm_ns"]), ms(r["comm_busy_ns"]),
-                  ms(r["wait_ns"]), ms(r["t_interf"]), ms(compute))
+                  ms(r["wait_ns"]), ms(r["t_interf"]), ms(r["t_coloc"]), ms(compute))
     p.caption = ("speed-up = N × step(1) / step(N); wait = expected wait for the slowest "
                  "worker (inside exposed comm); interference = backward time lost to compute "
-                 "slowed beside collectives (t_interf, inside compute)")
+                 "slowed beside collectives (t_interf); co-location = compute time lost to the "
+                 "other processes computing on the worker's host (t_coloc); both inside compute")
     last = result.predictions[-1].interference if result.predictions else None
     if last is not None:
         p.caption += (f"\ninterference at {result.predictions[-1].workers} workers: compute "
                       f"beside a collective ×{1 + last.slowdown:.2f}, the collective beside "
                       f"compute ×{1 + last.comm_slowdown:.2f} ({last.source})")
+    coloc = result.predictions[-1].colocation if result.predictions else None
+    if coloc is not None:
+        from opprof.render.modeltables import colocation_line
+
+        p.caption += f"\n{colocation_line(coloc, result.predictions[-1].workers)}"
+
     items: list[RenderableType] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
               for n in result.notes]
@@ -922,7 +929,7 @@ def model(result: ModelResult) -> str:
 def _messages_table(result: ModelResult) -> Table:
     """The messages the pipeline sends per step: gradients grouped as the framework groups
     them, with when they are ready in the base's backward pass."""
-    from opprof.analysis.simulate import messages
+    from opprof.model.simulate import messages
 
     g = result.base.gradients
     units = result.base.units
@@ -964,6 +971,10 @@ def _check_items(c: Check) -> list[RenderableType]:
         line += Text(f"\npredicted {ms(sp.interval_ns[0])} … {ms(sp.interval_ns[1])} ms (± the "
                      f"measured mean's 95% interval, {sp.steps} rank-steps, cv {sp.cv:.1%}): "
                      f"{sp.verdict}", style="bold yellow" if sp.noisy else "")
+    if c.colocation is not None:
+        from opprof.render.modeltables import colocation_verdict
+
+        line += Text(f"\n{colocation_verdict(c.colocation)}")
     return [t, line]
 
 
@@ -1025,4 +1036,32 @@ def calibration(net: Network) -> str:
                  f"{f.get('points', 0)} sizes; ⚠ = off by more than ±{FIT_LIMIT:.0%}"
                  + (f"; {f['note']}" if f.get("note") else ""))
     warning = fit_warning(net)
-    return render(head, t, *([Text(warning, style="bold yellow")] if warning else []))
+    items: list[RenderableType] = [head, t]
+    coloc = net.info.get("colocation")
+    if isinstance(coloc, dict) and coloc.get("slowdown"):
+        items.append(_colocation_table(coloc))
+    return render(*items, *([Text(warning, style="bold yellow")] if warning else []))
+
+
+def _colocation_table(c: dict[str, Any]) -> Table:
+    """The co-location loop of a calibration: per worker count, the step alone and with k at
+    once, s(k) and the rounds' ratios."""
+    t = Table(title=f"Co-location ({c.get('model')} training step, batch "
+                    f"{c.get('batch_size')}, {c.get('rounds')} interleaved rounds)",
+              title_justify="left")
+    for col in ["workers at once", "step alone", "step together", "slowdown", "rounds' ratios",
+                "CPU time"]:
+        t.add_column(col, justify="right")
+    for k, s in sorted(c["slowdown"].items(), key=lambda kv: int(kv[0])):
+        ratios = sorted(c.get("ratios", {}).get(k, []))
+        spread = f"{ratios[0]:.2f} … {ratios[-1]:.2f}" if ratios else "-"
+        cpu = c.get("cpu_slowdown", {}).get(k)
+        t.add_row(k, f"{c.get('alone_ns', float('nan')) / 1e6:,.1f} ms",
+                  f"{c.get('together_ns', {}).get(k, float('nan')) / 1e6:,.1f} ms",
+                  f"×{1 + max(0.0, s):.3f}", spread, "-" if cpu is None else f"×{1 + cpu:.3f}")
+    t.caption = ("slowdown (what the model applies): the median over rounds of each round's "
+                 "median step with k workers at once over its step alone (alone and together "
+                 "back to back); CPU time: the same of the steps' CPU time (caches and memory "
+                 "without the scheduler's share of the cores); load average "
+                 f"{c.get('load_average', '?')} at the end")
+    return t

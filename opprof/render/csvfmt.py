@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
 from opprof.analysis.diff import Diff
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
-from opprof.render import ALL_VIEWS
+from opprof.model.commmodel import Network
+from opprof.model.predict import ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render.tables import diff_table, report_table
+from opprof.render.views import ALL_VIEWS
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS

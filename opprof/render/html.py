@@ -28,12 +28,13 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from opprof import __version__
 from opprof.analysis.diff import Diff, memory_verdict
 from opprof.analysis.report import Report
-from opprof.render import PAGE_VIEWS, palette, plotdata, units
+from opprof.render import palette, plotdata, units
 from opprof.render.plotdata import MS
+from opprof.render.views import PAGE_VIEWS
 from opprof.taxonomy import PHASES
+from opprof.version import __version__
 
 if TYPE_CHECKING:
     from opprof.analysis.matrix import Bench

@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from opprof.analysis.report import Report
-from opprof.render import ALL_VIEWS
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
-    from opprof.analysis.commmodel import Network
     from opprof.analysis.diff import Diff
-    from opprof.analysis.predict import ModelResult
-    from opprof.analysis.whatif import WhatIf
     from opprof.jsontypes import JSONObject
+    from opprof.model.commmodel import Network
+    from opprof.model.predict import ModelResult
+    from opprof.model.whatif import WhatIf
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
@@ -159,7 +159,7 @@ def diff(d: Diff, top: int | None = None) -> str:
 
 def model_dict(result: ModelResult) -> JSONObject:
     """`opprof model`'s JSON (docs/json.md)."""
-    from opprof.analysis.simulate import messages
+    from opprof.model.simulate import messages
     from opprof.render.modeltables import terms_table
 
     b = result.base
@@ -168,6 +168,8 @@ def model_dict(result: ModelResult) -> JSONObject:
               "exposed_comm_ns": p.exposed_comm_ns, "comm_busy_ns": p.comm_busy_ns,
               "wait_ns": p.wait_ns, "interference_ns": p.interference_ns,
               "interference": p.interference.to_dict() if p.interference else None,
+              "colocation_ns": p.colocation_ns,
+              "colocation": p.colocation.to_dict() if p.colocation else None,
               "terms": p.terms()} for p in result.predictions]
     check = None
     if result.check is not None:
@@ -175,7 +177,8 @@ def model_dict(result: ModelResult) -> JSONObject:
         check = {"label": c.label, "measured_step_ns": c.measured_step_ns,
                  "predicted_step_ns": c.predicted_step_ns, "error": _clean(c.error),
                  "terms": records(c.terms), "resources": c.resources.to_dict(),
-                 "spread": c.spread.to_dict() if c.spread is not None else None}
+                 "spread": c.spread.to_dict() if c.spread is not None else None,
+                 "colocation": c.colocation.to_dict() if c.colocation is not None else None}
     g = b.gradients
     return {
         "base": {"label": b.label, "framework": b.framework, "model": b.meta.model,

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, fit_warning
 from opprof.analysis.diff import Diff, memory_verdict
-from opprof.analysis.predict import ModelResult
 from opprof.analysis.report import Report
-from opprof.analysis.whatif import WhatIf
-from opprof.render import ALL_VIEWS
+from opprof.model.commmodel import Network, fit_warning
+from opprof.model.predict import ModelResult
+from opprof.model.whatif import WhatIf
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
+from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 #: The views this format renders (all views) and its file type.
@@ -137,6 +137,13 @@ def model(result: ModelResult) -> str:
         out += [f"### Check against {c.label}", "", md_table(check_table(result)), "",
                 f"Predicted {c.predicted_step_ns / 1e6:,.3f} ms vs measured "
                 f"{c.measured_step_ns / 1e6:,.3f} ms per step: error {c.error:+.1%}.", ""]
+        if c.spread is not None:
+            out += [f"Measured noise: {c.spread.verdict}.", ""]
+        if c.colocation is not None:
+            from opprof.render.modeltables import colocation_verdict
+
+            out += [f"{colocation_verdict(c.colocation)[0].upper()}"
+                    f"{colocation_verdict(c.colocation)[1:]}.", ""]
     out += [f"Note: {n}" for n in result.notes]
     return "\n".join(out).rstrip() + "\n"
 

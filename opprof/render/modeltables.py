@@ -1,5 +1,5 @@
 """The tables of `opprof model`, `opprof whatif` and `opprof calibrate` as DataFrames, shared by
-the csv and markdown renderers (and the JSON one's lists)."""
+the csv and markdown renderers (and the JSON one's lists), and the sentences they share."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Any
 
 import pandas as pd
 
-from opprof.analysis.commmodel import Network
-from opprof.analysis.predict import ModelResult
-from opprof.analysis.terms import PHASE_OF
-from opprof.analysis.whatif import WhatIf
+from opprof.model.colocation import Colocation
+from opprof.model.commmodel import Network
+from opprof.model.predict import ColocationCheck, ModelResult
+from opprof.model.terms import PHASE_OF
+from opprof.model.whatif import WhatIf
 from opprof.taxonomy import PHASES
 
 
@@ -60,3 +61,25 @@ def samples_table(net: Network | list[dict[str, Any]]) -> pd.DataFrame:
     samples = net.samples if isinstance(net, Network) else net
     t = pd.DataFrame(samples, columns=["bytes", "ns", "calls", "predicted_ns"])
     return t.assign(fit_error=(t["predicted_ns"] - t["ns"]) / t["ns"])
+
+
+def colocation_line(c: Colocation, workers: int) -> str:
+    """The co-location of one prediction in words."""
+    most = (f", the most crowded host's ×{1 + c.max_slowdown:.2f}"
+            if c.max_slowdown > c.slowdown + 1e-9 else "")
+    return (f"co-location at {workers} worker{'s' if workers != 1 else ''} "
+            f"({c.crowd:g} computing per host, {c.placement or 'placement unknown'}): "
+            f"compute ×{1 + c.slowdown:.2f}{most} ({c.source})")
+
+
+def colocation_verdict(c: ColocationCheck) -> str:
+    """How much of a check's error the co-location term explains, in one sentence."""
+    moved = c.error_without - c.error
+    if abs(c.predicted_ns) < 1 and abs(moved) < 1e-9:
+        return (f"co-location: none predicted ({c.colocation.source}); the measured workers' "
+                f"compute beyond the base's alone: {c.measured_ns / 1e6:+,.1f} ms")
+    return (f"co-location: {c.predicted_ns / 1e6:+,.1f} ms predicted, "
+            f"{c.measured_ns / 1e6:+,.1f} ms measured (the workers' compute beyond the "
+            f"prediction's alone); without it the step would be "
+            f"{c.step_without_ns / 1e6:,.1f} ms (error {c.error_without:+.1%}), with it "
+            f"{c.error:+.1%}: it explains {c.explained * 100:+.1f} points of the error")

@@ -44,7 +44,7 @@ from opprof.collectors.config import (
     job_meta,
     require_installed,
 )
-from opprof.collectors.memory import memory_files, sampling
+from opprof.collectors.rss import memory_files, sampling
 from opprof.collectors.runner import LABEL_ENV
 from opprof.collectors.supervisor import (
     Child,

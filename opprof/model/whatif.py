@@ -26,7 +26,7 @@ defines) and another worker count use the phase-level model (``engine`` ``phases
 graph, the phases carry the graph's step (the gap to the model goes to the phases it moved).
 
 The new step is the measured one moved by what the simulation changed
-(:func:`opprof.analysis.predict.calibrated`), so a what-if that changes nothing returns the
+(:func:`opprof.model.predict.calibrated`), so a what-if that changes nothing returns the
 measured step exactly, and on a serial run (one operator at a time, one worker) replacing an
 operator's time by B's moves the step by exactly B's time minus A's. Each change's own effect
 (applied alone) is reported beside the combined one.
@@ -41,23 +41,25 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network, collective_of
-from opprof.analysis.critical import op_wall
 from opprof.analysis.critpath import COMM as COMM_PART
 from opprof.analysis.critpath import Graph, graph_of, replay
 from opprof.analysis.ops import op_table
-from opprof.analysis.predict import (
-    Baseline,
-    baseline,
-    calibrated,
-    interference_for,
-    network_for,
-    plan,
-)
-from opprof.analysis.simulate import simulate
+from opprof.analysis.opshare import op_wall
 from opprof.errors import OpprofError
 from opprof.filters import device_work
 from opprof.kinds import Collective, Mode, default_mode
+from opprof.model.commmodel import Network, collective_of
+from opprof.model.predict import (
+    Baseline,
+    baseline,
+    calibrated,
+    colocation_scale,
+    interference_for,
+    network_for,
+    placement_for,
+    plan,
+)
+from opprof.model.simulate import simulate
 from opprof.taxonomy import CANONICAL_OPS, COMM_OPS, PHASES
 from opprof.trace import Trace
 
@@ -234,10 +236,14 @@ def _apply(ctx: Context, factors: dict[str, float | None], comm: str | float | N
     s0, s1 = (0.0, 0.0) if hidden else (i0.slowdown, i1.slowdown)
     p0, _ = plan(base, m, base_mode, max(base.servers, 1), net, straggler=True,
                  interference=s0, comm_interference=0.0 if hidden else i0.comm_slowdown)
-    p1, _ = plan(base, n, mode if n > 1 else Mode.SINGLE, s, net,
+    # other workers computing on the same hosts slow the compute (opprof.model.colocation)
+    new_mode = mode if n > 1 else Mode.SINGLE
+    cs = colocation_scale(base, net, new_mode, n, s, placement_for(base, new_mode, n, s))
+    p1, _ = plan(base, n, new_mode, s, net,
                  deltas=deltas, comm_scale=comm_scale, communicate=not hidden,
                  io_hidden=io_hidden, straggler=True, interference=s1,
-                 comm_interference=0.0 if hidden else i1.comm_slowdown)
+                 comm_interference=0.0 if hidden else i1.comm_slowdown,
+                 colocation=cs.relative, colocation_wait_ns=cs.wait_ns)
     phases = calibrated(base.phases, simulate(p0), simulate(p1), comm_hidden=hidden)
     if io_hidden:
         phases["load"] = 0.0

@@ -24,7 +24,7 @@ of both), else its share of the bytes.
   pays for the call after the last rank entered it, FSDP's copies inside (`opprof calibrate
   --mode fsdp` times it so; :func:`fsdp_calls` reads it from an FSDP trace): the measured
   curve, the ring's α–β ``(N−1)·α + (N−1)/N·n·β`` beyond it and at other N
-  (:mod:`opprof.analysis.commmodel`), each kind its own; a network that times the
+  (:mod:`opprof.model.commmodel`), each kind its own; a network that times the
   collective alone (an earlier calibrate, a GPU trace's spans) adds FSDP's copies around it
   (copy-in of the shard, copy-out of the gathered unit, the gradient's copy-in before RS) at
   ``copy_ns_per_byte`` per byte on the compute lane;
@@ -45,19 +45,17 @@ breakdown files FSDP's copies (op ``memory``, phase ``comm``) — so they sum to
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.commmodel import Network, fit
-from opprof.analysis.simulate import COMPUTE_PHASES, SimResult, expected_max_normal
 from opprof.errors import OpprofError
 from opprof.filters import counted, on_host, step_work
 from opprof.intervals import containing, coverage, lane_ids
 from opprof.kinds import Collective
+from opprof.model.commmodel import Network, fit
+from opprof.model.step import COMPUTE_PHASES, ShardedPlan, SimResult, expected_max_normal
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace
 
@@ -73,24 +71,6 @@ _BACKEND_SPAN = r"^[A-Za-z]\w*:[A-Za-z_]\w*$"
 _FSDP_CALL = r"^FSDP::(all_gather|post_backward_reduce)(?: \((.*)\))?$"
 _FSDP_COPY_OUT = r"^FSDP::all_gather_copy_out(?: \((.*)\))?$"
 _C10D_CALL = r"^c10d::_(?:allgather|reduce_scatter)_base_$"
-
-
-@dataclass
-class ShardedPlan:
-    """The inputs of one simulated FSDP step (times in ns, bytes unsharded)."""
-
-    phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
-    unit_bytes: Array  # root first, then each unit, in forward order
-    share: Array  # each unit's share of the forward and backward compute (sums to 1)
-    cost: Callable[[str, float], float]  # (kind, bytes) -> ns of one collective
-    copy_ns_per_byte: float
-    workers: int
-    overlap: bool
-    comm_scale: float = 1.0
-    io_busy_ns: float = 0.0
-    io_prefetch: bool = False
-    straggler_ns: float = 0.0
-    communicate: bool = True
 
 
 def simulate_sharded(plan: ShardedPlan) -> SimResult:
@@ -427,7 +407,7 @@ def fit_network(samples: pd.DataFrame, workers: int, copy_ns_per_byte: float | N
                 center: str = "median", **fields: object) -> Network:
     """An ``fsdp`` network from (kind, bytes, ns) samples: the all-gather's α–β, the
     reduce-scatter's in ``info`` (the all-gather's where it has none); each size's time the
-    ``center`` of its calls (:func:`opprof.analysis.commmodel.fit`)."""
+    ``center`` of its calls (:func:`opprof.model.commmodel.fit`)."""
     ag = samples[samples["kind"] == "all_gather"]
     rs = samples[samples["kind"] == "reduce_scatter"]
     if ag.empty and rs.empty:

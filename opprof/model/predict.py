@@ -3,13 +3,13 @@ one trace, and check a prediction against a measured multi-worker trace, term by
 
 The prediction (see docs/model.md for the equations and what they leave out):
 
-1. **Baseline**: the trace's terms (:mod:`opprof.analysis.terms`, mean over its worker
-   (rank, step)s), its gradients in backward order (:mod:`opprof.analysis.gradients`), its
+1. **Baseline**: the trace's terms (:mod:`opprof.model.terms`, mean over its worker
+   (rank, step)s), its gradients in backward order (:mod:`opprof.model.gradients`), its
    per-worker resources, and the collectives it already holds.
-2. **Network**: α and β of the mode's collective (:mod:`opprof.analysis.commmodel`) — from
+2. **Network**: α and β of the mode's collective (:mod:`opprof.model.commmodel`) — from
    ``--network`` (``opprof calibrate``), else fitted from the trace's own collectives, else an
    assumed 10 Gb/s Ethernet, and the result says which.
-3. **Simulation** (:mod:`opprof.analysis.simulate`) of one step at the base's worker count and
+3. **Simulation** (:mod:`opprof.model.simulate`) of one step at the base's worker count and
    at each N. Every worker computes what the base's worker computed (the same per-worker batch
    and resources), so the compute terms carry over; communication, its overlap with backward,
    the wait for the slowest worker (σ of the base's per-step compute time × the expected
@@ -31,21 +31,34 @@ A prediction holds for workers with the base's resources (device, threads, cores
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
-from opprof.analysis.commmodel import Network, assumed, collective_of, fit, fit_warning
-from opprof.analysis.gradients import FLOAT_BYTES, GradientProfile, profile
-from opprof.analysis.interference import Interference, Measured, from_cores, measure
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
-from opprof.analysis.resources import Resources, resource_mismatch, resources
-from opprof.analysis.sharded import (
+from opprof.errors import OpprofError
+from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mode
+from opprof.model.colocation import NONE as NO_COLOCATION
+from opprof.model.colocation import (
+    Colocation,
+    Curve,
+    Placement,
+    colocation,
+    curve_from_cores,
+    from_network,
+    per_host,
+    placement,
+    spread_over,
+)
+from opprof.model.commmodel import Network, assumed, collective_of, fit, fit_warning
+from opprof.model.gradients import FLOAT_BYTES, GradientProfile, profile
+from opprof.model.interference import Interference, Measured, from_cores, measure
+from opprof.model.resources import Resources, resource_mismatch, resources
+from opprof.model.sharded import (
     ASSUMED_COPY_NS_PER_BYTE,
-    ShardedPlan,
     blocking_wait,
     copy_rate,
     fit_network,
@@ -55,19 +68,17 @@ from opprof.analysis.sharded import (
     unit_bytes,
     unit_shares,
 )
-from opprof.analysis.sharded import trace_samples as sharded_samples
-from opprof.analysis.simulate import (
+from opprof.model.sharded import trace_samples as sharded_samples
+from opprof.model.simulate import policy_for, simulate
+from opprof.model.step import (
     COMPUTE_PHASES,
     Policy,
+    ShardedPlan,
     SimResult,
     StepPlan,
     expected_max_normal,
-    policy_for,
-    simulate,
 )
-from opprof.analysis.terms import PHASE_OF, TERM_OF, Terms, terms_from_steps
-from opprof.errors import OpprofError
-from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mode
+from opprof.model.terms import PHASE_OF, TERM_OF, Terms, terms_from_steps
 from opprof.sharding import REFINES, sharded_mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
@@ -110,6 +121,8 @@ class Baseline:
     units: Units | None = None  # FSDP units (:func:`fsdp_units`)
     #: compute slowed beside the trace's own collectives (:mod:`.interference`)
     interference: Measured | None = None
+    #: where its workers (and servers) computed (:mod:`.colocation`)
+    placement: Placement = field(default_factory=lambda: spread_over(1, 0, 1, "one worker"))
 
     @property
     def phases(self) -> dict[str, float]:
@@ -155,7 +168,8 @@ def baseline(trace: Trace, label: str = "") -> Baseline:
                                   meta.get("batch_size"), meta.get("dataset"),
                                   meta.get("device")),
                     units=fsdp_units(trace, gradients, t.steps),
-                    interference=measure(trace, t.steps) if workers > 1 else None)
+                    interference=measure(trace, t.steps) if workers > 1 else None,
+                    placement=placement(meta, workers))
 
 
 @dataclass
@@ -169,12 +183,12 @@ class Units:
     source: str
     copy_ns_per_byte: float | None
     #: Σ over the compute segments between blocking collectives of each one's σ (ns;
-    #: :func:`opprof.analysis.sharded.segment_spread`), None where the trace cannot say
+    #: :func:`opprof.model.sharded.segment_spread`), None where the trace cannot say
     segment_sigma_ns: float | None = None
-    #: each of those segments' σ (ns; :func:`opprof.analysis.sharded.segment_sigmas`)
+    #: each of those segments' σ (ns; :func:`opprof.model.sharded.segment_sigmas`)
     segment_sigmas: Array | None = None
     #: the spread of the ranks' exits from FSDP's calls in an FSDP trace (ns;
-    #: :func:`opprof.analysis.sharded.fsdp_calls`), whose times hold FSDP's copies; None
+    #: :func:`opprof.model.sharded.fsdp_calls`), whose times hold FSDP's copies; None
     #: where the trace has no FSDP calls on CPU
     exit_spread_ns: float | None = None
     #: the calls of the optimizer's step per step (:func:`.sharded.optimizer_calls`), each a
@@ -183,7 +197,7 @@ class Units:
 
 
 def fsdp_units(trace: Trace, gradients: GradientProfile, steps: int) -> Units:
-    """The :class:`Units` of a trace (:mod:`opprof.analysis.sharded`)."""
+    """The :class:`Units` of a trace (:mod:`opprof.model.sharded`)."""
     nbytes, source = unit_bytes(trace)
     if not len(nbytes):
         total = gradients.total_bytes
@@ -339,20 +353,26 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
          deltas: dict[str, float] | None = None, comm_scale: float = 1.0,
          communicate: bool = True, io_hidden: bool = False,
          straggler: bool = False, interference: float = 0.0,
-         comm_interference: float = 0.0) -> tuple[StepPlan | ShardedPlan, Policy]:
+         comm_interference: float = 0.0, colocation: float = 0.0,
+         colocation_wait_ns: float = 0.0) -> tuple[StepPlan | ShardedPlan, Policy]:
     """The simulation inputs for ``workers`` workers of the base's kind, with compute-phase
-    changes ``deltas`` (ns per step, per phase) applied."""
+    changes ``deltas`` (ns per step, per phase) applied, the worker's compute (forward,
+    backward, its own update) × ``1 + colocation`` (:mod:`.colocation`, relative to the base's)
+    and ``colocation_wait_ns`` more wait for the most crowded host's workers."""
     collective = collective_of(mode) if mode != Mode.SINGLE else Collective.ALLREDUCE
     if collective == Collective.FSDP:
         return _sharded_plan(base, workers, network, deltas, comm_scale, communicate,
-                             io_hidden, straggler)
+                             io_hidden, straggler, colocation, colocation_wait_ns)
     policy = policy_for(base.framework, collective)
     phases = {p: base.phases[p] for p in COMPUTE_PHASES}
     for p, d in (deltas or {}).items():
         if p in phases:
             phases[p] = max(0.0, phases[p] + d)
+    moved = policy.server_update and not base.collective == Collective.PS
+    for p in colocated_phases(moved):
+        phases[p] *= 1.0 + colocation
     server_update = 0.0
-    if policy.server_update and not base.collective == Collective.PS:
+    if moved:
         # The optimizer moves from the worker to the servers (keys split over them).
         server_update = phases["update"] / max(servers, 1)
         phases["update"] = 0.0
@@ -370,6 +390,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     talk = communicate and (workers > 1 or collective == Collective.PS) and mode != Mode.SINGLE
     sync = mode not in ASYNC_MODES
     wait = base.sigma_ns * expected_max_normal(workers) if (straggler and sync) else 0.0
+    wait += colocation_wait_ns if sync else 0.0
 
     def cost(n: float) -> float:
         return float(network.cost_ns(n, workers, max(servers, 1)))
@@ -399,9 +420,99 @@ def interference_for(base: Baseline, network: Network, workers: int) -> Interfer
     return from_cores(base.resources, workers)
 
 
+def colocated_phases(update_moved: bool = False) -> tuple[str, ...]:
+    """The phases co-location slows: the worker's compute (its update unless a parameter
+    server runs the optimizer instead)."""
+    return ("forward", "backward") if update_moved else ("forward", "backward", "update")
+
+
+def colocation_curve(base: Baseline, network: Network) -> tuple[Curve, tuple[str, ...]]:
+    """The co-location curve to predict with (:mod:`.colocation`): `opprof calibrate`'s loop
+    (the network file), else the cores; and what to say about it (a loop of another model or
+    other threads than the base's)."""
+    curve = from_network(network.info) if network.source == "calibrate" else None
+    if curve is None:
+        return curve_from_cores(base.resources), ()
+    notes = []
+    model, batch = base.meta.model, base.meta.batch_size
+    if curve.model and model and (curve.model != model or (
+            curve.batch_size and batch and curve.batch_size != batch)):
+        notes.append(f"co-location calibrated with {curve.model} (batch {curve.batch_size}), "
+                     f"not the base's {model} (batch {batch}): `opprof calibrate --model "
+                     "BASE.trace` times the base's own step")
+    threads = base.resources.threads
+    if curve.threads and threads and curve.threads != threads:
+        notes.append(f"co-location calibrated with {curve.threads} thread(s) per worker, the "
+                     f"base ran {threads}")
+    return curve, tuple(notes)
+
+
+def server_duty(base: Baseline, mode: str, workers: int, servers: int) -> float:
+    """The share of a step a parameter server computes beside the workers' compute: 0 in
+    synchronous modes (its optimizer runs between push and pull, while the workers wait);
+    ``ps-async``, the optimizer of every worker's push, N·t_u/S of the step (at most 1)."""
+    if mode != Mode.PS_ASYNC or base.step_ns <= 0:
+        return 0.0
+    update = base.phases["update"] if base.collective != Collective.PS else 0.0
+    return min(1.0, workers * update / max(servers, 1) / base.step_ns)
+
+
+def colocation_for(base: Baseline, network: Network, place: Placement, mode: str,
+                   servers: int = 0) -> Colocation:
+    """The co-location of ``place``'s workers running ``mode`` (:mod:`.colocation`)."""
+    curve, notes = colocation_curve(base, network)
+    duty = server_duty(base, mode, len(place.workers_on_host), servers)
+    return colocation(curve, place, duty, base.device, notes)
+
+
+def placement_for(base: Baseline, mode: str, workers: int, servers: int,
+                  workers_per_host: int | None = None) -> Placement:
+    """Where ``workers`` predicted workers compute: ``workers_per_host`` to a host, else the
+    base's own placement at its worker count, else spread over the base's hosts."""
+    s = servers if mode in PS_MODES and workers > 1 else 0
+    if workers_per_host:
+        return per_host(workers, workers_per_host, s)
+    if workers == base.workers and s == (base.servers if base.collective else 0):
+        return base.placement
+    known = not base.placement.source.startswith("hosts unknown")
+    return spread_over(workers, s, base.placement.hosts,
+                       base.placement.source if not known else "the base's hosts"
+                       if base.placement.hosts > 1 else "one host, the base's")
+
+
+@dataclass(frozen=True)
+class ColocationScale:
+    """What co-location does to a prediction's simulation (:func:`colocation_scale`)."""
+
+    colocation: Colocation  # of the predicted workers
+    relative: float  # their compute × (1 + relative) of the base's
+    wait_ns: float  # the others' wait for the most crowded host's workers
+    update_moved: bool  # the update runs on parameter servers (not slowed)
+
+
+def colocation_scale(base: Baseline, network: Network, mode: str, workers: int, servers: int,
+                     place: Placement, on: bool = True) -> ColocationScale:
+    """The base's workers computed (1 + s_base) times slower than alone, ``place``'s workers
+    will compute (1 + s) times: the base's compute × (1 + s) / (1 + s_base); the workers of
+    the most crowded host slower still, which the others wait for. ``on=False``: the base's
+    compute as it is (the prediction without the term)."""
+    s_base = colocation_for(base, network, base.placement, base.mode, base.servers)
+    coloc = colocation_for(base, network, place, mode, servers)
+    if not on:
+        coloc = replace(coloc, slowdown=s_base.slowdown, max_slowdown=s_base.slowdown)
+    collective = collective_of(mode) if mode != Mode.SINGLE else Collective.ALLREDUCE
+    moved = policy_for(base.framework, collective, base.device).server_update and \
+        base.collective != Collective.PS and workers > 1
+    alone = sum(base.phases[ph] for ph in colocated_phases(moved)) / (1.0 + s_base.slowdown)
+    wait = (coloc.max_slowdown - coloc.slowdown) * alone if workers > 1 else 0.0
+    return ColocationScale(coloc, (1.0 + coloc.slowdown) / (1.0 + s_base.slowdown) - 1.0,
+                           wait, moved)
+
+
 def _sharded_plan(base: Baseline, workers: int, network: Network,
                   deltas: dict[str, float] | None, comm_scale: float, communicate: bool,
-                  io_hidden: bool, straggler: bool) -> tuple[ShardedPlan, Policy]:
+                  io_hidden: bool, straggler: bool, colocation: float = 0.0,
+                  colocation_wait_ns: float = 0.0) -> tuple[ShardedPlan, Policy]:
     """:func:`plan` for ``fsdp``: the base's compute, the optimizer on a 1/N shard (of the
     base's shard, 1/N_base, in an FSDP base; from a base that did not shard, each of its calls
     plus a DTensor's dispatch), its units' bytes and compute shares."""
@@ -418,6 +529,8 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
         # (calibrate's ``sharded_op_ns``), which sharding does not divide
         phases["update"] += units.optimizer_calls * float(
             network.info.get("sharded_op_ns") or 0.0)
+    for p in colocated_phases():
+        phases[p] *= 1.0 + colocation
     if io_hidden:
         phases["load"] = 0.0
     io_busy = base.terms.extra()["io_busy_ns"]
@@ -434,7 +547,7 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
         wait = blocking_wait(units.segment_sigmas,
                              float(network.info.get("exit_spread_ns") or 0.0),
                              len(units.bytes), workers)
-    wait = wait if straggler else 0.0
+    wait = (wait if straggler else 0.0) + colocation_wait_ns
     talk = communicate and workers > 1
     return ShardedPlan(
         phases=phases, unit_bytes=units.bytes if talk else np.zeros(0, np.int64),
@@ -482,17 +595,29 @@ class Prediction:
     #: the part of the backward phase lost to compute slowed beside collectives (ns)
     interference_ns: float = 0.0
     interference: Interference | None = None
+    #: per phase (forward, backward, update): the part lost to other processes computing on
+    #: the same host (:mod:`.colocation`), ns
+    colocation_parts: dict[str, float] = field(default_factory=dict)
+    colocation: Colocation | None = None
+
+    @property
+    def colocation_ns(self) -> float:
+        """Compute time lost to co-location per step (ns): the term ``t_coloc``."""
+        return float(sum(self.colocation_parts.values()))
 
     def terms(self) -> dict[str, float]:
         """The predicted terms: t_io … other, with the backward's slowdown beside
-        collectives as its own term ``t_interf`` (t_b without it); they sum to the step."""
+        collectives as its own term ``t_interf`` (t_b without it) and the compute lost to
+        co-location as ``t_coloc`` (t_f, t_b and t_u without it); they sum to the step."""
         out: dict[str, float] = {}
+        lost = self.colocation_parts
         for p, v in self.phases.items():
             if p == "backward":
-                out["t_b"] = v - self.interference_ns
+                out["t_b"] = v - self.interference_ns - lost.get(p, 0.0)
                 out["t_interf"] = self.interference_ns
+                out["t_coloc"] = self.colocation_ns
             else:
-                out[TERM_OF[p]] = v
+                out[TERM_OF[p]] = v - lost.get(p, 0.0)
         return out
 
 
@@ -507,6 +632,33 @@ class Check:
     terms: pd.DataFrame  # term, predicted_ns, measured_ns, error_ns, error
     resources: Resources
     spread: Spread | None = None
+    colocation: ColocationCheck | None = None
+
+
+@dataclass
+class ColocationCheck:
+    """How much of a check's error the co-location term explains: the term predicted and as
+    the measured run shows it (its workers' compute, t_interf out, beyond the prediction's
+    compute alone), and the step predicted with and without it against the measured step."""
+
+    predicted_ns: float
+    measured_ns: float
+    step_without_ns: float
+    error_without: float  # the step's error without the term
+    error: float  # with it (the check's)
+    colocation: Colocation
+
+    @property
+    def explained(self) -> float:
+        """Points of the step's |error| the term removes (negative: it adds error)."""
+        return abs(self.error_without) - abs(self.error)
+
+    def to_dict(self) -> JSONObject:
+        """JSON form."""
+        return {"predicted_ns": self.predicted_ns, "measured_ns": self.measured_ns,
+                "step_without_ns": self.step_without_ns, "error_without": self.error_without,
+                "error": self.error, "explained": self.explained,
+                **self.colocation.to_dict()}
 
 
 #: A measured run whose steps vary more than this (coefficient of variation) is too noisy to
@@ -593,14 +745,18 @@ class ModelResult:
     check: Check | None = None
     notes: list[str] = field(default_factory=list)
     straggler: bool = True
+    #: the predicted workers' placement: this many to a host (None: the base's hosts)
+    workers_per_host: int | None = None
 
 
 def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
             servers: int | None = None, network: Network | None = None,
             straggler: bool = True, label: str = "",
-            base: Baseline | None = None) -> ModelResult:
+            base: Baseline | None = None,
+            workers_per_host: int | None = None) -> ModelResult:
     """Predict the step at each worker count (see the module docstring); ``base`` instead of
-    ``trace`` when the baseline is already read."""
+    ``trace`` when the baseline is already read; ``workers_per_host``: the predicted workers
+    placed so many to a host (default: on the base's hosts)."""
     if base is None:
         if trace is None:
             raise OpprofError("no trace to model")
@@ -633,13 +789,17 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append("no gradient bytes known: communication is predicted as zero")
     result = ModelResult(base, mode, servers if collective == Collective.PS else 0, net, note,
                          policy_for(base.framework, collective, base.device), [], None, notes,
-                         straggler)
+                         straggler, workers_per_host)
+    notes.extend(colocation_curve(base, net)[1])
     result.predictions = [predict_one(result, n, servers) for n in workers]
     return result
 
 
-def predict_one(result: ModelResult, workers: int, servers: int | None = None) -> Prediction:
-    """The prediction of ``result``'s model for ``workers`` workers (and ``servers``)."""
+def predict_one(result: ModelResult, workers: int, servers: int | None = None,
+                place: Placement | None = None, with_colocation: bool = True) -> Prediction:
+    """The prediction of ``result``'s model for ``workers`` workers (and ``servers``), placed
+    on hosts as ``place`` says (default: :func:`placement_for`); ``with_colocation=False``
+    leaves the co-location term out (what `--check` compares it with)."""
     if workers < 1:
         raise OpprofError("--workers: every count must be at least 1")
     base, mode, net = result.base, result.mode, result.network
@@ -653,14 +813,23 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
     sim_base = simulate(base_plan)
     single = base.step_ns - base.phases["comm"]
     interf = interference_for(base, net, workers)
-    p, _ = plan(base, workers, mode if workers > 1 else Mode.SINGLE, servers, net,
+    new_mode = mode if workers > 1 else Mode.SINGLE
+    place = place or placement_for(base, new_mode, workers, servers, result.workers_per_host)
+    cs = colocation_scale(base, net, new_mode, workers, servers, place, with_colocation)
+    p, _ = plan(base, workers, new_mode, servers, net,
                 straggler=result.straggler, interference=interf.slowdown,
-                comm_interference=interf.comm_slowdown)
+                comm_interference=interf.comm_slowdown, colocation=cs.relative,
+                colocation_wait_ns=cs.wait_ns)
     sim = simulate(p)
     phases = calibrated(base.phases, sim_base, sim)
     measured_interf = base.interference.extra_ns if base.interference is not None else 0.0
     interf_ns = min(phases["backward"], max(
         0.0, measured_interf + (sim.interference_ns - sim_base.interference_ns)))
+    # the co-location term: the part (s / (1 + s)) of each slowed phase's compute
+    coloc = cs.colocation
+    lost = coloc.slowdown / (1.0 + coloc.slowdown)
+    parts = {ph: lost * max(0.0, phases[ph] - (interf_ns if ph == "backward" else 0.0))
+             for ph in colocated_phases(cs.update_moved)}
     step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
     speedup = workers * single / step if step > 0 else float("nan")
     busy = sim.comm_busy_ns
@@ -674,7 +843,7 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None) -
                       exposed_comm_ns=phases["comm"], comm_busy_ns=busy,
                       wait_ns=p.straggler_ns if p.communicate else 0.0, phases=phases,
                       messages=len(sim.messages), interference_ns=interf_ns,
-                      interference=interf)
+                      interference=interf, colocation_parts=parts, colocation=coloc)
 
 
 def resource_fix(base: Resources, target: Resources, workers: int) -> str:
@@ -714,7 +883,9 @@ def check(result: ModelResult, measured: Trace, label: str = "measured") -> Chec
                           f"({why}); a prediction holds only for the same per-worker "
                           f"resources — {resource_fix(base.resources, target, m_workers)}")
     m_servers = int(meta.get("servers") or 0)
-    pred = predict_one(result, m_workers, m_servers or None)
+    place = placement(meta, m_workers, m_servers)
+    pred = predict_one(result, m_workers, m_servers or None, place)
+    without = predict_one(result, m_workers, m_servers or None, place, with_colocation=False)
     mt = terms_from_steps(step_breakdown(measured))
     if not mt.steps:
         raise OpprofError(f"{label}: no steps on worker ranks")
@@ -723,6 +894,15 @@ def check(result: ModelResult, measured: Trace, label: str = "measured") -> Chec
     # the measured run's own slowdown beside its collectives, out of its t_b
     meas["t_interf"] = min(meas["t_b"], mi.extra_ns) if mi is not None else 0.0
     meas["t_b"] -= meas["t_interf"]
+    # and its co-location: its workers' compute beyond the prediction's compute alone, out of
+    # the terms co-location slows (in proportion), so its terms still sum to its step
+    pred_terms = pred.terms()
+    slowed = [TERM_OF[ph] for ph in pred.colocation_parts]
+    alone = sum(pred_terms[t] for t in slowed)
+    computed = sum(meas[t] for t in slowed)
+    meas["t_coloc"] = computed - alone if computed > 0 else 0.0
+    for t in slowed:
+        meas[t] = meas[t] * alone / computed if computed > 0 else meas[t]
     rows = []
     for t in pred.terms():
         p, m = pred.terms()[t], meas[t]
@@ -732,6 +912,10 @@ def check(result: ModelResult, measured: Trace, label: str = "measured") -> Chec
     rows.append({"term": "step", "predicted_ns": pred.step_ns, "measured_ns": step_m,
                  "error_ns": pred.step_ns - step_m,
                  "error": (pred.step_ns - step_m) / step_m if step_m else math.nan})
-    return Check(label, step_m, pred.step_ns, (pred.step_ns - step_m) / step_m if step_m
-                 else math.nan, pd.DataFrame(rows), target,
-                 spread(mt.per_step["dur_ns"].to_numpy(np.float64), pred.step_ns))
+    error = (pred.step_ns - step_m) / step_m if step_m else math.nan
+    coloc = ColocationCheck(
+        pred.colocation_ns, meas["t_coloc"], without.step_ns,
+        (without.step_ns - step_m) / step_m if step_m else math.nan, error,
+        pred.colocation or without.colocation or NO_COLOCATION)
+    return Check(label, step_m, pred.step_ns, error, pd.DataFrame(rows), target,
+                 spread(mt.per_step["dur_ns"].to_numpy(np.float64), pred.step_ns), coloc)

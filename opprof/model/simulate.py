@@ -11,7 +11,7 @@ Events, in order::
 - **I/O**: loading is serial (``t_io``), or — with a prefetching input pipeline — runs in the
   background during the previous step, exposed only by ``max(0, io_busy − rest of step)``.
 - **Gradients** become ready during the backward pass at the fractions of it the trace showed
-  (:mod:`opprof.analysis.gradients`); the policy groups them into messages:
+  (:mod:`opprof.model.gradients`); the policy groups them into messages:
   ``buckets`` (DistributedDataParallel: reverse order, a first bucket of 1 MiB then 25 MiB
   ones, each all-reduced as soon as its last gradient is ready — overlapped with the rest of
   the backward pass), ``after-backward`` (one message of all gradients once backward ends, as
@@ -35,37 +35,18 @@ sum to the simulated step exactly.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opprof.kinds import Collective, Framework
+from opprof.model.sharded import simulate_sharded
+from opprof.model.step import COMPUTE_PHASES, Policy, ShardedPlan, SimResult, StepPlan
 
 if TYPE_CHECKING:
-    from opprof.analysis.sharded import ShardedPlan
     from opprof.arrays import Array
 
-COMPUTE_PHASES = ("load", "h2d", "forward", "backward", "update", "other")
 MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How a framework moves gradients: when messages start, how they are grouped, where the
-    update runs."""
-
-    name: str
-    overlap: bool  # messages start when their gradients are ready, during backward
-    first_bucket_bytes: int = 0
-    bucket_bytes: int = 0  # 0: one message of all gradients
-    server_update: bool = False
-    describe: str = ""
-    pack: bool = False  # gradients packed into one tensor before, split after (an update cost)
-    per_tensor: bool = False  # one message per gradient (a kvstore key), not one for all
-
 
 DDP = Policy("buckets", True, MiB, 25 * MiB, False,
              "DDP buckets (1 MiB, then 25 MiB) all-reduced as soon as ready, overlapped with "
@@ -105,42 +86,6 @@ def policy_for(framework: str, collective: str, device: str = "cpu") -> Policy:
     return POLICIES.get((framework, collective), GENERIC[collective])
 
 
-@dataclass
-class StepPlan:
-    """The inputs of one simulated step (times in ns)."""
-
-    phases: dict[str, float]  # compute lane: load, h2d, forward, backward, update, other
-    ready_frac: Array  # gradients in ready order: fraction of backward when ready
-    grad_bytes: Array  # bytes of each gradient
-    policy: Policy
-    cost: Callable[[float], float]  # bytes -> ns of one collective (N and S already applied)
-    comm_scale: float = 1.0
-    io_busy_ns: float = 0.0
-    io_prefetch: bool = False
-    straggler_ns: float = 0.0
-    server_update_ns: float = 0.0
-    communicate: bool = True
-    pack_ns: float = 0.0  # packing and unpacking the gradients (policies with ``pack``)
-    #: compute beside a collective takes (1 + interference) × its time alone
-    #: (:mod:`opprof.analysis.interference`)
-    interference: float = 0.0
-    #: a collective beside compute takes (1 + comm_interference) × its cost
-    comm_interference: float = 0.0
-
-
-@dataclass
-class SimResult:
-    """One simulated step: wall ns per phase (summing to ``step_ns``) and the messages."""
-
-    step_ns: float
-    phases: dict[str, float]
-    comm_busy_ns: float
-    comm_hidden_ns: float
-    messages: list[dict[str, float]] = field(default_factory=list)
-    #: the part of ``phases["backward"]`` that is compute slowed beside collectives
-    interference_ns: float = 0.0
-
-
 def messages(ready_frac: Array, grad_bytes: Array,
              policy: Policy) -> list[tuple[float, int]]:
     """(ready fraction of backward, bytes) of each message the policy sends."""
@@ -168,8 +113,6 @@ def messages(ready_frac: Array, grad_bytes: Array,
 def simulate(plan: StepPlan | ShardedPlan) -> SimResult:
     """Run the step (see the module docstring; an FSDP step: :mod:`.sharded`)."""
     if not isinstance(plan, StepPlan):
-        from opprof.analysis.sharded import simulate_sharded
-
         return simulate_sharded(plan)
     ph = {p: float(plan.phases.get(p, 0.0)) for p in COMPUTE_PHASES}
     b0 = ph["h2d"] + ph["forward"]  # backward starts (load placed below)
@@ -229,15 +172,3 @@ def _send(plan: StepPlan, sends: list[tuple[float, int]], b0: float,
         free = start + dur
         sent.append({"ready_ns": ready, "start_ns": start, "end_ns": free, "bytes": n})
     return sent
-
-
-def expected_max_normal(n: int) -> float:
-    """E[max of n independent standard normals] (0 for n ≤ 1), by numerical integration: how
-    many standard deviations the slowest of n workers lies above the mean."""
-    if n <= 1:
-        return 0.0
-    x = np.linspace(-9.0, 9.0, 6001)
-    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-    pdf = np.exp(-x * x / 2.0) / math.sqrt(2.0 * math.pi)
-    dens = n * pdf * cdf ** (n - 1)
-    return float(np.sum(x * dens) * (x[1] - x[0]))

@@ -8,8 +8,8 @@
   each copy shifted past the previous one, with correlation ids and step numbers renumbered
   (what a longer profiling window of the same job records).
 
-    python benchmarks/jobs.py job 64 DIR [SOURCE.json.gz ...]
-    python benchmarks/jobs.py long 5 OUT.json.gz [SOURCE.json.gz]
+    python benchmarks/bigtraces.py job 64 DIR [SOURCE.json.gz ...]
+    python benchmarks/bigtraces.py long 5 OUT.json.gz [SOURCE.json.gz]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "kineto-gpu"
+SHARED = Path(__file__).resolve().parents[1] / "fixtures" / "shared" / "kineto-gpu"
 DEFAULT_SOURCE = SHARED / "nccl-2rank-rank0.json.gz"
 _RANK, _BASE = "@@opprof-rank@@", "@@opprof-base@@"
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.resources import Resources
 from opprof.filters import communication, counted, step_work
 from opprof.intervals import containing, coverage, merge
+from opprof.model.resources import Resources
 from opprof.trace import Trace
 
 
