@@ -63,10 +63,10 @@ def _work(sel: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     if sel.empty:
         return pd.DataFrame(columns=[*keys, *WORK_COLUMNS[2:]])
     g = sel.groupby(keys, observed=True, sort=False)
-    out = g.agg(flops=("flops", lambda s: s.sum(min_count=1)),
-                model_flops=("model_flops", lambda s: s.sum(min_count=1)),
-                mem_bytes=("mem_bytes", lambda s: s.sum(min_count=1)),
-                time_ns=("dur", "sum"), count=("dur", "size")).reset_index()
+    out = g[["flops", "model_flops", "mem_bytes"]].sum(min_count=1)
+    out["time_ns"] = g["dur"].sum()
+    out["count"] = g.size()
+    out = out.reset_index()
     weight = sel["model_flops"].fillna(0) * 4 + sel["flops"].fillna(0) * 1e-9
     top = sel.assign(_w=weight.to_numpy()).sort_values("_w", ascending=False,
                                                       kind="stable").drop_duplicates(keys)
@@ -117,10 +117,9 @@ def merge_parts(parts: list[EfficiencyPart]) -> EfficiencyPart:
         top = df.assign(_w=weight).sort_values("_w", ascending=False, kind="stable")
         prec = top.drop_duplicates(keys).set_index(keys)["precision"]
         g = df.groupby(keys, sort=False)
-        out = g.agg(flops=("flops", lambda s: s.sum(min_count=1)),
-                    model_flops=("model_flops", lambda s: s.sum(min_count=1)),
-                    mem_bytes=("mem_bytes", lambda s: s.sum(min_count=1)),
-                    time_ns=("time_ns", "sum"), count=("count", "sum")).reset_index()
+        out = g[["flops", "model_flops", "mem_bytes"]].sum(min_count=1)
+        out[["time_ns", "count"]] = g[["time_ns", "count"]].sum()
+        out = out.reset_index()
         out["precision"] = prec.reindex(pd.MultiIndex.from_frame(out[keys])).to_numpy(object)
         return out
 
