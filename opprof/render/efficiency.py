@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 #: Why a trace has no efficiency figures.
 NO_SHAPES = ("efficiency: unknown — no operator in this trace has the shapes its FLOPs need "
              "(torch: record with record_shapes=True, as opprof record and opprof run do; "
-             "TensorFlow and MXNet: record with opprof, which keeps the graph's shapes)")
+             "TensorFlow and MXNet: record with opprof, which keeps the graph's shapes; a .trace "
+             "written before opprof counted FLOPs: opprof import its native files again)")
 
 
 def headline(rep: Report) -> list[str]:
