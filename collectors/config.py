@@ -178,6 +178,10 @@ class RecordConfig:
     #: each and the accuracy every ``eval_every`` steps (0: at the end only).
     converge: int = 0
     eval_every: int = 0
+    #: DataLoader worker processes that load ahead (torch, MXNet; 0: in the training process).
+    loader_workers: int = 0
+    #: DistributedDataParallel's bucket size, MiB (None: DDP's own).
+    bucket_mb: float | None = None
 
     def __post_init__(self) -> None:
         for name, enum in (("fw", Framework), ("mode", Mode), ("device", Device)):
@@ -321,7 +325,8 @@ class ClockSync(TypedDict):
 
 #: Facts one process may know for the whole job (the first process that has one gives it).
 JOB_FACTS = ("backend", "kvstore", "optimizer", "strategy", "batch_size", "scheduled_steps",
-             "unprofiled_step_note", "onednn", "graphs", "unbulked_step_ns")
+             "unprofiled_step_note", "onednn", "graphs", "unbulked_step_ns", "loader_workers",
+             "bucket_mb")
 
 
 def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:

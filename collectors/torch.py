@@ -93,6 +93,7 @@ from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, 
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
+from opprof.kinds import MODEL_PARALLEL_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -412,6 +413,7 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+    from opprof.collectors import torch_parallel
     from opprof.collectors.torch_models import (
         TokenCrossEntropy,
         build,
@@ -423,6 +425,9 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_rank = max(config.batch_size * 8, 256)
+    model_parallel = world > 1 and config.mode in MODEL_PARALLEL_MODES
+    if model_parallel:  # the batches: the same on the ranks that split one model
+        world, rank = torch_parallel.data_replicas(config.mode, rank, world)
     if key in SEQUENCE_MODELS:
         tokens = token_data(config, per_rank * world)
         images, classes = tokens, TOKEN_VOCAB
@@ -434,24 +439,36 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
     pin = device.type == "cuda"
     sampler: DistributedSampler[Any] | None = None
-    if world > 1:
+    # --loader-workers: worker processes that load ahead, kept across epochs
+    n = config.loader_workers
+    more: dict[str, Any] = {"num_workers": n, "persistent_workers": n > 0}
+    if world > 1 or model_parallel:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=config.seed, drop_last=True)
         loader = DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
-                            drop_last=True, num_workers=0, pin_memory=pin)
+                            drop_last=True, pin_memory=pin, **more)
     else:
         loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True,
-                            drop_last=True, num_workers=0, pin_memory=pin,
-                            generator=torch.Generator().manual_seed(config.seed))
-    model = build(key, classes).to(device)
+                            drop_last=True, pin_memory=pin,
+                            generator=torch.Generator().manual_seed(config.seed), **more)
+    if model_parallel:
+        import torch.distributed as dist
+
+        model = torch_parallel.build_model(key, classes, config.mode,
+                                           dist.get_world_size()).to(device)
+    else:
+        model = build(key, classes).to(device)
     model.train()
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
              "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
              "layers": counts, "input_size": size, "unit_param_bytes": unit_param_bytes(model),
-             "num_classes": classes, "seed": config.seed}
-    trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
-                                     device, learning_rate(key))
+             "num_classes": classes, "seed": config.seed, "loader_workers": n}
+    if config.bucket_mb is not None:
+        facts["bucket_mb"] = config.bucket_mb
+    if not model_parallel:
+        trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
+                                         device, learning_rate(key), config.bucket_mb)
 
     def predict(x: Array) -> Array:
         was = model.training
@@ -476,16 +493,23 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         convergence = image_convergence(config, images, labels, size=size, mean=mean,
                                         std=std, predict=predict, loss=loss_of)
         loss_fn = nn.CrossEntropyLoss()
+    if model_parallel:
+        step, _ = torch_parallel.training_step(config.mode, key, model, _cycle(loader), loss_fn,
+                                               device, learning_rate(key), config.batch_size)
+        facts["microbatches"] = (torch_parallel.microbatches(config.batch_size)
+                                 if config.mode == Mode.PP else None)
+        return step, facts, None
     step = _stepper(_cycle(loader), trained, loss_fn, optimizer, device)
     return step, facts, convergence
 
 
 def parallelize(model: nn.Module, mode: Mode, device: torch.device,
-                lr: float = 0.01) -> tuple[nn.Module, Optimizer]:
+                lr: float = 0.01, bucket_mb: float | None = None) -> tuple[nn.Module, Optimizer]:
     """(the module to train, its optimizer: SGD with momentum at ``lr``) for ``mode``: the
-    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the
-    optimizer state sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard``
-    on every unit of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
+    model itself (one worker); in DistributedDataParallel (``allreduce``; ``bucket_mb``: its
+    ``bucket_cap_mb``, None: DDP's own); DDP with the optimizer state sharded by
+    ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit of
+    :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
     import torch
     from torch import nn
 
@@ -493,6 +517,7 @@ def parallelize(model: nn.Module, mode: Mode, device: torch.device,
 
     momentum = 0.9
     ids = [device.index] if device.type == "cuda" else None
+    ddp: dict[str, Any] = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
     if mode == Mode.FSDP:
         from torch.distributed.fsdp import fully_shard
 
@@ -503,12 +528,12 @@ def parallelize(model: nn.Module, mode: Mode, device: torch.device,
     if mode == Mode.ZERO:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
-                                            lr=lr, momentum=momentum)
+        zero = nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp)
+        return zero, ZeroRedundancyOptimizer(zero.parameters(), optimizer_class=torch.optim.SGD,
+                                             lr=lr, momentum=momentum)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if mode == Mode.ALLREDUCE:
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp), optimizer
     return model, optimizer
 
 

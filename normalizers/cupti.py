@@ -231,3 +231,20 @@ def nvtx_costs(names: pd.Series, details: pd.Series) -> dict[str, np.ndarray]:
     out["precision"][sel] = vals[:, 3].astype(np.int8)
     out["cost_kind"][sel] = vals[:, 4].astype(np.int8)
     return out
+
+
+def missing_tables(warnings: dict, fmt: str, device: int, calls: int, launches: int,
+                   kernels: bool) -> None:
+    """Say (opprof.drops) what an NVIDIA export lacking a table cannot tell: GPU activities
+    with no runtime call at all (the runtime table dropped or empty: no kernel has the call
+    that launched it), kernel launches with no kernel (the kernel table dropped or empty:
+    their GPU time is unknown)."""
+    from opprof import drops
+
+    if device and not calls:
+        drops.note(warnings, f"GPU activities with no CUDA runtime call to launch them (no "
+                   f"runtime-call rows in the {fmt} export): their host operators unknown",
+                   device)
+    if launches and not kernels:
+        drops.note(warnings, f"kernel launches with no kernel in the {fmt} export (its "
+                   "kernel table missing or empty): their GPU time unknown", launches)

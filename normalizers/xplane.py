@@ -105,6 +105,7 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import ErrorKind, OpprofError, first_line
+from opprof.normalizers import jaxplane
 from opprof.normalizers.chrome import NONE
 from opprof.normalizers.events import finish
 from opprof.normalizers.memory_rows import add_memory, samples
@@ -118,7 +119,7 @@ _RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
              "framework_version"]
 _ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
          "epoch_ns", "role", "task", "rank", "opprof", "hlo_op", "hlo_module", "hlo_category",
-         "tf_op", *_RUN_ARGS]
+         "tf_op", "framework", *_RUN_ARGS]
 _RECV_KERNELS = ("_Recv", "_HostRecv")
 _MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
 _MAX_EVENTS = 2_000_000_000
@@ -155,10 +156,11 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     display = raw.pop("display")
     clocked = all(h["epoch_offset"] is not None for h in hosts)
     workers = sorted(h["rank"] for h in hosts if h["role"] == "worker")
+    jax = all(h["framework"] == "jax" for h in hosts)
     info = {
         "source_formats": [NAME],
         "sources": [str(p) for p in paths],
-        "framework": "tf",
+        "framework": "jax" if jax else "tf",
         "workers": len(workers),
         "servers": sum(h["role"] == "server" for h in hosts),
         "device": "cuda" if (raw["device"] != "cpu").any() else "cpu",
@@ -175,7 +177,9 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     info.update(meta)
     if warnings[drops.KEY]:
         info[drops.KEY] = drops.merged([info.get(drops.KEY), warnings[drops.KEY]])
-    trace = finish(raw, mapping_table(TABLE), info, checked=True)
+    if jax and not any(h["operations"] for h in hosts):
+        info.setdefault("graphs", jaxplane.NO_OPERATIONS)
+    trace = finish(raw, mapping_table(jaxplane.TABLE if jax else TABLE), info, checked=True)
     ev = trace.events
     # xprof's names for the native events; what opprof adds after them keeps its own.
     names = ev["name"].astype(object).to_numpy().copy()
@@ -375,7 +379,7 @@ def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
     return ins.opcode, name
 
 
-def _hlo_instructions(path: Path) -> pd.DataFrame:
+def _hlo_instructions(path: Path, rows_of: Any = None) -> pd.DataFrame:
     """Per HLO instruction of the XLA programs an XPlane holds: its module, name, xprof's
     category and the TensorFlow op it comes from (``op_name:op_type`` of its metadata; an
     instruction XLA made without one takes that of the first instruction using its result,
@@ -400,7 +404,7 @@ def _hlo_instructions(path: Path) -> pd.DataFrame:
         for f in protos:
             proto = hlo_pb2.HloProto()
             proto.ParseFromString(f.read_bytes())
-            rows += _module_rows(proto.hlo_module)
+            rows += (rows_of or _module_rows)(proto.hlo_module)
     return pd.DataFrame(rows, columns=_HLO_COLUMNS).drop_duplicates(["module", "hlo_op"])
 
 
@@ -501,8 +505,13 @@ def _host_events(path: Path) -> dict[str, Any]:
     detail = detail.where(~is_async, async_op)
 
     is_xla = _text(args["hlo_op"]) != ""
+    jax = jaxplane.is_jax(name, args)
     if is_xla.any():
-        xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
+        if jax:
+            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla],
+                                                    jaxplane.hlo_instructions(path))
+        else:
+            xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
         key, detail = key.copy(), detail.copy()
         key.loc[is_xla] = xla_key.to_numpy(object)
         detail.loc[is_xla] = xla_detail.to_numpy(object)
@@ -523,7 +532,9 @@ def _host_events(path: Path) -> dict[str, Any]:
     kind = np.where(is_call | is_step, "marker", "cpu_op")
     device, kind = _gpu_lanes(meta_ev, pid, thread, name, kind)
     closes_step = np.zeros(len(ev), bool)
-    if not is_step.any():
+    if jax and not is_step.any() and not is_xla.any():
+        closes_step = jaxplane.call_steps(name, ts, dur)
+    elif not is_step.any():
         key, closes_step = _function_steps(key, name, ts, dur, tid.to_numpy(),
                                            is_call.to_numpy())
 
@@ -558,7 +569,8 @@ def _host_events(path: Path) -> dict[str, Any]:
         raw["cost_kind"] = raw["cost_kind"].fillna(0).astype(np.int8)
         raw["precision"] = raw["precision"].fillna(-1).astype(np.int8)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
-            "task": task, "run": run, "warnings": warnings.get(drops.KEY, {})}
+            "task": task, "run": run, "warnings": warnings.get(drops.KEY, {}),
+            "framework": "jax" if jax else "tf", "operations": bool(is_xla.any())}
 
 
 def _costs(path: Path, types: pd.Series, op_names: pd.Series) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opprof import drops, parallel
 from opprof.errors import ErrorKind, OpprofError
+from opprof.strings import plain_strings
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -178,13 +179,16 @@ def _read_or_skip(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome
         return [], Outcome(skipped=True, damaged=about_file(task.path, exc))
 
 
-def analyze_task(args: tuple[Task, str]) -> Outcome:
-    """Worker: read one task's ranks and reduce each to its RankPart."""
+def analyze_task(args: tuple[Task, str, bool]) -> Outcome:
+    """Worker: read one task's ranks and reduce each to its RankPart (with its critical-path
+    walks when asked: the rank's graph is built and walked here, only the walks' small
+    tables come back)."""
     from opprof.analysis.report import analyze
 
-    task, device_span = args
+    task, device_span, critical = args
     traces, out = _read_or_skip(task, detail=False)
-    out.parts = [analyze(t, device_span) for t in traces]
+    with plain_strings():  # (the read keeps Arrow's compact strings: its peak is there)
+        out.parts = [analyze(t, device_span, critical=critical) for t in traces]
     return out
 
 
@@ -199,7 +203,7 @@ def import_task(task: Task) -> Outcome:
 
 
 #: What a worker is given: a task, or a task and the report's device span.
-TaskArg = TypeVar("TaskArg", Task, tuple[Task, str])
+TaskArg = TypeVar("TaskArg", Task, tuple[Task, str, bool])
 R = TypeVar("R")
 
 
@@ -257,8 +261,8 @@ def progress(results: Iterable[R], total: int, engine: parallel.Engine) -> Itera
 def _with_rank(arg: TaskArg, rank: int) -> TaskArg:
     if isinstance(arg, Task):
         return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
-    t, span = arg
-    return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span)
+    t, span, critical = arg
+    return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span, critical)
 
 
 def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
@@ -282,18 +286,27 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
 
 def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
            scheduler: str | None = None, jobs: int | None = None,
-           peak: PeakOptions | None = None) -> Report:
-    """The Report of a job, computed rank by rank (see the module docstring); ``peak``: the
-    user's figures of the machine's peak (opprof.flops.peaks)."""
+           critical: bool = False, peak: PeakOptions | None = None) -> Report:
+    """The Report of a job, computed rank by rank (see the module docstring); ``critical``:
+    with each step's critical path (``Report.critical``), each rank's graph built and
+    walked where the rank is read, only the collective calls' entries and exits combined;
+    ``peak``: the user's figures of the machine's peak (opprof.flops.peaks)."""
+    return _report(paths, device_span, scheduler, jobs, critical, peak)
+
+
+def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler: str | None,
+            jobs: int | None, critical: bool, peak: PeakOptions | None) -> Report:
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)
     if not p.whole:
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
-        outs = run_tasks(p, analyze_task, [(t, device_span) for t in p.tasks], engine)
+        outs = run_tasks(p, analyze_task, [(t, device_span, critical) for t in p.tasks],
+                         engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
-            return combine(parts, combined_meta(p, outs), device_span, peak)
+            with plain_strings():
+                return combine(parts, combined_meta(p, outs), device_span, peak)
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -302,5 +315,7 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
     del trace
     parts = []
     while ranks:  # drop each rank's events once analyzed
-        parts.append(analyze(ranks.pop(0), device_span))
-    return combine(parts, meta, device_span, peak)
+        with plain_strings():
+            parts.append(analyze(ranks.pop(0), device_span, critical=critical))
+    with plain_strings():
+        return combine(parts, meta, device_span, peak)

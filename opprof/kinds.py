@@ -30,6 +30,8 @@ class Framework(Kind):
     TORCH = "torch"
     TF = "tf"
     MXNET = "mxnet"
+    JAX = "jax"
+    CHAINER = "chainer"
 
 
 class Mode(Kind):
@@ -41,6 +43,10 @@ class Mode(Kind):
     PS_ASYNC = "ps-async"
     FSDP = "fsdp"  # sharded data parallel (torch FSDP2 fully_shard)
     ZERO = "zero"  # DDP with the optimizer state sharded (torch ZeroRedundancyOptimizer)
+    TP = "tp"  # tensor parallel (torch DTensor parallelize_module)
+    PP = "pp"  # pipeline parallel (torch.distributed.pipelining)
+    EP = "ep"  # expert parallel (a mixture of experts, tokens exchanged by all-to-all)
+    FSDP_TP = "fsdp+tp"  # a 2-D mesh: FSDP over one dimension, tensor parallel over the other
 
 
 class Device(Kind):
@@ -87,6 +93,8 @@ DONE = (RunStatus.OK, RunStatus.RESUMED)
 SHARDED_MODES = (Mode.FSDP, Mode.ZERO)
 #: The parameter-server modes.
 PS_MODES = (Mode.PS_SYNC, Mode.PS_ASYNC)
+#: The model-parallel modes `record` runs (torch): the model itself split across the workers.
+MODEL_PARALLEL_MODES = (Mode.TP, Mode.PP, Mode.EP, Mode.FSDP_TP)
 
 
 def collective_of(mode: str) -> Collective | None:
@@ -120,12 +128,16 @@ class FrameworkInfo:
     #: The collective `opprof calibrate` times, and what it is called there.
     collective: Collective
     backend: str
+    #: Environment variables every process of the framework needs at start-up (Chainer 7:
+    #: ``SETUPTOOLS_USE_DISTUTILS=stdlib``, read by setuptools before any import).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
     Framework.TORCH: FrameworkInfo(
         Framework.TORCH, "torch", ("torch",),
-        (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO), Mode.ALLREDUCE,
+        (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO, *MODEL_PARALLEL_MODES),
+        Mode.ALLREDUCE,
         "opprof.collectors.torch", "import torch", Collective.ALLREDUCE, "gloo all_reduce"),
     Framework.TF: FrameworkInfo(
         Framework.TF, "tensorflow", ("tensorflow", "xprof"),
@@ -138,6 +150,17 @@ FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
         "opprof.collectors.mxnet",
         "from opprof.collectors.mxnet_lib import import_mxnet; import_mxnet()", Collective.PS,
         "kvstore dist_sync push/pull"),
+    Framework.JAX: FrameworkInfo(
+        Framework.JAX, "jax", ("jax", "optax", "xprof"),
+        (Mode.SINGLE, Mode.ALLREDUCE), Mode.ALLREDUCE,
+        "opprof.collectors.jax", "import jax, optax, xprof", Collective.ALLREDUCE,
+        "psum (all-reduce) over jax.distributed, gloo CPU collectives"),
+    Framework.CHAINER: FrameworkInfo(
+        Framework.CHAINER, "chainer", ("chainer",),
+        (Mode.SINGLE, Mode.ALLREDUCE), Mode.ALLREDUCE,
+        "opprof.collectors.chainer", "import chainer", Collective.ALLREDUCE,
+        "ChainerMN multi_node_mean_grad (MPI all-reduce)",
+        env=(("SETUPTOOLS_USE_DISTUTILS", "stdlib"),)),
 }
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -132,8 +133,8 @@ class MappingTable:
         # per new distinct name, its rows in order until one matches (what a pandas
         # ``str.fullmatch`` per row over the names still free does, without its overhead
         # per row)
-        patterns = [re.compile(r.pattern).fullmatch for r in self.rows]
-        new_row = [next((i for i, match in enumerate(patterns) if match(u)), -1)
+        match = _combined(self.name, self.rows)
+        new_row = [int(m.lastgroup[1:]) if (m := match(u)) and m.lastgroup else -1
                    for u in new]
         row[todo] = new_row
         seen.update(zip(new, new_row, strict=True))
@@ -153,6 +154,15 @@ class MappingTable:
             if re.fullmatch(r.pattern, name):
                 return r
         return None
+
+
+@cache
+def _combined(name: str, rows: tuple[MappingRow, ...]) -> Callable[[str], re.Match[str] | None]:
+    """One pattern of every row's, in order (``(?P<r0>…)|(?P<r1>…)|…``): its full match of a
+    name is the first row's that matches it whole (alternatives are tried in order, each to
+    the end of the name), ``lastgroup`` naming the row — one regex run per name instead of
+    one per row (a python_function trace has thousands of distinct names)."""
+    return re.compile("|".join(f"(?P<r{i}>{r.pattern})" for i, r in enumerate(rows))).fullmatch
 
 
 def _check_row(table: str, n: int, row: MappingRow) -> None:

@@ -19,7 +19,7 @@ from tests.conftest import REPO
 
 #: Rooms above the core.
 UPPER = ("opprof.analysis", "opprof.model", "opprof.render", "opprof.commands",
-         "opprof.export", "opprof.collectors", "opprof.pipeline")
+         "opprof.export", "opprof.collectors", "opprof.pipeline", "opprof.advice")
 #: The CLI, the package's face and the orchestration (reading a job rank by rank, the pool,
 #: opening any TRACE) may call upward; every other core module may not.
 ORCHESTRATION = {"cli.py", "__init__.py", "job.py", "parallel.py", "loader.py"}
@@ -58,7 +58,7 @@ def test_analyses_never_parse_record_or_run_commands() -> None:
     for path in sorted((REPO / "opprof" / "analysis").glob("*.py")):
         bad = sorted(m for m in imported(path) if m.startswith(
             ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
-             "opprof.normalizers", "opprof.model")) or (
+             "opprof.normalizers", "opprof.model", "opprof.advice")) or (
                 m.startswith("opprof.render") and not m.startswith("opprof.render.units")))
         assert bad == [], f"analysis/{path.name} imports {bad}"
 
@@ -75,6 +75,16 @@ def test_the_model_is_a_room_above_the_analyses() -> None:
              "opprof.normalizers")) or (
                 m.startswith("opprof.render") and not m.startswith("opprof.render.units")))
         assert bad == [], f"model/{path.name} imports {bad}"
+
+
+def test_advice_rules_read_analyses_and_never_render_record_or_run_commands() -> None:
+    """The advice package sits on the analyses and the model: its rules return typed advice
+    and never reach the renderers, commands, pipelines or collectors."""
+    for path in sorted((REPO / "opprof" / "advice").glob("*.py")):
+        bad = sorted(m for m in imported(path) if m.startswith(
+            ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
+             "opprof.normalizers", "opprof.render")))
+        assert bad == [], f"advice/{path.name} imports {bad}"
 
 
 def test_renderers_offer_exactly_the_views_they_say() -> None:
@@ -94,7 +104,8 @@ def test_exporters_and_formats_are_registered_protocols() -> None:
     from opprof.normalizers.formats import FORMATS, RankFormat
 
     assert {exporter(t).EXTENSION for t in TARGETS} == {".pftrace", ".json", ".csv"}
-    assert sorted(f.name for f in FORMATS) == ["kineto", "mxnet", "nsys", "nvprof", "xplane"]
+    assert sorted(f.name for f in FORMATS) == ["chainer", "kineto", "mxnet", "nsys", "nvprof",
+                                               "xplane"]
     assert [f.name for f in FORMATS if isinstance(f, RankFormat)] == ["kineto"]
 
 

@@ -22,6 +22,7 @@ from opprof.analysis.report import Report
 from opprof.trace import Trace
 
 if TYPE_CHECKING:
+    from opprof.analysis.gate import Gate
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
@@ -63,6 +64,13 @@ class Diff:
     #: Which run uses its machine better and which operators explain it
     #: (opprof.analysis.efficiency.compare); None when the diff was made from traces.
     efficiency: EfficiencyComparison | None = None
+    #: The regression gate of B (NEW) against A (BASE) (``diff --fail-above``;
+    #: :mod:`opprof.analysis.gate`), or None.
+    gate: Gate | None = None
+    #: Collective time per step by parallel dimension and collective (``dim``, ``op``, A, B,
+    #: A/B, A−B): from the reports' collectives (opprof.analysis.collectives); empty when
+    #: neither side has any.
+    comm: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def step_ratio(self) -> float:
@@ -133,7 +141,27 @@ def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> 
     d.memory = compare_memory(a.memory.ranks, b.memory.ranks)
     d.a_noise, d.b_noise = a.noise, b.noise
     d.efficiency = compare_efficiency(a.efficiency, b.efficiency, d.a_label, d.b_label)
+    d.comm = compare_comm(a.collectives, b.collectives)
     return d
+
+
+def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Collective time per step of A and B by (parallel dimension, collective): ``dim``,
+    ``op``, ``a_ns_per_step``, ``b_ns_per_step``, ``ratio``, ``delta_ns``."""
+    def per(c: pd.DataFrame) -> pd.Series:
+        if c.empty:
+            return pd.Series(dtype=float)
+        dim = c["dim"].fillna("").replace("", "-") if "dim" in c else "-"
+        return c.assign(dim=dim).groupby(["dim", "op"])["ns_per_step"].sum()
+    sa, sb = per(a), per(b)
+    if sa.empty and sb.empty:
+        return pd.DataFrame()
+    df = pd.DataFrame({"a_ns_per_step": sa, "b_ns_per_step": sb}).fillna(0.0)
+    df["ratio"] = df["a_ns_per_step"] / df["b_ns_per_step"].where(df["b_ns_per_step"] > 0)
+    df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
+    df = df.reset_index()
+    return df.loc[df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
+                  ].reset_index(drop=True)
 
 
 def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFrame,

@@ -135,11 +135,22 @@ class Run:
     reason: str = ""
     wall_s: float | None = None
     summary: RunSummary | None = None
+    #: `bench --batch-size 16,64` / `--threads 1,2` (a sweep): this run's value (None: the
+    #: bench's one value)
+    batch_size: int | None = None
+    threads: int | None = None
 
     @property
     def name(self) -> str:
         """File stem of the run's trace."""
-        return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+        return (f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+                + (f"-b{self.batch_size}" if self.batch_size is not None else "")
+                + (f"-t{self.threads}" if self.threads is not None else ""))
+
+    @property
+    def point(self) -> tuple[int | None, int | None]:
+        """Its place in the sweeps (batch size, threads); runs compare within one."""
+        return self.batch_size, self.threads
 
 
 @dataclass
@@ -154,6 +165,9 @@ class Bench:
     #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
     #: train_accuracy, test_accuracy lists).
     curves: dict[str, list[CurveColumns | None]] = field(default_factory=dict)
+    #: `bench --threads 1,2 / --batch-size 16,64`: the sweep along each dimension
+    #: (:func:`opprof.analysis.sweeps.sweep` rows), empty when not swept.
+    sweeps: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def summarize(trace: Trace, peak: PeakOptions | None = None) -> RunSummary:
@@ -263,6 +277,9 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         mem = s.memory if s is not None else RunMemory()
         sps = s.spreads.get("samples_per_s", Spread()) if s is not None else Spread()
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
+               "batch_size": r.batch_size if r.batch_size is not None else (
+                   s.batch_size if s else None),
+               "threads": r.threads,
                "status": r.status, "samples_per_s": s.samples_per_s if s else None,
                "unprofiled_step_ns": s.unprofiled_step_ns if s else None,
                "step_ns": s.step_ns if s else None,
@@ -290,10 +307,11 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         rows.append(row)
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)
-    single = {(r.fw, r.model): r.summary.samples_per_s for r in runs
+    single = {(r.fw, r.model, r.point): r.summary.samples_per_s for r in runs
               if r.mode == Mode.SINGLE and r.summary and r.summary.samples_per_s}
     for i, r in enumerate(runs):
-        one, n_thr = single.get((r.fw, r.model)), r.summary.samples_per_s if r.summary else None
+        one = single.get((r.fw, r.model, r.point))
+        n_thr = r.summary.samples_per_s if r.summary else None
         if one and n_thr:
             table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
     return table, op_ratios(runs, top)
@@ -321,8 +339,8 @@ def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
     done = [(r, r.summary) for r in runs if r.status in DONE and r.summary is not None]
     out = []
     for (a, sa), (b, sb) in itertools.combinations(done, 2):
-        if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \
-                sa.batch_size != sb.batch_size:
+        if a.fw == b.fw or (a.model, a.workers, a.threads) != (b.model, b.workers, b.threads) \
+                or sa.batch_size != sb.batch_size:
             continue
         for op in sorted(set(sa.ops) & set(sb.ops) - {"other"}):
             ta, tb = sa.ops[op], sb.ops[op]

@@ -26,9 +26,13 @@ from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
 from opprof.analysis.efficiency import Efficiency, EfficiencyPart, efficiency_part
 from opprof.analysis.efficiency import combine as combine_efficiency
+from opprof.analysis.experts import COLUMNS as EXPERT_COLUMNS
+from opprof.analysis.experts import LOAD_COLUMNS, combine_experts, expert_part
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
 from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
+from opprof.analysis.pipeline import COLUMNS as PIPELINE_COLUMNS
+from opprof.analysis.pipeline import combine_pipeline, pipeline_part
 from opprof.analysis.ranks import (
     RankLocal,
     collectives,
@@ -37,9 +41,11 @@ from opprof.analysis.ranks import (
     rank_local,
     synchronous,
 )
+from opprof.strings import plain_strings
 from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
+    from opprof.analysis.critpath import RankWalk
     from opprof.flops.peaks import PeakOptions
     from opprof.meta import MetaMapping
 
@@ -86,6 +92,14 @@ class Report:
     #: FLOPs, bytes, MFU and HFU, the roofline (opprof.analysis.efficiency); None when the
     #: trace holds no operator shapes.
     efficiency: Efficiency | None = None
+    #: One row per (rank, step) of a pipeline stage (opprof.analysis.pipeline).
+    pipeline: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=PIPELINE_COLUMNS))
+    #: All-to-all bytes per peer per (rank, step), and the experts' load per (step, call)
+    #: (opprof.analysis.experts).
+    experts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EXPERT_COLUMNS))
+    expert_load: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=LOAD_COLUMNS))
 
 
 @dataclass
@@ -104,10 +118,15 @@ class RankPart:
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: EfficiencyPart = field(default_factory=EfficiencyPart)
+    pipeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    experts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the critical-path walks of its steps (``report --by critical``, HTML), or None
+    critical: RankWalk | None = None
 
 
-def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
-    """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
+def analyze(trace: Trace, device_span: str = "steps", critical: bool = False) -> RankPart:
+    """The per-rank work of a report, on the ranks of ``trace`` (usually one); ``critical``:
+    with the critical-path walks of its steps (:func:`opprof.analysis.critpath.rank_walk`)."""
     full = trace
     if "detail" in trace.events:  # only collective_part reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
@@ -127,7 +146,16 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         fused_kernels=fused_kernels(trace),
         collectives=comm,
         efficiency=efficiency_part(trace),
+        pipeline=pipeline_part(trace),
+        experts=expert_part(full),
+        critical=_walk(trace, steps) if critical else None,
     )
+
+
+def _walk(trace: Trace, steps: pd.DataFrame) -> RankWalk:
+    from opprof.analysis.critpath import rank_walk
+
+    return rank_walk(trace, steps)
 
 
 def combine(parts: list[RankPart], meta: MetaMapping,
@@ -141,6 +169,7 @@ def combine(parts: list[RankPart], meta: MetaMapping,
     devices = _concat([p.devices for p in parts])
     kernels = merge_kernels([p.fused_kernels for p in parts])
     kernels["ns_per_step"] = kernels["total_ns"] / max(n, 1)
+    experts, expert_load = combine_experts([p.experts for p in parts])
     return Report(
         meta=meta,
         steps=steps,
@@ -162,7 +191,21 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         convergence=convergence_summary(meta),
         collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
         efficiency=combine_efficiency([p.efficiency for p in parts], meta, steps, peak),
+        pipeline=combine_pipeline([p.pipeline for p in parts], meta),
+        experts=experts,
+        expert_load=expert_load,
+        critical=_critical(parts, meta),
     )
+
+
+def _critical(parts: list[RankPart], meta: MetaMapping) -> pd.DataFrame:
+    """The critical path of every (rank, step), from the ranks' walks (empty without)."""
+    walks = [p.critical for p in parts if p.critical is not None]
+    if not walks:
+        return pd.DataFrame()
+    from opprof.analysis.critpath import combine_walks
+
+    return combine_walks(walks, synchronous(meta))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -184,5 +227,6 @@ def split_ranks(trace: Trace) -> list[Trace]:
 def build_report(trace: Trace, device_span: str = "steps",
                  peak: PeakOptions | None = None) -> Report:
     """Analyze a trace for `opprof report` (rank by rank, then combined)."""
-    return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                   device_span, peak)
+    with plain_strings():
+        return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
+                       device_span, peak)

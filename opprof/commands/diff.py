@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +19,9 @@ from opprof.commands import (
     write_output,
 )
 
+if TYPE_CHECKING:
+    from opprof.analysis.gate import Threshold
+
 
 @click.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
@@ -24,15 +29,32 @@ from opprof.commands import (
 @click.option("--whatif", is_flag=True,
               help="Also rank, per operator, how much A's step would shrink if that operator "
                    "ran at B's speed (re-simulated: hidden and overlapped time counted once).")
+@click.option("--fail-above", metavar="X%", default=None,
+              help="Regression gate: exit 1 when B's step (its unprofiled steps) is slower "
+                   "than A's by more than X% and beyond both runs' noise (a one-sided "
+                   "Mann-Whitney U test at --alpha); 0 otherwise.")
+@click.option("--fail-above-ms", metavar="MS", type=click.FloatRange(min=0), default=None,
+              help="Regression gate: the same with a threshold in milliseconds per step.")
+@click.option("--fail-on", "fail_on", multiple=True, metavar="TARGET:+X%",
+              help="Regression gate on a phase or a canonical operator, per profiled step "
+                   "(comm:+10%, convolution_backward:+20%, update:+2ms). Repeat for several.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              default=0.05, show_default=True,
+              help="The gate's significance level: a slowdown must be this unlikely to come "
+                   "from the runs' noise.")
 @top_option
 @report_format_option
 @output_option
 @peak_options
 @engine_options
-def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: Path | None,
-            peak_flops: float | None, peak_bandwidth: float | None, peak_file: Path | None,
-            scheduler: str | None, jobs: int | None) -> None:
-    """Compare trace A with trace B (ratio = A/B), operator by operator.
+def command(a: Path, b: Path, whatif: bool, fail_above: str | None,
+            fail_above_ms: float | None, fail_on: tuple[str, ...], alpha: float,
+            top: int | None, fmt: str, output: Path | None, peak_flops: float | None,
+            peak_bandwidth: float | None, peak_file: Path | None, scheduler: str | None,
+            jobs: int | None) -> None:
+    """Compare trace A with trace B (ratio = A/B), operator by operator. With --fail-above
+    (or --fail-above-ms, --fail-on) a regression gate of B (NEW) against A (BASE): exit 1
+    when B is slower beyond the threshold and the noise, 0 when not, 2 on bad input.
 
     \b
     Example:
@@ -40,19 +62,59 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: P
       opprof diff tf.trace mxnet.trace --whatif
       opprof diff lenet5-torch.trace resnet18-torch.trace --format json
       opprof diff tf.trace mxnet.trace --format html -o diff.html
+      opprof diff base.trace new.trace --fail-above 5%
+      opprof diff base.trace new.trace --fail-above 5% --fail-on comm:+10%
     """
     from opprof.analysis.diff import diff_reports
     from opprof.job import report
     from opprof.render import page_renderer
 
     check_output(fmt, output)
+    thresholds = _thresholds(fail_above, fail_above_ms, fail_on)
     render = page_renderer(fmt)
     peak = peak_from(peak_flops, peak_bandwidth, peak_file)
-    d = diff_reports(report([a], scheduler=scheduler, jobs=jobs, peak=peak),
-                     report([b], scheduler=scheduler, jobs=jobs, peak=peak), a.name, b.name)
+    ra = report([a], scheduler=scheduler, jobs=jobs, peak=peak)
+    rb = report([b], scheduler=scheduler, jobs=jobs, peak=peak)
+    d = diff_reports(ra, rb, a.name, b.name)
+    if thresholds:
+        from opprof.analysis.gate import gate
+        from opprof.taxonomy import PHASES
+
+        ta = tb = None
+        if any(t.target not in ("step", *PHASES) for t in thresholds):
+            from opprof.loader import load
+
+            ta, tb = load(a), load(b)  # an operator's time per step needs the events
+        d.gate = gate(ra, rb, thresholds, alpha, ta, tb)
     if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
         from opprof.loader import load
         from opprof.model.whatif import context, op_swaps
 
         d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
     write_output(render.diff(d, top=top if top is not None else 15), fmt, output)
+    if d.gate is not None:
+        if fmt != "rich" or output is not None:  # the verdict where CI logs show it
+            from opprof.render.console import gate_line
+
+            click.echo(gate_line(d.gate), err=True)
+        if d.gate.verdict == "fail":
+            sys.exit(1)
+
+
+def _thresholds(fail_above: str | None, fail_above_ms: float | None,
+                fail_on: tuple[str, ...]) -> list[Threshold]:
+    """The gate's thresholds from the options (bad ones: one clear error, exit 2)."""
+    from opprof.analysis.gate import Threshold, parse_amount, parse_fail_on
+    from opprof.errors import OpprofError
+
+    out = []
+    if fail_above is not None:
+        t = parse_amount(fail_above.strip())
+        if t.relative is None:
+            raise OpprofError(f"--fail-above {fail_above}: give a percentage (5%); "
+                              "--fail-above-ms takes milliseconds")
+        out.append(t)
+    if fail_above_ms is not None:
+        out.append(Threshold("step", absolute_ns=fail_above_ms * 1e6))
+    out.extend(parse_fail_on(spec) for spec in fail_on)
+    return out

@@ -27,10 +27,12 @@ network_option = click.option(
     help="α–β of the collective from `opprof calibrate -o net.json` (default: fitted to the "
          "trace's own collectives, else an assumed 10 Gb/s Ethernet).")
 mode_option = click.option(
-    "--mode", type=click.Choice([m.value for m in (Mode.ALLREDUCE, Mode.FSDP, *PS_MODES)]),
+    "--mode", type=click.Choice([m.value for m in (Mode.ALLREDUCE, Mode.FSDP, *PS_MODES,
+                                                   Mode.TP, Mode.PP, Mode.EP)]),
     default=None,
     help="Distributed mode (default: the trace's, or the framework's usual: torch and tf "
-         "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP).")
+         "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP); tp, pp, ep: the "
+         "trace's tensor, pipeline or expert parallel degree changed to each of --workers.")
 servers_option = click.option("--servers", type=click.IntRange(min=1), default=None,
                               help="Parameter servers (ps modes; default the trace's, or 1).")
 
@@ -54,10 +56,14 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
 @click.option("--straggler/--no-straggler", default=True, show_default=True,
               help="Add the expected wait for the slowest of N workers in each synchronous "
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
+@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+              help="--mode pp: the micro-batches of the predicted pipeline (default the "
+                   "trace's).")
 @format_option
 def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
             servers: int | None, network: Path | None, measured: Path | None,
-            workers_per_host: int | None, straggler: bool, fmt: str) -> None:
+            workers_per_host: int | None, straggler: bool, microbatches: int | None,
+            fmt: str) -> None:
     """Predict TRACE's step time and speed-up on N workers (terms, α–β communication,
     layer-wise pipeline), and optionally check it against a measured run.
 
@@ -78,6 +84,10 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
     label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
     net = read_network(network)
     tr = load(list(trace))
+    dimension = _model_parallel(mode, tr.meta.get("mode"))
+    if dimension is not None:
+        _parallel(tr, label, dimension, workers, microbatches, net, measured, fmt)
+        return
     if measured is not None:
         m = load(measured)
         m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
@@ -95,3 +105,28 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
                                     "a check across runs whose speed the load changed "
                                     "measures the load too")
     echo_output(renderer(fmt).model(result), fmt)
+
+
+def _model_parallel(mode: str | None, trace_mode: object) -> str | None:
+    """The model-parallel dimension to model: ``--mode tp|pp|ep``, else the one the trace's
+    layout names (the last of ``fsdp+tp``), else None (the data-parallel model)."""
+    if mode in ("tp", "pp", "ep"):
+        return mode
+    if mode is not None:
+        return None
+    dims = [d for d in str(trace_mode or "").split("+") if d in ("tp", "pp", "ep")]
+    return dims[-1] if dims else None
+
+
+def _parallel(tr: object, label: str, dimension: str, degrees: list[int],
+              microbatches: int | None, net: object, measured: Path | None, fmt: str) -> None:
+    """`opprof model` of a model-parallel trace (opprof.model.parallel)."""
+    from opprof.loader import load
+    from opprof.model.parallel import check_parallel, predict_parallel
+    from opprof.render.paralleltables import parallel_model_text
+
+    result = predict_parallel(tr, dimension, degrees, microbatches, net,  # type: ignore[arg-type]
+                              label=label)
+    if measured is not None:
+        result.check = check_parallel(result, load(measured), measured.name)
+    echo_output(parallel_model_text(result, fmt), fmt)

@@ -10,7 +10,7 @@ from opprof.commands import engine_options
 from opprof.errors import ErrorKind, OpprofError
 
 FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices",
-                "convergence", "roofline")
+                "convergence", "threads", "batch", "roofline")
 
 
 @click.command("plot")
@@ -39,6 +39,7 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
     Example:
       opprof plot bench/ --figure phases -o phases.pdf
       opprof plot bench/ --figure scaling -o scaling.svg
+      opprof plot sweep/ --figure threads -o threads.svg     # bench --threads 1,2,4
       opprof plot resnet18-mxnet.trace resnet18-torch.trace --figure ops -o ops.png
       opprof plot ddp.trace --figure ranks -o ranks.svg
       opprof plot llama.json.gz --figure roofline -o roofline.svg

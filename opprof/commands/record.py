@@ -53,6 +53,12 @@ from opprof.kinds import FRAMEWORKS, MODES, Device
                    "processes that compute on it (MXNet's servers count). Give the same "
                    "number to a baseline that `opprof model` predicts from and to the runs it "
                    "checks against.")
+@click.option("--loader-workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="DataLoader worker processes that load batches ahead of the step (torch, "
+                   "MXNet; 0: in the training process).")
+@click.option("--bucket-mb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="DistributedDataParallel's gradient bucket size in MiB (torch allreduce "
+                   "and zero; default DDP's 25, its first bucket 1).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--converge", type=click.IntRange(min=0), default=0, show_default=True,
               help="Train STEPS steps in all (the profiled ones among them), keeping each "

@@ -24,11 +24,13 @@ from opprof.render import page_renderer
 @click.command("report")
 @click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory",
-                                         "comm", "critical", "roofline"]),
+                                         "comm", "critical", "pipeline", "experts",
+                                         "roofline"]),
               default="phase", show_default=True,
               help="Which view to show (comm: per collective, bytes and bus bandwidth; "
-                   "critical: what bound each step, from its dependency graph; roofline: "
-                   "FLOPs, bytes, intensity and what bound each operator).")
+                   "critical: what bound each step, from its dependency graph; pipeline: per "
+                   "stage, micro-batches and the bubble; experts: all-to-all bytes per peer; "
+                   "roofline: FLOPs, bytes, intensity and what bound each operator).")
 @top_option
 @report_format_option
 @output_option
@@ -36,11 +38,15 @@ from opprof.render import page_renderer
               show_default=True,
               help="--by device over the complete profiled steps (work launched before the "
                    "last step began, as Holistic Trace Analysis) or the whole trace.")
+@click.option("--advice/--no-advice", default=True, show_default=True,
+              help="The advice section (`opprof advise`'s top three) first, on the default "
+                   "view and the HTML page.")
 @peak_options
 @engine_options
 def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output: Path | None,
-            device_span: str, peak_flops: float | None, peak_bandwidth: float | None,
-            peak_file: Path | None, scheduler: str | None, jobs: int | None) -> None:
+            device_span: str, advice: bool, peak_flops: float | None,
+            peak_bandwidth: float | None, peak_file: Path | None, scheduler: str | None,
+            jobs: int | None) -> None:
     """Report a TRACE (an opprof .trace, or native traces/folders, normalized on the fly).
 
     \b
@@ -49,6 +55,7 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report resnet18-torch.trace --by memory
       opprof report rank*.pt.trace.json.gz --by comm
       opprof report rank*.pt.trace.json.gz --by critical
+      opprof report pp.trace --by pipeline
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html
@@ -61,13 +68,13 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     render = page_renderer(fmt)
     peak = peak_from(peak_flops, peak_bandwidth, peak_file)
     rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs,
-                 peak=peak)
+                 critical=by == "critical" or fmt == "html", peak=peak)
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))
     warn_read(rep.meta)
-    if by == "critical" or fmt == "html":
-        from opprof.analysis.critpath import critical_path
-        from opprof.loader import load
+    advisory = None
+    if advice and ((by == "phase" and fmt == "rich") or fmt == "html"):
+        from opprof.pipeline.advise import report_advice
 
-        rep.critical = critical_path(load(list(trace)))
-    write_output(render.report(rep, by=by, top=top), fmt, output)
+        advisory = report_advice(rep, list(trace))
+    write_output(render.report(rep, by=by, top=top, advice=advisory), fmt, output)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from rich.console import Console, Group, RenderableType
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -18,12 +18,22 @@ from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render.efficiency import headline as efficiency_headline
+from opprof.render.paralleltables import (
+    comm_diff_table,
+    expert_tables,
+    layout_line,
+    pipeline_table,
+)
+from opprof.render.text import render as render
 from opprof.render.units import ab_ratio, mib, rate, ratio, share, size
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
+    from opprof.advice.base import AdviseResult, Advisory, Verification
     from opprof.analysis.convergence import Summary
+    from opprof.analysis.gate import Check as GateCheck
+    from opprof.analysis.gate import Gate
     from opprof.analysis.noise import Noise
     from opprof.meta import MetaMapping
 
@@ -262,16 +272,17 @@ def collective_table(rep: Report) -> Table | Text:
         return Text("no collectives in the trace's steps")
     t = Table(title="Collectives (per step; bandwidth by the nccl-tests convention)",
               title_justify="left")
-    for col in ["collective", "group", "n", "calls", "bytes/call", "ms/step", "wait",
+    for col in ["collective", "dim", "group", "n", "calls", "bytes/call", "ms/step", "wait",
                 "algbw", "busbw", "hidden"]:
-        t.add_column(col, justify="left" if col in ("collective", "group") else "right")
+        t.add_column(col, justify="left" if col in ("collective", "dim", "group") else "right")
     for r in c.to_dict("records"):
         wait = r["wait_ns"] / r["time_ns"] if r["time_ns"] else None
-        t.add_row(r["op"], r["group"] or "-", str(int(r["size"])),
+        t.add_row(r["op"], r.get("dim") or "-", r["group"] or "-", str(int(r["size"])),
                   f"{r['calls_per_step']:,.1f}", size(r["bytes_per_call"]),
                   ms(r["ns_per_step"]), pct(wait), rate(r["algbw_Bps"]),
                   rate(r["busbw_Bps"]), pct(r["hidden"]))
-    t.caption = ("n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
+    t.caption = ("dim = the parallel dimension it serves (dp, fsdp, pp, tp, ep); "
+                 "n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
                  "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
                  "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
                  "beside it (GPU: compute kernels)")
@@ -458,13 +469,6 @@ def step_table(rep: Report) -> Table:
     return t
 
 
-def render(*items: RenderableType, width: int = 120) -> str:
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    console.print(Group(*items))
-    return buf.getvalue()
-
-
 def convergence_line(c: Summary) -> Text:
     """The convergence curve in one line (`record --converge`)."""
     def acc(v: float | None) -> str:
@@ -505,11 +509,17 @@ def side(kernels: pd.DataFrame, where: str) -> pd.DataFrame:
     return kernels[kernels["where"] == where] if "where" in kernels else kernels
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The report for a terminal; ``by`` picks the main view."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The report for a terminal; ``by`` picks the main view; ``advice`` comes first."""
     items: list[RenderableType] = [_header(rep.meta, rep.noise)]
+    layout = layout_line(rep.meta)
+    if layout is not None:
+        items.append(layout)
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     items += [Text(line) for line in efficiency_headline(rep)]
+    if advice is not None:
+        items.extend(advice_items(advice, top=ADVICE_IN_REPORT, brief=True))
     if by == "roofline":
         items.extend(roofline_tables(rep, top))
     elif by == "op":
@@ -542,6 +552,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
                               side(rep.fused_kernels, "device")))
     elif by == "memory":
         items.extend(memory_tables(rep))
+    elif by == "pipeline":
+        items.append(pipeline_table(rep))
+    elif by == "experts":
+        items.extend(expert_tables(rep))
     else:
         line = memory_line(rep)
         if line is not None:
@@ -627,6 +641,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
+    if not d.comm.empty:
+        tables.append(comm_diff_table(d.comm))
     items: list[RenderableType] = [head, *tables, *memory_diff(d), *efficiency_diff(d, top),
                                    Text(d.summary, style="bold")]
     if d.convergence:
@@ -636,6 +652,10 @@ def diff(d: Diff, top: int | None = None) -> str:
               for line in quality_lines(noise)]
     if d.whatif is not None:
         items.append(whatif_swaps_table(d, top))
+    if d.gate is not None:
+        items += [Text(line, style="bold red" if i == 0 and d.gate.verdict == "fail"
+                       else "bold green" if i == 0 else "")
+                  for i, line in enumerate(gate_lines(d.gate))]
     return render(*items)
 
 
@@ -708,6 +728,36 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
     return t
 
 
+def sweep_tables(swept: Mapping[str, object]) -> list[Table | Text]:
+    """`bench --threads` / `--batch-size`: time per mini-batch, samples/s, speed-up and
+    efficiency along each swept dimension, then where each run stops scaling."""
+    out: list[Table | Text] = []
+    for dim, title in (("threads", "threads"), ("batch_size", "batch size")):
+        frame = swept.get(dim)
+        if not isinstance(frame, pd.DataFrame) or frame.empty:
+            continue
+        other = "batch_size" if dim == "threads" else "threads"
+        t = Table(title=f"Time per mini-batch against the {title} (unprofiled)",
+                  title_justify="left")
+        cols = ["fw", "model", "workers", "mode", other.replace("_", " "), title, "ms/step",
+                "samples/s", "speed-up", "efficiency"]
+        for c in cols:
+            t.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
+        for r in frame.to_dict("records"):
+            fixed = r.get(other)
+            t.add_row(r["fw"], r["model"], str(r["workers"]), r["mode"],
+                      str(int(fixed)) if fixed is not None and fixed == fixed else "-",
+                      str(int(r[dim])), ms(r["step_ns"]),
+                      f"{r['samples_per_s']:,.1f}" if _known(r.get("samples_per_s")) else "-",
+                      f"{r['speedup']:.2f}x" if _known(r.get("speedup")) else "-",
+                      pct(r["efficiency"]) if _known(r.get("efficiency")) else "-")
+        out.append(t)
+    stops = swept.get("stops")
+    if isinstance(stops, list) and stops:
+        out.append(Text("\n".join(str(s["sentence"]) for s in stops if isinstance(s, dict))))
+    return out
+
+
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     """Runs (with their noise flags), the model's predictions and memory, their phase
     breakdown, and the operator-ratio table for a terminal."""
@@ -716,6 +766,8 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
+    # the sweeps' dimensions (`bench --batch-size 16,64 --threads 1,2`), when swept
+    key += [c for c in ("batch_size", "threads") if c in table and table[c].nunique() > 1]
     # samples/s keeps its full width: a `--repeat` range below the median is never cut
     sps_width = max([len(line) for r in table.to_dict("records")
                      if r["status"] in DONE and r["samples_per_s"]
@@ -735,7 +787,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     for r in table.to_dict("records"):
         ok = r["status"] in DONE
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
-        head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
+        head = [str(r[c]) if r[c] is not None and r[c] == r[c] else "-" for c in key]
         style = "green" if ok else ("red" if r["status"] == RunStatus.FAILED else "grey50")
         pred = r.get("predicted_step_ns")
         has = ok and pred is not None and pred == pred
@@ -1041,6 +1093,124 @@ def calibration(net: Network) -> str:
     if isinstance(coloc, dict) and coloc.get("slowdown"):
         items.append(_colocation_table(coloc))
     return render(*items, *([Text(warning, style="bold yellow")] if warning else []))
+
+
+#: How many pieces of advice the report shows (`opprof advise` shows them all).
+ADVICE_IN_REPORT = 3
+
+
+def advice_items(a: Advisory, top: int | None = None, brief: bool = False
+                 ) -> list[RenderableType]:
+    """The advice as a table, largest saving first (``top``: the first N); ``brief``: the
+    report's section (no evidence, a pointer to `opprof advise`)."""
+    step = a.step_ns
+    if not step:
+        why = next(iter(a.not_checked.values()), "no steps")
+        return [Text(f"Advice: none ({why})", style="bold")]
+    training = [x for x in a.advice if x.kind == "training"]
+    notes = [x for x in a.advice if x.kind != "training"]
+    items: list[RenderableType] = []
+    if not training:
+        items.append(Text(f"Advice: healthy — no rule finds a saving of 2% of the step or more "
+                          f"({a.bound})", style="bold green"))
+    else:
+        shown = training if top is None else training[:top]
+        t = Table(title=f"Advice, by the time each saves (step {ms(step)} ms)",
+                  title_justify="left")
+        for c, j in (("#", "right"), ("saves ms/step", "right"), ("share", "right"),
+                     ("confidence", "left"), ("finding → action", "left")):
+            t.add_column(c, justify=j)  # type: ignore[arg-type]
+        for i, x in enumerate(shown, 1):
+            body = Text(x.finding)
+            body.append(f"\n→ {x.action}", style="bold")
+            if not brief:
+                body.append(f"\nmodel: {x.model}"
+                            + (f"; check it: {x.knob.text}" if x.knob else ""), style="dim")
+            t.add_row(str(i), ms(x.saving_ns), pct(x.saving_share), x.confidence, body)
+        items.append(t)
+        if top is not None and len(training) > top:
+            items.append(Text(f"{len(training) - top} more: opprof advise", style="dim"))
+    for x in notes:
+        items.append(Text(f"⚠ {x.finding}: {x.action}", style="yellow"))
+    if not brief:
+        if a.minor:
+            items.append(Text("minor (under 2% of the step): " + "; ".join(
+                f"{x.rule} {ms(x.saving_ns)} ms" for x in a.minor), style="dim"))
+        if a.not_checked:
+            items.append(Text("not checked: " + "; ".join(
+                f"{k} ({v})" for k, v in a.not_checked.items()), style="dim"))
+    return items
+
+
+def verification_table(v: Verification) -> list[RenderableType]:
+    """Each applied action's predicted and achieved saving (unprofiled, per sample)."""
+    items: list[RenderableType] = []
+    if v.actions:
+        t = Table(title="Checked: the run recorded again with each action (unprofiled step, "
+                        "per sample)", title_justify="left")
+        for c in ("action", "predicted ms", "predicted", "base ms", "new ms", "achieved ms",
+                  "achieved", "error"):
+            t.add_column(c, justify="left" if c == "action" else "right")
+        for r in v.actions:
+            t.add_row(f"{r.rule}: {r.knob.text}", ms(r.predicted_ns), pct(r.predicted_share),
+                      ms(r.base_step_ns), ms(r.new_step_ns), ms(r.achieved_ns),
+                      pct(r.achieved_share), f"{r.error * 100:+.1f} pt")
+        items.append(t)
+    else:
+        items.append(Text("Checked: no action could be applied by a record option", style="bold"))
+    for line in v.not_applied:
+        items.append(Text(f"not applied: {line}", style="dim"))
+    if v.load:
+        items.append(Text(f"load average while recording: {v.load}", style="dim"))
+    return items
+
+
+def advice(result: AdviseResult) -> str:
+    """`opprof advise` for a terminal: the advice, then (--verify) the check."""
+    a = result.advisory
+    head = Text(f"opprof advise  {a.label}  ·  step {ms(a.step_ns)} ms", style="bold")
+    items: list[RenderableType] = [head, *advice_items(a)]
+    if result.verification is not None:
+        items.extend(verification_table(result.verification))
+    return render(*items)
+
+
+def _check_text(c: GateCheck) -> str:
+    """One check in words: the slowdown, the samples, the threshold and the test."""
+    what = "step" if c.target == "step" else c.target
+    delta = c.delta
+    change = (f"{abs(delta):.1%} {'slower' if delta > 0 else 'faster'}" if delta is not None
+              else f"{c.delta_ns / 1e6:+,.3f} ms")
+    p = "-" if c.p_value is None else f"{c.p_value:.3g}"
+    margin = (f"; the runs' noise {c.noise:.0%} sets the margin" if c.noise_bound else "")
+    return (f"NEW's {what} is {change} than BASE's (median of {c.new_samples} vs "
+            f"{c.base_samples} {c.source}: {ms(c.new_median_ns)} vs {ms(c.base_median_ns)} "
+            f"ms; threshold {c.threshold.text}{margin}; p = {p})")
+
+
+def gate_line(g: Gate) -> str:
+    """The gate's one-line verdict."""
+    h = g.headline
+    if g.verdict == "fail":
+        why = f"beyond {h.threshold.text} and the noise (p < {g.alpha:g})"
+    elif h.delta_ns <= 0:
+        why = "not slower"
+    elif not h.exceeded:
+        why = (f"within the runs' noise ({h.noise:.0%})" if h.noise_bound
+               else f"within {h.threshold.text}")
+    else:
+        why = f"beyond the margin but not significant (p ≥ {g.alpha:g})"
+    more = f" ({len(g.failed)} of {len(g.checks)} checks failed)" if len(g.checks) > 1 else ""
+    return f"gate: {g.verdict.upper()}{more} — {_check_text(h)}: {why}"
+
+
+def gate_lines(g: Gate) -> list[str]:
+    """The verdict, then every other check and the notes."""
+    lines = [gate_line(g)]
+    lines += [f"  {c.verdict}: {_check_text(c)}" for c in g.checks if c is not g.headline]
+    lines += [f"  test: {g.test}, alpha {g.alpha:g}"]
+    lines += [f"  note: {n}" for n in g.notes]
+    return lines
 
 
 def _colocation_table(c: dict[str, Any]) -> Table:

@@ -37,6 +37,7 @@ from opprof.taxonomy import PHASES
 from opprof.version import __version__
 
 if TYPE_CHECKING:
+    from opprof.advice.base import Advisory
     from opprof.analysis.matrix import Bench
     from opprof.meta import MetaMapping
 
@@ -340,12 +341,14 @@ def _subtitle(meta: MetaMapping) -> str:
     return "  ·  ".join(f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, ""))
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The whole report as one HTML page (every view; ``by`` is ignored)."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The whole report as one HTML page (every view; ``by`` is ignored; ``advice`` first)."""
     meta = rep.meta
     n_steps, ranks = len(rep.steps), sorted(set(rep.steps["rank"])) if len(rep.steps) else []
     mean = float(rep.steps["dur_ns"].mean()) if n_steps else float("nan")
-    secs = [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
+    secs = [("advice", "Advice", _report_advice(advice))] if advice is not None else []
+    secs += [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
             ("steps", "Step breakdown", _report_steps(rep, len(ranks))),
             ("ops", "Operators", _report_ops(rep.ops, top, "host"))]
     if len(rep.device_ops):
@@ -355,6 +358,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         secs.append(("ranks", "Ranks", _report_ranks(rep)))
     if len(rep.collectives):
         secs.append(("collectives", "Collectives", _report_collectives(rep)))
+    if len(rep.pipeline):
+        secs.append(("pipeline", "Pipeline", _report_pipeline(rep)))
+    if len(rep.experts):
+        secs.append(("experts", "Experts (all-to-all)", _report_experts(rep)))
     if len(rep.devices):
         secs.append(("devices", "GPU time per device", _report_devices(rep)))
     if len(rep.critical):
@@ -372,6 +379,47 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     title = "opprof report — " + (" ".join(str(meta[k]) for k in ("framework", "model")
                                            if meta.get(k)) or name)
     return page(title, _subtitle(meta), secs, footer)
+
+
+def _gate_html(d: Diff) -> str:
+    """The regression gate's verdict and checks (``diff --fail-above``)."""
+    if d.gate is None:
+        return ""
+    from opprof.render.console import gate_lines
+
+    lines = gate_lines(d.gate)
+    color = "#b00020" if d.gate.verdict == "fail" else "#1b7f3b"
+    return (f'<p style="color:{color}"><b>{html.escape(lines[0])}</b></p>'
+            + "".join(note(line.strip()) for line in lines[1:]))
+
+
+def _report_advice(a: Advisory) -> str:
+    """The advice, largest saving first: what the trace shows, what to do, the saving."""
+    training = [x for x in a.advice if x.kind == "training"]
+    out = ""
+    if not a.step_ns:
+        return note("No advice: " + next(iter(a.not_checked.values()), "no steps"))
+    if not training:
+        out += (f'<p><b>Healthy</b>: no rule finds a saving of 2% of the step or more '
+                f"({html.escape(a.bound)}).</p>")
+    else:
+        rows = pd.DataFrame([{"#": i, "saves_ms": x.saving_ns, "share": x.saving_share,
+                              "confidence": x.confidence, "finding": x.finding,
+                              "action": x.action, "model": x.model}
+                             for i, x in enumerate(training, 1)])
+        out += table(rows, [("#", "#", f_text), ("saves_ms", "saves ms/step", f_ms),
+                            ("share", "share of step", f_pct),
+                            ("confidence", "confidence", f_text),
+                            ("finding", "finding", f_text), ("action", "action", f_text),
+                            ("model", "predicted by", f_text)])
+    for x in a.advice:
+        if x.kind != "training":
+            out += note(f"{x.finding}: {x.action}")
+    if a.not_checked:
+        out += note("Not checked: " + "; ".join(f"{k} ({v})" for k, v in a.not_checked.items()))
+    return out + note("Each saving is predicted per step by the model or the replay of this "
+                      "trace's dependency graph; `opprof advise TRACE` gives the evidence, "
+                      "`--verify` checks them on a recorded run.")
 
 
 def _report_summary(rep: Report, n_steps: int, ranks: list[int], mean: float) -> str:
@@ -499,13 +547,52 @@ def _report_ranks(rep: Report) -> str:
 
 
 COLLECTIVE_COLUMNS: list[Column] = [
-    ("op", "collective", f_text), ("group", "group", f_text), ("size", "ranks in group", f_int),
+    ("op", "collective", f_text), ("dim", "dimension", f_text), ("group", "group", f_text),
+    ("size", "ranks in group", f_int),
     ("calls_per_step", "calls/step", lambda v: f"{_num(v) or 0:,.1f}"),
     ("bytes_per_call", "bytes/call", units.size),
     ("ns_per_step", "ms/step", f_ms), ("wait_ns", "wait ms (total)", f_ms),
     ("transfer_ns", "transfer ms (total)", f_ms),
     ("algbw_Bps", "algbw", units.rate),
     ("busbw_Bps", "busbw", units.rate), ("hidden", "hidden", f_pct)]
+
+
+def _joined(values: object) -> str:
+    """A list cell (stages, bytes per peer) as text."""
+    return ", ".join(str(v) for v in values) if isinstance(values, list) else f_text(values)
+
+
+PIPELINE_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("stages", "stage", _joined), ("step", "step", f_int),
+    ("schedule", "schedule", f_text), ("microbatches", "micro-batches", f_int),
+    ("forward_ns_per_microbatch", "forward ms / micro-batch", f_ms),
+    ("backward_ns_per_microbatch", "backward ms / micro-batch", f_ms),
+    ("bubble_ns", "bubble ms", f_ms), ("bubble_share", "bubble share", f_pct),
+    ("ideal_bubble_share", "ideal bubble", f_pct), ("step_ns", "step ms", f_ms),
+    ("order", "order", f_text)]
+EXPERT_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("step", "step", f_int), ("calls", "all-to-alls", f_int),
+    ("bytes_sent", "sent", units.size), ("bytes_received", "received", units.size),
+    ("send_bytes_per_peer", "sent per peer (bytes)", _joined),
+    ("recv_bytes_per_peer", "received per peer (bytes)", _joined),
+    ("peer_imbalance", "max/mean", lambda v: f"{_num(v) or 0:.2f}")]
+LOAD_COLUMNS: list[Column] = [
+    ("step", "step", f_int), ("call", "all-to-all", f_int),
+    ("recv_bytes_per_rank", "received per rank (bytes)", _joined),
+    ("imbalance", "max/mean", lambda v: f"{_num(v) or 0:.2f}")]
+
+
+def _report_pipeline(rep: Report) -> str:
+    return (note("Per pipeline stage and step: the bubble is the time the stage waited on a "
+                 "send or receive with nothing to compute (part of the comm phase); ideal = "
+                 "(p−1)/(v·m+p−1); forward/backward = the compute inside each micro-batch "
+                 "(docs/parallelism.md).") + table(rep.pipeline, PIPELINE_COLUMNS))
+
+
+def _report_experts(rep: Report) -> str:
+    return (note("All-to-all bytes per peer (from the split sizes), and per exchange the bytes "
+                 "each rank's experts received: max/mean = 1.00 when the tokens went evenly.")
+            + table(rep.experts, EXPERT_COLUMNS) + table(rep.expert_load, LOAD_COLUMNS))
 
 
 def _report_collectives(rep: Report) -> str:
@@ -687,7 +774,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                       else " (no unprofiled timing in both runs)")
                    + ". The phase and operator tables are profiled times; positive A−B: A "
                      "spends longer.")
-            + (note(verdict) if verdict else ""))
+            + (note(verdict) if verdict else "") + _gate_html(d))
     both = pd.DataFrame({p: [float(d.phases.set_index('phase').get('a_ns_per_step', {}).get(p, 0)),
                              float(d.phases.set_index('phase').get('b_ns_per_step', {}).get(p, 0))]
                          for p in PHASES}) / MS
@@ -732,6 +819,11 @@ def diff(d: Diff, top: int | None = None) -> str:
             ("b_ns_per_step", "B ms/step", f_ms), ("ab", "A/B", f_text),
             ("whatif_step_ns", "A step at B's speed ms", f_ms),
             ("saving_ns", "saving ms", f_ms), ("saving_share", "saving", f_pct)])))
+    if len(d.comm):
+        secs.append(("comm", "Collectives by parallel dimension", table(d.comm, [
+            ("dim", "dimension", f_text), ("op", "collective", f_text),
+            ("a_ns_per_step", "A ms/step", f_ms), ("b_ns_per_step", "B ms/step", f_ms),
+            ("ratio", "A/B", f_ratio), ("delta_ns", "A−B ms", f_ms)])))
     if len(d.memory):
         secs.append(("memory", "Memory", table(d.memory, [
             ("metric", "metric", f_text), ("a_bytes", "A MiB", f_mib),

@@ -14,6 +14,7 @@ from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
+    from opprof.advice.base import AdviseResult, Advisory
     from opprof.analysis.diff import Diff
     from opprof.jsontypes import JSONObject
     from opprof.model.commmodel import Network
@@ -73,7 +74,16 @@ def report_dict(rep: Report, top: int | None = None) -> JSONObject:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep), **critical_dict(rep), **efficiency_json(rep)}
+            **convergence_dict(rep), **critical_dict(rep), **parallel_dict(rep),
+            **efficiency_json(rep)}
+
+
+def parallel_dict(rep: Report) -> JSONObject:
+    """``pipeline`` (per rank and step of a pipeline stage: opprof.analysis.pipeline's
+    columns), ``experts`` (per rank and step: all-to-all bytes per peer) and ``expert_load``
+    (per step and all-to-all: bytes received per rank, imbalance): docs/parallelism.md."""
+    return {"pipeline": records(rep.pipeline), "experts": records(rep.experts),
+            "expert_load": records(rep.expert_load)}
 
 
 def efficiency_json(rep: Report) -> JSONObject:
@@ -128,9 +138,16 @@ def memory_records(rep: Report) -> list[JSONObject]:
             for r in rep.memory.ranks.to_dict("records")]
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The whole report as JSON (``by`` does not change the JSON)."""
-    return json.dumps(report_dict(rep, top), indent=2, default=str)
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The whole report as JSON (``by`` does not change the JSON; ``advice``: its
+    ``advice`` list and the advisory's other keys under ``advisory``)."""
+    out = report_dict(rep, top)
+    if advice is not None:
+        whole = advice.to_dict()
+        out["advice"] = whole.pop("advice")
+        out["advisory"] = whole
+    return json.dumps(out, indent=2, default=str)
 
 
 def _memory_verdict(d: Diff) -> str | None:
@@ -148,13 +165,14 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
         "headline_ratio": _clean(d.headline_ratio), "mismatches": d.mismatches,
         "memory_verdict": _memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
-        "memory": records(d.memory), "summary": d.summary,
+        "memory": records(d.memory), "comm": records(d.comm), "summary": d.summary,
         "a_noise": d.a_noise.to_dict() if d.a_noise else None,
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
         "convergence": d.convergence.to_dict() if d.convergence else None,
         "efficiency": d.efficiency.to_dict() if d.efficiency else None,
-    }, indent=2)
+        **({"gate": d.gate.to_dict()} if d.gate is not None else {}),
+    }, indent=2, default=_clean)
 
 
 def model_dict(result: ModelResult) -> JSONObject:
@@ -219,3 +237,10 @@ def whatif(w: WhatIf) -> str:
 def calibration(net: Network) -> str:
     """`opprof calibrate`'s network as JSON (the same as the file it writes)."""
     return json.dumps(net.to_dict(), indent=2, default=_clean)
+
+
+def advice(result: AdviseResult) -> str:
+    """`opprof advise` as JSON: ``advice`` (the contract's list, by saving), ``healthy``,
+    ``step_ns``, ``minor``, ``checked``, ``not_checked``, ``bound``; with --verify,
+    ``verify``."""
+    return json.dumps(result.to_dict(), indent=2, default=_clean)
