@@ -562,12 +562,30 @@ def _host_events(path: Path) -> dict[str, Any]:
         "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
         "link": np.full(len(ev), -1, np.int64), "closes_step": closes_step, "display": name,
     })
+    raw = raw.assign(**_costs(path, name, op_name.where(is_op, "")))
     if len(waits):
         waits["ts"] += offset or 0
         raw = pd.concat([raw, waits], ignore_index=True)
+        raw["cost_kind"] = raw["cost_kind"].fillna(0).astype(np.int8)
+        raw["precision"] = raw["precision"].fillna(-1).astype(np.int8)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
             "task": task, "run": run, "warnings": warnings.get(drops.KEY, {}),
             "framework": "jax" if jax else "tf", "operations": bool(is_xla.any())}
+
+
+def _costs(path: Path, types: pd.Series, op_names: pd.Series) -> dict[str, np.ndarray]:
+    """Each event's own cost (the raw cost columns, opprof.flops.attribute): its runtime type's
+    row of ``maps/tf.csv`` with the shapes of the graph op of its name, which opprof's
+    TensorFlow adapter writes beside the XPlane (:mod:`opprof.flops.tensorflow`); unknown
+    without that file."""
+    from opprof.flops.tensorflow import costs, read_shapes
+
+    got = costs(types.tolist(), op_names.tolist(), read_shapes(path.parent))
+    return {"flops": np.asarray(got["flops"], np.float64),
+            "model_flops": np.asarray(got["model_flops"], np.float64),
+            "mem_bytes": np.asarray(got["mem_bytes"], np.float64),
+            "precision": np.asarray(got["precision"], np.int8),
+            "cost_kind": np.asarray(got["cost_kind"], np.int8)}
 
 
 def _gpu_lanes(meta_ev: pd.DataFrame, pid: pd.Series, thread: pd.Series, name: pd.Series,

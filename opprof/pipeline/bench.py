@@ -176,11 +176,16 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
             network: Network | None, say: Callable[[str], None], show: Callable[[str], None],
             quiet: bool = False) -> None:
     """Summarize the recorded runs, write bench.md/.csv/.json, print the tables."""
+    from opprof.flops.peaks import PeakOptions, calibration_path, read_calibration
+
+    # a CPU run's MFU is against this host's measured peak, where `calibrate --peak` kept one
+    peak = PeakOptions(calibration=calibration_path()
+                       if read_calibration(calibration_path()) is not None else None)
     for run in runs:
         if run.status in DONE:
             try:
                 run.summary = combine_repeats([
-                    summarize(read_parquet(trace_path(output, run, k, repeat)))
+                    summarize(read_parquet(trace_path(output, run, k, repeat)), peak)
                     for k in range(1, repeat + 1)])
             except OpprofError as exc:
                 run.status, run.reason = RunStatus.FAILED, str(exc)

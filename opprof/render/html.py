@@ -368,6 +368,9 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
         secs.append(("critical", "Critical path", _report_critical(rep)))
     if len(rep.memory.ranks):
         secs.append(("memory", "Memory", _report_memory(rep)))
+    from opprof.render.roofline import html_section
+
+    secs.append(("efficiency", "Efficiency and roofline", html_section(rep)))
     secs.append(("metadata", "Metadata", meta_table(meta)))
     src = meta.get("sources") or []
     name = str(src[0]) if len(src) == 1 else "TRACE"

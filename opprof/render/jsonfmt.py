@@ -74,7 +74,8 @@ def report_dict(rep: Report, top: int | None = None) -> JSONObject:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep), **critical_dict(rep), **parallel_dict(rep)}
+            **convergence_dict(rep), **critical_dict(rep), **parallel_dict(rep),
+            **efficiency_json(rep)}
 
 
 def parallel_dict(rep: Report) -> JSONObject:
@@ -83,6 +84,14 @@ def parallel_dict(rep: Report) -> JSONObject:
     (per step and all-to-all: bytes received per rank, imbalance): docs/parallelism.md."""
     return {"pipeline": records(rep.pipeline), "experts": records(rep.experts),
             "expert_load": records(rep.expert_load)}
+
+
+def efficiency_json(rep: Report) -> JSONObject:
+    """``efficiency``, ``efficiency_detail``, ``roofline``, ``roofline_kernels``
+    (opprof.render.efficiency)."""
+    from opprof.render.efficiency import json_dict
+
+    return json_dict(rep)
 
 
 def critical_dict(rep: Report) -> JSONObject:
@@ -161,6 +170,7 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
         "convergence": d.convergence.to_dict() if d.convergence else None,
+        "efficiency": d.efficiency.to_dict() if d.efficiency else None,
         **({"gate": d.gate.to_dict()} if d.gate is not None else {}),
     }, indent=2, default=_clean)
 
