@@ -108,6 +108,7 @@ from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.normalizers import jaxplane
 from opprof.normalizers.chrome import NONE
 from opprof.normalizers.events import finish
+from opprof.normalizers.hlo import category as _category
 from opprof.normalizers.memory_rows import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
@@ -342,41 +343,7 @@ def framework_op_stats(path: Path) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- XLA
 
-#: XLA's category (``HloInstruction::ToCategory``, the one xprof shows) of the opcodes that
-#: are neither fusions nor named by their opcode.
-_DATA_FORMATTING = {"transpose", "copy", "copy-start", "copy-done", "reshape",
-                    "dynamic-reshape", "broadcast", "pad"}
-_ELEMENTWISE = {
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert",
-    "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
-    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
-    "not", "or", "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
-    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
-    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"}
-_FUSION_KIND = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion",
-                "kCustom": "custom fusion"}
-_LEAF_OPCODES = {"parameter", "constant"}
 _HLO_COLUMNS = ["module", "hlo_op", "category", "tf_op", "computation"]
-
-
-def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
-    """(xprof's HLO category, the called computation's name) of one HLO instruction. A
-    fusion that wraps a single instruction (XLA's CPU backend wraps ops one by one:
-    ``wrapped_reduce-window``, ``wrapped_scatter``) has that instruction's category."""
-    called = [computations[c] for c in ins.called_computation_ids if c in computations]
-    name = called[0].name if called else ""
-    if ins.opcode == "fusion":
-        inner = [i for c in called for i in c.instructions if i.opcode not in _LEAF_OPCODES]
-        if len(inner) == 1 and inner[0].opcode != "fusion":
-            return _category(inner[0], computations)[0], name
-        return _FUSION_KIND.get(ins.fusion_kind, "fusion"), name
-    if ins.opcode in _DATA_FORMATTING:
-        return "data formatting", name
-    if ins.opcode in _ELEMENTWISE:
-        return "non-fusion elementwise", name
-    if ins.opcode == "custom-call":  # the target says what it is (__cublas$gemm, __cudnn$conv…)
-        return f"custom-call {ins.custom_call_target}", name
-    return ins.opcode, name
 
 
 def _hlo_instructions(path: Path, rows_of: Any = None) -> pd.DataFrame:
@@ -508,8 +475,8 @@ def _host_events(path: Path) -> dict[str, Any]:
     jax = jaxplane.is_jax(name, args)
     if is_xla.any():
         if jax:
-            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla],
-                                                    jaxplane.hlo_instructions(path))
+            hlo = _hlo_instructions(path, rows_of=jaxplane.module_rows)
+            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla], hlo)
         else:
             xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
         key, detail = key.copy(), detail.copy()

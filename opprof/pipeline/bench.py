@@ -380,7 +380,7 @@ def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd
                   config: JSONObject, swept: dict[str, object] | None = None) -> None:
     """bench.json (everything), bench.csv (one row per run), bench.md (both tables); read
     back by :func:`read_bench`."""
-    from opprof.render.jsonfmt import records
+    from opprof.render.jsonvalues import records
     from opprof.render.mdfmt import md_table
 
     doc: dict[str, object] = {"config": config, "runs": records(table),

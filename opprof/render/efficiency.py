@@ -138,7 +138,7 @@ def json_dict(rep: Report) -> JSONObject:
     intensity, achieved_flops_per_s, achieved_bytes_per_s, roofline_share, bound; FLOPs and
     bytes per step) and ``roofline_kernels`` (the same per GPU kernel, with ``kernel``)."""
     from opprof.analysis.roofline import COLUMNS
-    from opprof.render.jsonfmt import records
+    from opprof.render.jsonvalues import records
 
     eff = rep.efficiency
     if eff is None:

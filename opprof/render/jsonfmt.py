@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
-from typing import TYPE_CHECKING, Any
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from opprof.analysis.report import Report
+from opprof.render.jsonvalues import clean as _clean
+from opprof.render.jsonvalues import records
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
@@ -24,24 +23,6 @@ if TYPE_CHECKING:  # only names here: `report --format json` imports no model or
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
 EXTENSION = ".json"
-
-
-def _clean(v: Any) -> Any:
-    if v is pd.NA:
-        return None
-    if isinstance(v, float):
-        if math.isnan(v):
-            return None
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-    if hasattr(v, "item"):
-        return _clean(v.item())
-    return v
-
-
-def records(df: pd.DataFrame) -> list[JSONObject]:
-    """DataFrame rows as JSON-safe dicts."""
-    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
 def report_dict(rep: Report, top: int | None = None) -> JSONObject:

@@ -52,63 +52,15 @@ def ceilings(eff: Efficiency, x: Array) -> list[tuple[str, Array]]:
     return out
 
 
-def _span(pts: pd.DataFrame, eff: Efficiency) -> Array:
+def span(pts: pd.DataFrame, eff: Efficiency) -> Array:
+    """The intensities a chart's ceilings are drawn over: the points' and a decade around
+    the ridge."""
     lo = float(pts["intensity"].min()) if len(pts) else 0.01
     hi = float(pts["intensity"].max()) if len(pts) else 100.0
     if eff.peak.flops_per_s and eff.peak.bytes_per_s:
         ridge = eff.peak.flops_per_s / eff.peak.bytes_per_s
         lo, hi = min(lo, ridge / 10), max(hi, ridge * 10)
     return np.logspace(np.log10(max(lo / 2, 1e-4)), np.log10(hi * 2), 200)
-
-
-def html_section(rep: Report) -> str:
-    """The HTML report's efficiency section: the headline, the roofline chart, the table."""
-    import plotly.graph_objects as go
-
-    from opprof.render.efficiency import headline
-    from opprof.render.html import _layout, chart, f_text, note, table
-
-    eff = rep.efficiency
-    lines = "".join(f"<p>{line.strip()}</p>" for line in headline(rep))
-    if eff is None:
-        return lines
-    pts = points(eff)
-    fig = go.Figure()
-    x = _span(pts, eff)
-    for name, y in ceilings(eff, x):
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
-                                 line={"color": "#333333", "dash": "dash" if "vector" in name
-                                       else "solid"}))
-    for bound, g in pts.groupby("bound", sort=False):
-        size = np.sqrt(g["time_ns_per_step"].to_numpy(float))
-        size = 8 + 30 * size / max(float(np.sqrt(pts["time_ns_per_step"].max())), 1.0)
-        fig.add_trace(go.Scatter(
-            x=g["intensity"], y=g["achieved_flops_per_s"], mode="markers+text",
-            text=g["label"], textposition="top center", name=str(bound) or "unbounded",
-            marker={"size": size, "color": BOUND_COLORS.get(str(bound), "#777777"),
-                    "opacity": 0.8},
-            customdata=np.stack([g["phase"].astype(str), g["roofline_share"] * 100,
-                                 g["time_ns_per_step"] / 1e6], axis=1),
-            hovertemplate="%{text} (%{customdata[0]})<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s"
-                          "<br>%{customdata[1]:.1f}% of the roofline, %{customdata[2]:.3f} "
-                          "ms/step<extra></extra>"))
-    _layout(fig, 520, xaxis_title="arithmetic intensity (FLOP/byte)",
-            yaxis_title="achieved FLOP/s")
-    fig.update_xaxes(type="log")
-    fig.update_yaxes(type="log")
-    cols = [("op", "op", f_text), ("phase", "phase", f_text),
-            ("flops", "FLOP/step", lambda v: flops_rate(v).removesuffix("/s")),
-            ("bytes", "bytes/step", lambda v: rate(v).removesuffix("/s")),
-            ("intensity", "FLOP/byte", lambda v: "-" if v is None or v != v else f"{v:.3g}"),
-            ("achieved_flops_per_s", "FLOP/s", flops_rate),
-            ("achieved_bytes_per_s", "bytes/s", rate),
-            ("roofline_share", "of roofline", share), ("bound", "bound", f_text)]
-    return (lines + chart(fig) + note(
-        "Each operator at its arithmetic intensity (FLOPs per byte moved) and the FLOP/s it "
-        "achieved over its time (its kernels' on a GPU trace), the marker's area its time per "
-        "step; the lines are the machine's ceilings: min(peak FLOP/s, intensity × peak "
-        "bandwidth). compute- and memory-bound operators sit near the line right and left of "
-        "the ridge; latency-overhead ones far below it.") + table(eff.roofline, cols))
 
 
 def figure(traces: list[tuple[str, Report]], top: int) -> Figure:
@@ -125,7 +77,7 @@ def figure(traces: list[tuple[str, Report]], top: int) -> Figure:
     for ax, (name, eff) in zip(axes, effs, strict=True):
         assert eff is not None
         pts = points(eff).nlargest(top, "time_ns_per_step") if len(points(eff)) else points(eff)
-        x = _span(pts, eff)
+        x = span(pts, eff)
         for label, y in ceilings(eff, x):
             ax.plot(x, y, color="#333333", lw=1.2, ls="--" if "vector" in label else "-",
                     label=label)
