@@ -25,11 +25,12 @@ without a gradient: inference, preprocessing) and normalizers/maps/jax.csv maps 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from opprof.normalizers.hlo import category as hlo_category
 
 #: The mapping table of JAX profiles (normalizers/maps/jax.csv).
 TABLE = "jax"
@@ -75,21 +76,8 @@ def xla_keys(args: pd.DataFrame, hlo: pd.DataFrame) -> tuple[pd.Series, pd.Serie
     return key, detail
 
 
-def hlo_instructions(path: Path) -> pd.DataFrame:
-    """:func:`.xplane._hlo_instructions` for a JAX profile: the same rows, but an instruction
-    XLA made without metadata takes the JAX name of what it runs (a fusion's or call's fused
-    instructions, root first), else of an operand that is part of the gradient (under
-    ``transpose(``: a weight gradient's convolution or reduction, whose users are the
-    optimizer's), else that of its first user, else of its first operand."""
-    from opprof.normalizers import xplane
-
-    return xplane._hlo_instructions(path, rows_of=module_rows)
-
-
 def module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
-    """The rows of one HLO module (see :func:`hlo_instructions`)."""
-    from opprof.normalizers.xplane import _category
-
+    """The rows of one HLO module (:func:`.xplane._hlo_instructions` for a JAX profile)."""
     computations = {c.id: c for c in module.computations}
     own = {(c.id, i.id): i.metadata.op_name for c in module.computations
            for i in c.instructions if i.metadata.op_name}
@@ -137,7 +125,7 @@ def module_rows(module: Any) -> list[tuple[str, str, str, str, str]]:
                 if first is not None:
                     name[i.id] = first
         for i in comp.instructions:
-            category, called = _category(i, computations)
+            category, called = hlo_category(i, computations)
             op_type = by_id[i.id].metadata.op_type
             rows.append((module.name, i.name, category, f"{name.get(i.id, '')}:{op_type}",
                          called))

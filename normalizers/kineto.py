@@ -653,6 +653,18 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 
 
 _PH = attrgetter("ph")
+_COST_ARGS = attrgetter("input_dims", "input_type", "concrete")
+
+
+def _ENCODE(value: Any) -> bytes:  # noqa: N802 - msgspec's encoder, named as a constant
+    """An event's shape args as one hashable key (JSON text); b"" when they cannot be."""
+    try:
+        return _JSON_ENCODE(value)
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        return b""
+
+
+_JSON_ENCODE = msgspec.json.encode
 _CORRELATION, _INPUT_DIMS = attrgetter("correlation"), attrgetter("input_dims")
 _EXTERNAL = attrgetter("external_id")
 
@@ -782,6 +794,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
                                 for k in ("ts", "dur", "device", "bytes", "pid", "tid",
                                           "tid_frac", "tid_nan", "name_bad", "link", "ext",
                                           "comm", "collective"))
+    costs = {k: _joined([p.pop(k) for p in pieces]) for k in COST_COLUMNS}
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     texts: np.ndarray | None = None
@@ -845,6 +858,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         "detail": texts,
         "link": corr,
         "collective": collective,
+        **costs,
     }, copy=False)  # every column is made here: no copy
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
@@ -895,6 +909,7 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
         if group is not None:
             for i in np.flatnonzero(group != None).tolist():  # noqa: E711 (element-wise)
                 dims_v[i] = args_v[i].input_dims
+    out.update(_chunk_costs(out["name"], args_v))
     del args_v
     out["cat"] = chrome.string_codes(cat_v)
     out["pid"] = chrome.numbers(pid_v)
@@ -915,6 +930,46 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
             texts[has] = [g if d is None else f"{g} dims={d}"
                           for g, d in zip(group[has], texts[has], strict=True)]
         out["detail"] = texts
+    return out
+
+
+#: The raw cost columns (opprof.flops.attribute) taken per chunk.
+COST_COLUMNS = ("flops", "model_flops", "mem_bytes", "precision", "cost_kind")
+
+
+def _chunk_costs(names: tuple[np.ndarray, list[str]], args: list[Args]) -> dict[str, np.ndarray]:
+    """Each event's own cost (:func:`opprof.flops.table.kineto_cost`) from its ``Input Dims``,
+    ``Input type`` and ``Concrete Inputs``: looked up per distinct name, costed per distinct
+    call (cached), only for the events whose name the torch operator table models."""
+    from opprof.flops.table import UNMODELED, operator_table, torch_cost
+
+    codes, text = names
+    n = len(codes)
+    out = {"flops": np.full(n, np.nan), "model_flops": np.full(n, np.nan),
+           "mem_bytes": np.full(n, np.nan), "precision": np.full(n, -1, np.int8),
+           "cost_kind": np.full(n, UNMODELED, np.int8)}
+    table = operator_table("torch")
+    modeled = np.fromiter((table.row(t) is not None for t in text), bool, len(text))
+    if not len(modeled) or not modeled.any():
+        return out
+    idx = np.flatnonzero(modeled[codes])
+    if not len(idx):
+        return out
+    # one key per event (its args as JSON, encoded in C), one cost per distinct (name, key)
+    picked = [args[i] for i in idx.tolist()]
+    names_of = np.array(text, dtype=object)[codes[idx]].tolist()
+    try:  # (the args were decoded from JSON: they encode back; else one at a time)
+        keys = list(map(_JSON_ENCODE, map(_COST_ARGS, picked)))
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        keys = list(map(_ENCODE, map(_COST_ARGS, picked)))
+    pairs = list(zip(names_of, keys, strict=True))
+    costs = dict.fromkeys(pairs)
+    for pair in costs:
+        costs[pair] = torch_cost(*pair)
+    vals = np.array(list(map(costs.__getitem__, pairs)), dtype=np.float64).reshape(-1, 5)
+    out["flops"][idx], out["model_flops"][idx], out["mem_bytes"][idx] = vals[:, :3].T
+    out["precision"][idx] = vals[:, 3].astype(np.int8)
+    out["cost_kind"][idx] = vals[:, 4].astype(np.int8)
     return out
 
 

@@ -458,7 +458,25 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
         "name": spans["name"].to_numpy(object), "kind": kind, "bytes": np.int64(0),
         "detail": detail.to_numpy(object), "link": np.int64(-1),
     })
-    return pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True), memory
+    raw = raw.assign(**_costs(path, raw["name"]))
+    out = pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True)
+    out["cost_kind"] = out["cost_kind"].fillna(0).astype(np.int8)
+    out["precision"] = out["precision"].fillna(-1).astype(np.int8)
+    return out, memory
+
+
+def _costs(path: Path, names: pd.Series) -> dict[str, np.ndarray]:
+    """Each operator event's own cost (the raw cost columns, opprof.flops.attribute): the mean
+    over the graph's nodes of its operator, from the shapes opprof's MXNet adapter writes
+    beside the dump (:mod:`opprof.flops.mxnet`); unknown without them."""
+    from opprof.flops.mxnet import costs, read_nodes
+
+    got = costs(names.astype(str).tolist(), read_nodes(path))
+    return {"flops": np.asarray(got["flops"], np.float64),
+            "model_flops": np.asarray(got["model_flops"], np.float64),
+            "mem_bytes": np.asarray(got["mem_bytes"], np.float64),
+            "precision": np.asarray(got["precision"], np.int8),
+            "cost_kind": np.asarray(got["cost_kind"], np.int8)}
 
 
 def _comm_windows(comm: pd.DataFrame) -> pd.DataFrame:

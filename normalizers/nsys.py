@@ -75,6 +75,7 @@ from opprof.normalizers.cupti import (
     is_sqlite,
     memset_names,
     missing_tables,
+    nvtx_costs,
     nvtx_kinds,
     read_table,
     split_nvtx,
@@ -136,6 +137,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     out.update(meta)
     if info.warnings:
         out[drops.KEY] = drops.merged([out.get(drops.KEY), info.warnings[drops.KEY]])
+    raw = raw.assign(**nvtx_costs(raw["name"], raw["detail"]))
     return add_memory(finish(raw, cupti_table(), out), pd.concat(memory, ignore_index=True))
 
 

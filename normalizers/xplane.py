@@ -108,6 +108,7 @@ from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.normalizers import jaxplane
 from opprof.normalizers.chrome import NONE
 from opprof.normalizers.events import finish
+from opprof.normalizers.hlo import category as _category
 from opprof.normalizers.memory_rows import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
@@ -342,41 +343,7 @@ def framework_op_stats(path: Path) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- XLA
 
-#: XLA's category (``HloInstruction::ToCategory``, the one xprof shows) of the opcodes that
-#: are neither fusions nor named by their opcode.
-_DATA_FORMATTING = {"transpose", "copy", "copy-start", "copy-done", "reshape",
-                    "dynamic-reshape", "broadcast", "pad"}
-_ELEMENTWISE = {
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert",
-    "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
-    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
-    "not", "or", "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
-    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
-    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"}
-_FUSION_KIND = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion",
-                "kCustom": "custom fusion"}
-_LEAF_OPCODES = {"parameter", "constant"}
 _HLO_COLUMNS = ["module", "hlo_op", "category", "tf_op", "computation"]
-
-
-def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
-    """(xprof's HLO category, the called computation's name) of one HLO instruction. A
-    fusion that wraps a single instruction (XLA's CPU backend wraps ops one by one:
-    ``wrapped_reduce-window``, ``wrapped_scatter``) has that instruction's category."""
-    called = [computations[c] for c in ins.called_computation_ids if c in computations]
-    name = called[0].name if called else ""
-    if ins.opcode == "fusion":
-        inner = [i for c in called for i in c.instructions if i.opcode not in _LEAF_OPCODES]
-        if len(inner) == 1 and inner[0].opcode != "fusion":
-            return _category(inner[0], computations)[0], name
-        return _FUSION_KIND.get(ins.fusion_kind, "fusion"), name
-    if ins.opcode in _DATA_FORMATTING:
-        return "data formatting", name
-    if ins.opcode in _ELEMENTWISE:
-        return "non-fusion elementwise", name
-    if ins.opcode == "custom-call":  # the target says what it is (__cublas$gemm, __cudnn$conv…)
-        return f"custom-call {ins.custom_call_target}", name
-    return ins.opcode, name
 
 
 def _hlo_instructions(path: Path, rows_of: Any = None) -> pd.DataFrame:
@@ -508,8 +475,8 @@ def _host_events(path: Path) -> dict[str, Any]:
     jax = jaxplane.is_jax(name, args)
     if is_xla.any():
         if jax:
-            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla],
-                                                    jaxplane.hlo_instructions(path))
+            hlo = _hlo_instructions(path, rows_of=jaxplane.module_rows)
+            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla], hlo)
         else:
             xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
         key, detail = key.copy(), detail.copy()
@@ -562,12 +529,30 @@ def _host_events(path: Path) -> dict[str, Any]:
         "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
         "link": np.full(len(ev), -1, np.int64), "closes_step": closes_step, "display": name,
     })
+    raw = raw.assign(**_costs(path, name, op_name.where(is_op, "")))
     if len(waits):
         waits["ts"] += offset or 0
         raw = pd.concat([raw, waits], ignore_index=True)
+        raw["cost_kind"] = raw["cost_kind"].fillna(0).astype(np.int8)
+        raw["precision"] = raw["precision"].fillna(-1).astype(np.int8)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
             "task": task, "run": run, "warnings": warnings.get(drops.KEY, {}),
             "framework": "jax" if jax else "tf", "operations": bool(is_xla.any())}
+
+
+def _costs(path: Path, types: pd.Series, op_names: pd.Series) -> dict[str, np.ndarray]:
+    """Each event's own cost (the raw cost columns, opprof.flops.attribute): its runtime type's
+    row of ``maps/tf.csv`` with the shapes of the graph op of its name, which opprof's
+    TensorFlow adapter writes beside the XPlane (:mod:`opprof.flops.tensorflow`); unknown
+    without that file."""
+    from opprof.flops.tensorflow import costs, read_shapes
+
+    got = costs(types.tolist(), op_names.tolist(), read_shapes(path.parent))
+    return {"flops": np.asarray(got["flops"], np.float64),
+            "model_flops": np.asarray(got["model_flops"], np.float64),
+            "mem_bytes": np.asarray(got["mem_bytes"], np.float64),
+            "precision": np.asarray(got["precision"], np.int8),
+            "cost_kind": np.asarray(got["cost_kind"], np.int8)}
 
 
 def _gpu_lanes(meta_ev: pd.DataFrame, pid: pd.Series, thread: pd.Series, name: pd.Series,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from opprof.analysis.report import RankPart, Report
+    from opprof.flops.peaks import PeakOptions
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
     from opprof.normalizers.formats import RankFormat
@@ -285,15 +286,16 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
 
 def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
            scheduler: str | None = None, jobs: int | None = None,
-           critical: bool = False) -> Report:
+           critical: bool = False, peak: PeakOptions | None = None) -> Report:
     """The Report of a job, computed rank by rank (see the module docstring); ``critical``:
     with each step's critical path (``Report.critical``), each rank's graph built and
-    walked where the rank is read, only the collective calls' entries and exits combined."""
-    return _report(paths, device_span, scheduler, jobs, critical)
+    walked where the rank is read, only the collective calls' entries and exits combined;
+    ``peak``: the user's figures of the machine's peak (opprof.flops.peaks)."""
+    return _report(paths, device_span, scheduler, jobs, critical, peak)
 
 
 def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler: str | None,
-            jobs: int | None, critical: bool) -> Report:
+            jobs: int | None, critical: bool, peak: PeakOptions | None) -> Report:
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)
@@ -304,7 +306,7 @@ def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
             with plain_strings():
-                return combine(parts, combined_meta(p, outs), device_span)
+                return combine(parts, combined_meta(p, outs), device_span, peak)
     from opprof.loader import load
 
     trace = load(p.paths)
@@ -316,4 +318,4 @@ def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler
         with plain_strings():
             parts.append(analyze(ranks.pop(0), device_span, critical=critical))
     with plain_strings():
-        return combine(parts, meta, device_span)
+        return combine(parts, meta, device_span, peak)

@@ -13,6 +13,8 @@ import pandas as pd
 from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.convergence import Comparison
 from opprof.analysis.convergence import compare as compare_convergence
+from opprof.analysis.efficiency import EfficiencyComparison
+from opprof.analysis.efficiency import compare as compare_efficiency
 from opprof.analysis.memory import compare_memory, memory_part
 from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import op_table
@@ -59,6 +61,9 @@ class Diff:
     #: One line per way the two runs differ that makes their comparison unfair (device,
     #: framework version, batch size, workers), each starting with ⚠.
     mismatches: list[str] = field(default_factory=list)
+    #: Which run uses its machine better and which operators explain it
+    #: (opprof.analysis.efficiency.compare); None when the diff was made from traces.
+    efficiency: EfficiencyComparison | None = None
     #: The regression gate of B (NEW) against A (BASE) (``diff --fail-above``;
     #: :mod:`opprof.analysis.gate`), or None.
     gate: Gate | None = None
@@ -135,6 +140,7 @@ def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> 
     d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
     d.memory = compare_memory(a.memory.ranks, b.memory.ranks)
     d.a_noise, d.b_noise = a.noise, b.noise
+    d.efficiency = compare_efficiency(a.efficiency, b.efficiency, d.a_label, d.b_label)
     d.comm = compare_comm(a.collectives, b.collectives)
     return d
 

@@ -26,6 +26,7 @@ from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
 
 if TYPE_CHECKING:
+    from opprof.flops.peaks import PeakOptions
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
@@ -114,6 +115,12 @@ class RunSummary:
     repeat_spread: float | None = None  # (max − min) / median of samples/s
     curves: list[CurveColumns | None] | None = None  # every repetition's curve
     prediction: BenchPrediction | None = None
+    #: Model FLOPs per step, MFU and HFU against the peak named (opprof.analysis.efficiency);
+    #: None without shapes or a peak.
+    flops_per_step: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    peak_source: str | None = None
 
 
 @dataclass
@@ -163,14 +170,22 @@ class Bench:
     sweeps: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def summarize(trace: Trace) -> RunSummary:
-    """What the comparison needs from one run's trace."""
+def summarize(trace: Trace, peak: PeakOptions | None = None) -> RunSummary:
+    """What the comparison needs from one run's trace (``peak``: the machine's, for MFU)."""
+    from opprof.analysis.efficiency import combine as combine_efficiency
+    from opprof.analysis.efficiency import efficiency_part
+    from opprof.analysis.report import split_ranks
+
     steps = step_breakdown(trace)
     phases = phase_summary(steps)
     ops = op_table(trace, n_steps=len(steps))
     m = trace.meta
     conv = convergence_columns(m)
+    eff = combine_efficiency([efficiency_part(t) for t in split_ranks(trace)], m, steps, peak)
     return RunSummary(
+        flops_per_step=eff.flops_per_step if eff else None,
+        mfu=eff.mfu if eff else None, hfu=eff.hfu if eff else None,
+        peak_source=(eff.peak.source or None) if eff else None,
         memory=run_memory(memory_part(trace).ranks),
         samples_per_s=m.get("samples_per_s"),
         unprofiled_step_ns=m.get("unprofiled_step_ns"),
@@ -285,6 +300,9 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "repeats": s.repeats if s else None,
                "samples_per_s_min": sps.low, "samples_per_s_max": sps.high,
                "repeat_spread": s.repeat_spread if s else None,
+               "flops_per_step": s.flops_per_step if s else None,
+               "mfu": s.mfu if s else None, "hfu": s.hfu if s else None,
+               "peak_source": s.peak_source if s else None,
                **(s.convergence if s is not None and s.convergence is not None else {})}
         rows.append(row)
     table = pd.DataFrame(rows)

@@ -24,6 +24,8 @@ from opprof.analysis.convergence import Summary
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
+from opprof.analysis.efficiency import Efficiency, EfficiencyPart, efficiency_part
+from opprof.analysis.efficiency import combine as combine_efficiency
 from opprof.analysis.experts import COLUMNS as EXPERT_COLUMNS
 from opprof.analysis.experts import LOAD_COLUMNS, combine_experts, expert_part
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -44,6 +46,7 @@ from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
     from opprof.analysis.critpath import RankWalk
+    from opprof.flops.peaks import PeakOptions
     from opprof.meta import MetaMapping
 
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
@@ -86,6 +89,9 @@ class Report:
     #: One row per (rank, step): the critical path's bound-by split
     #: (opprof.analysis.critpath); filled by `report --by critical` and the HTML report.
     critical: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: FLOPs, bytes, MFU and HFU, the roofline (opprof.analysis.efficiency); None when the
+    #: trace holds no operator shapes.
+    efficiency: Efficiency | None = None
     #: One row per (rank, step) of a pipeline stage (opprof.analysis.pipeline).
     pipeline: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         columns=PIPELINE_COLUMNS))
@@ -111,6 +117,7 @@ class RankPart:
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    efficiency: EfficiencyPart = field(default_factory=EfficiencyPart)
     pipeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     experts: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: the critical-path walks of its steps (``report --by critical``, HTML), or None
@@ -138,6 +145,7 @@ def analyze(trace: Trace, device_span: str = "steps", critical: bool = False) ->
         compile_steps=compile_steps(trace),
         fused_kernels=fused_kernels(trace),
         collectives=comm,
+        efficiency=efficiency_part(trace),
         pipeline=pipeline_part(trace),
         experts=expert_part(full),
         critical=_walk(trace, steps) if critical else None,
@@ -151,8 +159,9 @@ def _walk(trace: Trace, steps: pd.DataFrame) -> RankWalk:
 
 
 def combine(parts: list[RankPart], meta: MetaMapping,
-            device_span: str = "steps") -> Report:
-    """The report of a job from the parts of its ranks (in any order)."""
+            device_span: str = "steps", peak: PeakOptions | None = None) -> Report:
+    """The report of a job from the parts of its ranks (in any order); ``peak``: what the user
+    said of the machine's peak (opprof.flops.peaks)."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
     steps = _concat([p.steps for p in parts])
     n = len(steps)
@@ -181,6 +190,7 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         collective_kinds=ranks.kinds,
         convergence=convergence_summary(meta),
         collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
+        efficiency=combine_efficiency([p.efficiency for p in parts], meta, steps, peak),
         pipeline=combine_pipeline([p.pipeline for p in parts], meta),
         experts=experts,
         expert_load=expert_load,
@@ -214,8 +224,9 @@ def split_ranks(trace: Trace) -> list[Trace]:
     return [Trace(ev.iloc[rows].reset_index(drop=True), trace.meta) for _, rows in slices]
 
 
-def build_report(trace: Trace, device_span: str = "steps") -> Report:
+def build_report(trace: Trace, device_span: str = "steps",
+                 peak: PeakOptions | None = None) -> Report:
     """Analyze a trace for `opprof report` (rank by rank, then combined)."""
     with plain_strings():
         return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                       device_span)
+                       device_span, peak)

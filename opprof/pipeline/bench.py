@@ -176,11 +176,16 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
             network: Network | None, say: Callable[[str], None], show: Callable[[str], None],
             quiet: bool = False) -> None:
     """Summarize the recorded runs, write bench.md/.csv/.json, print the tables."""
+    from opprof.flops.peaks import PeakOptions, calibration_path, read_calibration
+
+    # a CPU run's MFU is against this host's measured peak, where `calibrate --peak` kept one
+    peak = PeakOptions(calibration=calibration_path()
+                       if read_calibration(calibration_path()) is not None else None)
     for run in runs:
         if run.status in DONE:
             try:
                 run.summary = combine_repeats([
-                    summarize(read_parquet(trace_path(output, run, k, repeat)))
+                    summarize(read_parquet(trace_path(output, run, k, repeat)), peak)
                     for k in range(1, repeat + 1)])
             except OpprofError as exc:
                 run.status, run.reason = RunStatus.FAILED, str(exc)
@@ -375,7 +380,7 @@ def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd
                   config: JSONObject, swept: dict[str, object] | None = None) -> None:
     """bench.json (everything), bench.csv (one row per run), bench.md (both tables); read
     back by :func:`read_bench`."""
-    from opprof.render.jsonfmt import records
+    from opprof.render.jsonvalues import records
     from opprof.render.mdfmt import md_table
 
     doc: dict[str, object] = {"config": config, "runs": records(table),

@@ -17,6 +17,7 @@ from opprof.kinds import DONE, Mode, RunStatus
 from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
+from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.paralleltables import (
     comm_diff_table,
     expert_tables,
@@ -24,7 +25,7 @@ from opprof.render.paralleltables import (
     pipeline_table,
 )
 from opprof.render.text import render as render
-from opprof.render.units import ab_ratio, mib, rate, ratio, size
+from opprof.render.units import ab_ratio, mib, rate, ratio, share, size
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
@@ -516,9 +517,12 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     if layout is not None:
         items.append(layout)
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
+    items += [Text(line) for line in efficiency_headline(rep)]
     if advice is not None:
         items.extend(advice_items(advice, top=ADVICE_IN_REPORT, brief=True))
-    if by == "op":
+    if by == "roofline":
+        items.extend(roofline_tables(rep, top))
+    elif by == "op":
         items.append(op_table(rep.ops, top, "Host operators", side(rep.fused_kernels, "host")))
         if not rep.device_ops.empty:
             items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
@@ -566,6 +570,39 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     return render(*items)
 
 
+def roofline_tables(rep: Report, top: int | None) -> list[RenderableType]:
+    """`--by roofline`: per operator, per GPU kernel, and MFU per rank."""
+    from opprof.render.efficiency import rank_rows, roofline_rows
+
+    eff = rep.efficiency
+    if eff is None:
+        return []
+    out: list[RenderableType] = []
+    peak = eff.peak
+    ridge = (f"; ridge at {peak.flops_per_s / peak.bytes_per_s:,.1f} FLOP/byte"
+             if peak.flops_per_s and peak.bytes_per_s else "")
+    for title, df, kernel in (("Roofline by operator", eff.roofline, False),
+                              ("Roofline by GPU kernel", eff.kernels, True)):
+        if df.empty:
+            continue
+        head, rows = roofline_rows(df, top, kernel)
+        t = Table(title=title + ridge, title_justify="left")
+        for h in head:
+            t.add_column(h, justify="left" if h in ("op", "phase", "kernel", "bound")
+                         else "right", no_wrap=True, overflow="ellipsis")
+        for r in rows:
+            t.add_row(*r)
+        out.append(t)
+    head, rows = rank_rows(eff)
+    t = Table(title="MFU per rank (profiled steps)", title_justify="left")
+    for h in head:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    out.append(t)
+    return out
+
+
 def step_lines(d: Diff) -> list[str]:
     """The step times of a diff, unprofiled beside profiled, and which the headline uses."""
     lines = []
@@ -606,7 +643,8 @@ def diff(d: Diff, top: int | None = None) -> str:
         tables.append(t)
     if not d.comm.empty:
         tables.append(comm_diff_table(d.comm))
-    items: list[RenderableType] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items: list[RenderableType] = [head, *tables, *memory_diff(d), *efficiency_diff(d, top),
+                                   Text(d.summary, style="bold")]
     if d.convergence:
         items.append(Text(d.convergence.sentence, style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
@@ -619,6 +657,28 @@ def diff(d: Diff, top: int | None = None) -> str:
                        else "bold green" if i == 0 else "")
                   for i, line in enumerate(gate_lines(d.gate))]
     return render(*items)
+
+
+def efficiency_diff(d: Diff, top: int | None) -> list[RenderableType]:
+    """Which run uses its machine better: MFU of each against its peak, and per operator the
+    achieved FLOP/s and share of peak that explain the difference."""
+    from opprof.render.efficiency import diff_rows
+
+    e = d.efficiency
+    if e is None:
+        return []
+    out: list[RenderableType] = []
+    head, rows = diff_rows(e, 5 if top is None else min(top, 10))
+    if rows:
+        t = Table(title="Efficiency (model FLOPs), by share of the MFU difference",
+                  title_justify="left")
+        for h in head:
+            t.add_column(h, justify="left" if h == "op" else "right")
+        for r in rows:
+            t.add_row(*r)
+        out.append(t)
+    out.append(Text(e.sentence, style="bold"))
+    return out
 
 
 #: How the diff names the run memory metrics.
@@ -713,7 +773,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                      if r["status"] in DONE and r["samples_per_s"]
                      for line in _sps(r).splitlines()] + [len("samples/s")])
     for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
-              "profiled/\nunprofiled", "scaling", "flags"]:
+              "profiled/\nunprofiled", "scaling", "MFU", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
                      else "right", no_wrap=c == "samples/s",
                      min_width=sps_width if c == "samples/s" else max(map(len, c.split())))
@@ -735,6 +795,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   _overhead(r) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
+                  share(r.get("mfu")) if ok and _known(r.get("mfu")) else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
         if ok:
             m.add_row(*head, ms(pred) if has else "-",

@@ -49,6 +49,8 @@ FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
                 "(bench --threads 1,2,…)", ("bench",)),
     "batch": ("time per mini-batch and samples/s against the batch size, per framework "
               "(bench --batch-size 16,32,…)", ("bench",)),
+    "roofline": ("each operator's arithmetic intensity and achieved FLOP/s under the machine's "
+                 "ceilings, one panel per trace", ("traces",)),
 }
 SUFFIXES = (".svg", ".png", ".pdf")
 #: Figures `opprof bench` writes into its figures/ folder.
@@ -389,6 +391,12 @@ def _convergence_bench(b: Bench, top: int) -> Figure:
     return _convergence(plotdata.bench_curves(b))
 
 
+def _roofline_figure(traces: Traces, top: int) -> Figure:
+    from opprof.render.roofline import figure
+
+    return figure(traces, top)
+
+
 def _convergence_traces(traces: Traces, top: int) -> Figure:
     return _convergence(plotdata.trace_curves(traces))
 
@@ -403,6 +411,7 @@ MAKERS: dict[tuple[str, str], Callable[[Any, int], Figure]] = {
     ("ranks", "traces"): _ranks_traces,
     ("devices", "traces"): _devices_traces,
     ("convergence", "bench"): _convergence_bench, ("convergence", "traces"): _convergence_traces,
+    ("roofline", "traces"): lambda traces, top: _roofline_figure(traces, top),
 }
 
 
