@@ -252,6 +252,16 @@ def test_check_against_another_dimension_is_refused(single: Trace) -> None:
         check_from_single(result, load(MODEL / "pp.trace"), "pp.trace")
 
 
+def test_check_refuses_workers_with_other_threads_and_names_the_fix(
+        users_blocks: Trace) -> None:
+    from opprof.errors import OpprofError
+
+    # a user's loop on torch's default threads (2 on this 2-CPU host) against workers of 1
+    result = predict_from_single(users_blocks, "tp", [2])
+    with pytest.raises(OpprofError, match=r"2 vs 1 threads per worker.*--threads 1"):
+        check_from_single(result, load(MODEL / "tp.trace"), "tp.trace")
+
+
 # ------------------------------------------------------------------ the command line
 
 

@@ -62,7 +62,15 @@ from opprof.model.ppsplit import (
     simulate,
     stage_table,
 )
-from opprof.model.predict import ColocationCheck, Spread, baseline, colocation_scale, spread
+from opprof.model.predict import (
+    ColocationCheck,
+    Spread,
+    baseline,
+    colocation_scale,
+    resource_fix,
+    spread,
+)
+from opprof.model.resources import resource_mismatch, resources
 from opprof.model.sharded import optimizer_calls
 from opprof.model.step import expected_max_normal
 from opprof.model.terms import TERMS, terms_from_steps
@@ -493,6 +501,15 @@ def check_from_single(result: SplitResult, measured: Trace,
     mode = str(meta.get("mode") or "")
     if mode and dim not in mode.split("+"):
         raise OpprofError(f"{label} ran --mode {mode}; the prediction is for {dim}")
+    # the same refusal as the data-parallel check: a 2-thread base cannot predict workers
+    # sharing its host with one thread each
+    mine, target = resources(m.meta), resources(meta)
+    why = resource_mismatch(mine, target)
+    if why:
+        workers = int(meta.get("workers") or degree)
+        raise OpprofError(f"{label}'s workers had other resources than the modelled trace's "
+                          f"({why}); a prediction holds only for the same per-worker "
+                          f"resources — {resource_fix(mine, target, workers)}")
     place = placement(meta, int(meta.get("workers") or degree))
     steps = step_breakdown(measured)
     if steps.empty:
