@@ -252,14 +252,31 @@ def test_check_against_another_dimension_is_refused(single: Trace) -> None:
         check_from_single(result, load(MODEL / "pp.trace"), "pp.trace")
 
 
-def test_check_refuses_workers_with_other_threads_and_names_the_fix(
-        users_blocks: Trace) -> None:
+def test_check_refuses_workers_with_other_threads_and_names_the_fix() -> None:
     from opprof.errors import OpprofError
 
-    # a user's loop on torch's default threads (2 on this 2-CPU host) against workers of 1
-    result = predict_from_single(users_blocks, "tp", [2])
+    # the transformer on torch's default threads (2 on the 2-CPU host) against workers of 1
+    base = load(MODEL / "single-default-threads.trace")
+    assert base.meta.get("threads") == 2
+    result = predict_from_single(base, "tp", [2])
     with pytest.raises(OpprofError, match=r"2 vs 1 threads per worker.*--threads 1"):
         check_from_single(result, load(MODEL / "tp.trace"), "tp.trace")
+
+
+def test_check_against_another_model_is_refused(single: Trace) -> None:
+    from opprof.errors import OpprofError
+
+    # the built-in transformer against a user's own TP script (torch_tp.py's MLP blocks)
+    result = predict_from_single(single, "tp", [2])
+    with pytest.raises(OpprofError, match="a user's script, the modelled trace the built-in"):
+        check_from_single(result, load(FIXTURES / "torch-parallel" / "tp"), "tp")
+
+
+def test_a_framework_other_than_torch_is_one_line() -> None:
+    res = run_cli("model", str(FIXTURES / "memory" / "tf-lenet5"), "--mode", "tp",
+                  "--workers", "2")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert "tf run" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
 # ------------------------------------------------------------------ the command line

@@ -432,6 +432,11 @@ def predict_from_single(trace: Trace, dimension: str, degrees: list[int],
                           "(expert parallel needs a trace that routes tokens to experts)")
     if schedule is not None and schedule not in SCHEDULES:
         raise OpprofError(f"--schedule {schedule}: choose {', '.join(SCHEDULES)}")
+    fw = str(getattr(trace.meta.get("framework"), "value", trace.meta.get("framework")) or "")
+    if fw and fw != "torch":
+        raise OpprofError(f"{label or 'the trace'} is a {fw} run: --mode {dimension} from one "
+                          "worker splits a torch model (DTensor's tensor parallel, "
+                          "torch.distributed.pipelining's stages)")
     net, note = network_for(network)
     m = _model(trace, dimension, net, label, workers_per_host)
     batch = int(trace.meta.get("batch_size") or 0)
@@ -498,6 +503,13 @@ def check_from_single(result: SplitResult, measured: Trace,
         if a is not None and b is not None and str(a) != str(b):
             raise OpprofError(f"{label} has {key} {b}, the modelled trace {a}: a prediction "
                               "holds for the same framework, model and batch")
+    a, b = result.meta.get("model"), meta.get("model")
+    if (a is None) != (b is None):
+        raise OpprofError(f"{label} is " + (f"a run of the built-in {b}, the modelled trace a "
+                                            "user's script" if b is not None else
+                                            f"a user's script, the modelled trace the built-in "
+                                            f"{a}") + ": a prediction holds for the same model "
+                          "and batch")
     mode = str(meta.get("mode") or "")
     if mode and dim not in mode.split("+"):
         raise OpprofError(f"{label} ran --mode {mode}; the prediction is for {dim}")
