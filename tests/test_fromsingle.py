@@ -321,3 +321,25 @@ def test_expert_parallel_from_one_worker_is_one_line() -> None:
     res = run_cli("model", str(MODEL / "single.trace"), "--mode", "ep", "--workers", "2")
     assert res.returncode != 0
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_users_loop_recorded_now_is_split_by_the_model(tmp_path: Path) -> None:
+    """A user's one-process loop under `opprof run`, then `opprof model --mode tp` and `pp`."""
+    out = tmp_path / "mine.trace"
+    res = run_cli("run", "--steps", "3", "--warmup", "1", "--timing-steps", "1", "-o", str(out),
+                  "--", "python", str(ROOT / "tests" / "scripts" / "torch_blocks.py"),
+                  "--kind", "blocks", "--blocks", "2", "--width", "32", "--steps", "6",
+                  cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for mode in ("tp", "pp"):
+        res = run_cli("model", str(out), "--mode", mode, "--workers", "1,2", "--format", "json")
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["dimension"] == mode and doc["base"]["workers"] == 1
+        one, two = doc["predictions"]
+        assert one["step_ns"] == pytest.approx(doc["base"]["step_ns"])
+        for p in (one, two):
+            assert sum(p["terms"].values()) == pytest.approx(p["step_ns"])
+    assert "Megatron-LM" in json.loads(run_cli("model", str(out), "--mode", "tp", "--workers",
+                                               "2", "--format", "json").stdout)["plan"]
