@@ -16,6 +16,7 @@ writes the tables as the ranks' row groups of the `.trace`. Results equal those 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
     from opprof.normalizers.formats import RankFormat
+    from opprof.preread import Ahead
     from opprof.trace import Trace
 
 _PARQUET_MAGIC = b"PAR1"
@@ -137,8 +139,10 @@ def plan(paths: Sequence[str | os.PathLike[str]], meta: JSONObject | None = None
     return Plan(files, json_tasks, False, meta or {}, size)
 
 
-def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
-    """(per-rank Traces, outcome facts) of one task, in whichever process runs it."""
+def read_task(task: Task, detail: bool = True,
+              ahead: Ahead | None = None) -> tuple[list[Trace], Outcome]:
+    """(per-rank Traces, outcome facts) of one task, in whichever process runs it (``ahead``:
+    in this process, what the command started reading before)."""
     if task.kind == "trace":
         from opprof.trace import TraceFile
 
@@ -151,7 +155,8 @@ def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
     from opprof.normalizers.formats import by_rank
 
     path = Path(task.path)
-    got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail)
+    got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail,
+                      ahead=ahead)
     if got.trace is None or got.info is None:
         if task.named or got.fmt is not None:
             return [], Outcome(other_format=True)  # normalized whole (or its error shown)
@@ -165,10 +170,11 @@ def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
                             fmt=by_rank(fmt))
 
 
-def _read_or_skip(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
+def _read_or_skip(task: Task, detail: bool = True,
+                  ahead: Ahead | None = None) -> tuple[list[Trace], Outcome]:
     """:func:`read_task`; a damaged file found in a folder is skipped, its problem kept."""
     try:
-        return read_task(task, detail)
+        return read_task(task, detail, ahead)
     except OpprofError as exc:
         if task.named:
             raise
@@ -177,12 +183,13 @@ def _read_or_skip(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome
         return [], Outcome(skipped=True, damaged=about_file(task.path, exc))
 
 
-def analyze_task(args: tuple[Task, str]) -> Outcome:
-    """Worker: read one task's ranks and reduce each to its RankPart."""
+def analyze_task(args: tuple[Task, str], ahead: Ahead | None = None) -> Outcome:
+    """Worker: read one task's ranks and reduce each to its RankPart (``ahead``: in this
+    process, what the command started reading before)."""
     from opprof.analysis.report import analyze
 
     task, device_span = args
-    traces, out = _read_or_skip(task, detail=False)
+    traces, out = _read_or_skip(task, detail=False, ahead=ahead)
     out.parts = [analyze(t, device_span) for t in traces]
     return out
 
@@ -280,24 +287,39 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
 
 
 def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
-           scheduler: str | None = None, jobs: int | None = None) -> Report:
-    """The Report of a job, computed rank by rank (see the module docstring)."""
+           scheduler: str | None = None, jobs: int | None = None, critical: bool = False,
+           ahead: Ahead | None = None) -> Report:
+    """The Report of a job, computed rank by rank (see the module docstring), each file
+    read once; ``critical``: with each step's critical path (``Report.critical``: the job's
+    events read whole, its graph joins the ranks); ``ahead``: what the command started
+    reading before (:class:`opprof.preread.Ahead`), taken where this process reads."""
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)
-    if not p.whole:
+    if not p.whole and not critical:
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
-        outs = run_tasks(p, analyze_task, [(t, device_span) for t in p.tasks], engine)
+        fn: Callable[[tuple[Task, str]], Outcome] = analyze_task
+        if ahead is not None:
+            if engine.kind == "serial":
+                fn = functools.partial(analyze_task, ahead=ahead)
+            else:  # the workers read the files
+                ahead.close()
+        outs = run_tasks(p, fn, [(t, device_span) for t in p.tasks], engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
             return combine(parts, combined_meta(p, outs), device_span)
     from opprof.loader import load
 
-    trace = load(p.paths)
+    trace = load(p.paths, ahead)
     meta = trace.meta
+    paths_of = None
+    if critical:
+        from opprof.analysis.critpath import critical_path
+
+        paths_of = critical_path(trace)
     ranks = split_ranks(trace)
     del trace
     parts = []
     while ranks:  # drop each rank's events once analyzed
         parts.append(analyze(ranks.pop(0), device_span))
-    return combine(parts, meta, device_span)
+    return combine(parts, meta, device_span, critical=paths_of)

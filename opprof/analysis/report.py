@@ -43,9 +43,10 @@ if TYPE_CHECKING:
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
-    """The analysis of one trace: per-step breakdown, phase summary, operator tables."""
+    """The analysis of one trace: per-step breakdown, phase summary, operator tables; all a
+    report's renderers draw (immutable: made once, by :func:`combine`)."""
 
     meta: MetaMapping
     steps: pd.DataFrame
@@ -78,7 +79,8 @@ class Report:
     collectives: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))
     #: One row per (rank, step): the critical path's bound-by split
-    #: (opprof.analysis.critpath); filled by `report --by critical` and the HTML report.
+    #: (opprof.analysis.critpath); computed when `report --by critical` and the HTML report
+    #: ask for it (empty otherwise).
     critical: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
@@ -123,8 +125,9 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
 
 
 def combine(parts: list[RankPart], meta: MetaMapping,
-            device_span: str = "steps") -> Report:
-    """The report of a job from the parts of its ranks (in any order)."""
+            device_span: str = "steps", critical: pd.DataFrame | None = None) -> Report:
+    """The report of a job from the parts of its ranks (in any order), with the critical
+    path of its steps when given (:func:`opprof.analysis.critpath.critical_path`)."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
     steps = _concat([p.steps for p in parts])
     n = len(steps)
@@ -152,6 +155,7 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         collective_kinds=ranks.kinds,
         convergence=convergence_summary(meta),
         collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
+        critical=critical if critical is not None else pd.DataFrame(),
     )
 
 

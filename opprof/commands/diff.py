@@ -37,17 +37,10 @@ def command(a: Path, b: Path, whatif: bool, top: int | None, fmt: str, output: P
       opprof diff lenet5-torch.trace resnet18-torch.trace --format json
       opprof diff tf.trace mxnet.trace --format html -o diff.html
     """
-    from opprof.analysis.diff import diff_reports
-    from opprof.job import report
+    from opprof.pipeline.diff import DiffOptions, diff
     from opprof.render import page_renderer
 
     check_output(fmt, output)
     render = page_renderer(fmt)
-    d = diff_reports(report([a], scheduler=scheduler, jobs=jobs),
-                     report([b], scheduler=scheduler, jobs=jobs), a.name, b.name)
-    if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
-        from opprof.loader import load
-        from opprof.model.whatif import context, op_swaps
-
-        d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
+    d = diff(DiffOptions(a, b, whatif, scheduler, jobs))
     write_output(render.diff(d, top=top if top is not None else 15), fmt, output)

@@ -69,29 +69,9 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
-    from opprof.analysis.noise import assess, flags
-    from opprof.loader import load
-    from opprof.model.predict import check, predict
-    from opprof.pipeline.calibrate import read_network
+    from opprof.pipeline.model import ModelOptions, model
     from opprof.render import renderer
 
-    label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
-    net = read_network(network)
-    tr = load(list(trace))
-    if measured is not None:
-        m = load(measured)
-        m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
-        if m_workers not in workers:
-            workers = [*workers, m_workers]
-        mode = mode or (str(m.meta["mode"]) if m_workers > 1 and m.meta.get("mode") else None)
-        servers = servers or (int(m.meta.get("servers") or 0) or None)
-    result = predict(tr, workers, mode=mode, servers=servers, network=net,
-                     straggler=straggler, label=label, workers_per_host=workers_per_host)
-    if measured is not None:
-        result.check = check(result, m, measured.name)
-        for name, t in ((label, tr), (measured.name, m)):
-            if "noisy" in flags(assess(t.meta)):
-                result.notes.append(f"{name}: noisy timing (the machine was busy while it ran); "
-                                    "a check across runs whose speed the load changed "
-                                    "measures the load too")
+    result = model(ModelOptions(trace, tuple(workers), mode, servers, network, measured,
+                                workers_per_host, straggler))
     echo_output(renderer(fmt).model(result), fmt)

@@ -48,18 +48,18 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html
     """
-    from opprof.job import report
-    from opprof.loader import is_opprof_trace
-
     check_output(fmt, output)
+    from opprof import readahead
+
+    # the one file read ahead (a second process, or its gzip text inflating on a thread)
+    # while this process imports pandas and the analyses below; the handle goes to the reader
+    ahead = readahead.start(trace)
+    from opprof.loader import is_opprof_trace
+    from opprof.pipeline.report import ReportOptions, report
+
     render = page_renderer(fmt)
-    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs)
+    rep = report(ReportOptions(trace, by, fmt, device_span, scheduler, jobs), ahead)
     if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
         warn_damaged(rep.meta.get("damaged_files", []))
     warn_read(rep.meta)
-    if by == "critical" or fmt == "html":
-        from opprof.analysis.critpath import critical_path
-        from opprof.loader import load
-
-        rep.critical = critical_path(load(list(trace)))
     write_output(render.report(rep, by=by, top=top), fmt, output)

@@ -11,12 +11,13 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from opprof.analysis.diff import Diff, memory_verdict
+from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
 from opprof.kinds import DONE, Mode, RunStatus
 from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
+from opprof.render import verdicts
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
@@ -576,7 +577,7 @@ def diff(d: Diff, top: int | None = None) -> str:
     """The diff for a terminal."""
     head = Text(f"opprof diff  A = {d.a_label}  ·  B = {d.b_label}\n", style="bold")
     head += Text("\n".join(step_lines(d)))
-    for line in d.mismatches:
+    for line in verdicts.mismatch_lines(d):
         head += Text("\n" + line, style="bold yellow")
     tables = []
     for df, key, title in [(d.phases, "phase", "Phases (wall ms/step, profiled)"),
@@ -590,7 +591,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
-    items: list[RenderableType] = [head, *tables, *memory_diff(d), Text(d.summary, style="bold")]
+    items: list[RenderableType] = [head, *tables, *memory_diff(d),
+                                   Text(verdicts.diff_sentence(d), style="bold")]
     if d.convergence:
         items.append(Text(d.convergence.sentence, style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
@@ -627,7 +629,7 @@ def memory_diff(d: Diff) -> list[RenderableType]:
             and alloc["ratio"].isna().all():
         t.caption = ("allocator peaks not compared: the two runs' allocators count different "
                      "things (--by memory on each says what)")
-    verdict = memory_verdict(d)
+    verdict = verdicts.memory_verdict(d)
     return [t, Text(verdict, style="bold")] if verdict else [t]
 
 
@@ -859,7 +861,7 @@ def model(result: ModelResult) -> str:
 
     items: list[RenderableType] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
-              for n in result.notes]
+              for n in verdicts.model_notes(result)]
     if result.check is not None:
         items.extend(_check_items(result.check))
     return render(*items)
@@ -909,7 +911,7 @@ def _check_items(c: Check) -> list[RenderableType]:
         sp = c.spread
         line += Text(f"\npredicted {ms(sp.interval_ns[0])} … {ms(sp.interval_ns[1])} ms (± the "
                      f"measured mean's 95% interval, {sp.steps} rank-steps, cv {sp.cv:.1%}): "
-                     f"{sp.verdict}", style="bold yellow" if sp.noisy else "")
+                     f"{verdicts.check_verdict(sp)}", style="bold yellow" if sp.noisy else "")
     if c.colocation is not None:
         from opprof.render.modeltables import colocation_verdict
 
@@ -947,7 +949,7 @@ def whatif(w: WhatIf) -> str:
         items.append(Text("step: the trace's dependency graph replayed with the changes "
                           "(docs/critical-path.md); phases: the phase model's, carrying it",
                           style="grey50"))
-    items += [Text(f"note: {n}", style="grey50") for n in w.notes]
+    items += [Text(f"note: {n}", style="grey50") for n in verdicts.whatif_notes(w)]
     return render(*items)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from opprof.analysis.report import Report
+from opprof.render import verdicts
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
@@ -125,12 +126,6 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     return json.dumps(report_dict(rep, top), indent=2, default=str)
 
 
-def _memory_verdict(d: Diff) -> str | None:
-    from opprof.analysis.diff import memory_verdict
-
-    return memory_verdict(d)
-
-
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as JSON."""
     ops = d.ops if top is None else d.ops.head(top)
@@ -138,9 +133,10 @@ def diff(d: Diff, top: int | None = None) -> str:
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
         "step_ratio": _clean(d.step_ratio), "a_unprofiled_step_ns": d.a_unprofiled_ns,
         "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
-        "headline_ratio": _clean(d.headline_ratio), "mismatches": d.mismatches,
-        "memory_verdict": _memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
-        "memory": records(d.memory), "summary": d.summary,
+        "headline_ratio": _clean(d.headline_ratio), "mismatches": verdicts.mismatch_lines(d),
+        "memory_verdict": verdicts.memory_verdict(d), "phases": records(d.phases),
+        "ops": records(ops),
+        "memory": records(d.memory), "summary": verdicts.diff_sentence(d),
         "a_noise": d.a_noise.to_dict() if d.a_noise else None,
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
@@ -168,7 +164,8 @@ def model_dict(result: ModelResult) -> JSONObject:
         check = {"label": c.label, "measured_step_ns": c.measured_step_ns,
                  "predicted_step_ns": c.predicted_step_ns, "error": _clean(c.error),
                  "terms": records(c.terms), "resources": c.resources.to_dict(),
-                 "spread": c.spread.to_dict() if c.spread is not None else None,
+                 "spread": {**c.spread.to_dict(), "verdict": verdicts.check_verdict(c.spread)}
+                 if c.spread is not None else None,
                  "colocation": c.colocation.to_dict() if c.colocation is not None else None}
     g = b.gradients
     return {
@@ -188,7 +185,7 @@ def model_dict(result: ModelResult) -> JSONObject:
                       "trace_collectives": records(g.collectives)},
         "network": {**result.network.to_dict(), "note": result.network_note},
         "policy": {"name": result.policy.name, "describe": result.policy.describe},
-        "predictions": preds, "check": check, "notes": result.notes,
+        "predictions": preds, "check": check, "notes": verdicts.model_notes(result),
     }
 
 
@@ -203,7 +200,8 @@ def whatif(w: WhatIf) -> str:
                        "delta_ns": w.delta_ns, "phases": w.phases,
                        "base_phases": w.base_phases, "workers": w.workers, "mode": w.mode,
                        "scenario": [c.to_dict() for c in w.scenario],
-                       "network": w.network_note, "notes": w.notes, "engine": w.engine},
+                       "network": w.network_note, "notes": verdicts.whatif_notes(w),
+                       "engine": w.engine},
                       indent=2, default=_clean)
 
 

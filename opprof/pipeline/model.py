@@ -1,0 +1,63 @@
+"""The model pipeline: the trace (and the measured run ``--check`` compares with) read once
+each, the step predicted at each worker count and checked, one immutable
+:class:`~opprof.model.predict.ModelResult` that every renderer only draws (:func:`model`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from opprof.pipeline.sources import Traces
+
+if TYPE_CHECKING:
+    from opprof.model.predict import ModelResult
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What `opprof model` is asked for (None: the trace's, or the default)."""
+
+    paths: tuple[Path, ...]
+    workers: tuple[int, ...] = (1, 2, 4, 8)
+    mode: str | None = None
+    servers: int | None = None
+    network: Path | None = None  # a network file (`opprof calibrate -o net.json`)
+    measured: Path | None = None  # --check: a measured multi-worker trace
+    workers_per_host: int | None = None
+    straggler: bool = True
+
+    @property
+    def label(self) -> str:
+        """The modelled trace's name."""
+        first = self.paths[0].name
+        return first if len(self.paths) == 1 else f"{first} (+{len(self.paths) - 1})"
+
+
+def model(o: ModelOptions) -> ModelResult:
+    """The prediction (and its check against ``o.measured``), each trace read once; the
+    measured run's worker count is predicted too, in its mode and with its servers unless
+    the options say otherwise."""
+    from opprof.analysis.noise import assess, flags
+    from opprof.model.predict import predict, with_check
+    from opprof.pipeline.calibrate import read_network
+
+    net = read_network(o.network)
+    traces = Traces()
+    tr = traces.load(o.paths)
+    workers, mode, servers = list(o.workers), o.mode, o.servers
+    if o.measured is None:
+        return predict(tr, workers, mode=mode, servers=servers, network=net,
+                       straggler=o.straggler, label=o.label,
+                       workers_per_host=o.workers_per_host)
+    m = traces.load(o.measured)
+    m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
+    if m_workers not in workers:
+        workers = [*workers, m_workers]
+    mode = mode or (str(m.meta["mode"]) if m_workers > 1 and m.meta.get("mode") else None)
+    servers = servers or (int(m.meta.get("servers") or 0) or None)
+    result = predict(tr, workers, mode=mode, servers=servers, network=net,
+                     straggler=o.straggler, label=o.label, workers_per_host=o.workers_per_host)
+    noisy = tuple(name for name, t in ((o.label, tr), (o.measured.name, m))
+                  if "noisy" in flags(assess(t.meta)))
+    return with_check(result, m, o.measured.name, noisy)

@@ -1,0 +1,135 @@
+"""The sentences the renderers say about results — diff's closing sentence, the runs'
+mismatches, the memory verdict, a check's noise verdict, a run's noisy timing, a what-if's
+operator that does not run: the analyses and the model return the facts, every format says
+them in the same words from here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from opprof.render.units import mib
+
+if TYPE_CHECKING:
+    from opprof.analysis.diff import Diff
+    from opprof.model.predict import ModelResult, Spread
+    from opprof.model.whatif import WhatIf
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.2f} ms"
+
+
+def diff_sentence(d: Diff) -> str:
+    """Diff's closing sentence: which run is slower and by how much (unprofiled when both
+    runs have unprofiled step times), the operator and the phase that explain most of the
+    gap."""
+    la, lb, a_step, b_step = d.a_label, d.b_label, d.a_step_ns, d.b_step_ns
+    ua, ub, phases, ops = d.a_unprofiled_ns, d.b_unprofiled_ns, d.phases, d.ops
+    if not a_step or not b_step:
+        return "One of the traces has no steps, so there is no step-time gap to explain."
+    gap = a_step - b_step
+    if abs(gap) < 1e-9 * max(a_step, 1):
+        return f"{la} and {lb} take the same profiled step time ({_ms(a_step)})."
+    slow_is_a = gap > 0
+    slower, faster = (la, lb) if slow_is_a else (lb, la)
+    s_step, f_step = (a_step, b_step) if slow_is_a else (b_step, a_step)
+    if ua and ub:  # the headline: without the profiler, whose overhead differs by framework
+        slow_u = ua >= ub
+        su, fu = (ua, ub) if slow_u else (ub, ua)
+        head = (f"{la if slow_u else lb} takes {su / fu:.2f}x {lb if slow_u else la}'s "
+                f"unprofiled step time ({_ms(su)} vs {_ms(fu)} per step; profiled "
+                f"{s_step / f_step:.2f}x for {slower}: {_ms(s_step)} vs {_ms(f_step)})")
+    else:
+        head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s profiled step time "
+                f"({_ms(s_step)} vs {_ms(f_step)} per step)")
+    # the profiler's overhead can turn the ranking round: the operators (all profiled)
+    # then explain the profiled gap, the other way round from the headline
+    turned = ua is not None and ub is not None and bool(ua and ub) and (ua >= ub) != slow_is_a
+    if turned:
+        head += ("; the profiled steps rank them the other way round, so the operators (all "
+                 "timed under the profiler) do not explain the unprofiled gap")
+    same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
+    if same_sign.empty:
+        return head + "."
+    top = same_sign.iloc[0]
+    s_op, f_op = ((top["a_ns_per_step"], top["b_ns_per_step"]) if slow_is_a
+                  else (top["b_ns_per_step"], top["a_ns_per_step"]))
+    times = f"{s_op / f_op:.2f}x" if f_op else f"only in {slower}"
+    what = (f"of the profiled gap ({slower} slower), {top['op']} explains most of it"
+            if turned else f"{top['op']} explains most of it")
+    text = (f"{head}; {what}: {_ms(s_op)} vs {_ms(f_op)} per step "
+            f"({times}), {top['share_of_gap']:.0%} of the {'profiled ' if ua and ub else ''}gap")
+    ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
+    if not ph.empty:
+        text += f"; the {ph.iloc[0]['phase']} phase accounts for {ph.iloc[0]['share_of_gap']:.0%}"
+    return text + "."
+
+
+def mismatch_lines(d: Diff) -> list[str]:
+    """One ⚠ line naming how the two runs differ in device, framework version, batch size or
+    workers (:attr:`Diff.mismatched`); empty when they match."""
+    if not d.mismatched:
+        return []
+    said = ", ".join(f"{name} ({a} vs {b})" for name, a, b in d.mismatched)
+    return [f"⚠ the runs differ in {said}: the gap is not the frameworks' alone"]
+
+
+#: The memory verdict's metrics, in the order tried, and what each is in words.
+_MEMORY_METRICS = (
+    ("unprofiled_rss", "resident peak before profiling, the profiler's buffers left out"),
+    ("peak_rss", "resident peak while profiling, the profiler's buffers included: no "
+                 "unprofiled peak in both"))
+
+
+def memory_verdict(d: Diff) -> str | None:
+    """One verdict on memory: the largest worker's resident peak before profiling (the
+    profiler's own buffers left out), else while profiling (said so); None without both."""
+    for metric, what in _MEMORY_METRICS:
+        row = d.memory[d.memory["metric"] == metric] if len(d.memory) else d.memory
+        if len(row) and row["ratio"].notna().all():
+            r = row.iloc[0]
+            more = (f"{d.a_label} uses {r['ratio']:.2f}x {d.b_label}'s memory"
+                    if r["ratio"] >= 1 else
+                    f"{d.b_label} uses {1 / r['ratio']:.2f}x {d.a_label}'s memory")
+            return (f"Memory verdict: {more} ({what}: {mib(r['a_bytes'])} vs "
+                    f"{mib(r['b_bytes'])}, largest worker).")
+    return None
+
+
+def check_verdict(s: Spread) -> str:
+    """A check's verdict from the measured run's spread: too noisy to judge (and why),
+    within the measured noise, or off beyond it."""
+    from opprof.model.predict import NOISY_CV, NOISY_HALF_WIDTH
+
+    e_lo, e_hi = s.error_interval
+    if s.noisy:
+        why = (f"its {s.steps} step(s) vary by {s.cv:.1%} (cv; limit {NOISY_CV:.0%})"
+               if s.steps > 1 and not s.cv <= NOISY_CV else
+               f"its mean is known to ±{s.half_width:.1%} only (limit "
+               f"±{NOISY_HALF_WIDTH:.0%}; {s.steps} step(s))")
+        return f"too noisy to judge: {why}; record more steps on a quieter machine"
+    if e_lo <= 0 <= e_hi:
+        return f"within the measured noise (error {s.error:+.1%}, interval {e_lo:+.1%} … " \
+               f"{e_hi:+.1%})"
+    return (f"off by {s.error:+.1%}, beyond the measured noise (interval {e_lo:+.1%} … "
+            f"{e_hi:+.1%})")
+
+
+def noisy_run_note(label: str) -> str:
+    """The note on a run whose timing the machine's load changed (a check across it measures
+    the load too)."""
+    return (f"{label}: noisy timing (the machine was busy while it ran); a check across runs "
+            "whose speed the load changed measures the load too")
+
+
+def model_notes(result: ModelResult) -> list[str]:
+    """The notes under a prediction: the model's, then one per run with noisy timing."""
+    return [*result.notes, *(noisy_run_note(label) for label in result.noisy_runs)]
+
+
+def whatif_notes(w: WhatIf) -> list[str]:
+    """The notes under a what-if: each operator asked for that does not run in the trace."""
+    return [f"{op} does not run in {w.label or 'the trace'}; nothing to scale"
+            for op in w.absent_ops]
