@@ -123,9 +123,15 @@ def read_native(path: Path, meta: MetaMapping, *, index: int = 0,
                 head: bytes | None = None, ahead: Ahead | None = None) -> Native:
     """Decode one native JSON file; when its format reads one rank per file, normalize it:
     as ``rank`` when given, else as its format plans it after the ranks ``taken`` by the
-    files before it (the rank it declares, else ``index``). ``ahead``: what the command
-    started reading before (:class:`opprof.preread.Ahead`)."""
-    fmt, doc = read_doc(path, head if head is not None else head_bytes(path), detail, ahead)
+    files before it (the rank it declares, else ``index``). ``ahead``: what was read before
+    (:class:`opprof.preread.Ahead`: the file's document decoded already, or what the command
+    started reading)."""
+    decoded = ahead.decoded(path) if ahead is not None else None
+    if decoded is not None:  # decoded before (a job first read rank by rank): not read again
+        fmt, doc = decoded
+    else:
+        fmt, doc = read_doc(path, head if head is not None else head_bytes(path), detail,
+                            ahead)
     if fmt is None:
         return Native(None, what=str(doc))
     ranked = by_rank(fmt)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from opprof.analysis.report import RankPart, Report
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
-    from opprof.normalizers.formats import RankFormat
+    from opprof.normalizers.formats import Format, RankFormat
     from opprof.preread import Ahead
     from opprof.trace import Trace
 
@@ -65,8 +65,11 @@ class Outcome:
     rank: int | None = None
     fmt: RankFormat | None = None  # the format of the rank read (one rank per file)
     other_format: bool = False  # a JSON file of a whole-job format: normalize the job whole
+    #: that file's (format, decoded document): the whole job is normalized from it
+    decoded: tuple[Format, object] | None = None
     skipped: bool = False  # a JSON file found in a folder that is no trace
     damaged: OpprofError | None = None  # a file found in a folder that cannot be read
+    path: str | None = None  # the file read (a native JSON file's task)
     events: int = 0
     warnings: dict[str, int] = field(default_factory=dict)  # what reading a .trace rank dropped
 
@@ -158,8 +161,10 @@ def read_task(task: Task, detail: bool = True,
     got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail,
                       ahead=ahead)
     if got.trace is None or got.info is None:
-        if task.named or got.fmt is not None:
-            return [], Outcome(other_format=True)  # normalized whole (or its error shown)
+        if got.fmt is not None:  # normalized whole, from this document
+            return [], Outcome(other_format=True, decoded=(got.fmt, got.doc), path=task.path)
+        if task.named:
+            return [], Outcome(other_format=True)  # normalized whole (its error shown)
         return [], Outcome(skipped=True)  # a sidecar JSON in a folder, as normalize skips
     trace, info, declared, rank, fmt = got.trace, got.info, got.declared, got.rank, got.fmt
     del got
@@ -267,6 +272,20 @@ def _with_rank(arg: TaskArg, rank: int) -> TaskArg:
     return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span)
 
 
+def _decoded(p: Plan, outs: list[Outcome]) -> Ahead | None:
+    """The documents the tasks decoded of a whole-job format's files, for the reader that
+    normalizes the job whole (so that no file is read twice)."""
+    from opprof.gunzip import file_identity
+    from opprof.preread import Ahead
+
+    docs: dict[Any, object] = {}
+    for o in outs:
+        ident = file_identity(o.path) if o.decoded is not None and o.path else None
+        if ident is not None:
+            docs[ident] = o.decoded
+    return Ahead(documents=docs) if docs else None
+
+
 def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
     if p.tasks and p.tasks[0].kind == "json":
         from opprof.normalizers import damaged_files, nothing_read
@@ -308,6 +327,7 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
             return combine(parts, combined_meta(p, outs), device_span)
+        ahead = _decoded(p, outs)  # a whole-job format: normalized from what was decoded
     from opprof.loader import load
 
     trace = load(p.paths, ahead)

@@ -1,14 +1,17 @@
-"""What `opprof report` started reading before it imported the analyses, for the one file it
-reads: the :class:`Ahead` handle the command passes down to the reader, which takes what it
-holds once (:meth:`Ahead.document`, :meth:`Ahead.text`).
+"""What was read of a job's files before its reader comes to them: the :class:`Ahead` handle
+a command (or a pipeline) passes down to the reader, which takes what it holds once
+(:meth:`Ahead.document`, :meth:`Ahead.text`, :meth:`Ahead.decoded`).
 
 It holds the document a second process reads (:class:`Child`, started by
-:mod:`opprof.readahead`), or the file's gzip text inflating on a second thread
-(:func:`opprof.gunzip.prefetch`). No module state: the handle is a parameter from the command
-to the Kineto reader (``pipeline.report`` → ``job.report`` → ``normalizers.read_native`` →
-``kineto.stream``). It lives apart from :mod:`opprof.readahead`, which imports the Kineto
-reader to read in the second process, so that the reader and the read-ahead never import each
-other. Standard library only at import: the report command imports it before pandas.
+:mod:`opprof.readahead` for `opprof report`'s one file), or the file's gzip text inflating on a
+second thread (:func:`opprof.gunzip.prefetch`), or documents already decoded (a job read rank
+by rank that turns out to be of a whole-job format, :func:`opprof.job.report`: its files are
+normalized together from what was decoded, not read again). No module state: the handle is a
+parameter from the command to the reader (``pipeline.report`` → ``job.report`` →
+``normalizers.read_native`` → ``read_doc`` → ``kineto.stream``). It lives apart from
+:mod:`opprof.readahead`, which imports the Kineto reader to read in the second process, so
+that the reader and the read-ahead never import each other. Standard library only at
+import: the report command imports it before pandas.
 """
 
 from __future__ import annotations
@@ -75,19 +78,22 @@ class Child:
 
 
 class Ahead:
-    """The read-ahead of one file (its identity when it was started): a :class:`Child`
-    reading its document, or its gzip text inflating (:class:`opprof.gunzip.Pieces`). Each
-    is handed out once, and only for that file unchanged since; :meth:`close` (also at exit)
-    ends whatever nobody took."""
+    """What was read ahead: of one file (its identity when it was started), a :class:`Child`
+    reading its document or its gzip text inflating (:class:`opprof.gunzip.Pieces`); of
+    some files, their decoded documents (by identity). Each is handed out once, and only
+    for its file unchanged since; :meth:`close` (also at exit) ends whatever nobody took."""
 
-    def __init__(self, ident: FileIdentity, *, child: Child | None = None,
-                 text: Pieces | None = None) -> None:
+    def __init__(self, ident: FileIdentity | None = None, *, child: Child | None = None,
+                 text: Pieces | None = None,
+                 documents: dict[FileIdentity, Any] | None = None) -> None:
         self.ident = ident
         self._child = child
         self._text = text
-        import atexit
+        self._documents = dict(documents or {})
+        if child is not None or text is not None:
+            import atexit
 
-        atexit.register(self.close)
+            atexit.register(self.close)
 
     @property
     def child(self) -> Child | None:
@@ -95,7 +101,13 @@ class Ahead:
         return self._child
 
     def _same(self, path: str | os.PathLike[str]) -> bool:
-        return file_identity(str(path)) == self.ident
+        return self.ident is not None and file_identity(str(path)) == self.ident
+
+    def decoded(self, path: str | os.PathLike[str]) -> Any:
+        """The document decoded before of ``path`` (as its reader decodes it), when the file
+        is unchanged since; None otherwise."""
+        ident = file_identity(str(path))
+        return None if ident is None else self._documents.pop(ident, None)
 
     def document(self, path: str | os.PathLike[str], detail: bool) -> Any:
         """The document the child read of ``path`` when it was started on it, the file is
@@ -121,6 +133,7 @@ class Ahead:
         """End what nobody took: the child, the inflating thread."""
         child, self._child = self._child, None
         text, self._text = self._text, None
+        self._documents.clear()
         if child is not None:
             child.stop()
         if text is not None:
