@@ -54,12 +54,11 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     # the one file read ahead (a second process, or its gzip text inflating on a thread)
     # while this process imports pandas and the analyses below; the handle goes to the reader
     ahead = readahead.start(trace)
-    from opprof.loader import is_opprof_trace
-    from opprof.pipeline.report import ReportOptions, report
+    from opprof.pipeline.report import ReportOptions, damaged_to_say, report
 
     render = page_renderer(fmt)
-    rep = report(ReportOptions(trace, by, fmt, device_span, scheduler, jobs), ahead)
-    if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
-        warn_damaged(rep.meta.get("damaged_files", []))
+    options = ReportOptions(trace, by, fmt, device_span, scheduler, jobs)
+    rep = report(options, ahead)
+    warn_damaged(damaged_to_say(options, rep))
     warn_read(rep.meta)
     write_output(render.report(rep, by=by, top=top), fmt, output)

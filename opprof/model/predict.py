@@ -53,7 +53,7 @@ from opprof.model.colocation import (
     placement,
     spread_over,
 )
-from opprof.model.commmodel import Network, assumed, collective_of, fit, fit_warning
+from opprof.model.commmodel import Network, assumed, collective_of, fit
 from opprof.model.gradients import FLOAT_BYTES, GradientProfile, profile
 from opprof.model.interference import Interference, Measured, from_cores, measure
 from opprof.model.resources import Resources, resource_mismatch, resources
@@ -766,10 +766,7 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
                           "1-worker trace")
     servers = servers or (base.servers if base.collective == Collective.PS else 1) or 1
     net, note = network_for(base, collective, network, servers)
-    notes = []
-    bad_fit = fit_warning(net)
-    if bad_fit:
-        notes.append(f"network {bad_fit}")
+    notes = []  # (a poor α–β fit is the renderers' to say: opprof.render.verdicts)
     if collective == Collective.FSDP and base.units is not None:
         notes.append(f"FSDP units: {len(base.units.bytes)} ({base.units.source}); FSDP's "
                      "copies " + (("inside the calibrated collectives' times"

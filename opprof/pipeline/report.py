@@ -44,3 +44,14 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> Report:
 
     return job_report(list(o.paths), device_span=o.device_span, scheduler=o.scheduler,
                       jobs=o.jobs, critical=o.critical, ahead=ahead)
+
+
+def damaged_to_say(o: ReportOptions, rep: Report) -> list[dict[str, str]]:
+    """The damaged files a folder held that were left out, to say beside the report (none
+    for one `.trace`: its import said them)."""
+    from opprof.loader import is_opprof_trace
+
+    if len(o.paths) == 1 and is_opprof_trace(o.paths[0]):
+        return []
+    damaged: list[dict[str, str]] = rep.meta.get("damaged_files", [])
+    return damaged

@@ -14,7 +14,7 @@ from rich.text import Text
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
 from opprof.kinds import DONE, Mode, RunStatus
-from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
+from opprof.model.commmodel import FIT_LIMIT, Network
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render import verdicts
@@ -976,7 +976,7 @@ def calibration(net: Network) -> str:
     t.caption = (f"fit: relative RMS error {f.get('rel_rmse', float('nan')):.1%} over "
                  f"{f.get('points', 0)} sizes; ⚠ = off by more than ±{FIT_LIMIT:.0%}"
                  + (f"; {f['note']}" if f.get("note") else ""))
-    warning = fit_warning(net)
+    warning = verdicts.fit_warning(net)
     items: list[RenderableType] = [head, t]
     coloc = net.info.get("colocation")
     if isinstance(coloc, dict) and coloc.get("slowdown"):

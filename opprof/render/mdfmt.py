@@ -6,7 +6,7 @@ import pandas as pd
 
 from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.model.commmodel import Network, fit_warning
+from opprof.model.commmodel import Network
 from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render import verdicts
@@ -164,4 +164,4 @@ def calibration(net: Network) -> str:
     return (f"## opprof calibrate: {net.framework} {net.backend}, {net.workers} workers\n\n"
             f"{net.collective}: α = {net.alpha_ns:,.0f} ns, β = {net.beta_ns_per_byte:.4g} "
             f"ns/B\n\n{md_table(samples_table(net))}\n"
-            + (f"\n> {warning}\n" if (warning := fit_warning(net)) else ""))
+            + (f"\n> {warning}\n" if (warning := verdicts.fit_warning(net)) else ""))

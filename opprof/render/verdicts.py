@@ -1,7 +1,7 @@
 """The sentences the renderers say about results — diff's closing sentence, the runs'
-mismatches, the memory verdict, a check's noise verdict, a run's noisy timing, a what-if's
-operator that does not run: the analyses and the model return the facts, every format says
-them in the same words from here."""
+mismatches, the memory verdict, a check's noise verdict, a run's noisy timing, a poor α–β
+fit, a what-if's operator that does not run: the analyses and the model return the facts,
+every format says them in the same words from here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from opprof.render.units import mib
 
 if TYPE_CHECKING:
     from opprof.analysis.diff import Diff
+    from opprof.model.commmodel import Network
     from opprof.model.predict import ModelResult, Spread
     from opprof.model.whatif import WhatIf
 
@@ -124,9 +125,30 @@ def noisy_run_note(label: str) -> str:
             "whose speed the load changed measures the load too")
 
 
+def fit_warning(net: Network) -> str | None:
+    """One ⚠ line when the α–β fit misses a measured size by more than the limit
+    (:func:`opprof.model.commmodel.fit_errors`; the model follows the measured times between
+    the measured sizes, the line elsewhere and in its scaling to other worker counts); None
+    otherwise."""
+    from opprof.model.commmodel import FIT_LIMIT, fit_errors
+    from opprof.render.units import size
+
+    bad = [(n, e) for n, e in fit_errors(net) if abs(e) > FIT_LIMIT]
+    if not bad:
+        return None
+    where = ", ".join(f"{e:+.0%} at {size(n)}" for n, e in bad)
+    return (f"⚠ poor α–β fit: {where} (limit ±{FIT_LIMIT:.0%}); the model follows the measured "
+            "times between the measured sizes, but rests on the line below them and when it "
+            "scales to other worker counts — calibrate again on a quieter machine, or with more "
+            "--repeat")
+
+
 def model_notes(result: ModelResult) -> list[str]:
-    """The notes under a prediction: the model's, then one per run with noisy timing."""
-    return [*result.notes, *(noisy_run_note(label) for label in result.noisy_runs)]
+    """The notes under a prediction: a poor fit of its network, the model's, then one per
+    run with noisy timing."""
+    fit = fit_warning(result.network)
+    return [*([f"network {fit}"] if fit else []), *result.notes,
+            *(noisy_run_note(label) for label in result.noisy_runs)]
 
 
 def whatif_notes(w: WhatIf) -> list[str]:
