@@ -4,12 +4,14 @@ page and ``--by critical`` included), `diff` (plain, ``--whatif``, html), `model
 files, a `.trace` of two ranks (one row group each), a TensorFlow job (whole-job XPlane) and an
 MXNet job (JSON, read whole).
 
-Every read of a trace's events goes through one of three places, which the test wraps and
-counts per file: a native JSON file's decoding (``opprof.normalizers.read_doc``: Kineto,
-MXNet, …), a whole-job binary format's reader (``Format.read`` of XPlane, nsys, nvprof, on
-the files themselves), and a `.trace`'s row groups (``TraceFile._read``: one rank's, or the
-whole file). Sniffing a file's first bytes or a `.trace`'s footer is no read. The commands run
-in this process (``-j 1``: every read is seen here), as the CLI runs them.
+Every view and format of `report` on the Kineto job; every view, and every format of the
+views that read differently, on the others. Every read of a trace's events goes through one
+of three places, which the test wraps and counts per file: a native JSON file's decoding
+(``opprof.normalizers.read_doc``: Kineto, MXNet, …), a whole-job binary format's reader
+(``Format.read`` of XPlane, nsys, nvprof, on the files themselves), and a `.trace`'s row
+groups (``TraceFile._read``: one rank's, or the whole file). Sniffing a file's first bytes or
+a `.trace`'s footer is no read. The commands run in this process (``-j 1``: every read is
+seen here), as the CLI runs them.
 """
 
 from __future__ import annotations
@@ -99,12 +101,24 @@ def _assert_once(seen: Counter[tuple[str, Any]], *jobs: Path) -> None:
             assert what == {"rows None"} or "rows None" not in what, what
 
 
-@pytest.mark.parametrize("job", [KINETO_JOB, TRACE_JOB, TF_JOB, MXNET_JOB],
-                         ids=["kineto", "dottrace", "tf", "mxnet"])
 @pytest.mark.parametrize("by", VIEWS)
 def test_report_reads_each_trace_once_in_every_view_and_format(
-        reads: Counter[tuple[str, Any]], tmp_path: Path, job: Path, by: str) -> None:
+        reads: Counter[tuple[str, Any]], tmp_path: Path, by: str) -> None:
     for fmt in FORMATS:
+        reads.clear()
+        out = ["-o", str(tmp_path / "r.html")] if fmt == "html" else []
+        _run(tmp_path, "report", str(KINETO_JOB), "--by", by, "--format", fmt, "-j", "1", *out)
+        _assert_once(reads, KINETO_JOB)
+
+
+@pytest.mark.parametrize("job", [TRACE_JOB, TF_JOB, MXNET_JOB], ids=["dottrace", "tf", "mxnet"])
+def test_report_of_other_formats_reads_each_trace_once(
+        reads: Counter[tuple[str, Any]], tmp_path: Path, job: Path) -> None:
+    """Every view in one format, every format in the views that read differently (the
+    critical path's, the plain one's)."""
+    runs = [(by, "json") for by in VIEWS] + [(by, fmt) for by in ("phase", "critical")
+                                              for fmt in FORMATS if fmt != "json"]
+    for by, fmt in runs:
         reads.clear()
         out = ["-o", str(tmp_path / "r.html")] if fmt == "html" else []
         _run(tmp_path, "report", str(job), "--by", by, "--format", fmt, "-j", "1", *out)
