@@ -250,6 +250,14 @@ class RecordConfig:
         "framework the same: the host's CPUs split among the processes that compute on it "
         "(MXNet's servers count). Give the same number to a baseline that `opprof model` "
         "predicts from and to the runs it checks against."))
+    #: DataLoader worker processes that load ahead (torch, MXNet; 0: in the training process).
+    loader_workers: int = option(0, minimum=0, help=(
+        "DataLoader worker processes that load batches ahead of the step (torch, MXNet; 0: in "
+        "the training process)."))
+    #: DistributedDataParallel's bucket size, MiB (None: DDP's own).
+    bucket_mb: float | None = option(None, minimum=0, min_open=True, help=(
+        "DistributedDataParallel's gradient bucket size in MiB (torch allreduce and zero; "
+        "default DDP's 25, its first bucket 1)."))
     seed: int = option(0)
     #: `--converge STEPS`: train this many steps in all (0: the protocol's only), the loss of
     #: each and the accuracy every ``eval_every`` steps (0: at the end only).
@@ -426,7 +434,8 @@ class ClockSync(TypedDict):
 
 #: Facts one process may know for the whole job (the first process that has one gives it).
 JOB_FACTS = ("backend", "kvstore", "optimizer", "strategy", "batch_size", "scheduled_steps",
-             "unprofiled_step_note", "onednn", "graphs", "unbulked_step_ns")
+             "unprofiled_step_note", "onednn", "graphs", "unbulked_step_ns", "loader_workers",
+             "bucket_mb")
 
 
 def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:

@@ -151,6 +151,13 @@ def check(config: RecordConfig) -> None:
                           "steps cannot be negative")
     if config.eval_every and not config.converge:
         raise OpprofError("--eval-every needs --converge STEPS (the steps to train)")
+    if config.loader_workers and fw not in (Framework.TORCH, Framework.MXNET):
+        raise OpprofError(f"--loader-workers: the {fw} models load with tf.data, which "
+                          "parallelizes itself; give it for torch or mxnet")
+    if config.bucket_mb is not None and (fw != Framework.TORCH
+                                         or mode not in (Mode.ALLREDUCE, Mode.ZERO)):
+        raise OpprofError("--bucket-mb sets DistributedDataParallel's buckets: torch with "
+                          "--mode allreduce or zero")
     rv.check(config.workers, split_evenly=fw == Framework.TORCH and mode != Mode.SINGLE)
 
 

@@ -318,7 +318,8 @@ def _data(mx: ModuleType, config: RecordConfig, rank: int, world: int) -> _Data:
                                               seed=config.seed)
         dataset = ImageDataset(images[shard], labels[shard], size=size, seed=seed)
     loader = mx.gluon.data.DataLoader(dataset, batch_size=config.batch_size,
-                                      last_batch="discard", num_workers=0,
+                                      last_batch="discard",
+                                      num_workers=config.loader_workers,
                                       sampler=EpochSampler(len(dataset), seed))
     return _Data(loader, dataset, classes, shard, tokens, images, labels)
 
@@ -377,7 +378,8 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
              "mode": str(config.mode), "profiled_steps": config.steps, "params": counts["params"],
              "param_bytes": param_facts(net.collect_params())["param_bytes"],
              "layers": {k: v for k, v in counts.items() if k != "params"},
-             "input_size": size, "num_classes": classes, "seed": config.seed}
+             "input_size": size, "num_classes": classes, "seed": config.seed,
+             "loader_workers": config.loader_workers}
     adapter = MXNetAdapter(kv, profile_servers=kv is not None and config.servers > 0,
                            facts=facts, profile_memory=config.profile_memory)
     step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,

@@ -38,6 +38,11 @@ optimizer step post hook would be the natural place, but it runs inside the
 ``Optimizer.step#…`` profiler range, so a step marker started there would nest inside the
 previous step's optimizer operator; the hook wraps ``Optimizer.profile_hook_step`` (what
 torch wraps every optimizer's ``step`` with) and falls back to the post hook without it.
+A closure given to the step (``optimizer.step(closure)``: Lightning's automatic optimization
+runs ``training_step`` and ``backward()`` in it, LBFGS calls it several times) is called inside
+a range of its own, ``opprof.closure#<optimizer>`` (:data:`CLOSURE`), so that the reader
+takes its forward and backward out of the ``Optimizer.step#…`` range
+(:mod:`opprof.normalizers.closures`); its result and exceptions are the closure's.
 Keras 3 on the torch backend (``KERAS_BACKEND=torch``) steps with its own optimizers: there the
 end of ``BaseOptimizer.apply`` ends a step (:func:`install_keras_hook`).
 
@@ -429,24 +434,29 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         dataset = ImageDataset(images, labels, size=size, seed=config.seed + rank)
     pin = device.type == "cuda"
     sampler: DistributedSampler[Any] | None = None
+    # --loader-workers: worker processes that load ahead, kept across epochs
+    n = config.loader_workers
+    more: dict[str, Any] = {"num_workers": n, "persistent_workers": n > 0}
     if world > 1:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=config.seed, drop_last=True)
         loader = DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
-                            drop_last=True, num_workers=0, pin_memory=pin)
+                            drop_last=True, pin_memory=pin, **more)
     else:
         loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True,
-                            drop_last=True, num_workers=0, pin_memory=pin,
-                            generator=torch.Generator().manual_seed(config.seed))
+                            drop_last=True, pin_memory=pin,
+                            generator=torch.Generator().manual_seed(config.seed), **more)
     model = build(key, classes).to(device)
     model.train()
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
              "params": counts.pop("params"), "param_bytes": param_bytes(model.parameters()),
              "layers": counts, "input_size": size, "unit_param_bytes": unit_param_bytes(model),
-             "num_classes": classes, "seed": config.seed}
+             "num_classes": classes, "seed": config.seed, "loader_workers": n}
+    if config.bucket_mb is not None:
+        facts["bucket_mb"] = config.bucket_mb
     trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
-                                     device, learning_rate(key))
+                                     device, learning_rate(key), config.bucket_mb)
 
     def predict(x: Array) -> Array:
         was = model.training
@@ -476,11 +486,12 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
 
 
 def parallelize(model: nn.Module, mode: Mode, device: torch.device,
-                lr: float = 0.01) -> tuple[nn.Module, Optimizer]:
+                lr: float = 0.01, bucket_mb: float | None = None) -> tuple[nn.Module, Optimizer]:
     """(the module to train, its optimizer: SGD with momentum at ``lr``) for ``mode``: the
-    model itself (one worker); in DistributedDataParallel (``allreduce``); DDP with the
-    optimizer state sharded by ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard``
-    on every unit of :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
+    model itself (one worker); in DistributedDataParallel (``allreduce``; ``bucket_mb``: its
+    ``bucket_cap_mb``, None: DDP's own); DDP with the optimizer state sharded by
+    ``ZeroRedundancyOptimizer`` (``zero``); FSDP2, ``fully_shard`` on every unit of
+    :func:`~.torch_models.shard_units` and then on the root (``fsdp``)."""
     import torch
     from torch import nn
 
@@ -488,6 +499,7 @@ def parallelize(model: nn.Module, mode: Mode, device: torch.device,
 
     momentum = 0.9
     ids = [device.index] if device.type == "cuda" else None
+    ddp: dict[str, Any] = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}
     if mode == Mode.FSDP:
         from torch.distributed.fsdp import fully_shard
 
@@ -498,12 +510,12 @@ def parallelize(model: nn.Module, mode: Mode, device: torch.device,
     if mode == Mode.ZERO:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
-                                            lr=lr, momentum=momentum)
+        zero = nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp)
+        return zero, ZeroRedundancyOptimizer(zero.parameters(), optimizer_class=torch.optim.SGD,
+                                             lr=lr, momentum=momentum)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     if mode == Mode.ALLREDUCE:
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp), optimizer
     return model, optimizer
 
 
@@ -657,6 +669,8 @@ def install_hook(protocol: Protocol, folder: Path,
                     with record_function(f"Optimizer.step#{type(args[0]).__name__}.step"):
                         out = hooked(*args, **kwargs)
                 else:
+                    if depth[0] == 1:  # the closure's forward and backward: not the step's
+                        args, kwargs = _marked_closure(args, kwargs)
                     out = hooked(*args, **kwargs)
             finally:
                 depth[0] -= 1
@@ -668,6 +682,34 @@ def install_hook(protocol: Protocol, folder: Path,
 
     module.Optimizer.profile_hook_step = staticmethod(  # type: ignore[method-assign]  # torch's
         profile_hook_step)
+
+
+#: The profiler range opprof puts around each call of the closure an optimizer step is given
+#: (``optimizer.step(closure)``: Lightning's automatic optimization, LBFGS): ``opprof.closure#``
+#: and the optimizer's class. What runs inside is the closure's (its forward and backward), not
+#: the optimizer's (:mod:`opprof.normalizers.closures`).
+CLOSURE = "opprof.closure#"
+
+
+def _marked_closure(args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of ``Optimizer.step(self, closure=None)`` with the closure, if any, called
+    inside a profiler range of its own (:data:`CLOSURE`); its result and exceptions unchanged."""
+    from torch.profiler import record_function
+
+    given = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1
+                                                                  else None)
+    if not callable(given):
+        return args, kwargs
+    name = f"{CLOSURE}{type(args[0]).__name__}"
+
+    def closure(*a: Any, **kw: Any) -> Any:
+        with record_function(name):
+            return given(*a, **kw)
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure}
+    return (args[0], closure, *args[2:]), kwargs
 
 
 def install_keras_hook(protocol: Protocol, folder: Path,

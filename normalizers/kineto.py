@@ -12,6 +12,9 @@ the operators torch records anyway — autograd's ``…Backward0`` functions bac
 ``Optimizer.step#…``/``Optimizer.zero_grad#…`` update, ``enumerate(DataLoader)#…`` load,
 ``gloo:``/``nccl:`` collectives comm — and its steps from ``ProfilerStep#N`` when
 ``prof.step()`` was called, else from ``Optimizer.step`` (``opprof.normalizers.events``).
+An ``Optimizer.step`` that ran its closure (Lightning's ``fit``) is first cut around the
+closure's calls, so that their forward and backward are not the optimizer's
+(``opprof.normalizers.closures``).
 """
 
 from __future__ import annotations
@@ -463,6 +466,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
+    from opprof.normalizers.closures import split_closures
     from opprof.normalizers.events import finish
     from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
@@ -475,6 +479,7 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     with pd.option_context("future.infer_string", False):
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+        raw = split_closures(raw, mapping_table(NAME))
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -489,6 +494,8 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         "has_gpu": bool(np.isin(raw["kind"].cat.codes.to_numpy(),  # per category
                                 [KINDS.index(k) for k in ("kernel", "memcpy", "memset")]).any()),
         "gpus": [str(d.get("name", "")) for d in props if isinstance(d, dict)],
+        "gpu_memory": [int(d["totalGlobalMem"]) for d in props if isinstance(d, dict)
+                       and isinstance(d.get("totalGlobalMem"), int) and d["totalGlobalMem"] > 0],
         "distributed": doc.distributedInfo or None,
         "sharded": sharded_mode(raw["name"].cat.categories),
         drops.KEY: warnings.get(drops.KEY, {}),
@@ -516,6 +523,9 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
         "gpus": sorted({g for i in infos for g in i["gpus"]}),
         "clock_error_ns": {str(i["rank"]): i["error"] for i in infos},
     }
+    memory = [m for i in infos for m in i.get("gpu_memory", [])]
+    if memory:  # the smallest device's total memory (`opprof advise`'s memory headroom)
+        info["gpu_memory_bytes"] = min(memory)
     dist = {str(i["rank"]): i["distributed"] for i in infos if i["distributed"]}
     if dist:
         info["distributed"] = dist

@@ -17,7 +17,7 @@ from opprof.version import __version__
 #: runs, so ``opprof report`` never imports torch, TensorFlow or MXNet.
 COMMANDS = {"record": "record", "run": "run", "import": "import_", "report": "report",
             "diff": "diff", "export": "export", "bench": "bench", "model": "model",
-            "whatif": "whatif", "calibrate": "calibrate", "plot": "plot"}
+            "whatif": "whatif", "calibrate": "calibrate", "plot": "plot", "advise": "advise"}
 
 
 class LazyGroup(click.Group):
@@ -46,6 +46,8 @@ def cli() -> None:
     opprof diff tf.trace mxnet.trace              what explains the step-time gap
     opprof model run.trace --workers 1,2,4,8      predicted step time and speed-up
     opprof whatif run.trace --op batch_norm=0.5   the step with an operator changed
+    opprof advise run.trace                       what to change, ranked by time saved
+    opprof diff base.trace new.trace --fail-above 5%   a regression gate for CI
     opprof report run.trace --format html -o run.html   charts in one offline file
     opprof plot bench/ --figure phases -o phases.pdf    a paper figure (svg/png/pdf)
     """

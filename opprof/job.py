@@ -310,8 +310,8 @@ def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps
            ahead: Ahead | None = None) -> Report:
     """The Report of a job, computed rank by rank (see the module docstring), each file
     read once; ``critical``: with each step's critical path (``Report.critical``: the job's
-    events read whole, its graph joins the ranks); ``ahead``: what the command started
-    reading before (:class:`opprof.preread.Ahead`), taken where this process reads."""
+    events read whole, its graph joins the ranks); ``ahead``: what was read before
+    (:class:`opprof.preread.Ahead`), taken where this process reads."""
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)

@@ -30,9 +30,6 @@ from typing import Any
 from opprof import preread
 from opprof.gunzip import FileIdentity, file_identity, prefetch
 
-#: What a report reads: events' ``detail`` text only for collectives (opprof.job).
-_DETAIL = False
-
 
 def report_file(paths: Sequence[str | os.PathLike[str]]) -> str | None:
     """The one trace file a report reads: its only path when that is a regular file of JSON
@@ -68,11 +65,13 @@ def core_free() -> bool:
     return running < cores
 
 
-def start(paths: Sequence[str | os.PathLike[str]]) -> preread.Ahead | None:
+def start(paths: Sequence[str | os.PathLike[str]],
+          detail: bool = False) -> preread.Ahead | None:
     """Start reading the one trace file of ``paths`` ahead (see the module docstring): a
     child when a core is free for it (:func:`core_free`; ``OPPROF_READAHEAD=1``: whatever
     the load, ``0``: never), else a gzip file's inflating thread; the handle to pass to the
-    reader, or None when nothing was started."""
+    reader, or None when nothing was started. ``detail``: the report reads the events'
+    ``detail`` text (it reads the job whole), the child reads it too."""
     path = report_file(paths)
     if path is None:
         return None
@@ -83,14 +82,14 @@ def start(paths: Sequence[str | os.PathLike[str]]) -> preread.Ahead | None:
     if setting == "0" or not hasattr(os, "fork") or (setting != "1" and not core_free()):
         text = prefetch(path)
         return None if text is None else preread.Ahead(ident, text=text)
-    child = _fork(path, ident)
+    child = _fork(path, ident, detail)
     if child is None:
         text = prefetch(path)
         return None if text is None else preread.Ahead(ident, text=text)
     return preread.Ahead(ident, child=child)
 
 
-def _fork(path: str, ident: FileIdentity) -> preread.Child | None:
+def _fork(path: str, ident: FileIdentity, detail: bool) -> preread.Child | None:
     """The child reading ``path`` (see :func:`_read_and_send`); None when none could start."""
     import msgspec  # noqa: F401 (both processes need them: imported once, before the fork)
     import numpy  # noqa: F401
@@ -113,12 +112,12 @@ def _fork(path: str, ident: FileIdentity) -> preread.Child | None:
         return None
     if pid == 0:  # the child: read, send, end (never returns)
         os.close(r)
-        _read_and_send(path, w)
+        _read_and_send(path, w, detail)
     os.close(w)
-    return preread.Child(ident, _DETAIL, pid, r)
+    return preread.Child(ident, detail, pid, r)
 
 
-def _read_and_send(path: str, fd: int) -> None:
+def _read_and_send(path: str, fd: int, detail: bool = False) -> None:
     """In the child: the streamed document (:data:`preread.NOT_STREAMED` for a file the streaming
     reader does not take, a failure for anything else) pickled into ``fd``; then exit at
     once (no exit handlers, no flushing of the parent's buffers)."""
@@ -129,7 +128,7 @@ def _read_and_send(path: str, fd: int) -> None:
         signal.signal(sig, signal.SIG_DFL)  # stopped with the parent, quietly
     warnings.simplefilter("ignore")  # the parent's stderr is not the child's to write
     try:
-        doc = _read(Path(path))
+        doc = _read(Path(path), detail)
         result: tuple[str, Any] = ("read", preread.NOT_STREAMED if doc is None else doc)
     except BaseException:  # noqa: BLE001 (anything: the parent reads the file itself)
         result = ("failed", None)
@@ -143,7 +142,7 @@ def _read_and_send(path: str, fd: int) -> None:
     os._exit(0)
 
 
-def _read(path: Path) -> Any:
+def _read(path: Path, detail: bool = False) -> Any:
     """The document ``kineto.stream`` makes of the file, the Kineto reader imported alone:
     not through the package ``opprof.normalizers``, whose other formats import pandas."""
     import importlib.util
@@ -160,4 +159,4 @@ def _read(path: Path) -> Any:
 
     with open(path, "rb") as f:
         head = f.read(64)
-    return kineto.stream(path, head, _DETAIL)
+    return kineto.stream(path, head, detail)

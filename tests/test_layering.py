@@ -19,7 +19,7 @@ from tests.conftest import REPO
 
 #: Rooms above the core.
 UPPER = ("opprof.analysis", "opprof.model", "opprof.render", "opprof.commands",
-         "opprof.export", "opprof.collectors", "opprof.pipeline")
+         "opprof.export", "opprof.collectors", "opprof.pipeline", "opprof.advice")
 #: The CLI, the package's face and the orchestration (reading a job rank by rank, the pool,
 #: opening any TRACE) may call upward; every other core module may not.
 ORCHESTRATION = {"cli.py", "__init__.py", "job.py", "parallel.py", "loader.py"}
@@ -58,7 +58,7 @@ def test_analyses_never_parse_record_render_or_run_commands() -> None:
     for path in sorted((REPO / "opprof" / "analysis").glob("*.py")):
         bad = sorted(m for m in imported(path) if m.startswith(
             ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
-             "opprof.normalizers", "opprof.model", "opprof.render")))
+             "opprof.normalizers", "opprof.model", "opprof.advice", "opprof.render")))
         assert bad == [], f"analysis/{path.name} imports {bad}"
 
 
@@ -73,6 +73,16 @@ def test_the_model_is_a_room_above_the_analyses() -> None:
             ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
              "opprof.normalizers", "opprof.render")))
         assert bad == [], f"model/{path.name} imports {bad}"
+
+
+def test_advice_rules_read_analyses_and_never_render_record_or_run_commands() -> None:
+    """The advice package sits on the analyses and the model: its rules return typed advice
+    and never reach the renderers, commands, pipelines or collectors."""
+    for path in sorted((REPO / "opprof" / "advice").glob("*.py")):
+        bad = sorted(m for m in imported(path) if m.startswith(
+            ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
+             "opprof.normalizers", "opprof.render")))
+        assert bad == [], f"advice/{path.name} imports {bad}"
 
 
 def test_renderers_offer_exactly_the_views_they_say() -> None:
@@ -143,7 +153,7 @@ def test_formats_never_import_the_registry_that_lists_them() -> None:
 
 
 #: The analysis commands and the pipeline each calls.
-ANALYSIS_COMMANDS = ("report", "diff", "model", "whatif", "export", "plot")
+ANALYSIS_COMMANDS = ("report", "diff", "model", "whatif", "export", "plot", "advise")
 
 
 @pytest.mark.parametrize("name", ANALYSIS_COMMANDS)

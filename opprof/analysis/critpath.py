@@ -479,11 +479,12 @@ def topological_order(g: Graph) -> Array | None:
 
 
 def replay(g: Graph, factor: Array | None = None,
-           order: Array | None = None) -> pd.DataFrame:
+           order: Array | None = None, edge_factor: Array | None = None) -> pd.DataFrame:
     """Replay the graph: each vertex at the latest ``t(src) + lag`` of its predecessors
     (sources at their measured times), with each node's own time (and a collective's
-    transfer after the last rank entered it) × ``factor[node]``. One row per (rank, step):
-    ``step_ns`` (measured) and ``replay_ns``."""
+    transfer after the last rank entered it) × ``factor[node]`` and each edge's lag ×
+    ``edge_factor[edge]`` when given. One row per (rank, step): ``step_ns`` (measured) and
+    ``replay_ns``."""
     order = topological_order(g) if order is None else order
     if order is None:
         raise ValueError("the dependency graph has a cycle")
@@ -491,6 +492,8 @@ def replay(g: Graph, factor: Array | None = None,
     if factor is not None:
         own = (g.kind == OWN) | (g.kind == COLLECTIVE)
         lag[own] *= factor[g.dst[own] >> 1]
+    if edge_factor is not None:
+        lag *= edge_factor
     o = np.argsort(g.dst, kind="stable")
     in_src = g.src[o].tolist()
     in_lag = lag[o].tolist()

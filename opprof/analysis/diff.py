@@ -21,6 +21,7 @@ from opprof.analysis.report import Report
 from opprof.trace import Trace
 
 if TYPE_CHECKING:
+    from opprof.analysis.gate import Gate
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
@@ -59,6 +60,9 @@ class Diff:
     #: Each way the two runs differ that makes their comparison unfair (device, framework
     #: version, batch size, workers): (what, A's value, B's value).
     mismatched: list[tuple[str, str, str]] = field(default_factory=list)
+    #: The regression gate of B (NEW) against A (BASE) (``diff --fail-above``;
+    #: :mod:`opprof.analysis.gate`), or None.
+    gate: Gate | None = None
 
     @property
     def step_ratio(self) -> float:

@@ -175,7 +175,9 @@ def split_ranks(trace: Trace) -> list[Trace]:
     return [Trace(ev.iloc[rows].reset_index(drop=True), trace.meta) for _, rows in slices]
 
 
-def build_report(trace: Trace, device_span: str = "steps") -> Report:
-    """Analyze a trace for `opprof report` (rank by rank, then combined)."""
+def build_report(trace: Trace, device_span: str = "steps",
+                 critical: pd.DataFrame | None = None) -> Report:
+    """Analyze a trace for `opprof report` (rank by rank, then combined), with its critical
+    path when given."""
     return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                   device_span)
+                   device_span, critical)

@@ -33,9 +33,12 @@ from opprof.render import page_renderer
               show_default=True,
               help="--by device over the complete profiled steps (work launched before the "
                    "last step began, as Holistic Trace Analysis) or the whole trace.")
+@click.option("--advice/--no-advice", default=True, show_default=True,
+              help="The advice section (`opprof advise`'s top three) first, on the default "
+                   "view and the HTML page.")
 @engine_options
 def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output: Path | None,
-            device_span: str, scheduler: str | None, jobs: int | None) -> None:
+            device_span: str, advice: bool, scheduler: str | None, jobs: int | None) -> None:
     """Report a TRACE (an opprof .trace, or native traces/folders, normalized on the fly).
 
     \b
@@ -50,15 +53,17 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
     """
     check_output(fmt, output)
     from opprof import readahead
+    from opprof.pipeline.report import ReportOptions
 
+    options = ReportOptions(trace, by, fmt, device_span, scheduler, jobs, advice)
     # the one file read ahead (a second process, or its gzip text inflating on a thread)
     # while this process imports pandas and the analyses below; the handle goes to the reader
-    ahead = readahead.start(trace)
-    from opprof.pipeline.report import ReportOptions, damaged_to_say, report
+    ahead = readahead.start(trace, detail=options.whole)
+    from opprof.pipeline.report import damaged_to_say, report
 
     render = page_renderer(fmt)
-    options = ReportOptions(trace, by, fmt, device_span, scheduler, jobs)
-    rep = report(options, ahead)
+    result = report(options, ahead)
+    rep = result.report
     warn_damaged(damaged_to_say(options, rep))
     warn_read(rep.meta)
-    write_output(render.report(rep, by=by, top=top), fmt, output)
+    write_output(render.report(rep, by=by, top=top, advice=result.advice), fmt, output)

@@ -4,7 +4,6 @@ every run of `opprof bench` goes through too)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from opprof.collectors.launch import CONFIG_FILE, Recording
 from opprof.collectors.rss import memory_files
 from opprof.errors import Interrupted, OpprofError
 from opprof.kinds import Device, Mode
-from opprof.pipeline import native_folder, save_recording
+from opprof.pipeline import cpus, host_memory, native_folder, save_recording
 from opprof.trace import Trace
 
 
@@ -66,6 +65,7 @@ def record_trace(config: RecordConfig, output: Path,
         shutil.rmtree(native_dir)
     native_dir.mkdir(parents=True)
     t0 = time.perf_counter()
+    memory = host_memory()
     try:
         recording = collect(config, native_dir, progress)
     except Interrupted as exc:
@@ -78,13 +78,15 @@ def record_trace(config: RecordConfig, output: Path,
         if not any(f.is_file() and f.name != CONFIG_FILE for f in native_dir.rglob("*")):
             shutil.rmtree(native_dir)  # refused before writing anything: leave no trace
         raise
+    if memory is not None:
+        recording.meta.setdefault("host_memory", memory)
     return _trace_of(recording, config, native_dir, t0, output)
 
 
 def _trace_of(recording: Recording, config: RecordConfig, native_dir: Path,
               t0: float, output: Path) -> Trace:
     meta = dict(recording.meta)
-    meta.setdefault("cpus", _cpus())
+    meta.setdefault("cpus", cpus())
     meta.setdefault("command", config.command)
     meta["record_wall_s"] = round(time.perf_counter() - t0, 3)
     meta["native_dir"] = str(native_dir)
@@ -112,11 +114,3 @@ def _keep(partial: Recording, config: RecordConfig, output: Path, native_dir: Pa
             + ", ".join(f"{Path(d['path']).name} ({d['problem']})" for d in damaged)
             if damaged else "")
     return f"wrote {output} ({steps} complete step(s) over {len(trace.ranks)} rank(s){left})"
-
-
-def _cpus() -> int | None:
-    """CPUs this process may run on (the recording host's, for the model's resource check)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count()
-

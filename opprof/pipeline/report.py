@@ -1,7 +1,7 @@
-"""The report pipeline: a job read once, rank by rank, everything the report's options ask for
-computed from that one read (the critical path too, for ``--by critical`` and the HTML page),
-and one immutable :class:`~opprof.analysis.report.Report` that every renderer only draws
-(:func:`report`)."""
+"""The report pipeline: a job read once, everything the report's options ask for computed
+from that one read — the critical path for ``--by critical`` and the HTML page, the advice
+for the default view and the HTML page — and one immutable :class:`ReportResult` that every
+renderer only draws (:func:`report`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from opprof.advice.base import Advisory
     from opprof.analysis.report import Report
     from opprof.preread import Ahead
 
@@ -20,8 +21,8 @@ CRITICAL_FORMATS = frozenset({"html"})
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """What `opprof report` is asked for: the job, which view in which format, and where the
-    per-rank work runs."""
+    """What `opprof report` is asked for: the job, which view in which format, whether the
+    advice comes first, and where the per-rank work runs."""
 
     paths: tuple[Path, ...]
     by: str = "phase"
@@ -29,6 +30,7 @@ class ReportOptions:
     device_span: str = "steps"
     scheduler: str | None = None
     jobs: int | None = None
+    advice: bool = True
 
     @property
     def critical(self) -> bool:
@@ -36,14 +38,52 @@ class ReportOptions:
         its section)."""
         return self.by in CRITICAL_VIEWS or self.fmt in CRITICAL_FORMATS
 
+    @property
+    def advised(self) -> bool:
+        """Whether the output shows the advice (`opprof advise`'s top three): on the
+        default view for people and on the HTML page, unless ``--no-advice``."""
+        return self.advice and ((self.by == "phase" and self.fmt == "rich")
+                                or self.fmt == "html")
 
-def report(o: ReportOptions, ahead: Ahead | None = None) -> Report:
+    @property
+    def whole(self) -> bool:
+        """Whether the job's events are needed whole (the critical path's graph joins the
+        ranks; the advice reads the model and the graph): then it is read whole, once, with
+        every event's detail, and reported from that read; else rank by rank."""
+        return self.critical or self.advised
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What `opprof report` draws: the report and, where asked, the advice on it."""
+
+    report: Report
+    advice: Advisory | None = None
+
+
+def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
     """The report of ``o.paths``, each file read once (``ahead``: what the command started
     reading before it imported this, :func:`opprof.readahead.start`)."""
-    from opprof.job import report as job_report
+    if not o.whole:
+        from opprof.job import report as job_report
 
-    return job_report(list(o.paths), device_span=o.device_span, scheduler=o.scheduler,
-                      jobs=o.jobs, critical=o.critical, ahead=ahead)
+        return ReportResult(job_report(list(o.paths), device_span=o.device_span,
+                                       scheduler=o.scheduler, jobs=o.jobs, ahead=ahead))
+    from opprof.analysis.report import build_report
+    from opprof.loader import load
+
+    trace = load(list(o.paths), ahead)
+    critical = None
+    if o.critical:
+        from opprof.analysis.critpath import critical_path
+
+        critical = critical_path(trace)
+    rep = build_report(trace, o.device_span, critical=critical)
+    if not o.advised:
+        return ReportResult(rep)
+    from opprof.advice import advise
+
+    return ReportResult(rep, advise(trace, rep, o.paths[0].name if o.paths else ""))
 
 
 def damaged_to_say(o: ReportOptions, rep: Report) -> list[dict[str, str]]:

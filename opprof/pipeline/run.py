@@ -18,7 +18,7 @@ from opprof.collectors.rss import sampling
 from opprof.collectors.supervisor import Supervisor, describe_exit, shell_code
 from opprof.errors import Interrupted, OpprofError
 from opprof.kinds import Framework
-from opprof.pipeline import native_folder, save_recording
+from opprof.pipeline import cpus, host_memory, native_folder, save_recording
 from opprof.trace import Trace
 
 TIMED_OUT = 124  # what `timeout` returns
@@ -78,6 +78,7 @@ def run(o: RunOptions, say: Callable[[str], None]) -> Ran:
     native.mkdir(parents=True)
     env = inject.environment(native, o.fw, o.protocol)
     line = shlex.join(o.command)
+    memory = host_memory()
     sup = Supervisor(native, "your command", timeout_s=o.timeout_s)
     # The command stays in opprof's process group (the terminal's Ctrl-C reaches it as usual).
     sup.start("the command", list(o.command), env=env, own_group=False, stdin=None,
@@ -103,6 +104,9 @@ def run(o: RunOptions, say: Callable[[str], None]) -> Ran:
                "the script")
         return Ran(code, exit_code(code) or 2, None, notes, why)
     meta = {**rec.meta, "native_dir": str(native), "memory_interval_s": o.memory_interval_s}
+    meta.setdefault("cpus", cpus())
+    if memory is not None:
+        meta.setdefault("host_memory", memory)
     trace = save_recording([*rec.native, *rec.memory], meta, native, o.path)
     return Ran(code, exit_code(code) if code != 0 else 0, trace, notes)
 

@@ -23,7 +23,10 @@ from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
 if TYPE_CHECKING:
+    from opprof.advice.base import AdviseResult, Advisory, Verification
     from opprof.analysis.convergence import Summary
+    from opprof.analysis.gate import Check as GateCheck
+    from opprof.analysis.gate import Gate
     from opprof.analysis.noise import Noise
     from opprof.meta import MetaMapping
 
@@ -505,10 +508,13 @@ def side(kernels: pd.DataFrame, where: str) -> pd.DataFrame:
     return kernels[kernels["where"] == where] if "where" in kernels else kernels
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The report for a terminal; ``by`` picks the main view."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The report for a terminal; ``by`` picks the main view; ``advice`` comes first."""
     items: list[RenderableType] = [_header(rep.meta, rep.noise)]
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
+    if advice is not None:
+        items.extend(advice_items(advice, top=ADVICE_IN_REPORT, brief=True))
     if by == "op":
         items.append(op_table(rep.ops, top, "Host operators", side(rep.fused_kernels, "host")))
         if not rep.device_ops.empty:
@@ -600,6 +606,10 @@ def diff(d: Diff, top: int | None = None) -> str:
               for line in quality_lines(noise)]
     if d.whatif is not None:
         items.append(whatif_swaps_table(d, top))
+    if d.gate is not None:
+        items += [Text(line, style="bold red" if i == 0 and d.gate.verdict == "fail"
+                       else "bold green" if i == 0 else "")
+                  for i, line in enumerate(gate_lines(d.gate))]
     return render(*items)
 
 
@@ -982,6 +992,124 @@ def calibration(net: Network) -> str:
     if isinstance(coloc, dict) and coloc.get("slowdown"):
         items.append(_colocation_table(coloc))
     return render(*items, *([Text(warning, style="bold yellow")] if warning else []))
+
+
+#: How many pieces of advice the report shows (`opprof advise` shows them all).
+ADVICE_IN_REPORT = 3
+
+
+def advice_items(a: Advisory, top: int | None = None, brief: bool = False
+                 ) -> list[RenderableType]:
+    """The advice as a table, largest saving first (``top``: the first N); ``brief``: the
+    report's section (no evidence, a pointer to `opprof advise`)."""
+    step = a.step_ns
+    if not step:
+        why = next(iter(a.not_checked.values()), "no steps")
+        return [Text(f"Advice: none ({why})", style="bold")]
+    training = [x for x in a.advice if x.kind == "training"]
+    notes = [x for x in a.advice if x.kind != "training"]
+    items: list[RenderableType] = []
+    if not training:
+        items.append(Text(f"Advice: healthy — no rule finds a saving of 2% of the step or more "
+                          f"({a.bound})", style="bold green"))
+    else:
+        shown = training if top is None else training[:top]
+        t = Table(title=f"Advice, by the time each saves (step {ms(step)} ms)",
+                  title_justify="left")
+        for c, j in (("#", "right"), ("saves ms/step", "right"), ("share", "right"),
+                     ("confidence", "left"), ("finding → action", "left")):
+            t.add_column(c, justify=j)  # type: ignore[arg-type]
+        for i, x in enumerate(shown, 1):
+            body = Text(x.finding)
+            body.append(f"\n→ {x.action}", style="bold")
+            if not brief:
+                body.append(f"\nmodel: {x.model}"
+                            + (f"; check it: {x.knob.text}" if x.knob else ""), style="dim")
+            t.add_row(str(i), ms(x.saving_ns), pct(x.saving_share), x.confidence, body)
+        items.append(t)
+        if top is not None and len(training) > top:
+            items.append(Text(f"{len(training) - top} more: opprof advise", style="dim"))
+    for x in notes:
+        items.append(Text(f"⚠ {x.finding}: {x.action}", style="yellow"))
+    if not brief:
+        if a.minor:
+            items.append(Text("minor (under 2% of the step): " + "; ".join(
+                f"{x.rule} {ms(x.saving_ns)} ms" for x in a.minor), style="dim"))
+        if a.not_checked:
+            items.append(Text("not checked: " + "; ".join(
+                f"{k} ({v})" for k, v in a.not_checked.items()), style="dim"))
+    return items
+
+
+def verification_table(v: Verification) -> list[RenderableType]:
+    """Each applied action's predicted and achieved saving (unprofiled, per sample)."""
+    items: list[RenderableType] = []
+    if v.actions:
+        t = Table(title="Checked: the run recorded again with each action (unprofiled step, "
+                        "per sample)", title_justify="left")
+        for c in ("action", "predicted ms", "predicted", "base ms", "new ms", "achieved ms",
+                  "achieved", "error"):
+            t.add_column(c, justify="left" if c == "action" else "right")
+        for r in v.actions:
+            t.add_row(f"{r.rule}: {r.knob.text}", ms(r.predicted_ns), pct(r.predicted_share),
+                      ms(r.base_step_ns), ms(r.new_step_ns), ms(r.achieved_ns),
+                      pct(r.achieved_share), f"{r.error * 100:+.1f} pt")
+        items.append(t)
+    else:
+        items.append(Text("Checked: no action could be applied by a record option", style="bold"))
+    for line in v.not_applied:
+        items.append(Text(f"not applied: {line}", style="dim"))
+    if v.load:
+        items.append(Text(f"load average while recording: {v.load}", style="dim"))
+    return items
+
+
+def advice(result: AdviseResult) -> str:
+    """`opprof advise` for a terminal: the advice, then (--verify) the check."""
+    a = result.advisory
+    head = Text(f"opprof advise  {a.label}  ·  step {ms(a.step_ns)} ms", style="bold")
+    items: list[RenderableType] = [head, *advice_items(a)]
+    if result.verification is not None:
+        items.extend(verification_table(result.verification))
+    return render(*items)
+
+
+def _check_text(c: GateCheck) -> str:
+    """One check in words: the slowdown, the samples, the threshold and the test."""
+    what = "step" if c.target == "step" else c.target
+    delta = c.delta
+    change = (f"{abs(delta):.1%} {'slower' if delta > 0 else 'faster'}" if delta is not None
+              else f"{c.delta_ns / 1e6:+,.3f} ms")
+    p = "-" if c.p_value is None else f"{c.p_value:.3g}"
+    margin = (f"; the runs' noise {c.noise:.0%} sets the margin" if c.noise_bound else "")
+    return (f"NEW's {what} is {change} than BASE's (median of {c.new_samples} vs "
+            f"{c.base_samples} {c.source}: {ms(c.new_median_ns)} vs {ms(c.base_median_ns)} "
+            f"ms; threshold {c.threshold.text}{margin}; p = {p})")
+
+
+def gate_line(g: Gate) -> str:
+    """The gate's one-line verdict."""
+    h = g.headline
+    if g.verdict == "fail":
+        why = f"beyond {h.threshold.text} and the noise (p < {g.alpha:g})"
+    elif h.delta_ns <= 0:
+        why = "not slower"
+    elif not h.exceeded:
+        why = (f"within the runs' noise ({h.noise:.0%})" if h.noise_bound
+               else f"within {h.threshold.text}")
+    else:
+        why = f"beyond the margin but not significant (p ≥ {g.alpha:g})"
+    more = f" ({len(g.failed)} of {len(g.checks)} checks failed)" if len(g.checks) > 1 else ""
+    return f"gate: {g.verdict.upper()}{more} — {_check_text(h)}: {why}"
+
+
+def gate_lines(g: Gate) -> list[str]:
+    """The verdict, then every other check and the notes."""
+    lines = [gate_line(g)]
+    lines += [f"  {c.verdict}: {_check_text(c)}" for c in g.checks if c is not g.headline]
+    lines += [f"  test: {g.test}, alpha {g.alpha:g}"]
+    lines += [f"  note: {n}" for n in g.notes]
+    return lines
 
 
 def _colocation_table(c: dict[str, Any]) -> Table:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from opprof.analysis.diff import Diff
@@ -9,16 +11,20 @@ from opprof.analysis.report import Report
 from opprof.model.commmodel import Network
 from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
-from opprof.render.tables import diff_table, report_table
+from opprof.render.tables import advice_table, diff_table, report_table
 from opprof.render.views import ALL_VIEWS
+
+if TYPE_CHECKING:
+    from opprof.advice.base import AdviseResult, Advisory
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
 EXTENSION = ".csv"
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """One CSV table."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """One CSV table (the view's; `opprof advise --format csv` gives the advice's)."""
     text: str = report_table(rep, by, top).to_csv(index=False)
     return text
 
@@ -60,4 +66,10 @@ def calibration(net: Network) -> str:
     from opprof.render.modeltables import samples_table
 
     text: str = samples_table(net).to_csv(index=False)
+    return text
+
+
+def advice(result: AdviseResult) -> str:
+    """One row per piece of advice (and, with --verify, its predicted and achieved saving)."""
+    text: str = advice_table(result).to_csv(index=False)
     return text

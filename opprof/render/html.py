@@ -37,6 +37,7 @@ from opprof.taxonomy import PHASES
 from opprof.version import __version__
 
 if TYPE_CHECKING:
+    from opprof.advice.base import Advisory
     from opprof.analysis.matrix import Bench
     from opprof.meta import MetaMapping
 
@@ -340,12 +341,14 @@ def _subtitle(meta: MetaMapping) -> str:
     return "  ·  ".join(f"{p}{meta[k]}" for k, p in keys if meta.get(k) not in (None, ""))
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The whole report as one HTML page (every view; ``by`` is ignored)."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The whole report as one HTML page (every view; ``by`` is ignored; ``advice`` first)."""
     meta = rep.meta
     n_steps, ranks = len(rep.steps), sorted(set(rep.steps["rank"])) if len(rep.steps) else []
     mean = float(rep.steps["dur_ns"].mean()) if n_steps else float("nan")
-    secs = [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
+    secs = [("advice", "Advice", _report_advice(advice))] if advice is not None else []
+    secs += [("summary", "Summary", _report_summary(rep, n_steps, ranks, mean)),
             ("steps", "Step breakdown", _report_steps(rep, len(ranks))),
             ("ops", "Operators", _report_ops(rep.ops, top, "host"))]
     if len(rep.device_ops):
@@ -369,6 +372,47 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
     title = "opprof report — " + (" ".join(str(meta[k]) for k in ("framework", "model")
                                            if meta.get(k)) or name)
     return page(title, _subtitle(meta), secs, footer)
+
+
+def _gate_html(d: Diff) -> str:
+    """The regression gate's verdict and checks (``diff --fail-above``)."""
+    if d.gate is None:
+        return ""
+    from opprof.render.console import gate_lines
+
+    lines = gate_lines(d.gate)
+    color = "#b00020" if d.gate.verdict == "fail" else "#1b7f3b"
+    return (f'<p style="color:{color}"><b>{html.escape(lines[0])}</b></p>'
+            + "".join(note(line.strip()) for line in lines[1:]))
+
+
+def _report_advice(a: Advisory) -> str:
+    """The advice, largest saving first: what the trace shows, what to do, the saving."""
+    training = [x for x in a.advice if x.kind == "training"]
+    out = ""
+    if not a.step_ns:
+        return note("No advice: " + next(iter(a.not_checked.values()), "no steps"))
+    if not training:
+        out += (f'<p><b>Healthy</b>: no rule finds a saving of 2% of the step or more '
+                f"({html.escape(a.bound)}).</p>")
+    else:
+        rows = pd.DataFrame([{"#": i, "saves_ms": x.saving_ns, "share": x.saving_share,
+                              "confidence": x.confidence, "finding": x.finding,
+                              "action": x.action, "model": x.model}
+                             for i, x in enumerate(training, 1)])
+        out += table(rows, [("#", "#", f_text), ("saves_ms", "saves ms/step", f_ms),
+                            ("share", "share of step", f_pct),
+                            ("confidence", "confidence", f_text),
+                            ("finding", "finding", f_text), ("action", "action", f_text),
+                            ("model", "predicted by", f_text)])
+    for x in a.advice:
+        if x.kind != "training":
+            out += note(f"{x.finding}: {x.action}")
+    if a.not_checked:
+        out += note("Not checked: " + "; ".join(f"{k} ({v})" for k, v in a.not_checked.items()))
+    return out + note("Each saving is predicted per step by the model or the replay of this "
+                      "trace's dependency graph; `opprof advise TRACE` gives the evidence, "
+                      "`--verify` checks them on a recorded run.")
 
 
 def _report_summary(rep: Report, n_steps: int, ranks: list[int], mean: float) -> str:
@@ -684,7 +728,7 @@ def diff(d: Diff, top: int | None = None) -> str:
                       else " (no unprofiled timing in both runs)")
                    + ". The phase and operator tables are profiled times; positive A−B: A "
                      "spends longer.")
-            + (note(verdict) if verdict else ""))
+            + (note(verdict) if verdict else "") + _gate_html(d))
     both = pd.DataFrame({p: [float(d.phases.set_index('phase').get('a_ns_per_step', {}).get(p, 0)),
                              float(d.phases.set_index('phase').get('b_ns_per_step', {}).get(p, 0))]
                          for p in PHASES}) / MS

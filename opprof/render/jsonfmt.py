@@ -15,6 +15,7 @@ from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
+    from opprof.advice.base import AdviseResult, Advisory
     from opprof.analysis.diff import Diff
     from opprof.jsontypes import JSONObject
     from opprof.model.commmodel import Network
@@ -121,9 +122,16 @@ def memory_records(rep: Report) -> list[JSONObject]:
             for r in rep.memory.ranks.to_dict("records")]
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The whole report as JSON (``by`` does not change the JSON)."""
-    return json.dumps(report_dict(rep, top), indent=2, default=str)
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The whole report as JSON (``by`` does not change the JSON; ``advice``: its
+    ``advice`` list and the advisory's other keys under ``advisory``)."""
+    out = report_dict(rep, top)
+    if advice is not None:
+        whole = advice.to_dict()
+        out["advice"] = whole.pop("advice")
+        out["advisory"] = whole
+    return json.dumps(out, indent=2, default=str)
 
 
 def diff(d: Diff, top: int | None = None) -> str:
@@ -141,7 +149,8 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
         "convergence": d.convergence.to_dict() if d.convergence else None,
-    }, indent=2)
+        **({"gate": d.gate.to_dict()} if d.gate is not None else {}),
+    }, indent=2, default=_clean)
 
 
 def model_dict(result: ModelResult) -> JSONObject:
@@ -208,3 +217,10 @@ def whatif(w: WhatIf) -> str:
 def calibration(net: Network) -> str:
     """`opprof calibrate`'s network as JSON (the same as the file it writes)."""
     return json.dumps(net.to_dict(), indent=2, default=_clean)
+
+
+def advice(result: AdviseResult) -> str:
+    """`opprof advise` as JSON: ``advice`` (the contract's list, by saving), ``healthy``,
+    ``step_ns``, ``minor``, ``checked``, ``not_checked``, ``bound``; with --verify,
+    ``verify``."""
+    return json.dumps(result.to_dict(), indent=2, default=_clean)

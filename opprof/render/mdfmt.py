@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from opprof.analysis.diff import Diff
@@ -15,6 +17,9 @@ from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
+
+if TYPE_CHECKING:
+    from opprof.advice.base import AdviseResult, Advisory
 
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
@@ -85,8 +90,9 @@ def readable(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
-    """The chosen view as markdown."""
+def report(rep: Report, by: str = "phase", top: int | None = None,
+           advice: Advisory | None = None) -> str:
+    """The chosen view as markdown (``advice``: its table first)."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
     notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
                     + partial_lines(rep.meta) + compile_lines(rep))
@@ -94,7 +100,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None) -> str:
         body = "No device activity in this trace (no GPU kernels, copies or memsets)."
     else:
         body = md_table(report_table(rep, by, top))
-    return f"## opprof report {title} — by {by}\n\n{notes}{body}\n"
+    first = ""
+    if advice is not None:
+        first = f"### Advice\n\n{_advice_md(advice)}\n"
+    return f"## opprof report {title} — by {by}\n\n{notes}{first}{body}\n"
 
 
 def diff(d: Diff, top: int | None = None) -> str:
@@ -116,6 +125,11 @@ def diff(d: Diff, top: int | None = None) -> str:
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
         out += f"\n### What if A ran each operator at B's speed\n\n{md_table(rows)}\n"
+    if d.gate is not None:
+        from opprof.render.console import gate_lines
+
+        out += "\n### Regression gate\n\n" + "".join(f"- {line.strip()}\n"
+                                                       for line in gate_lines(d.gate))
     return out
 
 
@@ -165,3 +179,29 @@ def calibration(net: Network) -> str:
             f"{net.collective}: α = {net.alpha_ns:,.0f} ns, β = {net.beta_ns_per_byte:.4g} "
             f"ns/B\n\n{md_table(samples_table(net))}\n"
             + (f"\n> {warning}\n" if (warning := verdicts.fit_warning(net)) else ""))
+
+
+def _advice_md(a: Advisory) -> str:
+    if not any(x.kind == "training" for x in a.advice):
+        return f"Healthy: no rule finds a saving of 2% of the step or more ({a.bound}).\n"
+    from opprof.advice.base import AdviseResult
+    from opprof.render.tables import advice_table
+
+    t = advice_table(AdviseResult(a))
+    return md_table(t[t["kind"] == "training"].drop(columns=["kind"])) + "\n"
+
+
+def advice(result: AdviseResult) -> str:
+    """`opprof advise` as markdown."""
+    a = result.advisory
+    out = f"## opprof advise {a.label}\n\n{_advice_md(a)}"
+    notes = [x for x in a.advice if x.kind != "training"]
+    out += "".join(f"> {x.finding}: {x.action}\n\n" for x in notes)
+    if a.not_checked:
+        out += "Not checked: " + "; ".join(f"{k} ({v})" for k, v in a.not_checked.items())
+        out += "\n"
+    if result.verification is not None:
+        from opprof.render.tables import verification_table
+
+        out += f"\n### Checked\n\n{md_table(verification_table(result.verification))}\n"
+    return out

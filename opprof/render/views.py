@@ -8,6 +8,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # names only: `report --format json` imports no model or diff code
+    from opprof.advice.base import AdviseResult, Advisory
     from opprof.analysis.diff import Diff
     from opprof.analysis.report import Report
     from opprof.model.commmodel import Network
@@ -23,6 +24,7 @@ class View(str, Enum):
     MODEL = "model"
     WHATIF = "whatif"
     CALIBRATION = "calibration"
+    ADVICE = "advice"
 
 
 #: The views of a page (every format) and those only the text formats render.
@@ -36,8 +38,9 @@ class PageRenderer(Protocol):
     VIEWS: frozenset[View]
     EXTENSION: str  # the suffix of a file of this format (``-o``)
 
-    def report(self, rep: Report, by: str = "phase", top: int | None = None) -> str:
-        """One view (``by``) of a trace's report."""
+    def report(self, rep: Report, by: str = "phase", top: int | None = None,
+               advice: Advisory | None = None) -> str:
+        """One view (``by``) of a trace's report (``advice``: its advice, shown first)."""
         ...
 
     def diff(self, d: Diff, top: int | None = None) -> str:
@@ -46,7 +49,8 @@ class PageRenderer(Protocol):
 
 
 class Renderer(PageRenderer, Protocol):
-    """A text format: also the model's prediction, a what-if and a network calibration."""
+    """A text format: also the model's prediction, a what-if, a network calibration and
+    `opprof advise`."""
 
     def model(self, result: ModelResult) -> str:
         ...
@@ -55,4 +59,7 @@ class Renderer(PageRenderer, Protocol):
         ...
 
     def calibration(self, net: Network) -> str:
+        ...
+
+    def advice(self, result: AdviseResult) -> str:
         ...

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import time
 
 import torch
 from torch import nn
@@ -11,6 +12,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--sleep-ms", type=float, default=0.0,
+                    help="a slower version of the same job: sleep this long in every step")
 parser.add_argument("--abort-at-end", action="store_true",
                     help="die of SIGABRT once trained, as a C++ library at exit can")
 args = parser.parse_args()
@@ -37,6 +40,8 @@ while step < args.steps:
         loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
+        if args.sleep_ms:
+            time.sleep(args.sleep_ms / 1000)
         step += 1
         if step >= args.steps:
             break
