@@ -1108,7 +1108,7 @@ def gate_lines(g: Gate) -> list[str]:
     lines = [gate_line(g)]
     lines += [f"  {c.verdict}: {_check_text(c)}" for c in g.checks if c is not g.headline]
     lines += [f"  test: {g.test}, alpha {g.alpha:g}"]
-    lines += [f"  note: {n}" for n in g.notes]
+    lines += [f"  note: {n}" for n in verdicts.gate_notes(g)]
     return lines
 
 

@@ -149,7 +149,8 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
         "convergence": d.convergence.to_dict() if d.convergence else None,
-        **({"gate": d.gate.to_dict()} if d.gate is not None else {}),
+        **({"gate": {**d.gate.to_dict(), "notes": verdicts.gate_notes(d.gate)}}
+           if d.gate is not None else {}),
     }, indent=2, default=_clean)
 
 

@@ -1,7 +1,7 @@
 """The sentences the renderers say about results — diff's closing sentence, the runs'
-mismatches, the memory verdict, a check's noise verdict, a run's noisy timing, a poor α–β
-fit, a what-if's operator that does not run: the analyses and the model return the facts,
-every format says them in the same words from here."""
+mismatches, the memory verdict, the regression gate's notes, a check's noise verdict, a run's
+noisy timing, a poor α–β fit, a what-if's operator that does not run: the analyses and the
+model return the facts, every format says them in the same words from here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from opprof.render.units import mib
 
 if TYPE_CHECKING:
     from opprof.analysis.diff import Diff
+    from opprof.analysis.gate import Gate
     from opprof.model.commmodel import Network
     from opprof.model.predict import ModelResult, Spread
     from opprof.model.whatif import WhatIf
@@ -97,6 +98,22 @@ def memory_verdict(d: Diff) -> str | None:
             return (f"Memory verdict: {more} ({what}: {mib(r['a_bytes'])} vs "
                     f"{mib(r['b_bytes'])}, largest worker).")
     return None
+
+
+def gate_notes(g: Gate) -> list[str]:
+    """The notes under the regression gate's verdict: each side that ran on a busy machine,
+    and the step compared on profiled steps where a side kept no unprofiled timing."""
+    notes = []
+    for side, spread, drift in g.busy:
+        drifted = f", drifted {drift:+.0%}" if drift is not None else ""
+        notes.append(f"⚠ {side} ran on a busy machine (its unprofiled steps vary by "
+                     f"{spread:.0%}{drifted}): the load may differ between the runs by more "
+                     "than either shows, so record both on a quiet machine before trusting "
+                     "the verdict")
+    if g.profiled_only:
+        notes.append("the step is compared on profiled steps: "
+                     + " and ".join(g.profiled_only) + " kept no unprofiled timing")
+    return notes
 
 
 def check_verdict(s: Spread) -> str:
