@@ -373,14 +373,16 @@ def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
 
 
 def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
-                  graph: Graph | None = None) -> pd.DataFrame:
+                  graph: Graph | None = None, order: Array | None = None) -> pd.DataFrame:
     """One row per (worker rank, step): ``step_ns``, ``path_ns`` (the busy length of the
     critical path inside the step: ``step_ns − idle``), the ``bound_by`` split
     (:data:`BOUND_BY`, integer ns summing to ``step_ns``) and ``replay_ns`` (the step
-    replayed through the unedited graph; NaN where the graph cannot be ordered)."""
+    replayed through the unedited graph; NaN where the graph cannot be ordered). ``graph``
+    and its topological ``order``: built already (:func:`graph_of`)."""
     g = build_graph(trace, steps) if graph is None else graph
     out = bound_by(g)
-    order = topological_order(g) if len(out) else None
+    if order is None:
+        order = topological_order(g) if len(out) else None
     out["replay_ns"] = replay(g, None, order)["replay_ns"].to_numpy() if order is not None \
         else np.nan
     return out

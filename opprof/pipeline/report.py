@@ -73,17 +73,24 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
     from opprof.loader import load
 
     trace = load(list(o.paths), ahead)
+    label = o.paths[0].name if o.paths else ""
+    context = None
+    if o.advised:  # the advice's what-if context: its graph is the critical path's too
+        from opprof.model.whatif import context as whatif_context
+
+        context = whatif_context(trace, label)
     critical = None
     if o.critical:
         from opprof.analysis.critpath import critical_path
 
-        critical = critical_path(trace)
+        graph, order = context.graph if context is not None and context.graph else (None, None)
+        critical = critical_path(trace, graph=graph, order=order)
     rep = build_report(trace, o.device_span, critical=critical)
     if not o.advised:
         return ReportResult(rep)
     from opprof.advice import advise
 
-    return ReportResult(rep, advise(trace, rep, o.paths[0].name if o.paths else ""))
+    return ReportResult(rep, advise(trace, rep, label, context))
 
 
 def damaged_to_say(o: ReportOptions, rep: Report) -> list[dict[str, str]]:
