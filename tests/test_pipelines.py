@@ -35,8 +35,13 @@ def test_the_report_holds_the_critical_path_when_its_output_shows_it(
         by: str, fmt: str, critical: bool) -> None:
     o = ReportOptions((DDP,), by=by, fmt=fmt, jobs=1)
     assert o.critical == critical
-    rep = report(o)
+    result = report(o)
+    rep = result.report
     _frozen(rep, "critical")
+    _frozen(result, "advice")
+    assert (result.advice is not None) == o.advised == (fmt in ("rich", "html") and
+                                                       by in ("phase", "op") and
+                                                       (fmt == "html" or by == "phase"))
     assert (len(rep.critical) > 0) == critical
     if critical:  # one row per worker rank and step, as the whole trace's critical path
         assert set(rep.critical["rank"]) == set(rep.steps["rank"])
@@ -44,12 +49,25 @@ def test_the_report_holds_the_critical_path_when_its_output_shows_it(
 
 
 def test_the_critical_report_is_the_plain_one_beside_its_critical_path() -> None:
-    plain, crit = (report(ReportOptions((DDP,), by=by, fmt="json", jobs=1))
+    plain, crit = (report(ReportOptions((DDP,), by=by, fmt="json", jobs=1)).report
                    for by in ("phase", "critical"))
     text = renderer("json").report
     a, b = json.loads(text(plain)), json.loads(text(crit))
     assert "critical" not in a and b.pop("critical")
     assert a == b
+
+
+def test_the_advice_and_the_critical_path_share_one_graph() -> None:
+    """The HTML page's critical path is the one `--by critical` computes alone, and its
+    advice the one `opprof advise` gives, though both come from one graph."""
+    page = report(ReportOptions((DDP,), fmt="html", jobs=1))
+    alone = report(ReportOptions((DDP,), by="critical", fmt="json", jobs=1, advice=False))
+    assert page.report.critical.equals(alone.report.critical)
+    from opprof.pipeline.advise import advise_trace
+
+    _, _, advisory = advise_trace([DDP])
+    assert page.advice is not None
+    assert page.advice.to_dict() == advisory.to_dict()
 
 
 @pytest.mark.parametrize("with_whatif", [False, True])
