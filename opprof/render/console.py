@@ -600,7 +600,7 @@ def diff(d: Diff, top: int | None = None) -> str:
     items: list[RenderableType] = [head, *tables, *memory_diff(d),
                                    Text(verdicts.diff_sentence(d), style="bold")]
     if d.convergence:
-        items.append(Text(d.convergence.sentence, style="bold"))
+        items.append(Text(verdicts.convergence_sentence(d.convergence), style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
               for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
               for line in quality_lines(noise)]

@@ -16,6 +16,7 @@ from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
     from opprof.advice.base import AdviseResult, Advisory
+    from opprof.analysis.convergence import Comparison
     from opprof.analysis.diff import Diff
     from opprof.jsontypes import JSONObject
     from opprof.model.commmodel import Network
@@ -148,10 +149,18 @@ def diff(d: Diff, top: int | None = None) -> str:
         "a_noise": d.a_noise.to_dict() if d.a_noise else None,
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
-        "convergence": d.convergence.to_dict() if d.convergence else None,
+        "convergence": _convergence(d.convergence) if d.convergence else None,
         **({"gate": {**d.gate.to_dict(), "notes": verdicts.gate_notes(d.gate)}}
            if d.gate is not None else {}),
     }, indent=2, default=_clean)
+
+
+def _convergence(c: Comparison) -> JSONObject:
+    """The diff's ``convergence``: per target its facts and sentence, then the sentence."""
+    doc = c.to_dict()
+    targets = [{**t.to_dict(), "sentence": verdicts.target_sentence(t, c.a_label, c.b_label)}
+               for t in c.targets]
+    return {**doc, "targets": targets, "sentence": verdicts.convergence_sentence(c)}
 
 
 def model_dict(result: ModelResult) -> JSONObject:

@@ -1,6 +1,7 @@
 """The sentences the renderers say about results — diff's closing sentence, the runs'
 mismatches, the memory verdict, the regression gate's notes, a check's noise verdict, a run's
-noisy timing, a poor α–β fit, a what-if's operator that does not run: the analyses and the
+noisy timing, a poor α–β fit, a what-if's operator that does not run, which run converges
+first: the analyses and the
 model return the facts, every format says them in the same words from here."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from opprof.render.units import mib
 
 if TYPE_CHECKING:
+    from opprof.analysis.convergence import AtTarget, Comparison
     from opprof.analysis.diff import Diff
     from opprof.analysis.gate import Gate
     from opprof.model.commmodel import Network
@@ -67,6 +69,53 @@ def diff_sentence(d: Diff) -> str:
     if not ph.empty:
         text += f"; the {ph.iloc[0]['phase']} phase accounts for {ph.iloc[0]['share_of_gap']:.0%}"
     return text + "."
+
+
+def _pct(v: float | None) -> str:
+    return "no evaluation" if v is None else f"{v:.0%}"
+
+
+def _s(ns: float) -> str:
+    return f"{ns / 1e9:.2f} s"
+
+
+def target_sentence(t: AtTarget, la: str, lb: str) -> str:
+    """Which of runs ``la`` and ``lb`` reaches one target test accuracy first, and how much
+    of the difference the step time and the steps needed explain."""
+    name = f"{t.target:.0%} test accuracy"
+    if t.a is None and t.b is None:
+        return (f"Neither run reaches {name} (best: {la} {_pct(t.a_best)}, {lb} "
+                f"{_pct(t.b_best)}).")
+    if t.a is None or t.b is None:
+        who, hit, other, best = ((lb, t.b, la, t.a_best) if t.a is None
+                                 else (la, t.a, lb, t.b_best))
+        assert hit is not None
+        return (f"Only {who} reaches {name} ({_s(hit.time_ns)}, step {hit.step}); "
+                f"{other} stops at {_pct(best)}.")
+    fast, slow = (la, lb) if t.first == "a" else (lb, la)
+    hf, hs = (t.a, t.b) if t.first == "a" else (t.b, t.a)
+    sf, ss = hf.time_ns / hf.step, hs.time_ns / hs.step
+    text = (f"{fast} reaches {name} first: {_s(hf.time_ns)} vs {_s(hs.time_ns)} for {slow} "
+            f"({hs.time_ns / hf.time_ns:.2f}x); steps needed {hf.step} vs {hs.step}, time "
+            f"per step {sf / 1e6:.1f} ms vs {ss / 1e6:.1f} ms")
+    share = t.step_time_share
+    if share is not None:
+        # rounded first: a share of 1 - 1e-16 is "0%", not "-0%"
+        text += (f": the step time explains {round(share, 2) + 0.0:.0%} of the "
+                 f"difference, the steps needed {round(1 - share, 2) + 0.0:.0%}")
+    return text + "."
+
+
+def convergence_sentence(c: Comparison) -> str:
+    """Which run converges first: the sentences of the first target (50%) and the highest
+    both runs reach; without any accuracy evaluated, each run's final loss."""
+    if not c.targets:
+        from opprof.analysis.convergence import FINAL_STEPS
+
+        losses = ", ".join(f"{name} {loss:.3f}" for name, loss in c.final_losses)
+        return (f"No accuracy was evaluated; final loss (mean of the last {FINAL_STEPS} "
+                f"steps): {losses}.")
+    return " ".join(target_sentence(t, c.a_label, c.b_label) for t in c.said)
 
 
 def mismatch_lines(d: Diff) -> list[str]:
