@@ -111,11 +111,16 @@ def check(config: RecordConfig) -> None:
     """Reject, with one clear line, what cannot be recorded — before anything starts."""
     fw, mode = config.fw, config.mode
     canonical_name(config.model)
+    if fw == Framework.TORCH:
+        from opprof.collectors.torch_parallel import check as check_model_parallel
+
+        check_model_parallel(mode, canonical_name(config.model), config.workers,
+                             config.batch_size)
     if mode not in framework_info(fw).modes:
         raise OpprofError({
             Framework.TORCH: f"torch has no --mode {mode} (no parameter-server mode: torch's "
                              "own distributed training is DistributedDataParallel or sharded)"
-                             "; use --mode allreduce, fsdp or zero",
+                             "; use --mode allreduce, fsdp, zero, tp, pp, ep or fsdp+tp",
             Framework.MXNET: f"mxnet has no --mode {mode} (MXNet's own distributed training "
                              "is the parameter server); use --mode ps-sync or ps-async",
             Framework.TF: "--fw tf --mode ps-sync: TensorFlow's ParameterServerStrategy is "

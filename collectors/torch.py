@@ -93,6 +93,7 @@ from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, 
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.errors import OpprofError
 from opprof.files import atomic_path, write_atomic
+from opprof.kinds import MODEL_PARALLEL_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -412,6 +413,7 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     from torch import nn
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+    from opprof.collectors import torch_parallel
     from opprof.collectors.torch_models import (
         TokenCrossEntropy,
         build,
@@ -423,6 +425,9 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
     per_rank = max(config.batch_size * 8, 256)
+    model_parallel = world > 1 and config.mode in MODEL_PARALLEL_MODES
+    if model_parallel:  # the batches: the same on the ranks that split one model
+        world, rank = torch_parallel.data_replicas(config.mode, rank, world)
     if key in SEQUENCE_MODELS:
         tokens = token_data(config, per_rank * world)
         images, classes = tokens, TOKEN_VOCAB
@@ -437,7 +442,7 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
     # --loader-workers: worker processes that load ahead, kept across epochs
     n = config.loader_workers
     more: dict[str, Any] = {"num_workers": n, "persistent_workers": n > 0}
-    if world > 1:
+    if world > 1 or model_parallel:
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                      seed=config.seed, drop_last=True)
         loader = DataLoader(dataset, batch_size=config.batch_size, sampler=sampler,
@@ -446,7 +451,13 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True,
                             drop_last=True, pin_memory=pin,
                             generator=torch.Generator().manual_seed(config.seed), **more)
-    model = build(key, classes).to(device)
+    if model_parallel:
+        import torch.distributed as dist
+
+        model = torch_parallel.build_model(key, classes, config.mode,
+                                           dist.get_world_size()).to(device)
+    else:
+        model = build(key, classes).to(device)
     model.train()
     counts = layer_counts(model)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
@@ -455,8 +466,9 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
              "num_classes": classes, "seed": config.seed, "loader_workers": n}
     if config.bucket_mb is not None:
         facts["bucket_mb"] = config.bucket_mb
-    trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
-                                     device, learning_rate(key), config.bucket_mb)
+    if not model_parallel:
+        trained, optimizer = parallelize(model, Mode(config.mode) if world > 1 else Mode.SINGLE,
+                                         device, learning_rate(key), config.bucket_mb)
 
     def predict(x: Array) -> Array:
         was = model.training
@@ -481,6 +493,12 @@ def build_training(config: RecordConfig, device: torch.device, *, rank: int = 0,
         convergence = image_convergence(config, images, labels, size=size, mean=mean,
                                         std=std, predict=predict, loss=loss_of)
         loss_fn = nn.CrossEntropyLoss()
+    if model_parallel:
+        step, _ = torch_parallel.training_step(config.mode, key, model, _cycle(loader), loss_fn,
+                                               device, learning_rate(key), config.batch_size)
+        facts["microbatches"] = (torch_parallel.microbatches(config.batch_size)
+                                 if config.mode == Mode.PP else None)
+        return step, facts, None
     step = _stepper(_cycle(loader), trained, loss_fn, optimizer, device)
     return step, facts, convergence
 

@@ -118,6 +118,8 @@ _COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
 _FUSED, _FUSED_BACKWARD = _OP["fused"], _OP["fused_backward"]
 #: Every communication op (the collectives, push/pull, and ``comm`` for an unnamed one).
 _COMM_CODES = np.array(sorted(_OP[o] for o in COMM_OPS), np.int64)
+#: What a communication call does around its collective: copies, element-wise scaling.
+_CALL_OPS = np.r_[_COMM_CODES, [_OP["memory"], _OP["elementwise"]]]
 _OTHER_PHASE, _COMM_PHASE = _PHASE["other"], _PHASE["comm"]
 _MARKER_KIND = _KIND["marker"]
 _DEVICE_KIND_CODES = [_KIND[k] for k in DEVICE_KINDS]
@@ -210,6 +212,12 @@ def finish(
     op = np.where(is_marker, -1, row_op)
     op[has_anc] = op[anc[has_anc]]
     counted = is_op & (anc == np.arange(n))
+    # An operator no row names (a user's autograd function, ``AllToAll``) around a collective
+    # is that communication's call (not ``other`` swallowing it): an unnamed comm call.
+    # (On a GPU the device's kernels say what is communication: the host's calls stay.)
+    if not is_device_ev.any():
+        row_op, row_phase = _calls_around_comm(nesting, row_op, row_phase, is_op & on_host,
+                                               matched, container, names, codes)
     # Communication stays communication wherever it is issued: the outermost comm event
     # (a comm op, or an event of phase comm such as FSDP's copy-in/out) inside a compute
     # operator (DDP's all-reduce in a backward hook, FSDP's all-gather in a pre-backward hook)
@@ -329,6 +337,37 @@ def finish(
     if not meta[drops.KEY]:
         del meta[drops.KEY]
     return Trace(conform(out), meta)
+
+
+def _calls_around_comm(nesting: Nesting, row_op: np.ndarray, row_phase: np.ndarray,
+                       host_op: np.ndarray, matched: np.ndarray, container: np.ndarray,
+                       names: pd.Categorical, codes: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """``row_op`` and ``row_phase`` with every host operator that no mapping row names (not
+    an ``aten::`` operator, not a compiled-graph container) and that encloses a communication
+    operator and no computing one (copies and element-wise work aside) made an unnamed
+    communication call (``comm``, phase comm)."""
+    unnamed = host_op & ~matched & ~container
+    if not unnamed.any():
+        return row_op, row_phase
+    aten = np.append(np.asarray(names.categories.astype(str).str.startswith("aten::"), bool),
+                     False)[codes]
+    unnamed &= ~aten
+    comm = host_op & np.isin(row_op, _COMM_CODES)
+    if not unnamed.any() or not comm.any():
+        return row_op, row_phase
+    _, anc = nesting.nest(unnamed)
+    inner = (anc >= 0) & (anc != np.arange(len(anc)))
+    around = np.unique(anc[comm & inner])
+    # not one that computes (a module's ``forward`` range around a whole model): one that
+    # encloses an operator other than copies, element-wise work and communication
+    computes = host_op & matched & ~np.isin(row_op, _CALL_OPS) & (row_op >= 0) & inner
+    around = np.setdiff1d(around, anc[computes])
+    if not len(around):
+        return row_op, row_phase
+    row_op, row_phase = row_op.copy(), row_phase.copy()
+    row_op[around], row_phase[around] = _COMM_OP, _COMM_PHASE
+    return row_op, row_phase
 
 
 def _own(a: np.ndarray) -> np.ndarray:

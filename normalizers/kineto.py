@@ -66,7 +66,8 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "lo
 
 
 _COMM_NAME = re.compile(
-    r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::|(?:void )?nccl(?:Dev)?Kernel")
+    r"(?:nccl|gloo|mpi|ucc|xccl):|record_param_comms|c10d::|(?:void )?nccl(?:Dev)?Kernel"
+    r"|_?c10d_functional(?:_autograd)?::(?!wait)")
 
 
 class Args(msgspec.Struct, gc=False):
@@ -84,6 +85,9 @@ class Args(msgspec.Struct, gc=False):
     group_size: Any = msgspec.field(default=None, name="Group size")
     group_name: Any = msgspec.field(default=None, name="Process Group Name")
     group_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    concrete: Any = msgspec.field(default=None, name="Concrete Inputs")
+    in_split: Any = msgspec.field(default=None, name="In split size")
+    out_split: Any = msgspec.field(default=None, name="Out split size")
     name: Any = None  # process_name / thread_name metadata (format detection)
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
     total_reserved: Any = msgspec.field(default=None, name="Total Reserved")
@@ -480,6 +484,8 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
         raw, mem = _raw_events(doc, rank, path, warnings, detail)
         raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
         raw = split_closures(raw, mapping_table(NAME))
+        raw["tid"] = async_lanes(raw)
+        raw = with_waits(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -502,6 +508,11 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     }
     release_freed_memory()  # the decoded chunks' heap, before the finishing pass peaks
     trace = finish(raw, mapping_table(NAME), merge_meta([info], meta))
+    from opprof.parallelism import tag
+
+    detail_col, info["parallel"] = tag(trace.events, doc.distributedInfo)
+    if detail_col is not None:
+        trace.events["detail"] = detail_col
     info[drops.KEY] = trace.meta.get(drops.KEY, {})
     if memory is not None:
         memory["ts"] += offset
@@ -531,6 +542,15 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
         info["distributed"] = dist
     info.update(meta)
     refine_mode(info, next((i["sharded"] for i in infos if i.get("sharded")), None))
+    if any("parallel" in i for i in infos):
+        from opprof.parallelism import layout
+
+        mode, parallelism = layout([i.get("parallel") or {} for i in infos], len(infos),
+                                   info.get("mode"))
+        if parallelism:
+            info["parallelism"] = parallelism
+        if mode is not None:
+            info["mode"] = mode
     info["clock_offsets_ns"] = {str(i["rank"]): i["offset"] for i in infos}  # as applied
     if all("step_bounds" in i for i in infos):
         bounds = sorted((b for i in infos for b in i["step_bounds"]),
@@ -891,6 +911,163 @@ def served_collectives(raw: pd.DataFrame,
     return out, nbytes
 
 
+#: The lanes (tids) of a rank's asynchronous backend spans: ``ASYNC_TID``, ``ASYNC_TID - 1`` …
+ASYNC_TID = -1000
+#: Rounds of lane assignment before the spans left each get a lane of their own.
+_ASYNC_ROUNDS = 64
+
+
+def async_lanes(raw: pd.DataFrame) -> np.ndarray:
+    """The ``tid`` column with each *asynchronous* backend span moved to a lane of its own.
+
+    gloo records the span of an asynchronous point-to-point call (``isend``/``irecv``,
+    ``batch_isend_irecv``: ``gloo:send``, ``gloo:recv``) on the thread that issued it, from
+    the moment it is posted to the moment it completes: it starts inside its ``c10d::send``
+    and ends long after it, while the thread computes on. Left on that lane it would seem to
+    enclose what follows. A backend span on a thread that issues ``c10d::`` calls and that
+    no such call contains is one of these: it goes to a lane ``ASYNC_TID - k`` where it
+    overlaps no other (lanes given in rounds, each taking the spans that start after every
+    earlier one ended), where it is an operator of its own (the collective in flight)."""
+    import pandas as pd
+
+    from opprof.intervals import containing
+
+    tid = raw["tid"].to_numpy(np.int64).copy()
+    names = raw["name"].astype("category")
+    cats = pd.Index(names.cat.categories.astype(str))
+    codes = names.cat.codes.to_numpy()
+    span = np.append(cats.str.match(_BACKEND_SPAN_NAME), False)[codes]
+    call = np.append(cats.str.startswith("c10d::"), False)[codes]
+    if not span.any() or not call.any():
+        return tid
+    pid = raw["pid"].to_numpy(np.int64)
+    lane = pid * (1 << 32) + tid
+    ts = raw["ts"].to_numpy(np.int64)
+    end = ts + raw["dur"].to_numpy(np.int64)
+    spans = np.flatnonzero(span & np.isin(lane, lane[call]))
+    calls = np.flatnonzero(call)
+    inside = containing(lane[spans], ts[spans], end[spans], lane[calls], ts[calls], end[calls])
+    moved = spans[inside < 0]
+    if not len(moved):
+        return tid
+    moved = moved[np.argsort(ts[moved], kind="stable")]
+    out_lane = np.full(len(moved), -1, np.int64)
+    left = np.arange(len(moved))
+    for k in range(_ASYNC_ROUNDS):
+        if not len(left):
+            break
+        s, e = ts[moved[left]], end[moved[left]]
+        reach = np.maximum.accumulate(np.r_[np.iinfo(np.int64).min, e[:-1]])
+        take = s >= reach  # starts after every earlier span left ended: no overlap
+        out_lane[left[take]] = k
+        left = left[~take]
+    out_lane[left] = _ASYNC_ROUNDS + np.arange(len(left))
+    tid[moved] = ASYNC_TID - out_lane
+    return tid
+
+
+#: The name of a wait opprof adds to a trace (:func:`with_waits`).
+WAIT_NAME = "opprof.wait"
+#: Spans of a rank tried per call, latest-ending first, for the one it waited for.
+_WAIT_TRIES = 4
+
+
+def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
+    """``raw`` with one event ``opprof.wait`` (kind comm, of the call's collective) for every
+    synchronous ``c10d::`` call after which its thread waited for the collective to complete.
+
+    A call such as ``dist.all_to_all_single`` enqueues the collective (the ``c10d::`` event)
+    and then blocks in ``Work.wait()``, which the profiler does not record: the thread is idle
+    until the backend's span (``gloo:all_to_all``, on gloo's thread) ends. When the call was
+    issued inside an operator (an autograd function's backward), that operator would seem to
+    compute all along. A call waited on so is one made inside an operator that is still open
+    when a backend span of the same collective (gloo runs a reduce-scatter as an all-reduce),
+    started after the call, ends, and whose thread issues its next event only after that
+    end; the wait is the time from the call's end to that span's end, on the call's thread.
+    A call that returns at once (DDP's all-reduce from a backward hook: the backward goes on
+    while it runs) gets none, nor one made between operators (the span shows that wait)."""
+    import pandas as pd
+
+    from opprof.taxonomy import mapping_table
+
+    names = raw["name"].astype("category")
+    cats = pd.Index(names.cat.categories.astype(str))
+    codes = names.cat.codes.to_numpy()
+    call = np.append(cats.str.startswith("c10d::"), False)[codes]
+    span = np.append(cats.str.match(_BACKEND_SPAN_NAME), False)[codes]
+    if not call.any() or not span.any():
+        return raw
+    table = mapping_table(NAME).classify(cats)["op"].reindex(cats).to_numpy(object)
+    op = np.append(table, np.array([None], dtype=object))[codes]
+    named = raw["collective"].to_numpy(object) if "collective" in raw else np.full(
+        len(raw), None, dtype=object)
+    op = np.where(pd.isna(named), op, named)
+    lane = raw["pid"].to_numpy(np.int64) * (1 << 32) + raw["tid"].to_numpy(np.int64)
+    ts = raw["ts"].to_numpy(np.int64)
+    end = ts + raw["dur"].to_numpy(np.int64)
+    calls = np.flatnonzero(call)
+    # each call's thread: the start of its next event after the call ended
+    order = np.lexsort((ts, lane))
+    lanes = np.unique(lane)
+    t0 = int(ts.min())
+    width = int(ts.max() - t0) + 2
+    flat = np.searchsorted(lanes, lane[order]) * width + (ts[order] - t0)
+    c_lane = np.searchsorted(lanes, lane[calls])
+    at = np.searchsorted(flat, c_lane * width + np.minimum(end[calls] - t0, width - 1))
+    same = (at < len(flat)) & (flat[np.minimum(at, len(flat) - 1)] // width == c_lane)
+    nxt = np.where(same, ts[order][np.minimum(at, len(flat) - 1)], np.iinfo(np.int64).max)
+    # and, when operators are around it (none: the call was made between operators, where
+    # the backend's span shows the wait), the first end of an event on its lane after the
+    # call's: the thread stays in the innermost of them, idle, until then
+    e_order = np.lexsort((end, lane))
+    e_flat = np.searchsorted(lanes, lane[e_order]) * width + (end[e_order] - t0)
+    e_at = np.searchsorted(e_flat, c_lane * width + (end[calls] - t0), side="right")
+    e_same = (e_at < len(e_flat)) & (e_flat[np.minimum(e_at, len(e_flat) - 1)] // width
+                                      == c_lane)
+    first_end = np.where(e_same, end[e_order][np.minimum(e_at, len(e_flat) - 1)], -1)
+    # (an operator around it at all: the outermost one, still open)
+    from opprof.intervals import Nesting
+
+    ops = (raw["kind"].astype(str) == "cpu_op").to_numpy() if "kind" in raw else np.ones(
+        len(raw), bool)
+    _, anc = Nesting(lane, ts, end).nest(ops & ~call)
+    around = anc[calls]
+    open_until = np.where(around >= 0, np.minimum(end[np.maximum(around, 0)], first_end), -1)
+    spans = np.flatnonzero(span)
+    spans = spans[np.argsort(end[spans], kind="stable")]
+    s_end = end[spans]
+    wait_end = np.full(len(calls), -1, np.int64)
+    base = np.searchsorted(s_end, end[calls], side="left")
+    for k in range(_WAIT_TRIES):
+        j = base + k
+        inside = j < len(spans)
+        cand = spans[np.minimum(j, len(spans) - 1)]
+        serves = (op[cand] == op[calls]) | ((op[cand] == "all_reduce")
+                                             & (op[calls] == "reduce_scatter"))
+        good = (inside & (wait_end < 0) & serves & (ts[cand] >= ts[calls])
+                & (end[cand] <= nxt) & (end[cand] > end[calls]) & (end[cand] <= open_until))
+        wait_end[good] = end[cand[good]]
+    waited = np.flatnonzero(wait_end > 0)
+    if not len(waited):
+        return raw
+    c = calls[waited]
+    rows = raw.iloc[c].copy()
+    rows["name"] = WAIT_NAME
+    rows["ts"] = end[c]
+    rows["dur"] = wait_end[waited] - end[c]
+    rows["bytes"] = 0
+    rows["link"] = -1
+    if "detail" in rows:
+        rows["detail"] = None
+    rows["collective"] = op[c]
+    out = pd.concat([raw, rows], ignore_index=True)
+    out["name"] = out["name"].astype("category")
+    return out
+
+
+_BACKEND_SPAN_NAME = r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$"
+
+
 def _comm_args(names: tuple[np.ndarray, list[str]],
                args: list[Args]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per event, for communication events (NaN / None for every other one): the payload
@@ -912,6 +1089,12 @@ def _comm_args(names: tuple[np.ndarray, list[str]],
         a = args[i]
         collective[i] = a.collective if isinstance(a.collective, str) else None
         group[i] = _group_text(a)
+        if "all_to_all" in text[codes[i]] or "alltoall" in text[codes[i]] or (
+                a.in_split is not None and a.collective in ("all_to_all", "alltoall",
+                                                            "alltoall_base")):
+            split = _split_text(text[codes[i]], a)
+            if split:
+                group[i] = f"{group[i]} {split}" if group[i] else split
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = max([v for v in chrome.numbers([a.in_nelems, a.out_nelems]).tolist()
                    if v == v] + [-1.0])  # the larger of the two that are numbers, else -1
@@ -958,6 +1141,56 @@ def _group_text(a: Args) -> str | None:
     if parts and isinstance(a.group_desc, str) and a.group_desc and " " not in a.group_desc:
         parts.append(f"desc={a.group_desc}")
     return " ".join(parts) or None
+
+
+def _split_text(name: str, a: Args) -> str | None:
+    """``a2a_send_bytes=… a2a_recv_bytes=…`` of an all-to-all (the bytes it sends to and
+    receives from each peer, in group order), from its split sizes (rows of its tensors):
+    ``record_param_comms``' ``In split size`` / ``Out split size``; ``c10d::alltoall_base_``'s
+    and ``all_to_all_single``'s split arguments (``Concrete Inputs``, with
+    ``record_shapes``). None when the trace has no split sizes (an even split)."""
+    if name == "record_param_comms":
+        send, recv = _int_list(a.in_split), _int_list(a.out_split)
+        size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
+        nel = chrome.numbers([a.in_nelems]).tolist()[0]
+        rows = sum(send) if send else 0
+        row_bytes = nel * size / rows if size and rows and nel == nel else None
+    else:
+        c = a.concrete if isinstance(a.concrete, list) else []
+        dims = a.input_dims if isinstance(a.input_dims, list) else []
+        types = a.input_type if isinstance(a.input_type, list) else []
+        if name.startswith("c10d::"):  # (output, input, pg, output_splits, input_splits, …)
+            recv, send = (_int_list(c[3]), _int_list(c[4])) if len(c) > 4 else ([], [])
+            tensor, dtype = (dims[1], types[1]) if len(dims) > 1 and len(types) > 1 else (
+                None, None)
+        else:  # all_to_all_single(input, output_splits, input_splits, group)
+            recv, send = (_int_list(c[1]), _int_list(c[2])) if len(c) > 2 else ([], [])
+            tensor, dtype = (dims[0], types[0]) if dims and types else (None, None)
+        size = _DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        trailing = tensor[1:] if isinstance(tensor, list) and tensor else None
+        row_bytes = float(np.prod(trailing)) * size if trailing is not None and size and all(
+            isinstance(d, int) for d in trailing) else None
+    if not send or not recv or row_bytes is None:
+        return None
+    fmt = ",".join
+    return (f"a2a_send_bytes={fmt(str(int(r * row_bytes)) for r in send)} "
+            f"a2a_recv_bytes={fmt(str(int(r * row_bytes)) for r in recv)}")
+
+
+def _int_list(value: Any) -> list[int]:
+    """A list of integers given as a list or as its text (``'[63, 1]'``); [] otherwise."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not (value.startswith("[") and value.endswith("]")):
+            return []
+        try:
+            value = [int(v) for v in value[1:-1].split(",") if v.strip()]
+        except ValueError:
+            return []
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return []
+    return list(value)
 
 
 def _largest_numel(dims: Any) -> float:

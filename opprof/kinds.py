@@ -41,6 +41,10 @@ class Mode(Kind):
     PS_ASYNC = "ps-async"
     FSDP = "fsdp"  # sharded data parallel (torch FSDP2 fully_shard)
     ZERO = "zero"  # DDP with the optimizer state sharded (torch ZeroRedundancyOptimizer)
+    TP = "tp"  # tensor parallel (torch DTensor parallelize_module)
+    PP = "pp"  # pipeline parallel (torch.distributed.pipelining)
+    EP = "ep"  # expert parallel (a mixture of experts, tokens exchanged by all-to-all)
+    FSDP_TP = "fsdp+tp"  # a 2-D mesh: FSDP over one dimension, tensor parallel over the other
 
 
 class Device(Kind):
@@ -87,6 +91,8 @@ DONE = (RunStatus.OK, RunStatus.RESUMED)
 SHARDED_MODES = (Mode.FSDP, Mode.ZERO)
 #: The parameter-server modes.
 PS_MODES = (Mode.PS_SYNC, Mode.PS_ASYNC)
+#: The model-parallel modes `record` runs (torch): the model itself split across the workers.
+MODEL_PARALLEL_MODES = (Mode.TP, Mode.PP, Mode.EP, Mode.FSDP_TP)
 
 
 def collective_of(mode: str) -> Collective | None:
@@ -125,7 +131,8 @@ class FrameworkInfo:
 FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
     Framework.TORCH: FrameworkInfo(
         Framework.TORCH, "torch", ("torch",),
-        (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO), Mode.ALLREDUCE,
+        (Mode.SINGLE, Mode.ALLREDUCE, Mode.FSDP, Mode.ZERO, *MODEL_PARALLEL_MODES),
+        Mode.ALLREDUCE,
         "opprof.collectors.torch", "import torch", Collective.ALLREDUCE, "gloo all_reduce"),
     Framework.TF: FrameworkInfo(
         Framework.TF, "tensorflow", ("tensorflow", "xprof"),

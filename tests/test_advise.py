@@ -105,14 +105,14 @@ def test_ddp_job_first_advice_is_the_exposed_gradient_allreduce() -> None:
 
 def test_pipeline_job_first_advice_names_the_stages_waiting() -> None:
     """tests/scripts/torch_pipeline.py (torch.distributed.pipelining, GPipe, 2 stages): the
-    stages' send/recv dominate the exposed communication; the advice is more micro-batches or
-    another schedule (not DDP's buckets), and no rank is called a straggler (stages differ by
-    design)."""
+    stages idle while the pipeline fills and drains (the bubble of ``--by pipeline``); the
+    advice is more micro-batches or another schedule (not DDP's buckets), and no rank is
+    called a straggler (stages differ by design)."""
     a = advisory(ADVISE / "pipeline.trace")
     first = training(a)[0]
-    assert first.rule == "exposed-communication"
+    assert first.rule == "pipeline-bubble"
     assert "micro-batches" in first.action and "bucket" not in first.action
-    assert "pipeline stages" in first.finding
+    assert "pipeline bubble" in first.finding and "gpipe" in first.finding
     assert not any(x.rule == "stragglers" for x in a.advice + a.minor)
 
 

@@ -12,7 +12,10 @@ Tier 1 before tier 2 refines DESIGN.md's "forward/backward/update > comm > h2d >
 other": a blocking all-reduce inside a backward marker, with no compute operator running
 beside it, is communication, not backward. Likewise a compute operator does not count as
 running while it is blocked in a comm call it issued on its own thread (DDP's all-reduce
-from a backward hook): that time is comm unless other compute runs beside it. ``comm`` is
+from a backward hook; ``_c10d_functional::wait_tensor`` inside the operator that first uses a
+DTensor collective's result; the reader's ``opprof.wait`` where a synchronous call waited for
+its collective inside an operator: docs/parallelism.md): that time is comm unless other
+compute runs beside it. ``comm`` is
 thus the communication not hidden behind compute. Busy time per phase is the union of that
 phase's events and markers (phases may overlap there), and ``comm_overlap_ns`` is comm
 operator time during which a compute (forward/backward/update) operator also ran on the

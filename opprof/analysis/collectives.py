@@ -12,6 +12,9 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
 - **bytes**: the collective's message size as nccl-tests defines it (``S``: the buffer an
   all-reduce reduces, the gathered buffer of an all-gather, the scattered one of a
   reduce-scatter), from the trace's ``bytes`` column;
+- **dim**: the parallel dimension the collective serves (``dp``, ``fsdp``, ``pp``, ``tp``,
+  ``cp``, ``ep``: :mod:`opprof.parallelism`, written in ``detail`` as ``parallel=tp`` when the
+  trace is read); '' in a trace read by an older opprof;
 - **group**, **size**: the process group's name and rank count where the trace names them
   (Kineto's ``Process Group Name`` / ``Group size``, kept in ``detail`` as ``pg=NAME size=N``);
   else the job's one process group where ``distributedInfo`` lists a single one (a gloo
@@ -48,13 +51,14 @@ if TYPE_CHECKING:
 
 #: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
 #: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
-PART_COLUMNS = ["rank", "event", "op", "group", "size", "bytes", "dur", "hidden_ns"]
-COLUMNS = ["op", "group", "size", "ranks", "calls", "calls_per_step", "bytes_per_call",
+PART_COLUMNS = ["rank", "event", "op", "dim", "group", "size", "bytes", "dur", "hidden_ns"]
+COLUMNS = ["op", "dim", "group", "size", "ranks", "calls", "calls_per_step", "bytes_per_call",
            "ns_per_step", "time_ns", "wait_ns", "transfer_ns", "bytes", "algbw_Bps",
            "busbw_Bps", "hidden"]
 _GROUP = r"pg=(?P<group>\S+)"
 _SIZE = r"size=(?P<size>\d+)"
 _DESC = r"desc=(?P<desc>\S+)"
+_DIM = r"parallel=(?P<dim>\S+)"
 
 
 def bus_factor(op: str, n: int | float) -> float:
@@ -105,7 +109,10 @@ def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
         wait = matched.set_index(["rank", "event"])["wait_ns"]
         key = pd.MultiIndex.from_arrays([df["rank"], df["event"]])
         df["wait_ns"] = wait.reindex(key).fillna(0).to_numpy(np.int64)
-    g = df.groupby(["op", "group", "size"], sort=False)
+    if "dim" not in df:  # parts of an older opprof
+        df["dim"] = ""
+    df["dim"] = df["dim"].fillna("")
+    g = df.groupby(["op", "dim", "group", "size"], sort=False)
     out = g.agg(ranks=("rank", "nunique"), calls=("dur", "size"), bytes=("bytes", "sum"),
                 time_ns=("dur", "sum"), wait_ns=("wait_ns", "sum"),
                 hidden_ns=("hidden_ns", "sum")).reset_index()
@@ -161,9 +168,11 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     inner = pd.DataFrame({"call": container(comm[cols], calls[cols]),
                           "bytes": comm["bytes"].to_numpy(np.int64),
                           "group": info["group"].to_numpy(object),
+                          "dim": info["dim"].to_numpy(object),
                           "size": info["size"].to_numpy(float)})
     call = inner[inner["call"] >= 0].groupby("call").agg(
-        bytes=("bytes", "max"), group=("group", "first"), size=("size", "first"))
+        bytes=("bytes", "max"), group=("group", "first"), dim=("dim", "first"),
+        size=("size", "first"))
     # a device kernel's call: the one enclosing the runtime call that launched it
     launches = ev.loc[host & (ev["link"] >= 0), [*cols, "link"]]
     key = (launches["rank"].to_numpy(np.int64) * (1 << 40)
@@ -189,6 +198,8 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     group = np.where(own["group"].notna(), own["group"].to_numpy(object),
                      c["group"].to_numpy(object))
     out["group"] = pd.Series(group).fillna("").to_numpy(object)
+    dim = np.where(own["dim"].notna(), own["dim"].to_numpy(object), c["dim"].to_numpy(object))
+    out["dim"] = pd.Series(dim).fillna("").to_numpy(object)
     out["size"] = np.where(own["size"].notna(), own["size"].to_numpy(float),
                            c["size"].to_numpy(float))
     out["op"] = out["op"].astype(str)
@@ -199,14 +210,15 @@ def _with_calls(ev: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
 def _group_of(events: pd.DataFrame) -> pd.DataFrame:
     """``group`` (name, with its description) and ``size`` of events, from their detail."""
     if "detail" not in events:
-        return pd.DataFrame({"group": None, "size": np.nan}, index=events.index)
+        return pd.DataFrame({"group": None, "size": np.nan, "dim": None}, index=events.index)
     detail = events["detail"]
     text = detail.astype(object).where(detail.notna(), "").astype(str)
     name = text.str.extract(_GROUP)["group"]
     desc = text.str.extract(_DESC)["desc"]
     group = name.where(desc.isna(), name + " (" + desc + ")")
     size = pd.to_numeric(text.str.extract(_SIZE)["size"], errors="coerce")
-    return pd.DataFrame({"group": group, "size": size}, index=events.index)
+    dim = text.str.extract(_DIM)["dim"]
+    return pd.DataFrame({"group": group, "size": size, "dim": dim}, index=events.index)
 
 
 def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:

@@ -5,7 +5,7 @@ each run's peaks (opprof.analysis.memory.run_memory), A/B and A−B."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -63,6 +63,10 @@ class Diff:
     #: The regression gate of B (NEW) against A (BASE) (``diff --fail-above``;
     #: :mod:`opprof.analysis.gate`), or None.
     gate: Gate | None = None
+    #: Collective time per step by parallel dimension and collective (``dim``, ``op``, A, B,
+    #: A/B, A−B): from the reports' collectives (opprof.analysis.collectives); empty when
+    #: neither side has any.
+    comm: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def step_ratio(self) -> float:
@@ -129,17 +133,33 @@ def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> 
     """:func:`diff` from two reports (what `opprof diff` uses: each side analyzed rank by
     rank, see opprof.job)."""
     return _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name,
-                 compare_memory(a.memory.ranks, b.memory.ranks), a.noise, b.noise)
+                 compare_memory(a.memory.ranks, b.memory.ranks), a.noise, b.noise,
+                 compare_comm(a.collectives, b.collectives))
 
 
-def with_whatif(d: Diff, whatif: pd.DataFrame) -> Diff:
-    """``d`` with its per-operator what-if (:func:`opprof.model.whatif.op_swaps`)."""
-    return replace(d, whatif=whatif)
+def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Collective time per step of A and B by (parallel dimension, collective): ``dim``,
+    ``op``, ``a_ns_per_step``, ``b_ns_per_step``, ``ratio``, ``delta_ns``."""
+    def per(c: pd.DataFrame) -> pd.Series:
+        if c.empty:
+            return pd.Series(dtype=float)
+        dim = c["dim"].fillna("").replace("", "-") if "dim" in c else "-"
+        return c.assign(dim=dim).groupby(["dim", "op"])["ns_per_step"].sum()
+    sa, sb = per(a), per(b)
+    if sa.empty and sb.empty:
+        return pd.DataFrame()
+    df = pd.DataFrame({"a_ns_per_step": sa, "b_ns_per_step": sb}).fillna(0.0)
+    df["ratio"] = df["a_ns_per_step"] / df["b_ns_per_step"].where(df["b_ns_per_step"] > 0)
+    df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
+    df = df.reset_index()
+    return df.loc[df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
+                  ].reset_index(drop=True)
 
 
 def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFrame,
           ta: pd.DataFrame, tb: pd.DataFrame, a_name: str, b_name: str,
-          memory: pd.DataFrame, a_noise: Noise | None, b_noise: Noise | None) -> Diff:
+          memory: pd.DataFrame, a_noise: Noise | None, b_noise: Noise | None,
+          comm: pd.DataFrame | None = None) -> Diff:
     a_step = float(sa["dur_ns"].mean()) if len(sa) else 0.0
     b_step = float(sb["dur_ns"].mean()) if len(sb) else 0.0
     gap = a_step - b_step
@@ -153,7 +173,7 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
         la, lb = (a_name, b_name) if a_name != b_name else (f"{la} (A)", f"{lb} (B)")
     ua, ub = _unprofiled(a.meta), _unprofiled(b.meta)
     return Diff(la, lb, a_step, b_step, phases, ops, a_noise=a_noise, b_noise=b_noise,
-                memory=memory,
+                memory=memory, comm=comm if comm is not None else pd.DataFrame(),
                 a_meta=dict(a.meta), b_meta=dict(b.meta), a_unprofiled_ns=ua,
                 b_unprofiled_ns=ub, mismatched=mismatches(a.meta, b.meta),
                 convergence=compare_convergence(a.meta, b.meta, la, lb))

@@ -24,9 +24,13 @@ from opprof.analysis.convergence import Summary
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
+from opprof.analysis.experts import COLUMNS as EXPERT_COLUMNS
+from opprof.analysis.experts import LOAD_COLUMNS, combine_experts, expert_part
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
 from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import merge_durations, op_durations, table_from_durations
+from opprof.analysis.pipeline import COLUMNS as PIPELINE_COLUMNS
+from opprof.analysis.pipeline import combine_pipeline, pipeline_part
 from opprof.analysis.ranks import (
     RankLocal,
     collectives,
@@ -82,6 +86,14 @@ class Report:
     #: (opprof.analysis.critpath); computed when `report --by critical` and the HTML report
     #: ask for it (empty otherwise).
     critical: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: One row per (rank, step) of a pipeline stage (opprof.analysis.pipeline).
+    pipeline: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=PIPELINE_COLUMNS))
+    #: All-to-all bytes per peer per (rank, step), and the experts' load per (step, call)
+    #: (opprof.analysis.experts).
+    experts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EXPERT_COLUMNS))
+    expert_load: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
+        columns=LOAD_COLUMNS))
 
 
 @dataclass
@@ -99,6 +111,8 @@ class RankPart:
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    pipeline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    experts: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
@@ -121,6 +135,8 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         compile_steps=compile_steps(trace),
         fused_kernels=fused_kernels(trace),
         collectives=comm,
+        pipeline=pipeline_part(trace),
+        experts=expert_part(full),
     )
 
 
@@ -135,6 +151,7 @@ def combine(parts: list[RankPart], meta: MetaMapping,
     devices = _concat([p.devices for p in parts])
     kernels = merge_kernels([p.fused_kernels for p in parts])
     kernels["ns_per_step"] = kernels["total_ns"] / max(n, 1)
+    experts, expert_load = combine_experts([p.experts for p in parts])
     return Report(
         meta=meta,
         steps=steps,
@@ -156,6 +173,9 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         convergence=convergence_summary(meta),
         collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
         critical=critical if critical is not None else pd.DataFrame(),
+        pipeline=combine_pipeline([p.pipeline for p in parts], meta),
+        experts=experts,
+        expert_load=expert_load,
     )
 
 

@@ -27,10 +27,12 @@ network_option = click.option(
     help="α–β of the collective from `opprof calibrate -o net.json` (default: fitted to the "
          "trace's own collectives, else an assumed 10 Gb/s Ethernet).")
 mode_option = click.option(
-    "--mode", type=click.Choice([m.value for m in (Mode.ALLREDUCE, Mode.FSDP, *PS_MODES)]),
+    "--mode", type=click.Choice([m.value for m in (Mode.ALLREDUCE, Mode.FSDP, *PS_MODES,
+                                                   Mode.TP, Mode.PP, Mode.EP)]),
     default=None,
     help="Distributed mode (default: the trace's, or the framework's usual: torch and tf "
-         "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP).")
+         "allreduce, mxnet ps-sync); fsdp: sharded data parallel (FSDP); tp, pp, ep: the "
+         "trace's tensor, pipeline or expert parallel degree changed to each of --workers.")
 servers_option = click.option("--servers", type=click.IntRange(min=1), default=None,
                               help="Parameter servers (ps modes; default the trace's, or 1).")
 
@@ -54,10 +56,14 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
 @click.option("--straggler/--no-straggler", default=True, show_default=True,
               help="Add the expected wait for the slowest of N workers in each synchronous "
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
+@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+              help="--mode pp: the micro-batches of the predicted pipeline (default the "
+                   "trace's).")
 @format_option
 def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
             servers: int | None, network: Path | None, measured: Path | None,
-            workers_per_host: int | None, straggler: bool, fmt: str) -> None:
+            workers_per_host: int | None, straggler: bool, microbatches: int | None,
+            fmt: str) -> None:
     """Predict TRACE's step time and speed-up on N workers (terms, α–β communication,
     layer-wise pipeline), and optionally check it against a measured run.
 
@@ -69,9 +75,14 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
     """
-    from opprof.pipeline.model import ModelOptions, model
+    from opprof.pipeline.model import ModelOptions, model, parallel
     from opprof.render import renderer
 
     result = model(ModelOptions(trace, tuple(workers), mode, servers, network, measured,
-                                workers_per_host, straggler))
+                                workers_per_host, straggler, microbatches))
+    if parallel(result):  # a model-parallel job's model (opprof.model.parallel)
+        from opprof.render.paralleltables import parallel_model_text
+
+        echo_output(parallel_model_text(result, fmt), fmt)
+        return
     echo_output(renderer(fmt).model(result), fmt)

@@ -22,10 +22,11 @@ from opprof.render import page_renderer
 @click.command("report")
 @click.argument("trace", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--by", type=click.Choice(["phase", "op", "rank", "step", "device", "memory",
-                                         "comm", "critical"]),
+                                         "comm", "critical", "pipeline", "experts"]),
               default="phase", show_default=True,
               help="Which view to show (comm: per collective, bytes and bus bandwidth; "
-                   "critical: what bound each step, from its dependency graph).")
+                   "critical: what bound each step, from its dependency graph; pipeline: per "
+                   "stage, micro-batches and the bubble; experts: all-to-all bytes per peer).")
 @top_option
 @report_format_option
 @output_option
@@ -47,6 +48,7 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report resnet18-torch.trace --by memory
       opprof report rank*.pt.trace.json.gz --by comm
       opprof report rank*.pt.trace.json.gz --by critical
+      opprof report pp.trace --by pipeline
       opprof report trace.json.gz --format json > report.json
       opprof report rank*.json.gz --by rank --scheduler tcp://10.0.0.1:8786
       opprof report resnet18-torch.trace --format html -o resnet18.html

@@ -1,6 +1,8 @@
 """The model pipeline: the trace (and the measured run ``--check`` compares with) read once
-each, the step predicted at each worker count and checked, one immutable
-:class:`~opprof.model.predict.ModelResult` that every renderer only draws (:func:`model`)."""
+each, the step predicted at each worker count (or, for a model-parallel job, at each degree
+of its dimension) and checked, one immutable result that every renderer only draws
+(:func:`model`: a :class:`~opprof.model.predict.ModelResult`, or a
+:class:`~opprof.model.parallel.ParallelResult`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,13 @@ from typing import TYPE_CHECKING
 from opprof.pipeline.sources import Traces
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+    from opprof.model.parallel import ParallelResult
     from opprof.model.predict import ModelResult
+
+#: The model-parallel dimensions `opprof model --mode` takes (opprof.model.parallel).
+MODEL_PARALLEL = ("tp", "pp", "ep")
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,7 @@ class ModelOptions:
     measured: Path | None = None  # --check: a measured multi-worker trace
     workers_per_host: int | None = None
     straggler: bool = True
+    microbatches: int | None = None  # --mode pp: the predicted pipeline's micro-batches
 
     @property
     def label(self) -> str:
@@ -34,7 +43,23 @@ class ModelOptions:
         return first if len(self.paths) == 1 else f"{first} (+{len(self.paths) - 1})"
 
 
-def model(o: ModelOptions) -> ModelResult:
+def dimension(mode: str | None, trace_mode: object) -> str | None:
+    """The model-parallel dimension to model: ``--mode tp|pp|ep``, else the one the trace's
+    layout names (the last of ``fsdp+tp``), else None (the data-parallel model)."""
+    if mode in MODEL_PARALLEL:
+        return mode
+    if mode is not None:
+        return None
+    dims = [d for d in str(trace_mode or "").split("+") if d in MODEL_PARALLEL]
+    return dims[-1] if dims else None
+
+
+def parallel(result: ModelResult | ParallelResult) -> TypeIs[ParallelResult]:
+    """Whether ``result`` is a model-parallel job's (its own renderer draws it)."""
+    return hasattr(result, "dimension")
+
+
+def model(o: ModelOptions) -> ModelResult | ParallelResult:
     """The prediction (and its check against ``o.measured``), each trace read once; the
     measured run's worker count is predicted too, in its mode and with its servers unless
     the options say otherwise."""
@@ -45,6 +70,15 @@ def model(o: ModelOptions) -> ModelResult:
     net = read_network(o.network)
     traces = Traces()
     tr = traces.load(o.paths)
+    dim = dimension(o.mode, tr.meta.get("mode"))
+    if dim is not None:
+        from opprof.model.parallel import check_parallel, predict_parallel, with_parallel_check
+
+        layout = predict_parallel(tr, dim, list(o.workers), o.microbatches, net, label=o.label)
+        if o.measured is None:
+            return layout
+        measured = traces.load(o.measured)
+        return with_parallel_check(layout, check_parallel(layout, measured, o.measured.name))
     workers, mode, servers = list(o.workers), o.mode, o.servers
     if o.measured is None:
         return predict(tr, workers, mode=mode, servers=servers, network=net,

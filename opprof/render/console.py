@@ -18,6 +18,12 @@ from opprof.model.commmodel import FIT_LIMIT, Network
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render import verdicts
+from opprof.render.paralleltables import (
+    comm_diff_table,
+    expert_tables,
+    layout_line,
+    pipeline_table,
+)
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
@@ -265,16 +271,17 @@ def collective_table(rep: Report) -> Table | Text:
         return Text("no collectives in the trace's steps")
     t = Table(title="Collectives (per step; bandwidth by the nccl-tests convention)",
               title_justify="left")
-    for col in ["collective", "group", "n", "calls", "bytes/call", "ms/step", "wait",
+    for col in ["collective", "dim", "group", "n", "calls", "bytes/call", "ms/step", "wait",
                 "algbw", "busbw", "hidden"]:
-        t.add_column(col, justify="left" if col in ("collective", "group") else "right")
+        t.add_column(col, justify="left" if col in ("collective", "dim", "group") else "right")
     for r in c.to_dict("records"):
         wait = r["wait_ns"] / r["time_ns"] if r["time_ns"] else None
-        t.add_row(r["op"], r["group"] or "-", str(int(r["size"])),
+        t.add_row(r["op"], r.get("dim") or "-", r["group"] or "-", str(int(r["size"])),
                   f"{r['calls_per_step']:,.1f}", size(r["bytes_per_call"]),
                   ms(r["ns_per_step"]), pct(wait), rate(r["algbw_Bps"]),
                   rate(r["busbw_Bps"]), pct(r["hidden"]))
-    t.caption = ("n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
+    t.caption = ("dim = the parallel dimension it serves (dp, fsdp, pp, tp, ep); "
+                 "n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
                  "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
                  "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
                  "beside it (GPU: compute kernels)")
@@ -512,6 +519,9 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
            advice: Advisory | None = None) -> str:
     """The report for a terminal; ``by`` picks the main view; ``advice`` comes first."""
     items: list[RenderableType] = [_header(rep.meta, rep.noise)]
+    layout = layout_line(rep.meta)
+    if layout is not None:
+        items.append(layout)
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
     if advice is not None:
         items.extend(advice_items(advice, top=ADVICE_IN_REPORT, brief=True))
@@ -545,6 +555,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
                               side(rep.fused_kernels, "device")))
     elif by == "memory":
         items.extend(memory_tables(rep))
+    elif by == "pipeline":
+        items.append(pipeline_table(rep))
+    elif by == "experts":
+        items.extend(expert_tables(rep))
     else:
         line = memory_line(rep)
         if line is not None:
@@ -597,6 +611,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                       ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]),
                       ms(r["delta_ns"]), pct(r["share_of_gap"]))
         tables.append(t)
+    if not d.comm.empty:
+        tables.append(comm_diff_table(d.comm))
     items: list[RenderableType] = [head, *tables, *memory_diff(d),
                                    Text(verdicts.diff_sentence(d), style="bold")]
     if d.convergence:

@@ -358,6 +358,10 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
         secs.append(("ranks", "Ranks", _report_ranks(rep)))
     if len(rep.collectives):
         secs.append(("collectives", "Collectives", _report_collectives(rep)))
+    if len(rep.pipeline):
+        secs.append(("pipeline", "Pipeline", _report_pipeline(rep)))
+    if len(rep.experts):
+        secs.append(("experts", "Experts (all-to-all)", _report_experts(rep)))
     if len(rep.devices):
         secs.append(("devices", "GPU time per device", _report_devices(rep)))
     if len(rep.critical):
@@ -540,13 +544,52 @@ def _report_ranks(rep: Report) -> str:
 
 
 COLLECTIVE_COLUMNS: list[Column] = [
-    ("op", "collective", f_text), ("group", "group", f_text), ("size", "ranks in group", f_int),
+    ("op", "collective", f_text), ("dim", "dimension", f_text), ("group", "group", f_text),
+    ("size", "ranks in group", f_int),
     ("calls_per_step", "calls/step", lambda v: f"{_num(v) or 0:,.1f}"),
     ("bytes_per_call", "bytes/call", units.size),
     ("ns_per_step", "ms/step", f_ms), ("wait_ns", "wait ms (total)", f_ms),
     ("transfer_ns", "transfer ms (total)", f_ms),
     ("algbw_Bps", "algbw", units.rate),
     ("busbw_Bps", "busbw", units.rate), ("hidden", "hidden", f_pct)]
+
+
+def _joined(values: object) -> str:
+    """A list cell (stages, bytes per peer) as text."""
+    return ", ".join(str(v) for v in values) if isinstance(values, list) else f_text(values)
+
+
+PIPELINE_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("stages", "stage", _joined), ("step", "step", f_int),
+    ("schedule", "schedule", f_text), ("microbatches", "micro-batches", f_int),
+    ("forward_ns_per_microbatch", "forward ms / micro-batch", f_ms),
+    ("backward_ns_per_microbatch", "backward ms / micro-batch", f_ms),
+    ("bubble_ns", "bubble ms", f_ms), ("bubble_share", "bubble share", f_pct),
+    ("ideal_bubble_share", "ideal bubble", f_pct), ("step_ns", "step ms", f_ms),
+    ("order", "order", f_text)]
+EXPERT_COLUMNS: list[Column] = [
+    ("rank", "rank", f_int), ("step", "step", f_int), ("calls", "all-to-alls", f_int),
+    ("bytes_sent", "sent", units.size), ("bytes_received", "received", units.size),
+    ("send_bytes_per_peer", "sent per peer (bytes)", _joined),
+    ("recv_bytes_per_peer", "received per peer (bytes)", _joined),
+    ("peer_imbalance", "max/mean", lambda v: f"{_num(v) or 0:.2f}")]
+LOAD_COLUMNS: list[Column] = [
+    ("step", "step", f_int), ("call", "all-to-all", f_int),
+    ("recv_bytes_per_rank", "received per rank (bytes)", _joined),
+    ("imbalance", "max/mean", lambda v: f"{_num(v) or 0:.2f}")]
+
+
+def _report_pipeline(rep: Report) -> str:
+    return (note("Per pipeline stage and step: the bubble is the time the stage waited on a "
+                 "send or receive with nothing to compute (part of the comm phase); ideal = "
+                 "(p−1)/(v·m+p−1); forward/backward = the compute inside each micro-batch "
+                 "(docs/parallelism.md).") + table(rep.pipeline, PIPELINE_COLUMNS))
+
+
+def _report_experts(rep: Report) -> str:
+    return (note("All-to-all bytes per peer (from the split sizes), and per exchange the bytes "
+                 "each rank's experts received: max/mean = 1.00 when the tokens went evenly.")
+            + table(rep.experts, EXPERT_COLUMNS) + table(rep.expert_load, LOAD_COLUMNS))
 
 
 def _report_collectives(rep: Report) -> str:
@@ -773,6 +816,11 @@ def diff(d: Diff, top: int | None = None) -> str:
             ("b_ns_per_step", "B ms/step", f_ms), ("ab", "A/B", f_text),
             ("whatif_step_ns", "A step at B's speed ms", f_ms),
             ("saving_ns", "saving ms", f_ms), ("saving_share", "saving", f_pct)])))
+    if len(d.comm):
+        secs.append(("comm", "Collectives by parallel dimension", table(d.comm, [
+            ("dim", "dimension", f_text), ("op", "collective", f_text),
+            ("a_ns_per_step", "A ms/step", f_ms), ("b_ns_per_step", "B ms/step", f_ms),
+            ("ratio", "A/B", f_ratio), ("delta_ns", "A−B ms", f_ms)])))
     if len(d.memory):
         secs.append(("memory", "Memory", table(d.memory, [
             ("metric", "metric", f_text), ("a_bytes", "A MiB", f_mib),

@@ -76,7 +76,15 @@ def report_dict(rep: Report, top: int | None = None) -> JSONObject:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep), **critical_dict(rep)}
+            **convergence_dict(rep), **critical_dict(rep), **parallel_dict(rep)}
+
+
+def parallel_dict(rep: Report) -> JSONObject:
+    """``pipeline`` (per rank and step of a pipeline stage: opprof.analysis.pipeline's
+    columns), ``experts`` (per rank and step: all-to-all bytes per peer) and ``expert_load``
+    (per step and all-to-all: bytes received per rank, imbalance): docs/parallelism.md."""
+    return {"pipeline": records(rep.pipeline), "experts": records(rep.experts),
+            "expert_load": records(rep.expert_load)}
 
 
 def critical_dict(rep: Report) -> JSONObject:
@@ -144,8 +152,8 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
         "headline_ratio": _clean(d.headline_ratio), "mismatches": verdicts.mismatch_lines(d),
         "memory_verdict": verdicts.memory_verdict(d), "phases": records(d.phases),
-        "ops": records(ops),
-        "memory": records(d.memory), "summary": verdicts.diff_sentence(d),
+        "ops": records(ops), "memory": records(d.memory), "comm": records(d.comm),
+        "summary": verdicts.diff_sentence(d),
         "a_noise": d.a_noise.to_dict() if d.a_noise else None,
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),

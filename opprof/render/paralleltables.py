@@ -1,0 +1,167 @@
+"""The console's tables of model parallelism (``--by pipeline``, ``--by experts``) and the
+layout line: rich renderables over :mod:`opprof.analysis.pipeline` and
+:mod:`opprof.analysis.experts` results; nothing is computed here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+from rich.text import Text
+
+from opprof.render.units import size
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from opprof.analysis.report import Report
+    from opprof.meta import MetaMapping
+    from opprof.model.parallel import ParallelResult
+
+
+def _ms(ns: Any) -> str:
+    return "-" if ns is None or ns != ns else f"{float(ns) / 1e6:,.3f}"
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None or x != x else f"{100 * float(x):.1f}%"
+
+
+def layout_line(meta: MetaMapping) -> Text | None:
+    """``layout: tp 2 [0,1] · …`` from ``meta.parallelism`` (None without one)."""
+    par = meta.get("parallelism")
+    if not isinstance(par, dict) or not par:
+        return None
+    parts = []
+    for dim, info in par.items():
+        if not isinstance(info, dict):
+            continue
+        groups = info.get("groups") or []
+        shown = " ".join("[" + ",".join(str(r) for r in g) + "]" for g in groups[:4])
+        more = f" +{len(groups) - 4} groups" if len(groups) > 4 else ""
+        parts.append(f"{dim} {info.get('degree')} {shown}{more}")
+    return Text("parallelism: " + "  ·  ".join(parts))
+
+
+def pipeline_table(rep: Report) -> Table | Text:
+    """Per pipeline stage and step: schedule, micro-batches, forward and backward per
+    micro-batch, the bubble and its share of the step (beside the schedule's textbook one)."""
+    p = rep.pipeline
+    if p.empty:
+        return Text("no pipeline stage in this trace (no send or receive in its steps)")
+    t = Table(title=f"Pipeline ({p['schedule'].iloc[0]}) — per stage and step",
+              title_justify="left")
+    for col in ["rank", "stage", "step", "micro-batches", "fwd ms/mb", "bwd ms/mb",
+                "bubble ms", "bubble", "ideal", "step ms", "order"]:
+        t.add_column(col, justify="left" if col == "order" else "right")
+    for r in p.to_dict("records"):
+        stages = r["stages"] if isinstance(r["stages"], list) else [r["stage"]]
+        order = "".join(k[0] for k in str(r["order"]).split())  # F0 F1 B0 B1 → FFBB
+        t.add_row(str(r["rank"]), ",".join(str(s) for s in stages), str(r["step"]),
+                  str(r["microbatches"]), _ms(r["forward_ns_per_microbatch"]),
+                  _ms(r["backward_ns_per_microbatch"]), _ms(r["bubble_ns"]),
+                  _pct(r["bubble_share"]), _pct(r["ideal_bubble_share"]), _ms(r["step_ns"]),
+                  order if len(order) <= 40 else order[:37] + "…")
+    t.caption = ("bubble = time the stage waited on a send or receive with nothing to compute "
+                 "(part of the comm phase); ideal = (p−1)/(v·m+p−1) for p stages, m "
+                 "micro-batches, v stages per rank; fwd/bwd = compute inside each micro-batch")
+    return t
+
+
+def expert_tables(rep: Report) -> list[Table | Text]:
+    """All-to-all bytes per peer per rank and step, and the experts' load per exchange."""
+    if rep.experts.empty:
+        return [Text("no all-to-all with split sizes in this trace's steps (an expert-parallel "
+                     "job records them with record_shapes)")]
+    t = Table(title="All-to-all per rank and step (bytes per peer, in group order)",
+              title_justify="left")
+    for col in ["rank", "step", "calls", "sent", "received", "sent per peer",
+                "received per peer", "max/mean"]:
+        t.add_column(col, justify="left" if "per peer" in col else "right")
+    for r in rep.experts.to_dict("records"):
+        t.add_row(str(r["rank"]), str(r["step"]), str(r["calls"]), size(r["bytes_sent"]),
+                  size(r["bytes_received"]),
+                  " ".join(size(x) for x in r["send_bytes_per_peer"]),
+                  " ".join(size(x) for x in r["recv_bytes_per_peer"]),
+                  "-" if r["peer_imbalance"] is None else f"{r['peer_imbalance']:.2f}")
+    out: list[Table | Text] = [t]
+    if not rep.expert_load.empty:
+        load = Table(title="Experts' load per exchange (bytes each rank received)",
+                     title_justify="left")
+        for col in ["step", "all-to-all", "received per rank", "max/mean"]:
+            load.add_column(col, justify="left" if col == "received per rank" else "right")
+        for r in rep.expert_load.to_dict("records"):
+            load.add_row(str(r["step"]), str(r["call"]),
+                         " ".join(size(x) for x in r["recv_bytes_per_rank"]),
+                         "-" if r["imbalance"] is None else f"{r['imbalance']:.2f}")
+        load.caption = "max/mean = 1.00 when the tokens went evenly to the ranks' experts"
+        out.append(load)
+    return out
+
+
+def comm_diff_table(comm: pd.DataFrame) -> Table:
+    """A diff's collective time per step by parallel dimension and collective."""
+    t = Table(title="Collectives by parallel dimension (ms/step, profiled)",
+              title_justify="left")
+    for c in ["dim", "collective", "A", "B", "A/B", "A−B ms"]:
+        t.add_column(c, justify="left" if c in ("dim", "collective") else "right")
+    for r in comm.to_dict("records"):
+        ratio = r["ratio"]
+        t.add_row(str(r["dim"]), str(r["op"]), _ms(r["a_ns_per_step"]), _ms(r["b_ns_per_step"]),
+                  "-" if ratio is None or ratio != ratio else f"{ratio:.2f}x",
+                  _ms(r["delta_ns"]))
+    return t
+
+
+def parallel_model_text(result: ParallelResult, fmt: str) -> str:
+    """`opprof model`'s output for a model-parallel trace in ``fmt`` (json: its
+    ``to_dict()``; csv: one row per prediction; md and rich: a table and the check)."""
+    import json
+
+    from opprof.model.parallel import rows
+
+    table = rows(result)
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2)
+    terms = sorted({k for r in table for k in r} - {"degree", "microbatches", "step_ns",
+                                                    "speedup"})
+    cols = ["degree", "microbatches", "step_ns", "speedup", *terms]
+    if fmt == "csv":
+        lines = [",".join(cols)]
+        lines += [",".join("" if r.get(c) is None else str(r.get(c)) for c in cols)
+                  for r in table]
+        return "\n".join(lines) + "\n"
+    b = result.base
+    head = (f"base: {b.label} — {b.mode}, {b.workers} workers, step {_ms(b.step_ns)} ms"
+            + (f", {b.microbatches} micro-batches ({b.schedule})" if b.microbatches else "")
+            + f"; network α = {result.network.alpha_ns:,.0f} ns, β = "
+            f"{result.network.beta_ns_per_byte:.4g} ns/B ({result.network.source or 'given'})")
+    check = None
+    if result.check is not None:
+        chk = result.check
+        check = (f"check ({chk.label}): predicted {_ms(chk.predicted_ns)} ms, measured "
+                 f"{_ms(chk.measured_ns)} ms at {result.dimension} "
+                 f"{chk.degrees[result.dimension]}"
+                 + (f" ({chk.microbatches} micro-batches)" if chk.microbatches else "")
+                 + f": error {100 * chk.error:+.1f}%")
+    if fmt == "md":
+        out = [head, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        out += ["| " + " | ".join(_ms(r.get(c)) if c not in ("degree", "microbatches",
+                                                               "speedup")
+                                  else ("-" if r.get(c) is None else f"{r[c]:.3g}"
+                                        if c == "speedup" else str(r[c])) for c in cols)
+                + " |" for r in table]
+        return "\n".join([*out, "", *(x for x in [check, *result.notes] if x)]) + "\n"
+    from opprof.render.console import render
+
+    t = Table(title=f"Predicted step by {result.dimension} degree (ms)", title_justify="left")
+    for c in cols:
+        t.add_column(c.replace("_ns", "").replace("_", " "), justify="right")
+    for r in table:
+        t.add_row(*[str(r[c]) if c in ("degree", "microbatches") else
+                    ("-" if r.get(c) is None else f"{r[c]:.2f}x") if c == "speedup" else
+                    _ms(r.get(c)) for c in cols])
+    items: list[Any] = [Text(head), t]
+    items += [Text(x, style="bold") for x in [check] if x]
+    items += [Text(n) for n in result.notes]
+    return render(*items)

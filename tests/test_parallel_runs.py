@@ -1,0 +1,137 @@
+"""Model-parallel jobs for real: users' scripts (tests/scripts/: tensor parallel with DTensor,
+sequence parallel, a 2-D FSDP + TP mesh, pipelines with torch.distributed.pipelining and by
+hand, a mixture of experts) under ``opprof run -- torchrun`` (gloo on loopback), and
+``opprof record --mode tp|pp|ep|fsdp+tp`` of the built-in transformer: the mode named, the
+phases summing to the step, ``other`` small, blocking collectives exposed, every stage's
+bubble."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from opprof.analysis.report import build_report
+from opprof.loader import load
+from opprof.taxonomy import PHASES
+from tests.conftest import run_cli
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def opprof_run(tmp: Path, script: str, *args: str, procs: int = 2) -> Path:
+    """``opprof run`` of a user's script under torchrun; the trace."""
+    pytest.importorskip("torch")
+    out = tmp / f"{Path(script).stem}.trace"
+    res = run_cli("run", "--steps", "2", "--warmup", "2", "--timing-steps", "1", "-o",
+                  str(out), "--format", "json", "--", sys.executable, "-m",
+                  "torch.distributed.run", "--nproc-per-node", str(procs), str(SCRIPTS / script),
+                  "--steps", "7", *args, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def healthy(path: Path, mode: str) -> object:
+    """The report of a run whose mode is ``mode``, phases sum to the step and op ``other``
+    stays ≤ 10% of it."""
+    trace = load(path)
+    assert trace.meta["mode"] == mode
+    rep = build_report(trace)
+    steps = rep.steps
+    assert (steps[list(PHASES)].sum(axis=1) == steps["dur_ns"]).all()
+    other = rep.ops.loc[rep.ops["op"] == "other", "ns_per_step"].sum()
+    assert other <= 0.10 * steps["dur_ns"].mean()
+    return rep
+
+
+def tp_exposed(rep) -> None:  # type: ignore[no-untyped-def]
+    """TP's collectives ≤ 20% hidden; the comm phase holds at least half of their time."""
+    tp = rep.collectives[rep.collectives["dim"] == "tp"]
+    assert len(tp)
+    assert (tp["hidden"] * tp["time_ns"]).sum() / tp["time_ns"].sum() <= 0.20
+    assert rep.steps["comm"].mean() >= 0.5 * tp["ns_per_step"].sum()
+
+
+def bubbles(rep, schedule: str) -> None:  # type: ignore[no-untyped-def]
+    """Every stage shows a bubble, none of its wait is update."""
+    p = rep.pipeline
+    assert set(p["rank"]) == {0, 1} and (p["schedule"] == schedule).all()
+    assert (p["bubble_ns"] > 0).all()
+    steps = rep.steps.set_index(["rank", "step"])
+    for r in p.to_dict("records"):
+        s = steps.loc[(r["rank"], r["step"])]
+        assert r["bubble_ns"] <= s["comm"] and s["update"] < 0.25 * s["dur_ns"]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_script(tmp_path: Path) -> None:
+    rep = healthy(opprof_run(tmp_path, "torch_tp.py", "--blocks", "2"), "tp")
+    tp_exposed(rep)
+
+
+@pytest.mark.slow
+def test_sequence_parallel_script(tmp_path: Path) -> None:
+    rep = healthy(opprof_run(tmp_path, "torch_tp_sp.py"), "tp")
+    assert {"all_gather", "reduce_scatter"} <= set(rep.collectives["op"])
+    tp_exposed(rep)
+
+
+@pytest.mark.slow
+def test_hand_written_tensor_parallel_script(tmp_path: Path) -> None:
+    tp_exposed(healthy(opprof_run(tmp_path, "torch_tp_funcol.py"), "tp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_pipeline_script(tmp_path: Path, schedule: str) -> None:
+    rep = healthy(opprof_run(tmp_path, "torch_pp.py", "--schedule", schedule), "pp")
+    bubbles(rep, {"interleaved": "interleaved-1f1b"}.get(schedule, schedule))
+
+
+@pytest.mark.slow
+def test_hand_written_pipeline_script(tmp_path: Path) -> None:
+    bubbles(healthy(opprof_run(tmp_path, "torch_pp_manual.py"), "pp"), "gpipe")
+
+
+@pytest.mark.slow
+def test_mixture_of_experts_script(tmp_path: Path) -> None:
+    rep = healthy(opprof_run(tmp_path, "torch_moe.py"), "dp+ep")
+    a2a = rep.collectives[rep.collectives["op"] == "all_to_all"]
+    assert (a2a["dim"] == "ep").all()
+    assert (a2a["hidden"] * a2a["time_ns"]).sum() / a2a["time_ns"].sum() <= 0.20
+    assert len(rep.experts) and (rep.expert_load["imbalance"] >= 1).all()
+
+
+@pytest.mark.slow
+def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
+    path = opprof_run(tmp_path, "torch_fsdp_tp.py", "--blocks", "1", "--width", "32", procs=4)
+    rep = healthy(path, "fsdp+tp")
+    par = load(path).meta["parallelism"]
+    assert par["tp"]["groups"] == [[0, 1], [2, 3]]
+    assert par["fsdp"]["groups"] == [[0, 2], [1, 3]]
+    assert set(rep.collectives["dim"]) == {"fsdp", "tp"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["tp", "pp", "ep"])
+def test_record_built_in_transformer(tmp_path: Path, mode: str) -> None:
+    out = tmp_path / f"{mode}.trace"
+    res = run_cli("record", "--fw", "torch", "--model", "transformer", "--workers", "2",
+                  "--mode", mode, "--steps", "2", "--warmup", "1", "--timing-steps", "1",
+                  "--batch-size", "8", "-o", str(out), "--format", "json", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = healthy(out, mode)
+    if mode == "tp":
+        tp_exposed(rep)
+    if mode == "pp":
+        bubbles(rep, "gpipe")
+    if mode == "ep":
+        assert len(rep.experts)
+
+
+def test_record_refuses_a_model_the_mode_cannot_split(tmp_path: Path) -> None:
+    res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--workers", "2", "--mode",
+                  "tp", "-o", str(tmp_path / "x.trace"))
+    assert res.returncode != 0
+    assert "--mode tp splits transformer, fcn" in res.stderr and "Traceback" not in res.stderr
