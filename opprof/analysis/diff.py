@@ -151,6 +151,7 @@ def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame({"a_ns_per_step": sa, "b_ns_per_step": sb}).fillna(0.0)
     df["ratio"] = df["a_ns_per_step"] / df["b_ns_per_step"].where(df["b_ns_per_step"] > 0)
     df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
+    df.index.names = ["dim", "op"]  # (lost where one side has no collectives)
     df = df.reset_index()
     return df.loc[df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
                   ].reset_index(drop=True)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import math
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from rich.console import Console, Group, RenderableType
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +23,7 @@ from opprof.render.paralleltables import (
     layout_line,
     pipeline_table,
 )
+from opprof.render.richtext import render as render
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
@@ -466,13 +466,6 @@ def step_table(rep: Report) -> Table:
         t.add_row(str(int(r["rank"])), str(int(r["step"])), ms(r["dur_ns"]),
                   *(ms(r[p]) for p in PHASES))
     return t
-
-
-def render(*items: RenderableType, width: int = 120) -> str:
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    console.print(Group(*items))
-    return buf.getvalue()
 
 
 def convergence_line(c: Summary) -> Text:

@@ -152,7 +152,7 @@ def parallel_model_text(result: ParallelResult, fmt: str) -> str:
                                         if c == "speedup" else str(r[c])) for c in cols)
                 + " |" for r in table]
         return "\n".join([*out, "", *(x for x in [check, *result.notes] if x)]) + "\n"
-    from opprof.render.console import render
+    from opprof.render.richtext import render
 
     t = Table(title=f"Predicted step by {result.dimension} degree (ms)", title_justify="left")
     for c in cols:
