@@ -565,6 +565,9 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
     sources = sorted({s for i in infos for s in i.get("memory_sources", [])})
     if sources:
         info["memory_sources"] = sources
+    skipped = next((i["memory_skipped"] for i in infos if i.get("memory_skipped")), None)
+    if skipped:
+        info["memory_skipped"] = skipped
     return info
 
 

@@ -171,6 +171,8 @@ def read_task(task: Task, detail: bool = True,
     if task.memory:  # only this rank's own file: no rank is made for another process
         trace = sampled.attach(trace, [Path(m) for m in task.memory], new_ranks=False)
         info["memory_sources"] = trace.meta.get("memory_sources", [])
+        if trace.meta.get("memory_skipped"):  # as a whole-job read says it
+            info["memory_skipped"] = trace.meta["memory_skipped"]
     return [trace], Outcome(info=info, declared=declared, rank=rank, events=len(trace.events),
                             fmt=by_rank(fmt))
 
