@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py                    # N = 8, 64, 256 from the NCCL trace
     python benchmarks/bench_scale.py --ranks 8 64 --source A.json.gz B.json.gz
     python benchmarks/bench_scale.py --no-hta --jobs 1  # opprof alone, one process
+    python benchmarks/bench_scale.py --ranks 64 256 --no-hta --only-dir --critical
 
 Each rank is a real trace (cycling through the sources; default the shared 2-rank NCCL trace,
 40k events) with its rank rewritten and its clock shifted (benchmarks/bigtraces.py); the jobs
@@ -13,7 +14,9 @@ and reports wall time, events/s and peak memory of the process and all its child
 - ``opprof report DIR --by rank``: normalize and analyze rank by rank, never holding the job;
 - ``opprof import DIR -o job.trace`` then ``opprof report job.trace --by rank``;
 - HTA (when installed): ``TraceAnalysis(trace_dir=DIR)`` (parse) then
-  ``get_temporal_breakdown()``.
+  ``get_temporal_breakdown()``;
+- with ``--critical``: ``opprof report DIR --by critical`` and ``--format html`` beside the
+  plain report (issue #35: each at most 1.5x its time and 2x its peak).
 
 Goals (issue #13): time linear in ranks using the cores, peak memory flat in ranks,
 >= 6x faster than HTA and <= half its memory.
@@ -48,6 +51,10 @@ def main() -> None:
     ap.add_argument("--no-hta", action="store_true", help="do not run HTA even if installed")
     ap.add_argument("--jobs", type=int, default=None, help="opprof worker processes")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--critical", action="store_true",
+                    help="also the critical path (--by critical, --format html) of DIR")
+    ap.add_argument("--only-dir", action="store_true",
+                    help="only the reports of DIR (no import, no .trace)")
     args = ap.parse_args()
     try:
         import hta  # noqa: F401
@@ -72,8 +79,18 @@ def main() -> None:
                     ("opprof report DIR --by rank",
                      [py, "-m", "opprof", "report", str(folder), "--by", "rank", "--format",
                       "json", *jobs])]
+            if args.only_dir:
+                runs = runs[2:]
+            if args.critical:
+                runs += [("opprof report DIR --by critical",
+                          [py, "-m", "opprof", "report", str(folder), "--by", "critical",
+                           "--format", "json", *jobs]),
+                         ("opprof report DIR --format html",
+                          [py, "-m", "opprof", "report", str(folder), "--format", "html",
+                           "-o", str(Path(tmp) / "job.html"), *jobs])]
             if with_hta:
                 runs.append(("HTA parse + temporal breakdown", [py, "-c", HTA, str(folder)]))
+            plain: tuple[float, int] | None = None
             events = None
             for label, cmd in runs:
                 m = run(cmd, timeout=args.timeout)
@@ -82,9 +99,14 @@ def main() -> None:
                     continue
                 if label == "opprof import":
                     events = int(m.out.split(":")[1].split()[0].replace(",", ""))
+                if label == "opprof report DIR --by rank":
+                    plain = (m.wall_s, m.peak_bytes)
                 ev = events or 0
+                vs = (f"  {m.wall_s / plain[0]:.2f}x its time, {m.peak_bytes / plain[1]:.2f}x "
+                      "its peak" if plain and "critical" in label or plain and "html" in label
+                      else "")
                 print(f"{n:>5} {label:32}{m.wall_s:9.2f}{ev / m.wall_s:12,.0f}"
-                      f"{m.peak_bytes / 2**20:10.0f}{m.wall_s / n:8.3f}", flush=True)
+                      f"{m.peak_bytes / 2**20:10.0f}{m.wall_s / n:8.3f}{vs}", flush=True)
         print(f"      ({load_line()})", flush=True)
 
 

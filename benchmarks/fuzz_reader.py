@@ -1,7 +1,9 @@
 """Fuzz the reader: several hundred deterministic mutations of real traces of every format
 (Kineto JSON and gzip, MXNet JSON, TensorFlow XPlane, nsys SQLite, opprof `.trace`), each
 read as ``opprof report`` reads it, and a summary: outcomes, failures (traceback, hang,
-multi-line or unnamed error, an unusable value read without a ⚠ line), peak memory.
+multi-line or unnamed error, memory past 2 GiB, an unusable value read without a ⚠ line,
+the report's numbers changed without a ⚠ line where the mutation was more than a valid
+value's change), peak memory.
 
     python benchmarks/fuzz_reader.py                 # seed 1, ~500 cases
     python benchmarks/fuzz_reader.py --seed 7 --values 40 --damage 30
@@ -35,13 +37,14 @@ def main() -> None:
     by_format: dict[str, Counter[str]] = {}
     failures = []
     warned = owed = 0
+    baselines: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in all_cases(Path(tmp), args.seed, args.values, args.damage,
                               xplane=not args.no_xplane):
-            r = check(case)
+            r = check(case, baselines=baselines)
             source = case.name.split(":")[0]
             fmt = ("mxnet" if source.startswith("rank0_worker") else "kineto"
-                   if source.endswith(".json.gz") else source.strip("."))
+                   if source.endswith(".json.gz") else source.strip(".").split()[0])
             by_format.setdefault(fmt, Counter())[r.outcome] += 1
             outcomes[r.outcome] += 1
             owed += case.must_warn

@@ -63,6 +63,18 @@ def _gpus(fw: str, mod: ModuleType) -> tuple[list[str], str]:
             return [], "CPU-only build"
         gpus = mod.config.list_physical_devices("GPU")
         return [d.name for d in gpus], "no GPU or driver visible"
+    if fw == "jax":
+        try:
+            gpus = mod.devices("gpu")
+        except RuntimeError as exc:  # no GPU backend: CPU-only jaxlib, or no driver
+            return [], f"CPU-only build or no driver: {str(exc).strip().splitlines()[0]}"
+        return [str(getattr(d, "device_kind", d)) for d in gpus], "no GPU or driver visible"
+    if fw == "chainer":
+        cuda = mod.backends.cuda
+        if not cuda.available:
+            return [], "CuPy is not installed or sees no GPU"
+        count = int(cuda.cupy.cuda.runtime.getDeviceCount())
+        return [f"@cupy:{i}" for i in range(count)], "no GPU or driver visible"
     try:
         if not mod.runtime.Features().is_enabled("CUDA"):
             return [], "CPU-only build"

@@ -47,6 +47,7 @@ from types import FrameType, ModuleType, TracebackType
 from opprof.collectors.channel import watch_faults
 from opprof.collectors.config import Framework, Protocol, keras_backend
 from opprof.collectors.runner import Runner, writing
+from opprof.kinds import framework_info
 
 RUN_ENV = "OPPROF_RUN"
 PATHS_ENV = "OPPROF_PATHS"
@@ -61,7 +62,11 @@ TRIGGERS = {"torch.optim.optimizer": Framework.TORCH,
             "tf_keras.src.optimizers.legacy.optimizer_v2": Framework.TF,
             # the whole package: ``import mxnet`` imports its Trainer and Module before it
             # has ``mx.nd`` (through ``mxnet.contrib``), too early to hook
-            "mxnet": Framework.MXNET}
+            "mxnet": Framework.MXNET,
+            # JAX: its jit / pmap / grad once jax is imported; optax's apply_updates after
+            "jax": Framework.JAX, "optax": Framework.JAX,
+            # Chainer: its optimizers, links and function hooks (chainer imports them all)
+            "chainer": Framework.CHAINER}
 #: Keras 3's optimizers: TensorFlow's adapter hooks them, or torch's on the torch backend.
 KERAS_TRIGGER = "keras.src.optimizers.base_optimizer"
 
@@ -101,6 +106,11 @@ def environment(folder: Path, fw: str, protocol: Protocol,
     env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [env.get("PYTHONPATH")])])
     # inductor's C++ kernels on the CPU record themselves (cpp_fused_…) only when asked
     env.setdefault(KERNEL_PROFILE_ENV, "1")
+    # Chainer 7 imports only with setuptools' own distutils shim off (read at start-up)
+    if fw == Framework.CHAINER or (fw == "auto" and sys.version_info < (3, 12)
+                                   and importlib.util.find_spec("chainer") is not None):
+        for key, value in framework_info(Framework.CHAINER).env:
+            env.setdefault(key, value)
     env[RUN_ENV] = json.dumps({"folder": str(Path(folder).resolve()), "fw": fw,
                                "steps": protocol.steps, "warmup": protocol.warmup,
                                "timing_steps": protocol.timing_steps,

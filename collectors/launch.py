@@ -126,6 +126,10 @@ def check(config: RecordConfig) -> None:
             Framework.TF: "--fw tf --mode ps-sync: TensorFlow's ParameterServerStrategy is "
                           "asynchronous by design and TF 2 has no synchronous parameter-server "
                           "training; use --mode ps-async or --mode allreduce",
+            Framework.JAX: f"jax has no --mode {mode} (JAX's data parallelism is a collective "
+                           "over its devices); use --mode allreduce",
+            Framework.CHAINER: f"chainer has no --mode {mode} (ChainerMN's data parallelism is "
+                               "an MPI all-reduce); use --mode allreduce",
         }[fw])
     rv = config.rendezvous
     if mode == Mode.SINGLE and (config.workers != 1 or rv.nnodes > 1):
@@ -137,7 +141,11 @@ def check(config: RecordConfig) -> None:
             {Framework.MXNET: "--device cuda: opprof's MXNet collector records CPU training "
                               "only (the installed MXNet build has no CUDA); use --device cpu",
              Framework.TF: "--fw tf --device cuda: the installed tensorflow-cpu has no GPU "
-                           "support; use --device cpu"}[fw])
+                           "support; use --device cpu",
+             Framework.JAX: "--fw jax --device cuda: the installed jaxlib is CPU-only; use "
+                            "--device cpu",
+             Framework.CHAINER: "--fw chainer --device cuda: CuPy is not installed (Chainer "
+                                "runs on numpy here); use --device cpu"}[fw])
     if fw == Framework.TF and rv.nnodes > 1 and not rv.cluster:
         raise OpprofError(
             "--fw tf on several hosts needs every worker's address (TF_CONFIG lists them all): "
@@ -157,13 +165,25 @@ def check(config: RecordConfig) -> None:
     if config.eval_every and not config.converge:
         raise OpprofError("--eval-every needs --converge STEPS (the steps to train)")
     if config.loader_workers and fw not in (Framework.TORCH, Framework.MXNET):
-        raise OpprofError(f"--loader-workers: the {fw} models load with tf.data, which "
-                          "parallelizes itself; give it for torch or mxnet")
+        how = ("with tf.data, which parallelizes itself" if fw == Framework.TF
+               else "in the training process")
+        raise OpprofError(f"--loader-workers: the {fw} models load {how}; give it for torch "
+                          "or mxnet")
     if config.bucket_mb is not None and (fw != Framework.TORCH
                                          or mode not in (Mode.ALLREDUCE, Mode.ZERO)):
         raise OpprofError("--bucket-mb sets DistributedDataParallel's buckets: torch with "
                           "--mode allreduce or zero")
-    rv.check(config.workers, split_evenly=fw == Framework.TORCH and mode != Mode.SINGLE)
+    if fw == Framework.CHAINER and mode != Mode.SINGLE:
+        from opprof.collectors.chainer import mpi_problem
+
+        problem = mpi_problem()
+        if problem:
+            raise OpprofError(f"--fw chainer --mode {mode} runs ChainerMN under MPI: {problem}")
+        if rv.nnodes > 1:
+            raise OpprofError("--fw chainer on several hosts: start ChainerMN with your own "
+                              "mpiexec and `opprof run` (record runs one host)")
+    rv.check(config.workers, split_evenly=fw in (Framework.TORCH, Framework.JAX)
+             and mode != Mode.SINGLE)
 
 
 # ------------------------------------------------------------------ recording
@@ -189,7 +209,9 @@ def record(config: RecordConfig, workdir: Path, progress: Progress = no_progress
     env.pop(LABEL_ENV, None)  # (a test's $OPPROF_TEST_FAULT stays: tests/faults.py)
     if config.threads:  # OpenMP reads it when a framework loads, in every process started
         env.update({"OMP_NUM_THREADS": str(config.threads),
-                    "MKL_NUM_THREADS": str(config.threads)})
+                    "MKL_NUM_THREADS": str(config.threads),
+                    "OPENBLAS_NUM_THREADS": str(config.threads)})  # numpy's BLAS (Chainer)
+    env.update(framework_info(config.fw).env)
     plan, job = _PLANS[config.fw](config, argv, env)
     what = f"{config.fw} {config.mode}"
     with Supervisor(workdir, what, timeout_s=config.timeout_s, progress=progress,
@@ -280,6 +302,8 @@ def compute_processes(config: RecordConfig) -> int:
     if config.mode == Mode.SINGLE:
         return 1
     if config.fw == Framework.TORCH:
+        return max(1, config.workers // max(rv.nnodes, 1))
+    if config.fw in (Framework.JAX, Framework.CHAINER):
         return max(1, config.workers // max(rv.nnodes, 1))
     if config.fw == Framework.MXNET:
         def share(total: int) -> int:
@@ -430,7 +454,55 @@ def _tf(config: RecordConfig, argv: list[str],
     return plan, job
 
 
-_PLANS = {Framework.TORCH: _torch, Framework.MXNET: _mxnet, Framework.TF: _tf}
+# ------------------------------------------------------------------ JAX
+
+
+def _jax(config: RecordConfig, argv: list[str],
+         env: dict[str, str]) -> tuple[list[Launch], JobPlan]:
+    """One process, or one per worker meeting through ``jax.distributed`` on loopback."""
+    if config.mode == Mode.SINGLE:
+        return [Launch("rank 0", argv)], {"workers": 1, "servers": 0, "expected_profiles": 1}
+    from opprof.collectors.jax import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
+
+    rv = config.rendezvous
+    port = rv.master_port or free_port(rv.master_addr)
+    per_node = config.workers // rv.nnodes
+    first = rv.node_rank * per_node
+    plan = [Launch(f"rank {r}", argv, {
+        COORDINATOR_ENV: f"{rv.master_addr}:{port}", PROCESSES_ENV: str(config.workers),
+        PROCESS_ID_ENV: str(r), "RANK": str(r), "WORLD_SIZE": str(config.workers)})
+        for r in range(first, first + per_node)]
+    return plan, {"workers": config.workers, "servers": 0, "nnodes": rv.nnodes,
+                  "node_rank": rv.node_rank, "master": f"{rv.master_addr}:{port}",
+                  "launcher": "jax.distributed", "expected_profiles": per_node}
+
+
+# ------------------------------------------------------------------ Chainer
+
+
+def _chainer(config: RecordConfig, argv: list[str],
+             env: dict[str, str]) -> tuple[list[Launch], JobPlan]:
+    """One process, or ChainerMN's ranks started by ``mpiexec`` on this host."""
+    if config.mode == Mode.SINGLE:
+        return [Launch("rank 0", argv)], {"workers": 1, "servers": 0, "expected_profiles": 1}
+    from opprof.collectors.chainer import mpiexec_argv
+
+    mpi = mpiexec_argv(config.workers, argv)
+    return [Launch("mpiexec", mpi, {}, explain=mpiexec_root_cause)], {
+        "workers": config.workers, "servers": 0, "launcher": "mpiexec",
+        "expected_profiles": config.workers}
+
+
+def mpiexec_root_cause(child: Child, code: int, statuses: list[Facts]) -> tuple[str, str]:
+    """(who, how): the first rank whose status has an error of its own, else mpiexec."""
+    failed = sorted((s for s in statuses if s.error), key=lambda s: s.rank or 0)
+    if failed:
+        return failed[0].label, failed[0].error or describe_exit(code)
+    return "mpiexec", describe_exit(code)
+
+
+_PLANS = {Framework.TORCH: _torch, Framework.MXNET: _mxnet, Framework.TF: _tf,
+          Framework.JAX: _jax, Framework.CHAINER: _chainer}
 
 
 # ------------------------------------------------------------------ `opprof run`

@@ -119,6 +119,9 @@ class MXNetAdapter:
         self.profiling = False
         self.trace: Path | None = None
         self.rank = 0
+        #: The network's nodes with their shapes (collectors.mxnet_shapes), for the operators'
+        #: FLOPs; None: the hybridized blocks' cached graphs, where there are any.
+        self.graph_nodes: list[dict[str, Any]] | None = None
 
     def version(self) -> str:
         return str(self.mx.__version__)
@@ -197,6 +200,7 @@ class MXNetAdapter:
 
     def stop(self, complete: bool) -> list[Path]:
         assert self.trace is not None
+        nodes = self._nodes()  # (before the blocks' cached graphs are dropped below)
         if self.graphs is not None:
             self.graphs.restore()
             self.settle_after = self.graphs.settle_after
@@ -214,7 +218,21 @@ class MXNetAdapter:
                  "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
                  "kvstore": str(self.kv.type) if self._dist else None}
         write_atomic(folder / meta_name(self.rank), json.dumps(facts, indent=1) + "\n")
+        if nodes:  # the graph's nodes and shapes beside the dump, for FLOPs
+            from opprof.flops.mxnet import write_nodes
+
+            write_nodes(nodes, self.trace)
         return [self.trace] if self.trace.is_file() else []
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        """The network's nodes with their shapes (opprof.collectors.mxnet_shapes): the built-in
+        model's, else the hybridized blocks' cached graphs."""
+        if self.graph_nodes is not None:
+            return self.graph_nodes
+        from opprof.collectors.mxnet_graphs import _BLOCKS
+        from opprof.collectors.mxnet_shapes import block_nodes
+
+        return block_nodes(list(_BLOCKS))
 
     def after_profile(self) -> None:
         if not self._dist:
@@ -382,8 +400,13 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
              "loader_workers": config.loader_workers}
     adapter = MXNetAdapter(kv, profile_servers=kv is not None and config.servers > 0,
                            facts=facts, profile_memory=config.profile_memory)
-    step = _stepper(mx, _cycle(loader), net, mx.gluon.loss.SoftmaxCrossEntropyLoss(), trainer,
-                    scale, adapter)
+    from opprof.collectors.mxnet_shapes import net_nodes
+
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    sample, label = dataset[0]
+    adapter.graph_nodes = net_nodes(mx, net, (config.batch_size, *np.shape(sample)), loss_fn,
+                                    (config.batch_size, *np.shape(label)))
+    step = _stepper(mx, _cycle(loader), net, loss_fn, trainer, scale, adapter)
     convergence: Convergence[Any] | None  # (a step's losses: an MXNet NDArray)
     if key in SEQUENCE_MODELS:
         convergence = token_convergence(

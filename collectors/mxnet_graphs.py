@@ -47,6 +47,8 @@ def track_blocks(hybrid_block: Any) -> None:
 
     def _build_cache(self: Any, *args: Any) -> Any:
         _BLOCKS.add(self)
+        # the input shapes the graph is built for: its nodes' shapes (collectors.mxnet_shapes)
+        self._opprof_shapes = [getattr(a, "shape", None) for a in args]
         return build(self, *args)
 
     _build_cache._opprof = True  # type: ignore[attr-defined]

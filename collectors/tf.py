@@ -204,7 +204,11 @@ class TFAdapter:
         if self._servers is not None:  # cut short: the servers are told, not waited for
             self._servers("stop" if complete else "stop now")
         assert self.logdir is not None
-        return xplanes(self.logdir)
+        files = xplanes(self.logdir)
+        from opprof.collectors.tf_graphs import write_shapes
+
+        write_shapes(sorted({p.parent for p in files}))  # the ops' shapes, for their FLOPs
+        return files
 
     def after_profile(self) -> None:
         if self._barrier is not None:
@@ -308,7 +312,10 @@ def _loss_fn(tf: ModuleType, model: Any, global_batch: int) -> Callable[[Any, An
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     def loss(x: Any, y: Any) -> Any:
-        losses = per_example(y, model(x, training=True))
+        # No gradient for the input: a tf.function called under an eager tape otherwise
+        # differentiates its inputs too (the first convolution's Conv2DBackpropInput), work
+        # torch and MXNet do not do for the same model.
+        losses = per_example(y, model(tf.stop_gradient(x), training=True))
         if losses.shape.rank > 1:  # a language model's sequence: its mean over the tokens
             losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
         return tf.nn.compute_average_loss(losses, global_batch_size=global_batch)

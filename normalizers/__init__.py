@@ -245,10 +245,34 @@ def expand(paths: list[Path]) -> list[tuple[Path, bool]]:
                 raise OpprofError(
                     f"folder holds no trace files ({', '.join(_CANDIDATE_SUFFIXES)})",
                     path=p, kind=ErrorKind.NOT_A_TRACE)
-            out.extend((f, False) for f in found)
+            out.extend((f, False) for f in profile_twins_dropped(found))
         else:
             out.append((p, True))
     return out
+
+
+#: What the TensorFlow and JAX profilers write beside an XPlane (``<host>.trace.json.gz``, and
+#: JAX's ``perfetto_trace.json.gz``): the same events, converted; the XPlane is read.
+_XPLANE_TWINS = (".trace.json.gz", ".trace.json")
+
+
+def profile_twins_dropped(files: list[Path]) -> list[Path]:
+    """``files`` without the chrome-trace exports the TF/JAX profiler writes beside an XPlane
+    (``<host>.xplane.pb`` and ``<host>.trace.json.gz``; ``perfetto_trace.json.gz`` in the same
+    run folder): the XPlane is the source of truth."""
+    xplane_dirs = {f.parent for f in files if f.name.endswith(".xplane.pb")}
+    stems = {(f.parent, f.name.removesuffix(".xplane.pb")) for f in files
+             if f.name.endswith(".xplane.pb")}
+
+    def twin(f: Path) -> bool:
+        if f.parent not in xplane_dirs:
+            return False
+        if f.name.startswith("perfetto_trace.json"):
+            return True
+        return any(f.name.endswith(s) and (f.parent, f.name.removesuffix(s)) in stems
+                   for s in _XPLANE_TWINS)
+
+    return [f for f in files if not twin(f)]
 
 
 def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool]], list[Path]]:

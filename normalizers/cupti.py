@@ -192,3 +192,59 @@ def nvtx_kinds(names: np.ndarray, torch_op: np.ndarray, table: MappingTable) -> 
     known = ((cls["row"] >= 0) & (cls["op"] != "")).to_numpy()[cat.codes]
     aten = pd.Series(cat.categories.astype(str)).str.startswith("aten::").to_numpy()[cat.codes]
     return np.where(torch_op | known | aten, "cpu_op", "marker").astype(object)
+
+
+_SIZES = re.compile(r"sizes = (\[.*?\]\])")
+
+
+def nvtx_costs(names: pd.Series, details: pd.Series) -> dict[str, np.ndarray]:
+    """Each torch operator range's own cost (the raw cost columns, opprof.flops.attribute)
+    from the input shapes ``emit_nvtx(record_shapes=True)`` appends (``sizes = [[…], …]``, in
+    ``detail``): no dtypes and no scalars there, so the FLOPs of the operators whose shapes
+    say them (GEMMs, attention) are known and their bytes, and a convolution's (it needs its
+    strides), are not. Per distinct (name, detail)."""
+    import json
+
+    from opprof.flops.table import UNMODELED, kineto_cost
+
+    n = len(names)
+    out = {"flops": np.full(n, np.nan), "model_flops": np.full(n, np.nan),
+           "mem_bytes": np.full(n, np.nan), "precision": np.full(n, -1, np.int8),
+           "cost_kind": np.full(n, UNMODELED, np.int8)}
+    text = details.astype(object).where(details.notna(), "").astype(str)
+    sel = np.flatnonzero(text.str.contains("sizes = [", regex=False).to_numpy())
+    if not len(sel):
+        return out
+    key = pd.Series(names.astype(str).to_numpy()[sel] + "\x1f" + text.to_numpy()[sel])
+    codes, uniq = pd.factorize(key)
+    got = []
+    for k in uniq:
+        name, detail = k.split("\x1f", 1)
+        m = _SIZES.search(detail)
+        try:
+            dims = json.loads(m.group(1)) if m else None
+        except ValueError:
+            dims = None
+        got.append(kineto_cost(name, dims, None, None))
+    vals = np.array(got, dtype=np.float64).reshape(-1, 5)[codes]
+    out["flops"][sel], out["model_flops"][sel], out["mem_bytes"][sel] = vals[:, :3].T
+    out["precision"][sel] = vals[:, 3].astype(np.int8)
+    out["cost_kind"][sel] = vals[:, 4].astype(np.int8)
+    return out
+
+
+def missing_tables(warnings: dict, fmt: str, device: int, calls: int, launches: int,
+                   kernels: bool) -> None:
+    """Say (opprof.drops) what an NVIDIA export lacking a table cannot tell: GPU activities
+    with no runtime call at all (the runtime table dropped or empty: no kernel has the call
+    that launched it), kernel launches with no kernel (the kernel table dropped or empty:
+    their GPU time is unknown)."""
+    from opprof import drops
+
+    if device and not calls:
+        drops.note(warnings, f"GPU activities with no CUDA runtime call to launch them (no "
+                   f"runtime-call rows in the {fmt} export): their host operators unknown",
+                   device)
+    if launches and not kernels:
+        drops.note(warnings, f"kernel launches with no kernel in the {fmt} export (its "
+                   "kernel table missing or empty): their GPU time unknown", launches)

@@ -115,6 +115,7 @@ _PHASE = {p: i for i, p in enumerate(PHASES)}
 _PHASE_NAMES = np.array(PHASES, dtype=object)
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _COMM_OP, _UPDATE_OP = _OP["comm"], _OP["weights_update"]
+_OTHER_OP = _OP["other"]
 _FUSED, _FUSED_BACKWARD = _OP["fused"], _OP["fused_backward"]
 #: Every communication op (the collectives, push/pull, and ``comm`` for an unnamed one).
 _COMM_CODES = np.array(sorted(_OP[o] for o in COMM_OPS), np.int64)
@@ -169,6 +170,8 @@ def finish(
     u_kind = np.append(np.array([_KIND.get(k, -1) for k in cls["kind"]], np.int64), -1)
     u_matched = np.append(cls["row"].to_numpy() >= 0, False)
     u_container = np.append(cls["container"].eq(True).to_numpy(bool), False)
+    u_kernel = np.append(cls["kernel"].eq(True).to_numpy(bool), False) if "kernel" in cls \
+        else np.zeros(len(u_container), bool)
     row_op, row_phase, row_kind = u_op[codes], u_phase[codes], u_kind[codes]
     matched = u_matched[codes]
     if "collective" in df:  # the collective a comm event's args name (not its name)
@@ -244,6 +247,8 @@ def finish(
         op[in_comm] = np.where(copy[in_comm], row_op[in_comm], top_op[in_comm])
         counted |= in_comm & ((comm_anc == np.arange(n)) | copy)
         del comm_anc, top_op  # (a column each: the table's memory peaks below)
+    costs = _costs(df, nesting, is_op, anc, rank, is_device_ev, dur,
+                   row_phase == _PHASE["backward"], np.isin(row_op, _COMM_CODES))
     del nesting
 
     # Steps, from step markers, the events the normalizer flags, or the optimizer.
@@ -300,9 +305,13 @@ def finish(
         idx = np.flatnonzero(inherit)
         ok = pos >= 0
         # a comm kernel of no collective of its own (NCCL's SendRecv) takes its call's
-        launcher_op = op[src[np.maximum(pos, 0)]]
+        # (no host call with a link at all — an nsys export without its runtime table —
+        # leaves every kernel with no launcher: ``ok`` is all False)
+        launcher_op = op[src[np.maximum(pos, 0)]] if len(src) else np.full(len(idx), -1)
         unnamed = (row_op[idx] == _COMM_OP) & np.isin(launcher_op, _COMM_CODES)
-        take_op = ok & (~matched[idx] | unnamed)
+        # a kernel row's op gives way to a mapped launcher's (opprof.taxonomy)
+        yields = u_kernel[codes[idx]] & (launcher_op >= 0) & (launcher_op != _OTHER_OP)
+        take_op = ok & (~matched[idx] | unnamed | yields)
         op[idx[take_op]] = op[src[pos[take_op]]]
         take_phase = ok & ~intrinsic[idx]
         phase[idx[take_phase]] = phase[src[pos[take_phase]]]
@@ -324,7 +333,7 @@ def finish(
         "phase": pd.Categorical.from_codes(phase, categories=PHASES),
         "step": step.astype(np.int32),
         "depth": np.minimum(depth, np.iinfo(np.int16).max), "counted": counted,
-        "bytes": df["bytes"], "detail": df["detail"], "link": _own(link),
+        "bytes": df["bytes"], "detail": df["detail"], "link": _own(link), **costs,
     }, copy=False)
     if container.any():
         out = pd.concat([out, graphs.own_time(out)], ignore_index=True)
@@ -337,6 +346,27 @@ def finish(
     if not meta[drops.KEY]:
         del meta[drops.KEY]
     return Trace(conform(out), meta)
+
+
+def _costs(df: pd.DataFrame, nesting: Nesting, is_op: np.ndarray, anc: np.ndarray,
+           rank: np.ndarray, is_device: np.ndarray, dur: np.ndarray,
+           backward: np.ndarray, comm: np.ndarray) -> dict:
+    """The cost columns (opprof.flops.attribute) where the normalizer gave its events their own
+    costs (raw columns ``flops``, ``model_flops``, ``mem_bytes``, ``precision``, ``cost_kind``);
+    none otherwise (the table then reads them as unknown)."""
+    if "cost_kind" not in df:
+        return {}
+    from opprof.flops.attribute import attribute
+    from opprof.flops.families import PRECISIONS
+
+    cols = attribute(df["flops"].to_numpy(np.float64), df["model_flops"].to_numpy(np.float64),
+                     df["mem_bytes"].to_numpy(np.float64),
+                     df["precision"].to_numpy(np.int8), df["cost_kind"].to_numpy(np.int8),
+                     nesting, is_op, anc, rank, df["link"].to_numpy(np.int64), is_device, dur,
+                     backward, comm)
+    prec = cols.pop("precision").astype(np.int64)
+    cols["precision"] = pd.Categorical.from_codes(prec, categories=list(PRECISIONS))
+    return cols
 
 
 def _calls_around_comm(nesting: Nesting, row_op: np.ndarray, row_phase: np.ndarray,

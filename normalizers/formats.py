@@ -203,11 +203,29 @@ class XPlane:
         return xplane.from_files([p for p, _ in sources], dict(meta))
 
 
+class Chainer:
+    """opprof's Chainer traces (``rankR.chainer.json``, from Chainer's function hooks)."""
+
+    name = "chainer"
+    json = False
+
+    def claims(self, path: Path, head: bytes, doc: object = None) -> bool:
+        return head.startswith(b'{"opprof_chainer_trace"')  # (normalizers/chainer.py MAGIC)
+
+    def decode(self, data: bytes | bytearray, path: Path, doc: object) -> object:
+        return doc
+
+    def read(self, sources: Sequence[tuple[Path, object]], meta: MetaMapping) -> Trace:
+        from opprof.normalizers import chainer
+
+        return chainer.from_files([p for p, _ in sources], dict(meta))
+
+
 KINETO = Kineto()
 #: The JSON formats, in the order they are asked to claim a document.
 JSON_FORMATS: tuple[Format, ...] = (KINETO, MXNet())
 #: The formats claimed from a file's path and first bytes.
-FILE_FORMATS: tuple[Format, ...] = (Nsys(), Nvprof(), XPlane())
+FILE_FORMATS: tuple[Format, ...] = (Nsys(), Nvprof(), XPlane(), Chainer())
 FORMATS: tuple[Format, ...] = (*JSON_FORMATS, *FILE_FORMATS)
 
 

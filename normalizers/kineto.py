@@ -24,7 +24,7 @@ import functools
 import re
 from collections.abc import Iterator
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_not
+from operator import attrgetter, eq, is_, is_not
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -58,6 +58,8 @@ _KIND_OF_CAT = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset",
 }
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"}
+#: The categories of GPU activities a host call launched (Kineto gives each its correlation id).
+_LAUNCHED_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _KINETO_CATS = {"cpu_op", "kernel", "cuda_runtime", "user_annotation", "python_function",
                 "gpu_memcpy", "cuda_driver"}
 _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8,
@@ -74,6 +76,7 @@ class Args(msgspec.Struct, gc=False):
     """The ``args`` fields opprof reads (every other one is skipped unread)."""
 
     correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
     device: Any = None
     bytes: Any = None
     input_dims: Any = msgspec.field(default=None, name="Input Dims")
@@ -266,9 +269,11 @@ def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
     _utf8(header)
     with chrome.no_gc():
         top = _DECODER.decode(header + b"[]}")
-    if top.schemaVersion is None and top.distributedInfo is None and \
-            top.deviceProperties is None:
-        raise _NotStreamed  # maybe no Kineto trace: the whole-text reader decides
+    # no Kineto field before the events (a trace written again by another tool puts them
+    # after): streamed only if its first events are Kineto's (their categories), and kept
+    # only if the fields come after them (below)
+    unsure = top.schemaVersion is None and top.distributedInfo is None and \
+        top.deviceProperties is None
     del buf[:found.end() - 1]  # the text now starts with the array's "["
     ascii_only = buf.isascii()  # else each span is checked to be UTF-8
     cols: list[dict[str, Any]] = []
@@ -276,8 +281,15 @@ def _stream(pieces: Iterator[bytes], path: Path, detail: bool) -> Document:
     pending: list[Event] = []  # typed, not yet taken: chunks as the whole-text reader's
 
     def take(events: list[Event], final: bool = False) -> None:
-        nonlocal pending
+        nonlocal pending, unsure
         pending += events
+        if unsure:  # decided on the first chunk's events (metadata events come first)
+            if len(pending) < CHUNK and not final:
+                return
+            if not any(type(e.cat) is str and e.cat.lower() in _KINETO_CATS
+                       for e in pending[:CHUNK]):
+                raise _NotStreamed  # maybe no Kineto trace: the whole-text reader decides
+            unsure = False
         done = 0
         while len(pending) - done >= CHUNK or (final and done < len(pending)):
             _take_chunk(pending[done:done + CHUNK], cols, mem, detail)
@@ -649,7 +661,20 @@ def _with_ph(events: list[Event], ph: str) -> list[Event]:
 
 
 _PH = attrgetter("ph")
+_COST_ARGS = attrgetter("input_dims", "input_type", "concrete")
+
+
+def _ENCODE(value: Any) -> bytes:  # noqa: N802 - msgspec's encoder, named as a constant
+    """An event's shape args as one hashable key (JSON text); b"" when they cannot be."""
+    try:
+        return _JSON_ENCODE(value)
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        return b""
+
+
+_JSON_ENCODE = msgspec.json.encode
 _CORRELATION, _INPUT_DIMS = attrgetter("correlation"), attrgetter("input_dims")
+_EXTERNAL = attrgetter("external_id")
 
 
 def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
@@ -671,6 +696,60 @@ def _usable_times(ts_us: np.ndarray, dur_us: np.ndarray, pid: np.ndarray,
     drops.skip(warnings, bad_dur & ~is_step, "duration missing, not a number or out of range")
     drops.skip(warnings, frac & ~is_step, "process or thread id not an integer")
     return ~bad
+
+
+def _copies(usable: np.ndarray, name: np.ndarray, cat: np.ndarray, pid: np.ndarray,
+            tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, corr: np.ndarray,
+            ext: np.ndarray) -> np.ndarray:
+    """The usable events that are exact copies of an earlier one: the same name, category,
+    ids, times and correlation or external id (a call's own: two calls never share one;
+    events with neither are never taken for copies — two calls of one operator can
+    share their microsecond)."""
+    idd = usable & ((corr >= 0) | (ext >= 0))
+    rows = np.flatnonzero(idd)
+    out = np.zeros(len(usable), bool)
+    if len(rows) < 2:
+        return out
+    keys = [a[rows] for a in (ext, corr, dur, ts, tid, pid, cat, name)]
+    order = np.lexsort(keys)
+    same = np.ones(len(rows) - 1, bool)
+    for k in keys:
+        ko = k[order]
+        same &= ko[1:] == ko[:-1]
+    out[rows[order[1:][same]]] = True
+    return out
+
+
+def _identified(ts_us: np.ndarray, pid: np.ndarray, tid_nan: np.ndarray,
+                name_bad: np.ndarray, cat: pd.Categorical, names: pd.Categorical,
+                usable: np.ndarray, warnings: dict, is_step: np.ndarray) -> np.ndarray:
+    """Which of the ``usable`` events can be placed and named: a start before the epoch
+    (Kineto's times are µs since it: a negative one is damage, and a trace of them would
+    nest every event wrongly), no name or one that is no text (nothing to classify it by),
+    no process or thread
+    id or one that is no number (only Kineto's own ``Trace`` spans have text ids:
+    ``Spans``, ``PyTorch Profiler``) are dropped and counted (step markers among them on
+    their own)."""
+    import pandas as pd
+
+    negative = usable & (ts_us < 0)
+    name_cats = np.asarray(names.categories.astype(str))
+    no_name = usable & ~negative & (name_bad | np.append(name_cats == "", False)[names.codes])
+    trace_cat = np.append(pd.Index(cat.categories.astype(str)).str.lower() == "trace",
+                          False)[cat.codes]
+    no_pid = usable & ~negative & ~no_name & (np.isnan(pid) | tid_nan) & ~trace_cat
+    cat_cats = np.asarray(cat.categories.astype(str))
+    no_cat = usable & ~negative & ~no_name & ~no_pid & np.append(cat_cats == "", False)[
+        cat.codes]
+    drops.note(warnings, "step markers unusable (negative timestamp)",
+               int((negative & is_step).sum()))
+    drops.skip(warnings, negative & ~is_step, "negative timestamp")
+    drops.skip(warnings, no_name, "name missing or not text")
+    drops.note(warnings, "step markers unusable (process or thread id missing or not a "
+               "number)", int((no_pid & is_step).sum()))
+    drops.skip(warnings, no_pid & ~is_step, "process or thread id missing or not a number")
+    drops.skip(warnings, no_cat, "category (cat) missing")
+    return ~(negative | no_name | no_pid | no_cat)
 
 
 def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = None,
@@ -715,11 +794,15 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         dropped = warnings.get(drops.KEY)
         raise OpprofError(f"{path}: Kineto trace with no complete events"
                           + (f" ({drops.describe(dropped)})" if dropped else ""))
+    drops.note(warnings, "events skipped: phase type (ph) missing",
+               sum(p.pop("no_ph", 0) for p in pieces))
     n = sum(p["n"] for p in pieces)
-    ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, corr, comm_bytes, collective = (
-        _joined([p.pop(k) for p in pieces])
-        for k in ("ts", "dur", "device", "bytes", "pid", "tid", "tid_frac", "link", "comm",
-                  "collective"))
+    (ts_us, dur_us, dev_no, nbytes, pid, tid, tid_frac, tid_nan, name_bad, corr, ext,
+     comm_bytes, collective) = (_joined([p.pop(k) for p in pieces])
+                                for k in ("ts", "dur", "device", "bytes", "pid", "tid",
+                                          "tid_frac", "tid_nan", "name_bad", "link", "ext",
+                                          "comm", "collective"))
+    costs = {k: _joined([p.pop(k) for p in pieces]) for k in COST_COLUMNS}
     collective = _collective_ops(collective)
     cat, names = (_join_strings([p.pop(k) for p in pieces]) for k in ("cat", "name"))
     texts: np.ndarray | None = None
@@ -729,9 +812,17 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
                                 for p in pieces])
     del pieces
     base_ns = _ns(doc.baseTimeNanoseconds, "baseTimeNanoseconds", path)
+    if doc.baseTimeNanoseconds is not None and (
+            type(doc.baseTimeNanoseconds) not in (int, float)
+            or not np.isfinite(doc.baseTimeNanoseconds)):
+        drops.note(warnings, "baseTimeNanoseconds not a number (0 used: the times not "
+                   "aligned with other ranks')", 1)
     step_cats = pd.Index(names.categories.astype(str)).str.fullmatch(STEP_PATTERN)
     is_step = np.append(np.asarray(step_cats, bool), False)[names.codes]
     keep = _usable_times(ts_us, dur_us, pid, tid_frac, warnings, is_step)
+    keep &= _identified(ts_us, pid, tid_nan, name_bad, cat, names, keep, warnings, is_step)
+    keep &= drops.skip(warnings, _copies(keep, names.codes, cat.codes, pid, tid, ts_us, dur_us,
+                                         corr, ext), "an exact copy of another event")
     if not keep.any():
         raise OpprofError("Kineto trace with no usable events "
                           f"({drops.describe(warnings[drops.KEY])})",
@@ -755,6 +846,12 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
     device = pd.Categorical.from_codes(
         device_code, categories=["cpu", *(f"cuda:{d}" for d in uniq)])
     nbytes = np.where(np.isnan(comm_bytes), nbytes, comm_bytes).astype(np.int64)
+    launched = np.isin(cat_lower, list(_LAUNCHED_CATS))[codes]
+    drops.note(warnings, "GPU activities with no correlation id: the call that launched "
+               "them unknown", int((launched & (corr < 0) & keep).sum()))
+    launching = np.isin(cat_lower, ["cuda_runtime", "cuda_driver"])[codes]
+    drops.note(warnings, "CUDA runtime calls with no correlation id: the GPU work they "
+               "launched unknown", int((launching & (corr < 0) & keep).sum()))
     frame = pd.DataFrame({
         "rank": rank,
         "role": pd.Categorical.from_codes(np.zeros(n, np.int8), categories=ROLES),
@@ -769,6 +866,7 @@ def _raw_events(doc: Document, rank: int, path: Path, warnings: dict | None = No
         "detail": texts,
         "link": corr,
         "collective": collective,
+        **costs,
     }, copy=False)  # every column is made here: no copy
     return (frame if keep.all() else frame[keep].reset_index(drop=True)), mem
 
@@ -782,9 +880,13 @@ def _take_chunk(chunk: list[Event], pieces: list[dict[str, Any]], mem: list[Even
         mem += [e for e in compress(chunk, map(eq, phs, repeat("i")))
                 if e.name == "[memory]" and e.args is not None]
     x = list(compress(chunk, map(eq, phs, repeat("X"))))
+    # an event with no phase type (``ph``) is no event of any kind: counted, not read
+    no_ph = phs.count(None)
     del phs
     if x:
         pieces.append(_chunk_columns(x, detail))
+    if no_ph and pieces:
+        pieces[-1]["no_ph"] = pieces[-1].get("no_ph", 0) + no_ph
 
 
 def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
@@ -800,9 +902,12 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
     if None in args_v:  # (a scan in C; Kineto writes args on every complete event)
         args_v = [a if a is not None else _NO_ARGS for a in args_v]
     corr_v = list(map(_CORRELATION, args_v))
+    ext_v = list(map(_EXTERNAL, args_v))
     out["device"] = chrome.number_column(args_v, "device")
     out["bytes"] = chrome.number_column(args_v, "bytes", fill=0.0)
     out["name"] = chrome.string_codes(name_v)
+    # a name that is no text (missing, a number, a list): nothing to classify the event by
+    out["name_bad"] = ~np.fromiter(map(is_, map(type, name_v), repeat(str)), bool, n)
     del name_v
     out["comm"], out["collective"], group = _comm_args(out["name"], args_v)
     if detail:
@@ -812,13 +917,16 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
         if group is not None:
             for i in np.flatnonzero(group != None).tolist():  # noqa: E711 (element-wise)
                 dims_v[i] = args_v[i].input_dims
+    out.update(_chunk_costs(out["name"], args_v))
     del args_v
     out["cat"] = chrome.string_codes(cat_v)
     out["pid"] = chrome.numbers(pid_v)
     out["tid"] = chrome.integers(tid_v)
     tid_f = chrome.numbers(tid_v)
     out["tid_frac"] = np.isfinite(tid_f) & (tid_f != np.floor(tid_f))
+    out["tid_nan"] = np.isnan(tid_f)
     out["link"] = chrome.integers(corr_v)
+    out["ext"] = chrome.integers(ext_v)
     has_dims = np.fromiter(map(is_not, dims_v, repeat(None)), bool, n)
     out["detail"] = None
     if has_dims.any() or group is not None:
@@ -830,6 +938,46 @@ def _chunk_columns(x: list[Event], detail: bool = True) -> dict[str, Any]:
             texts[has] = [g if d is None else f"{g} dims={d}"
                           for g, d in zip(group[has], texts[has], strict=True)]
         out["detail"] = texts
+    return out
+
+
+#: The raw cost columns (opprof.flops.attribute) taken per chunk.
+COST_COLUMNS = ("flops", "model_flops", "mem_bytes", "precision", "cost_kind")
+
+
+def _chunk_costs(names: tuple[np.ndarray, list[str]], args: list[Args]) -> dict[str, np.ndarray]:
+    """Each event's own cost (:func:`opprof.flops.table.kineto_cost`) from its ``Input Dims``,
+    ``Input type`` and ``Concrete Inputs``: looked up per distinct name, costed per distinct
+    call (cached), only for the events whose name the torch operator table models."""
+    from opprof.flops.table import UNMODELED, operator_table, torch_cost
+
+    codes, text = names
+    n = len(codes)
+    out = {"flops": np.full(n, np.nan), "model_flops": np.full(n, np.nan),
+           "mem_bytes": np.full(n, np.nan), "precision": np.full(n, -1, np.int8),
+           "cost_kind": np.full(n, UNMODELED, np.int8)}
+    table = operator_table("torch")
+    modeled = np.fromiter((table.row(t) is not None for t in text), bool, len(text))
+    if not len(modeled) or not modeled.any():
+        return out
+    idx = np.flatnonzero(modeled[codes])
+    if not len(idx):
+        return out
+    # one key per event (its args as JSON, encoded in C), one cost per distinct (name, key)
+    picked = [args[i] for i in idx.tolist()]
+    names_of = np.array(text, dtype=object)[codes[idx]].tolist()
+    try:  # (the args were decoded from JSON: they encode back; else one at a time)
+        keys = list(map(_JSON_ENCODE, map(_COST_ARGS, picked)))
+    except (TypeError, msgspec.EncodeError, OverflowError):
+        keys = list(map(_ENCODE, map(_COST_ARGS, picked)))
+    pairs = list(zip(names_of, keys, strict=True))
+    costs = dict.fromkeys(pairs)
+    for pair in costs:
+        costs[pair] = torch_cost(*pair)
+    vals = np.array(list(map(costs.__getitem__, pairs)), dtype=np.float64).reshape(-1, 5)
+    out["flops"][idx], out["model_flops"][idx], out["mem_bytes"][idx] = vals[:, :3].T
+    out["precision"][idx] = vals[:, 3].astype(np.int8)
+    out["cost_kind"][idx] = vals[:, 4].astype(np.int8)
     return out
 
 

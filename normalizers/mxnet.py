@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import repeat
+from operator import is_
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,13 +167,22 @@ def _events_frame(doc: Document | dict) -> pd.DataFrame:
     if isinstance(doc, dict):
         events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
         ev = pd.DataFrame.from_records(events, columns=list(cols))
-        ev["pid"], ev["tid"], ev["id"] = (_u64([e.get(k) for e in events])
-                                          for k in ("pid", "tid", "id"))
-        return ev
-    values = chrome.columns(doc.traceEvents, (*cols, "pid", "tid", "id"))
-    ev = pd.DataFrame({c: chrome._as_objects(v) for c, v in zip(cols, values, strict=False)})
-    ev["pid"], ev["tid"], ev["id"] = (_u64(v) for v in values[len(cols):])
+        ids = [[e.get(k) for e in events] for k in ("pid", "tid", "id")]
+    else:
+        values = chrome.columns(doc.traceEvents, (*cols, "pid", "tid", "id"))
+        ev = pd.DataFrame({c: chrome._as_objects(v) for c, v in zip(cols, values,
+                                                                     strict=False)})
+        ids = values[len(cols):]
+    ev["pid"], ev["tid"], ev["id"] = (_u64(v) for v in ids)
+    # a process or thread id that is missing or no integer (MXNet writes both on every
+    # event): such an event cannot be placed on its thread
+    ev["bad_id"] = _not_integer(ids[0]) | _not_integer(ids[1])
     return ev
+
+
+def _not_integer(values: list) -> np.ndarray:
+    """Which values are not JSON integers (missing, text, fractions, booleans)."""
+    return ~np.fromiter(map(is_, map(type, values), repeat(int)), bool, len(values))
 
 
 def from_docs(docs: list[tuple[Path, Document]], meta: MetaMapping) -> Trace:
@@ -383,6 +394,8 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
     that cannot be used are dropped and counted in ``warnings`` (:mod:`opprof.drops`)."""
     ev = _events_frame(doc)
     ph = ev["ph"].astype(object).fillna("").astype(str)
+    # an event with no phase type (``ph``) is no event of any kind: counted, not read
+    drops.note(warnings, "events skipped: phase type (ph) missing", int((ph == "").sum()))
     memory = _storage_samples(ev, ph, rank, role, os_pid)
     meta = ev[(ph == "M") & (ev["name"] == "process_name")]
     proc = dict(zip(meta["pid"], meta["args"].map(lambda a: (a or {}).get("name", "")),
@@ -396,6 +409,13 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
         negative = ~bad_ts & (us < 0)  # microseconds since the epoch: never negative
     usable = drops.skip(warnings, bad_ts, "timestamp missing, not a number or out of range")
     usable &= drops.skip(warnings, negative, "negative timestamp")
+    name = ev["name"].to_numpy(object)
+    no_name = usable & (~np.fromiter(map(is_, map(type, name), repeat(str)), bool, len(name))
+                        | (name == ""))  # missing (None, NaN), a number, a list
+    usable &= drops.skip(warnings, no_name, "name missing or not text")
+    usable &= drops.skip(warnings, usable & (cat == ""), "category (cat) missing")
+    usable &= drops.skip(warnings, usable & ev["bad_id"].to_numpy(bool),
+                         "process or thread id missing or not an integer")
     if len(us) and not usable.any():
         raise OpprofError("MXNet trace with no usable events "
                           f"({drops.describe(warnings.get(drops.KEY))})",
@@ -438,7 +458,25 @@ def _raw_events(doc: Document | dict, rank: int, role: str, path: Path, os_pid: 
         "name": spans["name"].to_numpy(object), "kind": kind, "bytes": np.int64(0),
         "detail": detail.to_numpy(object), "link": np.int64(-1),
     })
-    return pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True), memory
+    raw = raw.assign(**_costs(path, raw["name"]))
+    out = pd.concat([raw, _comm_windows(raw[comm])], ignore_index=True)
+    out["cost_kind"] = out["cost_kind"].fillna(0).astype(np.int8)
+    out["precision"] = out["precision"].fillna(-1).astype(np.int8)
+    return out, memory
+
+
+def _costs(path: Path, names: pd.Series) -> dict[str, np.ndarray]:
+    """Each operator event's own cost (the raw cost columns, opprof.flops.attribute): the mean
+    over the graph's nodes of its operator, from the shapes opprof's MXNet adapter writes
+    beside the dump (:mod:`opprof.flops.mxnet`); unknown without them."""
+    from opprof.flops.mxnet import costs, read_nodes
+
+    got = costs(names.astype(str).tolist(), read_nodes(path))
+    return {"flops": np.asarray(got["flops"], np.float64),
+            "model_flops": np.asarray(got["model_flops"], np.float64),
+            "mem_bytes": np.asarray(got["mem_bytes"], np.float64),
+            "precision": np.asarray(got["precision"], np.int8),
+            "cost_kind": np.asarray(got["cost_kind"], np.int8)}
 
 
 def _comm_windows(comm: pd.DataFrame) -> pd.DataFrame:

@@ -74,6 +74,8 @@ from opprof.normalizers.cupti import (
     int_col,
     is_sqlite,
     memset_names,
+    missing_tables,
+    nvtx_costs,
     nvtx_kinds,
     read_table,
     split_nvtx,
@@ -135,6 +137,7 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     out.update(meta)
     if info.warnings:
         out[drops.KEY] = drops.merged([out.get(drops.KEY), info.warnings[drops.KEY]])
+    raw = raw.assign(**nvtx_costs(raw["name"], raw["detail"]))
     return add_memory(finish(raw, cupti_table(), out), pd.concat(memory, ignore_index=True))
 
 
@@ -193,6 +196,14 @@ def _read(db: Path, source: Path, info: _Info) -> tuple[pd.DataFrame, pd.DataFra
             "nvtx": _nvtx(con, strings) if "NVTX_EVENTS" in names else None,
         }
         frames = [f for f in parts.values() if f is not None and len(f)]
+        device = sum(len(f) for k in ("kernel", "memcpy", "memset")
+                     if (f := parts[k]) is not None)
+        runtime = parts["runtime"]
+        calls = 0 if runtime is None else len(runtime)
+        launches = 0 if runtime is None else int(
+            pd.Series(runtime["name"]).str.contains("Launch", regex=False).sum())
+        kernels = parts["kernel"] is not None and len(parts["kernel"]) > 0
+        missing_tables(info.warnings, "nsys", device, calls, launches, kernels)
         if not frames:
             return pd.DataFrame(columns=["rank", "role", "pid", "tid", "device", "ts", "dur",
                                          "name", "kind", "bytes", "detail", "link"]), _NO_MEMORY

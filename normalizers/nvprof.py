@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from opprof import drops
 from opprof.errors import ErrorKind, OpprofError
 from opprof.normalizers.chrome import NONE
 from opprof.normalizers.cupti import (
@@ -50,6 +51,7 @@ from opprof.normalizers.cupti import (
     int_col,
     is_sqlite,
     memset_names,
+    missing_tables,
     nvtx_kinds,
     read_table,
     split_nvtx,
@@ -100,8 +102,9 @@ def claims_file(path: Path, head: bytes) -> bool:
 def from_files(paths: list[Path], meta: MetaMapping) -> Trace:
     """Normalize nvprof exports, one rank per file, into one Trace."""
     frames, gpus = [], []
+    warnings: dict[str, dict[str, int]] = {}
     for rank, path in enumerate(paths):
-        raw, names = _read(path, rank)
+        raw, names = _read(path, rank, warnings)
         frames.append(raw)
         gpus.extend(names)
     raw = pd.concat(frames, ignore_index=True)
@@ -119,10 +122,15 @@ def from_files(paths: list[Path], meta: MetaMapping) -> Trace:
     if raw["name"].astype(str).str.startswith("aten::").any():
         out["framework"] = "torch"
     out.update(meta)
+    if warnings:
+        before = out.get(drops.KEY)
+        out[drops.KEY] = drops.merged([before if isinstance(before, dict) else None,
+                                       warnings[drops.KEY]])
     return finish(raw, cupti_table(), out)
 
 
-def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
+def _read(path: Path, rank: int, warnings: dict[str, dict[str, int]]
+          ) -> tuple[pd.DataFrame, list[str]]:
     con = connect(path)
     try:
         names = tables(con)
@@ -143,6 +151,12 @@ def _read(path: Path, rank: int) -> tuple[pd.DataFrame, list[str]]:
         ) if f is not None and len(f)]
         cols = ["pid", "tid", "device", "ts", "dur", "name", "kind", "bytes", "detail", "link"]
         ev = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+        kind = ev["kind"].astype(str)
+        calls = 0 if api is None else len(api)
+        launches = 0 if api is None else int(
+            api["name"].astype(str).str.contains("Launch", regex=False).sum())
+        missing_tables(warnings, "nvprof", int(kind.isin(["kernel", "memcpy", "memset"]).sum()),
+                       calls, launches, bool((kind == "kernel").any()))
         ev["rank"] = rank
         ev["role"] = "worker"
         return ev, _gpu_names(con, names, strings)

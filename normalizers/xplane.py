@@ -105,8 +105,10 @@ import pandas as pd
 
 from opprof import drops
 from opprof.errors import ErrorKind, OpprofError, first_line
+from opprof.normalizers import jaxplane
 from opprof.normalizers.chrome import NONE
 from opprof.normalizers.events import finish
+from opprof.normalizers.hlo import category as _category
 from opprof.normalizers.memory_rows import add_memory, samples
 from opprof.taxonomy import mapping_table
 from opprof.trace import Trace, conform
@@ -118,7 +120,7 @@ _RUN_ARGS = ["model", "mode", "dataset", "batch_size", "workers", "servers",
              "framework_version"]
 _ARGS = ["long_name", "step_num", "tf_function_call", "kernel_type", "name", "step_id",
          "epoch_ns", "role", "task", "rank", "opprof", "hlo_op", "hlo_module", "hlo_category",
-         "tf_op", *_RUN_ARGS]
+         "tf_op", "framework", *_RUN_ARGS]
 _RECV_KERNELS = ("_Recv", "_HostRecv")
 _MAX_EVENTS_ENV = "TF_PROFILER_TRACE_VIEWER_MAX_EVENTS"
 _MAX_EVENTS = 2_000_000_000
@@ -155,10 +157,11 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     display = raw.pop("display")
     clocked = all(h["epoch_offset"] is not None for h in hosts)
     workers = sorted(h["rank"] for h in hosts if h["role"] == "worker")
+    jax = all(h["framework"] == "jax" for h in hosts)
     info = {
         "source_formats": [NAME],
         "sources": [str(p) for p in paths],
-        "framework": "tf",
+        "framework": "jax" if jax else "tf",
         "workers": len(workers),
         "servers": sum(h["role"] == "server" for h in hosts),
         "device": "cuda" if (raw["device"] != "cpu").any() else "cpu",
@@ -175,7 +178,9 @@ def from_files(paths: list[Path], meta: dict) -> Trace:
     info.update(meta)
     if warnings[drops.KEY]:
         info[drops.KEY] = drops.merged([info.get(drops.KEY), warnings[drops.KEY]])
-    trace = finish(raw, mapping_table(TABLE), info, checked=True)
+    if jax and not any(h["operations"] for h in hosts):
+        info.setdefault("graphs", jaxplane.NO_OPERATIONS)
+    trace = finish(raw, mapping_table(jaxplane.TABLE if jax else TABLE), info, checked=True)
     ev = trace.events
     # xprof's names for the native events; what opprof adds after them keeps its own.
     names = ev["name"].astype(object).to_numpy().copy()
@@ -338,44 +343,10 @@ def framework_op_stats(path: Path) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- XLA
 
-#: XLA's category (``HloInstruction::ToCategory``, the one xprof shows) of the opcodes that
-#: are neither fusions nor named by their opcode.
-_DATA_FORMATTING = {"transpose", "copy", "copy-start", "copy-done", "reshape",
-                    "dynamic-reshape", "broadcast", "pad"}
-_ELEMENTWISE = {
-    "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "complex", "convert",
-    "cosine", "divide", "erf", "exponential", "exponential-minus-one", "floor", "imag",
-    "is-finite", "log", "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate",
-    "not", "or", "popcnt", "power", "real", "reduce-precision", "remainder", "round-nearest-afz",
-    "round-nearest-even", "rsqrt", "select", "shift-left", "shift-right-arithmetic",
-    "shift-right-logical", "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor"}
-_FUSION_KIND = {"kLoop": "loop fusion", "kInput": "input fusion", "kOutput": "output fusion",
-                "kCustom": "custom fusion"}
-_LEAF_OPCODES = {"parameter", "constant"}
 _HLO_COLUMNS = ["module", "hlo_op", "category", "tf_op", "computation"]
 
 
-def _category(ins: Any, computations: dict[int, Any]) -> tuple[str, str]:
-    """(xprof's HLO category, the called computation's name) of one HLO instruction. A
-    fusion that wraps a single instruction (XLA's CPU backend wraps ops one by one:
-    ``wrapped_reduce-window``, ``wrapped_scatter``) has that instruction's category."""
-    called = [computations[c] for c in ins.called_computation_ids if c in computations]
-    name = called[0].name if called else ""
-    if ins.opcode == "fusion":
-        inner = [i for c in called for i in c.instructions if i.opcode not in _LEAF_OPCODES]
-        if len(inner) == 1 and inner[0].opcode != "fusion":
-            return _category(inner[0], computations)[0], name
-        return _FUSION_KIND.get(ins.fusion_kind, "fusion"), name
-    if ins.opcode in _DATA_FORMATTING:
-        return "data formatting", name
-    if ins.opcode in _ELEMENTWISE:
-        return "non-fusion elementwise", name
-    if ins.opcode == "custom-call":  # the target says what it is (__cublas$gemm, __cudnn$conv…)
-        return f"custom-call {ins.custom_call_target}", name
-    return ins.opcode, name
-
-
-def _hlo_instructions(path: Path) -> pd.DataFrame:
+def _hlo_instructions(path: Path, rows_of: Any = None) -> pd.DataFrame:
     """Per HLO instruction of the XLA programs an XPlane holds: its module, name, xprof's
     category and the TensorFlow op it comes from (``op_name:op_type`` of its metadata; an
     instruction XLA made without one takes that of the first instruction using its result,
@@ -400,7 +371,7 @@ def _hlo_instructions(path: Path) -> pd.DataFrame:
         for f in protos:
             proto = hlo_pb2.HloProto()
             proto.ParseFromString(f.read_bytes())
-            rows += _module_rows(proto.hlo_module)
+            rows += (rows_of or _module_rows)(proto.hlo_module)
     return pd.DataFrame(rows, columns=_HLO_COLUMNS).drop_duplicates(["module", "hlo_op"])
 
 
@@ -501,8 +472,13 @@ def _host_events(path: Path) -> dict[str, Any]:
     detail = detail.where(~is_async, async_op)
 
     is_xla = _text(args["hlo_op"]) != ""
+    jax = jaxplane.is_jax(name, args)
     if is_xla.any():
-        xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
+        if jax:
+            hlo = _hlo_instructions(path, rows_of=jaxplane.module_rows)
+            xla_key, xla_detail = jaxplane.xla_keys(args[is_xla], hlo)
+        else:
+            xla_key, xla_detail = xla_keys(args[is_xla], _hlo_instructions(path))
         key, detail = key.copy(), detail.copy()
         key.loc[is_xla] = xla_key.to_numpy(object)
         detail.loc[is_xla] = xla_detail.to_numpy(object)
@@ -523,7 +499,9 @@ def _host_events(path: Path) -> dict[str, Any]:
     kind = np.where(is_call | is_step, "marker", "cpu_op")
     device, kind = _gpu_lanes(meta_ev, pid, thread, name, kind)
     closes_step = np.zeros(len(ev), bool)
-    if not is_step.any():
+    if jax and not is_step.any() and not is_xla.any():
+        closes_step = jaxplane.call_steps(name, ts, dur)
+    elif not is_step.any():
         key, closes_step = _function_steps(key, name, ts, dur, tid.to_numpy(),
                                            is_call.to_numpy())
 
@@ -551,11 +529,30 @@ def _host_events(path: Path) -> dict[str, Any]:
         "name": key, "kind": kind, "bytes": np.zeros(len(ev), np.int64), "detail": detail,
         "link": np.full(len(ev), -1, np.int64), "closes_step": closes_step, "display": name,
     })
+    raw = raw.assign(**_costs(path, name, op_name.where(is_op, "")))
     if len(waits):
         waits["ts"] += offset or 0
         raw = pd.concat([raw, waits], ignore_index=True)
+        raw["cost_kind"] = raw["cost_kind"].fillna(0).astype(np.int8)
+        raw["precision"] = raw["precision"].fillna(-1).astype(np.int8)
     return {"path": path, "raw": raw, "epoch_offset": offset, "role": role, "rank": rank,
-            "task": task, "run": run, "warnings": warnings.get(drops.KEY, {})}
+            "task": task, "run": run, "warnings": warnings.get(drops.KEY, {}),
+            "framework": "jax" if jax else "tf", "operations": bool(is_xla.any())}
+
+
+def _costs(path: Path, types: pd.Series, op_names: pd.Series) -> dict[str, np.ndarray]:
+    """Each event's own cost (the raw cost columns, opprof.flops.attribute): its runtime type's
+    row of ``maps/tf.csv`` with the shapes of the graph op of its name, which opprof's
+    TensorFlow adapter writes beside the XPlane (:mod:`opprof.flops.tensorflow`); unknown
+    without that file."""
+    from opprof.flops.tensorflow import costs, read_shapes
+
+    got = costs(types.tolist(), op_names.tolist(), read_shapes(path.parent))
+    return {"flops": np.asarray(got["flops"], np.float64),
+            "model_flops": np.asarray(got["model_flops"], np.float64),
+            "mem_bytes": np.asarray(got["mem_bytes"], np.float64),
+            "precision": np.asarray(got["precision"], np.int8),
+            "cost_kind": np.asarray(got["cost_kind"], np.int8)}
 
 
 def _gpu_lanes(meta_ev: pd.DataFrame, pid: pd.Series, thread: pd.Series, name: pd.Series,

@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from opprof import drops, parallel
 from opprof.errors import ErrorKind, OpprofError
+from opprof.strings import plain_strings
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from opprof.analysis.report import RankPart, Report
+    from opprof.flops.peaks import PeakOptions
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
     from opprof.normalizers.formats import Format, RankFormat
@@ -190,14 +192,16 @@ def _read_or_skip(task: Task, detail: bool = True,
         return [], Outcome(skipped=True, damaged=about_file(task.path, exc))
 
 
-def analyze_task(args: tuple[Task, str], ahead: Ahead | None = None) -> Outcome:
-    """Worker: read one task's ranks and reduce each to its RankPart (``ahead``: in this
-    process, what the command started reading before)."""
+def analyze_task(args: tuple[Task, str, bool], ahead: Ahead | None = None) -> Outcome:
+    """Worker: read one task's ranks and reduce each to its RankPart (with its critical-path
+    walks when asked: the rank's graph is built and walked here, only the walks' small
+    tables come back; ``ahead``: in this process, what the command started reading before)."""
     from opprof.analysis.report import analyze
 
-    task, device_span = args
+    task, device_span, critical = args
     traces, out = _read_or_skip(task, detail=False, ahead=ahead)
-    out.parts = [analyze(t, device_span) for t in traces]
+    with plain_strings():  # (the read keeps Arrow's compact strings: its peak is there)
+        out.parts = [analyze(t, device_span, critical=critical) for t in traces]
     return out
 
 
@@ -212,7 +216,7 @@ def import_task(task: Task) -> Outcome:
 
 
 #: What a worker is given: a task, or a task and the report's device span.
-TaskArg = TypeVar("TaskArg", Task, tuple[Task, str])
+TaskArg = TypeVar("TaskArg", Task, tuple[Task, str, bool])
 R = TypeVar("R")
 
 
@@ -270,8 +274,8 @@ def progress(results: Iterable[R], total: int, engine: parallel.Engine) -> Itera
 def _with_rank(arg: TaskArg, rank: int) -> TaskArg:
     if isinstance(arg, Task):
         return Task(arg.kind, arg.path, arg.index, rank, arg.named, arg.meta, arg.memory)
-    t, span = arg
-    return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span)
+    t, span, critical = arg
+    return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span, critical)
 
 
 def _decoded(p: Plan, outs: list[Outcome]) -> Ahead | None:
@@ -309,39 +313,39 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
 
 def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
            scheduler: str | None = None, jobs: int | None = None, critical: bool = False,
-           ahead: Ahead | None = None) -> Report:
+           peak: PeakOptions | None = None, ahead: Ahead | None = None) -> Report:
     """The Report of a job, computed rank by rank (see the module docstring), each file
-    read once; ``critical``: with each step's critical path (``Report.critical``: the job's
-    events read whole, its graph joins the ranks); ``ahead``: what was read before
-    (:class:`opprof.preread.Ahead`), taken where this process reads."""
+    read once; ``critical``: with each step's critical path (``Report.critical``), each
+    rank's graph built and walked where the rank is read, only the collective calls'
+    entries and exits combined; ``peak``: the user's figures of the machine's peak
+    (opprof.flops.peaks); ``ahead``: what was read before (:class:`opprof.preread.Ahead`),
+    taken where this process reads."""
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)
-    if not p.whole and not critical:
+    if not p.whole:
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
-        fn: Callable[[tuple[Task, str]], Outcome] = analyze_task
+        fn: Callable[[tuple[Task, str, bool]], Outcome] = analyze_task
         if ahead is not None:
             if engine.kind == "serial":
                 fn = functools.partial(analyze_task, ahead=ahead)
             else:  # the workers read the files
                 ahead.close()
-        outs = run_tasks(p, fn, [(t, device_span) for t in p.tasks], engine)
+        outs = run_tasks(p, fn, [(t, device_span, critical) for t in p.tasks], engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
-            return combine(parts, combined_meta(p, outs), device_span)
+            with plain_strings():
+                return combine(parts, combined_meta(p, outs), device_span, peak)
         ahead = _decoded(p, outs)  # a whole-job format: normalized from what was decoded
     from opprof.loader import load
 
     trace = load(p.paths, ahead)
     meta = trace.meta
-    paths_of = None
-    if critical:
-        from opprof.analysis.critpath import critical_path
-
-        paths_of = critical_path(trace)
     ranks = split_ranks(trace)
     del trace
     parts = []
     while ranks:  # drop each rank's events once analyzed
-        parts.append(analyze(ranks.pop(0), device_span))
-    return combine(parts, meta, device_span, critical=paths_of)
+        with plain_strings():
+            parts.append(analyze(ranks.pop(0), device_span, critical=critical))
+    with plain_strings():
+        return combine(parts, meta, device_span, peak)

@@ -30,6 +30,8 @@ class Framework(Kind):
     TORCH = "torch"
     TF = "tf"
     MXNET = "mxnet"
+    JAX = "jax"
+    CHAINER = "chainer"
 
 
 class Mode(Kind):
@@ -126,6 +128,9 @@ class FrameworkInfo:
     #: The collective `opprof calibrate` times, and what it is called there.
     collective: Collective
     backend: str
+    #: Environment variables every process of the framework needs at start-up (Chainer 7:
+    #: ``SETUPTOOLS_USE_DISTUTILS=stdlib``, read by setuptools before any import).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
@@ -145,6 +150,17 @@ FRAMEWORK_INFO: dict[Framework, FrameworkInfo] = {
         "opprof.collectors.mxnet",
         "from opprof.collectors.mxnet_lib import import_mxnet; import_mxnet()", Collective.PS,
         "kvstore dist_sync push/pull"),
+    Framework.JAX: FrameworkInfo(
+        Framework.JAX, "jax", ("jax", "optax", "xprof"),
+        (Mode.SINGLE, Mode.ALLREDUCE), Mode.ALLREDUCE,
+        "opprof.collectors.jax", "import jax, optax, xprof", Collective.ALLREDUCE,
+        "psum (all-reduce) over jax.distributed, gloo CPU collectives"),
+    Framework.CHAINER: FrameworkInfo(
+        Framework.CHAINER, "chainer", ("chainer",),
+        (Mode.SINGLE, Mode.ALLREDUCE), Mode.ALLREDUCE,
+        "opprof.collectors.chainer", "import chainer", Collective.ALLREDUCE,
+        "ChainerMN multi_node_mean_grad (MPI all-reduce)",
+        env=(("SETUPTOOLS_USE_DISTUTILS", "stdlib"),)),
 }
 
 

@@ -8,7 +8,11 @@ wins. Columns:
 - ``phase``: the phase the row implies, or empty to take the phase from the enclosing marker;
 - ``kind``: overrides the kind the normalizer derived from the native category, or empty;
 - ``example``: a native name this row must classify (each row is tested with it);
-- ``container`` (optional column): ``yes`` for a compiled-graph container (torch.compile's
+- ``container`` (optional column): ``kernel`` for a GPU kernel's own name that gives its op only
+  where the operator that launched it gives none (a GEMM kernel launched by ``aten::linear`` is
+  that ``fully_connected``'s, one launched by a convolution that ``convolution``'s; a kernel whose
+  launch the trace lacks, or whose launcher is unmapped, takes the row's op); ``yes`` for a
+  compiled-graph container (torch.compile's
   ``CompiledFunction``, the FX graph call): not an operator that swallows what it encloses,
   but a region whose operators keep their own op; the container's own op (``fused``) gets
   only the time no mapped operator inside covers (``opprof.normalizers.events``).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -61,11 +66,13 @@ FUSED_OPS = ("fused", "fused_backward")
 #: inductor's code generation; a step that holds it is flagged) and the guard checks / cache
 #: lookup before every call of a compiled region.
 COMPILER_OPS = ("compile", "guard")
+#: ``sync``: the host waiting for a device (``cudaDeviceSynchronize``, ``cudaStreamSynchronize``,
+#: ``hipDeviceSynchronize``, a ``.item()``'s copy back …) where no operator encloses the wait.
 CANONICAL_OPS = (
     *BASE_OPS,
     *(f"{op}_backward" for op in BASE_OPS),
     "weights_update", "comm", "data_load", "h2d", "other",
-    *FUSED_OPS, *COLLECTIVES, *PS_OPS, *COMPILER_OPS,
+    *FUSED_OPS, *COLLECTIVES, *PS_OPS, *COMPILER_OPS, "sync",
 )
 PHASES = ("load", "h2d", "forward", "backward", "update", "comm", "other")
 INTRINSIC_PHASES = frozenset({"backward", "update", "comm", "load", "h2d"})
@@ -94,6 +101,8 @@ class MappingRow:
     kind: str
     example: str
     container: bool = False
+    #: A device kernel's name row: its op only where its launcher's is unknown.
+    kernel: bool = False
 
 
 #: Per mapping table (name and rows), the row each name already classified matched.
@@ -124,8 +133,8 @@ class MappingTable:
         # per new distinct name, its rows in order until one matches (what a pandas
         # ``str.fullmatch`` per row over the names still free does, without its overhead
         # per row)
-        patterns = [re.compile(r.pattern).fullmatch for r in self.rows]
-        new_row = [next((i for i, match in enumerate(patterns) if match(u)), -1)
+        match = _combined(self.name, self.rows)
+        new_row = [int(m.lastgroup[1:]) if (m := match(u)) and m.lastgroup else -1
                    for u in new]
         row[todo] = new_row
         seen.update(zip(new, new_row, strict=True))
@@ -133,9 +142,10 @@ class MappingTable:
         phases = np.array([r.phase for r in self.rows] + [""], dtype=object)
         kinds = np.array([r.kind for r in self.rows] + [""], dtype=object)
         containers = np.array([r.container for r in self.rows] + [False], dtype=bool)
+        kernel_rows = np.array([r.kernel for r in self.rows] + [False], dtype=bool)
         return pd.DataFrame(
             {"op": ops[row], "phase": phases[row], "kind": kinds[row], "row": row,
-             "container": containers[row]}, index=uniq
+             "container": containers[row], "kernel": kernel_rows[row]}, index=uniq
         )
 
     def lookup(self, name: str) -> MappingRow | None:
@@ -144,6 +154,15 @@ class MappingTable:
             if re.fullmatch(r.pattern, name):
                 return r
         return None
+
+
+@cache
+def _combined(name: str, rows: tuple[MappingRow, ...]) -> Callable[[str], re.Match[str] | None]:
+    """One pattern of every row's, in order (``(?P<r0>…)|(?P<r1>…)|…``): its full match of a
+    name is the first row's that matches it whole (alternatives are tried in order, each to
+    the end of the name), ``lastgroup`` naming the row — one regex run per name instead of
+    one per row (a python_function trace has thousands of distinct names)."""
+    return re.compile("|".join(f"(?P<r{i}>{r.pattern})" for i, r in enumerate(rows))).fullmatch
 
 
 def _check_row(table: str, n: int, row: MappingRow) -> None:
@@ -168,6 +187,7 @@ def mapping_table(name: str) -> MappingTable:
             pattern=rec["pattern"], op=rec["op"].strip(), phase=rec["phase"].strip(),
             kind=rec["kind"].strip(), example=rec["example"],
             container=(rec.get("container") or "").strip() == "yes",
+            kernel=(rec.get("container") or "").strip() == "kernel",
         )
         _check_row(name, n, row)
         rows.append(row)
@@ -194,7 +214,9 @@ def tables_markdown() -> str:
            "[ops.md](ops.md#traces-without-opprof-markers)). Names no row matches are `other`. A "
            "`(container)` row is a compiled graph (torch.compile): its operators keep their "
            "own op, and its op gets only the time no mapped operator inside it covers (see "
-           "[frameworks.md](frameworks.md#compiled-graphs)).", "",
+           "[frameworks.md](frameworks.md#compiled-graphs)). A `(kernel)` row names a GPU "
+           "kernel: it gives the kernel its op only where the operator that launched it gives "
+           "none (no launch in the trace, or an unmapped launcher).", "",
            "Kinds: " + ", ".join(f"`{k}`" for k in KINDS) + ". The memory table is the rows "
            "with kind `memory`: no mapping table makes them (a name is a memory series, not an "
            "operator); each is one sample of a series (" + ", ".join(
@@ -204,7 +226,8 @@ def tables_markdown() -> str:
         out += [f"## {name}", "", "| pattern | op | phase | kind | example |",
                 "|---|---|---|---|---|"]
         for r in mapping_table(name).rows:
-            op = (r.op or "(marker)") + (" (container)" if r.container else "")
+            op = (r.op or "(marker)") + (" (container)" if r.container else "") + (
+                " (kernel)" if r.kernel else "")
             cells = [r.pattern, op, r.phase, r.kind, r.example]
             out.append("| " + " | ".join(f"`{c}`" if c else "" for c in
                                          (c.replace("|", "\\|") for c in cells)) + " |")

@@ -29,6 +29,7 @@ from pandas.api.types import union_categoricals
 
 from opprof.errors import ErrorKind, OpprofError, first_line
 from opprof.files import write_atomic
+from opprof.flops.families import PRECISIONS
 from opprof.kinds import Role
 from opprof.meta import FORMAT_VERSION as FORMAT_VERSION  # re-exported
 from opprof.meta import TraceMeta, stamp
@@ -69,7 +70,16 @@ COLUMNS: dict[str, Any] = {
     "bytes": "int64",
     "detail": "string",
     "link": "int64",
+    "flops": "float64",
+    "model_flops": "float64",
+    "mem_bytes": "float64",
+    "precision": pd.CategoricalDtype(list(PRECISIONS)),
 }
+#: The cost columns (opprof.flops.attribute: per counted event, the hardware FLOPs, model FLOPs,
+#: bytes moved and precision of what it ran; NaN / missing where unknown). A table without them
+#: (a file written before them, a format with no shapes) reads as all unknown.
+OPTIONAL: dict[str, Any] = {"flops": np.nan, "model_flops": np.nan, "mem_bytes": np.nan,
+                            "precision": None}
 
 
 class Trace:
@@ -128,13 +138,17 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
     row groups or ranks is the same as one made at once). A column that already has its
     dtype is not copied: the result shares it with ``df`` under pandas' copy-on-write, so
     writing to either still leaves the other as it was."""
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in COLUMNS if c not in df.columns and c not in OPTIONAL]
     if missing:
         raise ValueError(f"events table lacks columns {missing}")
     cols: dict[str, Any] = {}
     n = len(df)
     for col, dtype in COLUMNS.items():
-        c = df[col]
+        if col not in df.columns:
+            c = pd.Series(OPTIONAL[col], index=df.index, dtype=object if OPTIONAL[col] is None
+                          else np.float64)
+        else:
+            c = df[col]
         if isinstance(dtype, pd.CategoricalDtype):
             if isinstance(c.dtype, pd.CategoricalDtype) and list(c.cat.categories) == list(
                     dtype.categories):
@@ -184,7 +198,7 @@ def _kept(c: pd.Series) -> pd.Series:
 #: their number of categories, so every rank's row group has the same schema.
 _DICT = pa.dictionary(pa.int32(), pa.string())
 _ARROW_TYPES = {"int32": pa.int32(), "int64": pa.int64(), "int16": pa.int16(),
-                "bool": pa.bool_(), "string": pa.string()}
+                "bool": pa.bool_(), "string": pa.string(), "float64": pa.float64()}
 SCHEMA = pa.schema([pa.field(c, _DICT if (isinstance(t, pd.CategoricalDtype) or t == "category")
                              else _ARROW_TYPES[t]) for c, t in COLUMNS.items()])
 #: A rank with more events than this spans several row groups.
@@ -511,6 +525,8 @@ def _schema_problem(schema: pa.Schema) -> str | None:
             ok = pa.types.is_integer(got)
         elif pa.types.is_boolean(want):
             ok = pa.types.is_boolean(got)
+        elif pa.types.is_floating(want):
+            ok = pa.types.is_floating(got) or pa.types.is_integer(got) or pa.types.is_null(got)
         else:
             ok = pa.types.is_string(got) or pa.types.is_large_string(got) or \
                 pa.types.is_null(got)

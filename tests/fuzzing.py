@@ -27,9 +27,11 @@ SHARED = FIXTURES / "shared"  # HTA's and Pipit's traces (fixtures/README.md)
 KINETO_SOURCES = [FIXTURES / "torch" / "lenet5-cpu-2steps.pt.trace.json.gz",
                   FIXTURES / "torch-ddp" / "lenet5-gloo-2steps-rank0.pt.trace.json.gz",
                   SHARED / "kineto-gpu" / "alexnet-1gpu.json.gz",
-                  SHARED / "kineto-gpu" / "amd-mi250-toy-train.json.gz"]
+                  SHARED / "kineto-gpu" / "amd-mi250-toy-train.json.gz",
+                  FIXTURES / "gpu" / "compiled-adamw.pt.trace.json.gz"]
 MXNET_SOURCE = FIXTURES / "mxnet" / "lenet5-single" / "rank0_worker.json.gz"
-NSYS_SOURCE = SHARED / "nsys" / "saxpy-mpi-cuda.sqlite"
+NSYS_SOURCE = FIXTURES / "shared" / "nsys" / "saxpy-mpi-cuda.sqlite"
+MXNET_DUMPS = FIXTURES / "mxnet" / "lenet5-single"
 XPLANE_SOURCE = next((FIXTURES / "tf" / "lenet5-allreduce-2w" / "worker0").rglob(
     "*.xplane.pb"), None)
 
@@ -47,13 +49,22 @@ class Case:
     name: str
     paths: list[Path]
     must_warn: bool  # the mutation made a value unusable: a ⚠ line or a refusal is owed
+    #: the unmutated input this case was made from (its report is the baseline the numbers
+    #: are compared with); "" for none
+    source: str = ""
+    #: the mutation changed only values that are valid as such (a flipped digit, a shifted
+    #: time): its numbers may change without a word; any other change of the numbers owes
+    #: a ⚠ line
+    valid_values: bool = False
 
 
 @dataclass
 class Result:
     """What reading a case gave: ``ok`` (with its read warnings), ``refused`` (one line),
     or a failure: ``traceback``, ``hang``, ``multi-line``, ``silent`` (must_warn, yet read
-    with no warning), ``unnamed`` (a refusal that names no file)."""
+    with no warning), ``changed`` (the report's numbers differ from the unmutated input's
+    with no warning, where the mutation was not a valid value's change), ``blow-up``
+    (memory past the limit), ``unnamed`` (a refusal that names no file)."""
 
     case: Case
     outcome: str
@@ -78,9 +89,82 @@ def _complete(events: list) -> list[int]:
     return [i for i, e in enumerate(events) if isinstance(e, dict) and e.get("ph") == "X"]
 
 
+def _shape(doc: object) -> object:
+    """What a document is made of, values aside: the top level's keys and each event's keys
+    and value types (a mutation that keeps it changed only values that are valid as such)."""
+    if not isinstance(doc, dict):
+        return type(doc).__name__
+    events = doc.get("traceEvents")
+    ev_shape = [tuple(sorted((k, type(v).__name__) for k, v in e.items()))
+                if isinstance(e, dict) else type(e).__name__
+                for e in events] if isinstance(events, list) else type(events).__name__
+    return sorted(doc), ev_shape
+
+
+def _valid_values(raw: bytes, damaged: bytes) -> bool:
+    """Whether ``damaged`` is JSON of the same shape as ``raw`` (only values changed, each a
+    valid value of its type: a flipped digit, a letter of a name)."""
+    try:
+        return _shape(json.loads(damaged)) == _shape(json.loads(raw))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+
+
+#: Structure mutations of one JSON trace: (tag, what is done to the document, owes a ⚠
+#: whatever the numbers). The others owe one where the report's numbers change.
+def _structure(xs: list[int], rng: random.Random, mxnet: bool
+               ) -> list[tuple[str, Callable[[dict], None], bool]]:
+    one = rng.choice(xs)
+
+    def each(f: Callable[[dict], None]) -> Callable[[dict], None]:
+        def apply(d: dict) -> None:
+            for i in xs:
+                f(d["traceEvents"][i])
+        return apply
+
+    def at(f: Callable[[dict], None]) -> Callable[[dict], None]:
+        return lambda d: f(d["traceEvents"][one])
+
+    def drop(key: str) -> Callable[[dict], None]:
+        return lambda e: e.pop(key, None)
+
+    def setv(key: str, value: object) -> Callable[[dict], None]:
+        return lambda e: e.__setitem__(key, value)
+
+    def negate_ts(e: dict) -> None:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] = -abs(e["ts"]) - 1
+
+    def duplicate(d: dict) -> None:
+        d["traceEvents"].append(dict(d["traceEvents"][one]))
+
+    out = [("all_ts_negative", each(negate_ts), True),
+           ("no_name_anywhere", each(drop("name")), True),
+           ("no_name", at(drop("name")), True),
+           ("no_pid", at(drop("pid")), True),
+           ("pid_text", at(setv("pid", "abc")), True),
+           ("no_ts", at(drop("ts")), True),
+           ("no_tid", at(drop("tid")), False),
+           ("no_ph", at(drop("ph")), False),
+           ("no_cat", at(drop("cat")), False),
+           ("no_args", at(drop("args")), False),
+           ("name_number", at(setv("name", 7)), False),
+           ("duplicate_event", duplicate, False),
+           ("no_events", lambda d: d.__setitem__("traceEvents", []), False)]
+    if not mxnet:
+        out += [("no_dur", at(drop("dur")), True),
+                ("base_time_text", lambda d: d.__setitem__("baseTimeNanoseconds", "abc"), True),
+                ("no_distributed_info", lambda d: d.pop("distributedInfo", None), False),
+                ("device_properties_text",
+                 lambda d: d.__setitem__("deviceProperties", "abc"), False)]
+    return out
+
+
 def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
                n_bytes: int, mxnet: bool = False) -> Iterator[Case]:
-    """Value mutations (each owes a warning) and byte/structure damage of one JSON trace."""
+    """The unmutated trace (the baseline), value mutations (each owes a warning), structure
+    mutations (a field removed or retyped, an event duplicated: a ⚠ owed where the numbers
+    change) and byte damage of one JSON trace."""
     doc = _load_json(src)
     raw = json.dumps(doc).encode()
     events = doc["traceEvents"]
@@ -89,12 +173,14 @@ def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
     suffix = ".json" if mxnet else ".json.gz"
     fname = (lambda k: f"{k}_{stem}/rank0_worker.json") if mxnet else (
         lambda k: f"{k}_{stem}{suffix}")
+    key = f"{src}{':mxnet' if mxnet else ''}"
 
-    def put(tag: str, d: dict | bytes, must: bool) -> Case:
+    def put(tag: str, d: dict | bytes, must: bool, valid: bool = False) -> Case:
         p = out / fname(tag)
         p.parent.mkdir(parents=True, exist_ok=True)
-        return Case(f"{src.name}: {tag}", [_write(d, p)], must)
+        return Case(f"{src.name}: {tag}", [_write(d, p)], must, key, valid)
 
+    yield put("unmutated", raw, False, True)
     k = 0
     fields = [("dur", BAD_DUR), ("ts", BAD_TS), ("pid", BAD_ID), ("tid", BAD_ID)]
     if mxnet:
@@ -109,6 +195,10 @@ def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
         d["traceEvents"][i][field_] = value
         yield put(f"v{k}_{field_}", d, True)
         k += 1
+    for tag, change, must in _structure(xs, rng, mxnet):
+        d = json.loads(raw)
+        change(d)
+        yield put(tag, d, must)
     # a flipped byte in an object key (not UTF-8): that field would be lost without a word
     keys = [m for m in range(len(raw)) if raw[m:m + 7] == b'"name":']
     for j in range(3):
@@ -129,7 +219,8 @@ def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
         for i in _complete(d["traceEvents"]):
             d["traceEvents"][i]["dur"] = "unusable"
         yield put("alldur", d, True)
-    # damage: truncation, flipped bytes, an event deleted (no warning owed, no crash allowed)
+    # damage: truncation, flipped bytes, zeroed runs (no crash allowed; a ⚠ owed where the
+    # numbers change, unless only a value changed into another valid one)
     for j in range(n_bytes):
         what = rng.choice(["truncate", "flip", "flip", "zero"])
         b = bytearray(raw)
@@ -140,53 +231,97 @@ def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
             b[at] ^= 1 << rng.randrange(8)
         else:
             b[at:at + 64] = b"\x00" * len(b[at:at + 64])
-        yield put(f"{what}{j}", bytes(b), False)
+        yield put(f"{what}{j}", bytes(b), False, _valid_values(raw, bytes(b)))
     if not mxnet:
         gz = gzip.compress(raw, 1)
         p = out / f"gztrunc_{stem}.json.gz"
         p.write_bytes(gz[: len(gz) // 2])
-        yield Case(f"{src.name}: gzip cut in half", [p], False)
+        yield Case(f"{src.name}: gzip cut in half", [p], False, key)
 
 
-def nsys_cases(src: Path, out: Path, rng: random.Random) -> Iterator[Case]:
-    """nsys exports with rows ending before they start, an empty StringIds table, a table
-    dropped, and damaged pages."""
+def sqlite_cases(src: Path, out: Path, rng: random.Random, fmt: str,
+                 timed: tuple[str, ...], dropped: tuple[tuple[str, bool], ...],
+                 emptied: tuple[str, ...]) -> Iterator[Case]:
+    """An NVIDIA SQLite export (nsys or nvprof) unmutated (the baseline), with rows ending
+    before they start (``timed`` tables: a ⚠ owed), tables dropped (``dropped``: (table,
+    whether a correct export may lack it: then its numbers may change without a word)) or
+    emptied, and damaged pages."""
+    key = f"{src}:{fmt}"
+
     def copy(tag: str) -> Path:
-        p = out / f"{tag}.sqlite"
+        p = out / f"{tag}.{'sqlite' if fmt == 'nsys' else 'nvvp'}"
         shutil.copyfile(src, p)
         return p
 
-    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
-                  "CUPTI_ACTIVITY_KIND_MEMCPY"):
+    yield Case(f"{fmt}: unmutated", [copy("unmutated")], False, key, True)
+    for table in timed:
         p = copy(f"backwards_{table}")
         with sqlite3.connect(p) as con:
             con.execute(f'UPDATE "{table}" SET "end" = start - 1000 WHERE rowid IN '
                         f'(SELECT rowid FROM "{table}" LIMIT 2)')
-        yield Case(f"nsys: end < start in {table}", [p], True)
-    p = copy("nvtx_backwards")
-    with sqlite3.connect(p) as con:
-        con.execute('UPDATE NVTX_EVENTS SET "end" = start - 5 WHERE "end" IS NOT NULL AND '
-                    'rowid IN (SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NOT NULL LIMIT 1)')
-    yield Case("nsys: NVTX range ending before it starts", [p], True)
-    p = copy("nostrings")
-    with sqlite3.connect(p) as con:
-        con.execute("DELETE FROM StringIds")
-    yield Case("nsys: empty StringIds", [p], False)
-    p = copy("nokernels")
-    with sqlite3.connect(p) as con:
-        con.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
-    yield Case("nsys: kernel table dropped", [p], False)
+        yield Case(f"{fmt}: end < start in {table}", [p], True, key)
+    for table, optional in dropped:
+        p = copy(f"no_{table}")
+        with sqlite3.connect(p) as con:
+            con.execute(f'DROP TABLE "{table}"')
+        yield Case(f"{fmt}: {table} dropped", [p], False, key, optional)
+    for table in emptied:
+        p = copy(f"empty_{table}")
+        with sqlite3.connect(p) as con:
+            con.execute(f'DELETE FROM "{table}"')
+        yield Case(f"{fmt}: {table} emptied", [p], False, key)
     data = src.read_bytes()
     for j in range(6):
         b = bytearray(data)
         at = rng.randrange(4096, len(b))
         b[at:at + 512] = rng.randbytes(len(b[at:at + 512]))
-        p = out / f"pages{j}.sqlite"
+        p = out / f"pages{j}.{'sqlite' if fmt == 'nsys' else 'nvvp'}"
         p.write_bytes(bytes(b))
-        yield Case(f"nsys: 512 random bytes at {at}", [p], False)
-    p = out / "cut.sqlite"
+        # random bytes in a page: a value may change into another valid one
+        yield Case(f"{fmt}: 512 random bytes at {at}", [p], False, key, True)
+    p = out / f"cut.{'sqlite' if fmt == 'nsys' else 'nvvp'}"
     p.write_bytes(data[: len(data) // 3])
-    yield Case("nsys: cut to a third", [p], False)
+    yield Case(f"{fmt}: cut to a third", [p], False, key)
+
+
+def nsys_cases(src: Path, out: Path, rng: random.Random) -> Iterator[Case]:
+    """A real nsys export, mutated (:func:`sqlite_cases`); an NVTX range ending before it
+    starts; an empty StringIds table."""
+    yield from sqlite_cases(
+        src, out, rng, "nsys",
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+         "CUPTI_ACTIVITY_KIND_MEMCPY"),
+        (("CUPTI_ACTIVITY_KIND_KERNEL", False), ("CUPTI_ACTIVITY_KIND_RUNTIME", False),
+         ("CUPTI_ACTIVITY_KIND_MEMCPY", True), ("NVTX_EVENTS", True), ("StringIds", False),
+         ("TARGET_INFO_GPU", True)),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
+    p = out / "nvtx_backwards.sqlite"
+    shutil.copyfile(src, p)
+    with sqlite3.connect(p) as con:
+        con.execute('UPDATE NVTX_EVENTS SET "end" = start - 5 WHERE "end" IS NOT NULL AND '
+                    'rowid IN (SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NOT NULL LIMIT 1)')
+    yield Case("nsys: NVTX range ending before it starts", [p], True, f"{src}:nsys")
+    p = out / "nostrings.sqlite"
+    shutil.copyfile(src, p)
+    with sqlite3.connect(p) as con:
+        con.execute("DELETE FROM StringIds")
+    yield Case("nsys: empty StringIds", [p], False, f"{src}:nsys", True)
+
+
+def nvprof_cases(out: Path, rng: random.Random) -> Iterator[Case]:
+    """An nvprof export (the tests' writer of nvprof's schema: no real one is public),
+    mutated as :func:`sqlite_cases` does."""
+    from tests.nvidia_sqlite import torch_job, write_nvprof
+
+    src = write_nvprof(out / "source.nvvp", torch_job(ranks=1, steps=2))
+    yield from sqlite_cases(
+        src, out, rng, "nvprof",
+        ("CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME",
+         "CUPTI_ACTIVITY_KIND_MEMCPY"),
+        (("CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL", False),
+         ("CUPTI_ACTIVITY_KIND_RUNTIME", False), ("CUPTI_ACTIVITY_KIND_MARKER", True),
+         ("StringTable", False), ("CUPTI_ACTIVITY_KIND_DEVICE", True)),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL"))
 
 
 def trace_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[Case]:
@@ -199,6 +334,10 @@ def trace_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[Ca
     table = pq.read_table(src)
     meta = table.schema.metadata
     rows = table.num_rows
+    key = f"{src}:trace"
+    base = out / "unmutated.trace"
+    shutil.copyfile(src, base)
+    yield Case(".trace: unmutated", [base], False, key, True)
     for j in range(n):
         col = rng.choice(["dur", "ts"])
         values = table.column(col).to_numpy().copy()
@@ -207,12 +346,12 @@ def trace_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[Ca
         t = table.set_column(table.schema.get_field_index(col), col, pa.array(values))
         p = out / f"{col}{j}.trace"
         pq.write_table(t.replace_schema_metadata(meta), p)
-        yield Case(f".trace: {len(at)} {col} made negative", [p], True)
+        yield Case(f".trace: {len(at)} {col} made negative", [p], True, key)
     t = table.set_column(table.schema.get_field_index("dur"), "dur",
                          pa.array(np.full(rows, -1, np.int64)))
     p = out / "alldur.trace"
     pq.write_table(t.replace_schema_metadata(meta), p)
-    yield Case(".trace: every duration negative", [p], True)
+    yield Case(".trace: every duration negative", [p], True, key)
     data = src.read_bytes()
     for j in range(4):
         b = bytearray(data)
@@ -220,7 +359,7 @@ def trace_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[Ca
         b[at] ^= 0xFF
         p = out / f"flip{j}.trace"
         p.write_bytes(bytes(b))
-        yield Case(f".trace: byte {at} flipped", [p], False)
+        yield Case(f".trace: byte {at} flipped", [p], False, key, True)
 
 
 def xplane_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[Case]:
@@ -229,6 +368,11 @@ def xplane_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[C
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     data = src.read_bytes()
+    key = f"{src}:xplane"
+    d = out / "unmutated"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "host.xplane.pb").write_bytes(data)
+    yield Case("xplane: unmutated", [d / "host.xplane.pb"], False, key, True)
     for j in range(n):
         space = xplane_pb2.XSpace()
         space.ParseFromString(data)
@@ -240,7 +384,7 @@ def xplane_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[C
         d.mkdir(parents=True, exist_ok=True)
         p = d / "host.xplane.pb"
         p.write_bytes(space.SerializeToString())
-        yield Case("xplane: negative durations", [p], True)
+        yield Case("xplane: negative durations", [p], True, key)
     for j in range(2):
         b = bytearray(data)
         at = rng.randrange(len(b))
@@ -249,15 +393,38 @@ def xplane_cases(src: Path, out: Path, rng: random.Random, n: int) -> Iterator[C
         d.mkdir(parents=True, exist_ok=True)
         p = d / "host.xplane.pb"
         p.write_bytes(bytes(b))
-        yield Case(f"xplane: 32 random bytes at {at}", [p], False)
+        yield Case(f"xplane: 32 random bytes at {at}", [p], False, key, True)
 
 
 class _Hang(Exception):
     pass
 
 
-def check(case: Case, time_limit_s: int = 60) -> Result:
-    """Read ``case`` as ``opprof report`` does (in this process) and judge the outcome."""
+def fingerprint(rep: object) -> tuple:
+    """The numbers a report gives: its steps (rank, step, duration), its operators (op,
+    phase, count, total) and device operators, the ranks it has."""
+    def rows(df: object, cols: list[str]) -> tuple:
+        import pandas as pd
+
+        if not isinstance(df, pd.DataFrame) or df.empty:
+            return ()
+        have = [c for c in cols if c in df.columns]
+        return tuple(sorted(map(tuple, df[have].astype(str).to_numpy().tolist())))
+
+    return (rows(getattr(rep, "steps", None), ["rank", "step", "dur_ns"]),
+            rows(getattr(rep, "ops", None), ["op", "phase", "count", "total_ns"]),
+            rows(getattr(rep, "device_ops", None), ["op", "count", "total_ns"]))
+
+
+#: Memory past which a read is a blow-up (the process's peak resident set).
+BLOW_UP_BYTES = 2 << 30
+
+
+def check(case: Case, time_limit_s: int = 60, baselines: dict | None = None) -> Result:
+    """Read ``case`` as ``opprof report`` does (in this process) and judge the outcome.
+    ``baselines``: the fingerprint of each source's unmutated read, filled by its
+    ``valid_values`` case with no source yet (the first of each source), compared with
+    every later case of that source."""
     from opprof.errors import OpprofError
     from opprof.files import shown
     from opprof.job import report
@@ -278,18 +445,29 @@ def check(case: Case, time_limit_s: int = 60) -> Result:
         return Result(case, "refused" if named else "unnamed", text)
     except _Hang:
         return Result(case, "hang", f"past {time_limit_s} s")
+    except MemoryError:
+        return Result(case, "blow-up", "MemoryError")
     except Exception:  # noqa: BLE001 - any other exception is the failure looked for
         return Result(case, "traceback", traceback.format_exc(limit=-3))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+    if peak_rss_bytes() > BLOW_UP_BYTES:
+        return Result(case, "blow-up", f"peak {peak_rss_bytes() >> 20} MiB")
     warnings = rep.meta.get("read_warnings") or {}
     if case.must_warn and not warnings:
         return Result(case, "silent", "read with no ⚠ line", warnings)
+    if baselines is not None and case.source:
+        fp = fingerprint(rep)
+        base = baselines.setdefault(case.source, fp)
+        if fp != base and not warnings and not case.valid_values:
+            changed = [i for i, (a, b) in enumerate(zip(fp, base, strict=True)) if a != b]
+            what = ", ".join(("steps", "operators", "device operators")[i] for i in changed)
+            return Result(case, "changed", f"{what} changed with no ⚠ line", warnings)
     return Result(case, "ok", "", warnings)
 
 
-FAILURES = ("traceback", "hang", "multi-line", "silent", "unnamed")
+FAILURES = ("traceback", "hang", "blow-up", "multi-line", "silent", "changed", "unnamed")
 
 
 def peak_rss_bytes() -> int:
@@ -313,6 +491,7 @@ def all_cases(out: Path, seed: int, values: int, damage: int,
     yield from json_cases(MXNET_SOURCE, _sub(out, "mxnet"), rng, values // 2, damage // 2,
                           mxnet=True)
     yield from nsys_cases(_present(NSYS_SOURCE), _sub(out, "nsys"), rng)
+    yield from nvprof_cases(_sub(out, "nvprof"), rng)
     yield from trace_cases(make_trace(_sub(out, "tr")), _sub(out, "trace"), rng,
                            max(3, values // 4))
     if xplane:

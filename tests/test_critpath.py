@@ -6,6 +6,7 @@ graph has the edges the trace holds, and `report --by critical` shows it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,46 @@ def test_faster_kernels_do_not_shorten_a_host_bound_gpu_step() -> None:
     assert (delta <= 0).all() and (delta > -0.01 * base["step_ns"]).all()
     slow_comm = replay(g, np.where(g.category == critpath.COMM, 2.0, 1.0), order)
     assert (slow_comm["replay_ns"] > base["replay_ns"]).all()  # NCCL kernels are on the path
+
+
+# ------------------------------------------------- rank by rank, as a report of a job
+
+
+@pytest.mark.parametrize("src", [
+    ["fixtures/torch-ddp"], ["fixtures/torch-collectives"], ["fixtures/unmarked/torch-ddp-2w"],
+    ["fixtures/mxnet/lenet5-ps-sync"], ["fixtures/tf/lenet5-allreduce-2w"],
+    ["fixtures/tf/lenet5-ps-async-2w1s"]])
+def test_walks_rank_by_rank_equal_the_whole_job_graph(src: list[str]) -> None:
+    """Each rank's graph walked on its own, cut at its collective calls and joined by the
+    calls' entries and exits alone, gives every (rank, step) the split the whole job's
+    graph gives, and the same replay."""
+    from opprof.analysis.critpath import COLUMNS, build_graph, critical_path
+    from opprof.loader import load
+
+    root = Path(__file__).resolve().parents[1]
+    tr = load([str(root / s) for s in src])
+    by_rank = critical_path(tr)
+    whole = critical_path(tr, graph=build_graph(tr)).sort_values(["rank", "step"])
+    assert len(by_rank) >= 2
+    assert by_rank[COLUMNS].reset_index(drop=True).equals(whole[COLUMNS].reset_index(drop=True))
+    assert np.allclose(by_rank["replay_ns"], whole["replay_ns"], equal_nan=True)
+
+
+def test_report_of_a_job_carries_the_critical_path_from_its_workers(tmp_path: Path) -> None:
+    """`report --by critical` walks each rank where it is read (a pool of processes here):
+    the rows equal those of the job loaded whole."""
+    from opprof.analysis.critpath import COLUMNS, critical_path
+    from opprof.job import report
+    from opprof.loader import load
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(str(p) for p in (root / "fixtures" / "torch-ddp").glob("*.pt.trace.json.gz"))
+    pooled = report(files, jobs=2, critical=True).critical
+    here = report(files, jobs=1, critical=True).critical
+    loaded = critical_path(load(files))
+    assert len(pooled) == 4 and set(pooled["rank"]) == {0, 1}
+    for df in (here, loaded):
+        assert pooled[COLUMNS].equals(df[COLUMNS])
+    assert (pooled[list(("compute", "comm", "launch", "sync", "load", "idle"))].sum(axis=1)
+            == pooled["step_ns"]).all()
+    assert report(files, jobs=1).critical.empty  # not asked: not built

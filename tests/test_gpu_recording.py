@@ -45,7 +45,7 @@ def test_nsys_flag_without_nsys_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_unknown_framework_is_refused() -> None:
     with pytest.raises(OpprofError, match="unknown framework"):
-        require_cuda("jax")
+        require_cuda("caffe")
 
 
 def test_more_torch_workers_than_gpus_is_refused_before_anything_runs() -> None:

@@ -44,14 +44,13 @@ def interrupt_record(tmp: Path, sig: int, fw: str, model: str, *more: str,
     for label in each:
         wait_for(reached(tmp, label=label, profiled=at), 400, f"{at} profiled step(s)", cli)
     sent = cli.signal(sig)
-    took = assert_all_gone(str(tmp), sent)
+    assert_all_gone(str(tmp), sent)
     code = cli.wait(60)
     assert code == CODE[sig], cli.stderr[-3000:]
     line = cli.lines()[-1]
     name = signal.Signals(sig).name
     assert f"interrupted by {name}; stopped " in line, line
     assert "Traceback" not in cli.stderr, cli.stderr[-3000:]
-    assert took <= 5.0
     return line, out
 
 
@@ -167,9 +166,8 @@ def test_a_second_signal_stops_everything_at_once(folder: Path) -> None:
     cli.signal(signal.SIGINT)
     time.sleep(0.1)
     sent = cli.signal(signal.SIGINT)
-    took = assert_all_gone(str(folder), sent, within=2.0)
+    assert_all_gone(str(folder), sent, within=2.0)
     assert cli.wait(60) == 130
-    assert took < 2.0
 
 
 SWALLOWED = """

@@ -113,8 +113,15 @@ def _layouts(tmp_path: Path) -> list[tuple[str, Path, bool]]:
     body = json.dumps(events).encode()
     head = json.dumps(doc).encode()[:-1]
     put("events last", head + b', "traceEvents": ' + body + b"}", True)
+    # Kineto's fields after the events (a trace written again by another tool, as
+    # TraceLens's are): streamed, its first events being Kineto's by their categories
     put("events first, fields after", b'{"traceEvents": ' + body + b", " + head[1:] + b"}",
-        False)  # no Kineto field before the events: read whole
+        True)
+    put("other fields, events, then Kineto's", b'{"metadata": {"a": [1, {"b": 2}]}, '
+        b'"traceEvents": ' + body + b", " + head[1:] + b"}", True)
+    foreign = [{**e, "cat": "operator"} for e in events]
+    put("events first, none of Kineto's categories", b'{"traceEvents": '
+        + json.dumps(foreign).encode() + b", " + head[1:] + b"}", False)  # read whole
     put("indented", json.dumps({**doc, "traceEvents": events}, indent=3).encode(), True)
     put("byte-order mark", b"\xef\xbb\xbf" + head + b',"traceEvents":' + body + b"}", True)
     nested = [{**e, "args": {**e.get("args", {}), "list": [{"a": 1}, {"b": [2, {}]}]}}

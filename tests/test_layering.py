@@ -102,7 +102,8 @@ def test_exporters_and_formats_are_registered_protocols() -> None:
     from opprof.normalizers.formats import FORMATS, RankFormat
 
     assert {exporter(t).EXTENSION for t in TARGETS} == {".pftrace", ".json", ".csv"}
-    assert sorted(f.name for f in FORMATS) == ["kineto", "mxnet", "nsys", "nvprof", "xplane"]
+    assert sorted(f.name for f in FORMATS) == ["chainer", "kineto", "mxnet", "nsys", "nvprof",
+                                               "xplane"]
     assert [f.name for f in FORMATS if isinstance(f, RankFormat)] == ["kineto"]
 
 

@@ -32,7 +32,9 @@ def test_readme_has_the_two_setup_commands() -> None:
     setup = re.search(r"## Set up\s*```\n(.*?)```", text, re.S)
     assert setup and setup.group(1).split("\n")[:2] == [
         'pip install -e ".[all]" -c constraints.txt'
-        ' && pip install --no-deps tf-keras==2.21.0', "pytest"]
+        ' && pip install --no-deps tf-keras==2.21.0'
+        ' && PIP_CONSTRAINT=build-constraints.txt pip install --no-deps --use-pep517'
+        ' chainer==7.8.1', "pytest"]
     assert (REPO / ".ci" / "run").read_text().rstrip().endswith("pytest")
 
 

@@ -211,14 +211,26 @@ def _group_of(events: pd.DataFrame) -> pd.DataFrame:
     """``group`` (name, with its description) and ``size`` of events, from their detail."""
     if "detail" not in events:
         return pd.DataFrame({"group": None, "size": np.nan, "dim": None}, index=events.index)
-    detail = events["detail"]
-    text = detail.astype(object).where(detail.notna(), "").astype(str)
+    detail = events["detail"].to_numpy(object)
+    # the patterns run once per distinct text (the events of a group repeat it), not per
+    # event
+    codes, uniq = pd.factorize(detail, use_na_sentinel=True)
+    text = pd.Series([*np.asarray(uniq, dtype=object).tolist(), None], dtype=object)
+    text = text.where(text.notna(), "").astype(str)
     name = text.str.extract(_GROUP)["group"]
     desc = text.str.extract(_DESC)["desc"]
-    group = name.where(desc.isna(), name + " (" + desc + ")")
-    size = pd.to_numeric(text.str.extract(_SIZE)["size"], errors="coerce")
-    dim = text.str.extract(_DIM)["dim"]
-    return pd.DataFrame({"group": group, "size": size, "dim": dim}, index=events.index)
+    group = name.where(desc.isna(), name + " (" + desc + ")").to_numpy(object)
+    size = pd.to_numeric(text.str.extract(_SIZE)["size"], errors="coerce").to_numpy(float)
+    dim = text.str.extract(_DIM)["dim"].to_numpy(object)
+    at = np.where(codes < 0, len(uniq), codes)
+
+    def column(values: Array) -> Array:
+        out: Array = values[at].astype(object)
+        out[pd.isna(out)] = None
+        return out
+
+    return pd.DataFrame({"group": column(group), "size": size[at], "dim": column(dim)},
+                        index=events.index)
 
 
 def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:

@@ -46,11 +46,18 @@ def fused_kernels(trace: Trace) -> pd.DataFrame:
     if ev.empty:
         return pd.DataFrame(columns=KERNEL_COLUMNS)
     where = np.repeat(list(sides), [len(v) for v in sides.values()])
-    frame = pd.DataFrame({"where": where, "op": ev["op"].astype(str),
-                          "phase": ev["phase"].astype(str), "name": ev["name"].astype(str),
+    # grouped by the columns' codes; text made for the groups alone (not once per event:
+    # a trace of fused kernels has hundreds of thousands)
+    keys = ["where", "op", "phase", "name"]
+    frame = pd.DataFrame({"where": pd.Categorical(where), "op": ev["op"].astype("category"),
+                          "phase": ev["phase"].astype("category"),
+                          "name": ev["name"].astype("category"),
                           "dur": ev["dur"].to_numpy(np.int64)})
-    return merge_kernels([frame.groupby(["where", "op", "phase", "name"], sort=False)["dur"].agg(
-        count="size", total_ns="sum").reset_index()])
+    out = frame.groupby(keys, sort=False, observed=True)["dur"].agg(
+        count="size", total_ns="sum").reset_index()
+    for k in keys:
+        out[k] = out[k].astype(object).astype(str)
+    return merge_kernels([out])
 
 
 def merge_kernels(parts: list[pd.DataFrame]) -> pd.DataFrame:

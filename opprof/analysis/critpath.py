@@ -44,7 +44,7 @@ from opprof.analysis.ranks import collectives, match, synchronous
 from opprof.filters import workers
 from opprof.intervals import Nesting, containing, lane_ids, lane_keys
 from opprof.taxonomy import COMM_OPS
-from opprof.trace import Trace
+from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -81,6 +81,9 @@ class Graph:
     main: Array  # per node: on its rank's main host thread
     on_device: Array  # per node: a GPU activity
     entry: Array  # per node: the node a collective call that ends with it began with
+    #: built one rank at a time (``cross=False``): the rank's synchronous collective calls,
+    #: whose cross-rank edges are left out (rank, step, name, seq, first node, last node)
+    calls: pd.DataFrame | None = None
 
     @property
     def times(self) -> Array:
@@ -90,9 +93,11 @@ class Graph:
         return t
 
 
-def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
+def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = True) -> Graph:
     """The dependency graph of ``trace`` (all its worker ranks at once: collectives join
-    them)."""
+    them). ``cross=False``: the collective edges between ranks are left out and the calls
+    that would have them are kept in ``Graph.calls`` (a graph built one rank at a time:
+    :func:`rank_walk`)."""
     steps = step_breakdown(trace) if steps is None else steps
     ev = trace.events
     worker = workers(ev).to_numpy()
@@ -197,9 +202,12 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
         add(2 * cand[ok] + 1, 2 * sync_nodes[ok] + 1, 0, SYNC_EDGE)
         own_lag[sync_nodes[ok]] = 0
     # collectives matched across ranks
-    c_first, c_last = _collective_nodes(trace, steps, ev, host_rows, dev_rows, p_lane, p_s,
-                                        p_e, lane_all, ts, te, n_host)
+    calls = _collective_calls(trace, steps, ev, host_rows, dev_rows, p_lane, p_s, p_e,
+                              lane_all, ts, te, n_host, matched=cross)
+    c_first, c_last = _pairs(calls) if cross else (np.zeros((0, 2), np.int64),) * 2
     entry = idx.copy()
+    if not cross and len(calls):
+        entry[calls["last"].to_numpy(np.int64)] = calls["first"].to_numpy(np.int64)
     if len(c_first):
         add(2 * c_first[:, 0], 2 * c_last[:, 1] + 1, 0, COLLECTIVE)
         own_lag[np.unique(c_last[:, 1])] = 0
@@ -233,7 +241,7 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None) -> Graph:
     binding = np.full(2 * n, -1, np.int64)
     binding[dst_a[bind_edges]] = bind_edges
     g = Graph(rank, start, end, op, category, src_a, dst_a, lag, type_a, binding,
-              pd.DataFrame(), is_main, on_dev, entry)
+              pd.DataFrame(), is_main, on_dev, entry, None if cross else calls)
     g.steps = _anchors(g, steps, is_main)
     return g
 
@@ -299,22 +307,26 @@ def _main_lanes(rank: Array, lane: Array, start: Array, end: Array,
     return np.asarray(busy.loc[busy.groupby("rank")["busy"].idxmax(), "lane"], np.int64)
 
 
-def _collective_nodes(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,
+def _collective_calls(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,
                       host_rows: Array, dev_rows: Array, p_lane: Array,
                       p_s: Array, p_e: Array, lane_all: Array, ts: Array,
-                      te: Array, n_host: int) -> tuple[Array, Array]:
-    """(first node, last node) pairs: rows ``[j_first, i_last]`` for every two ranks i ≠ j
-    of every matched collective (the k-th call of one collective in a step on all ranks)."""
-    none = np.zeros((0, 2), np.int64)
+                      te: Array, n_host: int, matched: bool = True) -> pd.DataFrame:
+    """The synchronous collective calls with their first and last node (``rank, step,
+    name, seq, first, last``): those matched across the trace's ranks (the k-th call of one
+    collective in a step on all ranks), or (``matched=False``, one rank's graph) every call
+    that may be."""
+    cols = ["rank", "step", "name", "seq", "first", "last"]
+    none = pd.DataFrame({c: np.zeros(0, np.int64) for c in cols})
     if not synchronous(trace.meta) or steps.empty:
-        return none, none
+        return none
     timing, _ = collectives(trace)
     if timing.empty:
-        return none, none
+        return none
     c = match(timing, steps[["rank", "step"]], True)
-    c = c[c["matched"]]
+    if matched:
+        c = c[c["matched"]]
     if c.empty:
-        return none, none
+        return none
     rows = ev.index.get_indexer(c["event"].to_numpy())
     dev_pos = pd.Series(np.arange(len(dev_rows)), index=dev_rows)
     on_dev = np.isin(rows, dev_rows)
@@ -330,6 +342,12 @@ def _collective_nodes(trace: Trace, steps: pd.DataFrame, ev: pd.DataFrame,
         last[h] = containing(lane_all[r], te[r] - 1, te[r], p_lane, p_s, p_e)
     c = c.assign(first=first, last=last)
     c = c[(c["first"] >= 0) & (c["last"] >= 0)]
+    return c[cols].reset_index(drop=True)
+
+
+def _pairs(c: pd.DataFrame) -> tuple[Array, Array]:
+    """(first node, last node) pairs: rows ``[j_first, i_last]`` for every two ranks i ≠ j
+    of every matched collective."""
     pairs = c.merge(c, on=["step", "name", "seq"], suffixes=("_j", "_i"))
     pairs = pairs[pairs["rank_j"] != pairs["rank_i"]]
     f = np.column_stack([pairs["first_j"].to_numpy(np.int64), pairs["first_i"].to_numpy(
@@ -377,14 +395,356 @@ def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
     """One row per (worker rank, step): ``step_ns``, ``path_ns`` (the busy length of the
     critical path inside the step: ``step_ns − idle``), the ``bound_by`` split
     (:data:`BOUND_BY`, integer ns summing to ``step_ns``) and ``replay_ns`` (the step
-    replayed through the unedited graph; NaN where the graph cannot be ordered). ``graph``
-    and its topological ``order``: built already (:func:`graph_of`)."""
-    g = build_graph(trace, steps) if graph is None else graph
-    out = bound_by(g)
-    if order is None:
-        order = topological_order(g) if len(out) else None
-    out["replay_ns"] = replay(g, None, order)["replay_ns"].to_numpy() if order is not None \
-        else np.nan
+    replayed through the unedited graph; NaN where the graph cannot be ordered).
+
+    Built one rank at a time (:func:`rank_walk`, then :func:`combine_walks`), as a report
+    of a job does it in its workers; ``graph``: a whole-job graph already built (walked and
+    replayed whole) and its topological ``order`` when known (:func:`graph_of`)."""
+    if graph is not None:
+        out = bound_by(graph)
+        if order is None:
+            order = topological_order(graph) if len(out) else None
+        out["replay_ns"] = replay(graph, None, order)["replay_ns"].to_numpy() \
+            if order is not None else np.nan
+        return out
+    ev = trace.events
+    walks = []
+    for rank, rows in rank_slices(ev):  # one rank's events at a time
+        t = Trace(ev.iloc[rows].reset_index(drop=True), trace.meta)
+        walks.append(rank_walk(t, None if steps is None else steps[steps["rank"] == rank]))
+    return combine_walks(walks, synchronous(trace.meta))
+
+
+@dataclass
+class RankWalk:
+    """The critical-path walks of one rank's steps, reduced to what crosses ranks: each
+    step's walk cut into segments at the ends of its collective calls (where the binding
+    predecessor may be another rank's entry), each segment's parts, and the calls' entry
+    and exit times. Small: a few rows per collective call, whatever the rank's events."""
+
+    #: rank, step, start, end, init (the segment from the step's end), replay_ok
+    steps: pd.DataFrame
+    #: per segment: the six parts (ns), the call it stops at (-1: the walk ends there), the
+    #: cursor where it ends
+    segments: Array
+    #: rank, step, name, seq, s_first, s_last, e_last, own (segment after the call's own
+    #: time), coll (segment from its entry); the row's position is the call's id
+    calls: pd.DataFrame
+
+
+_SEG_STOP, _SEG_CURSOR = len(BOUND_BY), len(BOUND_BY) + 1
+
+
+def rank_walk(trace: Trace, steps: pd.DataFrame | None = None) -> RankWalk:
+    """The walks of ``trace``'s steps (one rank, or ranks walked apart) through its own
+    graph (:func:`build_graph` with ``cross=False``), cut at its collective calls."""
+    steps = step_breakdown(trace) if steps is None else steps
+    g = build_graph(trace, steps, cross=False) if len(steps) else None
+    seg_cols = len(BOUND_BY) + 2
+    empty_steps = pd.DataFrame({"rank": np.zeros(0, np.int64), "step": np.zeros(0, np.int64),
+                                "start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64),
+                                "init": np.zeros(0, np.int64), "replay_ok": np.zeros(0, bool)})
+    calls_cols = ["rank", "step", "name", "seq", "s_first", "s_last", "e_last", "own", "coll"]
+    if g is None or not len(g.start):
+        return RankWalk(empty_steps, np.zeros((0, seg_cols), np.int64),
+                        pd.DataFrame(columns=calls_cols))
+    calls = g.calls if g.calls is not None else pd.DataFrame(
+        columns=["rank", "step", "name", "seq", "first", "last"])
+    first = calls["first"].to_numpy(np.int64)
+    last = calls["last"].to_numpy(np.int64)
+    t = g.times.tolist()
+    binding = g.binding.tolist()
+    src, kind, lag = g.src.tolist(), g.kind.tolist(), g.lag.tolist()
+    cat, main, dev = g.category.tolist(), g.main.tolist(), g.on_device.tolist()
+    segs: list[list[int]] = []
+    stop_at = {2 * int(v) + 1: i for i, v in enumerate(last.tolist())}
+
+    replay_ok = _replays_exactly(g)
+    chains = _Chains(g, np.array(sorted(stop_at), np.int64)) if replay_ok else None
+
+    def walk(v: int, start: int, end: int, parts: list[int]) -> int:
+        """From vertex ``v`` (the cursor at its time, clamped to the step) back along
+        binding predecessors until a call's end or the step's start: a segment's id."""
+        cursor = max(min(t[v], end), start) if v >= 0 else end
+        seen = set()
+        while v >= 0 and cursor > start and v not in seen:
+            if chains is not None and t[v] <= end:  # the rest lies inside the step
+                stop, cursor = chains.walk(v, start, parts)
+                segs.append([*parts, stop_at[stop] if stop >= 0 else -1, cursor])
+                return len(segs) - 1
+            if v in stop_at:
+                segs.append([*parts, stop_at[v], cursor])
+                return len(segs) - 1
+            seen.add(v)
+            e = binding[v]
+            if e < 0:
+                break
+            u, ek, node = src[e], kind[e], v >> 1
+            new = max(min(t[u], cursor), start)
+            if ek == OWN:
+                c = cat[node]
+            elif ek == ORDER:
+                c = LAUNCH if (main[node] and not dev[node] and lag[e] > 0) else IDLE
+            elif ek == LAUNCH_EDGE:
+                c = LAUNCH
+            elif ek == SYNC_EDGE:
+                c = SYNC
+            else:
+                c = IDLE
+            parts[c] += cursor - new
+            cursor = new
+            v = u
+        segs.append([*parts, -1, cursor])
+        return len(segs) - 1
+
+    rows = g.steps
+    init = []
+    for s in rows.itertuples(index=False):
+        start, end, v = int(s.start), int(s.end), int(s.end_vertex)
+        parts = [0] * len(BOUND_BY)
+        if v >= 0:
+            parts[IDLE] += end - max(min(end, t[v]), start)
+        init.append(walk(v, start, end, parts))
+    step_of = {(int(r), int(st)): (int(a), int(b)) for r, st, a, b in
+               rows[["rank", "step", "start", "end"]].itertuples(index=False)}
+    own, coll = [], []
+    for r, st, f, la in zip(calls["rank"].tolist(), calls["step"].tolist(), first.tolist(),
+                            last.tolist(), strict=True):
+        start, end = step_of.get((int(r), int(st)), (0, -1))
+        if end < start:  # a step with no walk
+            own.append(-1)
+            coll.append(-1)
+            continue
+        ve = 2 * la + 1
+        cursor = max(min(t[ve], end), start)
+        parts = [0] * len(BOUND_BY)
+        new = max(min(t[2 * la], cursor), start)  # the call's own last piece
+        parts[cat[la]] += cursor - new
+        own.append(walk(2 * la, start, end, parts) if new > start
+                   else _ended(segs, parts, new))
+        coll.append(walk(2 * f, start, end, [0] * len(BOUND_BY)))
+    out_calls = pd.DataFrame({
+        "rank": calls["rank"].to_numpy(np.int64), "step": calls["step"].to_numpy(np.int64),
+        "name": calls["name"].astype(str).to_numpy(object),
+        "seq": calls["seq"].to_numpy(np.int64),
+        "s_first": g.start[first], "s_last": g.start[last], "e_last": g.end[last],
+        "own": np.array(own, np.int64), "coll": np.array(coll, np.int64)})
+    out_steps = rows[["rank", "step", "start", "end"]].copy().reset_index(drop=True)
+    out_steps["init"] = np.array(init, np.int64)
+    out_steps["replay_ok"] = replay_ok
+    return RankWalk(out_steps, np.array(segs, np.int64).reshape(-1, seg_cols), out_calls)
+
+
+class _Chains:
+    """The binding predecessors of a graph's vertices as a forest, with what a walk down it
+    needs in O(log n) per walk: per vertex its move's category, the sums of the moves'
+    lengths per category from it to its root, its depth, the first call end at or below it,
+    and jump pointers (``up[k][v]``: 2^k moves down) — all built by pointer doubling, no
+    Python loop per vertex. Only for an acyclic graph (:func:`_replays_exactly`)."""
+
+    def __init__(self, g: Graph, stops: Array) -> None:
+        t = g.times
+        nv = len(t)
+        self.t = t
+        b = g.binding
+        has = b >= 0
+        pred = np.full(nv, -1, np.int64)
+        pred[has] = g.src[b[has]]
+        node = np.arange(nv) >> 1
+        ek = np.full(nv, -1, np.int64)
+        ek[has] = g.kind[b[has]]
+        lag = np.zeros(nv, np.int64)
+        lag[has] = g.lag[b[has]]
+        cat = np.full(nv, IDLE, np.int64)
+        cat[ek == OWN] = g.category[node[ek == OWN]]
+        order = ek == ORDER
+        cat[order & g.main[node] & ~g.on_device[node] & (lag > 0)] = LAUNCH
+        cat[ek == LAUNCH_EDGE] = LAUNCH
+        cat[ek == SYNC_EDGE] = SYNC
+        self.cat = cat
+        move = np.where(has, t - np.where(has, t[np.maximum(pred, 0)], 0), 0)
+        sums = np.zeros((nv, len(BOUND_BY)), np.int64)
+        sums[np.arange(nv)[has], cat[has]] = move[has]
+        depth = has.astype(np.int64)
+        is_stop = np.zeros(nv, bool)
+        is_stop[stops] = True
+        first_stop = np.where(is_stop, np.arange(nv), -1)
+        up = [pred]
+        jump = pred.copy()
+        while (jump >= 0).any():
+            ok = jump >= 0
+            j = np.maximum(jump, 0)
+            sums = sums + np.where(ok[:, None], sums[j], 0)
+            depth = depth + np.where(ok, depth[j], 0)
+            first_stop = np.where((first_stop < 0) & ok, first_stop[j], first_stop)
+            jump = np.where(ok, jump[j], -1)
+            up.append(jump)
+        self.sums, self.depth, self.first_stop, self.up = sums, depth, first_stop, up
+        self.pred = pred
+
+    def last_above(self, v: int, start: int) -> int:
+        """The last vertex of ``v``'s chain (``v`` first) whose time is after ``start``
+        (times never increase down a chain); ``v`` itself must be."""
+        t, up = self.t, self.up
+        for k in range(len(up) - 1, -1, -1):
+            w = int(up[k][v])
+            if w >= 0 and t[w] > start:
+                v = w
+        return v
+
+    def walk(self, v: int, start: int, parts: list[int]) -> tuple[int, int]:
+        """From ``v`` (at or before the step's end) down the chain, adding each move's part
+        inside the step to ``parts``, until a call's end (a stop: (its vertex, cursor)),
+        the step's start or the chain's root ((-1, the cursor there))."""
+        t = self.t
+        if t[v] <= start:
+            return -1, start
+        x = self.last_above(v, start)  # every vertex from v to x is after the start
+        c = int(self.first_stop[v])
+        if c >= 0 and self.depth[c] >= self.depth[x]:  # a call's end comes first
+            d = self.sums[v] - self.sums[c]
+            for k in range(len(BOUND_BY)):
+                parts[k] += int(d[k])
+            return c, int(t[c])
+        w = int(self.pred[x])
+        end_v = w if w >= 0 else x
+        d = self.sums[v] - self.sums[end_v]
+        for k in range(len(BOUND_BY)):
+            parts[k] += int(d[k])
+        if w < 0:  # the root: no binding predecessor
+            return -1, int(t[x])
+        parts[int(self.cat[x])] -= start - int(t[w])  # the last move, cut at the start
+        return -1, start
+
+
+def _ended(segs: list[list[int]], parts: list[int], cursor: int) -> int:
+    segs.append([*parts, -1, cursor])
+    return len(segs) - 1
+
+
+def _replays_exactly(g: Graph) -> bool:
+    """Whether replaying the unedited graph gives every measured time back — as it does by
+    construction when the graph is acyclic (every vertex's time is then the latest
+    ``t(src) + lag`` of its in-edges, the binding one exactly, and the replay is that
+    recurrence's one solution): checked vectorized, the recurrence at every vertex and
+    acyclicity among the edges whose ends share a time (no other edge can close a cycle:
+    times never decrease along an edge)."""
+    t = g.times
+    nv = len(t)
+    if not len(g.src):
+        return True
+    best = np.full(nv, np.iinfo(np.int64).min)
+    np.maximum.at(best, g.dst, t[g.src] + g.lag)
+    has_in = np.bincount(g.dst, minlength=nv) > 0
+    if not (best[has_in] == t[has_in]).all():
+        return False
+    same = t[g.src] == t[g.dst]
+    s, d = g.src[same], g.dst[same]
+    alive = np.ones(len(s), bool)
+    while alive.any():  # peel the sources off, level by level
+        indeg = np.bincount(d[alive], minlength=nv)
+        gone = alive & (indeg[s] == 0)
+        if not gone.any():
+            return False  # a cycle
+        alive &= ~gone
+    return True
+
+
+def combine_walks(walks: list[RankWalk], synchronous: bool) -> pd.DataFrame:
+    """The critical-path rows of every (rank, step) from the ranks' walks: a collective
+    call whose last entrant (the latest other rank's entry before it ended) came at or
+    after its own last piece began binds it to that rank — its transfer is ``comm``, the
+    wait from its own entry ``sync``, and the walk goes on from its entry — else its own
+    time binds it. Only the calls' entry and exit times cross ranks."""
+    walks = [w for w in walks if len(w.steps)]
+    if not walks:
+        return pd.DataFrame(columns=[*COLUMNS, "replay_ns"])
+    steps = pd.concat([w.steps for w in walks], ignore_index=True)
+    offsets = np.cumsum([0] + [len(w.segments) for w in walks])
+    segs = np.concatenate([w.segments for w in walks])
+    calls = pd.concat([w.calls.assign(own=np.where(w.calls["own"] >= 0, w.calls["own"] + o, -1),
+                                      coll=np.where(w.calls["coll"] >= 0,
+                                                    w.calls["coll"] + o, -1))
+                       for w, o in zip(walks, offsets, strict=False)], ignore_index=True)
+    call_base = np.cumsum([0] + [len(w.calls) for w in walks])
+    stop = segs[:, _SEG_STOP].copy()
+    for w, o, cb in zip(walks, offsets, call_base, strict=False):  # call ids: job-wide
+        part = stop[o:o + len(w.segments)]
+        part[part >= 0] += cb
+    init = np.concatenate([w.steps["init"].to_numpy(np.int64) + o
+                           for w, o in zip(walks, offsets, strict=False)])
+    last_entry = _last_entries(calls, steps, synchronous)
+    s_first, s_last = calls["s_first"].tolist(), calls["s_last"].tolist()
+    e_last, own, coll = calls["e_last"].tolist(), calls["own"].tolist(), calls["coll"].tolist()
+    seg_parts = segs[:, :len(BOUND_BY)].tolist()
+    seg_stop, seg_cursor = stop.tolist(), segs[:, _SEG_CURSOR].tolist()
+    rows = []
+    for (r, st, start, end, ok), sg in zip(
+            steps[["rank", "step", "start", "end", "replay_ok"]].itertuples(index=False),
+            init.tolist(), strict=True):
+        start, end = int(start), int(end)
+        parts = [0] * len(BOUND_BY)
+        seen: set[int] = set()
+        while True:
+            for k, x in enumerate(seg_parts[sg]):
+                parts[k] += x
+            c = seg_stop[sg]
+            if c < 0 or c in seen:
+                parts[IDLE] += seg_cursor[sg] - start
+                break
+            seen.add(c)
+            cursor = max(min(e_last[c], end), start)
+            t_star = last_entry[c]
+            if t_star is not None and t_star >= s_last[c] and coll[c] >= 0:
+                new = max(min(t_star, cursor), start)
+                parts[COMM] += cursor - new
+                new2 = max(min(s_first[c], new), start)
+                parts[SYNC] += new - new2
+                sg = coll[c]
+            elif own[c] >= 0:
+                sg = own[c]
+            else:
+                parts[IDLE] += cursor - start
+                break
+        step_ns = end - start
+        rows.append([int(r), int(st), step_ns, step_ns - parts[IDLE], *parts,
+                     float(step_ns) if ok else np.nan])
+    out = pd.DataFrame(rows, columns=[*COLUMNS, "replay_ns"])
+    out[COLUMNS] = out[COLUMNS].astype(np.int64)
+    return out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+
+
+def _last_entries(calls: pd.DataFrame, steps: pd.DataFrame, synchronous: bool
+                  ) -> list[int | None]:
+    """Per call: the latest entry (first node's start) of another rank's call of the same
+    matched collective (the k-th call of one name in a step on every rank of the step) at
+    or before this call's end; None where the call is not matched or none entered before."""
+    n = len(calls)
+    if not synchronous or not n:
+        return [None] * n
+    ranks_in_step = steps.groupby("step")["rank"].nunique()
+    key = ["step", "name", "seq"]
+    g = calls.groupby(key, sort=False)
+    count = g["rank"].transform("nunique")
+    need = calls["step"].map(ranks_in_step).fillna(0).astype(int)
+    matched = ((count == need) & (need >= 2)).to_numpy(bool)
+    out: list[int | None] = [None] * n
+    sf_all = calls["s_first"].to_numpy(np.int64)
+    el_all = calls["e_last"].to_numpy(np.int64)
+    rk_all = calls["rank"].to_numpy(np.int64)
+    for idx in g.indices.values():
+        idx = idx[matched[idx]]
+        if len(idx) < 2:
+            continue
+        sf, el, rk = sf_all[idx], el_all[idx], rk_all[idx]
+        o = np.argsort(sf, kind="stable")
+        sf_o, rk_o = sf[o], rk[o]
+        for i in range(len(idx)):
+            p = int(np.searchsorted(sf_o, el[i], side="right")) - 1
+            while p >= 0 and rk_o[p] == rk[i]:
+                p -= 1
+            if p >= 0:
+                out[int(idx[i])] = int(sf_o[p])
     return out
 
 

@@ -14,6 +14,8 @@ import pandas as pd
 from opprof.analysis.breakdown import phase_summary, step_breakdown
 from opprof.analysis.convergence import Comparison
 from opprof.analysis.convergence import compare as compare_convergence
+from opprof.analysis.efficiency import EfficiencyComparison
+from opprof.analysis.efficiency import compare as compare_efficiency
 from opprof.analysis.memory import compare_memory, memory_part
 from opprof.analysis.noise import Noise, assess
 from opprof.analysis.ops import op_table
@@ -60,6 +62,9 @@ class Diff:
     #: Each way the two runs differ that makes their comparison unfair (device, framework
     #: version, batch size, workers): (what, A's value, B's value).
     mismatched: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Which run uses its machine better and which operators explain it
+    #: (opprof.analysis.efficiency.compare); None when the diff was made from traces.
+    efficiency: EfficiencyComparison | None = None
     #: The regression gate of B (NEW) against A (BASE) (``diff --fail-above``;
     #: :mod:`opprof.analysis.gate`), or None.
     gate: Gate | None = None
@@ -132,9 +137,13 @@ def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
 def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> Diff:
     """:func:`diff` from two reports (what `opprof diff` uses: each side analyzed rank by
     rank, see opprof.job)."""
-    return _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name,
-                 compare_memory(a.memory.ranks, b.memory.ranks), a.noise, b.noise,
-                 compare_comm(a.collectives, b.collectives))
+    from dataclasses import replace
+
+    d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name,
+              compare_memory(a.memory.ranks, b.memory.ranks), a.noise, b.noise,
+              compare_comm(a.collectives, b.collectives))
+    return replace(d, efficiency=compare_efficiency(a.efficiency, b.efficiency, d.a_label,
+                                                    d.b_label))
 
 
 def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from opprof.taxonomy import PHASES
 from opprof.trace import Trace, convergence_frame
 
 if TYPE_CHECKING:
+    from opprof.flops.peaks import PeakOptions
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
 
@@ -114,6 +115,12 @@ class RunSummary:
     repeat_spread: float | None = None  # (max − min) / median of samples/s
     curves: list[CurveColumns | None] | None = None  # every repetition's curve
     prediction: BenchPrediction | None = None
+    #: Model FLOPs per step, MFU and HFU against the peak named (opprof.analysis.efficiency);
+    #: None without shapes or a peak.
+    flops_per_step: float | None = None
+    mfu: float | None = None
+    hfu: float | None = None
+    peak_source: str | None = None
 
 
 @dataclass
@@ -128,11 +135,22 @@ class Run:
     reason: str = ""
     wall_s: float | None = None
     summary: RunSummary | None = None
+    #: `bench --batch-size 16,64` / `--threads 1,2` (a sweep): this run's value (None: the
+    #: bench's one value)
+    batch_size: int | None = None
+    threads: int | None = None
 
     @property
     def name(self) -> str:
         """File stem of the run's trace."""
-        return f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+        return (f"{self.model}-{self.fw}-w{self.workers}-{self.mode}"
+                + (f"-b{self.batch_size}" if self.batch_size is not None else "")
+                + (f"-t{self.threads}" if self.threads is not None else ""))
+
+    @property
+    def point(self) -> tuple[int | None, int | None]:
+        """Its place in the sweeps (batch size, threads); runs compare within one."""
+        return self.batch_size, self.threads
 
 
 @dataclass
@@ -147,16 +165,27 @@ class Bench:
     #: `bench --converge`: run name → one curve per repetition (step, time_ns, loss,
     #: train_accuracy, test_accuracy lists).
     curves: dict[str, list[CurveColumns | None]] = field(default_factory=dict)
+    #: `bench --threads 1,2 / --batch-size 16,64`: the sweep along each dimension
+    #: (:func:`opprof.analysis.sweeps.sweep` rows), empty when not swept.
+    sweeps: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def summarize(trace: Trace) -> RunSummary:
-    """What the comparison needs from one run's trace."""
+def summarize(trace: Trace, peak: PeakOptions | None = None) -> RunSummary:
+    """What the comparison needs from one run's trace (``peak``: the machine's, for MFU)."""
+    from opprof.analysis.efficiency import combine as combine_efficiency
+    from opprof.analysis.efficiency import efficiency_part
+    from opprof.analysis.report import split_ranks
+
     steps = step_breakdown(trace)
     phases = phase_summary(steps)
     ops = op_table(trace, n_steps=len(steps))
     m = trace.meta
     conv = convergence_columns(m)
+    eff = combine_efficiency([efficiency_part(t) for t in split_ranks(trace)], m, steps, peak)
     return RunSummary(
+        flops_per_step=eff.flops_per_step if eff else None,
+        mfu=eff.mfu if eff else None, hfu=eff.hfu if eff else None,
+        peak_source=(eff.peak.source or None) if eff else None,
         memory=run_memory(memory_part(trace).ranks),
         samples_per_s=m.get("samples_per_s"),
         unprofiled_step_ns=m.get("unprofiled_step_ns"),
@@ -248,6 +277,9 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         mem = s.memory if s is not None else RunMemory()
         sps = s.spreads.get("samples_per_s", Spread()) if s is not None else Spread()
         row = {"fw": r.fw, "model": r.model, "workers": r.workers, "mode": r.mode,
+               "batch_size": r.batch_size if r.batch_size is not None else (
+                   s.batch_size if s else None),
+               "threads": r.threads,
                "status": r.status, "samples_per_s": s.samples_per_s if s else None,
                "unprofiled_step_ns": s.unprofiled_step_ns if s else None,
                "step_ns": s.step_ns if s else None,
@@ -268,14 +300,18 @@ def compare(runs: list[Run], top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                "repeats": s.repeats if s else None,
                "samples_per_s_min": sps.low, "samples_per_s_max": sps.high,
                "repeat_spread": s.repeat_spread if s else None,
+               "flops_per_step": s.flops_per_step if s else None,
+               "mfu": s.mfu if s else None, "hfu": s.hfu if s else None,
+               "peak_source": s.peak_source if s else None,
                **(s.convergence if s is not None and s.convergence is not None else {})}
         rows.append(row)
     table = pd.DataFrame(rows)
     _memory_ratios(table, runs)
-    single = {(r.fw, r.model): r.summary.samples_per_s for r in runs
+    single = {(r.fw, r.model, r.point): r.summary.samples_per_s for r in runs
               if r.mode == Mode.SINGLE and r.summary and r.summary.samples_per_s}
     for i, r in enumerate(runs):
-        one, n_thr = single.get((r.fw, r.model)), r.summary.samples_per_s if r.summary else None
+        one = single.get((r.fw, r.model, r.point))
+        n_thr = r.summary.samples_per_s if r.summary else None
         if one and n_thr:
             table.loc[i, "scaling_efficiency"] = n_thr / (r.workers * one)
     return table, op_ratios(runs, top)
@@ -303,8 +339,8 @@ def op_ratios(runs: list[Run], top: int) -> pd.DataFrame:
     done = [(r, r.summary) for r in runs if r.status in DONE and r.summary is not None]
     out = []
     for (a, sa), (b, sb) in itertools.combinations(done, 2):
-        if a.fw == b.fw or (a.model, a.workers) != (b.model, b.workers) or \
-                sa.batch_size != sb.batch_size:
+        if a.fw == b.fw or (a.model, a.workers, a.threads) != (b.model, b.workers, b.threads) \
+                or sa.batch_size != sb.batch_size:
             continue
         for op in sorted(set(sa.ops) & set(sb.ops) - {"other"}):
             ta, tb = sa.ops[op], sb.ops[op]

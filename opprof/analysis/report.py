@@ -24,6 +24,8 @@ from opprof.analysis.convergence import Summary
 from opprof.analysis.convergence import summary as convergence_summary
 from opprof.analysis.devices import COLUMNS as DEVICE_COLUMNS
 from opprof.analysis.devices import device_breakdown
+from opprof.analysis.efficiency import Efficiency, EfficiencyPart, efficiency_part
+from opprof.analysis.efficiency import combine as combine_efficiency
 from opprof.analysis.experts import COLUMNS as EXPERT_COLUMNS
 from opprof.analysis.experts import LOAD_COLUMNS, combine_experts, expert_part
 from opprof.analysis.memory import MemoryPart, combine_memory, memory_part
@@ -39,9 +41,12 @@ from opprof.analysis.ranks import (
     rank_local,
     synchronous,
 )
+from opprof.strings import plain_strings
 from opprof.trace import Trace, rank_slices
 
 if TYPE_CHECKING:
+    from opprof.analysis.critpath import RankWalk
+    from opprof.flops.peaks import PeakOptions
     from opprof.meta import MetaMapping
 
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
@@ -86,6 +91,9 @@ class Report:
     #: (opprof.analysis.critpath); computed when `report --by critical` and the HTML report
     #: ask for it (empty otherwise).
     critical: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: FLOPs, bytes, MFU and HFU, the roofline (opprof.analysis.efficiency); None when the
+    #: trace holds no operator shapes.
+    efficiency: Efficiency | None = None
     #: One row per (rank, step) of a pipeline stage (opprof.analysis.pipeline).
     pipeline: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         columns=PIPELINE_COLUMNS))
@@ -111,12 +119,16 @@ class RankPart:
     compile_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     fused_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     collectives: pd.DataFrame = field(default_factory=pd.DataFrame)
+    efficiency: EfficiencyPart = field(default_factory=EfficiencyPart)
     pipeline: pd.DataFrame = field(default_factory=pd.DataFrame)
     experts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the critical-path walks of its steps (``report --by critical``, HTML), or None
+    critical: RankWalk | None = None
 
 
-def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
-    """The per-rank work of a report, on the ranks of ``trace`` (usually one)."""
+def analyze(trace: Trace, device_span: str = "steps", critical: bool = False) -> RankPart:
+    """The per-rank work of a report, on the ranks of ``trace`` (usually one); ``critical``:
+    with the critical-path walks of its steps (:func:`opprof.analysis.critpath.rank_walk`)."""
     full = trace
     if "detail" in trace.events:  # only collective_part reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
@@ -135,15 +147,26 @@ def analyze(trace: Trace, device_span: str = "steps") -> RankPart:
         compile_steps=compile_steps(trace),
         fused_kernels=fused_kernels(trace),
         collectives=comm,
+        efficiency=efficiency_part(trace),
         pipeline=pipeline_part(trace),
         experts=expert_part(full),
+        critical=_walk(trace, steps) if critical else None,
     )
 
 
+def _walk(trace: Trace, steps: pd.DataFrame) -> RankWalk:
+    from opprof.analysis.critpath import rank_walk
+
+    return rank_walk(trace, steps)
+
+
 def combine(parts: list[RankPart], meta: MetaMapping,
-            device_span: str = "steps", critical: pd.DataFrame | None = None) -> Report:
-    """The report of a job from the parts of its ranks (in any order), with the critical
-    path of its steps when given (:func:`opprof.analysis.critpath.critical_path`)."""
+            device_span: str = "steps", peak: PeakOptions | None = None,
+            critical: pd.DataFrame | None = None) -> Report:
+    """The report of a job from the parts of its ranks (in any order); ``peak``: what the user
+    said of the machine's peak (opprof.flops.peaks); ``critical``: the critical path of its
+    steps computed already (:func:`opprof.analysis.critpath.critical_path` on the job's
+    graph), else from the parts' walks."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
     steps = _concat([p.steps for p in parts])
     n = len(steps)
@@ -172,11 +195,22 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         collective_kinds=ranks.kinds,
         convergence=convergence_summary(meta),
         collectives=combine_collectives([p.collectives for p in parts], n, ranks.collectives),
-        critical=critical if critical is not None else pd.DataFrame(),
+        efficiency=combine_efficiency([p.efficiency for p in parts], meta, steps, peak),
         pipeline=combine_pipeline([p.pipeline for p in parts], meta),
         experts=experts,
         expert_load=expert_load,
+        critical=critical if critical is not None else _critical(parts, meta),
     )
+
+
+def _critical(parts: list[RankPart], meta: MetaMapping) -> pd.DataFrame:
+    """The critical path of every (rank, step), from the ranks' walks (empty without)."""
+    walks = [p.critical for p in parts if p.critical is not None]
+    if not walks:
+        return pd.DataFrame()
+    from opprof.analysis.critpath import combine_walks
+
+    return combine_walks(walks, synchronous(meta))
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -196,8 +230,10 @@ def split_ranks(trace: Trace) -> list[Trace]:
 
 
 def build_report(trace: Trace, device_span: str = "steps",
+                 peak: PeakOptions | None = None,
                  critical: pd.DataFrame | None = None) -> Report:
     """Analyze a trace for `opprof report` (rank by rank, then combined), with its critical
     path when given."""
-    return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                   device_span, critical)
+    with plain_strings():
+        return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
+                       device_span, peak, critical)

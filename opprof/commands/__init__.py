@@ -161,3 +161,46 @@ def warn_read(meta: MetaMapping) -> None:
 
     for line in lines(meta.get(KEY)):
         click.echo(f"opprof: {line}", err=True)
+
+
+def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    from opprof.flops.peaks import parse_rate
+
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def peak_options(f: F) -> F:
+    """``--peak-flops``, ``--peak-bandwidth`` and ``--peak-file``: the machine's peak where the
+    trace's device is not in the peak table or the user knows better (opprof.flops.peaks)."""
+    f = click.option("--peak-file", type=click.Path(path_type=Path), default=None,
+                     help="A CPU peak measured by `opprof calibrate --peak -o FILE` "
+                          "[default: the one it keeps for this host, if any].")(f)
+    f = click.option("--peak-bandwidth", callback=_rate, default=None, metavar="BYTES/S",
+                     help="The memory bandwidth to measure against (3.35T, 2e12).")(f)
+    return click.option("--peak-flops", callback=_rate, default=None, metavar="FLOP/S",
+                        help="The peak FLOP/s to measure MFU against (989T, 1.2e14) instead "
+                             "of the device's from the peak table.")(f)
+
+
+def peak_from(flops: float | None, bandwidth: float | None, file: Path | None) -> Any:
+    """The :class:`~opprof.flops.peaks.PeakOptions` of the peak options: a ``--peak-file`` that
+    is not a peak calibration is one clear error; without one, the calibration `opprof
+    calibrate --peak` keeps for this host, when there is one."""
+    from opprof.errors import ErrorKind
+    from opprof.flops.peaks import PeakOptions, calibration_path, read_calibration
+
+    if file is not None:
+        if not file.is_file():
+            raise OpprofError("no such file", path=file, kind=ErrorKind.MISSING)
+        if read_calibration(file) is None:
+            raise OpprofError("not a peak calibration (write one with opprof calibrate "
+                              "--peak -o FILE)", path=file, kind=ErrorKind.NOT_A_TRACE)
+    else:
+        default = calibration_path()
+        file = default if read_calibration(default) is not None else None
+    return PeakOptions(flops, bandwidth, file)

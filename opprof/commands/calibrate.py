@@ -1,6 +1,8 @@
 """`opprof calibrate`: measure the gradient collective on this host (or cluster) over message
 sizes and save its α–β fit as a network file for `opprof model` and `opprof whatif` (the
-work: :mod:`opprof.pipeline.calibrate`)."""
+work: :mod:`opprof.pipeline.calibrate`); with ``--peak``, this CPU's peak FLOP/s and memory
+bandwidth per thread count, the peak a CPU trace's MFU is measured against
+(:mod:`opprof.pipeline.peak`)."""
 
 from __future__ import annotations
 
@@ -37,10 +39,14 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 
 @click.command("calibrate")
-@click.option("--fw", type=click.Choice(FRAMEWORKS), required=True,
+@click.option("--peak", is_flag=True,
+              help="Measure this CPU's peak instead: a GEMM's FLOP/s and a memory-bandwidth "
+                   "loop's bytes/s at 1, 2, 4 … threads (--threads: only that count), kept "
+                   "where `opprof report` finds it (or -o FILE, then --peak-file FILE).")
+@click.option("--fw", type=click.Choice(FRAMEWORKS), default=None,
               help="Whose collective: torch (gloo all_reduce), tf (CollectiveReduce, ring), "
                    "mxnet (kvstore push/pull).")
-@click.option("--workers", type=click.IntRange(min=1), required=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None)
 @click.option("--servers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Parameter servers (mxnet).")
 @click.option("--mode", type=click.Choice([Mode.ALLREDUCE.value, Mode.FSDP.value]),
@@ -69,13 +75,14 @@ def parse_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed calls per size (after one warm-up call).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="The network file to write (JSON).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="The network file to write (JSON); with --peak, the peak file [default: "
+                   "~/.cache/opprof/peak.json, where `opprof report` looks].")
 @format_option
-def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
-            sizes: tuple[int, ...], units: str | None, model: str | None,
+def command(peak: bool, fw: str | None, workers: int | None, servers: int, mode: str,
+            threads: int | None, sizes: tuple[int, ...], units: str | None, model: str | None,
             batch_size: int | None, colocation_rounds: int, repeat: int, timeout_s: float,
-            output: Path, fmt: str) -> None:
+            output: Path | None, fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
     and fit α (latency) and β (time per byte). For torch's all-reduce, also time a compute loop
     and the collective alone and beside each other: the model's interference term. With 2 or
@@ -88,7 +95,13 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
       opprof calibrate --fw torch --workers 2 --model base.trace -o net.json
       opprof calibrate --fw torch --workers 2 --mode fsdp --units resnet18 -o fsdp-net.json
       opprof calibrate --fw mxnet --workers 2 --servers 1 --sizes 64K,1M,16M -o ps.json
+      opprof calibrate --peak
     """
+    if peak:
+        _peak(threads, repeat, output, fmt)
+        return
+    if fw is None or workers is None or output is None:
+        raise click.UsageError("give --fw, --workers and -o (or --peak)")
     from opprof.pipeline.calibrate import (
         DEFAULT_COLOCATION_MODEL,
         CalibrateOptions,
@@ -105,3 +118,19 @@ def command(fw: str, workers: int, servers: int, mode: str, threads: int | None,
     write_network(net, output)
     echo_output(renderer(fmt).calibration(net), fmt)
     click.echo(f"wrote {output}", err=True)
+
+
+def _peak(threads: int | None, repeat: int, output: Path | None, fmt: str) -> None:
+    """`calibrate --peak`: measure, write, show."""
+    from opprof.flops.peaks import calibration_path
+    from opprof.pipeline.peak import PeakCalibrateOptions, measure, write
+    from opprof.render.efficiency import calibration_text
+
+    o = PeakCalibrateOptions(threads=(threads,) if threads else None, repeat=repeat)
+    with Console(stderr=True).status("measuring this CPU's peak: a GEMM and a bandwidth loop "
+                                     "per thread count"):
+        doc = measure(o)
+    path = output or calibration_path()
+    write(doc, path)
+    echo_output(calibration_text(doc, fmt), fmt)
+    click.echo(f"wrote {path}", err=True)

@@ -11,6 +11,8 @@ from opprof.commands import (
     check_output,
     engine_options,
     output_option,
+    peak_from,
+    peak_options,
     report_format_option,
     top_option,
     write_output,
@@ -39,10 +41,12 @@ from opprof.commands import (
 @top_option
 @report_format_option
 @output_option
+@peak_options
 @engine_options
 def command(a: Path, b: Path, whatif: bool, fail_above: str | None,
             fail_above_ms: float | None, fail_on: tuple[str, ...], alpha: float,
-            top: int | None, fmt: str, output: Path | None, scheduler: str | None,
+            top: int | None, fmt: str, output: Path | None, peak_flops: float | None,
+            peak_bandwidth: float | None, peak_file: Path | None, scheduler: str | None,
             jobs: int | None) -> None:
     """Compare trace A with trace B (ratio = A/B), operator by operator. With --fail-above
     (or --fail-above-ms, --fail-on) a regression gate of B (NEW) against A (BASE): exit 1
@@ -62,7 +66,7 @@ def command(a: Path, b: Path, whatif: bool, fail_above: str | None,
 
     check_output(fmt, output)
     options = DiffOptions(a, b, whatif, scheduler, jobs, fail_above, fail_above_ms, fail_on,
-                          alpha)
+                          alpha, peak_from(peak_flops, peak_bandwidth, peak_file))
     options.thresholds()  # a bad threshold: one clear error before anything is read
     render = page_renderer(fmt)
     d = diff(options)

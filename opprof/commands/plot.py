@@ -10,7 +10,7 @@ from opprof.commands import engine_options
 from opprof.errors import ErrorKind, OpprofError
 
 FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices",
-                "convergence")
+                "convergence", "threads", "batch", "roofline")
 
 
 @click.command("plot")
@@ -23,7 +23,8 @@ FIGURE_NAMES = ("phases", "ops", "scaling", "memory", "steps", "ranks", "devices
                    "rank; steps: phases of every step (one trace); ranks: rank × step heatmap "
                    "with stragglers, wait vs transfer (one trace); devices: GPU compute/comm/"
                    "memcpy/idle (one trace); convergence: loss and test accuracy against time and "
-                   "step (bench or traces recorded with --converge).")
+                   "step (bench or traces recorded with --converge); roofline: each operator's "
+                   "intensity and FLOP/s under the machine's ceilings (traces).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="The figure file: .svg, .png or .pdf.")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
@@ -38,8 +39,10 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
     Example:
       opprof plot bench/ --figure phases -o phases.pdf
       opprof plot bench/ --figure scaling -o scaling.svg
+      opprof plot sweep/ --figure threads -o threads.svg     # bench --threads 1,2,4
       opprof plot resnet18-mxnet.trace resnet18-torch.trace --figure ops -o ops.png
       opprof plot ddp.trace --figure ranks -o ranks.svg
+      opprof plot llama.json.gz --figure roofline -o roofline.svg
     """
     try:
         from opprof.render import figures

@@ -73,7 +73,11 @@ FSDP_BLOCKING = Policy("fsdp-blocking", False, 0, 0, False,
 #: (framework, collective) → its policy; other combinations use GENERIC.
 POLICIES: dict[tuple[str, str], Policy] = {
     (Framework.TORCH, Collective.ALLREDUCE): DDP, (Framework.TF, Collective.ALLREDUCE): MWMS,
-    (Framework.MXNET, Collective.PS): KVSTORE, (Framework.TF, Collective.PS): KVSTORE}
+    (Framework.MXNET, Collective.PS): KVSTORE, (Framework.TF, Collective.PS): KVSTORE,
+    # JAX: pmean of the gradients in the compiled step, after its backward (XLA:CPU runs it
+    # there); ChainerMN: multi_node_mean_grad after backward(), before the update
+    (Framework.JAX, Collective.ALLREDUCE): AFTER_BACKWARD,
+    (Framework.CHAINER, Collective.ALLREDUCE): AFTER_BACKWARD}
 GENERIC: dict[str, Policy] = {Collective.ALLREDUCE: DDP, Collective.PS: KVSTORE,
                               Collective.FSDP: FSDP_BLOCKING}
 

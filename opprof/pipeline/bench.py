@@ -86,6 +86,10 @@ class BenchOptions:
     converge: int = 0
     eval_every: int = 0
     network: Path | None = None  # α–β from `opprof calibrate` (None: each run's own)
+    #: Sweeps (`--batch-size 16,64`, `--threads 1,2`): every value is a dimension of the
+    #: matrix; one value (or none) is the setting of every run.
+    batch_sizes: tuple[int, ...] = ()
+    thread_counts: tuple[int, ...] = ()
 
 
 def bench(o: BenchOptions, say: Callable[[str], None], show: Callable[[str], None]) -> list[Run]:
@@ -106,13 +110,16 @@ def bench(o: BenchOptions, say: Callable[[str], None], show: Callable[[str], Non
 
     # Import each framework's collector (in a subprocess, seconds) only where there is
     # something to record: a resumed matrix that is complete needs none.
-    guess = plan(fws, models, workers, modes, {fw: known(fw) for fw in fws})
+    sweep: dict[str, list[int | None]] = {
+        "batch_sizes": list(o.batch_sizes) if len(o.batch_sizes) > 1 else [None],
+        "thread_counts": list(o.thread_counts) if len(o.thread_counts) > 1 else [None]}
+    guess = plan(fws, models, workers, modes, {fw: known(fw) for fw in fws}, **sweep)
     kept = {(r.name, k) for r in guess if resume and r.status == RunStatus.PLANNED
             for k in range(1, repeat + 1) if _loadable(trace_path(output, r, k, repeat))}
     needed = {r.fw for r in guess if r.status == RunStatus.PLANNED
               and any((r.name, k) not in kept for k in range(1, repeat + 1))}
     runs = plan(fws, models, workers, modes,
-                {fw: probe(fw) if fw in needed else known(fw) for fw in fws})
+                {fw: probe(fw) if fw in needed else known(fw) for fw in fws}, **sweep)
     todo = [r for r in runs if r.status == RunStatus.PLANNED]
     try:
         for i, run in enumerate(todo, 1):
@@ -139,7 +146,9 @@ def bench(o: BenchOptions, say: Callable[[str], None], show: Callable[[str], Non
 def _record_cell(run: Run, head: str, base: RecordConfig, output: Path, repeat: int,
                  kept: set[tuple[str, int]], say: Callable[[str], None]) -> None:
     """Record (or keep) the ``repeat`` repetitions of one combination; its status."""
-    head = f"{head} {run.fw} {run.model} x{run.workers} {run.mode}"
+    head = (f"{head} {run.fw} {run.model} x{run.workers} {run.mode}"
+            + (f" batch {run.batch_size}" if run.batch_size is not None else "")
+            + (f" threads {run.threads}" if run.threads is not None else ""))
     statuses: list[str] = []
     reasons: list[str] = []
     wall = 0.0
@@ -167,11 +176,16 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
             network: Network | None, say: Callable[[str], None], show: Callable[[str], None],
             quiet: bool = False) -> None:
     """Summarize the recorded runs, write bench.md/.csv/.json, print the tables."""
+    from opprof.flops.peaks import PeakOptions, calibration_path, read_calibration
+
+    # a CPU run's MFU is against this host's measured peak, where `calibrate --peak` kept one
+    peak = PeakOptions(calibration=calibration_path()
+                       if read_calibration(calibration_path()) is not None else None)
     for run in runs:
         if run.status in DONE:
             try:
                 run.summary = combine_repeats([
-                    summarize(read_parquet(trace_path(output, run, k, repeat)))
+                    summarize(read_parquet(trace_path(output, run, k, repeat)), peak)
                     for k in range(1, repeat + 1)])
             except OpprofError as exc:
                 run.status, run.reason = RunStatus.FAILED, str(exc)
@@ -180,10 +194,11 @@ def _finish(runs: list[Run], base: RecordConfig, output: Path, repeat: int, top:
     config = {k: v for k, v in asdict(base).items()
               if k not in ("fw", "model", "rendezvous")}
     config["repeat"] = repeat
-    write_outputs(output, runs, table, ratios, config)
-    from opprof.render.console import bench_tables, render
+    swept = sweep_results(table)
+    write_outputs(output, runs, table, ratios, config, swept)
+    from opprof.render.console import bench_tables, render, sweep_tables
 
-    show(render(*bench_tables(table, ratios), width=150).rstrip("\n"))
+    show(render(*bench_tables(table, ratios), *sweep_tables(swept), width=150).rstrip("\n"))
     traces = sum(r.status in DONE for r in runs) * repeat
     if not quiet:
         visual = write_visuals(output, say)
@@ -202,7 +217,8 @@ def write_visuals(folder: Path, say: Callable[[str], None]) -> str:
     b = read_bench(folder)
     write_atomic(folder / "bench.html", html.bench(b))
     made = []
-    for name in figures.BENCH_FIGURES + (("convergence",) if b.curves else ()):
+    sweeps = tuple(f for f, dim in figures.SWEEP_FIGURES.items() if len(b.sweeps.get(dim, [])))
+    for name in figures.BENCH_FIGURES + (("convergence",) if b.curves else ()) + sweeps:
         try:
             fig = figures.make(name, b)
         except OpprofError as exc:
@@ -230,9 +246,10 @@ def add_predictions(runs: list[Run], folder: Path, network: Network | None,
         median = r.summary.median_repeat if r.summary is not None else None
         return trace_path(folder, r, int(median or 1), repeat)
 
-    singles = {(r.fw, r.model): r for r in runs if r.mode == Mode.SINGLE and r.status in DONE}
+    singles = {(r.fw, r.model, r.point): r for r in runs
+               if r.mode == Mode.SINGLE and r.status in DONE}
     for r in runs:
-        one = singles.get((r.fw, r.model))
+        one = singles.get((r.fw, r.model, r.point))
         if r.workers < 2 or r.status not in DONE or one is None or r.summary is None:
             continue
         try:
@@ -261,14 +278,18 @@ def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
 
 
 def plan(fws: list[str], models: list[str], workers: list[int], modes: list[str],
-         support: dict[str, tuple[tuple[str, ...] | None, str]]) -> list[Run]:
+         support: dict[str, tuple[tuple[str, ...] | None, str]],
+         batch_sizes: list[int | None] | None = None,
+         thread_counts: list[int | None] | None = None) -> list[Run]:
     """Every combination in order; a worker count of 1 is one ``single`` run; unsupported
-    ones are ``skipped`` with the reason."""
+    ones are ``skipped`` with the reason. ``batch_sizes`` and ``thread_counts`` are sweeps
+    (``[None]``: not swept)."""
     runs: list[Run] = []
-    for fw, model, n in itertools.product(fws, models, workers):
+    for fw, model, n, b, t in itertools.product(fws, models, workers, batch_sizes or [None],
+                                                thread_counts or [None]):
         supported, why = support[fw]
         for mode in ([Mode.SINGLE.value] if n == 1 else modes):
-            run = Run(fw, model, n, mode)
+            run = Run(fw, model, n, mode, batch_size=b, threads=t)
             if supported is None:
                 run.status, run.reason = RunStatus.SKIPPED, why
             elif mode not in supported:
@@ -287,6 +308,10 @@ def execute(run: Run, base: RecordConfig, folder: Path, k: int = 1,
     ``interrupted``)."""
     config = base.replace(fw=run.fw, model=run.model, workers=run.workers, mode=run.mode,
                           command=f"opprof bench ({run.name})")
+    if run.batch_size is not None:
+        config = config.replace(batch_size=run.batch_size)
+    if run.threads is not None:
+        config = config.replace(threads=run.threads)
     trace = trace_path(folder, run, k, repeat)
     trace.unlink(missing_ok=True)
     log = folder / "logs" / f"{trace.stem}.log"
@@ -334,11 +359,28 @@ def _error_line(text: str) -> str:
     return mine[-1].removeprefix("opprof: error: ") if mine else _last_line(text)
 
 
+def sweep_results(table: pd.DataFrame) -> dict[str, object]:
+    """The sweeps of a bench table (:mod:`opprof.analysis.sweeps`): per dimension swept its
+    rows, and where each run stops scaling."""
+    from opprof.analysis.sweeps import DIMENSIONS, plateaus, sweep
+
+    out: dict[str, object] = {}
+    stops = []
+    for dim in DIMENSIONS:
+        sw = sweep(table, dim)
+        if len(sw):
+            out[dim] = sw
+            stops += [p.to_dict() for p in plateaus(sw, dim)]
+    if stops:
+        out["stops"] = stops
+    return out
+
+
 def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd.DataFrame,
-                  config: JSONObject) -> None:
+                  config: JSONObject, swept: dict[str, object] | None = None) -> None:
     """bench.json (everything), bench.csv (one row per run), bench.md (both tables); read
     back by :func:`read_bench`."""
-    from opprof.render.jsonfmt import records
+    from opprof.render.jsonvalues import records
     from opprof.render.mdfmt import md_table
 
     doc: dict[str, object] = {"config": config, "runs": records(table),
@@ -347,12 +389,22 @@ def write_outputs(folder: Path, runs: list[Run], table: pd.DataFrame, ratios: pd
               if r.summary is not None and r.summary.curve}
     if curves:  # `--converge`: each run's curve (every repetition's), thinned
         doc["curves"] = curves
+    if swept:  # `--threads 1,2` / `--batch-size 16,64`: the sweeps, where each stops scaling
+        doc["sweeps"] = {k: records(v) if isinstance(v, pd.DataFrame) else v
+                         for k, v in swept.items()}
     write_atomic(folder / "bench.json", json.dumps(doc, indent=2, default=str) + "\n")
     write_atomic(folder / "bench.csv", table.to_csv(index=False))
     md = ["## opprof bench", "", "### Runs (times in ms per step)", "", md_table(table), "",
           "### Operators with the largest cross-framework ratios", "",
           md_table(ratios) if len(ratios) else "(needs two frameworks recorded with the same "
           "model, batch size and workers)", ""]
+    for dim, title in (("threads", "threads"), ("batch_size", "batch size")):
+        frame = (swept or {}).get(dim)
+        if isinstance(frame, pd.DataFrame) and len(frame):
+            md += [f"### Time per mini-batch against the {title}", "", md_table(frame), ""]
+    stops = (swept or {}).get("stops")
+    if isinstance(stops, list) and stops:
+        md += ["### Where each stops scaling", ""] + [f"- {s['sentence']}" for s in stops] + [""]
     write_atomic(folder / "bench.md", "\n".join(md))
 
 
@@ -374,7 +426,10 @@ def read_bench(path: Path) -> Bench:
     except (ValueError, KeyError, TypeError) as exc:
         raise OpprofError(f"not a bench.json written by `opprof bench` ({exc})",
                           path=f, kind=ErrorKind.NOT_A_TRACE) from None
-    return Bench(table, ratios, doc.get("config") or {}, path, doc.get("curves") or {})
+    sweeps = {k: pd.DataFrame(v) for k, v in (doc.get("sweeps") or {}).items()
+              if k != "stops" and isinstance(v, list)}
+    return Bench(table, ratios, doc.get("config") or {}, path, doc.get("curves") or {},
+                 sweeps)
 
 
 def _run_one(argv: list[str]) -> None:

@@ -14,6 +14,7 @@ from opprof.pipeline.sources import same_file
 if TYPE_CHECKING:
     from opprof.analysis.diff import Diff
     from opprof.analysis.gate import Threshold
+    from opprof.flops.peaks import PeakOptions
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class DiffOptions:
     fail_above_ms: float | None = None
     fail_on: tuple[str, ...] = ()
     alpha: float = 0.05
+    #: the machine's peak as the user gave it (``--peak-flops`` …; opprof.flops.peaks)
+    peak: PeakOptions | None = None
 
     def thresholds(self) -> list[Threshold]:
         """The gate's thresholds (a bad one: one clear error)."""
@@ -70,13 +73,14 @@ def diff(o: DiffOptions) -> Diff:
 
         ta = load(o.a)
         tb = ta if same_file(o.a, o.b) else load(o.b)
-        ra = build_report(ta)
-        rb = ra if tb is ta else build_report(tb)
+        ra = build_report(ta, peak=o.peak)
+        rb = ra if tb is ta else build_report(tb, peak=o.peak)
     else:
         from opprof.job import report
 
-        ra = report([o.a], scheduler=o.scheduler, jobs=o.jobs)
-        rb = ra if same_file(o.a, o.b) else report([o.b], scheduler=o.scheduler, jobs=o.jobs)
+        ra = report([o.a], scheduler=o.scheduler, jobs=o.jobs, peak=o.peak)
+        rb = ra if same_file(o.a, o.b) else report([o.b], scheduler=o.scheduler, jobs=o.jobs,
+                                                   peak=o.peak)
     d = diff_reports(ra, rb, o.a.name, o.b.name)
     if thresholds:
         from opprof.analysis.gate import gate

@@ -120,6 +120,11 @@ def _framework(fw: str) -> Framework:
     if fw != "auto":
         return Framework(fw)
     loaded = [f for f, info in FRAMEWORK_INFO.items() if info.module in sys.modules]
+    if Framework.JAX in loaded and len(loaded) > 1:
+        # TensorFlow imports jax itself (and Keras 3 may): JAX trains only on Keras' jax backend
+        config = sys.modules.get("keras.src.backend.config")
+        if config is None or str(config.backend()) != "jax":
+            loaded.remove(Framework.JAX)
     if len(loaded) != 1:
         raise OpprofError(
             "opprof.profile(): import the framework you train with first" if not loaded else
@@ -141,6 +146,16 @@ def _adapter(fw: Framework, protocol: Protocol) -> Adapter:
         from opprof.collectors.tf import TFAdapter
 
         return TFAdapter()
+    if fw == Framework.JAX:  # (JAX dispatches asynchronously: block on your step's results
+        from opprof.collectors.jax import JAXAdapter  # before prof.step() to time it whole)
+
+        return JAXAdapter()
+    if fw == Framework.CHAINER:
+        from opprof.collectors.chainer import ChainerAdapter, Events, hook_calls
+
+        events = Events()
+        hook_calls(events)
+        return ChainerAdapter(events)
     from opprof.collectors.mxnet import MXNetAdapter
 
     return MXNetAdapter(profile_memory=protocol.profile_memory)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from opprof.advice.base import Advisory
     from opprof.analysis.report import Report
+    from opprof.flops.peaks import PeakOptions
     from opprof.preread import Ahead
 
 #: The views (``--by``) and formats whose output shows the critical path.
@@ -31,6 +32,8 @@ class ReportOptions:
     scheduler: str | None = None
     jobs: int | None = None
     advice: bool = True
+    #: the machine's peak as the user gave it (``--peak-flops`` …; opprof.flops.peaks)
+    peak: PeakOptions | None = None
 
     @property
     def critical(self) -> bool:
@@ -47,10 +50,12 @@ class ReportOptions:
 
     @property
     def whole(self) -> bool:
-        """Whether the job's events are needed whole (the critical path's graph joins the
-        ranks; the advice reads the model and the graph): then it is read whole, once, with
-        every event's detail, and reported from that read; else rank by rank."""
-        return self.critical or self.advised
+        """Whether the job's events are needed whole (the advice reads the model and the
+        critical path's graph, which joins the ranks): then it is read whole, once, with
+        every event's detail, and reported from that read (the critical path from the
+        advice's graph); else rank by rank (the critical path, when asked, walked in the
+        worker that reads each rank)."""
+        return self.advised
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,8 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
         from opprof.job import report as job_report
 
         return ReportResult(job_report(list(o.paths), device_span=o.device_span,
-                                       scheduler=o.scheduler, jobs=o.jobs, ahead=ahead))
+                                       scheduler=o.scheduler, jobs=o.jobs,
+                                       critical=o.critical, peak=o.peak, ahead=ahead))
     from opprof.analysis.report import build_report
     from opprof.loader import load
 
@@ -85,7 +91,7 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
 
         graph, order = context.graph if context is not None and context.graph else (None, None)
         critical = critical_path(trace, graph=graph, order=order)
-    rep = build_report(trace, o.device_span, critical=critical)
+    rep = build_report(trace, o.device_span, peak=o.peak, critical=critical)
     if not o.advised:
         return ReportResult(rep)
     from opprof.advice import advise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -17,14 +18,15 @@ from opprof.model.commmodel import FIT_LIMIT, Network
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render import verdicts
+from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.paralleltables import (
     comm_diff_table,
     expert_tables,
     layout_line,
     pipeline_table,
 )
-from opprof.render.richtext import render as render
-from opprof.render.units import ab_ratio, mib, rate, ratio, size
+from opprof.render.text import render as render
+from opprof.render.units import ab_ratio, mib, rate, ratio, share, size
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 
@@ -516,9 +518,12 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     if layout is not None:
         items.append(layout)
     items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
+    items += [Text(line) for line in efficiency_headline(rep)]
     if advice is not None:
         items.extend(advice_items(advice, top=ADVICE_IN_REPORT, brief=True))
-    if by == "op":
+    if by == "roofline":
+        items.extend(roofline_tables(rep, top))
+    elif by == "op":
         items.append(op_table(rep.ops, top, "Host operators", side(rep.fused_kernels, "host")))
         if not rep.device_ops.empty:
             items.append(op_table(rep.device_ops, top, "GPU kernels and copies by operator",
@@ -566,6 +571,39 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     return render(*items)
 
 
+def roofline_tables(rep: Report, top: int | None) -> list[RenderableType]:
+    """`--by roofline`: per operator, per GPU kernel, and MFU per rank."""
+    from opprof.render.efficiency import rank_rows, roofline_rows
+
+    eff = rep.efficiency
+    if eff is None:
+        return []
+    out: list[RenderableType] = []
+    peak = eff.peak
+    ridge = (f"; ridge at {peak.flops_per_s / peak.bytes_per_s:,.1f} FLOP/byte"
+             if peak.flops_per_s and peak.bytes_per_s else "")
+    for title, df, kernel in (("Roofline by operator", eff.roofline, False),
+                              ("Roofline by GPU kernel", eff.kernels, True)):
+        if df.empty:
+            continue
+        head, rows = roofline_rows(df, top, kernel)
+        t = Table(title=title + ridge, title_justify="left")
+        for h in head:
+            t.add_column(h, justify="left" if h in ("op", "phase", "kernel", "bound")
+                         else "right", no_wrap=True, overflow="ellipsis")
+        for r in rows:
+            t.add_row(*r)
+        out.append(t)
+    head, rows = rank_rows(eff)
+    t = Table(title="MFU per rank (profiled steps)", title_justify="left")
+    for h in head:
+        t.add_column(h, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    out.append(t)
+    return out
+
+
 def step_lines(d: Diff) -> list[str]:
     """The step times of a diff, unprofiled beside profiled, and which the headline uses."""
     lines = []
@@ -606,7 +644,7 @@ def diff(d: Diff, top: int | None = None) -> str:
         tables.append(t)
     if not d.comm.empty:
         tables.append(comm_diff_table(d.comm))
-    items: list[RenderableType] = [head, *tables, *memory_diff(d),
+    items: list[RenderableType] = [head, *tables, *memory_diff(d), *efficiency_diff(d, top),
                                    Text(verdicts.diff_sentence(d), style="bold")]
     if d.convergence:
         items.append(Text(verdicts.convergence_sentence(d.convergence), style="bold"))
@@ -620,6 +658,28 @@ def diff(d: Diff, top: int | None = None) -> str:
                        else "bold green" if i == 0 else "")
                   for i, line in enumerate(gate_lines(d.gate))]
     return render(*items)
+
+
+def efficiency_diff(d: Diff, top: int | None) -> list[RenderableType]:
+    """Which run uses its machine better: MFU of each against its peak, and per operator the
+    achieved FLOP/s and share of peak that explain the difference."""
+    from opprof.render.efficiency import diff_rows
+
+    e = d.efficiency
+    if e is None:
+        return []
+    out: list[RenderableType] = []
+    head, rows = diff_rows(e, 5 if top is None else min(top, 10))
+    if rows:
+        t = Table(title="Efficiency (model FLOPs), by share of the MFU difference",
+                  title_justify="left")
+        for h in head:
+            t.add_column(h, justify="left" if h == "op" else "right")
+        for r in rows:
+            t.add_row(*r)
+        out.append(t)
+    out.append(Text(verdicts.efficiency_sentence(e, d.a_label, d.b_label), style="bold"))
+    return out
 
 
 #: How the diff names the run memory metrics.
@@ -669,6 +729,36 @@ def whatif_swaps_table(d: Diff, top: int | None) -> Table:
     return t
 
 
+def sweep_tables(swept: Mapping[str, object]) -> list[Table | Text]:
+    """`bench --threads` / `--batch-size`: time per mini-batch, samples/s, speed-up and
+    efficiency along each swept dimension, then where each run stops scaling."""
+    out: list[Table | Text] = []
+    for dim, title in (("threads", "threads"), ("batch_size", "batch size")):
+        frame = swept.get(dim)
+        if not isinstance(frame, pd.DataFrame) or frame.empty:
+            continue
+        other = "batch_size" if dim == "threads" else "threads"
+        t = Table(title=f"Time per mini-batch against the {title} (unprofiled)",
+                  title_justify="left")
+        cols = ["fw", "model", "workers", "mode", other.replace("_", " "), title, "ms/step",
+                "samples/s", "speed-up", "efficiency"]
+        for c in cols:
+            t.add_column(c, justify="left" if c in ("fw", "model", "mode") else "right")
+        for r in frame.to_dict("records"):
+            fixed = r.get(other)
+            t.add_row(r["fw"], r["model"], str(r["workers"]), r["mode"],
+                      str(int(fixed)) if fixed is not None and fixed == fixed else "-",
+                      str(int(r[dim])), ms(r["step_ns"]),
+                      f"{r['samples_per_s']:,.1f}" if _known(r.get("samples_per_s")) else "-",
+                      f"{r['speedup']:.2f}x" if _known(r.get("speedup")) else "-",
+                      pct(r["efficiency"]) if _known(r.get("efficiency")) else "-")
+        out.append(t)
+    stops = swept.get("stops")
+    if isinstance(stops, list) and stops:
+        out.append(Text("\n".join(str(s["sentence"]) for s in stops if isinstance(s, dict))))
+    return out
+
+
 def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     """Runs (with their noise flags), the model's predictions and memory, their phase
     breakdown, and the operator-ratio table for a terminal."""
@@ -677,12 +767,14 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     p = Table(title="Phase breakdown (ms per profiled step, mean over ranks; sums to the step)",
               title_justify="left")
     key = ["fw", "model", "workers", "mode"]
+    # the sweeps' dimensions (`bench --batch-size 16,64 --threads 1,2`), when swept
+    key += [c for c in ("batch_size", "threads") if c in table and table[c].nunique() > 1]
     # samples/s keeps its full width: a `--repeat` range below the median is never cut
     sps_width = max([len(line) for r in table.to_dict("records")
                      if r["status"] in DONE and r["samples_per_s"]
                      for line in _sps(r).splitlines()] + [len("samples/s")])
     for c in [*key, "status", "samples/s", "unprofiled ms", "profiled ms",
-              "profiled/\nunprofiled", "scaling", "flags"]:
+              "profiled/\nunprofiled", "scaling", "MFU", "flags"]:
         t.add_column(c, justify="left" if c in ("fw", "model", "mode", "status", "flags")
                      else "right", no_wrap=c == "samples/s",
                      min_width=sps_width if c == "samples/s" else max(map(len, c.split())))
@@ -696,7 +788,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
     for r in table.to_dict("records"):
         ok = r["status"] in DONE
         sps, eff = r["samples_per_s"], r["scaling_efficiency"]
-        head = [r["fw"], r["model"], str(r["workers"]), r["mode"]]
+        head = [str(r[c]) if r[c] is not None and r[c] == r[c] else "-" for c in key]
         style = "green" if ok else ("red" if r["status"] == RunStatus.FAILED else "grey50")
         pred = r.get("predicted_step_ns")
         has = ok and pred is not None and pred == pred
@@ -704,6 +796,7 @@ def bench_tables(table: pd.DataFrame, ratios: pd.DataFrame) -> list[Table]:
                   ms(r["unprofiled_step_ns"]) if ok else "-", ms(r["step_ns"]) if ok else "-",
                   _overhead(r) if ok else "-",
                   pct(eff) if eff is not None and eff == eff else "-",
+                  share(r.get("mfu")) if ok and _known(r.get("mfu")) else "-",
                   Text(_flags(r), style="bold yellow") if ok else "")
         if ok:
             m.add_row(*head, ms(pred) if has else "-",

@@ -45,10 +45,18 @@ FIGURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "devices": ("GPU compute / comm / memcpy / idle per device", ("traces",)),
     "convergence": ("loss and test accuracy against training time and step (runs recorded "
                     "with --converge)", ("bench", "traces")),
+    "threads": ("time per mini-batch and speed-up against the compute threads, per framework "
+                "(bench --threads 1,2,…)", ("bench",)),
+    "batch": ("time per mini-batch and samples/s against the batch size, per framework "
+              "(bench --batch-size 16,32,…)", ("bench",)),
+    "roofline": ("each operator's arithmetic intensity and achieved FLOP/s under the machine's "
+                 "ceilings, one panel per trace", ("traces",)),
 }
 SUFFIXES = (".svg", ".png", ".pdf")
 #: Figures `opprof bench` writes into its figures/ folder.
 BENCH_FIGURES = ("phases", "ops", "scaling", "memory")
+#: The sweep figures `opprof bench` writes when it swept their dimension (figure → column).
+SWEEP_FIGURES = {"threads": "threads", "batch": "batch_size"}
 RC: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
     "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.spines.top": False,
@@ -383,6 +391,12 @@ def _convergence_bench(b: Bench, top: int) -> Figure:
     return _convergence(plotdata.bench_curves(b))
 
 
+def _roofline_figure(traces: Traces, top: int) -> Figure:
+    from opprof.render.roofline import figure
+
+    return figure(traces, top)
+
+
 def _convergence_traces(traces: Traces, top: int) -> Figure:
     return _convergence(plotdata.trace_curves(traces))
 
@@ -397,4 +411,68 @@ MAKERS: dict[tuple[str, str], Callable[[Any, int], Figure]] = {
     ("ranks", "traces"): _ranks_traces,
     ("devices", "traces"): _devices_traces,
     ("convergence", "bench"): _convergence_bench, ("convergence", "traces"): _convergence_traces,
+    ("roofline", "traces"): lambda traces, top: _roofline_figure(traces, top),
 }
+
+
+def _sweep_bench(b: Bench, dim: str, title: str) -> Figure:
+    """Two panels along a swept dimension: time per mini-batch (log scale) and speed-up
+    (threads) or samples/s (batch size), one line per framework × model × workers × mode
+    (and the other dimension's value)."""
+    df = b.sweeps.get(dim)
+    if df is None or df.empty:
+        raise _empty(f"no sweep over {title} in this bench (bench --{dim.replace('_', '-')} "
+                     "with two values or more)")
+    other = "batch_size" if dim == "threads" else "threads"
+    fig = _figure(9.5, 3.6)
+    left, right = fig.subplots(1, 2)
+    groups = df.groupby(["fw", "model", "workers", "mode", other], dropna=False, sort=False)
+    fixed_values = sorted({int(v) for v in df[other].dropna()})
+    styles = ("-", "--", "-.", ":")
+    for i, (key, g) in enumerate(groups):
+        fw, model, workers, mode, fixed = key
+        g = g.sort_values(dim)
+        label = f"{fw} {model}" + (f" x{workers} {mode}" if workers != 1 else "") + (
+            f", {other.replace('_', ' ')} {int(fixed)}" if fixed == fixed and fixed is not None
+            else "")
+        # one colour per framework (and model), one line style per value of the other sweep
+        color = palette.framework_color(str(fw), i) if df["model"].nunique() == 1 \
+            else palette.series_color(i)
+        style = styles[fixed_values.index(int(fixed)) % len(styles)] \
+            if fixed == fixed and fixed is not None else "-"
+        x = g[dim].to_numpy(float)
+        left.plot(x, g["step_ns"].to_numpy(float) / 1e6, marker="o", color=color,
+                  linestyle=style, label=label)
+        y = g["speedup"] if dim == "threads" else g["samples_per_s"]
+        right.plot(x, pd.to_numeric(y, errors="coerce").to_numpy(float), marker="o",
+                   color=color, linestyle=style, label=label)
+    xs = sorted(df[dim].dropna().astype(int).unique())
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(v) for v in xs])
+        ax.set_xlabel(title)
+    left.set_yscale("log")
+    left.set_ylabel("time per mini-batch (ms, unprofiled)")
+    left.set_title(f"step time against {title}")
+    if dim == "threads":
+        right.plot(xs, [v / xs[0] for v in xs], color="#999999", linestyle=":", linewidth=2,
+                   label="linear")
+        right.set_ylabel(f"speed-up over {xs[0]} thread(s)")
+        right.set_title("speed-up")
+    else:
+        right.set_ylabel("samples/s")
+        right.set_title(f"throughput against {title}")
+    right.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    return fig
+
+
+def _threads_bench(b: Bench, top: int) -> Figure:
+    return _sweep_bench(b, "threads", "threads")
+
+
+def _batch_bench(b: Bench, top: int) -> Figure:
+    return _sweep_bench(b, "batch_size", "batch size")
+
+
+MAKERS[("threads", "bench")] = _threads_bench
+MAKERS[("batch", "bench")] = _batch_bench

@@ -368,6 +368,7 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
         secs.append(("critical", "Critical path", _report_critical(rep)))
     if len(rep.memory.ranks):
         secs.append(("memory", "Memory", _report_memory(rep)))
+    secs.append(("efficiency", "Efficiency and roofline", _report_efficiency(rep)))
     secs.append(("metadata", "Metadata", meta_table(meta)))
     src = meta.get("sources") or []
     name = str(src[0]) if len(src) == 1 else "TRACE"
@@ -640,6 +641,55 @@ DEVICE_COLUMNS: list[Column] = [
     ("memcpy_share", "memcpy", f_pct), ("idle_share", "idle", f_pct),
     ("comm_overlap", "comm overlapped", f_pct), ("idle_host_ns", "idle: host ms", f_ms),
     ("kernels", "kernels", f_int), ("memcpys", "copies", f_int), ("streams", "streams", f_int)]
+
+
+def _report_efficiency(rep: Report) -> str:
+    """The HTML report's efficiency section: the headline, the roofline chart, the table."""
+    from opprof.render.efficiency import headline
+    from opprof.render.roofline import BOUND_COLORS, ceilings, points, span
+    from opprof.render.units import flops_rate, rate, share
+
+    eff = rep.efficiency
+    lines = "".join(f"<p>{line.strip()}</p>" for line in headline(rep))
+    if eff is None:
+        return lines
+    pts = points(eff)
+    fig = go.Figure()
+    x = span(pts, eff)
+    for name, y in ceilings(eff, x):
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
+                                 line={"color": "#333333", "dash": "dash" if "vector" in name
+                                       else "solid"}))
+    for bound, g in pts.groupby("bound", sort=False):
+        size = np.sqrt(g["time_ns_per_step"].to_numpy(float))
+        size = 8 + 30 * size / max(float(np.sqrt(pts["time_ns_per_step"].max())), 1.0)
+        fig.add_trace(go.Scatter(
+            x=g["intensity"], y=g["achieved_flops_per_s"], mode="markers+text",
+            text=g["label"], textposition="top center", name=str(bound) or "unbounded",
+            marker={"size": size, "color": BOUND_COLORS.get(str(bound), "#777777"),
+                    "opacity": 0.8},
+            customdata=np.stack([g["phase"].astype(str), g["roofline_share"] * 100,
+                                 g["time_ns_per_step"] / 1e6], axis=1),
+            hovertemplate="%{text} (%{customdata[0]})<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s"
+                          "<br>%{customdata[1]:.1f}% of the roofline, %{customdata[2]:.3f} "
+                          "ms/step<extra></extra>"))
+    _layout(fig, 520, xaxis_title="arithmetic intensity (FLOP/byte)",
+            yaxis_title="achieved FLOP/s")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    cols = [("op", "op", f_text), ("phase", "phase", f_text),
+            ("flops", "FLOP/step", lambda v: flops_rate(v).removesuffix("/s")),
+            ("bytes", "bytes/step", lambda v: rate(v).removesuffix("/s")),
+            ("intensity", "FLOP/byte", lambda v: "-" if v is None or v != v else f"{v:.3g}"),
+            ("achieved_flops_per_s", "FLOP/s", flops_rate),
+            ("achieved_bytes_per_s", "bytes/s", rate),
+            ("roofline_share", "of roofline", share), ("bound", "bound", f_text)]
+    return (lines + chart(fig) + note(
+        "Each operator at its arithmetic intensity (FLOPs per byte moved) and the FLOP/s it "
+        "achieved over its time (its kernels' on a GPU trace), the marker's area its time per "
+        "step; the lines are the machine's ceilings: min(peak FLOP/s, intensity × peak "
+        "bandwidth). compute- and memory-bound operators sit near the line right and left of "
+        "the ridge; latency-overhead ones far below it.") + table(eff.roofline, cols))
 
 
 def _report_devices(rep: Report) -> str:

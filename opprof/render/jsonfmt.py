@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import math
-from typing import TYPE_CHECKING, Any
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from opprof.analysis.report import Report
 from opprof.render import verdicts
+from opprof.render.jsonvalues import clean as _clean
+from opprof.render.jsonvalues import records
 from opprof.render.views import ALL_VIEWS
 from opprof.taxonomy import PHASES
 from opprof.trace import convergence_frame
@@ -26,24 +25,6 @@ if TYPE_CHECKING:  # only names here: `report --format json` imports no model or
 #: The views this format renders (all views) and its file type.
 VIEWS = ALL_VIEWS
 EXTENSION = ".json"
-
-
-def _clean(v: Any) -> Any:
-    if v is pd.NA:
-        return None
-    if isinstance(v, float):
-        if math.isnan(v):
-            return None
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-    if hasattr(v, "item"):
-        return _clean(v.item())
-    return v
-
-
-def records(df: pd.DataFrame) -> list[JSONObject]:
-    """DataFrame rows as JSON-safe dicts."""
-    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
 def report_dict(rep: Report, top: int | None = None) -> JSONObject:
@@ -76,7 +57,8 @@ def report_dict(rep: Report, top: int | None = None) -> JSONObject:
             "memory_steps": records(rep.memory.steps),
             "compile_steps": records(rep.compile_steps),
             "fused_kernels": records(rep.fused_kernels),
-            **convergence_dict(rep), **critical_dict(rep), **parallel_dict(rep)}
+            **convergence_dict(rep), **critical_dict(rep), **parallel_dict(rep),
+            **efficiency_json(rep)}
 
 
 def parallel_dict(rep: Report) -> JSONObject:
@@ -85,6 +67,14 @@ def parallel_dict(rep: Report) -> JSONObject:
     (per step and all-to-all: bytes received per rank, imbalance): docs/parallelism.md."""
     return {"pipeline": records(rep.pipeline), "experts": records(rep.experts),
             "expert_load": records(rep.expert_load)}
+
+
+def efficiency_json(rep: Report) -> JSONObject:
+    """``efficiency``, ``efficiency_detail``, ``roofline``, ``roofline_kernels``
+    (opprof.render.efficiency)."""
+    from opprof.render.efficiency import json_dict
+
+    return json_dict(rep)
 
 
 def critical_dict(rep: Report) -> JSONObject:
@@ -158,6 +148,8 @@ def diff(d: Diff, top: int | None = None) -> str:
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
         "convergence": _convergence(d.convergence) if d.convergence else None,
+        "efficiency": {**d.efficiency.to_dict(), "summary": verdicts.efficiency_sentence(
+            d.efficiency, d.a_label, d.b_label)} if d.efficiency else None,
         **({"gate": {**d.gate.to_dict(), "notes": verdicts.gate_notes(d.gate)}}
            if d.gate is not None else {}),
     }, indent=2, default=_clean)

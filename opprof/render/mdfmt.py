@@ -13,6 +13,7 @@ from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render import verdicts
 from opprof.render.console import compile_lines, partial_lines, quality_lines
+from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
 from opprof.render.views import ALL_VIEWS
@@ -94,8 +95,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
            advice: Advisory | None = None) -> str:
     """The chosen view as markdown (``advice``: its table first)."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
-    notes = "".join(f"> {line}\n\n" for line in quality_lines(rep.noise)
-                    + partial_lines(rep.meta) + compile_lines(rep))
+    notes = "".join(f"> {line.strip()}\n\n" for line in quality_lines(rep.noise)
+                    + partial_lines(rep.meta) + compile_lines(rep) + efficiency_headline(rep))
     if by == "device" and rep.devices.empty and rep.device_ops.empty:
         body = "No device activity in this trace (no GPU kernels, copies or memsets)."
     else:
@@ -125,6 +126,9 @@ def diff(d: Diff, top: int | None = None) -> str:
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
         out += f"\n### What if A ran each operator at B's speed\n\n{md_table(rows)}\n"
+    if d.efficiency is not None:
+        sentence = verdicts.efficiency_sentence(d.efficiency, d.a_label, d.b_label)
+        out += f"\n### Efficiency\n\n{sentence}\n"
     if d.gate is not None:
         from opprof.render.console import gate_lines
 

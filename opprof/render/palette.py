@@ -33,7 +33,8 @@ MEMORY_COLORS: dict[str, str] = {
 #: Runs, frameworks and traces compared side by side (lines, grouped bars).
 SERIES: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
                            "#000000", "#999999")
-FRAMEWORK_COLORS: dict[str, str] = {"torch": "#D55E00", "tf": "#E69F00", "mxnet": "#0072B2"}
+FRAMEWORK_COLORS: dict[str, str] = {"torch": "#D55E00", "tf": "#E69F00", "mxnet": "#0072B2",
+                                    "jax": "#009E73", "chainer": "#CC79A7"}
 #: Diff waterfall: a part that makes A slower, one that makes it faster, and the totals.
 SLOWER, FASTER, TOTAL = "#D55E00", "#009E73", "#555555"
 #: Sequential colour scale (low → high) for heatmaps.

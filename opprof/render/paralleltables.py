@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 from rich.text import Text
 
+from opprof.render.text import render
 from opprof.render.units import size
 
 if TYPE_CHECKING:
@@ -152,8 +153,6 @@ def parallel_model_text(result: ParallelResult, fmt: str) -> str:
                                         if c == "speedup" else str(r[c])) for c in cols)
                 + " |" for r in table]
         return "\n".join([*out, "", *(x for x in [check, *result.notes] if x)]) + "\n"
-    from opprof.render.richtext import render
-
     t = Table(title=f"Predicted step by {result.dimension} degree (ms)", title_justify="left")
     for c in cols:
         t.add_column(c.replace("_ns", "").replace("_", " "), justify="right")

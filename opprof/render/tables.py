@@ -27,6 +27,10 @@ def report_table(rep: Report, by: str, top: int | None) -> pd.DataFrame:
         return rep.memory.ranks
     if by == "comm":
         return rep.collectives
+    if by == "roofline":
+        from opprof.render.efficiency import roofline_table
+
+        return roofline_table(rep, top)
     if by == "critical":  # the bound-by parts in ns, named so
         from opprof.analysis.critpath import BOUND_BY
 

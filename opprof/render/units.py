@@ -88,3 +88,33 @@ def ab_ratio(a: float | None, b: float | None) -> str:
 def _factor(x: float) -> str:
     """"1.93x"; two significant digits below 0.1 ("0.0029x"), so no factor reads 0.00x."""
     return f"{x:.2f}x" if abs(x) >= 0.1 or x == 0 else f"{x:.2g}x"
+
+
+_DECIMAL = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def flop(n: float | None, unit: str = "FLOP") -> str:
+    """A count of FLOPs in decimal units ("1.36 GFLOP"; ``unit`` "FLOP/s" for a rate)."""
+    if _missing(n):
+        return "-"
+    n = float(n)  # type: ignore[arg-type]
+    for scale, prefix in _DECIMAL:
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:,.2f} {prefix}{unit}" if abs(v) < 100 else f"{v:,.0f} {prefix}{unit}"
+    return f"{n:,.0f} {unit}"
+
+
+def flops_rate(n: float | None) -> str:
+    """FLOP/s in decimal units ("4.48 TFLOP/s")."""
+    return flop(n, "FLOP/s")
+
+
+def share(x: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage ("3.1%"; "0.04%" for small ones); '-' for none."""
+    if _missing(x) or math.isinf(float(x)):  # type: ignore[arg-type]
+        return "-"
+    v = float(x) * 100  # type: ignore[arg-type]
+    if v and abs(v) < 0.1:
+        return f"{v:.2g}%"
+    return f"{v:.{digits}f}%"

@@ -15,6 +15,7 @@ from opprof.render.units import mib
 if TYPE_CHECKING:
     from opprof.analysis.convergence import AtTarget, Comparison
     from opprof.analysis.diff import Diff
+    from opprof.analysis.efficiency import EfficiencyComparison
     from opprof.analysis.gate import Gate
     from opprof.model.commmodel import Network
     from opprof.model.predict import ModelResult, Spread
@@ -221,3 +222,33 @@ def whatif_notes(w: WhatIf) -> list[str]:
     """The notes under a what-if: each operator asked for that does not run in the trace."""
     return [f"{op} does not run in {w.label or 'the trace'}; nothing to scale"
             for op in w.absent_ops]
+
+
+def efficiency_sentence(c: EfficiencyComparison, la: str = "A", lb: str = "B") -> str:
+    """Which of two runs uses its machine better and which operator explains most of it
+    (:func:`opprof.analysis.efficiency.compare`), ``la`` and ``lb`` their labels."""
+    from opprof.render.units import flops_rate, share
+
+    a, b, better, ops, what, missing = c.a, c.b, c.better, c.ops, c.what, list(c.missing)
+    if a is None or b is None:
+        return "No efficiency comparison (" + "; ".join(missing) + ")."
+    if missing and what == "MFU":
+        return (f"{la} achieves {flops_rate(a.achieved_flops_per_s)}, {lb} "
+                f"{flops_rate(b.achieved_flops_per_s)} of model FLOPs; no MFU comparison ("
+                + "; ".join(missing) + ").")
+    if better is None:
+        return f"{la} and {lb} use their machines alike (MFU {share(a.mfu)})."
+    good, bad = (a, b) if better == "A" else (b, a)
+    gl, bl = (la, lb) if better == "A" else (lb, la)
+    text = (f"{gl} uses its machine better: MFU {share(good.mfu)} vs {share(bad.mfu)}"
+            + (f" ({flops_rate(good.achieved_flops_per_s)} vs "
+               f"{flops_rate(bad.achieved_flops_per_s)})" if what != "MFU" else
+               " (each against its own peak)"))
+    top = ops[ops["share_of_gap"] > 0]
+    if len(top):
+        r = top.iloc[0]
+        g, b_ = (r["a_peak_share"], r["b_peak_share"]) if better == "A" else (
+            r["b_peak_share"], r["a_peak_share"])
+        text += (f"; {r['op']} explains most of it: {share(g)} vs {share(b_)} of peak, "
+                 f"{share(r['share_of_gap'], 0)} of the difference")
+    return text + "."

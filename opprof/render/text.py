@@ -1,5 +1,5 @@
-"""Rich renderables laid out as plain text (what the console renderer and the tables beside it
-print), so that a module drawing rich tables needs no import of the console renderer."""
+"""Rich renderables printed to plain text: what the console renderer and the tables beside it
+return."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console, Group, RenderableType
 
 
 def render(*items: RenderableType, width: int = 120) -> str:
-    """``items`` one under the other, laid out ``width`` columns wide, without colour."""
+    """``items`` as the text a terminal ``width`` columns wide shows, without colour."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=False, color_system=None)
     console.print(Group(*items))
