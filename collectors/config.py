@@ -7,7 +7,11 @@ no framework, so `--fw tf` works where torch is not installed.
 * the built-in models' shared facts (names, input sizes) live here, not in a framework module;
 * :class:`Rendezvous` is where a multi-worker job meets (torchrun / DMLC / TF_CONFIG terms);
 * :class:`Protocol` is what the runner does in every process (warm-up, timing, profiled
-  steps); :class:`RecordConfig` adds what `record` builds (model, data, cluster shape);
+  steps); :class:`RecordConfig` adds what `record` builds (model, data, cluster shape). It is
+  the one declaration of `opprof record`'s options: each field says how the command line
+  gives it (:func:`option`: its help, bounds, choices), and the command's click options are
+  made from the fields (:func:`opprof.commands.config_options`), so adding an option is one
+  field here;
 * :class:`Facts` is what one process reports about itself (its status file), and
   :func:`job_meta` turns the facts of every process into the `.trace` metadata.
 """
@@ -16,7 +20,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from opprof.errors import OpprofError
@@ -88,15 +93,69 @@ def canonical_name(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Option:
+    """How a configuration field is given on the command line — plain data (no click here):
+    :func:`opprof.commands.config_options` makes the click option from it and the field's
+    type and default. ``flag``: the option's name (default ``--field-name``); ``minimum`` /
+    ``maximum``: the bounds of a number (``min_open``: the minimum itself refused);
+    ``choices``: the values taken (default: an enum field's); ``unset``: the command line's
+    default is None, meaning the field's own default or what :meth:`RecordConfig.from_options`
+    derives (said in the help). A bool field is a switch: ``--name/--no-name`` when it is on
+    by default, else a flag."""
+
+    help: str = ""
+    flag: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    min_open: bool = False
+    choices: tuple[str, ...] | None = None
+    unset: bool = False
+    show_default: bool = True
+
+
+def option(default: Any = MISSING, *, help: str = "", **how: Any) -> Any:  # noqa: A002
+    """A configuration field given on the command line (see :class:`Option`); no default:
+    the option is required."""
+    meta = {"option": Option(help=help, **how)}
+    if default is MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def options_of(cls: type) -> list[tuple[str, Any, Option]]:
+    """(field name, default or MISSING, :class:`Option`) of every field of the dataclass
+    ``cls`` given on the command line, in order; a field holding another configuration
+    (``metadata["options"]``) gives its fields in its place."""
+    out: list[tuple[str, Any, Option]] = []
+    for f in fields(cls):
+        nested = f.metadata.get("options")
+        if nested is not None:
+            out += options_of(nested)
+        elif "option" in f.metadata:
+            out.append((f.name, f.default, f.metadata["option"]))
+    return out
+
+
+@dataclass(frozen=True)
 class Rendezvous:
     """Where the processes of a job meet. On one machine everything is loopback and a free
     port; on several, every host runs the same command with its own ``node_rank``."""
 
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0  # 0: a free port picked at run time (one machine only)
-    nnodes: int = 1
-    node_rank: int = 0
-    cluster: tuple[str, ...] = ()  # TF on several hosts: every worker's HOST:PORT, in order
+    nnodes: int = option(1, minimum=1, unset=True,
+                         help="Hosts in a multi-host job (run the same command on each).")
+    node_rank: int = option(0, minimum=0, unset=True,
+                            help="This host's index in a multi-host job.")
+    master_addr: str = option("127.0.0.1", unset=True,
+                              help="Rendezvous host (default 127.0.0.1).")
+    #: 0: a free port picked at run time (one machine only)
+    master_port: int = option(0, minimum=0, maximum=65535, unset=True,
+                              help="Rendezvous port (default: a free one; needed with "
+                                   "--nnodes > 1).")
+    #: TF on several hosts: every worker's HOST:PORT, in order
+    cluster: tuple[str, ...] = option((), unset=True,
+                                      help="Every worker's HOST:PORT, comma-separated "
+                                           "(TensorFlow on several hosts; --node-rank is this "
+                                           "host's task index).")
     clock_sync: str = "auto"  # torch: auto (offsets for other machines) | always | off
 
     def check(self, workers: int, split_evenly: bool) -> None:
@@ -151,37 +210,68 @@ class Protocol:
 
 @dataclass(frozen=True)
 class RecordConfig:
-    """What `opprof record` records: one framework, model, data set and cluster shape."""
+    """What `opprof record` records: one framework, model, data set and cluster shape — the
+    command's options, each declared here once (:func:`option`)."""
 
-    fw: Framework
-    model: str
-    dataset: str = "synthetic-cifar10"
-    batch_size: int = 32
-    steps: int = 5
-    warmup: int = 2
-    timing_steps: int = 3
-    workers: int = 1
-    servers: int = 1
-    mode: Mode = Mode.SINGLE
-    device: Device = Device.CPU
-    seed: int = 0
-    command: str = ""
-    timeout_s: float = 600.0
-    profile_memory: bool = True
+    fw: Framework = option(choices=FRAMEWORKS, help="Framework to run.")
+    model: str = option(choices=MODELS, help="Built-in model.")
+    dataset: str = option("synthetic-cifar10", help="synthetic-cifar10, cifar10, cifar100 "
+                                                    "(local python batches) or a PATH.")
+    batch_size: int = option(32, minimum=1)
+    steps: int = option(5, minimum=1, help="Profiled steps.")
+    warmup: int = option(2, minimum=0, help="Unprofiled warm-up steps.")
+    timing_steps: int = option(3, minimum=1, help="Unprofiled timed steps (the profiler's "
+                                                  "overhead is measured against them).")
+    workers: int = option(1, minimum=1)
+    servers: int = option(1, minimum=1, help="Parameter servers (ps modes).")
+    #: The command line's None: single for one worker, else the framework's usual
+    #: (:meth:`from_options`).
+    mode: Mode = option(Mode.SINGLE, choices=MODES, unset=True,
+                        help="Distributed mode (default: single for 1 worker, else the "
+                             "framework's usual).")
+    device: Device = option(Device.CPU)
+    nsys: bool = option(False, help="Also record under NVIDIA Nsight Systems (needs nsys on "
+                                    "PATH).")
+    #: Record the framework allocator's memory with its profiler (torch and MXNet
+    #: ``profile_memory``; TensorFlow always records its allocator).
+    profile_memory: bool = option(True, help="Record the framework allocator's memory with its "
+                                             "profiler (torch and MXNet profile_memory; "
+                                             "TensorFlow always records its allocator).")
     #: Seconds between two samples of every process's resident memory (0: no sampling).
-    memory_interval_s: float = 0.02
-    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    memory_interval_s: float = option(0.02, flag="--memory-interval", minimum=0,
+                                      help="Seconds between samples of the resident memory of "
+                                           "every process of the run, taken from outside them "
+                                           "(0: no sampling).")
     #: Compute threads per worker (OpenMP / torch threads, TF intra- and inter-op threads);
     #: None: the host's CPUs split among the processes that compute.
-    threads: int | None = None
+    threads: int | None = option(None, minimum=1, help=(
+        "Compute threads per worker (torch/OpenMP threads, TF intra- and inter-op threads, "
+        "MXNet's OpenMP). Default: one worker, the framework's (every CPU); several, every "
+        "framework the same: the host's CPUs split among the processes that compute on it "
+        "(MXNet's servers count). Give the same number to a baseline that `opprof model` "
+        "predicts from and to the runs it checks against."))
+    #: DataLoader worker processes that load ahead (torch, MXNet; 0: in the training process).
+    loader_workers: int = option(0, minimum=0, help=(
+        "DataLoader worker processes that load batches ahead of the step (torch, MXNet; 0: in "
+        "the training process)."))
+    #: DistributedDataParallel's bucket size, MiB (None: DDP's own).
+    bucket_mb: float | None = option(None, minimum=0, min_open=True, help=(
+        "DistributedDataParallel's gradient bucket size in MiB (torch allreduce and zero; "
+        "default DDP's 25, its first bucket 1)."))
+    seed: int = option(0)
     #: `--converge STEPS`: train this many steps in all (0: the protocol's only), the loss of
     #: each and the accuracy every ``eval_every`` steps (0: at the end only).
-    converge: int = 0
-    eval_every: int = 0
-    #: DataLoader worker processes that load ahead (torch, MXNet; 0: in the training process).
-    loader_workers: int = 0
-    #: DistributedDataParallel's bucket size, MiB (None: DDP's own).
-    bucket_mb: float | None = None
+    converge: int = option(0, minimum=0, help="Train STEPS steps in all (the profiled ones "
+                                              "among them), keeping each step's loss and "
+                                              "time: the convergence table beside the "
+                                              "breakdown.")
+    eval_every: int = option(0, minimum=0, help="With --converge: train and test accuracy "
+                                                "every K steps (0: at the end).")
+    timeout_s: float = option(600.0, flag="--timeout",
+                              help="Seconds before a hung run is stopped.")
+    rendezvous: Rendezvous = field(default_factory=Rendezvous,
+                                   metadata={"options": Rendezvous})
+    command: str = ""  # the command line, kept in the trace
 
     def __post_init__(self) -> None:
         for name, enum in (("fw", Framework), ("mode", Mode), ("device", Device)):
@@ -216,6 +306,25 @@ class RecordConfig:
         """A copy with some fields changed."""
         return RecordConfig(**{**{f.name: getattr(self, f.name) for f in fields(self)},
                                **changes})
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any], **more: Any) -> RecordConfig:
+        """The configuration of the command line's option ``values`` (by field name, the
+        rendezvous' among them; None where an :attr:`Option.unset` option was not given),
+        with ``more`` fields (``command``). An unset mode is single for one worker, else the
+        framework's usual; a comma-separated list is a tuple."""
+        rv_names = {f.name for f in fields(Rendezvous)}
+        given = {k: v for k, v in values.items() if v is not None}
+        rv: dict[str, Any] = {
+            k: tuple(h.strip() for h in v.split(",") if h.strip()) if k == "cluster" else v
+            for k, v in given.items() if k in rv_names}
+        mine = {k: v for k, v in given.items() if k not in rv_names}
+        mine.update(more)
+        if "mode" not in mine:
+            workers = int(mine.get("workers", 1))
+            mine["mode"] = (Mode.SINGLE if workers == 1
+                            else framework_info(Framework(mine["fw"])).default_mode)
+        return cls(rendezvous=Rendezvous(**rv), **mine)
 
 
 # ------------------------------------------------------------------ what a process reports

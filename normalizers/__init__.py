@@ -42,6 +42,7 @@ from opprof.trace import Trace, concat_traces
 if TYPE_CHECKING:
     from opprof.jsontypes import JSON, JSONObject
     from opprof.meta import MetaMapping
+    from opprof.preread import Ahead
 
 __all__ = ["FILE_FORMATS", "JSON_FORMATS", "Format", "Native", "RankFormat", "expand",
            "file_format", "folder_meta", "head_bytes", "normalize", "read_doc", "read_json",
@@ -78,19 +79,21 @@ def read_json(path: Path) -> JSON:
 _PLAIN_JSON = msgspec.json.Decoder()
 
 
-def read_doc(path: Path, head: bytes, detail: bool = True) -> tuple[Format | None, Any]:
+def read_doc(path: Path, head: bytes, detail: bool = True,
+             ahead: Ahead | None = None) -> tuple[Format | None, Any]:
     """(format, decoded document) of a JSON trace file; (None, description) when it is
     JSON of no known format. A Kineto trace is read as its text streams in, its events
     taken as columns already (``kineto.stream``; ``detail``: as ``read_rank`` will read
-    them); any other file, or one the streaming reader leaves, is decoded whole."""
+    them); any other file, or one the streaming reader leaves, is decoded whole. ``ahead``:
+    what the command started reading before (:class:`opprof.preread.Ahead`)."""
     from opprof.normalizers import kineto
 
-    streamed = kineto.stream(path, head, detail)
+    streamed = kineto.stream(path, head, detail, ahead)
     if streamed is not None:
         fmt = next((f for f in JSON_FORMATS if f.claims(path, head, streamed)), None)
         if fmt is not None and fmt.name == kineto.NAME:
             return fmt, streamed
-    data = chrome.read_bytes(path, head)
+    data = chrome.read_bytes(path, head, ahead)
     doc = kineto.decode(data, path)
     if doc is None:
         return None, chrome.describe(data)
@@ -117,11 +120,18 @@ class Native:
 
 def read_native(path: Path, meta: MetaMapping, *, index: int = 0,
                 taken: Sequence[int] = (), rank: int | None = None, detail: bool = True,
-                head: bytes | None = None) -> Native:
+                head: bytes | None = None, ahead: Ahead | None = None) -> Native:
     """Decode one native JSON file; when its format reads one rank per file, normalize it:
     as ``rank`` when given, else as its format plans it after the ranks ``taken`` by the
-    files before it (the rank it declares, else ``index``)."""
-    fmt, doc = read_doc(path, head if head is not None else head_bytes(path), detail)
+    files before it (the rank it declares, else ``index``). ``ahead``: what was read before
+    (:class:`opprof.preread.Ahead`: the file's document decoded already, or what the command
+    started reading)."""
+    decoded = ahead.decoded(path) if ahead is not None else None
+    if decoded is not None:  # decoded before (a job first read rank by rank): not read again
+        fmt, doc = decoded
+    else:
+        fmt, doc = read_doc(path, head if head is not None else head_bytes(path), detail,
+                            ahead)
     if fmt is None:
         return Native(None, what=str(doc))
     ranked = by_rank(fmt)
@@ -272,7 +282,7 @@ def split_memory(listed: list[tuple[Path, bool]]) -> tuple[list[tuple[Path, bool
 
 
 def normalize(paths: list[Path], meta: MetaMapping | None = None, *,
-              skip_damaged: bool = False) -> Trace:
+              skip_damaged: bool = False, ahead: Ahead | None = None) -> Trace:
     """Read native trace files (all of one format, e.g. one per rank) into one Trace.
 
     A file the user named must be a trace; a JSON file found inside a folder that no format
@@ -282,17 +292,18 @@ def normalize(paths: list[Path], meta: MetaMapping | None = None, *,
     in ``meta["damaged_files"]`` (path and problem), so a run cut short is read for what is
     complete; ``skip_damaged`` treats named files the same way (a partial recording).
     opprof's sampled memory files (``*.memory.csv``) among them become the memory rows of
-    their ranks (:mod:`.sampled`)."""
+    their ranks (:mod:`.sampled`). ``ahead``: what the command started reading before
+    (:class:`opprof.preread.Ahead`)."""
     listed, memory = split_memory(expand([Path(p) for p in paths]))
     if not listed:
         raise OpprofError("only sampled memory files, no trace to attach them to",
                           path=paths[0], kind=ErrorKind.NO_EVENTS)
     meta = {**folder_meta([Path(p) for p in paths]), **(meta or {})}
-    return sampled.attach(_normalize(paths, listed, meta, skip_damaged), memory)
+    return sampled.attach(_normalize(paths, listed, meta, skip_damaged, ahead), memory)
 
 
 def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: MetaMapping,
-               skip_damaged: bool) -> Trace:
+               skip_damaged: bool, ahead: Ahead | None = None) -> Trace:
     damaged: list[OpprofError] = []
 
     def tolerate(f: Path, named: bool, exc: OpprofError) -> None:
@@ -329,7 +340,7 @@ def _normalize(paths: list[Path], listed: list[tuple[Path, bool]], meta: MetaMap
             raise OpprofError(f"a {claimed.name} file cannot be mixed with other formats",
                               path=f, kind=ErrorKind.NOT_A_TRACE)
         try:  # a rank format's file is normalized at once: one decoded document is held
-            got = read_native(f, meta, index=len(ranks), taken=ranks, head=head)
+            got = read_native(f, meta, index=len(ranks), taken=ranks, head=head, ahead=ahead)
         except OpprofError as exc:
             tolerate(f, named, exc)
             continue

@@ -31,26 +31,28 @@ import msgspec
 import numpy as np
 
 from opprof.errors import ErrorKind, OpprofError
-from opprof.gunzip import GZIP_MAGIC, gib, gunzip, memory_budget, prefetched
+from opprof.gunzip import GZIP_MAGIC, gib, gunzip, memory_budget
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from opprof.preread import Ahead
+
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def read_bytes(path: Path, head: bytes) -> bytes | bytearray:
+def read_bytes(path: Path, head: bytes, ahead: Ahead | None = None) -> bytes | bytearray:
     """The file's bytes, gunzipped when it is gzip (then a bytearray: filled in place, see
-    :func:`opprof.gunzip.gunzip`); damaged data, or more than memory can hold (see the module
-    docstring), is a clear error."""
+    :func:`opprof.gunzip.gunzip`; the text already inflating when ``ahead`` holds it); damaged
+    data, or more than memory can hold (see the module docstring), is a clear error."""
     if head.startswith(b"SQLite format 3\x00"):  # no format claimed it (nsys, nvprof)
         from opprof.normalizers.cupti import sqlite_tables
 
         shown = ", ".join(sorted(sqlite_tables(path))[:6])
         raise OpprofError(f"{path}: a SQLite file but not an nsys or nvprof export ("
                           + (f"tables: {shown})" if shown else "unreadable or empty)"))
-    data: bytes | bytearray | None = (prefetched(path) if head.startswith(GZIP_MAGIC)
-                                      else None)
+    text = ahead.text(path) if ahead is not None and head.startswith(GZIP_MAGIC) else None
+    data: bytes | bytearray | None = text.text() if text is not None else None
     if data is None:
         budget = memory_budget()
         try:

@@ -26,20 +26,22 @@ from collections.abc import Iterator
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_, is_not
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import numpy as np
 
-from opprof import drops, gunzip, preread
+from opprof import drops, gunzip
 from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC
 from opprof.normalizers import chrome
+from opprof.preread import NOT_STREAMED
 from opprof.sharding import refine_mode, sharded_mode
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from opprof.preread import Ahead
     from opprof.trace import Trace
 
 # The reading half of this module (decoding, streaming, taking columns) needs msgspec and
@@ -210,7 +212,8 @@ class _NotStreamed(Exception):
     """The file is not one the streaming reader takes: read it whole."""
 
 
-def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
+def stream(path: Path, head: bytes, detail: bool = True,
+           ahead: Ahead | None = None) -> Document | None:
     """A Kineto document read as its text streams in, without ever holding the text whole
     (:func:`gunzip.pieces`: gzip inflated on a second thread, a bounded stretch ahead): the
     events are typed :data:`CHUNK` at a time, in the same chunks as the whole-text reader,
@@ -223,13 +226,15 @@ def stream(path: Path, head: bytes, detail: bool = True) -> Document | None:
     is wrong with a damaged file — for anything this reader does not take as it is: a file
     that does not state Kineto's ``schemaVersion``, ``distributedInfo`` or
     ``deviceProperties`` before its events, text that is not UTF-8, JSON it cannot cut into
-    events, any error."""
+    events, any error. ``ahead``: what the command started reading before (the document a
+    second process read, or the text inflating: :class:`opprof.preread.Ahead`)."""
     if not (head.startswith(GZIP_MAGIC) or head.lstrip(b" \t\n\r\xef\xbb\xbf")[:1] == b"{"):
         return None
-    ahead = preread.taken(path, detail)  # read by `opprof report`'s second process
     if ahead is not None:
-        return None if ahead is preread.NOT_STREAMED else ahead
-    source = gunzip.pieces(path)
+        doc = ahead.document(path, detail)  # read by `opprof report`'s second process
+        if doc is not None:
+            return None if doc is NOT_STREAMED else cast(Document, doc)
+    source = gunzip.pieces(path, ahead.text(path) if ahead is not None else None)
     if source is None:
         return None
     try:
@@ -572,6 +577,9 @@ def merge_meta(infos: list[dict], meta: dict) -> dict:
     sources = sorted({s for i in infos for s in i.get("memory_sources", [])})
     if sources:
         info["memory_sources"] = sources
+    skipped = next((i["memory_skipped"] for i in infos if i.get("memory_skipped")), None)
+    if skipped:
+        info["memory_skipped"] = skipped
     return info
 
 

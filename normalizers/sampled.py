@@ -143,8 +143,7 @@ def attach(trace: Trace, paths: list[Path], new_ranks: bool = True) -> Trace:
         keep = np.r_[True, hwm[1:] != hwm[:-1]]
         keep[-1] = True
         frames.append(samples(rank, role, pid, "cpu", ts[keep], "hwm", hwm[keep], "sampled"))
-    meta["memory_files"] = len(paths)
-    out = Trace(trace.events, meta)
+    out = Trace(trace.events, meta)  # (the files read: meta["memory_sources"], add_memory)
     return add_memory(out, pd.concat(frames, ignore_index=True)) if frames else out
 
 

@@ -59,12 +59,6 @@ def main() -> None:
     stopped by a signal is one line and 128 + the signal's number."""
     raise_on_signals()
     set_invocation(shlex.join(["opprof", *sys.argv[1:]]))  # the .trace files' stamp
-    from opprof import readahead
-
-    if not readahead.start(sys.argv[1:]):  # a report's trace read by a second process
-        from opprof.gunzip import prefetch_argv
-
-        prefetch_argv(sys.argv[1:])  # else inflated on a second thread
     _main()
     if sys.argv[1:2] == ["report"]:
         _exit_at_once()

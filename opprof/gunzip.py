@@ -4,12 +4,12 @@ thread (the inflating holds no GIL).
 Standard library only (and ISA-L's inflate where the ``fast`` extra installs it).
 :func:`pieces` gives a file's text in pieces for the streaming Kineto reader, inflated at
 most :data:`AHEAD` bytes ahead of it; :func:`gunzip` the whole text in one buffer, for the
-other readers. The CLI starts :func:`prefetch` on the one file a report reads (when no
-second process reads it: ``opprof.readahead``) before it imports pandas and numpy, so the
-first pieces are inflated while the interpreter imports; the reader then takes them
-(:func:`pieces`, or all at once: :func:`prefetched`). Any failure there (damaged data, a
-bomb, the file changed) is left to the reader, which reads the file again and says what is
-wrong in its usual line.
+other readers. `opprof report` starts :func:`prefetch` on the one file it reads (when no
+second process reads it: ``opprof.readahead``) before it imports pandas and the analyses, so
+the first pieces are inflated while the interpreter imports; the handle travels to the reader
+(:class:`opprof.preread.Ahead`), which takes them (:func:`pieces`, or all at once:
+:meth:`Pieces.text`). Any failure there (damaged data, a bomb, the file changed) is left to
+the reader, which reads the file again and says what is wrong in its usual line.
 """
 
 from __future__ import annotations
@@ -231,9 +231,6 @@ class Pieces:
             self._cond.notify_all()
 
 
-_ahead: dict[tuple[int, int], tuple[Pieces, tuple[int, int]]] = {}
-
-
 #: ((device, inode), (size, mtime ns)) of a regular file: the same file, unchanged.
 FileIdentity = tuple[tuple[int, int], tuple[int, int]]
 
@@ -258,60 +255,22 @@ def _is_gzip(path: str | os.PathLike[str]) -> bool | None:
         return None
 
 
-def prefetch(path: str | os.PathLike[str]) -> bool:
-    """Start inflating ``path`` on a second thread when it is a regular gzip file; True when
-    started. Its text is kept for the reader (:func:`prefetched` whole, :func:`pieces` in
-    pieces), at most :data:`AHEAD` bytes ahead of it."""
-    ident = file_identity(path)
-    if ident is None or ident[0] in _ahead or not _is_gzip(path):
-        return False
-    _ahead[ident[0]] = (Pieces(path, gzipped=True), ident[1])
-    return True
-
-
-def _take(path: str | os.PathLike[str]) -> Pieces | None:
-    """The prefetch of ``path`` when one was started and the file is unchanged since
-    (handed out once); None otherwise."""
-    ident = file_identity(path)
-    if ident is None:
+def prefetch(path: str | os.PathLike[str]) -> Pieces | None:
+    """Start inflating ``path`` on a second thread when it is a regular gzip file: its
+    :class:`Pieces` (the caller hands them to the reader, :class:`opprof.preread.Ahead`),
+    at most :data:`AHEAD` bytes ahead of it; None for anything else."""
+    if file_identity(path) is None or not _is_gzip(path):
         return None
-    entry = _ahead.pop(ident[0], None)
-    if entry is None:
-        return None
-    ahead, when = entry
-    if ident[1] != when:
-        ahead.close()
-        return None
-    return ahead
+    return Pieces(path, gzipped=True)
 
 
-def prefetched(path: str | os.PathLike[str]) -> bytearray | None:
-    """The inflated text of ``path`` when :func:`prefetch` started on it (waiting for the
-    thread) and the file is unchanged since; None otherwise. Handed out once."""
-    ahead = _take(path)
-    return None if ahead is None else ahead.text()
-
-
-def pieces(path: str | os.PathLike[str]) -> Pieces | None:
-    """The text of the regular file ``path`` in pieces (:class:`Pieces`): the prefetch's
-    when one was started on it, else a new one (gzip inflated on a second thread). None for
-    anything but a regular file."""
-    ahead = _take(path)
+def pieces(path: str | os.PathLike[str], ahead: Pieces | None = None) -> Pieces | None:
+    """The text of the regular file ``path`` in pieces (:class:`Pieces`): ``ahead`` when
+    given (its :func:`prefetch`, started before), else a new one (gzip inflated on a second
+    thread). None for anything but a regular file."""
     if ahead is not None:
         return ahead
     if file_identity(path) is None:
         return None
     gz = _is_gzip(path)
     return None if gz is None else Pieces(path, gzipped=gz)
-
-
-def prefetch_argv(argv: list[str], commands: tuple[str, ...] = ("report",)) -> None:
-    """:func:`prefetch` the one gzip file a command line names (``opprof report
-    FILE.json.gz ...``); nothing for other commands, several files or a ``.trace``."""
-    args = [a for i, a in enumerate(argv) if not a.startswith("-")
-            and (i == 0 or argv[i - 1] not in ("-o", "--output"))]
-    if not args or args[0] not in commands:
-        return
-    files = [a for a in args[1:] if a.endswith(".gz")]
-    if len(files) == 1:
-        prefetch(files[0])

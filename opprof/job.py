@@ -16,6 +16,7 @@ writes the tables as the ranks' row groups of the `.trace`. Results equal those 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from opprof.flops.peaks import PeakOptions
     from opprof.jsontypes import JSONObject
     from opprof.meta import MetaMapping
-    from opprof.normalizers.formats import RankFormat
+    from opprof.normalizers.formats import Format, RankFormat
+    from opprof.preread import Ahead
     from opprof.trace import Trace
 
 _PARQUET_MAGIC = b"PAR1"
@@ -65,8 +67,11 @@ class Outcome:
     rank: int | None = None
     fmt: RankFormat | None = None  # the format of the rank read (one rank per file)
     other_format: bool = False  # a JSON file of a whole-job format: normalize the job whole
+    #: that file's (format, decoded document): the whole job is normalized from it
+    decoded: tuple[Format, object] | None = None
     skipped: bool = False  # a JSON file found in a folder that is no trace
     damaged: OpprofError | None = None  # a file found in a folder that cannot be read
+    path: str | None = None  # the file read (a native JSON file's task)
     events: int = 0
     warnings: dict[str, int] = field(default_factory=dict)  # what reading a .trace rank dropped
 
@@ -139,8 +144,10 @@ def plan(paths: Sequence[str | os.PathLike[str]], meta: JSONObject | None = None
     return Plan(files, json_tasks, False, meta or {}, size)
 
 
-def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
-    """(per-rank Traces, outcome facts) of one task, in whichever process runs it."""
+def read_task(task: Task, detail: bool = True,
+              ahead: Ahead | None = None) -> tuple[list[Trace], Outcome]:
+    """(per-rank Traces, outcome facts) of one task, in whichever process runs it (``ahead``:
+    in this process, what the command started reading before)."""
     if task.kind == "trace":
         from opprof.trace import TraceFile
 
@@ -153,24 +160,30 @@ def read_task(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
     from opprof.normalizers.formats import by_rank
 
     path = Path(task.path)
-    got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail)
+    got = read_native(path, task.meta, index=task.index, rank=task.rank, detail=detail,
+                      ahead=ahead)
     if got.trace is None or got.info is None:
-        if task.named or got.fmt is not None:
-            return [], Outcome(other_format=True)  # normalized whole (or its error shown)
+        if got.fmt is not None:  # normalized whole, from this document
+            return [], Outcome(other_format=True, decoded=(got.fmt, got.doc), path=task.path)
+        if task.named:
+            return [], Outcome(other_format=True)  # normalized whole (its error shown)
         return [], Outcome(skipped=True)  # a sidecar JSON in a folder, as normalize skips
     trace, info, declared, rank, fmt = got.trace, got.info, got.declared, got.rank, got.fmt
     del got
     if task.memory:  # only this rank's own file: no rank is made for another process
         trace = sampled.attach(trace, [Path(m) for m in task.memory], new_ranks=False)
         info["memory_sources"] = trace.meta.get("memory_sources", [])
+        if trace.meta.get("memory_skipped"):  # as a whole-job read says it
+            info["memory_skipped"] = trace.meta["memory_skipped"]
     return [trace], Outcome(info=info, declared=declared, rank=rank, events=len(trace.events),
                             fmt=by_rank(fmt))
 
 
-def _read_or_skip(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome]:
+def _read_or_skip(task: Task, detail: bool = True,
+                  ahead: Ahead | None = None) -> tuple[list[Trace], Outcome]:
     """:func:`read_task`; a damaged file found in a folder is skipped, its problem kept."""
     try:
-        return read_task(task, detail)
+        return read_task(task, detail, ahead)
     except OpprofError as exc:
         if task.named:
             raise
@@ -179,14 +192,14 @@ def _read_or_skip(task: Task, detail: bool = True) -> tuple[list[Trace], Outcome
         return [], Outcome(skipped=True, damaged=about_file(task.path, exc))
 
 
-def analyze_task(args: tuple[Task, str, bool]) -> Outcome:
+def analyze_task(args: tuple[Task, str, bool], ahead: Ahead | None = None) -> Outcome:
     """Worker: read one task's ranks and reduce each to its RankPart (with its critical-path
     walks when asked: the rank's graph is built and walked here, only the walks' small
-    tables come back)."""
+    tables come back; ``ahead``: in this process, what the command started reading before)."""
     from opprof.analysis.report import analyze
 
     task, device_span, critical = args
-    traces, out = _read_or_skip(task, detail=False)
+    traces, out = _read_or_skip(task, detail=False, ahead=ahead)
     with plain_strings():  # (the read keeps Arrow's compact strings: its peak is there)
         out.parts = [analyze(t, device_span, critical=critical) for t in traces]
     return out
@@ -265,6 +278,20 @@ def _with_rank(arg: TaskArg, rank: int) -> TaskArg:
     return (Task(t.kind, t.path, t.index, rank, t.named, t.meta, t.memory), span, critical)
 
 
+def _decoded(p: Plan, outs: list[Outcome]) -> Ahead | None:
+    """The documents the tasks decoded of a whole-job format's files, for the reader that
+    normalizes the job whole (so that no file is read twice)."""
+    from opprof.gunzip import file_identity
+    from opprof.preread import Ahead
+
+    docs: dict[Any, object] = {}
+    for o in outs:
+        ident = file_identity(o.path) if o.decoded is not None and o.path else None
+        if ident is not None:
+            docs[ident] = o.decoded
+    return Ahead(documents=docs) if docs else None
+
+
 def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
     if p.tasks and p.tasks[0].kind == "json":
         from opprof.normalizers import damaged_files, nothing_read
@@ -285,31 +312,34 @@ def combined_meta(p: Plan, outs: list[Outcome]) -> MetaMapping:
 
 
 def report(paths: Sequence[str | os.PathLike[str]], *, device_span: str = "steps",
-           scheduler: str | None = None, jobs: int | None = None,
-           critical: bool = False, peak: PeakOptions | None = None) -> Report:
-    """The Report of a job, computed rank by rank (see the module docstring); ``critical``:
-    with each step's critical path (``Report.critical``), each rank's graph built and
-    walked where the rank is read, only the collective calls' entries and exits combined;
-    ``peak``: the user's figures of the machine's peak (opprof.flops.peaks)."""
-    return _report(paths, device_span, scheduler, jobs, critical, peak)
-
-
-def _report(paths: Sequence[str | os.PathLike[str]], device_span: str, scheduler: str | None,
-            jobs: int | None, critical: bool, peak: PeakOptions | None) -> Report:
+           scheduler: str | None = None, jobs: int | None = None, critical: bool = False,
+           peak: PeakOptions | None = None, ahead: Ahead | None = None) -> Report:
+    """The Report of a job, computed rank by rank (see the module docstring), each file
+    read once; ``critical``: with each step's critical path (``Report.critical``), each
+    rank's graph built and walked where the rank is read, only the collective calls'
+    entries and exits combined; ``peak``: the user's figures of the machine's peak
+    (opprof.flops.peaks); ``ahead``: what was read before (:class:`opprof.preread.Ahead`),
+    taken where this process reads."""
     from opprof.analysis.report import analyze, combine, split_ranks
 
     p = plan(paths)
     if not p.whole:
         engine = parallel.choose(len(p.tasks), p.input_bytes, scheduler=scheduler, jobs=jobs)
-        outs = run_tasks(p, analyze_task, [(t, device_span, critical) for t in p.tasks],
-                         engine)
+        fn: Callable[[tuple[Task, str, bool]], Outcome] = analyze_task
+        if ahead is not None:
+            if engine.kind == "serial":
+                fn = functools.partial(analyze_task, ahead=ahead)
+            else:  # the workers read the files
+                ahead.close()
+        outs = run_tasks(p, fn, [(t, device_span, critical) for t in p.tasks], engine)
         if not any(o.other_format for o in outs):
             parts = [part for o in outs for part in o.parts]
             with plain_strings():
                 return combine(parts, combined_meta(p, outs), device_span, peak)
+        ahead = _decoded(p, outs)  # a whole-job format: normalized from what was decoded
     from opprof.loader import load
 
-    trace = load(p.paths)
+    trace = load(p.paths, ahead)
     meta = trace.meta
     ranks = split_ranks(trace)
     del trace

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opprof.errors import ErrorKind, OpprofError
 from opprof.files import check_input
 from opprof.trace import Trace, read_parquet
+
+if TYPE_CHECKING:
+    from opprof.preread import Ahead
 
 _PARQUET_MAGIC = b"PAR1"
 
@@ -51,9 +55,11 @@ def opprof_traces_in(files: list[Path]) -> list[Path]:
     return found
 
 
-def load(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Trace:
+def load(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+         ahead: Ahead | None = None) -> Trace:
     """Load an opprof `.trace` (several: the hosts of one job, merged), or normalize native
-    trace files/folders on the fly."""
+    trace files/folders on the fly (``ahead``: what the command started reading before,
+    :class:`opprof.preread.Ahead`)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     files = opprof_traces_in(existing_paths(paths))
@@ -70,5 +76,5 @@ def load(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Tr
                           "to normalize, not both")
     from opprof.normalizers import normalize
 
-    trace: Trace = normalize(files)
+    trace: Trace = normalize(files, ahead=ahead)
     return trace

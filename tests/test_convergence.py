@@ -13,6 +13,7 @@ import pytest
 
 from opprof.analysis.convergence import Hit, compare, reached, summary, time_to_accuracy
 from opprof.collectors.runner import Convergence, Curve
+from opprof.render.verdicts import convergence_sentence, target_sentence
 from opprof.trace import (
     CONVERGENCE_COLUMNS,
     CONVERGENCE_KEY,
@@ -93,23 +94,26 @@ def test_compare_splits_the_gap_into_step_time_and_steps() -> None:
     # 400/200 = (80/20 steps) × (5/10 ns per step): log shares 2 and -1 of 1
     assert first.step_time_share == pytest.approx(-1.0)
     assert first.steps_share == pytest.approx(2.0)
-    assert c.sentence.startswith("A reaches 50% test accuracy first")
-    assert c.targets[1].first is None and "Neither" in c.targets[1].sentence
+    assert convergence_sentence(c).startswith("A reaches 50% test accuracy first")
+    assert c.targets[1].first is None
+    assert target_sentence(c.targets[1], "A", "B").startswith("Neither run reaches 70%")
     # the same steps needed, only the step time differs: no "-0%" from a rounding error
     at_100 = [[{**r, "time_ns": r["step"] * t // 100}
                for r in _curve(0, 1, {100: 0.6}, steps=100)] for t in (577518151, 604561200)]
     same = compare({"convergence": at_100[0]}, {"convergence": at_100[1]}, "A", "B")
     assert same is not None
-    assert same.sentence.endswith("explains 100% of the difference, the steps needed 0%.")
+    assert convergence_sentence(same).endswith(
+        "explains 100% of the difference, the steps needed 0%.")
     only = compare(a, {"convergence": _curve(0, 5, {80: 0.3}, steps=100)}, "A", "B")
     assert only is not None and only.first == "a"
-    assert only.sentence.startswith("Only A reaches 50%")
+    assert convergence_sentence(only).startswith("Only A reaches 50%")
     assert compare({}, {}, "A", "B") is None
     loss_only = [{**r, "train_accuracy": None, "test_accuracy": None} for r in _curve(0, 5, {})]
     c = compare({"convergence": loss_only}, {}, "A", "B")
     assert c is not None and c.targets == [] and c.first is None
-    assert c.sentence == ("No accuracy was evaluated; final loss (mean of the last 10 "
-                             f"steps): A {np.mean([2.0 / k for k in range(31, 41)]):.3f}.")
+    assert convergence_sentence(c) == (
+        "No accuracy was evaluated; final loss (mean of the last 10 "
+        f"steps): A {np.mean([2.0 / k for k in range(31, 41)]):.3f}.")
 
 
 # ------------------------------------------------------------------ real recordings

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,9 @@ from tests.procs import needs  # (before the imports it guards)
 
 needs("torch")
 
-from opprof.analysis.diff import _sentence, diff  # noqa: E402
+from opprof.analysis.diff import diff  # noqa: E402
 from opprof.loader import load  # noqa: E402
+from opprof.render.verdicts import diff_sentence  # noqa: E402
 from tests.conftest import FIXTURES, run_cli  # noqa: E402
 
 MXNET_LENET5 = FIXTURES / "mxnet" / "lenet5-single"
@@ -45,7 +47,7 @@ def test_per_op_ratios_over_the_common_taxonomy(torch_trace: Path) -> None:
             ops.loc[op, "a_ns_per_step"] / ops.loc[op, "b_ns_per_step"])
     phases = d.phases.set_index("phase")
     assert phases.loc[["forward", "backward", "update"], "ratio"].notna().all()
-    assert d.summary
+    assert diff_sentence(d).endswith(".") and "explains most of it" in diff_sentence(d)
 
 
 def test_diff_command_compares_torch_with_mxnet(torch_trace: Path) -> None:
@@ -93,8 +95,7 @@ def test_sentence_says_when_the_profiler_turns_the_ranking_round(torch_trace: Pa
     slower = d.a_label if a_slower else d.b_label
     agree = (2e6, 1e6) if a_slower else (1e6, 2e6)
     for ua, ub in (agree, agree[::-1]):
-        text = _sentence(d.a_label, d.b_label, d.a_step_ns, d.b_step_ns, d.phases, d.ops,
-                         ua, ub)
+        text = diff_sentence(replace(d, a_unprofiled_ns=ua, b_unprofiled_ns=ub))
         turned = (ua, ub) != agree
         assert ("rank them the other way round" in text) == turned
         assert (f"of the profiled gap ({slower} slower), " in text) == turned

@@ -29,6 +29,7 @@ from opprof.model.resources import Resources
 from opprof.model.simulate import AFTER_BACKWARD, DDP, simulate
 from opprof.model.step import StepPlan
 from opprof.model.terms import terms
+from opprof.render.verdicts import check_verdict
 from opprof.trace import save
 from tests.conftest import FIXTURES, run_cli
 
@@ -202,17 +203,17 @@ def test_check_interval_and_noisy_verdict() -> None:
     rng = np.random.default_rng(0)
     quiet = 100e6 * (1 + 0.01 * rng.standard_normal(20))
     s = spread(quiet, float(quiet.mean()) * 1.002)
-    assert not s.noisy and s.verdict.startswith("within the measured noise")
+    assert not s.noisy and check_verdict(s).startswith("within the measured noise")
     assert s.interval_ns[0] < 1.002 * quiet.mean() < s.interval_ns[1]
     assert s.error_interval[0] <= 0.002 <= s.error_interval[1]
     far = spread(quiet, float(quiet.mean()) * 1.2)
-    assert not far.noisy and "beyond the measured noise" in far.verdict
+    assert not far.noisy and "beyond the measured noise" in check_verdict(far)
     assert far.error_interval[0] > 0
     noisy = 100e6 * (1 + 3 * NOISY_CV * rng.standard_normal(20))
     n = spread(noisy, 100e6)
-    assert n.noisy and n.verdict.startswith("too noisy to judge") and n.cv > NOISY_CV
+    assert n.noisy and check_verdict(n).startswith("too noisy to judge") and n.cv > NOISY_CV
     two = spread(np.array([100e6, 104e6]), 100e6)  # too few steps to pin the mean
-    assert two.noisy and "known to" in two.verdict
+    assert two.noisy and "known to" in check_verdict(two)
 
 
 def test_check_reports_its_spread(traces: dict) -> None:

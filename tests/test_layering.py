@@ -53,27 +53,25 @@ def test_the_normalizers_import_no_analysis_renderer_or_command() -> None:
         assert upward == [], f"normalizers/{path.name} imports {upward}"
 
 
-def test_analyses_never_parse_record_or_run_commands() -> None:
-    """(Their sentences format sizes with opprof.render.units, which computes nothing.)"""
+def test_analyses_never_parse_record_render_or_run_commands() -> None:
+    """(Their verdicts in words are the renderers': opprof.render.verdicts.)"""
     for path in sorted((REPO / "opprof" / "analysis").glob("*.py")):
         bad = sorted(m for m in imported(path) if m.startswith(
             ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
-             "opprof.normalizers", "opprof.model", "opprof.advice")) or (
-                m.startswith("opprof.render") and not m.startswith("opprof.render.units")))
+             "opprof.normalizers", "opprof.model", "opprof.advice", "opprof.render")))
         assert bad == [], f"analysis/{path.name} imports {bad}"
 
 
 def test_the_model_is_a_room_above_the_analyses() -> None:
     """The model reads traces and the analyses' results; it never parses, records, renders
-    (but sizes, through opprof.render.units) or runs a command."""
+    or runs a command (a verdict in words is the renderers': opprof.render.verdicts)."""
     paths = sorted((REPO / "opprof" / "model").glob("*.py"))
     assert {p.stem for p in paths} >= {"terms", "gradients", "commmodel", "simulate",
                                        "sharded", "predict", "interference", "whatif", "step"}
     for path in paths:
         bad = sorted(m for m in imported(path) if m.startswith(
             ("opprof.commands", "opprof.export", "opprof.collectors", "opprof.pipeline",
-             "opprof.normalizers")) or (
-                m.startswith("opprof.render") and not m.startswith("opprof.render.units")))
+             "opprof.normalizers", "opprof.render")))
         assert bad == [], f"model/{path.name} imports {bad}"
 
 
@@ -153,3 +151,20 @@ def test_formats_never_import_the_registry_that_lists_them() -> None:
                     back += [f"{registry}.{a.name}" for a in node.names
                              if not (folder / f"{a.name}.py").exists()]
             assert back == [], f"{module} imports its registry: {back}"
+
+
+#: The analysis commands and the pipeline each calls.
+ANALYSIS_COMMANDS = ("report", "diff", "model", "whatif", "export", "plot", "advise")
+
+
+@pytest.mark.parametrize("name", ANALYSIS_COMMANDS)
+def test_an_analysis_command_is_options_then_its_pipeline_then_a_renderer(name: str) -> None:
+    """A command parses its options, calls its pipeline (which reads and computes) and hands
+    the one result to a renderer: it reads no trace and computes nothing itself."""
+    path = REPO / "opprof" / "commands" / f"{name}.py"
+    mods = imported(path)
+    assert f"opprof.pipeline.{name}" in mods, f"commands/{name}.py calls no pipeline"
+    bad = sorted(m for m in mods if m.startswith(
+        ("opprof.analysis", "opprof.model", "opprof.loader", "opprof.job",
+         "opprof.normalizers", "opprof.trace")))
+    assert bad == [], f"commands/{name}.py reads or computes itself: {bad}"

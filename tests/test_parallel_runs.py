@@ -46,10 +46,12 @@ def healthy(path: Path, mode: str) -> object:
 
 
 def tp_exposed(rep) -> None:  # type: ignore[no-untyped-def]
-    """TP's collectives ≤ 20% hidden; the comm phase holds at least half of their time."""
+    """TP's collectives at most 40% hidden (a blocking all-reduce: what overlaps it is the
+    gloo thread finishing after the wait on a loaded machine; the issue saw 94–98%); the comm
+    phase holds at least half of their time."""
     tp = rep.collectives[rep.collectives["dim"] == "tp"]
     assert len(tp)
-    assert (tp["hidden"] * tp["time_ns"]).sum() / tp["time_ns"].sum() <= 0.20
+    assert (tp["hidden"] * tp["time_ns"]).sum() / tp["time_ns"].sum() <= 0.40
     assert rep.steps["comm"].mean() >= 0.5 * tp["ns_per_step"].sum()
 
 

@@ -57,24 +57,41 @@ def test_the_child_reads_without_pandas() -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_only_a_report_of_one_json_file_is_read_ahead(tmp_path: Path) -> None:
+def test_only_one_json_file_is_read_ahead(tmp_path: Path) -> None:
+    """What the report command parsed decides, not the command line re-read: one path, a
+    regular file of JSON or gzip."""
     plain = tmp_path / "t.json"
     plain.write_bytes(b'{"traceEvents": []}')
     fifo = tmp_path / "f.json"
     os.mkfifo(fifo)
-    assert readahead.report_file(["report", str(KINETO), "--format", "json"]) == str(KINETO)
-    assert readahead.report_file(["report", "--by", "op", str(plain)]) == str(plain)
-    assert readahead.report_file(["report", str(KINETO), str(plain)]) is None  # a job
-    assert readahead.report_file(["diff", str(KINETO)]) is None
-    assert readahead.report_file(["report", str(fifo)]) is None  # never opened
-    assert readahead.report_file(["report", str(tmp_path)]) is None
-    assert readahead.report_file(["report", str(FIXTURES / "README.md")]) is None
+    assert readahead.report_file([KINETO]) == str(KINETO)
+    assert readahead.report_file([str(plain)]) == str(plain)
+    assert readahead.report_file([KINETO, plain]) is None  # a job: its workers read the files
+    assert readahead.report_file([fifo]) is None  # never opened
+    assert readahead.report_file([tmp_path]) is None
+    assert readahead.report_file([FIXTURES / "README.md"]) is None
+    assert readahead.report_file([]) is None
+
+
+def test_the_handle_is_taken_once_and_only_for_its_file(tmp_path: Path) -> None:
+    other = tmp_path / "other.json.gz"
+    other.write_bytes(KINETO.read_bytes())
+    ahead = readahead.start([KINETO])
+    assert ahead is not None
+    try:
+        assert ahead.document(other, False) is None and ahead.text(other) is None
+        assert ahead.document(KINETO, True) is None  # read without the detail column
+        got = ahead.document(KINETO, False) if ahead.child else ahead.text(KINETO)
+        assert got is not None
+        assert ahead.document(KINETO, False) is None and ahead.text(KINETO) is None
+    finally:
+        ahead.close()
 
 
 def test_a_child_nobody_takes_ends_with_the_command() -> None:
-    code = ("from opprof import preread, readahead; "
-            f"assert readahead.start(['report', {str(KINETO)!r}]); "
-            "print(preread.running().pid, flush=True)")
+    code = ("from opprof import readahead; "
+            f"ahead = readahead.start([{str(KINETO)!r}]); "
+            "print(ahead.child.pid, flush=True)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, env={**os.environ, "OPPROF_READAHEAD": "1"})
     assert r.returncode == 0, r.stderr
@@ -90,7 +107,12 @@ def test_a_child_nobody_takes_ends_with_the_command() -> None:
 
 
 def test_the_setting_turns_it_off_or_on_whatever_the_load(monkeypatch) -> None:
-    argv = ["report", str(KINETO)]
     monkeypatch.setenv("OPPROF_READAHEAD", "0")
-    assert not readahead.start(argv)
+    ahead = readahead.start([KINETO])  # no second process: the gzip text inflating
+    assert ahead is not None and ahead.child is None and ahead.text(KINETO) is not None
+    ahead.close()
+    monkeypatch.setenv("OPPROF_READAHEAD", "1")
+    ahead = readahead.start([KINETO])
+    assert ahead is not None and ahead.child is not None
+    ahead.close()
     assert isinstance(readahead.core_free(), bool)

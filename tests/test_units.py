@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from opprof.model.commmodel import FIT_LIMIT, fit, fit_errors, fit_warning
+from opprof.model.commmodel import FIT_LIMIT, fit, fit_errors
 from opprof.render.units import ab_ratio, mib, rate, ratio, size
+from opprof.render.verdicts import fit_warning
 
 
 def test_bytes_are_binary() -> None:

@@ -30,6 +30,7 @@ from opprof.errors import OpprofError
 
 if TYPE_CHECKING:
     from opprof.analysis.report import Report
+    from opprof.model.whatif import Context
     from opprof.trace import Trace
 
 
@@ -49,9 +50,12 @@ RULES: tuple[Rule, ...] = (input_bound, exposed_comm, pipeline_bubble, launch_bo
                            low_efficiency, stragglers, memory_headroom, profiler_overhead)
 
 
-def advise(trace: Trace, report: Report, label: str = "") -> Advisory:
-    """Every rule's advice on ``trace`` (whose report is ``report``), ranked by saving."""
-    ev = Evidence(trace, report, label)
+def advise(trace: Trace, report: Report, label: str = "",
+           context: Context | None = None) -> Advisory:
+    """Every rule's advice on ``trace`` (whose report is ``report``), ranked by saving
+    (``context``: its what-if context, made already with the graph the report's critical path
+    was computed from)."""
+    ev = Evidence(trace, report, label, context)
     step = ev.step_ns
     if report.steps.empty or step <= 0:
         return Advisory(label, 0.0, [], not_checked={r.NAME: "the trace has no steps on a "

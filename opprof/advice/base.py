@@ -29,7 +29,7 @@ def lower(confidence: str) -> str:
 class Knob:
     """What `opprof advise --verify` changes in a recorded run to apply an action: an
     `opprof record` option (``option``, e.g. ``--loader-workers``), its field of
-    :class:`~opprof.pipeline.record.RecordOptions` and the value."""
+    :class:`~opprof.collectors.config.RecordConfig` and the value."""
 
     option: str
     field: str

@@ -27,10 +27,13 @@ if TYPE_CHECKING:
 class Evidence:
     """One trace's evidence for the rules (each property computed on first use)."""
 
-    def __init__(self, trace: Trace, report: Report, label: str = "") -> None:
+    def __init__(self, trace: Trace, report: Report, label: str = "",
+                 context: Context | None = None) -> None:
         self.trace = trace
         self.report = report
         self.label = label
+        if context is not None:  # made already (the report's critical path shares its graph)
+            self.__dict__["context"] = context
 
     # ------------------------------------------------------------------ the run
 
@@ -131,10 +134,14 @@ class Evidence:
     @cached_property
     def critical(self) -> pd.DataFrame:
         """The critical path's bound-by split per (rank, step) (empty: no graph)."""
-        from opprof.analysis.critpath import bound_by
+        from opprof.analysis.critpath import COLUMNS, bound_by
 
         graph = self.context.graph
-        return bound_by(graph[0]) if graph is not None else pd.DataFrame()
+        if graph is None:
+            return pd.DataFrame()
+        if len(self.report.critical):  # the report's, from this graph: the same split
+            return self.report.critical[COLUMNS]
+        return bound_by(graph[0])
 
     def bound_share(self, part: str, ranks: list[int] | None = None) -> float:
         """The share of the steps the critical path gives to ``part`` (compute, comm, launch,

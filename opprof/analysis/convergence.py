@@ -11,7 +11,7 @@ of the two ratios, and each one's share of the difference is its share of the lo
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -84,7 +84,8 @@ class Hit:
 @dataclass(frozen=True)
 class AtTarget:
     """Two runs at one target test accuracy: which reached it first (``a``, ``b`` or None)
-    and how much of the difference is step time and how much steps needed (log shares)."""
+    and how much of the difference is step time and how much steps needed (log shares);
+    each run's best test accuracy (None: never evaluated)."""
 
     target: float
     a: Hit | None
@@ -92,20 +93,43 @@ class AtTarget:
     first: str | None
     step_time_share: float | None
     steps_share: float | None
-    sentence: str
+    a_best: float | None = None
+    b_best: float | None = None
+
+    def to_dict(self) -> JSONObject:
+        """JSON form (the sentence in words is the renderer's:
+        :func:`opprof.render.verdicts.target_sentence`)."""
+        return {"target": self.target, "a": asdict(self.a) if self.a else None,
+                "b": asdict(self.b) if self.b else None, "first": self.first,
+                "step_time_share": self.step_time_share, "steps_share": self.steps_share}
 
 
 @dataclass(frozen=True)
 class Comparison:
     """Two runs' convergence (JSON's diff ``convergence``): per target, the first to reach
-    it, and the sentence naming the first target (50%) and the highest both reach."""
+    it (the sentence naming the first target, 50%, and the highest both reach is the
+    renderer's: :func:`opprof.render.verdicts.convergence_sentence`); without any
+    accuracy evaluated, each run's final loss."""
 
     targets: list[AtTarget]
     first: str | None
-    sentence: str
+    a_label: str = "A"
+    b_label: str = "B"
+    #: (label, final loss) of each run that has one, where no accuracy was evaluated
+    final_losses: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def said(self) -> list[AtTarget]:
+        """The targets a sentence names: the first, and the highest both runs reach."""
+        if not self.targets:
+            return []
+        both = [c for c in self.targets if c.a and c.b]
+        first = self.targets[0]
+        return [first] + ([both[-1]] if both and both[-1] is not first else [])
 
     def to_dict(self) -> JSONObject:
-        return asdict(self)
+        """JSON form, without the sentences (added by the JSON renderer)."""
+        return {"targets": [t.to_dict() for t in self.targets], "first": self.first}
 
 
 def summary(meta: MetaMapping) -> Summary | None:
@@ -142,47 +166,28 @@ def compare(a_meta: MetaMapping, b_meta: MetaMapping, la: str,
         return None
     if _best(ca) is None and _best(cb) is None:  # `opprof run`: the loss only
         fa, fb = summary(a_meta), summary(b_meta)
-        losses = ", ".join(f"{name} {s.final_loss:.3f}" for name, s in ((la, fa), (lb, fb))
-                           if s is not None and s.final_loss is not None)
-        return Comparison([], None, f"No accuracy was evaluated; final loss (mean of the last "
-                                    f"{FINAL_STEPS} steps): {losses}.")
-    per = [_compare_at(ca, cb, t, la, lb) for t in TARGETS]
-    both = [c for c in per if c.a and c.b]
-    said = [per[0]] + ([both[-1]] if both and both[-1] is not per[0] else [])
-    return Comparison(per, per[0].first, " ".join(c.sentence for c in said))
+        losses = [(name, s.final_loss) for name, s in ((la, fa), (lb, fb))
+                  if s is not None and s.final_loss is not None]
+        return Comparison([], None, la, lb, losses)
+    per = [_compare_at(ca, cb, t) for t in TARGETS]
+    return Comparison(per, per[0].first, la, lb)
 
 
-def _compare_at(ca: pd.DataFrame, cb: pd.DataFrame, target: float, la: str,
-                lb: str) -> AtTarget:
+def _compare_at(ca: pd.DataFrame, cb: pd.DataFrame, target: float) -> AtTarget:
     ha, hb = reached(ca, target), reached(cb, target)
-    name = f"{target:.0%} test accuracy"
+    best = {"a_best": _best(ca), "b_best": _best(cb)}
     if ha is None and hb is None:
-        return AtTarget(target, None, None, None, None, None,
-                        f"Neither run reaches {name} (best: {la} {_pct(_best(ca))}, {lb} "
-                        f"{_pct(_best(cb))}).")
+        return AtTarget(target, None, None, None, None, None, **best)
     if ha is None or hb is None:
-        who, hit, other, other_curve = ((lb, hb, la, ca) if ha is None else (la, ha, lb, cb))
-        assert hit is not None
         return AtTarget(target, _side(ha), _side(hb), "b" if ha is None else "a", None, None,
-                        f"Only {who} reaches {name} ({_s(hit[0])}, step {hit[1]}); "
-                        f"{other} stops at {_pct(_best(other_curve))}.")
+                        **best)
     (ta, na), (tb, nb) = ha, hb
     sa, sb = ta / na, tb / nb
     first = "a" if ta <= tb else "b"
     log_t = math.log(ta / tb) if ta and tb else 0.0
     share_step = math.log(sa / sb) / log_t if log_t else None
-    fast, slow = (la, lb) if first == "a" else (lb, la)
-    (tf, nf, sf), (ts, ns_, ss) = (((ta, na, sa), (tb, nb, sb)) if first == "a"
-                                   else ((tb, nb, sb), (ta, na, sa)))
-    text = (f"{fast} reaches {name} first: {_s(tf)} vs {_s(ts)} for {slow} "
-            f"({ts / tf:.2f}x); steps needed {nf} vs {ns_}, time per step "
-            f"{sf / 1e6:.1f} ms vs {ss / 1e6:.1f} ms")
-    if share_step is not None:
-        # rounded first: a share of 1 - 1e-16 is "0%", not "-0%"
-        text += (f": the step time explains {round(share_step, 2) + 0.0:.0%} of the "
-                 f"difference, the steps needed {round(1 - share_step, 2) + 0.0:.0%}")
     return AtTarget(target, _side(ha), _side(hb), first, share_step,
-                    None if share_step is None else 1.0 - share_step, text + ".")
+                    None if share_step is None else 1.0 - share_step, **best)
 
 
 def _side(hit: tuple[int, int] | None) -> Hit | None:
@@ -196,11 +201,3 @@ def _best(curve: pd.DataFrame) -> float | None:
 
 def _num(v: Any) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
-
-
-def _pct(v: float | None) -> str:
-    return "no evaluation" if v is None else f"{v:.0%}"
-
-
-def _s(ns: float) -> str:
-    return f"{ns / 1e9:.2f} s"

@@ -391,7 +391,7 @@ def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
 
 
 def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
-                  graph: Graph | None = None) -> pd.DataFrame:
+                  graph: Graph | None = None, order: Array | None = None) -> pd.DataFrame:
     """One row per (worker rank, step): ``step_ns``, ``path_ns`` (the busy length of the
     critical path inside the step: ``step_ns − idle``), the ``bound_by`` split
     (:data:`BOUND_BY`, integer ns summing to ``step_ns``) and ``replay_ns`` (the step
@@ -399,10 +399,11 @@ def critical_path(trace: Trace, steps: pd.DataFrame | None = None,
 
     Built one rank at a time (:func:`rank_walk`, then :func:`combine_walks`), as a report
     of a job does it in its workers; ``graph``: a whole-job graph already built (walked and
-    replayed whole)."""
+    replayed whole) and its topological ``order`` when known (:func:`graph_of`)."""
     if graph is not None:
         out = bound_by(graph)
-        order = topological_order(graph) if len(out) else None
+        if order is None:
+            order = topological_order(graph) if len(out) else None
         out["replay_ns"] = replay(graph, None, order)["replay_ns"].to_numpy() \
             if order is not None else np.nan
         return out

@@ -1,6 +1,7 @@
 """Diff two traces: per phase and per canonical op, A and B per step, ratio, delta, and the
-share of the step-time gap each explains, ordered by that share; then one plain sentence.
-Memory beside time: each run's peaks (opprof.analysis.memory.run_memory), A/B and A−B."""
+share of the step-time gap each explains, ordered by that share (the sentence naming what
+explains most of it is the renderers': :mod:`opprof.render.verdicts`). Memory beside time:
+each run's peaks (opprof.analysis.memory.run_memory), A/B and A−B."""
 
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
     from opprof.meta import MetaMapping
 
 
-@dataclass
+@dataclass(frozen=True)
 class Diff:
-    """The comparison of trace A with trace B (ratio = A / B, delta = A - B)."""
+    """The comparison of trace A with trace B (ratio = A / B, delta = A - B); immutable, all
+    a diff's renderers draw."""
 
     a_label: str
     b_label: str
@@ -37,7 +39,6 @@ class Diff:
     b_step_ns: float
     phases: pd.DataFrame
     ops: pd.DataFrame
-    summary: str
     #: Each side's timing quality (opprof.analysis.noise): a flagged side's numbers are
     #: noisy or inflated by the profiler, and so is the comparison.
     a_noise: Noise | None = None
@@ -58,9 +59,9 @@ class Diff:
     #: without the profiler), or None when the trace has none.
     a_unprofiled_ns: float | None = None
     b_unprofiled_ns: float | None = None
-    #: One line per way the two runs differ that makes their comparison unfair (device,
-    #: framework version, batch size, workers), each starting with ⚠.
-    mismatches: list[str] = field(default_factory=list)
+    #: Each way the two runs differ that makes their comparison unfair (device, framework
+    #: version, batch size, workers): (what, A's value, B's value).
+    mismatched: list[tuple[str, str, str]] = field(default_factory=list)
     #: Which run uses its machine better and which operators explain it
     #: (opprof.analysis.efficiency.compare); None when the diff was made from traces.
     efficiency: EfficiencyComparison | None = None
@@ -127,22 +128,22 @@ def _compare(a: pd.Series, b: pd.Series, gap: float, key: str) -> pd.DataFrame:
 def diff(a: Trace, b: Trace, a_name: str = "A", b_name: str = "B") -> Diff:
     """Compare A with B per phase (wall time) and per canonical op (host operator time)."""
     sa, sb = step_breakdown(a), step_breakdown(b)
-    d = _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
-              a_name, b_name)
-    d.memory = compare_memory(memory_part(a).ranks, memory_part(b).ranks)
-    d.a_noise, d.b_noise = assess(a.meta, sa), assess(b.meta, sb)
-    return d
+    return _diff(a, b, sa, sb, op_table(a, n_steps=len(sa)), op_table(b, n_steps=len(sb)),
+                 a_name, b_name,
+                 compare_memory(memory_part(a).ranks, memory_part(b).ranks),
+                 assess(a.meta, sa), assess(b.meta, sb))
 
 
 def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> Diff:
     """:func:`diff` from two reports (what `opprof diff` uses: each side analyzed rank by
     rank, see opprof.job)."""
-    d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name)
-    d.memory = compare_memory(a.memory.ranks, b.memory.ranks)
-    d.a_noise, d.b_noise = a.noise, b.noise
-    d.efficiency = compare_efficiency(a.efficiency, b.efficiency, d.a_label, d.b_label)
-    d.comm = compare_comm(a.collectives, b.collectives)
-    return d
+    from dataclasses import replace
+
+    d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name,
+              compare_memory(a.memory.ranks, b.memory.ranks), a.noise, b.noise,
+              compare_comm(a.collectives, b.collectives))
+    return replace(d, efficiency=compare_efficiency(a.efficiency, b.efficiency, d.a_label,
+                                                    d.b_label))
 
 
 def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -159,13 +160,16 @@ def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     df = pd.DataFrame({"a_ns_per_step": sa, "b_ns_per_step": sb}).fillna(0.0)
     df["ratio"] = df["a_ns_per_step"] / df["b_ns_per_step"].where(df["b_ns_per_step"] > 0)
     df["delta_ns"] = df["a_ns_per_step"] - df["b_ns_per_step"]
+    df.index.names = ["dim", "op"]  # (lost where one side has no collectives)
     df = df.reset_index()
     return df.loc[df["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
                   ].reset_index(drop=True)
 
 
 def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFrame,
-          ta: pd.DataFrame, tb: pd.DataFrame, a_name: str, b_name: str) -> Diff:
+          ta: pd.DataFrame, tb: pd.DataFrame, a_name: str, b_name: str,
+          memory: pd.DataFrame, a_noise: Noise | None, b_noise: Noise | None,
+          comm: pd.DataFrame | None = None) -> Diff:
     a_step = float(sa["dur_ns"].mean()) if len(sa) else 0.0
     b_step = float(sb["dur_ns"].mean()) if len(sb) else 0.0
     gap = a_step - b_step
@@ -178,10 +182,10 @@ def _diff(a: Trace | Report, b: Trace | Report, sa: pd.DataFrame, sb: pd.DataFra
     if la == lb:
         la, lb = (a_name, b_name) if a_name != b_name else (f"{la} (A)", f"{lb} (B)")
     ua, ub = _unprofiled(a.meta), _unprofiled(b.meta)
-    return Diff(la, lb, a_step, b_step, phases, ops,
-                _sentence(la, lb, a_step, b_step, phases, ops, ua, ub),
+    return Diff(la, lb, a_step, b_step, phases, ops, a_noise=a_noise, b_noise=b_noise,
+                memory=memory, comm=comm if comm is not None else pd.DataFrame(),
                 a_meta=dict(a.meta), b_meta=dict(b.meta), a_unprofiled_ns=ua,
-                b_unprofiled_ns=ub, mismatches=mismatches(a.meta, b.meta),
+                b_unprofiled_ns=ub, mismatched=mismatches(a.meta, b.meta),
                 convergence=compare_convergence(a.meta, b.meta, la, lb))
 
 
@@ -207,82 +211,14 @@ MATCH_KEYS = (("device", "device"), ("framework_version", "framework version"),
               ("batch_size", "batch size"), ("workers", "workers"))
 
 
-def mismatches(a: MetaMapping, b: MetaMapping) -> list[str]:
-    """One ⚠ line naming how two runs differ in device, framework version (of the same
-    framework), batch size or workers, when both say; empty when they match."""
+def mismatches(a: MetaMapping, b: MetaMapping) -> list[tuple[str, str, str]]:
+    """How two runs differ in device, framework version (of the same framework), batch size
+    or workers, where both say: (what, A's value, B's value); empty when they match."""
     diffs = []
     for key, name in MATCH_KEYS:
         va, vb = a.get(key), b.get(key)
         if key == "framework_version" and a.get("framework") != b.get("framework"):
             continue
         if va not in (None, "") and vb not in (None, "") and str(va) != str(vb):
-            diffs.append(f"{name} ({va} vs {vb})")
-    if not diffs:
-        return []
-    return [f"⚠ the runs differ in {', '.join(diffs)}: the gap is not the frameworks' alone"]
-
-
-def _sentence(la: str, lb: str, a_step: float, b_step: float, phases: pd.DataFrame,
-              ops: pd.DataFrame, ua: float | None = None, ub: float | None = None) -> str:
-    if not a_step or not b_step:
-        return "One of the traces has no steps, so there is no step-time gap to explain."
-    gap = a_step - b_step
-    if abs(gap) < 1e-9 * max(a_step, 1):
-        return f"{la} and {lb} take the same profiled step time ({_ms(a_step)})."
-    slow_is_a = gap > 0
-    slower, faster = (la, lb) if slow_is_a else (lb, la)
-    s_step, f_step = (a_step, b_step) if slow_is_a else (b_step, a_step)
-    if ua and ub:  # the headline: without the profiler, whose overhead differs by framework
-        slow_u = ua >= ub
-        su, fu = (ua, ub) if slow_u else (ub, ua)
-        head = (f"{la if slow_u else lb} takes {su / fu:.2f}x {lb if slow_u else la}'s "
-                f"unprofiled step time ({_ms(su)} vs {_ms(fu)} per step; profiled "
-                f"{s_step / f_step:.2f}x for {slower}: {_ms(s_step)} vs {_ms(f_step)})")
-    else:
-        head = (f"{slower} takes {s_step / f_step:.2f}x {faster}'s profiled step time "
-                f"({_ms(s_step)} vs {_ms(f_step)} per step)")
-    # the profiler's overhead can turn the ranking round: the operators (all profiled)
-    # then explain the profiled gap, the other way round from the headline
-    turned = ua is not None and ub is not None and bool(ua and ub) and (ua >= ub) != slow_is_a
-    if turned:
-        head += ("; the profiled steps rank them the other way round, so the operators (all "
-                 "timed under the profiler) do not explain the unprofiled gap")
-    same_sign = ops[np.sign(ops["delta_ns"]) == np.sign(gap)]
-    if same_sign.empty:
-        return head + "."
-    top = same_sign.iloc[0]
-    s_op, f_op = ((top["a_ns_per_step"], top["b_ns_per_step"]) if slow_is_a
-                  else (top["b_ns_per_step"], top["a_ns_per_step"]))
-    times = f"{s_op / f_op:.2f}x" if f_op else f"only in {slower}"
-    what = (f"of the profiled gap ({slower} slower), {top['op']} explains most of it"
-            if turned else f"{top['op']} explains most of it")
-    text = (f"{head}; {what}: {_ms(s_op)} vs {_ms(f_op)} per step "
-            f"({times}), {top['share_of_gap']:.0%} of the {'profiled ' if ua and ub else ''}gap")
-    ph = phases[np.sign(phases["delta_ns"]) == np.sign(gap)]
-    if not ph.empty:
-        text += f"; the {ph.iloc[0]['phase']} phase accounts for {ph.iloc[0]['share_of_gap']:.0%}"
-    return text + "."
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:,.2f} ms"
-
-
-def memory_verdict(d: Diff) -> str | None:
-    """One verdict on memory: the largest worker's resident peak before profiling (the
-    profiler's own buffers left out), else while profiling (said so); None without both."""
-    from opprof.render.units import mib
-
-    for metric, what in (("unprofiled_rss", "resident peak before profiling, the profiler's "
-                                            "buffers left out"),
-                         ("peak_rss", "resident peak while profiling, the profiler's buffers "
-                                      "included: no unprofiled peak in both")):
-        row = d.memory[d.memory["metric"] == metric] if len(d.memory) else d.memory
-        if len(row) and row["ratio"].notna().all():
-            r = row.iloc[0]
-            more = (f"{d.a_label} uses {r['ratio']:.2f}x {d.b_label}'s memory"
-                    if r["ratio"] >= 1 else
-                    f"{d.b_label} uses {1 / r['ratio']:.2f}x {d.a_label}'s memory")
-            return (f"Memory verdict: {more} ({what}: {mib(r['a_bytes'])} vs "
-                    f"{mib(r['b_bytes'])}, largest worker).")
-    return None
+            diffs.append((name, str(va), str(vb)))
+    return diffs

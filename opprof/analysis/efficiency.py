@@ -298,7 +298,10 @@ class EfficiencyComparison:
     #: share_of_gap (the op's part of the difference in peak share weighted by its FLOPs),
     #: by share_of_gap.
     ops: pd.DataFrame
-    sentence: str
+    #: What ranks the runs: "achieved FLOP/s" (the same peak on both sides) or "MFU".
+    what: str = "MFU"
+    #: Per side without an MFU: "label: why" (no operator shapes, no peak).
+    missing: tuple[str, ...] = ()
 
     def to_dict(self) -> JSONObject:
         def side(e: Efficiency | None) -> JSON:
@@ -306,8 +309,7 @@ class EfficiencyComparison:
 
         ops: list[JSON] = [{k: (None if isinstance(v, float) and np.isnan(v) else v)
                                  for k, v in r.items()} for r in self.ops.to_dict("records")]
-        return {"a": side(self.a), "b": side(self.b), "better": self.better, "ops": ops,
-                "summary": self.sentence}
+        return {"a": side(self.a), "b": side(self.b), "better": self.better, "ops": ops}
 
 
 def compare(a: Efficiency | None, b: Efficiency | None, la: str = "A",
@@ -321,8 +323,7 @@ def compare(a: Efficiency | None, b: Efficiency | None, la: str = "A",
     missing = [f"{name}: {'no operator shapes' if e is None else e.peak.why or 'no peak'}"
                for name, e in ((la, a), (lb, b)) if e is None or e.mfu is None]
     if a is None or b is None:
-        return EfficiencyComparison(a, b, None, empty, "No efficiency comparison ("
-                                    + "; ".join(missing) + ").")
+        return EfficiencyComparison(a, b, None, empty, missing=tuple(missing))
 
     def per_op(e: Efficiency) -> pd.DataFrame:
         r = e.roofline
@@ -360,31 +361,4 @@ def compare(a: Efficiency | None, b: Efficiency | None, la: str = "A",
     ops = ops.rename_axis("op").reset_index().sort_values(
         "share_of_gap", ascending=False, kind="stable", na_position="last").reset_index(
         drop=True)
-    return EfficiencyComparison(a, b, better, ops, _compare_sentence(
-        a, b, la, lb, better, ops, what, missing))
-
-
-def _compare_sentence(a: Efficiency, b: Efficiency, la: str, lb: str, better: str | None,
-                      ops: pd.DataFrame, what: str, missing: list[str]) -> str:
-    from opprof.render.units import flops_rate, share
-
-    if missing and what == "MFU":
-        return (f"{la} achieves {flops_rate(a.achieved_flops_per_s)}, {lb} "
-                f"{flops_rate(b.achieved_flops_per_s)} of model FLOPs; no MFU comparison ("
-                + "; ".join(missing) + ").")
-    if better is None:
-        return f"{la} and {lb} use their machines alike (MFU {share(a.mfu)})."
-    good, bad = (a, b) if better == "A" else (b, a)
-    gl, bl = (la, lb) if better == "A" else (lb, la)
-    text = (f"{gl} uses its machine better: MFU {share(good.mfu)} vs {share(bad.mfu)}"
-            + (f" ({flops_rate(good.achieved_flops_per_s)} vs "
-               f"{flops_rate(bad.achieved_flops_per_s)})" if what != "MFU" else
-               " (each against its own peak)"))
-    top = ops[ops["share_of_gap"] > 0]
-    if len(top):
-        r = top.iloc[0]
-        g, b_ = (r["a_peak_share"], r["b_peak_share"]) if better == "A" else (
-            r["b_peak_share"], r["a_peak_share"])
-        text += (f"; {r['op']} explains most of it: {share(g)} vs {share(b_)} of peak, "
-                 f"{share(r['share_of_gap'], 0)} of the difference")
-    return text + "."
+    return EfficiencyComparison(a, b, better, ops, what, tuple(missing))

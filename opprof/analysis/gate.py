@@ -181,7 +181,12 @@ class Gate:
     checks: list[Check]
     alpha: float = ALPHA
     test: str = TEST
-    notes: list[str] = field(default_factory=list)
+    #: The sides that ran on a busy machine (noise ``noisy``): (BASE or NEW, the spread of
+    #: its unprofiled steps, their drift or None); said in words by the renderers
+    #: (:func:`opprof.render.verdicts.gate_notes`).
+    busy: list[tuple[str, float, float | None]] = field(default_factory=list)
+    #: The sides whose step was compared on profiled steps (they kept no unprofiled timing).
+    profiled_only: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -208,7 +213,7 @@ class Gate:
                 "base_median_ns": h.base_median_ns, "new_median_ns": h.new_median_ns,
                 "samples": {"base": h.base_samples, "new": h.new_samples},
                 "noise": h.noise, "margin_ns": h.margin_ns,
-                "checks": [c.to_dict() for c in self.checks], "notes": list(self.notes)}
+                "checks": [c.to_dict() for c in self.checks]}
 
 
 # ------------------------------------------------------------------ the test
@@ -364,14 +369,10 @@ def gate(base: Report, new: Report, thresholds: list[Threshold], alpha: float = 
     profiled ones; a phase: its wall time per profiled step; an operator: its time per
     profiled step, from the traces)."""
     checks = []
-    notes = []
-    for side, r in (("BASE", base), ("NEW", new)):
-        if r.noise is not None and "noisy" in r.noise.flags:
-            drift = f", drifted {r.noise.drift:+.0%}" if r.noise.drift is not None else ""
-            notes.append(f"⚠ {side} ran on a busy machine (its unprofiled steps vary by "
-                         f"{(r.noise.spread or 0):.0%}{drift}): the load may differ between "
-                         "the runs by more than either shows, so record both on a quiet "
-                         "machine before trusting the verdict")
+    busy = [(side, r.noise.spread or 0.0, r.noise.drift)
+            for side, r in (("BASE", base), ("NEW", new))
+            if r.noise is not None and "noisy" in r.noise.flags]
+    profiled_only: list[str] = []
     for t in thresholds:
         if t.target == "step":
             b, n = unprofiled_samples(base.meta), unprofiled_samples(new.meta)
@@ -380,10 +381,8 @@ def gate(base: Report, new: Report, thresholds: list[Threshold], alpha: float = 
                 b = per_step(base.steps, "dur_ns", synchronous(base.meta))
                 n = per_step(new.steps, "dur_ns", synchronous(new.meta))
                 source = "profiled steps"
-                notes.append("the step is compared on profiled steps: "
-                             + " and ".join(side for side, r in (("BASE", base), ("NEW", new))
-                                            if not len(unprofiled_samples(r.meta)))
-                             + " kept no unprofiled timing")
+                profiled_only = [side for side, r in (("BASE", base), ("NEW", new))
+                                 if not len(unprofiled_samples(r.meta))]
         elif t.target in PHASES:
             b = per_step(base.steps, t.target, synchronous(base.meta))
             n = per_step(new.steps, t.target, synchronous(new.meta))
@@ -395,4 +394,4 @@ def gate(base: Report, new: Report, thresholds: list[Threshold], alpha: float = 
             n = per_step(op_per_step(new_trace, t.target), "ns", synchronous(new.meta))
             source = "profiled steps (time of the operator)"
         checks.append(check(t, b, n, source, alpha))
-    return Gate(checks, alpha, notes=notes)
+    return Gate(checks, alpha, busy=busy, profiled_only=profiled_only)

@@ -52,9 +52,10 @@ if TYPE_CHECKING:
 RANK_STEP_COLUMNS = ["rank", "step", "dur_ns", "own_ns", "comm_ns", "wait_ns", "transfer_ns"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Report:
-    """The analysis of one trace: per-step breakdown, phase summary, operator tables."""
+    """The analysis of one trace: per-step breakdown, phase summary, operator tables; all a
+    report's renderers draw (immutable: made once, by :func:`combine`)."""
 
     meta: MetaMapping
     steps: pd.DataFrame
@@ -87,7 +88,8 @@ class Report:
     collectives: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=COLLECTIVE_COLUMNS))
     #: One row per (rank, step): the critical path's bound-by split
-    #: (opprof.analysis.critpath); filled by `report --by critical` and the HTML report.
+    #: (opprof.analysis.critpath); computed when `report --by critical` and the HTML report
+    #: ask for it (empty otherwise).
     critical: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: FLOPs, bytes, MFU and HFU, the roofline (opprof.analysis.efficiency); None when the
     #: trace holds no operator shapes.
@@ -159,9 +161,12 @@ def _walk(trace: Trace, steps: pd.DataFrame) -> RankWalk:
 
 
 def combine(parts: list[RankPart], meta: MetaMapping,
-            device_span: str = "steps", peak: PeakOptions | None = None) -> Report:
+            device_span: str = "steps", peak: PeakOptions | None = None,
+            critical: pd.DataFrame | None = None) -> Report:
     """The report of a job from the parts of its ranks (in any order); ``peak``: what the user
-    said of the machine's peak (opprof.flops.peaks)."""
+    said of the machine's peak (opprof.flops.peaks); ``critical``: the critical path of its
+    steps computed already (:func:`opprof.analysis.critpath.critical_path` on the job's
+    graph), else from the parts' walks."""
     parts = sorted(parts, key=lambda p: min(p.ranks, default=-1))
     steps = _concat([p.steps for p in parts])
     n = len(steps)
@@ -194,7 +199,7 @@ def combine(parts: list[RankPart], meta: MetaMapping,
         pipeline=combine_pipeline([p.pipeline for p in parts], meta),
         experts=experts,
         expert_load=expert_load,
-        critical=_critical(parts, meta),
+        critical=critical if critical is not None else _critical(parts, meta),
     )
 
 
@@ -225,8 +230,10 @@ def split_ranks(trace: Trace) -> list[Trace]:
 
 
 def build_report(trace: Trace, device_span: str = "steps",
-                 peak: PeakOptions | None = None) -> Report:
-    """Analyze a trace for `opprof report` (rank by rank, then combined)."""
+                 peak: PeakOptions | None = None,
+                 critical: pd.DataFrame | None = None) -> Report:
+    """Analyze a trace for `opprof report` (rank by rank, then combined), with its critical
+    path when given."""
     with plain_strings():
         return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                       device_span, peak)
+                       device_span, peak, critical)

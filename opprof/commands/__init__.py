@@ -59,17 +59,77 @@ def write_output(text: str, fmt: str, output: Path | None) -> None:
     click.echo(f"wrote {output} ({size(output.stat().st_size)})", err=True)
 
 
+def config_options(cls: type, only: tuple[str, ...] | None = None) -> Callable[[F], F]:
+    """The click options of a configuration dataclass's fields (``only``: these fields),
+    made from what each field declares (:func:`opprof.collectors.config.option`: its help,
+    bounds, choices; its type and default), in the fields' order: a field added there is an
+    option here, with nothing else to edit."""
+    import typing
+
+    from opprof.collectors.config import options_of
+
+    declared = [d for d in options_of(cls) if only is None or d[0] in only]
+    hints = {}
+    for klass in (cls, *{f.metadata["options"] for f in _fields(cls)
+                         if "options" in f.metadata}):
+        hints.update(typing.get_type_hints(klass))
+
+    def apply(f: F) -> F:
+        for name, default, how in reversed(declared):
+            f = _click_option(name, default, how, hints[name])(f)
+        return f
+
+    return apply
+
+
+def _fields(cls: type) -> tuple[Any, ...]:
+    import dataclasses
+
+    return dataclasses.fields(cls)
+
+
+def _click_option(name: str, default: Any, how: Any, hint: Any) -> Callable[[F], F]:
+    """One field's click option (see :func:`config_options`): a switch for a bool, a choice
+    for an enum or listed values, a bounded number, else text; required without a default;
+    None as the command line's default where the option is ``unset``."""
+    import dataclasses
+    import enum
+    import typing
+
+    flag = how.flag or "--" + name.replace("_", "-")
+    required = default is dataclasses.MISSING
+    if isinstance(default, enum.Enum):
+        default = default.value
+    given = None if required or how.unset else default  # the command line's default
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    shown = how.show_default and given is not None
+    if base is bool:  # on by default: --name/--no-name; else a flag
+        if given is False:
+            return click.option(flag, name, is_flag=True, default=False,
+                                help=how.help or None)
+        return click.option(f"{flag}/--no-{flag[2:]}", name, default=given,
+                            show_default=shown, help=how.help or None)
+    kind: Any = str
+    bounded = how.minimum is not None or how.maximum is not None
+    if how.choices is not None:
+        kind = click.Choice(how.choices)
+    elif isinstance(base, type) and issubclass(base, enum.Enum):
+        kind = click.Choice([e.value for e in base])
+    elif base is int:
+        kind = click.IntRange(min=how.minimum, max=how.maximum) if bounded else int
+    elif base is float:
+        kind = click.FloatRange(min=how.minimum, max=how.maximum,
+                                min_open=how.min_open) if bounded else float
+    return click.option(flag, name, type=kind, required=required, default=given,
+                        show_default=shown, help=how.help or None)
+
+
 def memory_options(f: F) -> F:
-    """``--profile-memory/--no-profile-memory`` and ``--memory-interval`` (record and run)."""
-    f = click.option("--memory-interval", "memory_interval_s", type=click.FloatRange(min=0),
-                     default=0.02, show_default=True,
-                     help="Seconds between samples of the resident memory of every process "
-                          "of the run, taken from outside them (0: no sampling).")(f)
-    return click.option("--profile-memory/--no-profile-memory", default=True,
-                        show_default=True,
-                        help="Record the framework allocator's memory with its profiler "
-                             "(torch and MXNet profile_memory; TensorFlow always records its "
-                             "allocator).")(f)
+    """``--profile-memory/--no-profile-memory`` and ``--memory-interval`` (record and run),
+    as :class:`~opprof.collectors.config.RecordConfig` declares them."""
+    from opprof.collectors.config import RecordConfig
+
+    return config_options(RecordConfig, ("profile_memory", "memory_interval_s"))(f)
 
 
 def engine_options(f: F) -> F:

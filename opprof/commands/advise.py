@@ -14,7 +14,7 @@ from opprof.commands import echo_output, format_option, output_option, write_out
 from opprof.errors import OpprofError
 
 if TYPE_CHECKING:
-    from opprof.pipeline.record import RecordOptions
+    from opprof.collectors.config import RecordConfig
 
 
 @click.command("advise")
@@ -66,11 +66,11 @@ def command(trace: tuple[Path, ...], verify: bool, limit: int, repeat: int,
         write_output(text, fmt, output)
 
 
-def recorded_options(command: object, path: Path) -> RecordOptions:
+def recorded_options(command: object, path: Path) -> RecordConfig:
     """The `opprof record` options a trace was recorded with (its ``command``), typed; one
     clear error for a trace `opprof record` did not make."""
+    from opprof.collectors.config import RecordConfig
     from opprof.commands.record import command as record_command
-    from opprof.pipeline.record import RecordOptions
 
     words = shlex.split(command) if isinstance(command, str) else []
     if words[:2] != ["opprof", "record"]:
@@ -83,5 +83,5 @@ def recorded_options(command: object, path: Path) -> RecordOptions:
     except click.ClickException as exc:
         raise OpprofError(f"{path}: its recording command cannot be run again by this "
                           f"opprof ({exc.format_message()})") from None
-    params = {k: v for k, v in ctx.params.items() if k not in ("top", "fmt")}
-    return RecordOptions(command=str(command), **params)
+    params = {k: v for k, v in ctx.params.items() if k not in ("top", "fmt", "output")}
+    return RecordConfig.from_options(params, command=str(command))

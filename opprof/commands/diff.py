@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
@@ -18,9 +17,6 @@ from opprof.commands import (
     top_option,
     write_output,
 )
-
-if TYPE_CHECKING:
-    from opprof.analysis.gate import Threshold
 
 
 @click.command("diff")
@@ -65,32 +61,15 @@ def command(a: Path, b: Path, whatif: bool, fail_above: str | None,
       opprof diff base.trace new.trace --fail-above 5%
       opprof diff base.trace new.trace --fail-above 5% --fail-on comm:+10%
     """
-    from opprof.analysis.diff import diff_reports
-    from opprof.job import report
+    from opprof.pipeline.diff import DiffOptions, diff
     from opprof.render import page_renderer
 
     check_output(fmt, output)
-    thresholds = _thresholds(fail_above, fail_above_ms, fail_on)
+    options = DiffOptions(a, b, whatif, scheduler, jobs, fail_above, fail_above_ms, fail_on,
+                          alpha, peak_from(peak_flops, peak_bandwidth, peak_file))
+    options.thresholds()  # a bad threshold: one clear error before anything is read
     render = page_renderer(fmt)
-    peak = peak_from(peak_flops, peak_bandwidth, peak_file)
-    ra = report([a], scheduler=scheduler, jobs=jobs, peak=peak)
-    rb = report([b], scheduler=scheduler, jobs=jobs, peak=peak)
-    d = diff_reports(ra, rb, a.name, b.name)
-    if thresholds:
-        from opprof.analysis.gate import gate
-        from opprof.taxonomy import PHASES
-
-        ta = tb = None
-        if any(t.target not in ("step", *PHASES) for t in thresholds):
-            from opprof.loader import load
-
-            ta, tb = load(a), load(b)  # an operator's time per step needs the events
-        d.gate = gate(ra, rb, thresholds, alpha, ta, tb)
-    if whatif:  # re-simulation needs each side's events, not only their per-rank summaries
-        from opprof.loader import load
-        from opprof.model.whatif import context, op_swaps
-
-        d.whatif = op_swaps(context(load(a), d.a_label), context(load(b), d.b_label))
+    d = diff(options)
     write_output(render.diff(d, top=top if top is not None else 15), fmt, output)
     if d.gate is not None:
         if fmt != "rich" or output is not None:  # the verdict where CI logs show it
@@ -99,22 +78,3 @@ def command(a: Path, b: Path, whatif: bool, fail_above: str | None,
             click.echo(gate_line(d.gate), err=True)
         if d.gate.verdict == "fail":
             sys.exit(1)
-
-
-def _thresholds(fail_above: str | None, fail_above_ms: float | None,
-                fail_on: tuple[str, ...]) -> list[Threshold]:
-    """The gate's thresholds from the options (bad ones: one clear error, exit 2)."""
-    from opprof.analysis.gate import Threshold, parse_amount, parse_fail_on
-    from opprof.errors import OpprofError
-
-    out = []
-    if fail_above is not None:
-        t = parse_amount(fail_above.strip())
-        if t.relative is None:
-            raise OpprofError(f"--fail-above {fail_above}: give a percentage (5%); "
-                              "--fail-above-ms takes milliseconds")
-        out.append(t)
-    if fail_above_ms is not None:
-        out.append(Threshold("step", absolute_ns=fail_above_ms * 1e6))
-    out.extend(parse_fail_on(spec) for spec in fail_on)
-    return out

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from opprof.export import TARGETS, exporter
+from opprof.export import TARGETS
 
 
 @click.command("export")
@@ -21,8 +21,7 @@ def command(trace: tuple[Path, ...], target: str, output: Path) -> None:
       opprof export resnet18-torch.trace --to perfetto -o resnet18.pftrace
       opprof export resnet18-torch.trace --to csv -o events.csv
     """
-    from opprof.loader import load
+    from opprof.pipeline.export import ExportOptions, export
 
-    tr = load(list(trace))
-    exporter(target).write(tr, output)
-    click.echo(f"wrote {output} ({len(tr.events):,} events, {target})")
+    out = export(ExportOptions(trace, target, output))
+    click.echo(f"wrote {out.path} ({out.events:,} events, {out.target})")

@@ -4,15 +4,11 @@ prediction against a measured multi-worker trace."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from opprof.commands import echo_output, format_option
 from opprof.kinds import PS_MODES, Mode
-
-if TYPE_CHECKING:
-    from opprof.meta import MetaMapping
 
 
 def workers_list(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -85,90 +81,19 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model transformer.trace --mode tp --workers 2 --network net.json --check tp2.trace
       opprof model transformer.trace --mode pp --workers 2 --microbatches 4 --check pp2.trace
     """
-    from opprof.analysis.noise import assess, flags
-    from opprof.loader import load
-    from opprof.model.predict import check, predict
-    from opprof.pipeline.calibrate import read_network
+    from opprof.pipeline.model import ModelOptions, from_single, model, parallel
     from opprof.render import renderer
 
-    label = trace[0].name if len(trace) == 1 else f"{trace[0].name} (+{len(trace) - 1})"
-    net = read_network(network)
-    tr = load(list(trace))
-    dimension = _model_parallel(mode, tr.meta.get("mode"))
-    if dimension is not None:
-        if _one_worker(tr.meta, dimension):
-            _from_single(tr, label, dimension, workers, microbatches, schedule, net, measured,
-                         workers_per_host, fmt)
-        else:
-            _parallel(tr, label, dimension, workers, microbatches, net, measured, fmt)
+    result = model(ModelOptions(trace, tuple(workers), mode, servers, network, measured,
+                                workers_per_host, straggler, microbatches, schedule))
+    if from_single(result):  # a one-worker trace split by --mode tp|pp (model.fromsingle)
+        from opprof.render.paralleltables import split_model_text
+
+        echo_output(split_model_text(result, fmt), fmt)
         return
-    if measured is not None:
-        m = load(measured)
-        m_workers = int(m.meta.get("workers") or len(m.ranks) or 1)
-        if m_workers not in workers:
-            workers = [*workers, m_workers]
-        mode = mode or (str(m.meta["mode"]) if m_workers > 1 and m.meta.get("mode") else None)
-        servers = servers or (int(m.meta.get("servers") or 0) or None)
-    result = predict(tr, workers, mode=mode, servers=servers, network=net,
-                     straggler=straggler, label=label, workers_per_host=workers_per_host)
-    if measured is not None:
-        result.check = check(result, m, measured.name)
-        for name, t in ((label, tr), (measured.name, m)):
-            if "noisy" in flags(assess(t.meta)):
-                result.notes.append(f"{name}: noisy timing (the machine was busy while it ran); "
-                                    "a check across runs whose speed the load changed "
-                                    "measures the load too")
+    if parallel(result):  # a model-parallel job's model (opprof.model.parallel)
+        from opprof.render.paralleltables import parallel_model_text
+
+        echo_output(parallel_model_text(result, fmt), fmt)
+        return
     echo_output(renderer(fmt).model(result), fmt)
-
-
-def _model_parallel(mode: str | None, trace_mode: object) -> str | None:
-    """The model-parallel dimension to model: ``--mode tp|pp|ep``, else the one the trace's
-    layout names (the last of ``fsdp+tp``), else None (the data-parallel model)."""
-    if mode in ("tp", "pp", "ep"):
-        return mode
-    if mode is not None:
-        return None
-    dims = [d for d in str(trace_mode or "").split("+") if d in ("tp", "pp", "ep")]
-    return dims[-1] if dims else None
-
-
-def _parallel(tr: object, label: str, dimension: str, degrees: list[int],
-              microbatches: int | None, net: object, measured: Path | None, fmt: str) -> None:
-    """`opprof model` of a model-parallel trace (opprof.model.parallel)."""
-    from opprof.loader import load
-    from opprof.model.parallel import check_parallel, predict_parallel
-    from opprof.render.paralleltables import parallel_model_text
-
-    result = predict_parallel(tr, dimension, degrees, microbatches, net,  # type: ignore[arg-type]
-                              label=label)
-    if measured is not None:
-        result.check = check_parallel(result, load(measured), measured.name)
-    echo_output(parallel_model_text(result, fmt), fmt)
-
-
-def _one_worker(meta: MetaMapping, dimension: str) -> bool:
-    """Whether the trace is a one-worker run (no ``dimension`` to scale from: the model
-    splits it, :mod:`opprof.model.fromsingle`)."""
-    get = meta.get
-    par = get("parallelism") or {}
-    degree = int((par.get(dimension) or {}).get("degree") or 1) if isinstance(par, dict) else 1
-    return degree < 2 and int(get("workers") or 1) <= 1
-
-
-def _from_single(tr: object, label: str, dimension: str, degrees: list[int],
-                 microbatches: int | None, schedule: str | None, net: object,
-                 measured: Path | None, workers_per_host: int | None, fmt: str) -> None:
-    """`opprof model` of a one-worker trace with ``--mode tp|pp``."""
-    from opprof.loader import load
-    from opprof.model.fromsingle import check_from_single, predict_from_single
-    from opprof.render.paralleltables import split_model_text
-
-    m = load(measured) if measured is not None else None
-    if m is not None and schedule is None and dimension == "pp":
-        schedule = None  # the check takes the measured run's own
-    result = predict_from_single(tr, dimension, degrees, microbatches,  # type: ignore[arg-type]
-                                 net, label, schedule,  # type: ignore[arg-type]
-                                 workers_per_host)
-    if m is not None and measured is not None:
-        result.check = check_from_single(result, m, measured.name)
-    echo_output(split_model_text(result, fmt), fmt)

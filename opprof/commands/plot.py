@@ -52,25 +52,8 @@ def command(inputs: tuple[Path, ...], name: str, output: Path, top: int,
     if output.suffix.lower() not in figures.SUFFIXES:
         raise OpprofError("a figure is written as .svg, .png or .pdf",
                           path=output, kind=ErrorKind.USAGE)
-    from opprof.pipeline.bench import is_bench, read_bench
+    from opprof.pipeline.plot import PlotOptions, sources
 
-    benches = [p for p in inputs if is_bench(p)]
-    if benches:
-        if len(inputs) > 1:
-            raise OpprofError("give one bench folder, or traces, not both")
-        fig = figures.make(name, read_bench(benches[0]), top=top)
-    else:
-        from opprof.analysis.diff import label
-        from opprof.job import report
-
-        source = []
-        for p in inputs:
-            rep = report([p], scheduler=scheduler, jobs=jobs)
-            source.append((label(rep, p.name), rep))
-        names = [lab for lab, _ in source]
-        if len(set(names)) < len(names):  # two traces of the same framework and model
-            source = [(f"{lab} ({p.name})", rep)
-                      for (lab, rep), p in zip(source, inputs, strict=True)]
-        fig = figures.make(name, source, top=top)
+    fig = figures.make(name, sources(PlotOptions(inputs, scheduler, jobs)), top=top)
     figures.save(fig, output)
     click.echo(f"wrote {output}", err=True)

@@ -61,20 +61,20 @@ def command(trace: tuple[Path, ...], by: str, top: int | None, fmt: str, output:
       opprof report resnet18-torch.trace --format html -o resnet18.html
       opprof report llama.pt.trace.json.gz --by roofline --peak-flops 989T
     """
-    from opprof.job import report
-    from opprof.loader import is_opprof_trace
-
     check_output(fmt, output)
-    render = page_renderer(fmt)
-    peak = peak_from(peak_flops, peak_bandwidth, peak_file)
-    rep = report(list(trace), device_span=device_span, scheduler=scheduler, jobs=jobs,
-                 critical=by == "critical" or fmt == "html", peak=peak)
-    if not (len(trace) == 1 and is_opprof_trace(trace[0])):  # a .trace says it at import
-        warn_damaged(rep.meta.get("damaged_files", []))
-    warn_read(rep.meta)
-    advisory = None
-    if advice and ((by == "phase" and fmt == "rich") or fmt == "html"):
-        from opprof.pipeline.advise import report_advice
+    from opprof import readahead
+    from opprof.pipeline.report import ReportOptions
 
-        advisory = report_advice(rep, list(trace))
-    write_output(render.report(rep, by=by, top=top, advice=advisory), fmt, output)
+    options = ReportOptions(trace, by, fmt, device_span, scheduler, jobs, advice,
+                            peak_from(peak_flops, peak_bandwidth, peak_file))
+    # the one file read ahead (a second process, or its gzip text inflating on a thread)
+    # while this process imports pandas and the analyses below; the handle goes to the reader
+    ahead = readahead.start(trace, detail=options.whole)
+    from opprof.pipeline.report import damaged_to_say, report
+
+    render = page_renderer(fmt)
+    result = report(options, ahead)
+    rep = result.report
+    warn_damaged(damaged_to_say(options, rep))
+    warn_read(rep.meta)
+    write_output(render.report(rep, by=by, top=top, advice=result.advice), fmt, output)

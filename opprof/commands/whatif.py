@@ -4,37 +4,11 @@ count changed."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-if TYPE_CHECKING:
-    from opprof.model.whatif import Context
-
 from opprof.commands import echo_output, format_option
 from opprof.commands.model import mode_option, network_option, servers_option
-from opprof.errors import OpprofError
-
-
-def parse_op(spec: str, others: dict[str, Context]) -> tuple[str, float | Context, str]:
-    """``OP=FACTOR`` or ``OP=OTHER.trace`` → (op, factor or the other trace, its label)."""
-    from opprof.loader import load
-    from opprof.model.whatif import context
-
-    op, sep, value = spec.partition("=")
-    if not sep or not op.strip() or not value.strip():
-        raise OpprofError(f"--op {spec}: give OP=FACTOR or OP=OTHER.trace")
-    op, value = op.strip(), value.strip()
-    try:
-        return op, float(value), value
-    except ValueError:
-        pass
-    path = Path(value)
-    if not path.exists():
-        raise OpprofError(f"--op {spec}: {value} is neither a number nor an existing trace")
-    if value not in others:
-        others[value] = context(load(path), path.name)
-    return op, others[value], path.name
 
 
 @click.command("whatif")
@@ -64,30 +38,8 @@ def command(trace: tuple[Path, ...], ops: tuple[str, ...], comm: str | None, io:
       opprof whatif resnet18-torch.trace --op batch_norm=0.5 --comm hidden --io hidden
       opprof whatif ddp2.trace --comm 0.5 --workers 8
     """
-    from opprof.loader import load
-    from opprof.model.whatif import context, whatif
-    from opprof.pipeline.calibrate import read_network
+    from opprof.pipeline.whatif import WhatIfOptions, whatif
     from opprof.render import renderer
 
-    comm_value: str | float | None = None
-    if comm is not None:
-        if comm == "hidden":
-            comm_value = "hidden"
-        else:
-            try:
-                comm_value = float(comm)
-            except ValueError:
-                raise OpprofError(f"--comm {comm}: give hidden or a factor") from None
-            if comm_value < 0:
-                raise OpprofError(f"--comm {comm}: the factor must be ≥ 0")
-    net = read_network(network)
-    ctx = context(load(list(trace)), trace[0].name)
-    others: dict[str, Context] = {}
-    changes: dict[str, float | Context] = {}
-    labels: dict[str, str] = {}
-    for spec in ops:
-        op, value, label = parse_op(spec, others)
-        changes[op] = value
-        labels[op] = label
-    w = whatif(ctx, changes, comm_value, io == "hidden", workers, mode, servers, net, labels)
+    w = whatif(WhatIfOptions(trace, ops, comm, io == "hidden", workers, mode, servers, network))
     echo_output(renderer(fmt).whatif(w), fmt)

@@ -227,22 +227,6 @@ def fit_errors(net: Network) -> list[tuple[int, float]]:
             for s in net.samples if s.get("ns") and s.get("predicted_ns") is not None]
 
 
-def fit_warning(net: Network) -> str | None:
-    """One ⚠ line when the α–β fit misses a measured size by more than :data:`FIT_LIMIT`
-    (the model follows the measured times between the measured sizes, the line elsewhere and
-    in its scaling to other worker counts); None otherwise."""
-    from opprof.render.units import size
-
-    bad = [(n, e) for n, e in fit_errors(net) if abs(e) > FIT_LIMIT]
-    if not bad:
-        return None
-    where = ", ".join(f"{e:+.0%} at {size(n)}" for n, e in bad)
-    return (f"⚠ poor α–β fit: {where} (limit ±{FIT_LIMIT:.0%}); the model follows the measured "
-            "times between the measured sizes, but rests on the line below them and when it "
-            "scales to other worker counts — calibrate again on a quieter machine, or with more "
-            "--repeat")
-
-
 def assumed(collective: str) -> Network:
     """The default network (``ASSUMED``) for a collective."""
     return Network(collective, float(ASSUMED["alpha_ns"]), float(ASSUMED["beta_ns_per_byte"]),

@@ -40,7 +40,7 @@ pieces (sharded, DTensor, all-reduce, wait; per-stage times, bubble, transfers).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -453,6 +453,11 @@ def predict_from_single(trace: Trace, dimension: str, degrees: list[int],
     result.plan = (m.tp.source if m.tp is not None else
                    pp_stages(m.base, trace.meta, max(max(degrees), 2)).source)
     return result
+
+
+def with_split_check(result: SplitResult, check: SplitCheck) -> SplitResult:
+    """``result`` with its check against a measured run."""
+    return replace(result, check=check)
 
 
 def _default_microbatches(batch: int) -> int:

@@ -32,7 +32,7 @@ else an assumed 10 Gb/s Ethernet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -97,7 +97,7 @@ class ParallelPrediction:
                 "step_ns": self.step_ns, "terms": dict(self.terms)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParallelCheck:
     """A prediction beside a measured run of its layout."""
 
@@ -118,9 +118,10 @@ class ParallelCheck:
                 "measured_ns": self.measured_ns, "error": self.error}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParallelResult:
-    """Everything `opprof model` says about a model-parallel job."""
+    """Everything `opprof model` says about a model-parallel job (immutable:
+    :func:`predict_parallel` makes it, :func:`with_parallel_check` adds its check)."""
 
     base: ParallelBase
     network: Network
@@ -314,18 +315,24 @@ def predict_parallel(trace: Trace, dimension: str, degrees: list[int],
         raise OpprofError(f"{label or 'the trace'} ran no {dimension} (its layout: "
                           f"{base.mode}); record or run the job with {dimension} to model it")
     net = network_for(trace, network)
-    result = ParallelResult(base, net, dimension, [])
     at_base = modelled(base, net, base.degrees, base.microbatches)
+    predictions = []
     for d in degrees:
         target = {**base.degrees, dimension: d}
         m = microbatches or base.microbatches
         new = modelled(base, net, target, m)
         step = base.step_ns + sum(new.values()) - sum(at_base.values())
-        result.predictions.append(ParallelPrediction(target, m, max(step, 0.0), new))
+        predictions.append(ParallelPrediction(target, m, max(step, 0.0), new))
+    notes = []
     if dimension == "ep":
-        result.notes.append("ep: the experts' compute per rank is taken as unchanged (tokens "
-                            "per rank kept); only the all-to-all changes")
-    return result
+        notes.append("ep: the experts' compute per rank is taken as unchanged (tokens "
+                     "per rank kept); only the all-to-all changes")
+    return ParallelResult(base, net, dimension, predictions, notes=notes)
+
+
+def with_parallel_check(result: ParallelResult, check: ParallelCheck) -> ParallelResult:
+    """``result`` with its check against a measured run."""
+    return replace(result, check=check)
 
 
 def check_parallel(result: ParallelResult, measured: Trace, label: str = "measured"

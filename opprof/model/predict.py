@@ -53,7 +53,7 @@ from opprof.model.colocation import (
     placement,
     spread_over,
 )
-from opprof.model.commmodel import Network, assumed, collective_of, fit, fit_warning
+from opprof.model.commmodel import Network, assumed, collective_of, fit
 from opprof.model.gradients import FLOAT_BYTES, GradientProfile, profile
 from opprof.model.interference import Interference, Measured, from_cores, measure
 from opprof.model.resources import Resources, resource_mismatch, resources
@@ -621,7 +621,7 @@ class Prediction:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class Check:
     """A prediction beside a measured trace, term by term."""
 
@@ -680,26 +680,31 @@ def t975(df: int) -> float:
     return _T975[max(keys)] if keys and df <= 30 else (1.96 if df > 30 else math.inf)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Spread:
     """How well a measured run pins its mean step, and what that says of a prediction: the
     95% interval of the measured mean (t · std / √n over its n (rank, step)s), the
-    prediction's error over that interval, and a verdict."""
+    prediction's error over that interval, and whether the run is too noisy to judge by (the
+    verdict in words: :func:`opprof.render.verdicts.check_verdict`)."""
 
     steps: int
     cv: float  # std / mean of the measured steps
     half_width: float  # 95% half-width of the measured mean, relative to it
     interval_ns: tuple[float, float]  # the predicted step ± the half-width
     error_interval: tuple[float, float]  # the error against the measured mean's interval
-    noisy: bool
-    verdict: str
+    noisy: bool  # cv above NOISY_CV, or the half-width above NOISY_HALF_WIDTH
+    error: float  # (predicted − measured mean) / measured mean
+
+    @property
+    def within(self) -> bool:
+        """Whether the error interval holds 0 (the prediction within the measured noise)."""
+        return self.error_interval[0] <= 0 <= self.error_interval[1]
 
     def to_dict(self) -> JSONObject:
-        """JSON form."""
+        """JSON form (the verdict in words is the renderer's)."""
         return {"steps": self.steps, "cv": self.cv, "half_width": self.half_width,
                 "interval_ns": list(self.interval_ns),
-                "error_interval": list(self.error_interval), "noisy": self.noisy,
-                "verdict": self.verdict}
+                "error_interval": list(self.error_interval), "noisy": self.noisy}
 
 
 def spread(step_ns: Array, predicted_ns: float) -> Spread:
@@ -715,25 +720,14 @@ def spread(step_ns: Array, predicted_ns: float) -> Spread:
     e_lo = predicted_ns / hi_m - 1 if hi_m > 0 else -math.inf
     e_hi = predicted_ns / lo_m - 1 if lo_m > 0 else math.inf
     noisy = not (cv <= NOISY_CV and h <= NOISY_HALF_WIDTH)
-    if noisy:
-        why = (f"its {n} step(s) vary by {cv:.1%} (cv; limit {NOISY_CV:.0%})" if n > 1 and
-               not cv <= NOISY_CV else
-               f"its mean is known to ±{h:.1%} only (limit ±{NOISY_HALF_WIDTH:.0%}; "
-               f"{n} step(s))")
-        verdict = f"too noisy to judge: {why}; record more steps on a quieter machine"
-    elif e_lo <= 0 <= e_hi:
-        verdict = f"within the measured noise (error {err:+.1%}, interval {e_lo:+.1%} … " \
-                  f"{e_hi:+.1%})"
-    else:
-        verdict = (f"off by {err:+.1%}, beyond the measured noise (interval {e_lo:+.1%} … "
-                   f"{e_hi:+.1%})")
     return Spread(n, cv, h, (predicted_ns * (1 - h), predicted_ns * (1 + h)), (e_lo, e_hi),
-                  noisy, verdict)
+                  noisy, err)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelResult:
-    """``opprof model``'s answer."""
+    """``opprof model``'s answer (immutable: :func:`predict` makes it, ``--check`` adds its
+    check with :func:`with_check`)."""
 
     base: Baseline
     mode: str
@@ -747,6 +741,8 @@ class ModelResult:
     straggler: bool = True
     #: the predicted workers' placement: this many to a host (None: the base's hosts)
     workers_per_host: int | None = None
+    #: the runs (base, measured) whose timing the machine's load changed (noise ``noisy``)
+    noisy_runs: tuple[str, ...] = ()
 
 
 def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
@@ -770,10 +766,7 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
                           "1-worker trace")
     servers = servers or (base.servers if base.collective == Collective.PS else 1) or 1
     net, note = network_for(base, collective, network, servers)
-    notes = []
-    bad_fit = fit_warning(net)
-    if bad_fit:
-        notes.append(f"network {bad_fit}")
+    notes = []  # (a poor α–β fit is the renderers' to say: opprof.render.verdicts)
     if collective == Collective.FSDP and base.units is not None:
         notes.append(f"FSDP units: {len(base.units.bytes)} ({base.units.source}); FSDP's "
                      "copies " + (("inside the calibrated collectives' times"
@@ -787,12 +780,18 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append(f"gradient bytes: {base.gradients.bytes_source}")
     if not base.gradients.total_bytes:
         notes.append("no gradient bytes known: communication is predicted as zero")
+    notes.extend(colocation_curve(base, net)[1])
     result = ModelResult(base, mode, servers if collective == Collective.PS else 0, net, note,
                          policy_for(base.framework, collective, base.device), [], None, notes,
                          straggler, workers_per_host)
-    notes.extend(colocation_curve(base, net)[1])
-    result.predictions = [predict_one(result, n, servers) for n in workers]
-    return result
+    return replace(result, predictions=[predict_one(result, n, servers) for n in workers])
+
+
+def with_check(result: ModelResult, measured: Trace, label: str = "measured",
+               noisy_runs: tuple[str, ...] = ()) -> ModelResult:
+    """``result`` with its :func:`check` against ``measured`` and the runs whose timing was
+    noisy."""
+    return replace(result, check=check(result, measured, label), noisy_runs=noisy_runs)
 
 
 def predict_one(result: ModelResult, workers: int, servers: int | None = None,

@@ -34,7 +34,7 @@ operator's time by B's moves the step by exactly B's time minus A's. Each change
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -99,7 +99,7 @@ def context(trace: Trace, label: str = "", graph: bool = True) -> Context:
     return Context(base, wall, op_time, graph_of(trace, steps) if graph else None)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Change:
     """One requested change and its own effect on the step (applied alone)."""
 
@@ -116,9 +116,9 @@ class Change:
                 "factor": self.factor, "wall_ns": self.wall_ns, "delta_ns": self.delta_ns}
 
 
-@dataclass
+@dataclass(frozen=True)
 class WhatIf:
-    """The re-simulated step beside the measured one."""
+    """The re-simulated step beside the measured one (immutable: :func:`whatif` makes it)."""
 
     label: str
     base_step_ns: float
@@ -129,7 +129,8 @@ class WhatIf:
     workers: int
     mode: str
     network_note: str = ""
-    notes: list[str] = field(default_factory=list)
+    #: Operators asked for that do not run in the trace (nothing to scale).
+    absent_ops: list[str] = field(default_factory=list)
     #: What computed the step: ``graph`` (the dependency graph replayed,
     #: opprof.analysis.critpath) or ``phases`` (the phase-level model).
     engine: str = "phases"
@@ -157,33 +158,30 @@ def whatif(ctx: Context, ops: dict[str, OpValue] | None = None, comm: str | floa
     if isinstance(comm, str) and comm != "hidden":
         raise OpprofError(f"--comm {comm}: give hidden or a factor")
     factors: dict[str, float | None] = {op: _factor(ctx, op, v) for op, v in ops.items()}
-    changes: list[Change] = []
+    asked: list[Change] = []
     for op, f in factors.items():
         wall = float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum())
         given = ops[op]
         value = value_labels.get(op) or (f"{given:g}" if isinstance(given, float)
                                          else given.label)
-        changes.append(Change("op", op, value, f, wall))
+        asked.append(Change("op", op, value, f, wall))
     if comm is not None:
-        changes.append(Change("comm", "comm", "hidden" if comm == "hidden" else f"{comm:g}",
-                              None if comm == "hidden" else float(comm)))
+        asked.append(Change("comm", "comm", "hidden" if comm == "hidden" else f"{comm:g}",
+                            None if comm == "hidden" else float(comm)))
     if io_hidden:
-        changes.append(Change("io", "load", "hidden"))
+        asked.append(Change("io", "load", "hidden"))
     if workers is not None:
-        changes.append(Change("workers", "workers", str(workers)))
+        asked.append(Change("workers", "workers", str(workers)))
     result = _apply(ctx, factors, comm, io_hidden, workers, mode, servers, network)
-    for ch in changes:
-        alone = _apply(ctx, {ch.target: ch.factor} if ch.kind == "op" else {},
-                       comm if ch.kind == "comm" else None, ch.kind == "io",
-                       workers if ch.kind == "workers" else None, mode, servers, network)
-        ch.delta_ns = alone.delta_ns
-    result.scenario = changes
-    for op, f in factors.items():
-        if f is not None and not float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum()) \
-                and op not in COMM_OPS:
-            result.notes.append(f"{op} does not run in {ctx.label or 'the trace'}; "
-                                "nothing to scale")
-    return result
+    changes = [replace(ch, delta_ns=_apply(
+        ctx, {ch.target: ch.factor} if ch.kind == "op" else {},
+        comm if ch.kind == "comm" else None, ch.kind == "io",
+        workers if ch.kind == "workers" else None, mode, servers, network).delta_ns)
+        for ch in asked]
+    absent = [op for op, f in factors.items()
+              if f is not None and not float(ctx.wall.loc[ctx.wall["op"] == op, "wall_ns"].sum())
+              and op not in COMM_OPS]
+    return replace(result, scenario=changes, absent_ops=absent)
 
 
 def _factor(ctx: Context, op: str, value: OpValue) -> float:

@@ -20,7 +20,7 @@ from opprof.kinds import Framework, Mode
 
 if TYPE_CHECKING:
     from opprof.analysis.report import Report
-    from opprof.pipeline.record import RecordOptions
+    from opprof.collectors.config import RecordConfig
     from opprof.trace import Trace
 
 #: Which frameworks (and modes) each record knob applies to.
@@ -44,16 +44,7 @@ def advise_trace(paths: Sequence[str | os.PathLike[str]]) -> tuple[Trace, Report
     return trace, report, advise(trace, report, label)
 
 
-def report_advice(report: Report, paths: Sequence[str | os.PathLike[str]]) -> Advisory:
-    """The advice section of `opprof report` (the report already made; the trace's events
-    read for the model and the graph)."""
-    from opprof.loader import load
-
-    trace = load(list(paths))
-    return advise(trace, report, Path(paths[0]).name if paths else "")
-
-
-def applicable(advice: Advice, options: RecordOptions) -> str | None:
+def applicable(advice: Advice, options: RecordConfig) -> str | None:
     """Why ``advice`` cannot be applied to the recorded run (None: it can)."""
     knob = advice.knob
     if knob is None:
@@ -70,7 +61,7 @@ def applicable(advice: Advice, options: RecordOptions) -> str | None:
     return None
 
 
-def verify(result: Advisory, options: RecordOptions, folder: Path, limit: int = 3,
+def verify(result: Advisory, options: RecordConfig, folder: Path, limit: int = 3,
            repeat: int = 1, say: Callable[[str], None] = lambda line: None) -> Verification:
     """Apply the first ``limit`` actions with a record knob (the ranked advice, then the minor
     findings) to the recorded run ``options``: record the baseline again, then each action
@@ -103,8 +94,8 @@ def verify(result: Advisory, options: RecordOptions, folder: Path, limit: int = 
             say(f"recording {'the baseline again' if knob is None else 'with ' + knob.text}"
                 f"{f' (round {r + 1} of {repeat})' if repeat > 1 else ''}: {path}")
             change: dict[str, Any] = {knob.field: knob.value} if knob is not None else {}
-            run = record(replace(options, output=path,
-                                 command=_command(options.command, knob, path), **change))
+            run = record(replace(options, command=_command(options.command, knob, path),
+                                 **change), path)
             steps[name].append(_per_sample(run.meta, int(options.batch_size)))
             paths[name] = path
     base_step = statistics.median(steps["base"])

@@ -6,101 +6,49 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from opprof.collectors import Progress as ProgressFn
-from opprof.collectors import RecordConfig, Rendezvous, no_progress
+from opprof.collectors import RecordConfig, no_progress
 from opprof.collectors import record as collect
 from opprof.collectors.launch import CONFIG_FILE, Recording
 from opprof.collectors.rss import memory_files
 from opprof.errors import Interrupted, OpprofError
-from opprof.kinds import Device, Framework, Mode, framework_info
+from opprof.kinds import Device, Mode
 from opprof.pipeline import cpus, host_memory, native_folder, save_recording
 from opprof.trace import Trace
 
 
-@dataclass(frozen=True)
-class RecordOptions:
-    """What `opprof record` is asked for (its options; None: the default)."""
-
-    fw: str
-    model: str
-    dataset: str = "synthetic-cifar10"
-    batch_size: int = 32
-    steps: int = 5
-    warmup: int = 2
-    timing_steps: int = 3
-    workers: int = 1
-    servers: int = 1
-    mode: str | None = None  # None: single for one worker, else the framework's usual
-    device: str = Device.CPU.value
-    nsys: bool = False
-    profile_memory: bool = True
-    memory_interval_s: float = 0.02
-    threads: int | None = None
-    seed: int = 0
-    loader_workers: int = 0
-    bucket_mb: float | None = None  # None: DDP's own (25 MiB, the first 1 MiB)
-    converge: int = 0
-    eval_every: int = 0
-    timeout_s: float = 600.0
-    output: Path | None = None  # None: MODEL-FW.trace
-    nnodes: int | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    cluster: str | None = None  # every worker's HOST:PORT, comma-separated
-    command: str = ""  # the command line, kept in the trace
-
-    @property
-    def path(self) -> Path:
-        """The `.trace` to write."""
-        return self.output or Path(f"{self.model}-{self.fw}.trace")
+def default_output(config: RecordConfig) -> Path:
+    """Where `opprof record` writes when no ``-o`` is given: MODEL-FW.trace."""
+    return Path(f"{config.model}-{config.fw}.trace")
 
 
-def config(o: RecordOptions) -> RecordConfig:
-    """The recording's configuration, with one clear error for what cannot be recorded."""
-    if o.nsys:
+def check(config: RecordConfig) -> None:
+    """One clear error for what cannot be recorded (before anything starts)."""
+    if config.nsys:
         from opprof.collectors.gpu import require_nsys
 
         require_nsys()
-    if o.device == Device.CUDA:
+    if config.device == Device.CUDA:
         from opprof.collectors.gpu import require_cuda
 
-        require_cuda(o.fw)
-    if o.nsys:
+        require_cuda(config.fw)
+    if config.nsys:
         raise OpprofError("--nsys: running the collector under Nsight Systems is not wired "
                           "yet; run your script under `nsys profile -t cuda,nvtx` and "
                           "`opprof import report.nsys-rep`")
-    mode = o.mode
-    if mode is None:
-        mode = Mode.SINGLE if o.workers == 1 else framework_info(o.fw).default_mode
-    if o.workers > 1 and mode == Mode.SINGLE:
+    if config.workers > 1 and config.mode == Mode.SINGLE:
         raise OpprofError("--mode single runs one worker; pick allreduce, fsdp, zero, ps-sync or "
                           "ps-async")
-    rv = Rendezvous()  # its defaults, for the options not given
-    rendezvous = Rendezvous(
-        nnodes=rv.nnodes if o.nnodes is None else o.nnodes,
-        node_rank=rv.node_rank if o.node_rank is None else o.node_rank,
-        master_addr=rv.master_addr if o.master_addr is None else o.master_addr,
-        master_port=rv.master_port if o.master_port is None else o.master_port,
-        cluster=tuple(h.strip() for h in o.cluster.split(",") if h.strip())
-        if o.cluster else rv.cluster)
-    return RecordConfig(
-        fw=Framework(o.fw), model=o.model, dataset=o.dataset, batch_size=o.batch_size,
-        steps=o.steps, warmup=o.warmup, timing_steps=o.timing_steps, workers=o.workers,
-        servers=o.servers, mode=Mode(mode), device=Device(o.device), seed=o.seed,
-        timeout_s=o.timeout_s, profile_memory=o.profile_memory,
-        memory_interval_s=o.memory_interval_s, threads=o.threads, converge=o.converge,
-        eval_every=o.eval_every, command=o.command, rendezvous=rendezvous,
-        loader_workers=o.loader_workers, bucket_mb=o.bucket_mb,
-    )
 
 
-def record(o: RecordOptions, progress: ProgressFn = no_progress) -> Trace:
-    """Record what ``o`` asks for into ``o.path`` (native traces beside it); the Trace."""
-    return record_trace(config(o), o.path, progress)
+def record(config: RecordConfig, output: Path,
+           progress: ProgressFn = no_progress) -> Trace:
+    """Record what ``config`` asks for (`opprof record`'s options) into ``output`` (native
+    traces beside it); the Trace."""
+    check(config)
+    return record_trace(config, output, progress)
 
 
 def record_trace(config: RecordConfig, output: Path,

@@ -11,12 +11,13 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from opprof.analysis.diff import Diff, memory_verdict
+from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
 from opprof.kinds import DONE, Mode, RunStatus
-from opprof.model.commmodel import FIT_LIMIT, Network, fit_warning
+from opprof.model.commmodel import FIT_LIMIT, Network
 from opprof.model.predict import Check, ModelResult
 from opprof.model.whatif import WhatIf
+from opprof.render import verdicts
 from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.paralleltables import (
     comm_diff_table,
@@ -627,7 +628,7 @@ def diff(d: Diff, top: int | None = None) -> str:
     """The diff for a terminal."""
     head = Text(f"opprof diff  A = {d.a_label}  ·  B = {d.b_label}\n", style="bold")
     head += Text("\n".join(step_lines(d)))
-    for line in d.mismatches:
+    for line in verdicts.mismatch_lines(d):
         head += Text("\n" + line, style="bold yellow")
     tables = []
     for df, key, title in [(d.phases, "phase", "Phases (wall ms/step, profiled)"),
@@ -644,9 +645,9 @@ def diff(d: Diff, top: int | None = None) -> str:
     if not d.comm.empty:
         tables.append(comm_diff_table(d.comm))
     items: list[RenderableType] = [head, *tables, *memory_diff(d), *efficiency_diff(d, top),
-                                   Text(d.summary, style="bold")]
+                                   Text(verdicts.diff_sentence(d), style="bold")]
     if d.convergence:
-        items.append(Text(d.convergence.sentence, style="bold"))
+        items.append(Text(verdicts.convergence_sentence(d.convergence), style="bold"))
     items += [Text(f"{side} ({name}): {line}", style="bold yellow")
               for side, name, noise in (("A", d.a_label, d.a_noise), ("B", d.b_label, d.b_noise))
               for line in quality_lines(noise)]
@@ -677,7 +678,7 @@ def efficiency_diff(d: Diff, top: int | None) -> list[RenderableType]:
         for r in rows:
             t.add_row(*r)
         out.append(t)
-    out.append(Text(e.sentence, style="bold"))
+    out.append(Text(verdicts.efficiency_sentence(e, d.a_label, d.b_label), style="bold"))
     return out
 
 
@@ -707,7 +708,7 @@ def memory_diff(d: Diff) -> list[RenderableType]:
             and alloc["ratio"].isna().all():
         t.caption = ("allocator peaks not compared: the two runs' allocators count different "
                      "things (--by memory on each says what)")
-    verdict = memory_verdict(d)
+    verdict = verdicts.memory_verdict(d)
     return [t, Text(verdict, style="bold")] if verdict else [t]
 
 
@@ -972,7 +973,7 @@ def model(result: ModelResult) -> str:
 
     items: list[RenderableType] = [head, t, grads, _messages_table(result), p]
     items += [Text(f"note: {n}", style="bold yellow" if "⚠" in n else "grey50")
-              for n in result.notes]
+              for n in verdicts.model_notes(result)]
     if result.check is not None:
         items.extend(_check_items(result.check))
     return render(*items)
@@ -1022,7 +1023,7 @@ def _check_items(c: Check) -> list[RenderableType]:
         sp = c.spread
         line += Text(f"\npredicted {ms(sp.interval_ns[0])} … {ms(sp.interval_ns[1])} ms (± the "
                      f"measured mean's 95% interval, {sp.steps} rank-steps, cv {sp.cv:.1%}): "
-                     f"{sp.verdict}", style="bold yellow" if sp.noisy else "")
+                     f"{verdicts.check_verdict(sp)}", style="bold yellow" if sp.noisy else "")
     if c.colocation is not None:
         from opprof.render.modeltables import colocation_verdict
 
@@ -1060,7 +1061,7 @@ def whatif(w: WhatIf) -> str:
         items.append(Text("step: the trace's dependency graph replayed with the changes "
                           "(docs/critical-path.md); phases: the phase model's, carrying it",
                           style="grey50"))
-    items += [Text(f"note: {n}", style="grey50") for n in w.notes]
+    items += [Text(f"note: {n}", style="grey50") for n in verdicts.whatif_notes(w)]
     return render(*items)
 
 
@@ -1087,7 +1088,7 @@ def calibration(net: Network) -> str:
     t.caption = (f"fit: relative RMS error {f.get('rel_rmse', float('nan')):.1%} over "
                  f"{f.get('points', 0)} sizes; ⚠ = off by more than ±{FIT_LIMIT:.0%}"
                  + (f"; {f['note']}" if f.get("note") else ""))
-    warning = fit_warning(net)
+    warning = verdicts.fit_warning(net)
     items: list[RenderableType] = [head, t]
     coloc = net.info.get("colocation")
     if isinstance(coloc, dict) and coloc.get("slowdown"):
@@ -1209,7 +1210,7 @@ def gate_lines(g: Gate) -> list[str]:
     lines = [gate_line(g)]
     lines += [f"  {c.verdict}: {_check_text(c)}" for c in g.checks if c is not g.headline]
     lines += [f"  test: {g.test}, alpha {g.alpha:g}"]
-    lines += [f"  note: {n}" for n in g.notes]
+    lines += [f"  note: {n}" for n in verdicts.gate_notes(g)]
     return lines
 
 

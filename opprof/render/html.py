@@ -28,9 +28,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from opprof.analysis.diff import Diff, memory_verdict
+from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.render import palette, plotdata, units
+from opprof.render import palette, plotdata, units, verdicts
 from opprof.render.plotdata import MS
 from opprof.render.views import PAGE_VIEWS
 from opprof.taxonomy import PHASES
@@ -810,9 +810,9 @@ def diff(d: Diff, top: int | None = None) -> str:
                          {"run": f"B: {d.b_label}", "unprofiled": d.b_unprofiled_ns,
                           "step": d.b_step_ns}])
     runs["overhead"] = [d.overhead("a"), d.overhead("b")]
-    warn = "".join(note(line) for line in d.mismatches)
-    verdict = memory_verdict(d)
-    head = (f"<p class=\"summary\">{html.escape(d.summary)}</p>" + warn
+    warn = "".join(note(line) for line in verdicts.mismatch_lines(d))
+    verdict = verdicts.memory_verdict(d)
+    head = (f"<p class=\"summary\">{html.escape(verdicts.diff_sentence(d))}</p>" + warn
             + table(runs, [("run", "run", f_text), ("unprofiled", "unprofiled ms/step", f_ms),
                            ("step", "profiled ms/step", f_ms),
                            ("overhead", "profiled/unprofiled", f_ratio)], sortable=False)

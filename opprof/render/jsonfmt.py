@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from opprof.analysis.report import Report
+from opprof.render import verdicts
 from opprof.render.jsonvalues import clean as _clean
 from opprof.render.jsonvalues import records
 from opprof.render.views import ALL_VIEWS
@@ -14,6 +15,7 @@ from opprof.trace import convergence_frame
 
 if TYPE_CHECKING:  # only names here: `report --format json` imports no model or diff code
     from opprof.advice.base import AdviseResult, Advisory
+    from opprof.analysis.convergence import Comparison
     from opprof.analysis.diff import Diff
     from opprof.jsontypes import JSONObject
     from opprof.model.commmodel import Network
@@ -131,12 +133,6 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     return json.dumps(out, indent=2, default=str)
 
 
-def _memory_verdict(d: Diff) -> str | None:
-    from opprof.analysis.diff import memory_verdict
-
-    return memory_verdict(d)
-
-
 def diff(d: Diff, top: int | None = None) -> str:
     """The diff as JSON."""
     ops = d.ops if top is None else d.ops.head(top)
@@ -144,16 +140,27 @@ def diff(d: Diff, top: int | None = None) -> str:
         "a": d.a_label, "b": d.b_label, "a_step_ns": d.a_step_ns, "b_step_ns": d.b_step_ns,
         "step_ratio": _clean(d.step_ratio), "a_unprofiled_step_ns": d.a_unprofiled_ns,
         "b_unprofiled_step_ns": d.b_unprofiled_ns, "basis": d.basis,
-        "headline_ratio": _clean(d.headline_ratio), "mismatches": d.mismatches,
-        "memory_verdict": _memory_verdict(d), "phases": records(d.phases), "ops": records(ops),
-        "memory": records(d.memory), "comm": records(d.comm), "summary": d.summary,
+        "headline_ratio": _clean(d.headline_ratio), "mismatches": verdicts.mismatch_lines(d),
+        "memory_verdict": verdicts.memory_verdict(d), "phases": records(d.phases),
+        "ops": records(ops), "memory": records(d.memory), "comm": records(d.comm),
+        "summary": verdicts.diff_sentence(d),
         "a_noise": d.a_noise.to_dict() if d.a_noise else None,
         "b_noise": d.b_noise.to_dict() if d.b_noise else None,
         **({"whatif": records(d.whatif)} if d.whatif is not None else {}),
-        "convergence": d.convergence.to_dict() if d.convergence else None,
-        "efficiency": d.efficiency.to_dict() if d.efficiency else None,
-        **({"gate": d.gate.to_dict()} if d.gate is not None else {}),
+        "convergence": _convergence(d.convergence) if d.convergence else None,
+        "efficiency": {**d.efficiency.to_dict(), "summary": verdicts.efficiency_sentence(
+            d.efficiency, d.a_label, d.b_label)} if d.efficiency else None,
+        **({"gate": {**d.gate.to_dict(), "notes": verdicts.gate_notes(d.gate)}}
+           if d.gate is not None else {}),
     }, indent=2, default=_clean)
+
+
+def _convergence(c: Comparison) -> JSONObject:
+    """The diff's ``convergence``: per target its facts and sentence, then the sentence."""
+    doc = c.to_dict()
+    targets = [{**t.to_dict(), "sentence": verdicts.target_sentence(t, c.a_label, c.b_label)}
+               for t in c.targets]
+    return {**doc, "targets": targets, "sentence": verdicts.convergence_sentence(c)}
 
 
 def model_dict(result: ModelResult) -> JSONObject:
@@ -176,7 +183,8 @@ def model_dict(result: ModelResult) -> JSONObject:
         check = {"label": c.label, "measured_step_ns": c.measured_step_ns,
                  "predicted_step_ns": c.predicted_step_ns, "error": _clean(c.error),
                  "terms": records(c.terms), "resources": c.resources.to_dict(),
-                 "spread": c.spread.to_dict() if c.spread is not None else None,
+                 "spread": {**c.spread.to_dict(), "verdict": verdicts.check_verdict(c.spread)}
+                 if c.spread is not None else None,
                  "colocation": c.colocation.to_dict() if c.colocation is not None else None}
     g = b.gradients
     return {
@@ -196,7 +204,7 @@ def model_dict(result: ModelResult) -> JSONObject:
                       "trace_collectives": records(g.collectives)},
         "network": {**result.network.to_dict(), "note": result.network_note},
         "policy": {"name": result.policy.name, "describe": result.policy.describe},
-        "predictions": preds, "check": check, "notes": result.notes,
+        "predictions": preds, "check": check, "notes": verdicts.model_notes(result),
     }
 
 
@@ -211,7 +219,8 @@ def whatif(w: WhatIf) -> str:
                        "delta_ns": w.delta_ns, "phases": w.phases,
                        "base_phases": w.base_phases, "workers": w.workers, "mode": w.mode,
                        "scenario": [c.to_dict() for c in w.scenario],
-                       "network": w.network_note, "notes": w.notes, "engine": w.engine},
+                       "network": w.network_note, "notes": verdicts.whatif_notes(w),
+                       "engine": w.engine},
                       indent=2, default=_clean)
 
 

@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from opprof.analysis.diff import Diff, memory_verdict
+from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
-from opprof.model.commmodel import Network, fit_warning
+from opprof.model.commmodel import Network
 from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
+from opprof.render import verdicts
 from opprof.render.console import compile_lines, partial_lines, quality_lines
 from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.tables import diff_memory_table, diff_table, report_table
@@ -116,16 +117,18 @@ def diff(d: Diff, top: int | None = None) -> str:
     from opprof.render.console import step_lines
 
     steps = "".join(f"- {line}\n" for line in step_lines(d))
-    warn = "".join(f"> {line}\n\n" for line in d.mismatches)
-    verdict = memory_verdict(d)
+    warn = "".join(f"> {line}\n\n" for line in verdicts.mismatch_lines(d))
+    verdict = verdicts.memory_verdict(d)
     notes += f"{verdict}\n\n" if verdict else ""
-    out = (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{d.summary}\n\n{steps}\n{warn}{notes}"
+    out = (f"## opprof diff: {d.a_label} vs {d.b_label}\n\n{verdicts.diff_sentence(d)}\n\n"
+           f"{steps}\n{warn}{notes}"
            f"{md_table(diff_table(d, top))}\n{memory}")
     if d.whatif is not None:
         rows = d.whatif if top is None else d.whatif.head(top)
         out += f"\n### What if A ran each operator at B's speed\n\n{md_table(rows)}\n"
     if d.efficiency is not None:
-        out += f"\n### Efficiency\n\n{d.efficiency.sentence}\n"
+        sentence = verdicts.efficiency_sentence(d.efficiency, d.a_label, d.b_label)
+        out += f"\n### Efficiency\n\n{sentence}\n"
     if d.gate is not None:
         from opprof.render.console import gate_lines
 
@@ -152,13 +155,13 @@ def model(result: ModelResult) -> str:
                 f"Predicted {c.predicted_step_ns / 1e6:,.3f} ms vs measured "
                 f"{c.measured_step_ns / 1e6:,.3f} ms per step: error {c.error:+.1%}.", ""]
         if c.spread is not None:
-            out += [f"Measured noise: {c.spread.verdict}.", ""]
+            out += [f"Measured noise: {verdicts.check_verdict(c.spread)}.", ""]
         if c.colocation is not None:
             from opprof.render.modeltables import colocation_verdict
 
             out += [f"{colocation_verdict(c.colocation)[0].upper()}"
                     f"{colocation_verdict(c.colocation)[1:]}.", ""]
-    out += [f"Note: {n}" for n in result.notes]
+    out += [f"Note: {n}" for n in verdicts.model_notes(result)]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -179,7 +182,7 @@ def calibration(net: Network) -> str:
     return (f"## opprof calibrate: {net.framework} {net.backend}, {net.workers} workers\n\n"
             f"{net.collective}: α = {net.alpha_ns:,.0f} ns, β = {net.beta_ns_per_byte:.4g} "
             f"ns/B\n\n{md_table(samples_table(net))}\n"
-            + (f"\n> {warning}\n" if (warning := fit_warning(net)) else ""))
+            + (f"\n> {warning}\n" if (warning := verdicts.fit_warning(net)) else ""))
 
 
 def _advice_md(a: Advisory) -> str:

@@ -187,7 +187,14 @@ def split_model_text(result: SplitResult, fmt: str) -> str:
 
     rows = split_rows(result)
     if fmt == "json":
-        return json.dumps(result.to_dict(), indent=2, default=float)
+        from opprof.render.verdicts import check_verdict
+
+        doc = result.to_dict()
+        checked = doc.get("check")
+        if result.check is not None and isinstance(checked, dict):
+            checked["spread"] = {**result.check.spread.to_dict(),
+                             "verdict": check_verdict(result.check.spread)}
+        return json.dumps(doc, indent=2, default=float)
     if fmt == "csv":
         if result.check is not None:
             return str(result.check.terms.to_csv(index=False))
@@ -234,10 +241,12 @@ def split_model_text(result: SplitResult, fmt: str) -> str:
             f"{_ms(chk.measured_ns)} ms at {dim} {chk.degree}"
             + (f" ({chk.microbatches} micro-batches, {chk.schedule})" if dim == "pp" else "")
             + f": error {100 * chk.error:+.1f}%")
+        from opprof.render.verdicts import check_verdict
+
         sp = chk.spread
         check_lines.append(f"predicted {_ms(sp.interval_ns[0])} … {_ms(sp.interval_ns[1])} ms "
                            f"(± the measured mean's 95% interval, {sp.steps} rank-steps, cv "
-                           f"{sp.cv:.1%}): {sp.verdict}")
+                           f"{sp.cv:.1%}): {check_verdict(sp)}")
         from opprof.render.modeltables import colocation_verdict
 
         check_lines.append(colocation_verdict(chk.colocation))

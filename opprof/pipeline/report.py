@@ -1,0 +1,110 @@
+"""The report pipeline: a job read once, everything the report's options ask for computed
+from that one read — the critical path for ``--by critical`` and the HTML page, the advice
+for the default view and the HTML page — and one immutable :class:`ReportResult` that every
+renderer only draws (:func:`report`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from opprof.advice.base import Advisory
+    from opprof.analysis.report import Report
+    from opprof.flops.peaks import PeakOptions
+    from opprof.preread import Ahead
+
+#: The views (``--by``) and formats whose output shows the critical path.
+CRITICAL_VIEWS = frozenset({"critical"})
+CRITICAL_FORMATS = frozenset({"html"})
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What `opprof report` is asked for: the job, which view in which format, whether the
+    advice comes first, and where the per-rank work runs."""
+
+    paths: tuple[Path, ...]
+    by: str = "phase"
+    fmt: str = "rich"
+    device_span: str = "steps"
+    scheduler: str | None = None
+    jobs: int | None = None
+    advice: bool = True
+    #: the machine's peak as the user gave it (``--peak-flops`` …; opprof.flops.peaks)
+    peak: PeakOptions | None = None
+
+    @property
+    def critical(self) -> bool:
+        """Whether the output shows the critical path (``--by critical``; the HTML page has
+        its section)."""
+        return self.by in CRITICAL_VIEWS or self.fmt in CRITICAL_FORMATS
+
+    @property
+    def advised(self) -> bool:
+        """Whether the output shows the advice (`opprof advise`'s top three): on the
+        default view for people and on the HTML page, unless ``--no-advice``."""
+        return self.advice and ((self.by == "phase" and self.fmt == "rich")
+                                or self.fmt == "html")
+
+    @property
+    def whole(self) -> bool:
+        """Whether the job's events are needed whole (the advice reads the model and the
+        critical path's graph, which joins the ranks): then it is read whole, once, with
+        every event's detail, and reported from that read (the critical path from the
+        advice's graph); else rank by rank (the critical path, when asked, walked in the
+        worker that reads each rank)."""
+        return self.advised
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What `opprof report` draws: the report and, where asked, the advice on it."""
+
+    report: Report
+    advice: Advisory | None = None
+
+
+def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
+    """The report of ``o.paths``, each file read once (``ahead``: what the command started
+    reading before it imported this, :func:`opprof.readahead.start`)."""
+    if not o.whole:
+        from opprof.job import report as job_report
+
+        return ReportResult(job_report(list(o.paths), device_span=o.device_span,
+                                       scheduler=o.scheduler, jobs=o.jobs,
+                                       critical=o.critical, peak=o.peak, ahead=ahead))
+    from opprof.analysis.report import build_report
+    from opprof.loader import load
+
+    trace = load(list(o.paths), ahead)
+    label = o.paths[0].name if o.paths else ""
+    context = None
+    if o.advised:  # the advice's what-if context: its graph is the critical path's too
+        from opprof.model.whatif import context as whatif_context
+
+        context = whatif_context(trace, label)
+    critical = None
+    if o.critical:
+        from opprof.analysis.critpath import critical_path
+
+        graph, order = context.graph if context is not None and context.graph else (None, None)
+        critical = critical_path(trace, graph=graph, order=order)
+    rep = build_report(trace, o.device_span, peak=o.peak, critical=critical)
+    if not o.advised:
+        return ReportResult(rep)
+    from opprof.advice import advise
+
+    return ReportResult(rep, advise(trace, rep, label, context))
+
+
+def damaged_to_say(o: ReportOptions, rep: Report) -> list[dict[str, str]]:
+    """The damaged files a folder held that were left out, to say beside the report (none
+    for one `.trace`: its import said them)."""
+    from opprof.loader import is_opprof_trace
+
+    if len(o.paths) == 1 and is_opprof_trace(o.paths[0]):
+        return []
+    damaged: list[dict[str, str]] = rep.meta.get("damaged_files", [])
+    return damaged
