@@ -149,7 +149,7 @@ def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SplitResult:
     """`opprof model`'s answer for a one-worker base and a model-parallel dimension."""
 
@@ -444,15 +444,13 @@ def predict_from_single(trace: Trace, dimension: str, degrees: list[int],
     sched = schedule or "gpipe"
     meta = {k: trace.meta.get(k) for k in ("framework", "model", "batch_size", "threads",
                                            "device")}
-    result = SplitResult(label, dimension, m.base, meta, net, note, "", [], notes=m.notes,
-                         model=m)
-    result.assumptions = _assumptions(m, dimension, micro, sched)
-    for d in degrees:
-        result.predictions.append(_predict_tp(m, d) if dimension == "tp"
-                                  else _predict_pp(m, d, micro, sched))
-    result.plan = (m.tp.source if m.tp is not None else
-                   pp_stages(m.base, trace.meta, max(max(degrees), 2)).source)
-    return result
+    predictions = [_predict_tp(m, d) if dimension == "tp" else _predict_pp(m, d, micro, sched)
+                   for d in degrees]
+    plan = (m.tp.source if m.tp is not None else
+            pp_stages(m.base, trace.meta, max(max(degrees), 2)).source)
+    return SplitResult(label, dimension, m.base, meta, net, note, plan, predictions,
+                       assumptions=_assumptions(m, dimension, micro, sched), notes=m.notes,
+                       model=m)
 
 
 def with_split_check(result: SplitResult, check: SplitCheck) -> SplitResult:
