@@ -103,6 +103,18 @@ def test_ddp_job_first_advice_is_the_exposed_gradient_allreduce() -> None:
             or "broadcast_buffers" in first.action)
 
 
+def test_tensor_parallel_collectives_are_never_told_to_accumulate_gradients() -> None:
+    """A vLLM decode on 8-way tensor parallel (B200, no backward): its exposed all-reduces
+    serve the ``tp`` dimension, so the advice is sequence parallel / async TP / a lower TP
+    degree, never a gradient knob (there are no gradients)."""
+    a = advisory(FIXTURES / "gpu-public" / "gpt-oss-vllm-b200.json.gz")
+    comm = [x for x in training(a) if x.rule == "exposed-communication"]
+    assert len(comm) == 1
+    assert comm[0].evidence["tp_share"] >= 0.5  # type: ignore[operator]
+    assert "SequenceParallel" in comm[0].action and "TP degree" in comm[0].action
+    assert "gradients" not in comm[0].action and "bucket" not in comm[0].action
+
+
 def test_pipeline_job_first_advice_names_the_stages_waiting() -> None:
     """tests/scripts/torch_pipeline.py (torch.distributed.pipelining, GPipe, 2 stages): the
     stages idle while the pipeline fills and drains (the bubble of ``--by pipeline``); the

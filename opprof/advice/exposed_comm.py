@@ -11,6 +11,11 @@ and their shares, the parallel layout, the gradient bytes. Actions by what domin
   False``: no all-gather again in backward) and prefetch;
 * a parameter server's push/pull — more servers;
 * expert parallelism's all-to-all — overlap the token exchange with the experts' compute;
+* tensor parallelism's all-reduces / all-gathers between the layers' matmuls (most of the
+  collectives' time in the ``tp`` dimension) — sequence parallel and async TP so the
+  transfers overlap the matmuls, or a lower TP degree;
+* a job with no backward (inference) — no gradient knob applies: the collectives issued
+  asynchronously;
 * pipeline stages waiting in send/recv — more micro-batches (the pipeline rule's, where the
   pipeline analysis measures the bubble).
 
@@ -76,6 +81,12 @@ def advise(ev: Evidence) -> list[Advice]:
         return [_servers(ev, finding, evidence)]
     if top == "all_to_all":
         return [_experts(ev, finding, evidence, shares)]
+    tp = _dim_share(ev, "tp")
+    if tp >= 0.5:
+        evidence["tp_share"] = tp
+        return [_tensor_parallel(ev, finding, evidence, tp)]
+    if ev.phase_ns("backward") <= 0:  # no gradients to accumulate or bucket (inference)
+        return [_overlap(ev, finding, evidence)]
     if sum(shares.get(k, 0.0) for k in GRADIENT) >= 0.5 or not shares:
         return [_gradients(ev, finding, evidence, shares)]
     return [_overlap(ev, finding, evidence)]
@@ -88,6 +99,15 @@ def _shares(ev: Evidence) -> dict[str, float]:
     if total <= 0:
         return {}
     return {str(r["op"]): float(r["comm_ns"]) / total for r in kinds.to_dict("records")}
+
+
+def _dim_share(ev: Evidence, dim: str) -> float:
+    """The share of the collectives' time that serves parallel dimension ``dim``."""
+    c = ev.report.collectives
+    if not len(c) or "dim" not in c or "time_ns" not in c:
+        return 0.0
+    total = float(c["time_ns"].sum())
+    return float(c.loc[c["dim"] == dim, "time_ns"].sum()) / total if total > 0 else 0.0
 
 
 def _capped(pred: Predicted, cap: float, how: str = "") -> Predicted:
@@ -175,6 +195,19 @@ def _experts(ev: Evidence, finding: str, evidence: JSONObject,
               "computes), lower the capacity factor, or place the experts so fewer tokens "
               "leave their rank")
     evidence["model_note"] = "upper bound: the all-to-all's share of the exposed time hidden"
+    return _advice(ev, finding, action, pred, "low", evidence)
+
+
+def _tensor_parallel(ev: Evidence, finding: str, evidence: JSONObject, tp: float) -> Advice:
+    reach = (ev.phase_ns("comm") - ev.wait_ns) * tp
+    pred = _capped(comm_hidden(ev.context, ev.wait_ns), reach, "the tensor-parallel share")
+    action = ("tensor parallelism's collectives sit between the layers' matmuls and block "
+              "them: shard the activations between the blocks too (SequenceParallel, so "
+              "all-gather / reduce-scatter replace the all-reduce) and let them overlap the "
+              "matmuls (async TP: torch.compile with "
+              "torch._inductor.config._micro_pipeline_tp = True), or lower the TP degree (keep "
+              "it inside a node's fast links; use the other ranks for data parallel)")
+    evidence["model_note"] = "upper bound: the tensor-parallel collectives' share hidden"
     return _advice(ev, finding, action, pred, "low", evidence)
 
 
