@@ -1,23 +1,32 @@
-"""Predicted vs measured: the model-parallel model (opprof.model.parallel) against real
-runs of the built-in transformer, with the opprof command line as a user runs it.
+"""Predicted vs measured: the model-parallel models against real runs of the built-in
+transformer, with the opprof command line as a user runs it.
 
-For each case it records, interleaved per repeat (so a change of the host's load falls on both):
+**The users' direction** (the default; issue #30's bar: within 10%): a one-worker recording
+predicts the tensor- and pipeline-parallel runs on 2 workers. Per repeat:
 
-- ``tp``: the built-in TP run, ``opprof record --mode tp --workers 2``, and the same model on
-  one worker; ``opprof model TP --mode tp --workers 1 --check SINGLE``: the step without tensor
-  parallelism predicted from the TP run (the sharded products doubled, DTensor's work and the
-  collectives gone);
-- ``pp``: the built-in PP run, ``opprof record --mode pp --workers 2`` (GPipe, 4 micro-batches),
-  and the one-worker run; ``opprof model PP --mode pp --workers 1 --microbatches 1 --check
-  SINGLE``;
-- from the second repeat on, each 2-worker run predicted from the previous repeat's at its own
-  layout (``--workers 2 --check``): what the calibration to a measured run leaves,
+1. ``opprof calibrate --fw torch --workers 2 -o net.json`` (the users' command: gloo's
+   all-reduce, its interference and co-location loops on this host);
+2. for each configuration (``short``: 4 profiled steps after 1 warm-up, what users record;
+   ``long``: 8 after 2) and each case, the one-worker base ``opprof record --fw torch --model
+   transformer --batch-size 8 --threads 1`` and the measured run, the same with ``--workers 2
+   --mode tp`` (or ``pp``: GPipe, 4 micro-batches) — back to back, in alternating order over
+   repeats so a change of the host's load falls on both;
+3. ``opprof model BASE --mode tp --workers 2 --network net.json --check TP2.trace`` (``pp``:
+   the check takes the measured run's micro-batches and schedule).
 
-then prints each prediction, the measured step, the error, the host's load beside each
-recording, and the median and largest error per case.
+It prints every run — the worst first — with the host's load sampled during each recording
+(the 1-minute load average's mean and maximum), the predicted and measured step, the error,
+the error without the co-location term, the host's noise in the two runs (their compute over
+their typical operators: 1 on a quiet host) and the check's verdict; then the median and the
+largest error per case.
 
-    python benchmarks/bench_parallel_model.py                 # transformer, batch 8, 2 repeats
-    python benchmarks/bench_parallel_model.py --repeat 3 --steps 5 --network net.json
+**The other direction** (``--direction from-parallel``, the previous benchmark): the
+2-worker TP and PP runs predict the one-worker step (``opprof model TP --mode tp --workers 1
+--check SINGLE``), and from the second repeat each 2-worker run predicts the next repeat's.
+
+    python benchmarks/bench_parallel_model.py                      # 2 cases × short/long × 3
+    python benchmarks/bench_parallel_model.py --configs short --repeat 1   # a quick look
+    python benchmarks/bench_parallel_model.py --direction from-parallel --repeat 2
 """
 
 from __future__ import annotations
@@ -29,8 +38,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+CASES = ("tp", "pp")
+#: name → (profiled steps, warm-up steps): what users record, and a longer recording
+CONFIGS = {"short": (4, 1), "long": (8, 2)}
 
 
 def opprof(*args: str) -> subprocess.CompletedProcess:
@@ -46,63 +62,167 @@ def load() -> str:
     return "load " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def record(out: Path, args: argparse.Namespace, mode: str | None) -> Path:
+@contextmanager
+def sampled(into: dict, key: str) -> Iterator[None]:
+    """Sample the 1-minute load average every second while the block runs: ``into[key]``
+    gets its mean and maximum."""
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            samples.append(os.getloadavg()[0])
+            stop.wait(1.0)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        got = samples or [os.getloadavg()[0]]
+        into[key] = {"mean": round(statistics.mean(got), 2), "max": round(max(got), 2)}
+
+
+def fmt_load(d: dict | None) -> str:
+    """mean (max) of the 1-minute load average during a recording."""
+    return "-" if not d else f"{d['mean']:.1f} ({d['max']:.1f})"
+
+
+def record(out: Path, args: argparse.Namespace, mode: str | None, steps: int,
+           warmup: int) -> Path:
     """One built-in run (``mode`` None: one worker)."""
     cmd = ["record", "--fw", "torch", "--model", args.model, "--batch-size",
-           str(args.batch_size), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--timing-steps", "1", "--threads", "1", "-o", str(out), "--format", "json"]
+           str(args.batch_size), "--steps", str(steps), "--warmup", str(warmup),
+           "--threads", "1", "-o", str(out), "--format", "json"]
     if mode:
         cmd += ["--workers", "2", "--mode", mode]
     t0 = time.time()
     opprof(*cmd)
-    print(f"  recorded {out.name:<22} in {time.time() - t0:5.1f} s ({load()})", flush=True)
+    print(f"  recorded {out.name:<26} in {time.time() - t0:5.1f} s ({load()})", flush=True)
     return out
 
 
-def model(base: Path, mode: str, measured: Path, workers: int, args: argparse.Namespace,
+def check(base: Path, mode: str, measured: Path, workers: int, net: Path | None,
           microbatches: int | None = None) -> dict:
-    """``opprof model BASE --mode MODE --workers N --check MEASURED --format json``."""
+    """``opprof model BASE --mode MODE --workers N [--network] --check MEASURED``, JSON."""
     cmd = ["model", str(base), "--mode", mode, "--workers", str(workers), "--check",
            str(measured), "--format", "json"]
     if microbatches:
         cmd += ["--microbatches", str(microbatches)]
-    if args.network:
-        cmd += ["--network", str(args.network)]
-    check: dict = json.loads(opprof(*cmd).stdout)["check"]
-    return check
+    if net is not None:
+        cmd += ["--network", str(net)]
+    doc: dict = json.loads(opprof(*cmd).stdout)
+    return doc
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="transformer")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--network", type=Path, default=None,
-                        help="net.json from `opprof calibrate --fw torch --workers 2`")
-    parser.add_argument("--keep", type=Path, default=None, help="keep the traces here")
-    args = parser.parse_args()
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-parallel-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"bench_parallel_model: {args.model}, batch {args.batch_size}, {args.steps} steps, "
-          f"{args.repeat} repeat(s); {load()}; traces in {folder}")
+# --------------------------------------------------------------------------- users' direction
+
+
+def users(args: argparse.Namespace, folder: Path) -> None:
+    """The users' direction (module docstring)."""
+    results: list[dict] = []
+    for rep in range(args.repeat):
+        print(f"repeat {rep + 1}", flush=True)
+        loads: dict[str, dict] = {}
+        net = args.network
+        if net is None:
+            net = folder / f"net-{rep}.json"
+            with sampled(loads, "calibrate"):
+                opprof("calibrate", "--fw", "torch", "--workers", "2", "-o", str(net))
+            print(f"  calibrated {net.name} ({load()})", flush=True)
+        for config in args.configs:
+            steps, warmup = CONFIGS[config]
+            for case in args.cases:
+                tag = f"{case}-{config}-{rep}"
+                base, run = folder / f"single-{tag}.trace", folder / f"{case}2-{tag}.trace"
+                order = [("base", base, None), ("measured", run, case)]
+                for key, path, mode in order if rep % 2 == 0 else order[::-1]:
+                    with sampled(loads, f"{tag}-{key}"):
+                        record(path, args, mode, steps, warmup)
+                doc = check(base, case, run, 2, net)
+                c = doc["check"]
+                results.append({
+                    "case": case, "config": config, "repeat": rep + 1, "steps": steps,
+                    "warmup": warmup, "predicted_ns": c["predicted_ns"],
+                    "measured_ns": c["measured_ns"], "error": c["error"],
+                    "error_without": c["colocation"]["error_without"],
+                    "noise": c.get("noise") or {}, "verdict": c["spread"]["verdict"],
+                    "terms": c["terms"], "load_base": loads.get(f"{tag}-base"),
+                    "load_measured": loads.get(f"{tag}-measured"),
+                    "load_calibrate": loads.get("calibrate"),
+                    "microbatches": c.get("microbatches"), "schedule": c.get("schedule")})
+                show(results[-1])
+    report(results)
+    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"results in {folder / 'results.json'}")
+
+
+def show(r: dict) -> None:
+    """One run, term by term."""
+    print(f"  {r['case']} {r['config']} #{r['repeat']}: predicted "
+          f"{r['predicted_ns'] / 1e6:8.2f} ms, measured {r['measured_ns'] / 1e6:8.2f} ms, "
+          f"error {100 * r['error']:+6.1f}% (without co-location "
+          f"{100 * r['error_without']:+6.1f}%); load {fmt_load(r['load_base'])} base, "
+          f"{fmt_load(r['load_measured'])} measured", flush=True)
+    for t in r["terms"]:
+        e = t["error"]
+        err = "-" if e is None or e != e or abs(e) == float("inf") else f"{100 * e:+.1f}%"
+        print(f"      {t['term']:<8} predicted {t['predicted_ns'] / 1e6:8.3f}  measured "
+              f"{t['measured_ns'] / 1e6:8.3f}  {err}")
+
+
+def report(results: list[dict]) -> None:
+    """Every run as a markdown row, the worst first; the median and largest error per case."""
+    print("\n| run | steps | load during base / measured (mean (max) of the 1-min average) "
+          "| predicted step | measured step | error | without co-location | host's noise "
+          "base / measured | `--check` verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(results, key=lambda r: -abs(r["error"])):
+        n = r["noise"]
+        noise = (f"×{n['base']:.2f} / ×{n['measured']:.2f}" if n.get("base") and
+                 n.get("measured") == n.get("measured") else "-")
+        verdict = r["verdict"].split(":")[0].split(" (")[0]
+        print(f"| {r['case']} {r['config']} #{r['repeat']} | {r['steps']} + {r['warmup']} | "
+              f"{fmt_load(r['load_base'])} / {fmt_load(r['load_measured'])} | "
+              f"{r['predicted_ns'] / 1e6:,.1f} ms | {r['measured_ns'] / 1e6:,.1f} ms | "
+              f"{100 * r['error']:+.1f}% | {100 * r['error_without']:+.1f}% | {noise} | "
+              f"{verdict} |")
+    print("\ncase         runs   median |error|   largest |error|   (without co-location: "
+          "median, largest)")
+    for case in sorted({r["case"] for r in results}):
+        for config in [None, *sorted({r["config"] for r in results})]:
+            rs = [r for r in results if r["case"] == case and config in (None, r["config"])]
+            a = [abs(r["error"]) for r in rs]
+            w = [abs(r["error_without"]) for r in rs]
+            print(f"{case + (' ' + config if config else ''):<12} {len(rs):4d}   "
+                  f"{100 * statistics.median(a):12.1f}%   {100 * max(a):14.1f}%   "
+                  f"({100 * statistics.median(w):.1f}%, {100 * max(w):.1f}%)")
+
+
+# --------------------------------------------------------------------------- the other direction
+
+
+def from_parallel(args: argparse.Namespace, folder: Path) -> None:
+    """The 2-worker runs predict the one-worker step (module docstring)."""
+    steps, warmup = CONFIGS[args.configs[0]]
     errors: dict[str, list[float]] = {}
-    started = time.time()
     runs: dict[str, list[Path]] = {"tp": [], "pp": []}
     for r in range(args.repeat):
         print(f"repeat {r + 1}")
-        single = record(folder / f"single-{r}.trace", args, None)
-        for mode in ("tp", "pp"):
-            runs[mode].append(record(folder / f"{mode}-{r}.trace", args, mode))
-        for mode, m in (("tp", None), ("pp", 1)):
-            c = model(runs[mode][-1], mode, single, 1, args, m)
+        single = record(folder / f"single-{r}.trace", args, None, steps, warmup)
+        for mode in args.cases:
+            runs[mode].append(record(folder / f"{mode}-{r}.trace", args, mode, steps, warmup))
+        for mode in args.cases:
+            c = check(runs[mode][-1], mode, single, 1, args.network,
+                      1 if mode == "pp" else None)["check"]
             errors.setdefault(f"{mode} → 1 worker", []).append(c["error"])
             print(f"  {mode} → 1 worker: predicted {c['predicted_ns'] / 1e6:8.3f} ms, measured "
                   f"{c['measured_ns'] / 1e6:8.3f} ms, error {100 * c['error']:+6.1f}%")
         if r:
-            for mode in ("tp", "pp"):
-                c = model(runs[mode][-2], mode, runs[mode][-1], 2, args)
+            for mode in args.cases:
+                c = check(runs[mode][-2], mode, runs[mode][-1], 2, args.network)["check"]
                 errors.setdefault(f"{mode} 2 workers (other repeat)", []).append(c["error"])
                 print(f"  {mode} 2 workers from the previous repeat: predicted "
                       f"{c['predicted_ns'] / 1e6:8.3f} ms, measured "
@@ -111,6 +231,37 @@ def main() -> None:
     for case, errs in errors.items():
         a = [abs(e) for e in errs]
         print(f"{case:<34} {100 * statistics.median(a):12.1f}%   {100 * max(a):14.1f}%")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--direction", choices=["users", "from-parallel"], default="users")
+    parser.add_argument("--model", default="transformer")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--configs", default="short,long",
+                        help="comma-separated: short (4 + 1 steps), long (8 + 2)")
+    parser.add_argument("--cases", default="tp,pp", help="comma-separated: tp, pp")
+    parser.add_argument("--network", type=Path, default=None,
+                        help="net.json to use throughout (default: `opprof calibrate --fw "
+                             "torch --workers 2` at the start of every repeat)")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the traces here")
+    args = parser.parse_args()
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.cases = [c for c in args.cases.split(",") if c]
+    bad = [c for c in args.configs if c not in CONFIGS] + [c for c in args.cases
+                                                           if c not in CASES]
+    if bad:
+        raise SystemExit(f"unknown: {', '.join(bad)}")
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-parallel-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    print(f"bench_parallel_model ({args.direction}): {args.model}, batch {args.batch_size}, "
+          f"{'/'.join(args.configs)}, {args.repeat} repeat(s); {load()}; traces in {folder}")
+    if args.direction == "users":
+        users(args, folder)
+    else:
+        from_parallel(args, folder)
     print(f"wall time {time.time() - started:.0f} s; {load()}")
 
 

@@ -58,12 +58,16 @@ servers_option = click.option("--servers", type=click.IntRange(min=1), default=N
                    "step (σ of the base's per-step compute time × E[max of N normals]).")
 @click.option("--microbatches", type=click.IntRange(min=1), default=None,
               help="--mode pp: the micro-batches of the predicted pipeline (default the "
-                   "trace's).")
+                   "trace's; from a one-worker trace, record --mode pp's: 4 when the batch "
+                   "divides by 4, else 2).")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=None,
+              help="--mode pp from a one-worker trace: the pipeline's schedule (default "
+                   "gpipe, as record --mode pp; --check takes the measured run's).")
 @format_option
 def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
             servers: int | None, network: Path | None, measured: Path | None,
             workers_per_host: int | None, straggler: bool, microbatches: int | None,
-            fmt: str) -> None:
+            schedule: str | None, fmt: str) -> None:
     """Predict TRACE's step time and speed-up on N workers (terms, α–β communication,
     layer-wise pipeline), and optionally check it against a measured run.
 
@@ -74,12 +78,19 @@ def command(trace: tuple[Path, ...], workers: list[int], mode: str | None,
       opprof model resnet18-torch.trace --workers 8 --workers-per-host 2 --network net.json
       opprof model resnet18-torch.trace --mode fsdp --check resnet18-fsdp2.trace
       opprof model resnet18-mxnet.trace --workers 4 --mode ps-sync --servers 2 --network net.json
+      opprof model transformer.trace --mode tp --workers 2 --network net.json --check tp2.trace
+      opprof model transformer.trace --mode pp --workers 2 --microbatches 4 --check pp2.trace
     """
-    from opprof.pipeline.model import ModelOptions, model, parallel
+    from opprof.pipeline.model import ModelOptions, from_single, model, parallel
     from opprof.render import renderer
 
     result = model(ModelOptions(trace, tuple(workers), mode, servers, network, measured,
-                                workers_per_host, straggler, microbatches))
+                                workers_per_host, straggler, microbatches, schedule))
+    if from_single(result):  # a one-worker trace split by --mode tp|pp (model.fromsingle)
+        from opprof.render.paralleltables import split_model_text
+
+        echo_output(split_model_text(result, fmt), fmt)
+        return
     if parallel(result):  # a model-parallel job's model (opprof.model.parallel)
         from opprof.render.paralleltables import parallel_model_text
 

@@ -1,8 +1,9 @@
 """The model pipeline: the trace (and the measured run ``--check`` compares with) read once
 each, the step predicted at each worker count (or, for a model-parallel job, at each degree
 of its dimension) and checked, one immutable result that every renderer only draws
-(:func:`model`: a :class:`~opprof.model.predict.ModelResult`, or a
-:class:`~opprof.model.parallel.ParallelResult`)."""
+(:func:`model`: a :class:`~opprof.model.predict.ModelResult`, a
+:class:`~opprof.model.parallel.ParallelResult`, or for a one-worker trace with ``--mode tp|pp``
+a :class:`~opprof.model.fromsingle.SplitResult`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from opprof.pipeline.sources import Traces
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
+    from opprof.meta import MetaMapping
+    from opprof.model.fromsingle import SplitResult
     from opprof.model.parallel import ParallelResult
     from opprof.model.predict import ModelResult
 
@@ -35,6 +38,7 @@ class ModelOptions:
     workers_per_host: int | None = None
     straggler: bool = True
     microbatches: int | None = None  # --mode pp: the predicted pipeline's micro-batches
+    schedule: str | None = None  # --mode pp from one worker: gpipe or 1f1b
 
     @property
     def label(self) -> str:
@@ -54,12 +58,29 @@ def dimension(mode: str | None, trace_mode: object) -> str | None:
     return dims[-1] if dims else None
 
 
-def parallel(result: ModelResult | ParallelResult) -> TypeIs[ParallelResult]:
+def parallel(result: ModelResult | ParallelResult | SplitResult) -> TypeIs[ParallelResult]:
     """Whether ``result`` is a model-parallel job's (its own renderer draws it)."""
-    return hasattr(result, "dimension")
+    from opprof.model.parallel import ParallelResult
+
+    return isinstance(result, ParallelResult)
 
 
-def model(o: ModelOptions) -> ModelResult | ParallelResult:
+def from_single(result: ModelResult | ParallelResult | SplitResult) -> TypeIs[SplitResult]:
+    """Whether ``result`` splits a one-worker trace (its own renderer draws it)."""
+    from opprof.model.fromsingle import SplitResult
+
+    return isinstance(result, SplitResult)
+
+
+def one_worker(meta: MetaMapping, dim: str) -> bool:
+    """Whether the trace is a one-worker run (no ``dim`` to scale from: the model splits it,
+    :mod:`opprof.model.fromsingle`)."""
+    par = meta.get("parallelism") or {}
+    degree = int((par.get(dim) or {}).get("degree") or 1) if isinstance(par, dict) else 1
+    return degree < 2 and int(meta.get("workers") or 1) <= 1
+
+
+def model(o: ModelOptions) -> ModelResult | ParallelResult | SplitResult:
     """The prediction (and its check against ``o.measured``), each trace read once; the
     measured run's worker count is predicted too, in its mode and with its servers unless
     the options say otherwise."""
@@ -71,6 +92,19 @@ def model(o: ModelOptions) -> ModelResult | ParallelResult:
     traces = Traces()
     tr = traces.load(o.paths)
     dim = dimension(o.mode, tr.meta.get("mode"))
+    if dim is not None and one_worker(tr.meta, dim):
+        from opprof.model.fromsingle import (
+            check_from_single,
+            predict_from_single,
+            with_split_check,
+        )
+
+        split = predict_from_single(tr, dim, list(o.workers), o.microbatches, net, o.label,
+                                    o.schedule, o.workers_per_host)
+        if o.measured is None:
+            return split
+        return with_split_check(split, check_from_single(split, traces.load(o.measured),
+                                                         o.measured.name))
     if dim is not None:
         from opprof.model.parallel import check_parallel, predict_parallel, with_parallel_check
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from opprof.analysis.report import Report
     from opprof.meta import MetaMapping
+    from opprof.model.fromsingle import SplitResult
     from opprof.model.parallel import ParallelResult
 
 
@@ -164,3 +165,177 @@ def parallel_model_text(result: ParallelResult, fmt: str) -> str:
     items += [Text(x, style="bold") for x in [check] if x]
     items += [Text(n) for n in result.notes]
     return render(*items)
+
+
+#: The terms a one-worker prediction shows, in the step's order.
+_SPLIT_TERMS = ("t_io", "t_f", "t_b", "t_u", "t_comm", "t_coloc", "other")
+
+
+def split_rows(result: SplitResult) -> list[dict[str, Any]]:
+    """One row per prediction of a one-worker base: degree, micro-batches, step, speed-up,
+    the terms and the model's pieces (what the csv and md renderers show)."""
+    return [{"degree": p.degree, "microbatches": p.microbatches, "schedule": p.schedule,
+             "step_ns": p.step_ns, "speedup": p.speedup, **p.terms, **p.parts}
+            for p in result.predictions]
+
+
+def split_model_text(result: SplitResult, fmt: str) -> str:
+    """`opprof model BASE --mode tp|pp` of a one-worker trace in ``fmt`` (json: its
+    ``to_dict()``; csv: one row per prediction, or the check's terms; md and rich: the
+    predictions, the pipeline's stages, the check)."""
+    import json
+
+    rows = split_rows(result)
+    if fmt == "json":
+        from opprof.render.verdicts import check_verdict
+
+        doc = result.to_dict()
+        checked = doc.get("check")
+        if result.check is not None and isinstance(checked, dict):
+            checked["spread"] = {**result.check.spread.to_dict(),
+                             "verdict": check_verdict(result.check.spread)}
+        return json.dumps(doc, indent=2, default=float)
+    if fmt == "csv":
+        if result.check is not None:
+            return str(result.check.terms.to_csv(index=False))
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+        lines = [",".join(cols)]
+        lines += [",".join("" if r.get(c) is None else str(r.get(c)) for c in cols)
+                  for r in rows]
+        return "\n".join(lines) + "\n"
+    b = result.base
+    dim = result.dimension
+    head = (f"base: {result.label} — {result.meta.get('model') or 'a model'}, batch "
+            f"{result.meta.get('batch_size') or '?'}, one worker: step {_ms(b.step_ns)} ms "
+            f"over {b.steps} step(s) (its compute ×{b.noise:.2f} its typical operators and "
+            f"gaps: the host's noise); network α = "
+            f"{result.network.alpha_ns:,.0f} ns, β = {result.network.beta_ns_per_byte:.4g} "
+            f"ns/B ({result.network_note})")
+    pieces = (["forward_dtensor_ns", "backward_dtensor_ns", "update_dtensor_ns",
+               "allreduce_ns", "wait_ns"] if dim == "tp" else
+              ["bubble_ns", "transfer_ns", "ideal_bubble_share"])
+    cols = ["degree", *(["microbatches"] if dim == "pp" else []), "step_ns", "speedup",
+            *_SPLIT_TERMS, *pieces]
+    names = {"step_ns": "step", "speedup": "speed-up", "t_io": "load", "t_f": "forward",
+             "t_b": "backward", "t_u": "update", "t_comm": "comm", "t_coloc": "co-location",
+             "forward_dtensor_ns": "DTensor fwd", "backward_dtensor_ns": "DTensor bwd",
+             "update_dtensor_ns": "DTensor upd", "allreduce_ns": "all-reduce",
+             "wait_ns": "wait", "bubble_ns": "bubble", "transfer_ns": "transfers",
+             "ideal_bubble_share": "ideal bubble"}
+
+    def cell(c: str, r: dict[str, Any]) -> str:
+        v = r.get(c)
+        if c in ("degree", "microbatches"):
+            return str(v)
+        if c == "speedup":
+            return "-" if v is None or v != v else f"{v:.2f}x"
+        if c == "ideal_bubble_share":
+            return _pct(v)
+        return _ms(v)
+
+    check_lines: list[str] = []
+    if result.check is not None:
+        chk = result.check
+        check_lines.append(
+            f"check ({chk.label}): predicted {_ms(chk.predicted_ns)} ms, measured "
+            f"{_ms(chk.measured_ns)} ms at {dim} {chk.degree}"
+            + (f" ({chk.microbatches} micro-batches, {chk.schedule})" if dim == "pp" else "")
+            + f": error {100 * chk.error:+.1f}%")
+        from opprof.render.verdicts import check_verdict
+
+        sp = chk.spread
+        check_lines.append(f"predicted {_ms(sp.interval_ns[0])} … {_ms(sp.interval_ns[1])} ms "
+                           f"(± the measured mean's 95% interval, {sp.steps} rank-steps, cv "
+                           f"{sp.cv:.1%}): {check_verdict(sp)}")
+        from opprof.render.modeltables import colocation_verdict
+
+        check_lines.append(colocation_verdict(chk.colocation))
+        nb, nm = chk.noise.get("base"), chk.noise.get("measured")
+        if nb is not None and nm is not None and nm == nm:
+            check_lines.append(
+                f"the host's noise (compute over its typical operators and gaps): base "
+                f"×{nb:.2f}, measured ×{nm:.2f}" + (
+                    " — the runs met different loads: the error measures the host too"
+                    if abs(nm / nb - 1) > 0.2 else ""))
+    notes = [f"assumption: {a}" for a in result.assumptions] + [
+        f"note: {n}" for n in result.notes]
+    last = result.predictions[-1] if result.predictions else None
+    if fmt == "md":
+        out = [head, "", "| " + " | ".join(names.get(c, c) for c in cols) + " |",
+               "|" + "---|" * len(cols)]
+        out += ["| " + " | ".join(cell(c, r) for c in cols) + " |" for r in rows]
+        if last is not None and last.stages is not None:
+            out += ["", _stages_md(last.stages)]
+        if result.check is not None:
+            out += ["", "| term | predicted ms | measured ms | error |", "|---|---|---|---|"]
+            out += [f"| {r['term']} | {_ms(r['predicted_ns'])} | {_ms(r['measured_ns'])} | "
+                    f"{_err(r['error'])} |" for r in result.check.terms.to_dict("records")]
+        return "\n".join([*out, "", *check_lines, *notes]) + "\n"
+    t = Table(title=f"Predicted step by {dim} degree from one worker (ms)",
+              title_justify="left")
+    main = [c for c in cols if c not in pieces]
+    for c in main:
+        t.add_column(names.get(c, c), justify="right")
+    for r in rows:
+        t.add_row(*[cell(c, r) for c in main])
+    pt = Table(title="The model's pieces (ms per step)", title_justify="left")
+    for c in ["degree", *pieces]:
+        pt.add_column(names.get(c, c), justify="right")
+    for r in rows:
+        pt.add_row(*[cell(c, r) for c in ["degree", *pieces]])
+    pt.caption = ("DTensor: its own dispatch and redistributions inside forward, backward and "
+                  "update; all-reduce: the activations' (2 per sharded pair); wait: for the "
+                  "slowest rank at them" if dim == "tp" else
+                  "bubble: a stage waiting for its neighbours; transfers: activations and "
+                  "gradients in flight; ideal bubble: (p − 1)/(m + p − 1)")
+    t.caption = ("comm: exposed (tp: the blocking all-reduces and the wait for the slowest "
+                 "rank; pp: the bubble and the transfers); co-location: compute lost to the "
+                 "other ranks on the host (t_coloc), outside forward/backward/update")
+    if last is not None:
+        from opprof.render.modeltables import colocation_line
+
+        t.caption += "\n" + colocation_line(last.colocation, last.degree)
+    items: list[Any] = [Text(head), Text(f"plan: {result.plan}"), t, pt]
+    if last is not None and last.stages is not None:
+        items.append(_stages_table(last.stages, last.degree, last.microbatches))
+    if result.check is not None:
+        ct = Table(title=f"Check against {result.check.label} (ms per step)",
+                   title_justify="left")
+        for col in ["term", "predicted", "measured", "error ms", "error"]:
+            ct.add_column(col, justify="left" if col == "term" else "right")
+        for r in result.check.terms.to_dict("records"):
+            ct.add_row(r["term"], _ms(r["predicted_ns"]), _ms(r["measured_ns"]),
+                       _ms(r["error_ns"]), _err(r["error"]))
+        items.append(ct)
+        items += [Text(line, style="bold" if i == 0 else "") for i, line in
+                  enumerate(check_lines)]
+    items += [Text(n, style="grey50") for n in notes]
+    return render(*items)
+
+
+def _err(x: Any) -> str:
+    return "-" if x is None or x != x or x in (float("inf"), float("-inf")) else f"{x:+.1%}"
+
+
+def _stages_table(stages: pd.DataFrame, p: int, m: int) -> Table:
+    t = Table(title=f"Stages at pp {p}, {m} micro-batch(es) (ms)", title_justify="left")
+    for c in ["stage", "fwd ops", "bwd ops", "fwd/mb", "bwd/mb", "update", "comm",
+              "transfers", "overlap"]:
+        t.add_column(c, justify="right")
+    for r in stages.to_dict("records"):
+        t.add_row(str(r["stage"]), str(r["forward_ops"]), str(r["backward_ops"]),
+                  _ms(r["forward_ns_per_microbatch"]), _ms(r["backward_ns_per_microbatch"]),
+                  _ms(r["update_ns"]), _ms(r["comm_ns"]), _ms(r["transfer_ns"]),
+                  _pct(r["overlap"]))
+    t.caption = ("comm: the stage's wait for its neighbours (bubble) and transfers per step; "
+                 "overlap: the share of its compute another stage computes beside")
+    return t
+
+
+def _stages_md(stages: pd.DataFrame) -> str:
+    lines = ["| stage | fwd/mb ms | bwd/mb ms | update ms | comm ms | overlap |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['stage']} | {_ms(r['forward_ns_per_microbatch'])} | "
+              f"{_ms(r['backward_ns_per_microbatch'])} | {_ms(r['update_ns'])} | "
+              f"{_ms(r['comm_ns'])} | {_pct(r['overlap'])} |" for r in stages.to_dict("records")]
+    return "\n".join(lines)
