@@ -141,6 +141,9 @@ def test_record_jax_lenet5_then_diff_against_chainer(tmp_path: Path) -> None:
     report = _json_report(tmp_path / "jax.trace")
     _check(report, steps=2)
     assert report["meta"]["model"] == "lenet5" and report["meta"]["params"] == 62006
+    for fw, name in (("jax", "JAX"), ("chainer", "Chainer")):  # no FLOPs model: said so
+        res = run_cli("report", str(tmp_path / f"{fw}.trace"), "--no-advice")
+        assert f"opprof counts no FLOPs of {name} traces yet" in res.stdout, res.stdout[:2000]
     res = run_cli("diff", str(tmp_path / "jax.trace"), str(tmp_path / "chainer.trace"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "jax lenet5" in res.stdout and "chainer lenet5" in res.stdout
