@@ -117,3 +117,23 @@ def test_the_whatif_says_which_operator_does_not_run(tmp_path: Path) -> None:
     assert [c.target for c in w.scenario] == ["attention", "convolution"]
     notes = json.loads(renderer("json").whatif(w))["notes"]
     assert notes == [f"attention does not run in {w.label}; nothing to scale"]
+
+
+def test_a_large_job_leaves_its_advice_to_opprof_advise(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Above ADVICE_INLINE_FILES files (or ADVICE_INLINE_BYTES) the report reads the job rank
+    by rank, in flat memory, and its advice section says to run `opprof advise` (which reads
+    the job whole); the report is the one made without advice."""
+    import opprof.pipeline.report as pipeline_report
+
+    monkeypatch.setattr(pipeline_report, "ADVICE_INLINE_FILES", 1)
+    o = ReportOptions((DDP,), jobs=1)
+    assert o.wants_advice and not o.advised and not o.whole
+    result = report(o)
+    assert result.advice is not None and result.advice.advice == []
+    assert "run opprof advise" in result.advice.not_checked["advice"]
+    text = renderer("rich").report(result.report, advice=result.advice)
+    assert "Advice: none (the job is " in text and "files" in text
+    plain = report(ReportOptions((DDP,), jobs=1, advice=False)).report
+    js = renderer("json").report
+    assert json.loads(js(plain)) == json.loads(js(result.report))

@@ -18,6 +18,13 @@ if TYPE_CHECKING:
 #: The views (``--by``) and formats whose output shows the critical path.
 CRITICAL_VIEWS = frozenset({"critical"})
 CRITICAL_FORMATS = frozenset({"html"})
+#: A job of more files than this, or more bytes on disk, gets its advice from `opprof advise`,
+#: not inside the report: the advice reads the job whole (its model and the dependency graph
+#: across ranks: memory that grows with the ranks), the report rank by rank in flat memory
+#: (benchmarks/bench_scale.py --critical: 64 ranks' HTML page 9.6x the plain report's peak
+#: with the advice inside).
+ADVICE_INLINE_FILES = 8
+ADVICE_INLINE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -42,11 +49,17 @@ class ReportOptions:
         return self.by in CRITICAL_VIEWS or self.fmt in CRITICAL_FORMATS
 
     @property
-    def advised(self) -> bool:
-        """Whether the output shows the advice (`opprof advise`'s top three): on the
+    def wants_advice(self) -> bool:
+        """Whether the output has an advice section (`opprof advise`'s top three): on the
         default view for people and on the HTML page, unless ``--no-advice``."""
         return self.advice and ((self.by == "phase" and self.fmt == "rich")
                                 or self.fmt == "html")
+
+    @property
+    def advised(self) -> bool:
+        """Whether the advice is computed here: wanted, and the job small enough
+        (:func:`too_large_to_advise`)."""
+        return self.wants_advice and too_large_to_advise(self.paths) is None
 
     @property
     def whole(self) -> bool:
@@ -72,9 +85,15 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
     if not o.whole:
         from opprof.job import report as job_report
 
-        return ReportResult(job_report(list(o.paths), device_span=o.device_span,
-                                       scheduler=o.scheduler, jobs=o.jobs,
-                                       critical=o.critical, peak=o.peak, ahead=ahead))
+        rep = job_report(list(o.paths), device_span=o.device_span, scheduler=o.scheduler,
+                         jobs=o.jobs, critical=o.critical, peak=o.peak, ahead=ahead)
+        why = too_large_to_advise(o.paths) if o.wants_advice else None
+        if why is None:
+            return ReportResult(rep)
+        from opprof.advice.base import Advisory
+
+        label = o.paths[0].name if o.paths else ""
+        return ReportResult(rep, Advisory(label, 0.0, [], not_checked={"advice": why}))
     from opprof.analysis.report import build_report
     from opprof.loader import load
 
@@ -97,6 +116,24 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
     from opprof.advice import advise
 
     return ReportResult(rep, advise(trace, rep, label, context))
+
+
+def too_large_to_advise(paths: tuple[Path, ...]) -> str | None:
+    """Why the report leaves the advice of the job at ``paths`` to `opprof advise` (None: it
+    advises): more than :data:`ADVICE_INLINE_FILES` files or :data:`ADVICE_INLINE_BYTES`
+    on disk. Only the files' names and sizes are looked at, none is read."""
+    from opprof.errors import OpprofError
+    from opprof.normalizers import expand
+
+    try:
+        files = [f for f, _ in expand(list(paths))]
+        size = sum(f.stat().st_size for f in files)
+    except (OSError, OpprofError):  # the reader says what is wrong with them
+        return None
+    if len(files) <= ADVICE_INLINE_FILES and size <= ADVICE_INLINE_BYTES:
+        return None
+    return (f"the job is {len(files):,} files, {size / (1 << 20):,.0f} MiB: its advice reads it "
+            "whole, the report rank by rank — run opprof advise on it")
 
 
 def damaged_to_say(o: ReportOptions, rep: Report) -> list[dict[str, str]]:
