@@ -139,3 +139,14 @@ def test_opprof_run_of_a_chainermn_script_under_mpiexec(tmp_path: Path) -> None:
     for s in report["steps"]:
         assert sum(s["phases"][p] for p in PHASES) == s["dur_ns"]
     assert any(o["op"] == "all_reduce" and o["phase"] == "comm" for o in report["ops"])
+
+
+def test_bench_probes_chainer_with_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`opprof bench --fw chainer` from a shell without SETUPTOOLS_USE_DISTUTILS: the probe
+    that imports Chainer gets the variable as every Chainer process does (it was skipped:
+    'chainer does not import: No module named distutils.msvccompiler')."""
+    from opprof.pipeline.bench import probe
+
+    monkeypatch.delenv("SETUPTOOLS_USE_DISTUTILS", raising=False)
+    modes, why = probe("chainer")
+    assert modes is not None, why

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -269,7 +270,8 @@ def probe(fw: str) -> tuple[tuple[str, ...] | None, str]:
     name = info.requires[0]
     try:
         res = subprocess.run([sys.executable, "-c", info.probe], capture_output=True, text=True,
-                             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+                             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                             env={**os.environ, **dict(info.env)})
     except subprocess.TimeoutExpired:
         return None, f"importing {name} took over {PROBE_TIMEOUT_S} s"
     if res.returncode != 0:
