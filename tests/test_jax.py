@@ -147,6 +147,8 @@ def test_record_jax_lenet5_then_diff_against_chainer(tmp_path: Path) -> None:
     res = run_cli("diff", str(tmp_path / "jax.trace"), str(tmp_path / "chainer.trace"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "jax lenet5" in res.stdout and "chainer lenet5" in res.stdout
+    assert "no FLOPs model for JAX traces" in res.stdout
+    assert "no FLOPs model for Chainer traces" in res.stdout
 
 
 def test_record_jax_two_workers_over_jax_distributed(tmp_path: Path) -> None:

@@ -142,8 +142,9 @@ def diff_reports(a: Report, b: Report, a_name: str = "A", b_name: str = "B") -> 
     d = _diff(a, b, a.steps, b.steps, a.ops, b.ops, a_name, b_name,
               compare_memory(a.memory.ranks, b.memory.ranks), a.noise, b.noise,
               compare_comm(a.collectives, b.collectives))
+    fws = (str(a.meta.get("framework") or ""), str(b.meta.get("framework") or ""))
     return replace(d, efficiency=compare_efficiency(a.efficiency, b.efficiency, d.a_label,
-                                                    d.b_label))
+                                                    d.b_label, fws))
 
 
 def compare_comm(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -312,16 +312,27 @@ class EfficiencyComparison:
         return {"a": side(self.a), "b": side(self.b), "better": self.better, "ops": ops}
 
 
+#: The frameworks whose traces opprof has no FLOPs model for, by their names.
+NO_FLOPS_MODEL = {"jax": "JAX", "chainer": "Chainer"}
+
+
 def compare(a: Efficiency | None, b: Efficiency | None, la: str = "A",
-            lb: str = "B") -> EfficiencyComparison:
+            lb: str = "B", frameworks: tuple[str, str] = ("", "")) -> EfficiencyComparison:
     """Compare two runs' efficiency (see :class:`EfficiencyComparison`). An op's peak share
     is its achieved FLOP/s over its side's peak of the op's precision; an op explains the gap
     by the difference of its peak shares weighted by its share of the better run's FLOPs."""
     empty = pd.DataFrame(columns=["op", "a_flops_per_step", "b_flops_per_step",
                                   "a_flops_per_s", "b_flops_per_s", "a_peak_share",
                                   "b_peak_share", "share_of_gap"])
-    missing = [f"{name}: {'no operator shapes' if e is None else e.peak.why or 'no peak'}"
-               for name, e in ((la, a), (lb, b)) if e is None or e.mfu is None]
+    def why(e: Efficiency | None, fw: str) -> str:
+        if e is not None:
+            return e.peak.why or "no peak"
+        if fw in NO_FLOPS_MODEL:
+            return f"no FLOPs model for {NO_FLOPS_MODEL[fw]} traces"
+        return "no operator shapes"
+
+    missing = [f"{name}: {why(e, fw)}" for name, e, fw in
+               ((la, a, frameworks[0]), (lb, b, frameworks[1])) if e is None or e.mfu is None]
     if a is None or b is None:
         return EfficiencyComparison(a, b, None, empty, missing=tuple(missing))
 

@@ -25,15 +25,14 @@ NO_SHAPES = ("efficiency: unknown — no operator in this trace has the shapes i
              "TensorFlow and MXNet: record with opprof, which keeps the graph's shapes; a .trace "
              "written before opprof counted FLOPs: opprof import its native files again)")
 
-#: The frameworks whose traces opprof has no FLOPs model for, by their names.
-NO_FLOPS_MODEL = {"jax": "JAX", "chainer": "Chainer"}
-
 
 def headline(rep: Report) -> list[str]:
     """The efficiency lines a report starts with: MFU and HFU against the named peak, FLOPs and
     bytes per step, per rank and per step."""
     eff = rep.efficiency
     if eff is None:
+        from opprof.analysis.efficiency import NO_FLOPS_MODEL
+
         fw = str(rep.meta.get("framework") or "")
         if fw in NO_FLOPS_MODEL:
             return [f"efficiency: unknown — opprof counts no FLOPs of {NO_FLOPS_MODEL[fw]} "
