@@ -49,7 +49,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -66,8 +66,8 @@ from opprof.collectors.config import (
     canonical_name,
     learning_rate,
 )
-from opprof.collectors.convergence import image_convergence, token_convergence, token_data
-from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
+from opprof.collectors.convergence import image_convergence, token_convergence
+from opprof.collectors.numpy_batches import NumpyBatches
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 from opprof.files import write_atomic
 from opprof.kinds import framework_info
@@ -403,46 +403,6 @@ def _importable(name: str) -> bool:
 # ------------------------------------------------------------------ the built-in models
 
 
-class _Batches:
-    """Shuffled batches of one worker's shard, each sample prepared in numpy (resize,
-    normalize, seeded random flip; the language models: token sequences)."""
-
-    def __init__(self, config: RecordConfig, rank: int, world: int, size: int) -> None:
-        per_worker = max(config.batch_size * 8, 256)
-        shard = slice(rank * per_worker, (rank + 1) * per_worker)
-        self.batch = config.batch_size
-        self.rng = np.random.default_rng(config.seed * 1000 + rank)
-        self.tokens: np.ndarray | None = None
-        if canonical_name(config.model) in SEQUENCE_MODELS:
-            self.tokens = token_data(config, per_worker * world)[shard]
-            self.n, self.classes = len(self.tokens), TOKEN_VOCAB
-            return
-        images, labels, self.classes = load_images(config.dataset, n=per_worker * world,
-                                                   seed=config.seed)
-        self.images, self.labels = images[shard], labels[shard]
-        mean, std = channel_stats(images)
-        self.mean, self.std, self.size, self.n = mean, std, size, len(self.images)
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        while True:
-            order = self.rng.permutation(self.n)
-            for i in range(0, self.n - self.batch + 1, self.batch):
-                yield self._make(order[i:i + self.batch])
-
-    def _make(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.tokens is not None:
-            t = self.tokens[idx]
-            return t[:, :-1].astype(np.int32), t[:, 1:].astype(np.int32)
-        xs = []
-        for i in idx:
-            img = resize_nearest(self.images[i], self.size).astype(np.float32) / 255.0
-            img = (img - self.mean) / self.std
-            if self.rng.random() < 0.5:
-                img = img[:, ::-1]
-            xs.append(img.transpose(2, 0, 1))
-        return np.ascontiguousarray(np.stack(xs), np.float32), self.labels[idx].astype(np.int32)
-
-
 def record_worker(config: RecordConfig, folder: Path) -> None:
     """One process of `record --fw chainer`: alone, or one ChainerMN rank."""
     chainer = import_chainer()
@@ -459,7 +419,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         world, rank = int(comm.size), int(comm.rank)
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
-    data = _Batches(config, rank, world, size)
+    data = NumpyBatches(config, rank, world, size, channels_first=True)
     np.random.seed(config.seed)
     model = build(key, data.classes)
     optimizer: Any = chainer.optimizers.MomentumSGD(lr=learning_rate(key), momentum=0.9)

@@ -50,7 +50,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -67,8 +67,8 @@ from opprof.collectors.config import (
     canonical_name,
     learning_rate,
 )
-from opprof.collectors.convergence import image_convergence, token_convergence, token_data
-from opprof.collectors.datasets import TOKEN_VOCAB, channel_stats, load_images, resize_nearest
+from opprof.collectors.convergence import image_convergence, token_convergence
+from opprof.collectors.numpy_batches import NumpyBatches
 from opprof.collectors.runner import Convergence, LossLog, Runner, drive
 
 STEP_MARKER = "train"
@@ -267,45 +267,6 @@ def _note_once(text: str) -> None:
 # ------------------------------------------------------------------ the built-in models
 
 
-class _Batches:
-    """Shuffled batches of one worker's shard, each sample prepared in Python (resize,
-    normalize, seeded random flip; the language models: token sequences)."""
-
-    def __init__(self, config: RecordConfig, rank: int, world: int, size: int) -> None:
-        per_worker = max(config.batch_size * 8, 256)
-        shard = slice(rank * per_worker, (rank + 1) * per_worker)
-        self.batch, self.rng = config.batch_size, np.random.default_rng(config.seed * 1000 + rank)
-        self.tokens: np.ndarray | None = None
-        if canonical_name(config.model) in SEQUENCE_MODELS:
-            self.tokens = token_data(config, per_worker * world)[shard]
-            self.n, self.classes = len(self.tokens), TOKEN_VOCAB
-            return
-        images, labels, self.classes = load_images(config.dataset, n=per_worker * world,
-                                                   seed=config.seed)
-        self.all_images, self.all_labels = images[shard], labels[shard]
-        mean, std = channel_stats(images)
-        self.mean, self.std, self.size, self.n = mean, std, size, len(self.all_images)
-
-    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        while True:
-            order = self.rng.permutation(self.n)
-            for i in range(0, self.n - self.batch + 1, self.batch):
-                yield self._make(order[i:i + self.batch])
-
-    def _make(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.tokens is not None:
-            t = self.tokens[idx]
-            return t[:, :-1].astype(np.int32), t[:, 1:].astype(np.int32)
-        xs = []
-        for i in idx:
-            img = resize_nearest(self.all_images[i], self.size).astype(np.float32) / 255.0
-            img = (img - self.mean) / self.std
-            if self.rng.random() < 0.5:
-                img = img[:, ::-1]
-            xs.append(img)
-        return np.stack(xs).astype(np.float32), self.all_labels[idx].astype(np.int32)
-
-
 def record_worker(config: RecordConfig, folder: Path) -> None:
     """One process of `record --fw jax`: alone, or one rank of a data-parallel job."""
     jax = import_jax(config.threads)
@@ -323,7 +284,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
 
     key = canonical_name(config.model)
     size = INPUT_SIZE[key]
-    data = _Batches(config, rank, world, size)
+    data = NumpyBatches(config, rank, world, size, channels_first=False)
     model = build(key, data.classes)
     params, state = model.init(jax.random.PRNGKey(config.seed))
     optimizer = optax.sgd(learning_rate(key), momentum=0.9)
@@ -400,7 +361,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
         convergence = token_convergence(config, data.tokens, predict=predict, loss=read_loss)
     else:
         convergence = image_convergence(
-            config, data.all_images, data.all_labels, size=size, mean=data.mean, std=data.std,
+            config, data.images, data.labels, size=size, mean=data.mean, std=data.std,
             predict=predict, loss=read_loss)
     try:
         drive(Runner(adapter, config.protocol, folder, extra=facts), step, convergence)
