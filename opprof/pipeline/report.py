@@ -6,6 +6,7 @@ renderer only draws (:func:`report`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,11 +56,16 @@ class ReportOptions:
         return self.advice and ((self.by == "phase" and self.fmt == "rich")
                                 or self.fmt == "html")
 
+    @cached_property
+    def too_large(self) -> str | None:
+        """Why the job is left to `opprof advise` (:func:`too_large_to_advise`; looked up
+        once: the command and the pipeline both ask)."""
+        return too_large_to_advise(self.paths) if self.wants_advice else None
+
     @property
     def advised(self) -> bool:
-        """Whether the advice is computed here: wanted, and the job small enough
-        (:func:`too_large_to_advise`)."""
-        return self.wants_advice and too_large_to_advise(self.paths) is None
+        """Whether the advice is computed here: wanted, and the job small enough."""
+        return self.wants_advice and self.too_large is None
 
     @property
     def whole(self) -> bool:
@@ -87,7 +93,7 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
 
         rep = job_report(list(o.paths), device_span=o.device_span, scheduler=o.scheduler,
                          jobs=o.jobs, critical=o.critical, peak=o.peak, ahead=ahead)
-        why = too_large_to_advise(o.paths) if o.wants_advice else None
+        why = o.too_large
         if why is None:
             return ReportResult(rep)
         from opprof.advice.base import Advisory
