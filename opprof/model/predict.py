@@ -148,9 +148,10 @@ class Baseline:
         return str(self.meta.device or "cpu")
 
 
-def baseline(trace: Trace, label: str = "") -> Baseline:
-    """Read the model's inputs from a trace."""
-    steps = step_breakdown(trace)
+def baseline(trace: Trace, label: str = "", steps: pd.DataFrame | None = None) -> Baseline:
+    """Read the model's inputs from a trace (``steps``: its :func:`step_breakdown`, when the
+    caller has it)."""
+    steps = step_breakdown(trace) if steps is None else steps
     if steps.empty:
         raise OpprofError(f"{label or 'trace'}: no steps on worker ranks; nothing to model")
     t = terms_from_steps(steps)

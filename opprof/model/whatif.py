@@ -88,7 +88,7 @@ class Context:
 def context(trace: Trace, label: str = "", graph: bool = True) -> Context:
     """Read a trace for what-ifs (``graph``: build its dependency graph for replay)."""
     steps = step_breakdown(trace)
-    base = baseline(trace, label)
+    base = baseline(trace, label, steps)
     n = max(len(steps), 1)
     w = op_wall(trace, steps)
     wall = (w.groupby(["op", "phase"])["wall_ns"].sum() / n).reset_index()
