@@ -391,6 +391,8 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
         big = tensors[max(job.sizes)]
         samples += _beside(lambda: dist.all_reduce(big), max(job.sizes), dist.barrier, job,
                            rank)
+        if job.extra.get("in_step", True):
+            samples += _in_step(job, rank)
     colocation("torch", job, rank)
     _write(workdir, rank, job, samples, {"torch": torch.__version__})
     dist.destroy_process_group()
@@ -505,6 +507,72 @@ def _sharded_ops(job: Job, rank: int, pieces: list[int]) -> list[dict]:
         for _ in range(max(3, job.repeat // 3)):
             out.append({"rank": rank, "kind": "sharded_op", "ns": update(sharded), "bytes": 0})
             out.append({"rank": rank, "kind": "local_op", "ns": update(local), "bytes": 0})
+    return out
+
+
+#: In-step calls: the message sizes (bytes), the compute bursts before each call (ns) and
+#: the timed calls per (kind, size, burst) — a tensor-parallel step's activations and a
+#: pipeline's micro-batch activations are tens of KiB to a few MiB, the compute between
+#: two of its collectives one to tens of milliseconds.
+IN_STEP_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+IN_STEP_BURSTS_NS = (1_000_000, 4_000_000, 12_000_000)
+IN_STEP_CALLS = 8
+
+
+def _in_step(job: Job, rank: int) -> list[dict]:
+    """Each collective a model-parallel step blocks in, called as the step calls it: after a
+    burst of compute on every rank (:func:`_compute_for`, the same work on each, so the
+    ranks arrive apart only as the host makes them), per size of :data:`IN_STEP_SIZES`
+    and burst of :data:`IN_STEP_BURSTS_NS`, :data:`IN_STEP_CALLS` times (after one warm-up):
+
+    - ``in_step_all_reduce``: tensor parallel's — DTensor's functional all-reduce
+      (``_functional_collectives.all_reduce``: a copy of the input, the call queued on
+      gloo's thread) and its ``wait_tensor``;
+    - ``in_step_p2p``: a pipeline's — rank 0 ``isend``s, rank 1 ``irecv``s and waits (the
+      direction alternates with each call: activations forward, gradients back); the other
+      ranks (more than 2 workers) pair up the same way.
+
+    Every sample holds ``bytes``, ``burst_ns``, ``enter`` and ``exit`` on the host's monotonic
+    clock (all ranks are on this host): :func:`opprof.pipeline.calibrate.in_step` tells the
+    wait for the last rank from what the call costs after it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as fc
+
+    group = dist.group.WORLD
+    peer = rank ^ 1 if (rank ^ 1) < job.workers else -1
+    out: list[dict] = []
+    for burst in IN_STEP_BURSTS_NS:
+        compute = _compute_for(burst)
+        for n in IN_STEP_SIZES:
+            x = torch.ones(max(1, n // 4))
+            buf = torch.empty_like(x)
+            for i in range(IN_STEP_CALLS + 1):
+                compute()
+                enter = time.monotonic_ns()
+                fc.wait_tensor(fc.all_reduce(x, "sum", group))
+                done = time.monotonic_ns()
+                if i:
+                    out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
+                                "burst_ns": burst, "ns": done - enter, "enter": enter,
+                                "exit": done, "call": i - 1})
+            if peer < 0:
+                continue
+            dist.barrier()
+            for i in range(IN_STEP_CALLS + 1):
+                sender = (i % 2) == (rank % 2)
+                compute()
+                enter = time.monotonic_ns()
+                work = dist.isend(x, peer) if sender else dist.irecv(buf, peer)
+                if work is not None:
+                    work.wait()
+                done = time.monotonic_ns()
+                if i:
+                    out.append({"rank": rank, "kind": "in_step_p2p", "bytes": int(n),
+                                "burst_ns": burst, "ns": done - enter, "enter": enter,
+                                "exit": done, "call": i - 1, "pair": min(rank, peer),
+                                "role": "send" if sender else "recv"})
+            dist.barrier()
     return out
 
 

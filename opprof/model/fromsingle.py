@@ -53,6 +53,7 @@ from opprof.kinds import Collective, Mode
 from opprof.model.baseops import BaseOps, base_ops, scaled_ns
 from opprof.model.colocation import Colocation, Placement, per_host, placement, spread_over
 from opprof.model.commmodel import Network, assumed
+from opprof.model.instep import in_step_of
 from opprof.model.ppsplit import (
     SCHEDULES,
     Stages,
@@ -294,7 +295,19 @@ def _tp(m: _Model, t: int, place: Placement | None = None,
     parts["update_dtensor_ns"] = dt_upd
     # the collectives: blocking all-reduces, each after its segment of the step
     comm, wait = 0.0, 0.0
-    if t > 1 and plan.pairs:
+    instep = in_step_of(m.network, "all_reduce")
+    if t > 1 and plan.pairs and instep is not None:
+        # calibrate's in-step calls: each after the compute between two of the step's
+        # collectives (their mean: the wait is linear in it), the wait for the last rank
+        # measured with the rest of the call
+        calls = 2 * len(plan.activation_bytes)
+        burst = (sum(comp.values()) + base.phase_ns["load"] + base.phase_ns["h2d"]
+                 + base.phase_ns["other"]) / max(calls, 1)
+        for nbytes in plan.activation_bytes:
+            comm += 2.0 * instep.after_ns(float(nbytes), t)
+        wait = calls * instep.wait(burst, t)
+        parts["burst_ns"] = burst
+    elif t > 1 and plan.pairs:
         for nbytes in plan.activation_bytes:
             comm += 2.0 * float(np.asarray(m.network.cost_ns(float(nbytes), t)).reshape(-1)[0])
         cuts = [("forward", c) for c in plan.forward_cuts] + [
@@ -350,7 +363,9 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     co-location, the stage table)."""
     stages = pp_stages(m.base, m.meta, p)
     times = _stage_times(m, stages, micro)
-    x = [_p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
+    instep = in_step_of(m.network, "p2p")
+    x = [instep.after_ns(n / micro, 2) if instep is not None else
+         _p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
     sim = simulate(times, micro, x, x, schedule)
     rel, cwait, coloc = _coloc(m, p, place, on)
     slow = max(rel, 0.0)

@@ -21,6 +21,7 @@ from opprof.files import write_atomic
 from opprof.kinds import Collective, Framework, Mode, framework_info
 from opprof.model.colocation import fit_loop, slowdowns
 from opprof.model.commmodel import Network, fit
+from opprof.model.instep import fit_in_step
 from opprof.model.sharded import fit_network
 
 #: The model whose training step the co-location loop times by default: small, so that many
@@ -89,6 +90,11 @@ def calibrate(o: CalibrateOptions) -> Network:
     if "kind" in df and (df["kind"] == "coloc").any():
         facts["colocation"] = colocation_info(df[df["kind"] == "coloc"], loop or {})
         df = df[df["kind"] != "coloc"].reset_index(drop=True)
+    if "kind" in df:
+        instep = df["kind"].astype(str).str.startswith("in_step_").to_numpy()
+        if instep.any():  # calls after a compute burst, as a model-parallel step makes them
+            facts["in_step"] = fit_in_step(df[instep], workers)
+            df = df[~instep].reset_index(drop=True)
     if o.mode == Mode.FSDP:
         return fsdp_network(df, workers, facts)
     if "kind" in df and (df["kind"] == "beside").any():
