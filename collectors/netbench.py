@@ -533,46 +533,65 @@ def _in_step(job: Job, rank: int) -> list[dict]:
       ranks (more than 2 workers) pair up the same way.
 
     Every sample holds ``bytes``, ``burst_ns``, ``enter`` and ``exit`` on the host's monotonic
-    clock (all ranks are on this host): :func:`opprof.pipeline.calibrate.in_step` tells the
-    wait for the last rank from what the call costs after it."""
-    import torch
+    clock (all ranks are on this host): :func:`opprof.model.instep.fit_in_step` tells the
+    wait for the last rank from what the call costs after it. The calls run under the
+    profiler with the recorder's settings, as the recorded steps the model predicts do."""
     import torch.distributed as dist
-    from torch.distributed import _functional_collectives as fc
+    from torch.profiler import ProfilerActivity, profile
 
     group = dist.group.WORLD
     peer = rank ^ 1 if (rank ^ 1) < job.workers else -1
     out: list[dict] = []
     for burst in IN_STEP_BURSTS_NS:
         compute = _compute_for(burst)
-        for n in IN_STEP_SIZES:
-            x = torch.ones(max(1, n // 4))
-            buf = torch.empty_like(x)
-            for i in range(IN_STEP_CALLS + 1):
-                compute()
-                enter = time.monotonic_ns()
-                fc.wait_tensor(fc.all_reduce(x, "sum", group))
-                done = time.monotonic_ns()
-                if i:
-                    out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
-                                "burst_ns": burst, "ns": done - enter, "enter": enter,
-                                "exit": done, "call": i - 1})
-            if peer < 0:
-                continue
-            dist.barrier()
-            for i in range(IN_STEP_CALLS + 1):
-                sender = (i % 2) == (rank % 2)
-                compute()
-                enter = time.monotonic_ns()
-                work = dist.isend(x, peer) if sender else dist.irecv(buf, peer)
-                if work is not None:
-                    work.wait()
-                done = time.monotonic_ns()
-                if i:
-                    out.append({"rank": rank, "kind": "in_step_p2p", "bytes": int(n),
-                                "burst_ns": burst, "ns": done - enter, "enter": enter,
-                                "exit": done, "call": i - 1, "pair": min(rank, peer),
-                                "role": "send" if sender else "recv"})
-            dist.barrier()
+        # under the profiler with the recorder's settings, as the recorded steps that the
+        # model predicts run (each burst's calls in one session, so its events stay few)
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                       profile_memory=True) if job.extra.get("in_step_profiled", True) \
+            else contextlib.nullcontext()
+        with prof:
+            out += _in_step_calls(compute, burst, x_sizes=IN_STEP_SIZES, rank=rank,
+                                  peer=peer, group=group)
+    return out
+
+
+def _in_step_calls(compute: Callable[[], None], burst: int, x_sizes: tuple[int, ...],
+                   rank: int, peer: int, group: Any) -> list[dict]:
+    """One burst's in-step calls (:func:`_in_step`)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as fc
+
+    out: list[dict] = []
+    for n in x_sizes:
+        x = torch.ones(max(1, n // 4))
+        buf = torch.empty_like(x)
+        for i in range(IN_STEP_CALLS + 1):
+            compute()
+            enter = time.monotonic_ns()
+            fc.wait_tensor(fc.all_reduce(x, "sum", group))
+            done = time.monotonic_ns()
+            if i:
+                out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
+                            "burst_ns": burst, "ns": done - enter, "enter": enter,
+                            "exit": done, "call": i - 1})
+        if peer < 0:
+            continue
+        dist.barrier()
+        for i in range(IN_STEP_CALLS + 1):
+            sender = (i % 2) == (rank % 2)
+            compute()
+            enter = time.monotonic_ns()
+            work = dist.isend(x, peer) if sender else dist.irecv(buf, peer)
+            if work is not None:
+                work.wait()
+            done = time.monotonic_ns()
+            if i:
+                out.append({"rank": rank, "kind": "in_step_p2p", "bytes": int(n),
+                            "burst_ns": burst, "ns": done - enter, "enter": enter,
+                            "exit": done, "call": i - 1, "pair": min(rank, peer),
+                            "role": "send" if sender else "recv"})
+        dist.barrier()
     return out
 
 

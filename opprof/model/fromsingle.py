@@ -206,6 +206,23 @@ class _Model:
     workers_per_host: int | None
     notes: list[str]
     meta: Any = None
+    #: one in-place arithmetic call on a parameter's gradient (ns): the optimizer's median
+    #: ``aten::mul_`` / ``div_`` (else ``add_``) in the base
+    grad_op_ns: float = 0.0
+
+
+def _grad_op_ns(trace: Trace) -> float:
+    """The base optimizer's median in-place call on one tensor (:attr:`_Model.grad_op_ns`):
+    what torch's pipeline schedule pays per parameter to scale its gradients."""
+    ev = trace.events
+    upd = ev[(ev["phase"].astype(str) == "update").to_numpy()
+             & (ev["kind"].astype(str) == "cpu_op").to_numpy()]
+    names = upd["name"].astype(str)
+    for pattern in (r"aten::(?:mul|div)_", r"aten::add_"):
+        hit = upd["dur"][names.str.fullmatch(pattern).to_numpy()]
+        if len(hit):
+            return float(hit.median())
+    return 0.0
 
 
 def network_for(given: Network | None) -> tuple[Network, str]:
@@ -239,7 +256,8 @@ def _model(trace: Trace, dimension: str, network: Network, label: str,
     if dimension == "tp" and not len(upd):
         notes.append("no optimizer step in the trace: the update is taken as unchanged")
     return _Model(base, dp, network, dimension, plan, calls / tensors, params, tensors,
-                  workers_per_host, notes, trace.meta)
+                  workers_per_host, notes, trace.meta,
+                  _grad_op_ns(trace) if dimension == "pp" else 0.0)
 
 
 def _place(m: _Model, workers: int) -> Placement:
@@ -343,8 +361,13 @@ def _stage_times(m: _Model, stages: Stages, micro: int) -> list[StageTimes]:
             mine = where == s
             share_ops = mine.sum() / max(len(ops), 1)
             per[phase] = scaled_ns(ops[mine], 1.0 / micro) + base.gap_ns(phase) * share_ops
+        # torch's pipeline schedule scales every gradient of the stage by 1/m before the
+        # optimizer (``PipelineStage.scale_grads``): one in-place call per parameter tensor
+        scale = m.grad_op_ns * m.param_tensors * float(stages.update_share[s]) \
+            if micro > 1 else 0.0
         out.append(StageTimes(per["forward"] * base.noise, per["backward"] * base.noise,
-                              upd * float(stages.update_share[s]) * base.noise, before))
+                              (upd * float(stages.update_share[s]) + scale) * base.noise,
+                              before))
     return out
 
 
@@ -364,7 +387,10 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     stages = pp_stages(m.base, m.meta, p)
     times = _stage_times(m, stages, micro)
     instep = in_step_of(m.network, "p2p")
-    x = [instep.after_ns(n / micro, 2) if instep is not None else
+    # calibrate's in-step send/recv: after the last rank entered, and the wait for the
+    # sender's lateness after one action's compute (each stage alike)
+    burst = float(np.mean([(t.forward + t.backward) / 2.0 for t in times]))
+    x = [instep.call_ns(n / micro, burst, 2) if instep is not None else
          _p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
     sim = simulate(times, micro, x, x, schedule)
     rel, cwait, coloc = _coloc(m, p, place, on)
