@@ -9,6 +9,10 @@ over message sizes, through the framework's own backend, on processes started on
   ``reduce_scatter``; each call's ``enter`` and ``exit`` on the host's clock).
   Then a compute loop timed alone and beside the all-reduce (``kind`` ``alone``, ``beside``):
   how much compute slows while gloo reduces on the same cores (the model's interference).
+  Then the **in-step calls** (:func:`_in_step`): tensor parallel's functional all-reduce and
+  a pipeline's send/recv, each after a burst of compute on every rank, as a model-parallel
+  step calls them (``kind``: ``in_step_all_reduce``, ``in_step_p2p``; ``bytes``,
+  ``burst_ns``, ``enter``, ``exit``), under the recorder's profiler settings.
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
   servers only aggregate: no optimizer runs on them, so the time is communication alone).
@@ -523,7 +527,9 @@ def _in_step(job: Job, rank: int) -> list[dict]:
     """Each collective a model-parallel step blocks in, called as the step calls it: after a
     burst of compute on every rank (:func:`_compute_for`, the same work on each, so the
     ranks arrive apart only as the host makes them), per size of :data:`IN_STEP_SIZES`
-    and burst of :data:`IN_STEP_BURSTS_NS`, :data:`IN_STEP_CALLS` times (after one warm-up):
+    and burst of :data:`IN_STEP_BURSTS_NS`, :data:`IN_STEP_CALLS` times (after one warm-up;
+    ``job.extra["in_step"]``, a dict, may name other ``sizes``, ``bursts_ns`` and ``calls``,
+    ``False`` leaves the calls out):
 
     - ``in_step_all_reduce``: tensor parallel's — DTensor's functional all-reduce
       (``_functional_collectives.all_reduce``: a copy of the input, the call queued on
@@ -539,10 +545,15 @@ def _in_step(job: Job, rank: int) -> list[dict]:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
+    spec = job.extra.get("in_step")
+    spec = spec if isinstance(spec, dict) else {}
+    sizes = tuple(int(n) for n in spec.get("sizes") or IN_STEP_SIZES)
+    bursts = tuple(int(b) for b in spec.get("bursts_ns") or IN_STEP_BURSTS_NS)
+    calls = int(spec.get("calls") or IN_STEP_CALLS)
     group = dist.group.WORLD
     peer = rank ^ 1 if (rank ^ 1) < job.workers else -1
     out: list[dict] = []
-    for burst in IN_STEP_BURSTS_NS:
+    for burst in bursts:
         compute = _compute_for(burst)
         # under the profiler with the recorder's settings, as the recorded steps that the
         # model predicts run (each burst's calls in one session, so its events stay few)
@@ -550,23 +561,22 @@ def _in_step(job: Job, rank: int) -> list[dict]:
                        profile_memory=True) if job.extra.get("in_step_profiled", True) \
             else contextlib.nullcontext()
         with prof:
-            out += _in_step_calls(compute, burst, x_sizes=IN_STEP_SIZES, rank=rank,
-                                  peer=peer, group=group)
+            out += _in_step_calls(compute, burst, sizes, calls, rank, peer, group)
     return out
 
 
-def _in_step_calls(compute: Callable[[], None], burst: int, x_sizes: tuple[int, ...],
-                   rank: int, peer: int, group: Any) -> list[dict]:
+def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ...],
+                   calls: int, rank: int, peer: int, group: Any) -> list[dict]:
     """One burst's in-step calls (:func:`_in_step`)."""
     import torch
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as fc
 
     out: list[dict] = []
-    for n in x_sizes:
+    for n in sizes:
         x = torch.ones(max(1, n // 4))
         buf = torch.empty_like(x)
-        for i in range(IN_STEP_CALLS + 1):
+        for i in range(calls + 1):
             compute()
             enter = time.monotonic_ns()
             fc.wait_tensor(fc.all_reduce(x, "sum", group))
@@ -578,7 +588,7 @@ def _in_step_calls(compute: Callable[[], None], burst: int, x_sizes: tuple[int, 
         if peer < 0:
             continue
         dist.barrier()
-        for i in range(IN_STEP_CALLS + 1):
+        for i in range(calls + 1):
             sender = (i % 2) == (rank % 2)
             compute()
             enter = time.monotonic_ns()

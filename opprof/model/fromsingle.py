@@ -353,7 +353,10 @@ def _stage_times(m: _Model, stages: Stages, micro: int) -> list[StageTimes]:
     base = m.base
     out = []
     before = base.phase_ns["load"] + base.phase_ns["h2d"] + base.phase_ns["other"]
-    upd = float(base.of("update")["dur_ns"].sum()) + base.gap_ns("update")
+    # the optimizer's operators split by the stage's parameters; the time between them (the
+    # training loop's own Python) each stage runs whole
+    upd = float(base.of("update")["dur_ns"].sum())
+    upd_gap = base.gap_ns("update")
     for s in range(stages.p):
         per = {}
         for phase, where in (("forward", stages.forward), ("backward", stages.backward)):
@@ -366,7 +369,8 @@ def _stage_times(m: _Model, stages: Stages, micro: int) -> list[StageTimes]:
         scale = m.grad_op_ns * m.param_tensors * float(stages.update_share[s]) \
             if micro > 1 else 0.0
         out.append(StageTimes(per["forward"] * base.noise, per["backward"] * base.noise,
-                              (upd * float(stages.update_share[s]) + scale) * base.noise,
+                              (upd * float(stages.update_share[s]) + upd_gap + scale)
+                              * base.noise,
                               before))
     return out
 
@@ -387,19 +391,22 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     stages = pp_stages(m.base, m.meta, p)
     times = _stage_times(m, stages, micro)
     instep = in_step_of(m.network, "p2p")
-    # calibrate's in-step send/recv: after the last rank entered, and the wait for the
-    # sender's lateness after one action's compute (each stage alike)
+    # calibrate's in-step send/recv: what one costs after both ranks are in it; and how far
+    # two ranks doing the same work drift apart (their mean wait at the call, E[max of 2
+    # normals] × σ): the actions' jitter, σ over one action's mean compute
     burst = float(np.mean([(t.forward + t.backward) / 2.0 for t in times]))
-    x = [instep.call_ns(n / micro, burst, 2) if instep is not None else
+    x = [instep.after_ns(n / micro, 2) if instep is not None else
          _p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
-    sim = simulate(times, micro, x, x, schedule)
+    jitter = (instep.wait(burst, 2) / expected_max_normal(2) / burst
+              if instep is not None and p > 1 and burst > 0 else 0.0)
+    sim = simulate(times, micro, x, x, schedule, jitter=jitter)
     rel, cwait, coloc = _coloc(m, p, place, on)
     slow = max(rel, 0.0)
     if p > 1 and slow > 0:
         scaled = [StageTimes(tm.forward * (1 + slow * o), tm.backward * (1 + slow * o),
                              tm.update * (1 + slow * o), tm.before)
                   for tm, o in zip(times, sim.overlap, strict=True)]
-        sim2 = simulate(scaled, micro, x, x, schedule)
+        sim2 = simulate(scaled, micro, x, x, schedule, jitter=jitter)
     else:
         scaled, sim2 = times, sim
     comp = {"forward": float(np.mean([micro * t.forward for t in scaled])),
@@ -411,7 +418,7 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     parts = {"bubble_ns": float(np.mean(sim2.comm - sim2.transfers)),
              "transfer_ns": float(np.mean(sim2.transfers)),
              "ideal_bubble_share": ideal_bubble_share(p, micro),
-             "colocation_wait_ns": 0.0,
+             "colocation_wait_ns": 0.0, "jitter": jitter,
              **{f"alone_{k}_ns": v for k, v in alone.items()}}
     del cwait  # the stages' compute is slowed where they overlap, in the simulation
     table = stage_table(stages, scaled).assign(
