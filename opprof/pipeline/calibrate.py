@@ -1,7 +1,9 @@
 """The calibrate pipeline: the gradient collective timed among N processes on this host (or
 cluster) over message sizes, its α–β fitted (:func:`calibrate`), and the network file it is
 saved as (net.json: :func:`write_network`, read back by :func:`read_network` for `opprof
-model`, `opprof whatif` and `opprof bench`)."""
+model`, `opprof whatif` and `opprof bench`). For torch's all-reduce, also the collectives a
+model-parallel step blocks in, timed as the step calls them (``info.in_step``:
+:func:`opprof.model.instep.fit_in_step`)."""
 
 from __future__ import annotations
 
