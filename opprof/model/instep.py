@@ -13,17 +13,20 @@ each call's enter and exit on the host's clock) and :func:`fit_in_step` keeps, p
 
 - ``after_ns``: per message size, the mean time a call took after the last rank entered it
   (exit − the latest enter; the mean over calls, bursts and ranks: the rare long wake-up is
-  part of what a step pays);
+  part of what a step pays), and ``after_fit``, the least-squares line ``ns + per_byte × n``
+  over those sizes (both at least 0): the sizes a step sends cost nearly the same (waking
+  gloo's thread dominates), and 48 calls of a heavy-tailed time per size are noisy, so the
+  model reads the line over all the sizes' calls;
 - ``wait_ns`` and ``wait_per_burst``: the mean wait of a rank for the last one to enter
   (latest enter − its enter), fitted as ``wait_ns + wait_per_burst × burst`` over the bursts
   (least squares, both at least 0): ranks doing the same work drift apart in proportion to it.
 
 The model's cost of one call (:meth:`InStep.call_ns`) is ``after(n) + wait(burst)``: ``after``
-linear between the measured sizes (flat below the smallest, the last two sizes' slope beyond
-the largest), moved to another number of ranks by the ring all-reduce's α–β ratio
-(``network.cost_ns``); ``wait`` scaled by E[max of N normals] over that at the calibrated
-workers. A network file without ``in_step`` (written before) gives None: the models keep the
-α–β cost and their own wait.
+on the line (a file without it: linear between the measured sizes, flat below the smallest,
+the last two sizes' slope beyond the largest), moved to another number of ranks by the ring
+all-reduce's α–β ratio (``network.cost_ns``); ``wait`` scaled by E[max of N normals] over
+that at the calibrated workers. A network file without ``in_step`` (written before) gives
+None: the models keep the α–β cost and their own wait.
 """
 
 from __future__ import annotations
@@ -61,8 +64,11 @@ def fit_in_step(samples: pd.DataFrame, workers: int) -> dict[str, Any]:
         per_size = d.groupby("bytes")["after"].agg(["mean", "size"])
         bursts = d.groupby("burst_ns")["wait"].mean()
         w0, w1 = _line(bursts.index.to_numpy(np.float64), bursts.to_numpy(np.float64))
+        a0, a1 = _line(per_size.index.to_numpy(np.float64),
+                       per_size["mean"].to_numpy(np.float64))
         out[kind] = {"after_ns": [{"bytes": int(b), "ns": max(float(r["mean"]), 0.0),
                                    "calls": int(r["size"])} for b, r in per_size.iterrows()],
+                     "after_fit": {"ns": a0, "per_byte": a1},
                      "wait_ns": w0, "wait_per_burst": w1,
                      "waits": [{"burst_ns": float(b), "ns": float(w)}
                                for b, w in bursts.items()],
@@ -95,6 +101,8 @@ class InStep:
     wait_per_burst: float
     workers: int
     network: Network
+    #: ``after_fit``: (ns, ns per byte) of the line over the sizes (None: a file without it)
+    line: tuple[float, float] | None = None
 
     def after_ns(self, nbytes: float, workers: int) -> float:
         """One call's time after the last of ``workers`` ranks entered it."""
@@ -102,7 +110,9 @@ class InStep:
             return 0.0
         x, y = self.sizes, self.after
         n = float(nbytes)
-        if n > x[-1] and len(x) >= 2:
+        if self.line is not None:
+            own = self.line[0] + self.line[1] * n
+        elif n > x[-1] and len(x) >= 2:
             slope = max(0.0, float((y[-1] - y[-2]) / (x[-1] - x[-2])))
             own = float(y[-1] + (n - x[-1]) * slope)
         else:
@@ -139,6 +149,9 @@ def in_step_of(network: Network, kind: str) -> InStep | None:
                  if r.get("bytes") and r.get("ns") is not None)
     if not pts:
         return None
+    fit = d.get("after_fit")
+    line = (float(fit.get("ns") or 0.0), float(fit.get("per_byte") or 0.0)) \
+        if isinstance(fit, dict) else None
     return InStep(kind, np.array([p[0] for p in pts]), np.array([p[1] for p in pts]),
                   float(d.get("wait_ns") or 0.0), float(d.get("wait_per_burst") or 0.0),
-                  int(doc.get("workers") or network.workers or 2), network)
+                  int(doc.get("workers") or network.workers or 2), network, line)
