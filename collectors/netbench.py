@@ -567,19 +567,21 @@ def _in_step(job: Job, rank: int) -> list[dict]:
 
 def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ...],
                    calls: int, rank: int, peer: int, group: Any) -> list[dict]:
-    """One burst's in-step calls (:func:`_in_step`)."""
+    """One burst's in-step calls (:func:`_in_step`): round after round, every size's
+    all-reduce, then (with a partner) every size's send/recv, so that a passing burst of the
+    host's load falls on all sizes alike, not on one; the first round a warm-up."""
     import torch
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as fc
 
+    xs = {n: torch.ones(max(1, n // 4)) for n in sizes}
+    bufs = {n: torch.empty_like(x) for n, x in xs.items()}
     out: list[dict] = []
-    for n in sizes:
-        x = torch.ones(max(1, n // 4))
-        buf = torch.empty_like(x)
-        for i in range(calls + 1):
+    for i in range(calls + 1):
+        for n in sizes:
             compute()
             enter = time.monotonic_ns()
-            fc.wait_tensor(fc.all_reduce(x, "sum", group))
+            fc.wait_tensor(fc.all_reduce(xs[n], "sum", group))
             done = time.monotonic_ns()
             if i:
                 out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
@@ -587,12 +589,11 @@ def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ..
                             "exit": done, "call": i - 1})
         if peer < 0:
             continue
-        dist.barrier()
-        for i in range(calls + 1):
-            sender = (i % 2) == (rank % 2)
+        sender = (i % 2) == (rank % 2)  # activations forward, gradients back
+        for n in sizes:
             compute()
             enter = time.monotonic_ns()
-            work = dist.isend(x, peer) if sender else dist.irecv(buf, peer)
+            work = dist.isend(xs[n], peer) if sender else dist.irecv(bufs[n], peer)
             if work is not None:
                 work.wait()
             done = time.monotonic_ns()
@@ -601,7 +602,7 @@ def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ..
                             "burst_ns": burst, "ns": done - enter, "enter": enter,
                             "exit": done, "call": i - 1, "pair": min(rank, peer),
                             "role": "send" if sender else "recv"})
-        dist.barrier()
+    dist.barrier()
     return out
 
 
