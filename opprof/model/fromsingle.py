@@ -236,8 +236,12 @@ def network_for(given: Network | None) -> tuple[Network, str]:
         raise OpprofError(f"the network file measured {given.collective}; tensor and pipeline "
                           "parallel need an all-reduce's (`opprof calibrate --fw torch "
                           "--workers N`)")
+    instep = ("; each TP all-reduce and PP send/recv at its in-step cost (calibrate's calls "
+              "after a compute burst)" if in_step_of(given, "all_reduce") is not None else
+              "; no in-step calls in this file (calibrate again to price TP/PP collectives "
+              "as a step makes them): α–β")
     return given, (f"{given.source or 'given'}: {given.backend or 'all-reduce'} measured with "
-                   f"{given.workers} workers")
+                   f"{given.workers} workers{instep}")
 
 
 def _model(trace: Trace, dimension: str, network: Network, label: str,
