@@ -9,6 +9,10 @@ over message sizes, through the framework's own backend, on processes started on
   ``reduce_scatter``; each call's ``enter`` and ``exit`` on the host's clock).
   Then a compute loop timed alone and beside the all-reduce (``kind`` ``alone``, ``beside``):
   how much compute slows while gloo reduces on the same cores (the model's interference).
+  Then the **in-step calls** (:func:`_in_step`): tensor parallel's functional all-reduce and
+  a pipeline's send/recv, each after a burst of compute on every rank, as a model-parallel
+  step calls them (``kind``: ``in_step_all_reduce``, ``in_step_p2p``; ``bytes``,
+  ``burst_ns``, ``enter``, ``exit``), under the recorder's profiler settings.
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
   servers only aggregate: no optimizer runs on them, so the time is communication alone).
@@ -391,6 +395,8 @@ def _torch_main(job: Job, rank: int, workdir: Path) -> None:
         big = tensors[max(job.sizes)]
         samples += _beside(lambda: dist.all_reduce(big), max(job.sizes), dist.barrier, job,
                            rank)
+        if job.extra.get("in_step", True):
+            samples += _in_step(job, rank)
     colocation("torch", job, rank)
     _write(workdir, rank, job, samples, {"torch": torch.__version__})
     dist.destroy_process_group()
@@ -505,6 +511,98 @@ def _sharded_ops(job: Job, rank: int, pieces: list[int]) -> list[dict]:
         for _ in range(max(3, job.repeat // 3)):
             out.append({"rank": rank, "kind": "sharded_op", "ns": update(sharded), "bytes": 0})
             out.append({"rank": rank, "kind": "local_op", "ns": update(local), "bytes": 0})
+    return out
+
+
+#: In-step calls: the message sizes (bytes), the compute bursts before each call (ns) and
+#: the timed calls per (kind, size, burst) — a tensor-parallel step's activations and a
+#: pipeline's micro-batch activations are tens of KiB to a few MiB, the compute between
+#: two of its collectives one to tens of milliseconds.
+IN_STEP_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+IN_STEP_BURSTS_NS = (1_000_000, 4_000_000, 12_000_000)
+IN_STEP_CALLS = 8
+
+
+def _in_step(job: Job, rank: int) -> list[dict]:
+    """Each collective a model-parallel step blocks in, called as the step calls it: after a
+    burst of compute on every rank (:func:`_compute_for`, the same work on each, so the
+    ranks arrive apart only as the host makes them), per size of :data:`IN_STEP_SIZES`
+    and burst of :data:`IN_STEP_BURSTS_NS`, :data:`IN_STEP_CALLS` times (after one warm-up;
+    ``job.extra["in_step"]``, a dict, may name other ``sizes``, ``bursts_ns`` and ``calls``,
+    ``False`` leaves the calls out):
+
+    - ``in_step_all_reduce``: tensor parallel's — DTensor's functional all-reduce
+      (``_functional_collectives.all_reduce``: a copy of the input, the call queued on
+      gloo's thread) and its ``wait_tensor``;
+    - ``in_step_p2p``: a pipeline's — rank 0 ``isend``s, rank 1 ``irecv``s and waits (the
+      direction alternates with each call: activations forward, gradients back); the other
+      ranks (more than 2 workers) pair up the same way.
+
+    Every sample holds ``bytes``, ``burst_ns``, ``enter`` and ``exit`` on the host's monotonic
+    clock (all ranks are on this host): :func:`opprof.model.instep.fit_in_step` tells the
+    wait for the last rank from what the call costs after it. The calls run under the
+    profiler with the recorder's settings, as the recorded steps the model predicts do."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    spec = job.extra.get("in_step")
+    spec = spec if isinstance(spec, dict) else {}
+    sizes = tuple(int(n) for n in spec.get("sizes") or IN_STEP_SIZES)
+    bursts = tuple(int(b) for b in spec.get("bursts_ns") or IN_STEP_BURSTS_NS)
+    calls = int(spec.get("calls") or IN_STEP_CALLS)
+    group = dist.group.WORLD
+    peer = rank ^ 1 if (rank ^ 1) < job.workers else -1
+    out: list[dict] = []
+    for burst in bursts:
+        compute = _compute_for(burst)
+        # under the profiler with the recorder's settings, as the recorded steps that the
+        # model predicts run (each burst's calls in one session, so its events stay few)
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                       profile_memory=True) if job.extra.get("in_step_profiled", True) \
+            else contextlib.nullcontext()
+        with prof:
+            out += _in_step_calls(compute, burst, sizes, calls, rank, peer, group)
+    return out
+
+
+def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ...],
+                   calls: int, rank: int, peer: int, group: Any) -> list[dict]:
+    """One burst's in-step calls (:func:`_in_step`): round after round, every size's
+    all-reduce, then (with a partner) every size's send/recv, so that a passing burst of the
+    host's load falls on all sizes alike, not on one; the first round a warm-up."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as fc
+
+    xs = {n: torch.ones(max(1, n // 4)) for n in sizes}
+    bufs = {n: torch.empty_like(x) for n, x in xs.items()}
+    out: list[dict] = []
+    for i in range(calls + 1):
+        for n in sizes:
+            compute()
+            enter = time.monotonic_ns()
+            fc.wait_tensor(fc.all_reduce(xs[n], "sum", group))
+            done = time.monotonic_ns()
+            if i:
+                out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
+                            "burst_ns": burst, "ns": done - enter, "enter": enter,
+                            "exit": done, "call": i - 1})
+        if peer < 0:
+            continue
+        sender = (i % 2) == (rank % 2)  # activations forward, gradients back
+        for n in sizes:
+            compute()
+            enter = time.monotonic_ns()
+            work = dist.isend(xs[n], peer) if sender else dist.irecv(bufs[n], peer)
+            if work is not None:
+                work.wait()
+            done = time.monotonic_ns()
+            if i:
+                out.append({"rank": rank, "kind": "in_step_p2p", "bytes": int(n),
+                            "burst_ns": burst, "ns": done - enter, "enter": enter,
+                            "exit": done, "call": i - 1, "pair": min(rank, peer),
+                            "role": "send" if sender else "recv"})
+    dist.barrier()
     return out
 
 

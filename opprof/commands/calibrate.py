@@ -85,7 +85,9 @@ def command(peak: bool, fw: str | None, workers: int | None, servers: int, mode:
             output: Path | None, fmt: str) -> None:
     """Time FW's gradient collective among WORKERS processes on this host over message sizes
     and fit α (latency) and β (time per byte). For torch's all-reduce, also time a compute loop
-    and the collective alone and beside each other: the model's interference term. With 2 or
+    and the collective alone and beside each other: the model's interference term; and
+    tensor parallel's all-reduce and a pipeline's send/recv after bursts of compute, as a
+    model-parallel step calls them (its in-step cost). With 2 or
     more workers, also time FW's own training step of a small model on one worker alone and on
     2 … N workers at once, in interleaved rounds: the model's co-location term.
 

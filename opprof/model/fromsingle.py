@@ -53,6 +53,7 @@ from opprof.kinds import Collective, Mode
 from opprof.model.baseops import BaseOps, base_ops, scaled_ns
 from opprof.model.colocation import Colocation, Placement, per_host, placement, spread_over
 from opprof.model.commmodel import Network, assumed
+from opprof.model.instep import in_step_of
 from opprof.model.ppsplit import (
     SCHEDULES,
     Stages,
@@ -205,6 +206,23 @@ class _Model:
     workers_per_host: int | None
     notes: list[str]
     meta: Any = None
+    #: one in-place arithmetic call on a parameter's gradient (ns): the optimizer's median
+    #: ``aten::mul_`` / ``div_`` (else ``add_``) in the base
+    grad_op_ns: float = 0.0
+
+
+def _grad_op_ns(trace: Trace) -> float:
+    """The base optimizer's median in-place call on one tensor (:attr:`_Model.grad_op_ns`):
+    what torch's pipeline schedule pays per parameter to scale its gradients."""
+    ev = trace.events
+    upd = ev[(ev["phase"].astype(str) == "update").to_numpy()
+             & (ev["kind"].astype(str) == "cpu_op").to_numpy()]
+    names = upd["name"].astype(str)
+    for pattern in (r"aten::(?:mul|div)_", r"aten::add_"):
+        hit = upd["dur"][names.str.fullmatch(pattern).to_numpy()]
+        if len(hit):
+            return float(hit.median())
+    return 0.0
 
 
 def network_for(given: Network | None) -> tuple[Network, str]:
@@ -218,8 +236,12 @@ def network_for(given: Network | None) -> tuple[Network, str]:
         raise OpprofError(f"the network file measured {given.collective}; tensor and pipeline "
                           "parallel need an all-reduce's (`opprof calibrate --fw torch "
                           "--workers N`)")
+    instep = ("; each TP all-reduce and PP send/recv at its in-step cost (calibrate's calls "
+              "after a compute burst)" if in_step_of(given, "all_reduce") is not None else
+              "; no in-step calls in this file (calibrate again to price TP/PP collectives "
+              "as a step makes them): α–β")
     return given, (f"{given.source or 'given'}: {given.backend or 'all-reduce'} measured with "
-                   f"{given.workers} workers")
+                   f"{given.workers} workers{instep}")
 
 
 def _model(trace: Trace, dimension: str, network: Network, label: str,
@@ -238,7 +260,8 @@ def _model(trace: Trace, dimension: str, network: Network, label: str,
     if dimension == "tp" and not len(upd):
         notes.append("no optimizer step in the trace: the update is taken as unchanged")
     return _Model(base, dp, network, dimension, plan, calls / tensors, params, tensors,
-                  workers_per_host, notes, trace.meta)
+                  workers_per_host, notes, trace.meta,
+                  _grad_op_ns(trace) if dimension == "pp" else 0.0)
 
 
 def _place(m: _Model, workers: int) -> Placement:
@@ -294,7 +317,19 @@ def _tp(m: _Model, t: int, place: Placement | None = None,
     parts["update_dtensor_ns"] = dt_upd
     # the collectives: blocking all-reduces, each after its segment of the step
     comm, wait = 0.0, 0.0
-    if t > 1 and plan.pairs:
+    instep = in_step_of(m.network, "all_reduce")
+    if t > 1 and plan.pairs and instep is not None:
+        # calibrate's in-step calls: each after the compute between two of the step's
+        # collectives (their mean: the wait is linear in it), the wait for the last rank
+        # measured with the rest of the call
+        calls = 2 * len(plan.activation_bytes)
+        burst = (sum(comp.values()) + base.phase_ns["load"] + base.phase_ns["h2d"]
+                 + base.phase_ns["other"]) / max(calls, 1)
+        for nbytes in plan.activation_bytes:
+            comm += 2.0 * instep.after_ns(float(nbytes), t)
+        wait = calls * instep.wait(burst, t)
+        parts["burst_ns"] = burst
+    elif t > 1 and plan.pairs:
         for nbytes in plan.activation_bytes:
             comm += 2.0 * float(np.asarray(m.network.cost_ns(float(nbytes), t)).reshape(-1)[0])
         cuts = [("forward", c) for c in plan.forward_cuts] + [
@@ -322,7 +357,10 @@ def _stage_times(m: _Model, stages: Stages, micro: int) -> list[StageTimes]:
     base = m.base
     out = []
     before = base.phase_ns["load"] + base.phase_ns["h2d"] + base.phase_ns["other"]
-    upd = float(base.of("update")["dur_ns"].sum()) + base.gap_ns("update")
+    # the optimizer's operators split by the stage's parameters; the time between them (the
+    # training loop's own Python) each stage runs whole
+    upd = float(base.of("update")["dur_ns"].sum())
+    upd_gap = base.gap_ns("update")
     for s in range(stages.p):
         per = {}
         for phase, where in (("forward", stages.forward), ("backward", stages.backward)):
@@ -330,8 +368,14 @@ def _stage_times(m: _Model, stages: Stages, micro: int) -> list[StageTimes]:
             mine = where == s
             share_ops = mine.sum() / max(len(ops), 1)
             per[phase] = scaled_ns(ops[mine], 1.0 / micro) + base.gap_ns(phase) * share_ops
+        # torch's pipeline schedule scales every gradient of the stage by 1/m before the
+        # optimizer (``PipelineStage.scale_grads``): one in-place call per parameter tensor
+        scale = m.grad_op_ns * m.param_tensors * float(stages.update_share[s]) \
+            if micro > 1 else 0.0
         out.append(StageTimes(per["forward"] * base.noise, per["backward"] * base.noise,
-                              upd * float(stages.update_share[s]) * base.noise, before))
+                              (upd * float(stages.update_share[s]) + upd_gap + scale)
+                              * base.noise,
+                              before))
     return out
 
 
@@ -350,15 +394,23 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     co-location, the stage table)."""
     stages = pp_stages(m.base, m.meta, p)
     times = _stage_times(m, stages, micro)
-    x = [_p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
-    sim = simulate(times, micro, x, x, schedule)
+    instep = in_step_of(m.network, "p2p")
+    # calibrate's in-step send/recv: what one costs after both ranks are in it; and how far
+    # two ranks doing the same work drift apart (their mean wait at the call, E[max of 2
+    # normals] × σ): the actions' jitter, σ over one action's mean compute
+    burst = float(np.mean([(t.forward + t.backward) / 2.0 for t in times]))
+    x = [instep.after_ns(n / micro, 2) if instep is not None else
+         _p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
+    jitter = (instep.wait(burst, 2) / expected_max_normal(2) / burst
+              if instep is not None and p > 1 and burst > 0 else 0.0)
+    sim = simulate(times, micro, x, x, schedule, jitter=jitter)
     rel, cwait, coloc = _coloc(m, p, place, on)
     slow = max(rel, 0.0)
     if p > 1 and slow > 0:
         scaled = [StageTimes(tm.forward * (1 + slow * o), tm.backward * (1 + slow * o),
                              tm.update * (1 + slow * o), tm.before)
                   for tm, o in zip(times, sim.overlap, strict=True)]
-        sim2 = simulate(scaled, micro, x, x, schedule)
+        sim2 = simulate(scaled, micro, x, x, schedule, jitter=jitter)
     else:
         scaled, sim2 = times, sim
     comp = {"forward": float(np.mean([micro * t.forward for t in scaled])),
@@ -370,7 +422,7 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     parts = {"bubble_ns": float(np.mean(sim2.comm - sim2.transfers)),
              "transfer_ns": float(np.mean(sim2.transfers)),
              "ideal_bubble_share": ideal_bubble_share(p, micro),
-             "colocation_wait_ns": 0.0,
+             "colocation_wait_ns": 0.0, "jitter": jitter,
              **{f"alone_{k}_ns": v for k, v in alone.items()}}
     del cwait  # the stages' compute is slowed where they overlap, in the simulation
     table = stage_table(stages, scaled).assign(

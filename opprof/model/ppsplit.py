@@ -222,11 +222,40 @@ def order(schedule: str, stage: int, stages: int, m: int) -> list[tuple[str, int
     return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
 
 
+#: Draws of the jittered schedule (:func:`simulate` with ``jitter``), and their seed: fixed,
+#: so a prediction is the same every time.
+JITTER_DRAWS = 48
+JITTER_SEED = 30
+
+
 def simulate(times: list[StageTimes], m: int, x_forward: list[float],
-             x_backward: list[float], schedule: str = "gpipe", steps: int = 4) -> Schedule:
+             x_backward: list[float], schedule: str = "gpipe", steps: int = 4,
+             jitter: float = 0.0) -> Schedule:
     """The period of ``steps`` pipelined steps (module docstring); ``x_forward[s]`` /
     ``x_backward[s]``: one micro-batch's activation / gradient crossing the cut after stage
-    ``s``."""
+    ``s``. With ``jitter`` (the relative standard deviation of one forward or backward of a
+    micro-batch), the mean over :data:`JITTER_DRAWS` schedules whose every action takes its
+    time × (1 + jitter · a standard normal draw, at least −0.9): stages that drift apart wait
+    for each other where the schedule joins them, which the schedule of mean times does not
+    show."""
+    if jitter <= 0 or len(times) < 2:
+        return _simulate(times, m, x_forward, x_backward, schedule, steps, None)
+    rng = np.random.default_rng(JITTER_SEED)
+    runs = [_simulate(times, m, x_forward, x_backward, schedule, steps,
+                      np.maximum(1.0 + jitter * rng.standard_normal((steps, len(times), 2, m)),
+                                 0.1))
+            for _ in range(JITTER_DRAWS)]
+    return Schedule(float(np.mean([r.step_ns for r in runs])),
+                    runs[0].compute, np.mean([r.comm for r in runs], axis=0),
+                    np.mean([r.transfers for r in runs], axis=0),
+                    np.mean([r.overlap for r in runs], axis=0))
+
+
+def _simulate(times: list[StageTimes], m: int, x_forward: list[float],
+              x_backward: list[float], schedule: str, steps: int,
+              factor: Array | None) -> Schedule:
+    """One schedule (:func:`simulate`); ``factor[k, s, 0 | 1, i]``: the forward's / backward's
+    time of micro-batch ``i`` on stage ``s`` in step ``k`` × it (None: 1)."""
     p = len(times)
     acts = [order(schedule, s, p, m) for s in range(p)]
     done_f = np.full((steps, p, m), np.nan)
@@ -249,12 +278,14 @@ def simulate(times: list[StageTimes], m: int, x_forward: list[float],
                         if s > 0 and np.isnan(done_f[k, s - 1, i]):
                             break
                         ready = done_f[k, s - 1, i] + x_forward[s - 1] if s > 0 else 0.0
-                        dur = times[s].forward
+                        dur = times[s].forward * (factor[k, s, 0, i] if factor is not None
+                                                  else 1.0)
                     else:
                         if s < p - 1 and np.isnan(done_b[k, s + 1, i]):
                             break
                         ready = done_b[k, s + 1, i] + x_backward[s] if s < p - 1 else 0.0
-                        dur = times[s].backward
+                        dur = times[s].backward * (factor[k, s, 1, i] if factor is not None
+                                                   else 1.0)
                     start = max(free[s], ready)
                     if k == steps - 1:
                         waiting[s] += start - free[s]

@@ -1,7 +1,9 @@
 """The calibrate pipeline: the gradient collective timed among N processes on this host (or
 cluster) over message sizes, its α–β fitted (:func:`calibrate`), and the network file it is
 saved as (net.json: :func:`write_network`, read back by :func:`read_network` for `opprof
-model`, `opprof whatif` and `opprof bench`)."""
+model`, `opprof whatif` and `opprof bench`). For torch's all-reduce, also the collectives a
+model-parallel step blocks in, timed as the step calls them (``info.in_step``:
+:func:`opprof.model.instep.fit_in_step`)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from opprof.files import write_atomic
 from opprof.kinds import Collective, Framework, Mode, framework_info
 from opprof.model.colocation import fit_loop, slowdowns
 from opprof.model.commmodel import Network, fit
+from opprof.model.instep import fit_in_step
 from opprof.model.sharded import fit_network
 
 #: The model whose training step the co-location loop times by default: small, so that many
@@ -89,6 +92,11 @@ def calibrate(o: CalibrateOptions) -> Network:
     if "kind" in df and (df["kind"] == "coloc").any():
         facts["colocation"] = colocation_info(df[df["kind"] == "coloc"], loop or {})
         df = df[df["kind"] != "coloc"].reset_index(drop=True)
+    if "kind" in df:
+        instep = df["kind"].astype(str).str.startswith("in_step_").to_numpy()
+        if instep.any():  # calls after a compute burst, as a model-parallel step makes them
+            facts["in_step"] = fit_in_step(df[instep], workers)
+            df = df[~instep].reset_index(drop=True)
     if o.mode == Mode.FSDP:
         return fsdp_network(df, workers, facts)
     if "kind" in df and (df["kind"] == "beside").any():

@@ -1093,7 +1093,33 @@ def calibration(net: Network) -> str:
     coloc = net.info.get("colocation")
     if isinstance(coloc, dict) and coloc.get("slowdown"):
         items.append(_colocation_table(coloc))
+    instep = net.info.get("in_step")
+    if isinstance(instep, dict) and any(k in instep for k in ("all_reduce", "p2p")):
+        items.append(_in_step_table(instep))
     return render(*items, *([Text(warning, style="bold yellow")] if warning else []))
+
+
+def _in_step_table(doc: dict[str, Any]) -> Table:
+    """A calibration's in-step calls (:mod:`opprof.model.instep`): per kind and size the
+    mean time after the last rank entered, and the wait's fit over the bursts."""
+    t = Table(title="In-step calls (after a compute burst, as a TP / PP step makes them)",
+              title_justify="left")
+    for col in ["call", "size", "calls", "after the last rank", "wait for it"]:
+        t.add_column(col, justify="right")
+    names = {"all_reduce": "all-reduce (TP)", "p2p": "send/recv (PP)"}
+    for kind in ("all_reduce", "p2p"):
+        d = doc.get(kind)
+        if not isinstance(d, dict):
+            continue
+        wait = (f"{_us(d.get('wait_ns'))} + {1e3 * float(d.get('wait_per_burst') or 0):.1f} "
+                "µs/ms of burst")
+        for i, r in enumerate(d.get("after_ns") or []):
+            t.add_row(names[kind] if i == 0 else "", size(r["bytes"]), str(r.get("calls", "")),
+                      _us(r["ns"]), wait if i == 0 else "")
+    t.caption = ("the mean over calls, bursts and ranks; the wait: the mean rank's for the last "
+                 "to enter, fitted over the bursts (what `opprof model --mode tp|pp` from one "
+                 "worker prices each collective by)")
+    return t
 
 
 #: How many pieces of advice the report shows (`opprof advise` shows them all).
