@@ -223,3 +223,56 @@ def test_report_of_a_job_carries_the_critical_path_from_its_workers(tmp_path: Pa
     assert (pooled[list(("compute", "comm", "launch", "sync", "load", "idle"))].sum(axis=1)
             == pooled["step_ns"]).all()
     assert report(files, jobs=1).critical.empty  # not asked: not built
+
+
+GRAPH_INPUTS = [*CPU.values(), FIXTURES / "parallel-model" / "pp.trace",
+                FIXTURES / "torch-parallel" / "fsdp-tp",
+                FIXTURES / "shared" / "kineto-gpu" / "nccl-2rank-rank0.json.gz",
+                FIXTURES / "gpu-public" / "resnet-checkpoint-ddp-mi300x.json.gz"]
+
+
+def _longest_paths(g: critpath.Graph, order: np.ndarray, lag: np.ndarray) -> np.ndarray:
+    """The replay's vertex times, vertex by vertex in ``order`` (the definition)."""
+    t = (g.times - g.times.min()).astype(np.float64)
+    for v in order:
+        into = np.flatnonzero(g.dst == v)
+        if len(into):
+            t[v] = np.max(t[g.src[into]] + lag[into])
+    return t
+
+
+@pytest.mark.parametrize("path", GRAPH_INPUTS, ids=lambda p: p.name)
+def test_topological_order_respects_every_edge_of_real_graphs(path: Path) -> None:
+    g, order = graph_of(load([path]))
+    assert sorted(order.tolist()) == list(range(2 * len(g.start)))
+    pos = np.empty(len(order), np.int64)
+    pos[order] = np.arange(len(order))
+    assert (pos[g.src] < pos[g.dst]).all()
+    kahn = critpath._kahn_order(g)
+    assert kahn is not None and sorted(kahn.tolist()) == sorted(order.tolist())
+
+
+@pytest.mark.parametrize("path", GRAPH_INPUTS[-4:], ids=lambda p: p.name)
+def test_replay_is_the_longest_path_vertex_by_vertex(path: Path) -> None:
+    """The replay (chains summed by pointer doubling, joins one by one) gives each step what
+    the longest-path recurrence over every vertex gives, unedited and with every node's own
+    time and every edge's lag scaled."""
+    g, order = graph_of(load([path]))
+    rng = np.random.default_rng(7)
+    factor = rng.uniform(0.3, 1.7, len(g.start))
+    edge_factor = rng.uniform(0.5, 1.5, len(g.src))
+    lag = g.lag.astype(np.float64)
+    own = (g.kind == critpath.OWN) | (g.kind == critpath.COLLECTIVE)
+    lag[own] *= factor[g.dst[own] >> 1]
+    lag *= edge_factor
+    t = _longest_paths(g, order, lag)
+    got = replay(g, factor, order, edge_factor=edge_factor)
+    t0 = int(g.times.min())
+    for s, r in zip(g.steps.itertuples(index=False), got["replay_ns"], strict=True):
+        e = t[s.end_vertex] + (s.end - g.times[s.end_vertex])
+        b = t[s.start_vertex] + (s.start - g.times[s.start_vertex]) if s.start_vertex >= 0 \
+            else float(s.start - t0)
+        assert r == pytest.approx(e - b, rel=1e-9, abs=1e-3)
+    unedited = replay(g, None, order)
+    assert np.allclose(unedited["replay_ns"], replay(g, None, order)["replay_ns"])
+    assert np.allclose(unedited["replay_ns"], unedited["step_ns"], rtol=0, atol=1)

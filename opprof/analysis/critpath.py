@@ -253,9 +253,11 @@ def _strings(col: pd.Series) -> Array:
     """A column's values as Python strings (object array; a missing value is ``"nan"``, as
     ``astype(str)`` writes it), built from a categorical's few categories, not per row."""
     if not isinstance(col.dtype, pd.CategoricalDtype):
-        return col.astype(str).to_numpy(object)
+        plain: Array = col.astype(str).to_numpy(object)
+        return plain
     names = np.append(col.cat.categories.astype(str).to_numpy(object), "nan")
-    return names[col.cat.codes.to_numpy()]
+    values: Array = names[col.cat.codes.to_numpy()]
+    return values
 
 
 def _host_pieces(lane: Array, s: Array, e: Array
@@ -854,11 +856,10 @@ def topological_order(g: Graph) -> Array | None:
         src, dst = g.src[tie], g.dst[tie]
         level = np.zeros(len(t), np.int64)
         for _ in range(_TIE_ROUNDS):
-            if not len(src):
-                return np.lexsort((level, t))
             deeper = level[src] + 1 > level[dst]
             if not deeper.any():
-                return np.lexsort((level, t))
+                order: Array = np.lexsort((level, t))
+                return order
             np.maximum.at(level, dst[deeper], level[src[deeper]] + 1)
     return _kahn_order(g)
 
