@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import docs_pages
 from tests.conftest import REPO
-from tests.docs_pages import tested_blocks
 
 
 def quick_start_commands() -> list[str]:
     """The command lines of the blocks marked as tested, README.md's first, then the docs
     pages', in order."""
-    blocks = tested_blocks()
+    blocks = docs_pages.tested_blocks()
     assert blocks, "README has no tested quick-start block"
     return [ln.strip() for block in blocks for ln in block.splitlines()
             if ln.strip().startswith(("opprof ", "python "))]
