@@ -9,6 +9,9 @@ columns as stored; no copy of the table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
 import pandas as pd
 
 from opprof.kinds import Role
@@ -71,3 +74,15 @@ def memory(ev: pd.DataFrame) -> pd.Series:
 def step_work(ev: pd.DataFrame) -> pd.Series:
     """What the steps' analyses look at: worker events inside a step."""
     return workers(ev) & in_steps(ev)
+
+
+def names_where(ev: pd.DataFrame, test: Callable[[str], bool]) -> pd.Series:
+    """Events whose name's text passes ``test``, tested once per distinct name (on the
+    categories, not row by row; a missing name is the text ``"nan"``, as ``astype(str)``
+    writes it)."""
+    names = ev["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return names.astype(str).map(test).astype(bool)
+    text = names.cat.categories.astype(str)
+    hit = np.array([bool(test(c)) for c in text] + [bool(test("nan"))], bool)
+    return pd.Series(hit[names.cat.codes.to_numpy()], index=ev.index)  # code -1: the last

@@ -103,12 +103,16 @@ def _device_busy(ev: Evidence) -> float:
 def _graph_gap(ev: Evidence) -> tuple[float, str]:
     """The gap between consecutive kernels of one CUDA graph launch: the trace's own median
     where it replays graphs, else :data:`GRAPH_GAP_NS`."""
+    import re
+
     import numpy as np
 
-    from opprof.filters import device_work
+    from opprof.filters import device_work, names_where
 
     t = ev.trace.events
-    launches = t.loc[t["name"].astype(str).str.contains(GRAPH_LAUNCH, regex=True), "link"]
+    graph_launch = re.compile(GRAPH_LAUNCH)
+    launches = t.loc[names_where(t, lambda name: graph_launch.search(name) is not None),
+                     "link"]
     launches = launches[launches >= 0]
     if len(launches):
         k = t[device_work(t) & t["link"].isin(launches)].sort_values(["rank", "tid", "ts"])

@@ -126,13 +126,16 @@ class RankPart:
     critical: RankWalk | None = None
 
 
-def analyze(trace: Trace, device_span: str = "steps", critical: bool = False) -> RankPart:
+def analyze(trace: Trace, device_span: str = "steps", critical: bool = False,
+            steps: pd.DataFrame | None = None) -> RankPart:
     """The per-rank work of a report, on the ranks of ``trace`` (usually one); ``critical``:
-    with the critical-path walks of its steps (:func:`opprof.analysis.critpath.rank_walk`)."""
+    with the critical-path walks of its steps (:func:`opprof.analysis.critpath.rank_walk`);
+    ``steps``: its :func:`step_breakdown`, when the caller has it."""
     full = trace
     if "detail" in trace.events:  # only collective_part reads it; every filter would copy it
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
-    steps = step_breakdown(trace)
+    if steps is None:
+        steps = step_breakdown(trace)
     found = collectives(trace)  # what collective_part and rank_local both start from
     comm = collective_part(full, found=found)  # reads the process groups in ``detail``
     return RankPart(
@@ -231,9 +234,20 @@ def split_ranks(trace: Trace) -> list[Trace]:
 
 def build_report(trace: Trace, device_span: str = "steps",
                  peak: PeakOptions | None = None,
-                 critical: pd.DataFrame | None = None) -> Report:
+                 critical: pd.DataFrame | None = None,
+                 steps: pd.DataFrame | None = None) -> Report:
     """Analyze a trace for `opprof report` (rank by rank, then combined), with its critical
-    path when given."""
+    path when given (``steps``: the whole trace's :func:`step_breakdown`, when the caller has
+    it: each rank's rows are that rank's breakdown, a step breakdown being rank by rank)."""
     with plain_strings():
-        return combine([analyze(t, device_span) for t in split_ranks(trace)], trace.meta,
-                       device_span, peak, critical)
+        return combine([analyze(t, device_span, steps=_rank_steps(steps, t))
+                        for t in split_ranks(trace)], trace.meta, device_span, peak, critical)
+
+
+def _rank_steps(steps: pd.DataFrame | None, trace: Trace) -> pd.DataFrame | None:
+    """The rows of ``steps`` of the ranks of ``trace`` (a copy, its own index), None where it
+    has none (then :func:`analyze` breaks the steps down itself, its empty table the same)."""
+    if steps is None:
+        return None
+    mine = steps[steps["rank"].isin(pd.unique(trace.events["rank"]))]
+    return mine.reset_index(drop=True) if len(mine) else None

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.errors import OpprofError
-from opprof.filters import counted, on_host, step_work
+from opprof.filters import counted, names_where, on_host, step_work
 from opprof.intervals import containing, coverage, lane_ids
 from opprof.kinds import Collective
 from opprof.model.commmodel import Network, fit
@@ -148,8 +148,9 @@ def unit_bytes(trace: Trace) -> tuple[Array, str]:
         return np.asarray([int(v) for v in given], np.int64), \
             "the model's FSDP units (recorded parameter sizes)"
     ev = trace.events
-    calls = ev[(ev["op"] == "all_gather") & (ev["bytes"] > 0) & (ev["step"] >= 0)
-               & ev["name"].astype(str).str.startswith("c10d::")]
+    # the cheap numeric tests first: the names' text only of the all-gathers left
+    calls = ev[(ev["op"] == "all_gather") & (ev["bytes"] > 0) & (ev["step"] >= 0)]
+    calls = calls[calls["name"].astype(str).str.startswith("c10d::")]
     if len(calls):
         first = calls[(calls["rank"] == calls["rank"].min())]
         first = first[first["step"] == first["step"].min()].sort_values("ts")
@@ -265,11 +266,10 @@ def optimizer_calls(trace: Trace) -> float:
     --mode fsdp`: ``sharded_op_ns``); 0 where the trace shows no optimizer step."""
     ev = trace.events
     ev = ev[step_work(ev) & on_host(ev) & (ev["kind"] == "cpu_op")]
-    names = pd.Series(pd.unique(ev["name"].astype(str)))
-    steps = names[names.str.startswith("Optimizer.step#")]
-    if steps.empty:
+    is_step = names_where(ev, lambda name: name.startswith("Optimizer.step#"))
+    if not is_step.any():
         return 0.0
-    outer = ev[ev["name"].astype(str).isin(steps).to_numpy()]
+    outer = ev[is_step]
     lane = lane_ids(ev["rank"].to_numpy(), ev["pid"].to_numpy(), ev["tid"].to_numpy())
     at = ev.index.get_indexer(outer.index)
     pos = containing(lane, ev["ts"].to_numpy(np.int64), (ev["ts"] + ev["dur"]).to_numpy(np.int64),

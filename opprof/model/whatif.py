@@ -85,9 +85,11 @@ class Context:
         return self.base.label
 
 
-def context(trace: Trace, label: str = "", graph: bool = True) -> Context:
-    """Read a trace for what-ifs (``graph``: build its dependency graph for replay)."""
-    steps = step_breakdown(trace)
+def context(trace: Trace, label: str = "", graph: bool = True,
+            steps: pd.DataFrame | None = None) -> Context:
+    """Read a trace for what-ifs (``graph``: build its dependency graph for replay;
+    ``steps``: its :func:`step_breakdown`, when the caller has it)."""
+    steps = step_breakdown(trace) if steps is None else steps
     base = baseline(trace, label, steps)
     n = max(len(steps), 1)
     w = op_wall(trace, steps)

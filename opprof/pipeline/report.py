@@ -106,17 +106,21 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
     trace = load(list(o.paths), ahead)
     label = o.paths[0].name if o.paths else ""
     context = None
-    if o.advised:  # the advice's what-if context: its graph is the critical path's too
+    steps = None
+    if o.advised:  # the advice's what-if context: its graph is the critical path's too, its
+        # step breakdown the report's
+        from opprof.analysis.breakdown import step_breakdown
         from opprof.model.whatif import context as whatif_context
 
-        context = whatif_context(trace, label)
+        steps = step_breakdown(trace)
+        context = whatif_context(trace, label, steps=steps)
     critical = None
     if o.critical:
         from opprof.analysis.critpath import critical_path
 
         graph, order = context.graph if context is not None and context.graph else (None, None)
         critical = critical_path(trace, graph=graph, order=order)
-    rep = build_report(trace, o.device_span, peak=o.peak, critical=critical)
+    rep = build_report(trace, o.device_span, peak=o.peak, critical=critical, steps=steps)
     if not o.advised:
         return ReportResult(rep)
     from opprof.advice import advise
