@@ -124,10 +124,15 @@ def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame) -
                                                             k_reps))
         kpa = np.maximum(ka[kk], sa[k_st])
         kpz = np.maximum(np.minimum(kz[kk], sz[k_st]), kpa)
-        piece_of = {(int(e), int(t)): i for i, (e, t) in enumerate(zip(ev_i, st_i,
-                                                                        strict=True))}
-        k_piece = np.array([piece_of.get((int(owner[k]), int(t)), -1)
-                            for k, t in zip(kk, k_st, strict=True)], dtype=np.int64)
+        # each call's piece: its owner's piece in the same step (keys event × steps +
+        # step rise strictly along the pieces: one sorted lookup, no per-call loop)
+        n_st = len(s_start)
+        keys = ev_i.astype(np.int64) * n_st + st_i
+        want = owner[kk].astype(np.int64) * n_st + k_st
+        k_piece = np.full(len(want), -1, np.int64)
+        if len(keys):
+            at = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
+            k_piece = np.where(keys[at] == want, at, -1).astype(np.int64)
     for p in PRIORITY:
         win = (counts[p] > 0) & ~taken
         taken |= win
