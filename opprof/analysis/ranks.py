@@ -46,6 +46,7 @@ All times are per step (means over the rank's steps) unless named ``total``.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -87,11 +88,38 @@ class RankAnalysis:
     kinds: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=KIND_COLUMNS))
 
 
+#: the last events table's collectives (:func:`collectives`): the model, its gradients and
+#: the dependency graph each ask for them of the same trace. Keyed by the table (a weak
+#: reference: it is never kept alive) and pandas' string option, which sets the text columns'
+#: type; copies handed out, so no caller changes what the next one gets.
+_FOUND: dict[int, tuple[weakref.ref[pd.DataFrame], object, pd.DataFrame, pd.DataFrame]] = {}
+
+
 def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(timing events: rank, step, pid, tid, name, op, link, ts, dur, end, bytes, event (its
     row label in ``trace.events``); payload: rank, step, bytes) of every worker rank, per the
     rules above."""
     ev = trace.events
+    strings = _string_option()
+    hit = _FOUND.get(id(ev))
+    if hit is not None and hit[0]() is ev and hit[1] == strings:
+        return hit[2].copy(), hit[3].copy()
+    timing, payload = _collectives(ev)
+    _FOUND.clear()  # one table at a time
+    _FOUND[id(ev)] = (weakref.ref(ev), strings, timing, payload)
+    return timing.copy(), payload.copy()
+
+
+def _string_option() -> object:
+    """pandas' ``future.infer_string`` (None where this pandas has no such option)."""
+    try:
+        return pd.get_option("future.infer_string")
+    except (KeyError, pd.errors.OptionError):
+        return None
+
+
+def _collectives(ev: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`collectives` of one events table, computed."""
     base = step_work(ev) & communication(ev)
     host = on_host(ev)
     is_span = _name_matches(ev, BACKEND_SPAN)
