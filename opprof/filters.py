@@ -78,11 +78,15 @@ def step_work(ev: pd.DataFrame) -> pd.Series:
 
 def names_where(ev: pd.DataFrame, test: Callable[[str], bool]) -> pd.Series:
     """Events whose name's text passes ``test``, tested once per distinct name (on the
-    categories, not row by row; a missing name is the text ``"nan"``, as ``astype(str)``
-    writes it)."""
+    categories, not row by row). A missing name is what ``astype(str)`` makes of it: the
+    text ``"nan"`` with plain strings (:func:`opprof.strings.plain_strings`), else still
+    missing, which no test passes."""
     names = ev["name"]
     if not isinstance(names.dtype, pd.CategoricalDtype):
-        return names.astype(str).map(test).astype(bool)
-    text = names.cat.categories.astype(str)
-    hit = np.array([bool(test(c)) for c in text] + [bool(test("nan"))], bool)
+        text = names.astype(str)
+        return pd.Series([isinstance(t, str) and bool(test(t)) for t in text], index=ev.index,
+                         dtype=bool)
+    missing = pd.Series(pd.Categorical([None])).astype(str).iloc[0]
+    hit = np.array([bool(test(c)) for c in names.cat.categories.astype(str)]
+                   + [isinstance(missing, str) and bool(test(missing))], bool)
     return pd.Series(hit[names.cat.codes.to_numpy()], index=ev.index)  # code -1: the last
