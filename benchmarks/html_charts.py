@@ -177,7 +177,7 @@ def _rest(page: str) -> str:
 
 def compare(old: Path, new: Path) -> int:
     """Compare two captures; the number of differing charts (and pages)."""
-    bad = n_pages = n_charts = same_bytes = 0
+    bad = n_pages = n_charts = same_bytes = bad_pages = 0
     for f in sorted(old.glob("*.json")):
         g = new / f.name
         if not g.exists():
@@ -199,11 +199,12 @@ def compare(old: Path, new: Path) -> int:
                 print("\n".join(d[:10]) + (f"\n… {len(d) - 10} more" if len(d) > 10 else ""))
         ha, hb = (_rest((p / f"{f.stem}.html").read_text()) for p in (old, new))
         if ha != hb:
-            bad += 1
+            bad_pages += 1
             print(f"{f.stem}: the page outside its charts differs")
     print(f"{n_pages} pages, {n_charts} charts compared: {n_charts - bad} equal, "
-          f"{same_bytes} with the same JSON (keys sorted), {bad} differences")
-    return bad
+          f"{same_bytes} with the same JSON (keys sorted), {bad} differ; "
+          f"{n_pages - bad_pages} pages the same outside their charts")
+    return bad + bad_pages
 
 
 def main() -> None:
