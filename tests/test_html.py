@@ -148,3 +148,43 @@ def test_text_formats_can_go_to_a_file_too(tmp_path: Path) -> None:
     res = run_cli("report", str(FIX / "torch-ddp"), "--format", "md", "-o", str(out))
     assert res.returncode == 0 and res.stdout == ""
     assert out.read_text().startswith("## opprof report") and "| forward |" in out.read_text()
+
+
+def test_pages_are_made_without_plotly_figure_objects() -> None:
+    """The charts are plain plotly.js specs: making a report's and a diff's page (in a fresh
+    process) loads neither plotly.graph_objects nor plotly's validators, and the specs'
+    numbers are plotly.js typed arrays holding the report's values (the ranks heatmap is the
+    rank × step matrix of own time)."""
+    script = f"""
+import base64, json, sys
+import numpy as np
+from pathlib import Path
+from opprof.analysis.diff import diff_reports
+from opprof.analysis.report import build_report
+from opprof.loader import load
+from opprof.render import html, plotdata
+from benchmarks.html_charts import charts
+
+rep = build_report(load(Path({str(FIX / "torch-ddp")!r})))
+page = html.report(rep)
+other = build_report(load(Path({str(FIX / "memory" / "torch-lenet5")!r})))
+html.diff(diff_reports(rep, other))
+loaded = sorted(m for m in sys.modules
+                if m.startswith(("plotly.graph_objects", "plotly.validators")))
+heat = next(t for c in charts(page) for t in c[1] if t["type"] == "heatmap")
+z = np.frombuffer(base64.b64decode(heat["z"]["bdata"]), heat["z"]["dtype"])
+want = plotdata.rank_step_matrix(rep).to_numpy(float)
+print(json.dumps({{"loaded": loaded, "shape": heat["z"]["shape"],
+                   "same": bool(np.array_equal(z.reshape(want.shape), want, equal_nan=True)),
+                   "want": list(want.shape)}}))
+"""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["loaded"] == []
+    assert got["shape"] == ", ".join(map(str, got["want"])) and got["same"]

@@ -9,6 +9,10 @@ size is plotly.js (~4.6 MB) plus a few kB per step, rank and operator, whatever 
 event count. The raw timeline is what ``opprof export --to perfetto`` is for. Colours come
 from opprof.render.palette (the same as the paper figures).
 
+Charts are plain plotly.js specs (:class:`Fig`: trace dicts and a layout dict), never
+``plotly.graph_objects`` figures, whose property validation cost tens of ms a chart (a fifth
+of a second for the first); plotly.io only writes the div and its script.
+
 Each function returns the page as a string: ``report(rep, by, top)``, ``diff(d, top)``,
 ``bench(b)``. ``by`` does not change the page (every view is in it).
 """
@@ -26,8 +30,8 @@ from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex, TypeAlias
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import plotly.io as pio
+from _plotly_utils.utils import convert_to_base64
 from plotly.offline import get_plotlyjs
 
 from opprof.analysis.diff import Diff
@@ -181,23 +185,93 @@ def _template() -> dict[str, Any]:
     return spec
 
 
-def _layout(fig: go.Figure, height: int, **kw: object) -> go.Figure:
-    fig.update_layout(height=height,
-                      font={"family": palette.FONT_FAMILY, "size": 12},
+#: A plotly.js trace or layout (part): the attributes plotly.js takes, nested; array values
+#: may be lists, numpy arrays or pandas Series (written as plotly.js typed arrays).
+Spec: TypeAlias = dict[str, Any]
+
+
+def _merge(into: Spec, update: Spec) -> None:
+    """``update`` into ``into``, nested dicts merged key by key (as plotly's ``update_*``)."""
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+class Fig:
+    """A chart as plotly.js takes it: ``data`` (trace dicts, each with its ``type``) and
+    ``layout``, built with helpers named as plotly's figure methods."""
+
+    def __init__(self, *traces: Spec) -> None:
+        self.data: list[Spec] = list(traces)
+        self.layout: Spec = {}
+
+    def add_trace(self, trace: Spec, xaxis: str | None = None,
+                  yaxis: str | None = None) -> None:
+        """Append a trace (on the subplot of axes ``xaxis``/``yaxis``: "x2", "y2" …)."""
+        self.data.append(trace if xaxis is None else {**trace, "xaxis": xaxis, "yaxis": yaxis})
+
+    def update_layout(self, **kw: Any) -> Fig:
+        """Merge ``kw`` into the layout."""
+        _merge(self.layout, kw)
+        return self
+
+    def update_xaxes(self, axis: str = "xaxis", **kw: Any) -> Fig:
+        """Merge ``kw`` into the x axis (``axis``: "xaxis2" … on a grid)."""
+        _merge(self.layout.setdefault(axis, {}), kw)
+        return self
+
+    def update_yaxes(self, axis: str = "yaxis", **kw: Any) -> Fig:
+        """Merge ``kw`` into the y axis (``axis``: "yaxis2" … on a grid)."""
+        _merge(self.layout.setdefault(axis, {}), kw)
+        return self
+
+
+def _bar(**kw: Any) -> Spec:
+    """A bar trace."""
+    return {"type": "bar", **kw}
+
+
+def _scatter(**kw: Any) -> Spec:
+    """A scatter trace (lines, markers, text)."""
+    return {"type": "scatter", **kw}
+
+
+def _colorscale(colors: Sequence[str]) -> list[list[float | str]]:
+    """Colours spread evenly from 0 to 1 (a plotly.js colorscale)."""
+    return [[i / (len(colors) - 1), c] for i, c in enumerate(colors)]
+
+
+def _title(text: str) -> Spec:
+    """An axis' or the chart's title."""
+    return {"text": text}
+
+
+def _layout(fig: Fig, height: int, xtitle: str | None = None, ytitle: str | None = None,
+            **kw: object) -> Fig:
+    """The charts' common layout: height, font, margins, the legend above; axis titles."""
+    fig.update_layout(font={"family": palette.FONT_FAMILY, "size": 12},
                       margin={"l": 60, "r": 20, "t": 40, "b": 50},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.02,
                               "xanchor": "left", "x": 0, "traceorder": "normal"},
-                      hoverlabel={"namelength": -1}, **kw)
+                      hoverlabel={"namelength": -1}, height=height, **kw)
+    if xtitle is not None:
+        fig.update_xaxes(title=_title(xtitle))
+    if ytitle is not None:
+        fig.update_yaxes(title=_title(ytitle))
     return fig
 
 
 _counter = [0]
 
 
-def chart(fig: go.Figure) -> str:
-    """A figure as a div and its script (plotly.js is in the page's head)."""
+def chart(fig: Fig) -> str:
+    """A figure as a div and its script (plotly.js is in the page's head); numeric arrays
+    as plotly.js typed arrays, as plotly's own figures write them."""
     _counter[0] += 1
-    spec = fig.to_plotly_json()
+    spec: Spec = {"data": fig.data, "layout": dict(fig.layout)}
+    convert_to_base64(spec)
     spec["layout"]["template"] = _template()
     div: str = pio.to_html(spec, include_plotlyjs=False, full_html=False, config=_CONFIG,
                            div_id=f"chart{_counter[0]}", default_width="100%", validate=False)
@@ -317,19 +391,19 @@ def note(text: str) -> str:
 
 
 def _stacked_phases(df: pd.DataFrame, x: Sequence[str], height: int, xtitle: str = "",
-                    ytitle: str = "ms per step", horizontal: bool = False) -> go.Figure:
-    fig = go.Figure()
+                    ytitle: str = "ms per step", horizontal: bool = False) -> Fig:
+    fig = Fig()
     for p in PHASES:
         v = df[p].to_numpy(float) if p in df else np.zeros(len(df))
         if not (v > 0).any():
             continue
         kw = {"x": v, "y": list(x), "orientation": "h"} if horizontal else {"x": list(x),
                                                                           "y": v}
-        fig.add_trace(go.Bar(name=p, marker_color=palette.PHASE_COLORS[p],
-                             hovertemplate=f"{p}: %{{{'x' if horizontal else 'y'}:.3f}} ms"
-                                           "<extra>%{" + ("y" if horizontal else "x") + "}</extra>",
-                             **kw))
-    _layout(fig, height, barmode="stack", xaxis_title=xtitle, yaxis_title=ytitle)
+        fig.add_trace(_bar(name=p, marker={"color": palette.PHASE_COLORS[p]},
+                           hovertemplate=f"{p}: %{{{'x' if horizontal else 'y'}:.3f}} ms"
+                                         "<extra>%{" + ("y" if horizontal else "x") + "}</extra>",
+                           **kw))
+    _layout(fig, height, xtitle, ytitle, barmode="stack")
     if horizontal:
         fig.update_yaxes(autorange="reversed", type="category")
     else:
@@ -452,7 +526,8 @@ def _report_summary(rep: Report, n_steps: int, ranks: list[int], mean: float) ->
     ph = plotdata.phase_means(rep)
     fig = _stacked_phases(pd.DataFrame([ph]), ["mean step"], 150, ytitle="",
                           horizontal=True)
-    fig.update_layout(xaxis_title="ms per step", margin={"l": 90, "r": 20, "t": 40, "b": 40})
+    fig.update_xaxes(title=_title("ms per step"))
+    fig.update_layout(margin={"l": 90, "r": 20, "t": 40, "b": 40})
     facts_html = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
                          for k, v in facts)
     return (f'<div class="tablewrap" style="display:inline-block"><table class="meta">'
@@ -477,18 +552,17 @@ def _report_ops(ops: pd.DataFrame, top: int | None, where: str) -> str:
     rows = plotdata.op_rows(ops, top or DEFAULT_TOP)
     if rows.empty:
         return note("No operators.")
-    fig = go.Figure()
+    fig = Fig()
     for p in PHASES:
         sub = rows[rows["phase"] == p]
         if len(sub):
-            fig.add_trace(go.Bar(x=sub["ms_per_step"], y=sub["op"], orientation="h", name=p,
-                                 marker_color=palette.PHASE_COLORS[p],
-                                 customdata=np.stack([sub["count"], sub["mean_ms"]], axis=1),
-                                 hovertemplate="%{y}: %{x:.3f} ms/step<br>count %{customdata[0]}"
-                                               ", mean %{customdata[1]:.3f} ms<extra>"
-                                               + p + "</extra>"))
-    _layout(fig, 120 + 22 * rows["op"].nunique(), xaxis_title=f"{where} ms per step",
-            barmode="stack")
+            fig.add_trace(_bar(x=sub["ms_per_step"], y=sub["op"], orientation="h", name=p,
+                               marker={"color": palette.PHASE_COLORS[p]},
+                               customdata=np.stack([sub["count"], sub["mean_ms"]], axis=1),
+                               hovertemplate="%{y}: %{x:.3f} ms/step<br>count %{customdata[0]}"
+                                             ", mean %{customdata[1]:.3f} ms<extra>"
+                                             + p + "</extra>"))
+    _layout(fig, 120 + 22 * rows["op"].nunique(), f"{where} ms per step", barmode="stack")
     # An operator in several phases (``memory`` in forward and backward) is one bar of
     # stacked phase segments, placed by its total.
     order = rows.groupby("op", sort=False)["ms_per_step"].sum().sort_values(ascending=False)
@@ -517,14 +591,14 @@ def _report_ranks(rep: Report) -> str:
     parts = []
     mat = plotdata.rank_step_matrix(rep)
     if not mat.empty:
-        fig = go.Figure(go.Heatmap(
-            z=mat.to_numpy(float), x=[str(s) for s in mat.columns],
-            y=[str(r) for r in mat.index], colorscale=list(palette.HEAT),
-            colorbar={"title": {"text": "ms"}},
-            hovertemplate="rank %{y}, step %{x}: own %{z:.3f} ms<extra></extra>"))
+        fig = Fig({
+            "type": "heatmap", "z": mat.to_numpy(float), "x": [str(s) for s in mat.columns],
+            "y": [str(r) for r in mat.index], "colorscale": _colorscale(palette.HEAT),
+            "colorbar": {"title": _title("ms")},
+            "hovertemplate": "rank %{y}, step %{x}: own %{z:.3f} ms<extra></extra>"})
         st = plotdata.stragglers(rep)
         if len(st):
-            fig.add_trace(go.Scatter(
+            fig.add_trace(_scatter(
                 x=[str(s) for s in st["step"]], y=[str(r) for r in st["slowest_rank"]],
                 mode="markers", name="straggler (slowest rank)",
                 marker={"symbol": "x", "size": 12, "color": palette.STRAGGLER,
@@ -532,23 +606,21 @@ def _report_ranks(rep: Report) -> str:
                 customdata=np.stack([st["excess_ms"], st["excess_share"] * 100], axis=1),
                 hovertemplate="step %{x}: rank %{y} slowest, +%{customdata[0]:.3f} ms "
                               "(+%{customdata[1]:.1f}%) over the median<extra></extra>"))
-        _layout(fig, min(900, 140 + 26 * len(mat)), xaxis_title="step", yaxis_title="rank",
-                showlegend=True)
+        _layout(fig, min(900, 140 + 26 * len(mat)), "step", "rank", showlegend=True)
         fig.update_xaxes(type="category")
         fig.update_yaxes(type="category", autorange="reversed")
         parts.append("<h3>Own time per rank and step (step − wait for others)</h3>"
                      + chart(fig))
     wt = plotdata.wait_transfer(rep)
     if len(wt):
-        fig = go.Figure()
+        fig = Fig()
         for col, name, color in (("own_ms", "own (not in comm)", palette.PHASE_COLORS["forward"]),
                                  ("transfer_ms", "transfer", palette.PHASE_COLORS["comm"]),
                                  ("wait_ms", "wait for others", "#F0A982")):
-            fig.add_trace(go.Bar(y=[str(r) for r in wt["rank"]], x=wt[col], orientation="h",
-                                 name=name, marker_color=color,
-                                 hovertemplate=f"rank %{{y}}: {name} %{{x:.3f}} ms<extra></extra>"))
-        _layout(fig, min(900, 130 + 24 * len(wt)), barmode="stack",
-                xaxis_title="ms per step", yaxis_title="rank")
+            fig.add_trace(_bar(y=[str(r) for r in wt["rank"]], x=wt[col], orientation="h",
+                               name=name, marker={"color": color},
+                               hovertemplate=f"rank %{{y}}: {name} %{{x:.3f}} ms<extra></extra>"))
+        _layout(fig, min(900, 130 + 24 * len(wt)), "ms per step", "rank", barmode="stack")
         fig.update_yaxes(type="category", autorange="reversed")
         parts.append("<h3>Communication: waiting for others vs transfer</h3>" + chart(fig))
     parts.append(note("Own time = step − waiting inside collectives for the last rank to "
@@ -628,14 +700,14 @@ def _report_critical(rep: Report) -> str:
 
     df = rep.critical
     label = [f"rank {r} step {s}" for r, s in zip(df["rank"], df["step"], strict=True)]
-    fig = go.Figure()
+    fig = Fig()
     for k in BOUND_BY:
         v = df[k].to_numpy(float) / 1e6
         if (v > 0).any():
-            fig.add_trace(go.Bar(name=k, x=v, y=label, orientation="h",
-                                 marker_color=BOUND_COLORS[k],
-                                 hovertemplate=f"{k}: %{{x:.3f}} ms<extra>%{{y}}</extra>"))
-    _layout(fig, 120 + 24 * len(df), barmode="stack", xaxis_title="ms")
+            fig.add_trace(_bar(name=k, x=v, y=label, orientation="h",
+                               marker={"color": BOUND_COLORS[k]},
+                               hovertemplate=f"{k}: %{{x:.3f}} ms<extra>%{{y}}</extra>"))
+    _layout(fig, 120 + 24 * len(df), "ms", barmode="stack")
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_layout(margin={"l": 130, "r": 20, "t": 40, "b": 40})
     cols: list[Column] = [("rank", "rank", f_int), ("step", "step", f_int),
@@ -669,16 +741,16 @@ def _report_efficiency(rep: Report) -> str:
     if eff is None:
         return lines
     pts = points(eff)
-    fig = go.Figure()
+    fig = Fig()
     x = span(pts, eff)
     for name, y in ceilings(eff, x):
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
-                                 line={"color": "#333333", "dash": "dash" if "vector" in name
-                                       else "solid"}))
+        fig.add_trace(_scatter(x=x, y=y, mode="lines", name=name,
+                               line={"color": "#333333", "dash": "dash" if "vector" in name
+                                     else "solid"}))
     for bound, g in pts.groupby("bound", sort=False):
         size = np.sqrt(g["time_ns_per_step"].to_numpy(float))
         size = 8 + 30 * size / max(float(np.sqrt(pts["time_ns_per_step"].max())), 1.0)
-        fig.add_trace(go.Scatter(
+        fig.add_trace(_scatter(
             x=g["intensity"], y=g["achieved_flops_per_s"], mode="markers+text",
             text=g["label"], textposition="top center", name=str(bound) or "unbounded",
             marker={"size": size, "color": BOUND_COLORS.get(str(bound), "#777777"),
@@ -688,8 +760,7 @@ def _report_efficiency(rep: Report) -> str:
             hovertemplate="%{text} (%{customdata[0]})<br>%{x:.3g} FLOP/byte, %{y:.3g} FLOP/s"
                           "<br>%{customdata[1]:.1f}% of the roofline, %{customdata[2]:.3f} "
                           "ms/step<extra></extra>"))
-    _layout(fig, 520, xaxis_title="arithmetic intensity (FLOP/byte)",
-            yaxis_title="achieved FLOP/s")
+    _layout(fig, 520, "arithmetic intensity (FLOP/byte)", "achieved FLOP/s")
     fig.update_xaxes(type="log")
     fig.update_yaxes(type="log")
     cols = [("op", "op", f_text), ("phase", "phase", f_text),
@@ -709,15 +780,15 @@ def _report_efficiency(rep: Report) -> str:
 
 def _report_devices(rep: Report) -> str:
     d = plotdata.device_rows(rep)
-    fig = go.Figure()
+    fig = Fig()
     for p in plotdata.DEVICE_PARTS:
-        fig.add_trace(go.Bar(y=d["label"], x=d[f"{p}_ms"], orientation="h", name=p,
-                             marker_color=palette.DEVICE_COLORS[p],
-                             customdata=d[f"{p}_share"] * 100,
-                             hovertemplate=f"{p}: %{{x:.3f}} ms (%{{customdata:.1f}}%)"
-                                           "<extra>%{y}</extra>"))
-    _layout(fig, min(900, 130 + 30 * len(d)), barmode="stack",
-            xaxis_title=f"ms over the {rep.device_span} span")
+        fig.add_trace(_bar(y=d["label"], x=d[f"{p}_ms"], orientation="h", name=p,
+                           marker={"color": palette.DEVICE_COLORS[p]},
+                           customdata=d[f"{p}_share"] * 100,
+                           hovertemplate=f"{p}: %{{x:.3f}} ms (%{{customdata:.1f}}%)"
+                                         "<extra>%{y}</extra>"))
+    _layout(fig, min(900, 130 + 30 * len(d)), f"ms over the {rep.device_span} span",
+            barmode="stack")
     fig.update_yaxes(type="category", autorange="reversed")
     fig.update_layout(margin={"l": 130, "r": 20, "t": 40, "b": 50})
     return (chart(fig) + note("Each device's span split into compute kernels, communication "
@@ -726,9 +797,9 @@ def _report_devices(rep: Report) -> str:
             + table(rep.devices, DEVICE_COLUMNS))
 
 
-def _memory_axis(fig: go.Figure, values: pd.DataFrame, height: int) -> None:
+def _memory_axis(fig: Fig, values: pd.DataFrame, height: int) -> None:
     log = plotdata.wants_log(values)
-    _layout(fig, height, barmode="group", yaxis_title="MiB" + (" (log scale)" if log else ""))
+    _layout(fig, height, ytitle="MiB" + (" (log scale)" if log else ""), barmode="group")
     fig.update_xaxes(type="category")
     if log:
         fig.update_yaxes(type="log", dtick=1)
@@ -746,22 +817,22 @@ MEMORY_COLUMNS: list[Column] = [
 
 def _report_memory(rep: Report) -> str:
     df = plotdata.memory_rows(rep)
-    fig = go.Figure()
+    fig = Fig()
     for i, s in enumerate(c for c in df.columns if c != "label"):
-        fig.add_trace(go.Bar(x=df["label"], y=df[s], name=s,
-                             marker_color=palette.MEMORY_COLORS.get(s, palette.series_color(i)),
-                             hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
+        fig.add_trace(_bar(x=df["label"], y=df[s], name=s,
+                           marker={"color": palette.MEMORY_COLORS.get(s, palette.series_color(i))},
+                           hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
     _memory_axis(fig, df.drop(columns=["label"]), 380)
     parts = [chart(fig)]
     pm = plotdata.phase_memory(rep)
     if len(pm) and np.isfinite(pm[list(PHASES)].to_numpy(float)).any():
-        fig = go.Figure()
+        fig = Fig()
         for p in PHASES:
             if np.isfinite(pm[p].to_numpy(float)).any():
-                fig.add_trace(go.Bar(x=pm["label"], y=pm[p], name=p,
-                                     marker_color=palette.PHASE_COLORS[p],
-                                     hovertemplate=f"{p}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
-        _layout(fig, 340, barmode="group", yaxis_title="MiB")
+                fig.add_trace(_bar(x=pm["label"], y=pm[p], name=p,
+                                   marker={"color": palette.PHASE_COLORS[p]},
+                                   hovertemplate=f"{p}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
+        _layout(fig, 340, ytitle="MiB", barmode="group")
         fig.update_xaxes(type="category")
         parts.append("<h3>Peak per phase (main series)</h3>" + chart(fig))
     parts.append(note("Resident memory sampled from outside each process; the allocator's "
@@ -784,25 +855,26 @@ def _with_ab(df: pd.DataFrame) -> pd.DataFrame:
                          zip(df["a_ns_per_step"], df["b_ns_per_step"], strict=True)])
 
 
-def _waterfall(w: plotdata.Waterfall, height: int) -> go.Figure:
+def _waterfall(w: plotdata.Waterfall, height: int) -> Fig:
     names = [w.start_label, *w.parts["name"], w.end_label]
     vals = [w.start_ms, *w.parts["delta_ms"], w.end_ms]
     colors = [palette.PHASE_COLORS.get(str(n)) for n in w.parts["name"]]
-    fig = go.Figure(go.Waterfall(
-        x=names, y=vals, measure=["absolute", *["relative"] * len(w.parts), "total"],
-        text=[f"{v:,.2f}" if i in (0, len(vals) - 1) else f"{v:+,.2f}"
-              for i, v in enumerate(vals)], textposition="outside",
-        increasing={"marker": {"color": palette.SLOWER}},
-        decreasing={"marker": {"color": palette.FASTER}},
-        totals={"marker": {"color": palette.TOTAL}},
-        connector={"line": {"color": "#bbbbbb", "width": 1}},
-        hovertemplate="%{x}: %{text} ms<extra></extra>", showlegend=False))
+    fig = Fig({
+        "type": "waterfall", "x": names, "y": vals,
+        "measure": ["absolute", *["relative"] * len(w.parts), "total"],
+        "text": [f"{v:,.2f}" if i in (0, len(vals) - 1) else f"{v:+,.2f}"
+                 for i, v in enumerate(vals)], "textposition": "outside",
+        "increasing": {"marker": {"color": palette.SLOWER}},
+        "decreasing": {"marker": {"color": palette.FASTER}},
+        "totals": {"marker": {"color": palette.TOTAL}},
+        "connector": {"line": {"color": "#bbbbbb", "width": 1}},
+        "hovertemplate": "%{x}: %{text} ms<extra></extra>", "showlegend": False})
     # A phase's own colour on the axis label keeps phases recognisable across charts.
     if any(colors):
         fig.update_xaxes(ticktext=[n if c is None else f'<span style="color:{c}">■</span> {n}'
                                    for n, c in zip(names, [None, *colors, None], strict=True)],
                          tickvals=names)
-    _layout(fig, height, yaxis_title="ms per step", showlegend=False)
+    _layout(fig, height, ytitle="ms per step", showlegend=False)
     fig.update_xaxes(type="category")
     # The parts are often small beside the steps: the axis starts below the lowest running
     # total rather than at 0 (the start and end bars are cut; their values are printed).
@@ -811,7 +883,7 @@ def _waterfall(w: plotdata.Waterfall, height: int) -> go.Figure:
     span = max(hi - lo, 1e-9 * max(abs(hi), 1.0))
     bottom = max(0.0, lo - 1.5 * span)
     fig.update_yaxes(range=[bottom, hi + 0.25 * span],
-                     title="ms per step" + (" (axis not from 0)" if bottom > 0 else ""))
+                     title=_title("ms per step" + (" (axis not from 0)" if bottom > 0 else "")))
     return fig
 
 
@@ -842,7 +914,8 @@ def diff(d: Diff, top: int | None = None) -> str:
                          for p in PHASES}) / MS
     fig = _stacked_phases(both, [f"A: {d.a_label}", f"B: {d.b_label}"], 200, ytitle="",
                           horizontal=True)
-    fig.update_layout(xaxis_title="ms per step", margin={"l": 200, "r": 20, "t": 40, "b": 40})
+    fig.update_xaxes(title=_title("ms per step"))
+    fig.update_layout(margin={"l": 200, "r": 20, "t": 40, "b": 40})
     secs.append(("summary", "Summary", head + chart(fig)))
     wf = _waterfall(plotdata.diff_waterfall(d, "phase"), 380)
     secs.append(("phases", "The gap by phase",
@@ -852,14 +925,14 @@ def diff(d: Diff, top: int | None = None) -> str:
                  + table(_with_ab(d.phases), [("phase", "phase", f_text), *DIFF_COLUMNS])))
     wo = plotdata.diff_waterfall(d, "op", top)
     ops = d.ops.head(top)
-    bars = go.Figure()
+    bars = Fig()
     for label_, col, color in ((f"A: {d.a_label}", "a_ns_per_step", palette.SERIES[0]),
                                (f"B: {d.b_label}", "b_ns_per_step", palette.SERIES[1])):
-        bars.add_trace(go.Bar(y=ops["op"], x=ops[col] / MS, orientation="h", name=label_,
-                              marker_color=color,
-                              hovertemplate="%{y}: %{x:.3f} ms/step<extra>" + label_[:1]
-                                            + "</extra>"))
-    _layout(bars, 140 + 34 * len(ops), barmode="group", xaxis_title="host ms per step")
+        bars.add_trace(_bar(y=ops["op"], x=ops[col] / MS, orientation="h", name=label_,
+                            marker={"color": color},
+                            hovertemplate="%{y}: %{x:.3f} ms/step<extra>" + label_[:1]
+                                          + "</extra>"))
+    _layout(bars, 140 + 34 * len(ops), "host ms per step", barmode="group")
     bars.update_yaxes(type="category", autorange="reversed")
     bars.update_layout(margin={"l": 190, "r": 20, "t": 40, "b": 50})
     secs.append(("ops", "The gap by operator",
@@ -870,10 +943,10 @@ def diff(d: Diff, top: int | None = None) -> str:
                  + chart(bars) + table(_with_ab(d.ops), [("op", "op", f_text), *DIFF_COLUMNS])))
     if d.whatif is not None and len(d.whatif):
         w = d.whatif.head(top)
-        fig = go.Figure(go.Bar(y=w["op"], x=w["saving_ns"] / MS, orientation="h",
-                               marker_color=palette.FASTER,
-                               hovertemplate="%{y}: %{x:.3f} ms shorter<extra></extra>"))
-        _layout(fig, 140 + 24 * len(w), xaxis_title="ms shorter A step at B's speed")
+        fig = Fig(_bar(y=w["op"], x=w["saving_ns"] / MS, orientation="h",
+                       marker={"color": palette.FASTER},
+                       hovertemplate="%{y}: %{x:.3f} ms shorter<extra></extra>"))
+        _layout(fig, 140 + 24 * len(w), "ms shorter A step at B's speed")
         fig.update_yaxes(type="category", autorange="reversed")
         fig.update_layout(margin={"l": 190, "r": 20, "t": 40, "b": 50})
         secs.append(("whatif", "What if", chart(fig) + table(_with_ab(d.whatif), [
@@ -932,13 +1005,19 @@ RATIO_COLUMNS: list[Column] = [
     ("ratio", "ratio", f_ratio)]
 
 
-def convergence_figure(curves: pd.DataFrame) -> go.Figure:
+#: The convergence chart's 2 × 2 grid (loss above test accuracy; against time, then step):
+#: each subplot's axes and their domains, 0.08 between columns and 0.12 between rows.
+_GRID = {(1, 1): ("", [0.0, 0.46], [0.56, 1.0]), (1, 2): ("2", [0.54, 1.0], [0.56, 1.0]),
+         (2, 1): ("3", [0.0, 0.46], [0.0, 0.44]), (2, 2): ("4", [0.54, 1.0], [0.0, 0.44])}
+
+
+def convergence_figure(curves: pd.DataFrame) -> Fig:
     """Loss and test accuracy against training time and against step, one colour per run
     (:func:`opprof.render.plotdata.bench_curves`' rows)."""
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=2, cols=2, shared_yaxes=False, horizontal_spacing=0.08,
-                        vertical_spacing=0.12)
+    fig = Fig()
+    for n, xdom, ydom in _GRID.values():
+        fig.update_xaxes(f"xaxis{n}", anchor=f"y{n}", domain=xdom)
+        fig.update_yaxes(f"yaxis{n}", anchor=f"x{n}", domain=ydom)
     for i, (lab, g) in enumerate(curves.groupby("label", sort=False)):
         color = palette.series_color(i)
         for k, (rep, r) in enumerate(g.groupby("repeat")):
@@ -946,18 +1025,19 @@ def convergence_figure(curves: pd.DataFrame) -> go.Figure:
             name = lab + (f" (repeat {rep})" if g["repeat"].nunique() > 1 else "")
             for row, y, data in ((1, "loss", r), (2, "test_accuracy", ev)):
                 for col, x in ((1, "time_s"), (2, "step")):
-                    fig.add_trace(go.Scatter(
+                    n = _GRID[row, col][0]
+                    fig.add_trace(_scatter(
                         x=data[x], y=data[y], mode="lines" if y == "loss" else "lines+markers",
                         name=name, legendgroup=lab, showlegend=row == 1 and col == 1 and k == 0,
                         line={"color": color, "width": 1.5 if k == 0 else 1},
                         opacity=1.0 if k == 0 else 0.6,
                         hovertemplate=f"{x}: %{{x}}<br>{y}: %{{y:.3f}}<extra>{name}</extra>"),
-                        row=row, col=col)
-    fig.update_xaxes(title_text="training time (s)", col=1, row=2)
-    fig.update_xaxes(title_text="step", col=2, row=2)
-    fig.update_yaxes(title_text="loss", row=1, col=1)
-    fig.update_yaxes(title_text="test accuracy", row=2, col=1, tickformat=".0%")
-    fig.update_yaxes(tickformat=".0%", row=2, col=2)
+                        xaxis=f"x{n}", yaxis=f"y{n}")
+    fig.update_xaxes("xaxis3", title=_title("training time (s)"))
+    fig.update_xaxes("xaxis4", title=_title("step"))
+    fig.update_yaxes("yaxis", title=_title("loss"))
+    fig.update_yaxes("yaxis3", title=_title("test accuracy"), tickformat=".0%")
+    fig.update_yaxes("yaxis4", tickformat=".0%")
     return _layout(fig, 640)
 
 
@@ -979,16 +1059,15 @@ def bench(b: Bench) -> str:
                                   "they sum to the step.")))
     r = plotdata.bench_ratios(b)
     if len(r):
-        fig = go.Figure(go.Bar(
+        fig = Fig(_bar(
             y=[f"{lab}<br>{pair}" for lab, pair in zip(r["label"], r["pair"], strict=True)],
-            x=r["ratio"], orientation="h", marker_color=palette.SERIES[0],
+            x=r["ratio"], orientation="h", marker={"color": palette.SERIES[0]},
             text=[f"{x:.2f}x" for x in r["ratio"]], textposition="outside",
             customdata=np.stack([r["slower"], r["faster"], r["slower_ms"], r["faster_ms"]],
                                 axis=1),
             hovertemplate="%{customdata[0]} %{customdata[2]:.3f} ms / %{customdata[1]} "
                           "%{customdata[3]:.3f} ms = %{x:.2f}x<extra></extra>"))
-        _layout(fig, 140 + 40 * len(r), xaxis_title="slower / faster framework (host ms per "
-                "step)")
+        _layout(fig, 140 + 40 * len(r), "slower / faster framework (host ms per step)")
         fig.update_yaxes(type="category", autorange="reversed")
         fig.update_xaxes(range=[0, float(r["ratio"].max()) * 1.15])
         fig.update_layout(margin={"l": 230, "r": 30, "t": 40, "b": 50})
@@ -996,27 +1075,27 @@ def bench(b: Bench) -> str:
                      chart(fig) + table(b.ratios, RATIO_COLUMNS)))
     sp = plotdata.bench_speedup(b)
     if len(sp):
-        fig = go.Figure()
+        fig = Fig()
         nmax = int(sp["workers"].max())
-        fig.add_trace(go.Scatter(x=[1, nmax], y=[1, nmax], mode="lines", name="ideal",
-                                 line={"color": "#999999", "dash": "dot"}))
+        fig.add_trace(_scatter(x=[1, nmax], y=[1, nmax], mode="lines", name="ideal",
+                               line={"color": "#999999", "dash": "dot"}))
         for i, ((fw, model, mode), g) in enumerate(sp.groupby(["fw", "model", "mode"],
                                                               sort=False)):
             c = palette.framework_color(str(fw), i)
             nm = f"{fw} {mode} · {model}"
-            fig.add_trace(go.Scatter(x=g["workers"], y=g["measured"], mode="lines+markers",
-                                     name=f"{nm} measured", line={"color": c},
-                                     hovertemplate="%{x} workers: %{y:.2f}x<extra>"
-                                                   f"{nm} measured</extra>"))
+            fig.add_trace(_scatter(x=g["workers"], y=g["measured"], mode="lines+markers",
+                                   name=f"{nm} measured", line={"color": c},
+                                   hovertemplate="%{x} workers: %{y:.2f}x<extra>"
+                                                 f"{nm} measured</extra>"))
             if g["predicted"].iloc[1:].notna().any():
-                fig.add_trace(go.Scatter(
+                fig.add_trace(_scatter(
                     x=g["workers"], y=g["predicted"], mode="lines+markers",
                     name=f"{nm} predicted", line={"color": c, "dash": "dash"},
                     marker={"symbol": "square-open", "size": 9},
                     hovertemplate="%{x} workers: %{y:.2f}x<extra>" + f"{nm} predicted</extra>"))
-        _layout(fig, 420, xaxis_title="workers", yaxis_title="speed-up N · step(1) / step(N)")
+        _layout(fig, 420, "workers", "speed-up N · step(1) / step(N)")
         fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "yanchor": "top"})
-        fig.update_xaxes(tickvals=sorted(sp["workers"].unique()))
+        fig.update_xaxes(tickvals=[int(n) for n in sorted(sp["workers"].unique())])
         secs.append(("scaling", "Speed-up vs workers",
                      chart(fig) + note("Measured on the profiled steps, and predicted by "
                                        "`opprof model` from the same framework and model's "
@@ -1031,12 +1110,12 @@ def bench(b: Bench) -> str:
                          "stop.")))
     mem = plotdata.bench_memory(b)
     if len(mem):
-        fig = go.Figure()
+        fig = Fig()
         for i, s in enumerate(c for c in mem.columns if c != "label"):
-            fig.add_trace(go.Bar(x=mem["label"], y=mem[s], name=s,
-                                 marker_color=palette.MEMORY_COLORS.get(s,
-                                                                        palette.series_color(i)),
-                                 hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
+            fig.add_trace(_bar(x=mem["label"], y=mem[s], name=s,
+                               marker={"color": palette.MEMORY_COLORS.get(
+                                   s, palette.series_color(i))},
+                               hovertemplate=f"{s}: %{{y:,.1f}} MiB<extra>%{{x}}</extra>"))
         _memory_axis(fig, mem.drop(columns=["label"]), 400)
         secs.append(("memory", "Memory per run", chart(fig)))
     # The run matrix sets fw, model, workers and mode per run; the rest is common to all.
