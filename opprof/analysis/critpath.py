@@ -769,14 +769,14 @@ def _last_entries(calls: pd.DataFrame, steps: pd.DataFrame, synchronous: bool
 
 
 def bound_by(g: Graph) -> pd.DataFrame:
-    """The bound-by split of every step of ``g``."""
+    """The bound-by split of every step of ``g``: each step walked back from its end along
+    binding predecessors, each move's length (clamped to the step) added to its category; a
+    collective call bound to another rank's entry adds its transfer to ``comm`` and the wait
+    from its own entry to ``sync``, and the walk goes on from its entry. What each vertex's
+    move is (its predecessor and category) is worked out for every vertex at once; the walk
+    only follows it."""
+    pred, move = _moves(g)
     t = g.times.tolist()
-    binding = g.binding.tolist()
-    src, kind, lag = g.src.tolist(), g.kind.tolist(), g.lag.tolist()
-    cat = g.category.tolist()
-    rank = g.rank.tolist()
-    main = g.main.tolist()
-    dev = g.on_device.tolist()
     entry = g.entry.tolist()
     rows = []
     for s in g.steps.itertuples(index=False):
@@ -790,40 +790,50 @@ def bound_by(g: Graph) -> pd.DataFrame:
         seen = set()
         while v >= 0 and cursor > start and v not in seen:
             seen.add(v)
-            e = binding[v]
-            if e < 0:
+            u = pred[v]
+            if u < 0:
                 break
-            u, ek = src[e], kind[e]
-            node = v >> 1
-            if ek == COLLECTIVE and rank[u >> 1] != rank[node]:
-                entered = 2 * entry[node]
-                new = max(min(t[u], cursor), start)
-                parts[COMM] += cursor - new
-                cursor = new
-                new = max(min(t[entered], cursor), start)
+            c = move[v]
+            new = t[u]
+            if new > cursor:
+                new = cursor
+            if new < start:
+                new = start
+            parts[COMM if c < 0 else c] += cursor - new
+            cursor = new
+            if c < 0:  # a call bound to another rank: the wait from its own entry
+                v = 2 * entry[v >> 1]
+                new = max(min(t[v], cursor), start)
                 parts[SYNC] += cursor - new
                 cursor = new
-                v = entered
                 continue
-            new = max(min(t[u], cursor), start)
-            if ek == OWN:
-                c = cat[node]
-            elif ek == ORDER:
-                c = LAUNCH if (main[node] and not dev[node] and lag[e] > 0) else IDLE
-            elif ek == LAUNCH_EDGE:
-                c = LAUNCH
-            elif ek == SYNC_EDGE:
-                c = SYNC
-            else:
-                c = IDLE
-            parts[c] += cursor - new
-            cursor = new
             v = u
         parts[IDLE] += cursor - start
         step_ns = end - start
         rows.append([int(s.rank), int(s.step), step_ns, step_ns - parts[IDLE], *parts])
     return pd.DataFrame(rows, columns=COLUMNS).astype(np.int64) if rows else \
         pd.DataFrame(columns=COLUMNS)
+
+
+def _moves(g: Graph) -> tuple[list[int], list[int]]:
+    """Per vertex of ``g``: its binding predecessor (-1: none) and the category of the move
+    to it (:data:`BOUND_BY`'s index; -1 for a collective call bound to another rank's
+    entry), as lists for a walk that visits vertices one by one."""
+    nv = len(g.times)
+    has = g.binding >= 0
+    b = np.where(has, g.binding, 0)
+    pred = np.where(has, g.src[b], -1)
+    ek = np.where(has, g.kind[b], -1)
+    node = np.arange(nv) >> 1
+    cat = np.full(nv, IDLE, np.int64)
+    own = ek == OWN
+    cat[own] = g.category[node[own]]
+    launched = (ek == ORDER) & g.main[node] & ~g.on_device[node] & (g.lag[b] > 0)
+    cat[launched | (ek == LAUNCH_EDGE)] = LAUNCH
+    cat[ek == SYNC_EDGE] = SYNC
+    cross = has & (ek == COLLECTIVE) & (g.rank[np.maximum(pred, 0) >> 1] != g.rank[node])
+    cat[cross] = -1
+    return pred.tolist(), cat.tolist()
 
 
 def graph_of(trace: Trace, steps: pd.DataFrame | None = None
