@@ -82,10 +82,10 @@ def names_where(ev: pd.DataFrame, test: Callable[[str], bool]) -> pd.Series:
     text ``"nan"`` with plain strings (:func:`opprof.strings.plain_strings`), else still
     missing, which no test passes."""
     names = ev["name"]
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        text = names.astype(str)
-        return pd.Series([isinstance(t, str) and bool(test(t)) for t in text], index=ev.index,
-                         dtype=bool)
+    if not isinstance(names.dtype, pd.CategoricalDtype):  # its distinct texts, once each
+        codes, texts = pd.factorize(names.astype(str))
+        hit = np.array([isinstance(t, str) and bool(test(t)) for t in texts] + [False], bool)
+        return pd.Series(hit[codes], index=ev.index)  # code -1 (still missing): the last
     missing = pd.Series(pd.Categorical([None])).astype(str).iloc[0]
     hit = np.array([bool(test(c)) for c in names.cat.categories.astype(str)]
                    + [isinstance(missing, str) and bool(test(missing))], bool)
