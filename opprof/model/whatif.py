@@ -34,6 +34,7 @@ operator's time by B's moves the step by exactly B's time minus A's. Each change
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -68,21 +69,38 @@ if TYPE_CHECKING:
     from opprof.jsontypes import JSONObject
 
 
-@dataclass
 class Context:
-    """What a what-if needs from one trace, computed once."""
+    """What a what-if needs from one trace, computed once: the model's baseline and the
+    dependency graph up front; each operator's wall time and time per step when a what-if
+    first scales an operator (the advice's rules mostly scale none)."""
 
-    base: Baseline
-    wall: pd.DataFrame  # op, phase, wall_ns (mean per step)
-    op_time: pd.Series  # op → time per step (device where the trace has GPU kernels)
-    #: The trace's dependency graph and a topological order (opprof.analysis.critpath);
-    #: None where it has none: the phase-level model answers alone.
-    graph: tuple[Graph, Array] | None = None
+    def __init__(self, base: Baseline, trace: Trace, steps: pd.DataFrame,
+                 graph: tuple[Graph, Array] | None = None) -> None:
+        self.base = base
+        #: The trace's dependency graph and a topological order (opprof.analysis.critpath);
+        #: None where it has none: the phase-level model answers alone.
+        self.graph = graph
+        self._trace, self._steps = trace, steps
 
     @property
     def label(self) -> str:
         """The trace's label."""
         return self.base.label
+
+    @functools.cached_property
+    def wall(self) -> pd.DataFrame:
+        """op, phase, wall_ns (mean per step)."""
+        n = max(len(self._steps), 1)
+        w = op_wall(self._trace, self._steps)
+        return (w.groupby(["op", "phase"])["wall_ns"].sum() / n).reset_index()
+
+    @functools.cached_property
+    def op_time(self) -> pd.Series:
+        """op → time per step (device where the trace has GPU kernels)."""
+        n = max(len(self._steps), 1)
+        has_device = bool(device_work(self._trace.events).any())
+        t = op_table(self._trace, "device" if has_device else "host", n_steps=n)
+        return t.groupby("op")["ns_per_step"].sum() if len(t) else pd.Series(dtype=float)
 
 
 def context(trace: Trace, label: str = "", graph: bool = True,
@@ -91,14 +109,7 @@ def context(trace: Trace, label: str = "", graph: bool = True,
     ``steps``: its :func:`step_breakdown`, when the caller has it)."""
     steps = step_breakdown(trace) if steps is None else steps
     base = baseline(trace, label, steps)
-    n = max(len(steps), 1)
-    w = op_wall(trace, steps)
-    wall = (w.groupby(["op", "phase"])["wall_ns"].sum() / n).reset_index()
-    ev = trace.events
-    has_device = bool(device_work(ev).any())
-    t = op_table(trace, "device" if has_device else "host", n_steps=n)
-    op_time = t.groupby("op")["ns_per_step"].sum() if len(t) else pd.Series(dtype=float)
-    return Context(base, wall, op_time, graph_of(trace, steps) if graph else None)
+    return Context(base, trace, steps, graph_of(trace, steps) if graph else None)
 
 
 @dataclass(frozen=True)
