@@ -100,32 +100,43 @@ def report(o: ReportOptions, ahead: Ahead | None = None) -> ReportResult:
 
         label = o.paths[0].name if o.paths else ""
         return ReportResult(rep, Advisory(label, 0.0, [], not_checked={"advice": why}))
+    return _whole(o, ahead)
+
+
+def _whole(o: ReportOptions, ahead: Ahead | None) -> ReportResult:
+    """The report of a job read whole, with its advice (and critical path): the graph and
+    its critical path here, the model's baseline and the report's tables beside them in a
+    second process where a core is idle (:mod:`opprof.beside`; the same results either
+    way)."""
+    from dataclasses import replace
+
+    from opprof import beside
+    from opprof.advice import advise
+    from opprof.analysis.breakdown import step_breakdown
+    from opprof.analysis.critpath import critical_path, graph_of
     from opprof.analysis.report import build_report
     from opprof.loader import load
+    from opprof.model.predict import baseline
+    from opprof.model.whatif import Context
 
     trace = load(list(o.paths), ahead)
     label = o.paths[0].name if o.paths else ""
-    context = None
-    steps = None
-    if o.advised:  # the advice's what-if context: its graph is the critical path's too, its
-        # step breakdown the report's
-        from opprof.analysis.breakdown import step_breakdown
-        from opprof.model.whatif import context as whatif_context
-
-        steps = step_breakdown(trace)
-        context = whatif_context(trace, label, steps=steps)
-    critical = None
-    if o.critical:
-        from opprof.analysis.critpath import critical_path
-
-        graph, order = context.graph if context is not None and context.graph else (None, None)
-        critical = critical_path(trace, graph=graph, order=order)
-    rep = build_report(trace, o.device_span, peak=o.peak, critical=critical, steps=steps)
-    if not o.advised:
-        return ReportResult(rep)
-    from opprof.advice import advise
-
-    return ReportResult(rep, advise(trace, rep, label, context))
+    steps = step_breakdown(trace)
+    tables = beside.start(lambda: (baseline(trace, label, steps),
+                                   build_report(trace, o.device_span, peak=o.peak,
+                                                steps=steps)))
+    try:  # the advice's what-if graph is the critical path's too
+        graph = graph_of(trace, steps)
+        critical = None
+        if o.critical:
+            g, order = graph or (None, None)
+            critical = critical_path(trace, graph=g, order=order)
+        base, rep = tables.result()
+    finally:
+        tables.close()
+    if critical is not None:
+        rep = replace(rep, critical=critical)
+    return ReportResult(rep, advise(trace, rep, label, Context(base, trace, steps, graph)))
 
 
 def too_large_to_advise(paths: tuple[Path, ...]) -> str | None:
@@ -133,10 +144,14 @@ def too_large_to_advise(paths: tuple[Path, ...]) -> str | None:
     advises): more than :data:`ADVICE_INLINE_FILES` files or :data:`ADVICE_INLINE_BYTES`
     on disk. Only the files' names and sizes are looked at, none is read."""
     from opprof.errors import OpprofError
-    from opprof.normalizers import expand
 
     try:
-        files = [f for f, _ in expand(list(paths))]
+        if any(p.is_dir() for p in paths):
+            from opprof.normalizers import expand  # (imports pandas: folders only)
+
+            files = [f for f, _ in expand(list(paths))]
+        else:  # files stand for themselves (as expand leaves them)
+            files = list(paths)
         size = sum(f.stat().st_size for f in files)
     except (OSError, OpprofError):  # the reader says what is wrong with them
         return None
