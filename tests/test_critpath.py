@@ -48,6 +48,12 @@ def _check(path: object) -> tuple[critpath.Graph, object]:
     assert (b["path_ns"] == b["step_ns"] - b["idle"]).all()
     r = replay(g, None, order)
     assert np.allclose(r["replay_ns"], r["step_ns"], rtol=1e-9, atol=1.0)
+    # the unedited replay takes the measured times (its lags exact): the walk agrees, vertex
+    # by vertex
+    assert critpath.replays_measured(g)
+    m = g.times
+    walked = critpath._replayed_times(g, g.lag.astype(np.float64), order, m, int(m.min()))
+    assert np.array_equal(walked, (m - m.min()).astype(np.float64))
     return g, b
 
 
@@ -276,3 +282,102 @@ def test_replay_is_the_longest_path_vertex_by_vertex(path: Path) -> None:
     unedited = replay(g, None, order)
     assert np.allclose(unedited["replay_ns"], replay(g, None, order)["replay_ns"])
     assert np.allclose(unedited["replay_ns"], unedited["step_ns"], rtol=0, atol=1)
+    m = g.times
+    assert np.array_equal(_longest_paths(g, order, g.lag.astype(np.float64)),
+                          (m - m.min()).astype(np.float64))
+
+
+@pytest.mark.parametrize("path", GRAPH_INPUTS[-2:], ids=lambda p: p.name)
+def test_a_graph_whose_lags_are_not_exact_is_walked(path: Path) -> None:
+    """An edge's lag longer than the time between its ends (or a vertex reached by none
+    exactly) is no measured replay: the unedited replay walks it, as the definition does."""
+    g, order = graph_of(load([path]))
+    assert critpath.replays_measured(g)
+    last = int(g.steps["end_vertex"].iloc[0])  # the node that ended the first step
+    edge = np.flatnonzero((g.kind == critpath.OWN) & (g.dst == last))[0]
+    g.lag = g.lag.copy()
+    g.lag[edge] += 1_000_000  # 1 ms longer
+    g.replayed = None
+    assert not critpath.replays_measured(g)
+    t = _longest_paths(g, order, g.lag.astype(np.float64))
+    got = replay(g, None, order)
+    t0 = int(g.times.min())
+    for s, r in zip(g.steps.itertuples(index=False), got["replay_ns"], strict=True):
+        e = t[s.end_vertex] + (s.end - g.times[s.end_vertex])
+        b = t[s.start_vertex] + (s.start - g.times[s.start_vertex]) if s.start_vertex >= 0 \
+            else float(s.start - t0)
+        assert r == pytest.approx(e - b, rel=1e-9, abs=1e-3)
+    assert (got["replay_ns"] >= got["step_ns"] - 1).all()
+    assert got["replay_ns"].iloc[0] >= got["step_ns"].iloc[0] + 999_999  # its step too
+
+
+def _bound_by_walked(g: critpath.Graph) -> list[list[int]]:
+    """The bound-by split, walked vertex by vertex from each step's end (the definition):
+    each move to the binding predecessor adds its length, clamped to the step, to its
+    category; a call bound to another rank's entry adds the transfer to comm, the wait from
+    its own entry to sync, and goes on from that entry; a vertex met again ends the walk."""
+    t = g.times
+    rows = []
+    for s in g.steps.itertuples(index=False):
+        start, end = int(s.start), int(s.end)
+        parts = dict.fromkeys(BOUND_BY, 0)
+        cursor, v, seen = end, int(s.end_vertex), set()
+        if v >= 0:
+            cursor = max(min(cursor, int(t[v])), start)
+            parts["idle"] += end - cursor
+        while v >= 0 and cursor > start and v not in seen:
+            seen.add(v)
+            e = int(g.binding[v])
+            if e < 0:
+                break
+            u, kind, node = int(g.src[e]), int(g.kind[e]), v >> 1
+            new = max(min(int(t[u]), cursor), start)
+            if kind == critpath.COLLECTIVE and g.rank[u >> 1] != g.rank[node]:
+                parts["comm"] += cursor - new
+                v = 2 * int(g.entry[node])
+                cursor, new = new, max(min(int(t[v]), new), start)
+                parts["sync"] += cursor - new
+                cursor = new
+                continue
+            if kind == critpath.OWN:
+                part = BOUND_BY[g.category[node]]
+            elif kind == critpath.LAUNCH_EDGE or (
+                    kind == critpath.ORDER and g.main[node] and not g.on_device[node]
+                    and g.lag[e] > 0):
+                part = "launch"
+            elif kind == critpath.SYNC_EDGE:
+                part = "sync"
+            else:
+                part = "idle"
+            parts[part] += cursor - new
+            cursor, v = new, u
+        parts["idle"] += cursor - start
+        rows.append([int(s.rank), int(s.step), *parts.values()])
+    return rows
+
+
+@pytest.mark.parametrize("path", GRAPH_INPUTS, ids=lambda p: p.name)
+def test_bound_by_is_the_walk_vertex_by_vertex(path: Path) -> None:
+    """The split (moves worked out for every vertex at once, the walk listing vertices, the
+    lengths summed per category at once) is the vertex-by-vertex walk's, exactly, on the
+    whole-job graph and on each rank's own (the collective calls' edges left out)."""
+    trace = load([path])
+    for cross in (True, False):
+        g = build_graph(trace, cross=cross)
+        got = bound_by(g)
+        assert got[["rank", "step", *BOUND_BY]].to_numpy().tolist() == _bound_by_walked(g)
+
+
+def test_a_walk_that_comes_back_to_a_vertex_ends_there() -> None:
+    """A cycle of binding predecessors (none in a graph build_graph makes: an edge never
+    goes back in time) ends the walk where it would repeat, as the definition does."""
+    g, _ = graph_of(load([GRAPH_INPUTS[-2]]))
+    v = int(g.steps["end_vertex"].iloc[0])
+    u = int(g.src[g.binding[v]])
+    g.src, g.dst = np.append(g.src, v), np.append(g.dst, u)  # u's binding is now v: a cycle
+    g.lag, g.kind = np.append(g.lag, 0), np.append(g.kind, critpath.ORDER)
+    g.binding = g.binding.copy()
+    g.binding[u] = len(g.src) - 1
+    got = bound_by(g)
+    assert got[["rank", "step", *BOUND_BY]].to_numpy().tolist() == _bound_by_walked(g)
+    assert got["idle"].iloc[0] > 0

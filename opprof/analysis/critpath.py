@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -113,7 +115,6 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     rank_all = ev["rank"].to_numpy(np.int64)
     pid, tid = ev["pid"].to_numpy(np.int64), ev["tid"].to_numpy(np.int64)
     op_all = _strings(ev["op"])
-    phase_all = _strings(ev["phase"])
     name_cat = ev["name"].astype("category")
     sync_name = pd.Series(name_cat.cat.categories.astype(str)).str.fullmatch(
         SYNC_CALL.pattern).to_numpy(bool)
@@ -140,11 +141,14 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     end = np.concatenate([p_e, te[dev_rows]])
     row = np.concatenate([p_row, dev_rows])
     op = np.concatenate([op_all[anc], op_all[dev_rows]]).astype(object)
-    phase = np.concatenate([phase_all[anc], phase_all[dev_rows]])
     on_dev = np.concatenate([np.zeros(n_host, bool), np.ones(n_dev, bool)])
     k = kind[row]
-    is_comm = np.isin(op, list(COMM_OPS)) | (k == "comm")
-    is_load = np.isin(phase, ("load", "h2d")) | (k == "io")
+    # an operator's (a piece's: the counted operator it lies in) and an event's own kind
+    comm_op, load_phase = _among(ev["op"], COMM_OPS), _among(ev["phase"], ("load", "h2d"))
+    is_comm = np.concatenate([comm_op[anc], comm_op[dev_rows]]) | _among(ev["kind"],
+                                                                          ("comm",))[row]
+    is_load = np.concatenate([load_phase[anc], load_phase[dev_rows]]) | _among(
+        ev["kind"], ("io",))[row]
     is_sync = ~on_dev & is_sync_ev[row]
     gpu_ranks = np.unique(rank[on_dev])
     host_bound = np.isin(rank, gpu_ranks)  # host time on a GPU rank delays launches
@@ -260,6 +264,16 @@ def _strings(col: pd.Series) -> Array:
     return values
 
 
+def _among(col: pd.Series, values: Collection[str]) -> Array:
+    """Per row: whether the column's value (as :func:`_strings` gives it) is one of
+    ``values``; a categorical's categories tested, not every row."""
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return np.isin(_strings(col), list(values))
+    names = np.append(col.cat.categories.astype(str).to_numpy(object), "nan")
+    found: Array = np.isin(names, list(values))[col.cat.codes.to_numpy()]
+    return found
+
+
 def _host_pieces(lane: Array, s: Array, e: Array
                  ) -> tuple[Array, Array, Array, Array]:
     """Each host lane's time cut at every event boundary, each piece owned by the innermost
@@ -372,7 +386,8 @@ def _pairs(c: pd.DataFrame) -> tuple[Array, Array]:
 
 
 def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
-    """Per (rank, step): the vertex that ended it (the node that ended last in it) and the
+    """Per (rank, step): the vertex that ended it (of the nodes started before its end, the
+    one that ended last in it — the first, in start order, of the longest reaching) and the
     vertex its start hangs on (the last main-thread vertex at or before it)."""
     out = steps[["rank", "step", "start", "end"]].copy().reset_index(drop=True)
     endv = np.full(len(out), -1, np.int64)
@@ -382,23 +397,22 @@ def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
         nodes = np.flatnonzero(g.rank == r)
         if not len(nodes):
             continue
+        rows = np.asarray(rows)
+        s0 = out["start"].to_numpy(np.int64)[rows]
+        e0 = out["end"].to_numpy(np.int64)[rows]
         o = nodes[np.argsort(g.start[nodes], kind="stable")]
-        s_sorted = g.start[o]
+        reach = np.maximum.accumulate(g.end[o])  # the latest end of the nodes started so far
+        k = np.searchsorted(g.start[o], e0, side="left")
+        has = k > 0
+        first = np.searchsorted(reach, reach[np.maximum(k - 1, 0)], side="left")
+        endv[rows[has]] = 2 * o[first[has]] + 1
         mains = o[is_main[o]]
-        mv = np.sort(np.concatenate([2 * mains, 2 * mains + 1]))
-        mt = t[mv]
-        mo = np.argsort(mt, kind="stable")
-        mv, mt = mv[mo], mt[mo]
-        for i in rows:
-            s0, e0 = int(out.at[i, "start"]), int(out.at[i, "end"])
-            k = int(np.searchsorted(s_sorted, e0, side="left"))
-            if k:
-                cand = o[:k]
-                key = np.minimum(g.end[cand], e0)
-                best = cand[key == key.max()]
-                endv[i] = 2 * best[np.argmax(g.end[best])] + 1
-            j = int(np.searchsorted(mt, s0, side="right")) - 1
-            startv[i] = mv[j] if j >= 0 else -1
+        if not len(mains):
+            continue
+        mv = np.concatenate([2 * mains, 2 * mains + 1])
+        mv = mv[np.lexsort((mv, t[mv]))]
+        j = np.searchsorted(t[mv], s0, side="right") - 1
+        startv[rows] = np.where(j >= 0, mv[np.maximum(j, 0)], -1)
     out["end_vertex"] = endv
     out["start_vertex"] = startv
     return out
@@ -773,67 +787,112 @@ def bound_by(g: Graph) -> pd.DataFrame:
     binding predecessors, each move's length (clamped to the step) added to its category; a
     collective call bound to another rank's entry adds its transfer to ``comm`` and the wait
     from its own entry to ``sync``, and the walk goes on from its entry. What each vertex's
-    move is (its predecessor and category) is worked out for every vertex at once; the walk
-    only follows it."""
-    pred, move = _moves(g)
-    t = g.times.tolist()
-    entry = g.entry.tolist()
+    move is (where it goes, how far back in time it reaches, its category) is worked out for
+    every vertex at once; the walk only lists the vertices it moves from (:func:`_walk`),
+    and the moves' lengths are summed per category at once."""
+    m = _Moves.of(g)
+    t = g.times
     rows = []
     for s in g.steps.itertuples(index=False):
         start, end = int(s.start), int(s.end)
-        parts = [0] * len(BOUND_BY)
+        parts = np.zeros(len(BOUND_BY), np.int64)
         cursor = end
         v = int(s.end_vertex)
         if v >= 0:
-            cursor = max(min(cursor, t[v]), start)
+            cursor = max(min(cursor, int(t[v])), start)
             parts[IDLE] += end - cursor
-        seen = set()
-        while v >= 0 and cursor > start and v not in seen:
-            seen.add(v)
-            u = pred[v]
-            if u < 0:
-                break
-            c = move[v]
-            new = t[u]
-            if new > cursor:
-                new = cursor
-            if new < start:
-                new = start
-            parts[COMM if c < 0 else c] += cursor - new
-            cursor = new
-            if c < 0:  # a call bound to another rank: the wait from its own entry
-                v = 2 * entry[v >> 1]
-                new = max(min(t[v], cursor), start)
-                parts[SYNC] += cursor - new
-                cursor = new
-                continue
-            v = u
+            if cursor > start:
+                cursor = m.add(parts, _walk(m.nxt, m.reach, v, start), cursor, start)
         parts[IDLE] += cursor - start
         step_ns = end - start
-        rows.append([int(s.rank), int(s.step), step_ns, step_ns - parts[IDLE], *parts])
+        rows.append([int(s.rank), int(s.step), step_ns, step_ns - int(parts[IDLE]),
+                     *parts.tolist()])
     return pd.DataFrame(rows, columns=COLUMNS).astype(np.int64) if rows else \
         pd.DataFrame(columns=COLUMNS)
 
 
-def _moves(g: Graph) -> tuple[list[int], list[int]]:
-    """Per vertex of ``g``: its binding predecessor (-1: none) and the category of the move
-    to it (:data:`BOUND_BY`'s index; -1 for a collective call bound to another rank's
-    entry), as lists for a walk that visits vertices one by one."""
-    nv = len(g.times)
-    has = g.binding >= 0
-    b = np.where(has, g.binding, 0)
-    pred = np.where(has, g.src[b], -1)
-    ek = np.where(has, g.kind[b], -1)
-    node = np.arange(nv) >> 1
-    cat = np.full(nv, IDLE, np.int64)
-    own = ek == OWN
-    cat[own] = g.category[node[own]]
-    launched = (ek == ORDER) & g.main[node] & ~g.on_device[node] & (g.lag[b] > 0)
-    cat[launched | (ek == LAUNCH_EDGE)] = LAUNCH
-    cat[ek == SYNC_EDGE] = SYNC
-    cross = has & (ek == COLLECTIVE) & (g.rank[np.maximum(pred, 0) >> 1] != g.rank[node])
-    cat[cross] = -1
-    return pred.tolist(), cat.tolist()
+def _walk(nxt: list[int], reach: list[int], v: int, start: int) -> Array:
+    """The vertices a step's walk moves from, from ``v`` on: each to ``nxt`` (-1: the walk
+    ends there, without a move), until a move reaches back to ``start`` or a vertex comes
+    again (a cycle of equal times: the walk ends before it)."""
+    path: list[int] = []
+    append = path.append
+    for _ in repeat(None, len(nxt) + 1):
+        u = nxt[v]
+        if u < 0:
+            break
+        append(v)
+        if reach[v] <= start:
+            break
+        v = u
+    out = np.array(path, np.int64)
+    if len(out) > len(nxt):  # a vertex came again: the walk up to its first return
+        _, first = np.unique(out, return_index=True)
+        seen = np.zeros(len(out), bool)
+        seen[first] = True
+        out = out[:int(np.argmin(seen))]
+    return out
+
+
+@dataclass
+class _Moves:
+    """Per vertex: where the walk moves from it (``nxt``: its binding predecessor, or a
+    collective call's own entry when another rank's entry bound it; -1: none), how far back
+    in time the move reaches (``reach``), its binding predecessor's time (``to``), its
+    category (:data:`BOUND_BY`'s index; -1 for a call bound to another rank) and its own
+    entry's time (``entry_t``)."""
+
+    nxt: list[int]
+    reach: list[int]
+    to: Array
+    cat: Array
+    entry_t: Array
+
+    @classmethod
+    def of(cls, g: Graph) -> _Moves:
+        """The moves of every vertex of ``g``."""
+        t = g.times
+        nv = len(t)
+        has = g.binding >= 0
+        b = np.where(has, g.binding, 0)
+        pred = np.where(has, g.src[b], -1)
+        ek = np.where(has, g.kind[b], -1)
+        node = np.arange(nv) >> 1
+        cat = np.full(nv, IDLE, np.int64)
+        own = ek == OWN
+        cat[own] = g.category[node[own]]
+        launched = (ek == ORDER) & g.main[node] & ~g.on_device[node] & (g.lag[b] > 0)
+        cat[launched | (ek == LAUNCH_EDGE)] = LAUNCH
+        cat[ek == SYNC_EDGE] = SYNC
+        cross = has & (ek == COLLECTIVE) & (g.rank[np.maximum(pred, 0) >> 1] != g.rank[node])
+        cat[cross] = -1
+        to = t[np.maximum(pred, 0)]
+        entry_v = 2 * g.entry[node]
+        entry_t = t[entry_v]
+        nxt = np.where(cross, entry_v, pred)
+        reach = np.where(cross, np.minimum(to, entry_t), to)
+        return cls(nxt.tolist(), reach.tolist(), to, cat, entry_t)
+
+    def add(self, parts: Array, path: Array, cursor: int, start: int) -> int:
+        """Add the moves from the vertices of ``path`` (a walk from ``cursor`` on) to
+        ``parts``; the walk's cursor after them. Each move takes the cursor back to its
+        predecessor's time (a call bound to another rank: there, then to its own entry's),
+        never forward, never before ``start``."""
+        if not len(path):
+            return cursor
+        cat = self.cat[path]
+        cross = cat < 0
+        width = 1 + cross
+        at = np.cumsum(width) - width
+        times = np.empty(int(width.sum()), np.int64)
+        cats = np.empty(len(times), np.int64)
+        times[at] = self.to[path]
+        cats[at] = np.where(cross, COMM, cat)
+        times[at[cross] + 1] = self.entry_t[path[cross]]
+        cats[at[cross] + 1] = SYNC
+        cur = np.maximum(np.minimum.accumulate(np.concatenate([[cursor], times])), start)
+        np.add.at(parts, cats, cur[:-1] - cur[1:])
+        return int(cur[-1])
 
 
 def graph_of(trace: Trace, steps: pd.DataFrame | None = None
@@ -910,21 +969,62 @@ def replay(g: Graph, factor: Array | None = None,
     Most vertices have one predecessor (a chain: the time is its predecessor's plus the
     lag); those are summed by pointer doubling down to their chain's first vertex of
     several predecessors or none (an anchor), and only the anchors with several (joins,
-    a few percent) are taken one by one, in topological order."""
+    a few percent) are taken one by one, in topological order. Unedited, a graph whose
+    lags are exact (:func:`replays_measured`: as :func:`build_graph` makes them) replays
+    every vertex at its measured time, which is then taken without the walk."""
     if factor is None and edge_factor is None and g.replayed is not None:
         return g.replayed.copy()
     order = topological_order(g) if order is None else order
     if order is None:
         raise ValueError("the dependency graph has a cycle")
-    lag = g.lag.astype(np.float64)
-    if factor is not None:
-        own = (g.kind == OWN) | (g.kind == COLLECTIVE)
-        lag[own] *= factor[g.dst[own] >> 1]
-    if edge_factor is not None:
-        lag *= edge_factor
-    nv = 2 * len(g.start)
     measured = g.times
     t0 = int(measured.min()) if len(measured) else 0
+    if factor is None and edge_factor is None and replays_measured(g):
+        t = (measured - t0).astype(np.float64)
+    else:
+        lag = g.lag.astype(np.float64)
+        if factor is not None:
+            own = (g.kind == OWN) | (g.kind == COLLECTIVE)
+            lag[own] *= factor[g.dst[own] >> 1]
+        if edge_factor is not None:
+            lag *= edge_factor
+        t = _replayed_times(g, lag, order, measured, t0)
+    out = g.steps[["rank", "step"]].copy()
+    out["step_ns"] = (g.steps["end"] - g.steps["start"]).to_numpy(np.int64)
+    rep = []
+    for s in g.steps.itertuples(index=False):
+        ev_, sv = int(s.end_vertex), int(s.start_vertex)
+        e = t[ev_] + (int(s.end) - int(measured[ev_])) if ev_ >= 0 else float(s.end - t0)
+        b = t[sv] + (int(s.start) - int(measured[sv])) if sv >= 0 else float(s.start - t0)
+        rep.append(e - b)
+    out["replay_ns"] = np.array(rep, np.float64)
+    out = out.reset_index(drop=True)
+    if factor is None and edge_factor is None:
+        g.replayed = out.copy()
+    return out
+
+
+def replays_measured(g: Graph) -> bool:
+    """Whether the unedited graph replays every vertex at its measured time: no edge's lag
+    longer than the time between its ends, and each vertex with a predecessor reached by
+    one exactly (then, in topological order, each vertex is the latest of its predecessors'
+    times plus lags: its own time). :func:`build_graph` makes its lags so (the binding
+    edge's the time between its ends, the others capped by it)."""
+    t = g.times
+    gap = t[g.dst] - t[g.src]
+    if (g.lag > gap).any():
+        return False
+    reached = np.zeros(len(t), bool)
+    reached[g.dst] = True
+    exact = np.zeros(len(t), bool)
+    exact[g.dst[g.lag == gap]] = True
+    return bool(np.array_equal(reached, exact))
+
+
+def _replayed_times(g: Graph, lag: Array, order: Array, measured: Array, t0: int) -> Array:
+    """Every vertex's replayed time (ns after ``t0``, float) with edge lags ``lag`` (see
+    :func:`replay`)."""
+    nv = 2 * len(g.start)
     t = (measured - t0).astype(np.float64)  # relative: float64 keeps the ns
     indeg = np.bincount(g.dst, minlength=nv)
     # each one-predecessor vertex → its anchor, and the lags summed on the way there
@@ -958,17 +1058,5 @@ def replay(g: Graph, factor: Array | None = None,
                     best = x
             tl[v] = best
         t = np.array(tl)
-    t = t[anchor] + acc
-    out = g.steps[["rank", "step"]].copy()
-    out["step_ns"] = (g.steps["end"] - g.steps["start"]).to_numpy(np.int64)
-    rep = []
-    for s in g.steps.itertuples(index=False):
-        ev_, sv = int(s.end_vertex), int(s.start_vertex)
-        e = t[ev_] + (int(s.end) - int(measured[ev_])) if ev_ >= 0 else float(s.end - t0)
-        b = t[sv] + (int(s.start) - int(measured[sv])) if sv >= 0 else float(s.start - t0)
-        rep.append(e - b)
-    out["replay_ns"] = np.array(rep, np.float64)
-    out = out.reset_index(drop=True)
-    if factor is None and edge_factor is None:
-        g.replayed = out.copy()
-    return out
+    replayed: Array = t[anchor] + acc
+    return replayed
