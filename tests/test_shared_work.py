@@ -47,6 +47,28 @@ def test_collectives_asked_again_are_the_same_and_a_callers_change_stays_its_own
     assert again.equals(fresh) and pay_again.equals(pay_fresh)
 
 
+COLLECTIVE_INPUTS = [*MULTI_RANK, FIXTURES / "shared" / "kineto-gpu" / "nccl-2rank-rank0.json.gz",
+                     FIXTURES / "gpu-public" / "resnet-checkpoint-ddp-mi300x.json.gz",
+                     FIXTURES / "torch-collectives", FIXTURES / "parallel-model" / "pp.trace",
+                     FIXTURES / "mxnet" / "lenet5-ps-sync", FIXTURES / "tf" / "lenet5-allreduce-2w"]
+
+
+@pytest.mark.parametrize("path", COLLECTIVE_INPUTS, ids=lambda p: p.name)
+def test_collectives_kept_with_arrow_text_are_what_plain_strings_compute(path):
+    """The report asks for the collectives within plain_strings after the model asked for
+    them without: the kept tables, their text as Python strings, are what it computes."""
+    trace = load([path])
+    ranks._FOUND.clear()
+    ranks.collectives(trace)
+    with plain_strings():
+        kept = ranks.collectives(trace)
+        ranks._FOUND.clear()
+        fresh = ranks.collectives(trace)
+    for a, b in zip(kept, fresh, strict=True):
+        assert list(a.dtypes) == list(b.dtypes)
+        assert a.equals(b)
+
+
 @pytest.mark.parametrize("plain", [False, True], ids=["strings", "plain-strings"])
 @pytest.mark.parametrize("pattern", [r"(?i)(?:cuda|hip)GraphLaunch", r"^Optimizer\.step#",
                                      r"^aten::", r"nan"])

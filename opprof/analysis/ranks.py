@@ -91,7 +91,9 @@ class RankAnalysis:
 #: the last events table's collectives (:func:`collectives`): the model, its gradients and
 #: the dependency graph each ask for them of the same trace. Keyed by the table (a weak
 #: reference: it is never kept alive) and pandas' string option, which sets the text columns'
-#: type; copies handed out, so no caller changes what the next one gets.
+#: type (Arrow-backed text is handed out as Python strings where those are asked for: the
+#: report asks within :func:`opprof.strings.plain_strings`); copies handed out, so no caller
+#: changes what the next one gets.
 _FOUND: dict[int, tuple[weakref.ref[pd.DataFrame], object, pd.DataFrame, pd.DataFrame]] = {}
 
 
@@ -102,12 +104,26 @@ def collectives(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     ev = trace.events
     strings = _string_option()
     hit = _FOUND.get(id(ev))
-    if hit is not None and hit[0]() is ev and hit[1] == strings:
-        return hit[2].copy(), hit[3].copy()
+    if hit is not None and hit[0]() is ev:
+        if hit[1] == strings:
+            return hit[2].copy(), hit[3].copy()
+        if hit[1] is True and strings is False:  # Arrow-backed text → Python strings
+            return _plain(hit[2]), _plain(hit[3])
     timing, payload = _collectives(ev)
     _FOUND.clear()  # one table at a time
     _FOUND[id(ev)] = (weakref.ref(ev), strings, timing, payload)
     return timing.copy(), payload.copy()
+
+
+def _plain(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` with its text columns as object arrays of Python strings: what
+    :func:`_collectives` gives within :func:`opprof.strings.plain_strings` (checked on every
+    fixture: tests/test_shared_work.py)."""
+    out = df.copy()
+    for c in out.columns:
+        if isinstance(out[c].dtype, pd.StringDtype):
+            out[c] = out[c].astype(object)
+    return out
 
 
 def _string_option() -> object:
