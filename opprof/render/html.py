@@ -34,7 +34,6 @@ import plotly.io as pio
 from _plotly_utils.utils import convert_to_base64
 from plotly.offline import get_plotlyjs
 
-from opprof.analysis.diff import Diff
 from opprof.analysis.report import Report
 from opprof.render import palette, plotdata, units, verdicts
 from opprof.render.plotdata import MS
@@ -44,6 +43,7 @@ from opprof.version import __version__
 
 if TYPE_CHECKING:
     from opprof.advice.base import Advisory
+    from opprof.analysis.diff import Diff
     from opprof.analysis.matrix import Bench
     from opprof.meta import MetaMapping
 
