@@ -136,7 +136,9 @@ def analyze(trace: Trace, device_span: str = "steps", critical: bool = False,
         trace = Trace(trace.events.drop(columns=["detail"]), trace.meta)
     if steps is None:
         steps = step_breakdown(trace)
-    found = collectives(trace)  # what collective_part and rank_local both start from
+    # what collective_part and rank_local both start from (of the whole table: none of it
+    # reads ``detail``, and the model asked for the same table's already)
+    found = collectives(full)
     comm = collective_part(full, found=found)  # reads the process groups in ``detail``
     return RankPart(
         ranks=[int(r) for r in pd.unique(trace.events["rank"])],
