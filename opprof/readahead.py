@@ -46,23 +46,32 @@ def report_file(paths: Sequence[str | os.PathLike[str]]) -> str | None:
         else None
 
 
-def core_free() -> bool:
+def core_free(looks: int = 3) -> bool:
     """Whether a core is idle for the child now: fewer threads ready to run on the machine
-    (``/proc/loadavg``'s count, this process included) than cores this process may use. A
-    second process surely gains wall time where a core would otherwise idle; on a busy
+    (``/proc/loadavg``'s count, this process included) than cores this process may use, in
+    any of ``looks`` readings a millisecond apart (a thread that runs for a moment — a
+    monitor polling, a process ending — is not a busy machine; one that keeps running is).
+    A second process surely gains wall time where a core would otherwise idle; on a busy
     machine it costs CPU (the fork, the pages copied after it, the columns' transfer) for a
     gain that depends on what else runs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
-    try:
-        with open("/proc/loadavg") as f:
-            running = int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
+    for look in range(looks):
+        if look:
+            import time
+
+            time.sleep(0.001)
         try:
-            running = round(os.getloadavg()[0]) + 1
-        except OSError:
-            return cores > 1
-    return running < cores
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+        except (OSError, ValueError, IndexError):
+            try:
+                running = round(os.getloadavg()[0]) + 1
+            except OSError:
+                return cores > 1
+        if running < cores:
+            return True
+    return False
 
 
 def start(paths: Sequence[str | os.PathLike[str]],
