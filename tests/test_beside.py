@@ -1,12 +1,17 @@
 """Work run beside the process (opprof.beside): a function computed in a forked child gives
 what it gives here — its result, or its error — and anything wrong with the child (it fails,
 it is killed, its result is not wanted) falls back to computing it here; the report pipeline
-that uses it gives the same report, critical path and advice with and without the child."""
+that uses it gives the same report, critical path and advice with and without the child.
+
+The checks that need a child run in a new interpreter (``fresh``): a process forks only
+while no other thread runs in it, and the test process may hold threads other tests left."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -14,37 +19,24 @@ import pytest
 
 from opprof import beside
 from opprof.errors import OpprofError
-from opprof.pipeline.report import ReportOptions, report
-from opprof.render.jsonfmt import report as report_json
-from tests.conftest import FIXTURES
 
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+#: The process the checks run in (a child's pid differs).
 HERE = os.getpid()
 
 
-@pytest.fixture
-def child(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A child whatever the machine's load."""
-    monkeypatch.setenv(beside.ENV, "1")
+def fresh(check: str, *args: str) -> None:
+    """Run ``check(*args)`` of this module in a new interpreter with a child whatever the
+    load (``$OPPROF_BESIDE=1``), failing with its error."""
+    code = f"from tests.test_beside import {check}; {check}(*{list(args)!r})"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, env={**os.environ, beside.ENV: "1"}, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
 
 
 def _pid() -> int:
     return os.getpid()
-
-
-def test_the_result_comes_from_a_child(child: None) -> None:
-    pending = beside.start(_pid)
-    pid = pending.pid
-    assert pid is not None
-    assert pending.result() == pid != os.getpid()
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # ended and reaped
-
-
-def test_without_a_child_it_is_computed_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(beside.ENV, "0")
-    pending = beside.start(_pid)
-    assert pending.pid is None
-    assert pending.result() == os.getpid()
 
 
 def _fails_in_the_child() -> str:
@@ -63,41 +55,57 @@ def _unpicklable() -> object:
     return lambda: None  # (a lambda does not pickle: the child sends a failure)
 
 
-@pytest.mark.parametrize("fn", [_fails_in_the_child, _killed_in_the_child],
-                         ids=["fails", "killed"])
-def test_a_child_that_fails_or_dies_is_replaced_by_computing_here(child: None, fn) -> None:
-    assert fn() == "here"  # (HERE is this process: the test runs in it)
-    pending = beside.start(fn)
-    assert pending.pid is not None
-    assert pending.result() == "here"
+def _bad_input() -> None:
+    raise OpprofError("the file is truncated", path=Path("x.json"))
 
 
-def test_a_result_that_does_not_pickle_is_computed_here(child: None) -> None:
+def check_the_result_comes_from_a_child() -> None:
+    pending = beside.start(_pid)
+    pid = pending.pid
+    assert pid is not None
+    assert pending.result() == pid != os.getpid()
+    try:
+        os.kill(pid, 0)
+        raise AssertionError(f"the child {pid} still runs or was not reaped")
+    except ProcessLookupError:
+        pass
+
+
+def check_a_failing_child_is_replaced_by_computing_here() -> None:
+    for fn in (_fails_in_the_child, _killed_in_the_child):
+        assert fn() == "here"  # (HERE is this process)
+        pending = beside.start(fn)
+        assert pending.pid is not None
+        assert pending.result() == "here", fn
     pending = beside.start(_unpicklable)
     assert pending.pid is not None
     assert callable(pending.result())
 
 
-def _bad_input() -> None:
-    raise OpprofError("the file is truncated", path=Path("x.json"))
-
-
-def test_an_error_is_the_same_as_computed_here(child: None) -> None:
+def check_an_error_is_the_same_as_computed_here() -> None:
     pending = beside.start(_bad_input)
-    with pytest.raises(OpprofError, match="truncated"):
+    assert pending.pid is not None
+    try:
         pending.result()
+        raise AssertionError("no error")
+    except OpprofError as exc:
+        assert "truncated" in str(exc)
 
 
-def test_a_result_not_wanted_ends_the_child(child: None) -> None:
+def check_a_result_not_wanted_ends_the_child() -> None:
     pending = beside.start(lambda: threading.Event().wait(60))
     pid = pending.pid
     assert pid is not None
     pending.close()
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # ended and reaped
+    try:
+        os.kill(pid, 0)
+        raise AssertionError(f"the child {pid} still runs or was not reaped")
+    except ProcessLookupError:
+        pass
 
 
-def test_no_child_while_a_thread_runs(child: None) -> None:
+def check_no_child_while_a_thread_runs() -> None:
+    assert beside.wanted()
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
@@ -110,14 +118,13 @@ def test_no_child_while_a_thread_runs(child: None) -> None:
     assert beside.wanted()
 
 
-@pytest.mark.parametrize("path", [FIXTURES / "shared" / "kineto-gpu" / "nccl-2rank-rank0.json.gz",
-                                  FIXTURES / "torch-parallel" / "fsdp-tp",
-                                  FIXTURES / "gpu" / "compiled-cudagraphs.pt.trace.json.gz"],
-                         ids=lambda p: p.name)
-def test_the_html_reports_analysis_is_the_same_with_and_without_the_child(
-        path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def check_the_html_reports_analysis_is_the_same_with_and_without_the_child(
+        path: str) -> None:
     """The page's report (every view's JSON, its critical path) and advice, computed with
     the baseline and tables in a child and all here."""
+    from opprof.pipeline.report import ReportOptions, report
+    from opprof.render.jsonfmt import report as report_json
+
     started = []
     start = beside.start
 
@@ -126,15 +133,39 @@ def test_the_html_reports_analysis_is_the_same_with_and_without_the_child(
         started.append(pending.pid is not None)
         return pending
 
-    monkeypatch.setattr(beside, "start", recorded)
+    beside.start = recorded  # type: ignore[assignment]
     got = {}
     for setting in ("1", "0"):
-        monkeypatch.setenv(beside.ENV, setting)
-        r = report(ReportOptions((path,), fmt="html"))
+        os.environ[beside.ENV] = setting
+        r = report(ReportOptions((Path(path),), fmt="html"))
         assert r.advice is not None
         got[setting] = ({by: report_json(r.report, by) for by in ("phase", "op", "comm",
                                                                   "critical", "rank")},
                         r.advice.to_dict())
-    assert started == [True, False]
+    assert started == [True, False], started
     assert got["1"] == got["0"]
     assert got["1"][0]["critical"]  # the page's critical path is there
+
+
+@pytest.mark.parametrize("check", ["check_the_result_comes_from_a_child",
+                                   "check_a_failing_child_is_replaced_by_computing_here",
+                                   "check_an_error_is_the_same_as_computed_here",
+                                   "check_a_result_not_wanted_ends_the_child",
+                                   "check_no_child_while_a_thread_runs"])
+def test_work_beside(check: str) -> None:
+    fresh(check)
+
+
+def test_without_a_child_it_is_computed_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(beside.ENV, "0")
+    pending = beside.start(_pid)
+    assert pending.pid is None
+    assert pending.result() == os.getpid()
+
+
+@pytest.mark.parametrize("path", [FIXTURES / "shared" / "kineto-gpu" / "nccl-2rank-rank0.json.gz",
+                                  FIXTURES / "torch-parallel" / "fsdp-tp",
+                                  FIXTURES / "gpu" / "compiled-cudagraphs.pt.trace.json.gz"],
+                         ids=lambda p: p.name)
+def test_the_html_reports_analysis_is_the_same_with_and_without_the_child(path: Path) -> None:
+    fresh("check_the_html_reports_analysis_is_the_same_with_and_without_the_child", str(path))
