@@ -35,6 +35,15 @@ def fresh(check: str, *args: str) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+def _ended(pid: int) -> None:
+    """The child ``pid`` ended and was reaped."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    raise AssertionError(f"the child {pid} still runs or was not reaped")
+
+
 def _pid() -> int:
     return os.getpid()
 
@@ -64,11 +73,7 @@ def check_the_result_comes_from_a_child() -> None:
     pid = pending.pid
     assert pid is not None
     assert pending.result() == pid != os.getpid()
-    try:
-        os.kill(pid, 0)
-        raise AssertionError(f"the child {pid} still runs or was not reaped")
-    except ProcessLookupError:
-        pass
+    _ended(pid)
 
 
 def check_a_failing_child_is_replaced_by_computing_here() -> None:
@@ -97,11 +102,7 @@ def check_a_result_not_wanted_ends_the_child() -> None:
     pid = pending.pid
     assert pid is not None
     pending.close()
-    try:
-        os.kill(pid, 0)
-        raise AssertionError(f"the child {pid} still runs or was not reaped")
-    except ProcessLookupError:
-        pass
+    _ended(pid)
 
 
 def check_no_child_while_a_thread_runs() -> None:

@@ -258,6 +258,16 @@ def test_topological_order_respects_every_edge_of_real_graphs(path: Path) -> Non
     assert kahn is not None and sorted(kahn.tolist()) == sorted(order.tolist())
 
 
+def _assert_steps_replayed(g: critpath.Graph, t: np.ndarray, got) -> None:  # noqa: ANN001
+    """Each step's replayed length is what the vertex times ``t`` give its end and start."""
+    t0 = int(g.times.min())
+    for s, r in zip(g.steps.itertuples(index=False), got["replay_ns"], strict=True):
+        e = t[s.end_vertex] + (s.end - g.times[s.end_vertex])
+        b = t[s.start_vertex] + (s.start - g.times[s.start_vertex]) if s.start_vertex >= 0 \
+            else float(s.start - t0)
+        assert r == pytest.approx(e - b, rel=1e-9, abs=1e-3)
+
+
 @pytest.mark.parametrize("path", GRAPH_INPUTS[-4:], ids=lambda p: p.name)
 def test_replay_is_the_longest_path_vertex_by_vertex(path: Path) -> None:
     """The replay (chains summed by pointer doubling, joins one by one) gives each step what
@@ -273,12 +283,7 @@ def test_replay_is_the_longest_path_vertex_by_vertex(path: Path) -> None:
     lag *= edge_factor
     t = _longest_paths(g, order, lag)
     got = replay(g, factor, order, edge_factor=edge_factor)
-    t0 = int(g.times.min())
-    for s, r in zip(g.steps.itertuples(index=False), got["replay_ns"], strict=True):
-        e = t[s.end_vertex] + (s.end - g.times[s.end_vertex])
-        b = t[s.start_vertex] + (s.start - g.times[s.start_vertex]) if s.start_vertex >= 0 \
-            else float(s.start - t0)
-        assert r == pytest.approx(e - b, rel=1e-9, abs=1e-3)
+    _assert_steps_replayed(g, t, got)
     unedited = replay(g, None, order)
     assert np.allclose(unedited["replay_ns"], replay(g, None, order)["replay_ns"])
     assert np.allclose(unedited["replay_ns"], unedited["step_ns"], rtol=0, atol=1)
@@ -301,12 +306,7 @@ def test_a_graph_whose_lags_are_not_exact_is_walked(path: Path) -> None:
     assert not critpath.replays_measured(g)
     t = _longest_paths(g, order, g.lag.astype(np.float64))
     got = replay(g, None, order)
-    t0 = int(g.times.min())
-    for s, r in zip(g.steps.itertuples(index=False), got["replay_ns"], strict=True):
-        e = t[s.end_vertex] + (s.end - g.times[s.end_vertex])
-        b = t[s.start_vertex] + (s.start - g.times[s.start_vertex]) if s.start_vertex >= 0 \
-            else float(s.start - t0)
-        assert r == pytest.approx(e - b, rel=1e-9, abs=1e-3)
+    _assert_steps_replayed(g, t, got)
     assert (got["replay_ns"] >= got["step_ns"] - 1).all()
     assert got["replay_ns"].iloc[0] >= got["step_ns"].iloc[0] + 999_999  # its step too
 
