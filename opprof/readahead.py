@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,8 +59,6 @@ def core_free(looks: int = 3) -> bool:
         os.cpu_count() or 1)
     for look in range(looks):
         if look:
-            import time
-
             time.sleep(0.001)
         try:
             with open("/proc/loadavg") as f:
