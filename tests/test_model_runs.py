@@ -80,6 +80,9 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
         res = run_cli("record", "--fw", fw, "--model", "lenet5", *TINY, *args, cwd=tmp_path,
                       timeout=900)
         assert res.returncode == 0, res.stderr
+    for trace in ("base.trace", "two.trace"):  # the report's advice reads the threads (TF's
+        res = run_cli("report", trace, cwd=tmp_path)  # are a dict of its pools)
+        assert res.returncode == 0 and "Step breakdown" in res.stdout, res.stderr
     res = run_cli("model", "base.trace", "--workers", "1,2,4", "--network", str(net),
                   "--check", "two.trace", "--format", "json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

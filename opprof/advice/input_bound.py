@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from opprof.advice.base import Advice, Knob
 from opprof.model.knobs import h2d_hidden, load_busy_ns, prefetch
+from opprof.model.resources import resources
 
 if TYPE_CHECKING:
     from opprof.advice.evidence import Evidence
@@ -91,7 +92,8 @@ def _loader(ev: Evidence, load: float, step: float) -> Advice:
                       "prefetch_factor; move per-sample work (decoding, augmentation) out of "
                       "the step")
     confidence = "high" if busy / k <= rest else "medium"
-    if not ev.gpu and ev.meta.get("threads") and cpus and int(ev.meta["threads"]) >= cpus:
+    threads = resources(ev.meta).threads  # TensorFlow records its thread pools as a dict
+    if not ev.gpu and threads and cpus and threads >= cpus:
         # the loader's processes would share the cores the step computes on
         confidence = "low"
         evidence["note"] = ("the step computes on every core: workers that decode on the CPU "

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from opprof.flops.families import PRECISIONS
+from opprof.model.resources import resources as worker_resources
 
 #: The ``kind`` field of a peak calibration file.
 CALIBRATION_KIND = "opprof-peak"
@@ -172,8 +173,7 @@ def resolve(meta: Mapping[str, Any], precision: str, options: PeakOptions | None
             why = (f"the peak calibration is of host {host!r}, the trace of {', '.join(hosts)} "
                    "(run opprof calibrate --peak there, or give --peak-flops)")
         else:
-            threads = meta.get("threads")
-            device = cpu_peak(calibration, threads if isinstance(threads, int) else None)
+            device = cpu_peak(calibration, worker_resources(meta).threads)
     else:
         why = ("no peak for this CPU: run opprof calibrate --peak on this host, or give "
                "--peak-flops and --peak-bandwidth")
