@@ -355,7 +355,8 @@ def _hlo_instructions(path: Path, rows_of: Any = None) -> pd.DataFrame:
     TensorFlow's HLO proto module, none (XLA ops are then known by their category only
     where the trace viewer gives it)."""
     try:
-        from tensorflow.compiler.xla.service import hlo_pb2
+        with _native_stderr_quiet():  # TensorFlow's import logs (absl, oneDNN) to descriptor 2
+            from tensorflow.compiler.xla.service import hlo_pb2
     except ImportError:
         return pd.DataFrame(columns=_HLO_COLUMNS)
     convert = _xprof()

@@ -74,6 +74,17 @@ def test_a_jax_profile_folder_as_the_profiler_writes_it_reads_as_jax(level2: Pat
             "weights_update"} <= ops
 
 
+def test_reading_a_jax_profile_keeps_tensorflows_import_logs_off_the_terminal(
+        level2: Path) -> None:
+    """The XLA programs' HLO proto module comes from TensorFlow, whose import logs (absl,
+    oneDNN, CPU features) to descriptor 2: none of it reaches the user's terminal."""
+    res = run_cli("report", str(level2))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Step breakdown" in res.stdout
+    for noise in ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard"):
+        assert noise not in res.stderr, res.stderr[-2000:]
+
+
 def test_jax_operation_totals_equal_jaxs_own_trace_export(level2: Path) -> None:
     """Per HLO operation, count and time equal those of the .trace.json.gz JAX wrote beside
     the XPlane (its own converter of the same profile)."""
