@@ -299,6 +299,20 @@ def test_model_of_a_missing_trace_is_one_line() -> None:
     assert res.returncode == 2 and "nope.trace: no such file" in res.stderr
 
 
+def test_model_of_one_rank_of_an_expert_parallel_job_names_the_trace_not_a_flag() -> None:
+    """One rank's file of a 128-rank dp+ep job, no --mode given: the trace's layout chose
+    expert parallel, which a one-worker trace cannot be split into; the one line says so
+    (the trace and its layout, what to give instead), not an option the user never gave."""
+    trace = shared_trace("sampled-128rank-rank0.json.gz")
+    res = run_cli("model", str(trace), "--workers", "1,2,4")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    line = res.stderr.strip()
+    assert len(line.splitlines()) == 1 and "--mode ep" not in line, line
+    assert "sampled-128rank-rank0.json.gz" in line and "dp+ep" in line, line
+    res = run_cli("model", str(trace), "--workers", "1,2,4", "--mode", "allreduce")
+    assert res.returncode == 0, res.stderr  # what the line offers runs
+
+
 def test_speedup_is_nan_free_and_efficiency_at_most_one(traces: dict) -> None:
     r = predict(traces["tf-allreduce"], [1, 2, 3, 16])
     for p in r.predictions:

@@ -94,10 +94,20 @@ def model(o: ModelOptions) -> ModelResult | ParallelResult | SplitResult:
     dim = dimension(o.mode, tr.meta.get("mode"))
     if dim is not None and one_worker(tr.meta, dim):
         from opprof.model.fromsingle import (
+            DIMENSIONS,
             check_from_single,
             predict_from_single,
             with_split_check,
         )
+
+        if o.mode is None and dim not in DIMENSIONS:
+            # the layout is the trace's (one rank's file of a larger job), not the user's
+            from opprof.errors import OpprofError
+
+            raise OpprofError(
+                f"{o.label}: a {tr.meta.get('mode')} job's layout, but one worker's trace: "
+                f"{dim} is modelled from the trace of all its ranks (give every rank's file), "
+                "or give --mode tp|pp to split this one, --mode allreduce for data parallel")
 
         split = predict_from_single(tr, dim, list(o.workers), o.microbatches, net, o.label,
                                     o.schedule, o.workers_per_host)
