@@ -313,6 +313,18 @@ def test_model_of_one_rank_of_an_expert_parallel_job_names_the_trace_not_a_flag(
     assert res.returncode == 0, res.stderr  # what the line offers runs
 
 
+def test_pipeline_split_of_a_gpu_trace_whose_operators_lack_shapes() -> None:
+    """A Kineto GPU trace (HTA's NCCL run) split into 2 pipeline stages: operators recorded
+    without shapes have no ``detail`` (pandas' NA), read as no shapes, not a crash."""
+    res = run_cli("model", str(shared_trace("nccl-2rank-rank0.json.gz")), "--workers", "2",
+                  "--mode", "pp", "--microbatches", "4", "--schedule", "1f1b",
+                  "--format", "json")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    doc = json.loads(res.stdout)
+    (pred,) = doc["predictions"]
+    assert pred["degree"] == 2 and pred["schedule"] == "1f1b" and pred["step_ns"] > 0
+
+
 def test_speedup_is_nan_free_and_efficiency_at_most_one(traces: dict) -> None:
     r = predict(traces["tf-allreduce"], [1, 2, 3, 16])
     for p in r.predictions:

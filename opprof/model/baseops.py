@@ -225,7 +225,7 @@ def shapes(detail: object) -> list[list[int]]:
     """The input shapes torch records (``record_shapes``) in an operator's ``detail``
     (``[[8, 32, 64], [128, 64], [128]]``; the leading ``pg=… `` of a collective skipped);
     [] when it holds none."""
-    text = str(detail or "")
+    text = detail if isinstance(detail, str) else ""  # a missing detail is pandas' NA
     start = text.find("[[")
     if start < 0:
         return []
