@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import resource
 import shutil
 import signal
@@ -200,7 +201,7 @@ def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
         change(d)
         yield put(tag, d, must)
     # a flipped byte in an object key (not UTF-8): that field would be lost without a word
-    keys = [m for m in range(len(raw)) if raw[m:m + 7] == b'"name":']
+    keys = [m.start() for m in re.finditer(rb'"name":', raw)]
     for j in range(3):
         m = keys[rng.randrange(len(keys))] + 2
         yield put(f"key{j}", raw[:m] + b"\xff" + raw[m + 1:], True)
@@ -496,6 +497,43 @@ def all_cases(out: Path, seed: int, values: int, damage: int,
                            max(3, values // 4))
     if xplane:
         yield from xplane_cases(_present(XPLANE_SOURCE), _sub(out, "xplane"), rng, 3)
+
+
+def source_cases(src: Path, out: Path, seed: int, values: int, damage: int) -> Iterator[Case]:
+    """The same mutation families and oracle applied to any trace given (a real trace
+    recorded by others): a Kineto JSON (``.json``/``.json.gz``), an nsys SQLite export, an
+    opprof ``.trace``; a folder: each such file in it, smallest first. Deterministic for
+    ``seed`` and the file's name."""
+    if src.is_dir():
+        files = sorted((p for p in src.rglob("*") if p.is_file() and _kind(p)),
+                       key=lambda p: (p.stat().st_size, p.name))
+        for i, f in enumerate(files):
+            yield from source_cases(f, _sub(out, f"{i}_{f.name}"), seed, values, damage)
+        return
+    rng = random.Random(f"{seed}:{src.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    kind = _kind(src)
+    if kind == "kineto":
+        yield from json_cases(src, out, rng, values, damage)
+    elif kind == "nsys":
+        yield from nsys_cases(src, out, rng)
+    elif kind == "trace":
+        yield from trace_cases(src, out, rng, max(3, values // 4))
+    else:
+        raise ValueError(f"{src}: not a trace the fuzzer mutates "
+                         "(.json, .json.gz, .sqlite, .trace)")
+
+
+def _kind(path: Path) -> str:
+    """The format the fuzzer mutates a file as, by its name ("" for none)."""
+    name = path.name
+    if name.endswith((".json", ".json.gz")):
+        return "kineto"
+    if name.endswith(".sqlite"):
+        return "nsys"
+    if name.endswith(".trace"):
+        return "trace"
+    return ""
 
 
 def _present(path: Path | None) -> Path:
