@@ -14,7 +14,10 @@ The evidence, per collective (first that applies):
    ``recv`` → ``pp`` (activations and gradients between pipeline stages);
 4. a functional collective (``_c10d_functional::all_reduce``, ``wait_tensor``: hand-written
    tensor parallelism) → ``tp``; an all-reduce, all-gather or reduce-scatter issued in the
-   forward pass outside DistributedDataParallel (which broadcasts buffers there) → ``tp``;
+   forward pass on a rank that runs no DistributedDataParallel forward → ``tp`` (where the
+   model runs inside DDP's forward, one outside it is the loop's bookkeeping — the Hugging
+   Face ``Trainer``'s token count gathered, a loss averaged for the log — and one inside it
+   DDP's or SyncBatchNorm's);
 5. everything else (DDP's bucketed all-reduce, a loss averaged for logging) → ``dp``.
 
 gloo runs collectives on threads of its own (a span ``gloo:all_reduce`` per execution, on a
@@ -76,6 +79,7 @@ _DTENSOR_CTX = re.compile(
     r"|_FromTorchTensor\w*|_ToTorchTensor\w*|PythonSubclass")
 _DDP_CTX = re.compile(r"DistributedDataParallel\.|torch\.distributed\.ddp\.|"
                       r"torch::distributed::reducer|.*ZeroRedundancyOptimizer")
+_DDP_FORWARD = re.compile(r"DistributedDataParallel\.forward")
 _FUNCOL = re.compile(r"_?c10d_functional(?:_autograd)?::")
 _BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$")
 _CALL = re.compile(r"c10d::|_?c10d_functional")
@@ -138,6 +142,10 @@ def collective_dims(ev: pd.DataFrame) -> Array:
         return hit
 
     fsdp, dtensor, ddp = inside(_FSDP_CTX), inside(_DTENSOR_CTX), inside(_DDP_CTX)
+    # a rank whose model runs inside DistributedDataParallel's forward: a collective of the
+    # forward pass outside it is the loop's bookkeeping (a token count gathered, a loss
+    # averaged for the log), not the model's tensor parallelism
+    wrapped = bool((host & _per_name(names, _DDP_FORWARD)).any())
     funcol = _per_name(names, _FUNCOL)
     # a device kernel: the ranges of the host call that launched it
     link = ev["link"].to_numpy(np.int64) if "link" in ev else np.full(n, -1, np.int64)
@@ -165,7 +173,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
         desc != None,  # noqa: E711 (element-wise)
         fsdp, dtensor,
         op == "all_to_all", np.isin(op, ["send", "recv"]),
-        funcol | (np.isin(op, _MODEL_OPS) & (in_phase == "forward") & ~ddp),
+        funcol | (np.isin(op, _MODEL_OPS) & (in_phase == "forward") & ~ddp & (not wrapped)),
     ]
     values: list[Any] = [desc, "fsdp", "tp", "ep", "pp", "tp"]
     chosen = np.select(rules, values, default="dp")
