@@ -7,11 +7,14 @@ value's change), peak memory.
 
     python benchmarks/fuzz_reader.py                 # seed 1, ~500 cases
     python benchmarks/fuzz_reader.py --seed 7 --values 40 --damage 30
+    python benchmarks/fuzz_reader.py --source /work/corpus/hta --values 10 --damage 10
+                                                     # others' traces instead (file or folder)
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 import time
@@ -20,7 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fuzzing import FAILURES, all_cases, check, peak_rss_bytes  # noqa: E402
+from tests.fuzzing import (  # noqa: E402
+    FAILURES,
+    all_cases,
+    check,
+    peak_rss_bytes,
+    source_cases,
+)
 
 
 def main() -> None:
@@ -31,6 +40,12 @@ def main() -> None:
     ap.add_argument("--damage", type=int, default=40,
                     help="byte-level damage per JSON source (truncations, flips, zeros)")
     ap.add_argument("--no-xplane", action="store_true", help="skip XPlane (imports TF)")
+    ap.add_argument("--source", action="append", type=Path, default=[],
+                    help="mutate this trace (Kineto JSON/.gz, nsys .sqlite, .trace) or each "
+                         "in this folder instead of the repository's fixtures (repeatable)")
+    ap.add_argument("--time-limit", type=int, default=60,
+                    help="seconds a case may take before it is a hang")
+    ap.add_argument("--list", action="store_true", help="print each failure's full detail")
     args = ap.parse_args()
     t0 = time.perf_counter()
     outcomes: Counter[str] = Counter()
@@ -39,9 +54,13 @@ def main() -> None:
     warned = owed = 0
     baselines: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for case in all_cases(Path(tmp), args.seed, args.values, args.damage,
-                              xplane=not args.no_xplane):
-            r = check(case, baselines=baselines)
+        cases = (itertools.chain.from_iterable(
+            source_cases(s, Path(tmp) / str(i), args.seed, args.values, args.damage)
+            for i, s in enumerate(args.source)) if args.source else
+            all_cases(Path(tmp), args.seed, args.values, args.damage,
+                      xplane=not args.no_xplane))
+        for case in cases:
+            r = check(case, time_limit_s=args.time_limit, baselines=baselines)
             source = case.name.split(":")[0]
             fmt = ("mxnet" if source.startswith("rank0_worker") else "kineto"
                    if source.endswith(".json.gz") else source.strip(".").split()[0])
@@ -61,8 +80,10 @@ def main() -> None:
           f"{owed - warned - sum(r.outcome == 'silent' for r in failures)} refused, "
           f"{sum(r.outcome == 'silent' for r in failures)} silent")
     print(f"failures: {len(failures)}")
-    for r in failures[:20]:
-        print(f"  {r.outcome}: {r.case.name}: {r.detail.strip().splitlines()[-1][:200]}")
+    for r in failures if args.list else failures[:20]:
+        detail = r.detail.strip()
+        print(f"  {r.outcome}: {r.case.name}: "
+              f"{detail if args.list else detail.splitlines()[-1][:200]}")
     sys.exit(1 if failures else 0)
 
 

@@ -433,6 +433,12 @@ def declared_rank(doc: Document, index: int) -> int:
     return _int(info["rank"], index, 0, _MAX_RANK)
 
 
+def _rank_undeclared(doc: Document) -> bool:
+    """True when the document names no rank (no ``distributedInfo.rank``)."""
+    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
+    return "rank" not in info
+
+
 def _rank_unusable(doc: Document) -> bool:
     """True when the document declares a rank that is no usable rank (text, a fraction,
     negative or past the .trace's int32)."""
@@ -525,7 +531,13 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     detail_col, info["parallel"] = tag(trace.events, doc.distributedInfo)
     if detail_col is not None:
         trace.events["detail"] = detail_col
-    info[drops.KEY] = trace.meta.get(drops.KEY, {})
+    info[drops.KEY] = dict(trace.meta.get(drops.KEY) or {})
+    if _rank_undeclared(doc) and (trace.events["kind"] == "comm").any():
+        # a job of several ranks whose trace does not say which it is (no
+        # distributedInfo.rank: torch before 1.13, or a trace rewritten by another tool)
+        drops.note(info, "traces with collectives but no rank in distributedInfo "
+                   "(file order used)", 1)
+        trace.meta[drops.KEY] = info[drops.KEY]
     if memory is not None:
         memory["ts"] += offset
         trace = add_memory(trace, memory)

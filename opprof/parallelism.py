@@ -14,7 +14,12 @@ The evidence, per collective (first that applies):
    ``recv`` → ``pp`` (activations and gradients between pipeline stages);
 4. a functional collective (``_c10d_functional::all_reduce``, ``wait_tensor``: hand-written
    tensor parallelism) → ``tp``; an all-reduce, all-gather or reduce-scatter issued in the
-   forward pass outside DistributedDataParallel (which broadcasts buffers there) → ``tp``;
+   forward pass on a rank that runs no DistributedDataParallel forward → ``tp`` (where the
+   model runs inside DDP's forward, one outside it is the loop's bookkeeping — the Hugging
+   Face ``Trainer``'s token count gathered, a loss averaged for the log — and one inside it
+   DDP's or SyncBatchNorm's); the same collectives issued in the backward of an autograd
+   Function written in Python (Megatron-style hand-written tensor parallelism: the
+   all-reduce of ``CopyToTensorParallelRegion``'s gradient), on such a rank → ``tp``;
 5. everything else (DDP's bucketed all-reduce, a loss averaged for logging) → ``dp``.
 
 gloo runs collectives on threads of its own (a span ``gloo:all_reduce`` per execution, on a
@@ -76,6 +81,11 @@ _DTENSOR_CTX = re.compile(
     r"|_FromTorchTensor\w*|_ToTorchTensor\w*|PythonSubclass")
 _DDP_CTX = re.compile(r"DistributedDataParallel\.|torch\.distributed\.ddp\.|"
                       r"torch::distributed::reducer|.*ZeroRedundancyOptimizer")
+#: The backward node of an autograd Function written in Python (``CopyToTPBackward``; the
+#: built-in operators' nodes end in a digit, ``AddmmBackward0``), SyncBatchNorm's aside.
+_CUSTOM_BACKWARD = re.compile(
+    r"autograd::engine::evaluate_function: (?!SyncBatchNorm)\w*[A-Za-z_]Backward$")
+_DDP_FORWARD = re.compile(r"DistributedDataParallel\.forward")
 _FUNCOL = re.compile(r"_?c10d_functional(?:_autograd)?::")
 _BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$")
 _CALL = re.compile(r"c10d::|_?c10d_functional")
@@ -138,6 +148,11 @@ def collective_dims(ev: pd.DataFrame) -> Array:
         return hit
 
     fsdp, dtensor, ddp = inside(_FSDP_CTX), inside(_DTENSOR_CTX), inside(_DDP_CTX)
+    # a rank whose model runs inside DistributedDataParallel's forward: a collective of the
+    # forward pass outside it is the loop's bookkeeping (a token count gathered, a loss
+    # averaged for the log), not the model's tensor parallelism
+    wrapped = bool((host & _per_name(names, _DDP_FORWARD)).any())
+    custom_bwd = inside(_CUSTOM_BACKWARD)
     funcol = _per_name(names, _FUNCOL)
     # a device kernel: the ranges of the host call that launched it
     link = ev["link"].to_numpy(np.int64) if "link" in ev else np.full(n, -1, np.int64)
@@ -150,7 +165,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
         src = np.where(pos >= 0, launch[keep][np.maximum(pos, 0)], -1)
         idx = np.flatnonzero(dev)
         ok = src >= 0
-        for flags in (fsdp, dtensor, ddp, funcol):
+        for flags in (fsdp, dtensor, ddp, funcol, custom_bwd):
             flags[idx[ok]] = flags[src[ok]]
     # the phase the instant of each event is in (the rank's phase markers, inferred or not)
     kind = ev["kind"].astype(object).to_numpy()
@@ -165,7 +180,8 @@ def collective_dims(ev: pd.DataFrame) -> Array:
         desc != None,  # noqa: E711 (element-wise)
         fsdp, dtensor,
         op == "all_to_all", np.isin(op, ["send", "recv"]),
-        funcol | (np.isin(op, _MODEL_OPS) & (in_phase == "forward") & ~ddp),
+        funcol | (np.isin(op, _MODEL_OPS) & ((in_phase == "forward") | custom_bwd) & ~ddp
+                  & (not wrapped)),
     ]
     values: list[Any] = [desc, "fsdp", "tp", "ep", "pp", "tp"]
     chosen = np.select(rules, values, default="dp")

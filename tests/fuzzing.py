@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import resource
 import shutil
 import signal
@@ -200,7 +201,7 @@ def json_cases(src: Path, out: Path, rng: random.Random, n_values: int,
         change(d)
         yield put(tag, d, must)
     # a flipped byte in an object key (not UTF-8): that field would be lost without a word
-    keys = [m for m in range(len(raw)) if raw[m:m + 7] == b'"name":']
+    keys = [m.start() for m in re.finditer(rb'"name":', raw)]
     for j in range(3):
         m = keys[rng.randrange(len(keys))] + 2
         yield put(f"key{j}", raw[:m] + b"\xff" + raw[m + 1:], True)
@@ -254,6 +255,13 @@ def sqlite_cases(src: Path, out: Path, rng: random.Random, fmt: str,
         return p
 
     yield Case(f"{fmt}: unmutated", [copy("unmutated")], False, key, True)
+    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as con:
+        have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    # an export from elsewhere may lack a table (no NVTX ranges, no copies): what it lacks
+    # is not mutated
+    timed = tuple(t for t in timed if t in have)
+    dropped = tuple((t, o) for t, o in dropped if t in have)
+    emptied = tuple(t for t in emptied if t in have)
     for table in timed:
         p = copy(f"backwards_{table}")
         with sqlite3.connect(p) as con:
@@ -295,12 +303,16 @@ def nsys_cases(src: Path, out: Path, rng: random.Random) -> Iterator[Case]:
          ("CUPTI_ACTIVITY_KIND_MEMCPY", True), ("NVTX_EVENTS", True), ("StringIds", False),
          ("TARGET_INFO_GPU", True)),
         ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
-    p = out / "nvtx_backwards.sqlite"
-    shutil.copyfile(src, p)
-    with sqlite3.connect(p) as con:
-        con.execute('UPDATE NVTX_EVENTS SET "end" = start - 5 WHERE "end" IS NOT NULL AND '
-                    'rowid IN (SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NOT NULL LIMIT 1)')
-    yield Case("nsys: NVTX range ending before it starts", [p], True, f"{src}:nsys")
+    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as con:
+        nvtx = con.execute("SELECT 1 FROM sqlite_master WHERE name='NVTX_EVENTS'").fetchone()
+    if nvtx:
+        p = out / "nvtx_backwards.sqlite"
+        shutil.copyfile(src, p)
+        with sqlite3.connect(p) as con:
+            con.execute('UPDATE NVTX_EVENTS SET "end" = start - 5 WHERE "end" IS NOT NULL AND '
+                        'rowid IN (SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NOT NULL '
+                        'LIMIT 1)')
+        yield Case("nsys: NVTX range ending before it starts", [p], True, f"{src}:nsys")
     p = out / "nostrings.sqlite"
     shutil.copyfile(src, p)
     with sqlite3.connect(p) as con:
@@ -496,6 +508,43 @@ def all_cases(out: Path, seed: int, values: int, damage: int,
                            max(3, values // 4))
     if xplane:
         yield from xplane_cases(_present(XPLANE_SOURCE), _sub(out, "xplane"), rng, 3)
+
+
+def source_cases(src: Path, out: Path, seed: int, values: int, damage: int) -> Iterator[Case]:
+    """The same mutation families and oracle applied to any trace given (a real trace
+    recorded by others): a Kineto JSON (``.json``/``.json.gz``), an nsys SQLite export, an
+    opprof ``.trace``; a folder: each such file in it, smallest first. Deterministic for
+    ``seed`` and the file's name."""
+    if src.is_dir():
+        files = sorted((p for p in src.rglob("*") if p.is_file() and _kind(p)),
+                       key=lambda p: (p.stat().st_size, p.name))
+        for i, f in enumerate(files):
+            yield from source_cases(f, _sub(out, f"{i}_{f.name}"), seed, values, damage)
+        return
+    rng = random.Random(f"{seed}:{src.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    kind = _kind(src)
+    if kind == "kineto":
+        yield from json_cases(src, out, rng, values, damage)
+    elif kind == "nsys":
+        yield from nsys_cases(src, out, rng)
+    elif kind == "trace":
+        yield from trace_cases(src, out, rng, max(3, values // 4))
+    else:
+        raise ValueError(f"{src}: not a trace the fuzzer mutates "
+                         "(.json, .json.gz, .sqlite, .trace)")
+
+
+def _kind(path: Path) -> str:
+    """The format the fuzzer mutates a file as, by its name ("" for none)."""
+    name = path.name
+    if name.endswith((".json", ".json.gz")):
+        return "kineto"
+    if name.endswith(".sqlite"):
+        return "nsys"
+    if name.endswith(".trace"):
+        return "trace"
+    return ""
 
 
 def _present(path: Path | None) -> Path:

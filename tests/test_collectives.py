@@ -195,6 +195,40 @@ def test_collective_table_bandwidth_follows_nccl_tests() -> None:
     assert 0 <= ar["hidden"] <= 1
 
 
+@pytest.mark.parametrize("name", ["pp-interleaved", "pp-gpipe", "tp", "fsdp-tp"])
+def test_time_per_step_counts_a_ranks_overlapping_executions_once(name: str) -> None:
+    """A pipeline schedule keeps several asynchronous sends open at once: a collective's time
+    per (rank, step) is the union of its executions' spans on each rank (never more than the
+    step), while ``time_ns`` stays their durations summed (nccl-tests' time, the
+    bandwidth's)."""
+    from opprof.analysis.ranks import collectives
+
+    trace = load(FIXTURES / "torch-parallel" / name)
+    rep = build_report(trace)
+    steps = len(rep.steps)
+    timing, _ = collectives(trace)
+    timing = timing[timing["step"] >= 0] if "step" in timing else timing
+    for row in rep.collectives.itertuples():
+        assert row.ns_per_step <= row.time_ns / steps + 1e-6
+    # the definition, span by span, for every op: the union of each rank's spans, summed
+    for op, rows in rep.collectives.groupby("op"):
+        if len(rows) != 1:
+            continue
+        union = 0
+        for _, spans in timing[timing["op"] == op].groupby("rank"):
+            reach = None
+            for ts, end in sorted(zip(spans["ts"], spans["ts"] + spans["dur"],
+                                      strict=True)):
+                start = ts if reach is None else max(ts, reach)
+                union += max(0, end - start)
+                reach = end if reach is None else max(reach, end)
+        assert rows["ns_per_step"].iloc[0] == pytest.approx(union / steps, rel=1e-12)
+    if name == "pp-interleaved":  # the schedule's sends overlap: less than their sum
+        send = rep.collectives.set_index("op").loc["send"]
+        assert send["ns_per_step"] < 0.5 * send["time_ns"] / steps
+        assert send["ns_per_step"] < rep.steps["dur_ns"].mean()
+
+
 def test_bus_factors() -> None:
     assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
     for op in ("all_gather", "reduce_scatter", "all_to_all"):

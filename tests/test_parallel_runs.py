@@ -118,6 +118,26 @@ def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_megatron_style_tensor_parallel_script(tmp_path: Path) -> None:
+    """Hand-written autograd Functions calling ``dist.all_reduce`` in forward and backward:
+    every all-reduce is tensor parallel (the backward's was ``dp``: mode ``dp+tp``)."""
+    rep = healthy(opprof_run(tmp_path, "torch_tp_megatron.py"), "tp")
+    assert set(rep.collectives["dim"]) == {"tp"}
+    tp_exposed(rep)
+
+
+@pytest.mark.slow
+def test_ddp_loop_bookkeeping_in_forward_is_not_tensor_parallel(tmp_path: Path) -> None:
+    """A DDP loop that gathers its token count and averages its loss across ranks in the
+    forward pass (as the Hugging Face ``Trainer`` does) is data parallel, not ``dp+tp``."""
+    path = opprof_run(tmp_path, "torch_ddp_bookkeeping.py")
+    rep = healthy(path, "allreduce")
+    assert set(load(path).meta["parallelism"]) == {"dp"}
+    assert set(rep.collectives["dim"]) == {"dp"}
+    assert {"all_gather", "all_reduce"} <= set(rep.collectives["op"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["tp", "pp", "ep"])
 def test_record_built_in_transformer(tmp_path: Path, mode: str) -> None:
     out = tmp_path / f"{mode}.trace"

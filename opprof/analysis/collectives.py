@@ -27,6 +27,10 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
   collective's factor (nccl-tests' convention, n the group size): all-reduce 2(n−1)/n,
   all-gather, reduce-scatter and all-to-all (n−1)/n, broadcast, send, recv, push and pull 1;
   none for a barrier or an unnamed ``comm``;
+- **time** (``time_ns``) is the executions' durations summed, as nccl-tests times them;
+  **per step** (``ns_per_step``) is the time a rank had one of them in flight, per (rank,
+  step): executions that overlap on a rank — asynchronous sends and receives a pipeline
+  schedule keeps open together — counted once, so it never exceeds the step;
 - **hidden**: the share of the collective's time during which the rank computed — compute
   kernels on a rank whose collectives run on its GPU (Holistic Trace Analysis' definition),
   compute operators not blocked in a call they issued otherwise (:mod:`opprof.analysis.ranks`).
@@ -51,7 +55,8 @@ if TYPE_CHECKING:
 
 #: One row per execution of a collective on a rank: what :func:`combine_collectives` adds up
 #: (``event``: its row in the rank's events, as in :func:`opprof.analysis.ranks.collectives`).
-PART_COLUMNS = ["rank", "event", "op", "dim", "group", "size", "bytes", "dur", "hidden_ns"]
+PART_COLUMNS = ["rank", "event", "op", "dim", "group", "size", "bytes", "ts", "dur",
+                "hidden_ns"]
 COLUMNS = ["op", "dim", "group", "size", "ranks", "calls", "calls_per_step", "bytes_per_call",
            "ns_per_step", "time_ns", "wait_ns", "transfer_ns", "bytes", "algbw_Bps",
            "busbw_Bps", "hidden"]
@@ -120,7 +125,7 @@ def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
     per = max(rank_steps, 1)
     out["calls_per_step"] = out["calls"] / per
     out["bytes_per_call"] = out["bytes"] / out["calls"]
-    out["ns_per_step"] = out["time_ns"] / per
+    out["ns_per_step"] = _in_flight_ns(df, g.ngroup().to_numpy(np.int64), len(out)) / per
     secs = out["transfer_ns"].where(out["transfer_ns"] > 0) / 1e9
     out["algbw_Bps"] = (out["bytes"] / secs).where(out["bytes"] > 0)
     factor = np.array([bus_factor(o, n) for o, n in zip(out["op"], out["size"], strict=True)])
@@ -128,6 +133,27 @@ def combine_collectives(parts: list[pd.DataFrame], rank_steps: int,
     out["hidden"] = out["hidden_ns"] / out["time_ns"].where(out["time_ns"] > 0)
     return out.sort_values("time_ns", ascending=False, kind="stable")[COLUMNS].reset_index(
         drop=True)
+
+
+def _in_flight_ns(df: pd.DataFrame, row: Array, rows: int) -> Array:
+    """Per table row (``row``: each execution's row, 0 … ``rows`` − 1): the time its
+    executions were in flight, each rank's overlapping executions counted once (the union
+    of their spans), summed over the ranks; the durations summed for parts without ``ts``
+    (an older opprof's)."""
+    if "ts" not in df or df["ts"].isna().any():
+        return np.bincount(row, weights=df["dur"].to_numpy(np.float64), minlength=rows)
+    ranks = int(df["rank"].max()) + 1
+    ts = df["ts"].to_numpy(np.int64)  # integers: float64 loses ns at epoch-scale times
+    span = pd.DataFrame({"key": row * ranks + df["rank"].to_numpy(np.int64), "ts": ts,
+                         "end": ts + df["dur"].to_numpy(np.int64)})
+    span = span.sort_values(["key", "ts"], kind="stable")
+    reach = span.groupby("key", sort=False)["end"].cummax()  # the latest end so far
+    before = reach.groupby(span["key"], sort=False).shift(  # ... of the earlier spans
+        fill_value=np.iinfo(np.int64).min).to_numpy(np.int64)
+    start = np.maximum(span["ts"].to_numpy(np.int64), before)
+    new = np.clip(span["end"].to_numpy(np.int64) - start, 0, None)
+    return np.bincount(span["key"].to_numpy(np.int64) // ranks,
+                       weights=new.astype(np.float64), minlength=rows)
 
 
 def _world_size(meta: MetaMapping, rank: int) -> int:

@@ -283,7 +283,9 @@ def collective_table(rep: Report) -> Table | Text:
                   ms(r["ns_per_step"]), pct(wait), rate(r["algbw_Bps"]),
                   rate(r["busbw_Bps"]), pct(r["hidden"]))
     t.caption = ("dim = the parallel dimension it serves (dp, fsdp, pp, tp, ep); "
-                 "n = ranks in the group; wait = before the last rank entered; algbw = bytes / "
+                 "n = ranks in the group; ms/step = time one was in flight, per rank and "
+                 "step (overlapping ones, as asynchronous sends, counted once); wait = share "
+                 "of the calls' time before the last rank entered; algbw = bytes / "
                  "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
                  "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
                  "beside it (GPU: compute kernels)")
