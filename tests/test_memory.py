@@ -87,6 +87,30 @@ def test_every_report_is_identical_with_and_without_memory_rows(traces, name):
     assert {e["cat"] for e in doc["traceEvents"] if e["ph"] == "C"} == {"memory"}
 
 
+@pytest.mark.parametrize("name", ["torch-lenet5", "tf-lenet5"])
+def test_a_trace_recorded_without_memory_says_why_it_has_none(traces, name):
+    """`opprof record --memory-interval 0` takes no resident samples; a TF run whose
+    allocator traced nothing then has no memory rows: `--by memory` says why, not 'record
+    with opprof record'."""
+    from rich.console import Console
+
+    from opprof.render.console import memory_tables
+
+    bare = without_memory(traces[name])
+    bare.meta["memory_interval_s"] = 0
+    console = Console(width=200, record=True)
+    for part in memory_tables(build_report(bare)):
+        console.print(part)
+    text = console.export_text()
+    assert "no memory rows (recorded with --memory-interval 0: no resident samples" in text
+    assert ("TensorFlow's allocator traced no allocation" in text) == (name == "tf-lenet5")
+    bare.meta["memory_interval_s"] = 0.02  # sampled, yet no rows: the generic advice
+    console = Console(width=200, record=True)
+    for part in memory_tables(build_report(bare)):
+        console.print(part)
+    assert "record with opprof record" in console.export_text()
+
+
 def test_saving_keeps_every_rank_detail_column(tmp_path, traces):
     trace = traces["mxnet-ps-sync"]
     save(trace, tmp_path / "x.trace")

@@ -381,6 +381,17 @@ def _no_allocator_note(rep: Report, mem: pd.DataFrame) -> list[str]:
     return []
 
 
+def _no_memory_reason(rep: Report) -> str:
+    """Why a trace has no memory rows, where its recording says."""
+    if rep.meta.get("memory_interval_s") != 0:
+        return "record with opprof record / opprof run, or a profiler's memory events"
+    why = "recorded with --memory-interval 0: no resident samples"
+    if rep.meta.get("framework") == "tf":
+        return why + ("; TensorFlow's allocator traced no allocation (with oneDNN it traces "
+                      "tensors of 256 KiB and more, without it none)")
+    return why + "; no allocator events (--profile-memory records them)"
+
+
 def _known(v: object) -> bool:
     return v is not None and not pd.isna(v)
 
@@ -424,8 +435,7 @@ def memory_tables(rep: Report) -> list[RenderableType]:
     peak by phase; a timeline of the main series over the profiled steps."""
     mem = rep.memory.ranks
     if mem.empty:
-        return [Text("Memory: this trace has no memory rows (record with opprof record / "
-                     "opprof run, or a profiler's memory events)")]
+        return [Text(f"Memory: this trace has no memory rows ({_no_memory_reason(rep)})")]
     t = Table(title="Memory per rank (peaks)", title_justify="left")
     for c in ["rank", "role", "resident", "kernel peak", "unprofiled", "allocated", "reserved",
               "parameters", "peak step", "samples"]:
