@@ -313,6 +313,28 @@ def test_model_of_one_rank_of_an_expert_parallel_job_names_the_trace_not_a_flag(
     assert res.returncode == 0, res.stderr  # what the line offers runs
 
 
+def test_one_worker_has_no_communication_even_where_gradient_sizes_are_unknown() -> None:
+    """One rank of a 128-rank job whose collectives carry no sizes: the base's measured
+    communication is kept for 2 and 4 workers (nothing better is known, and the note says so),
+    but one worker talks to no one: its step is the base's compute, speed-up 1.00x."""
+    trace = shared_trace("sampled-128rank-rank0.json.gz")
+    res = run_cli("model", str(trace), "--workers", "1,2,4", "--mode", "allreduce",
+                  "--format", "json")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    pred = {p["workers"]: p for p in doc["predictions"]}
+    base = doc["base"]
+    assert pred[1]["exposed_comm_ns"] == 0.0
+    assert pred[1]["speedup"] == pytest.approx(1.0)
+    for n in (2, 4):
+        assert pred[n]["exposed_comm_ns"] > 0
+        assert pred[n]["comm_busy_ns"] >= pred[n]["exposed_comm_ns"]
+        assert pred[n]["step_ns"] == pytest.approx(base["step_ns"])
+    # the kept communication is the base's own: one worker's step is the rest of it
+    assert pred[1]["step_ns"] == pytest.approx(base["step_ns"] - pred[2]["exposed_comm_ns"])
+    assert any("kept as measured" in n for n in doc.get("notes", [])), doc.get("notes")
+
+
 def test_pipeline_split_of_a_gpu_trace_whose_operators_lack_shapes() -> None:
     """A Kineto GPU trace (HTA's NCCL run) split into 2 pipeline stages: operators recorded
     without shapes have no ``detail`` (pandas' NA), read as no shapes, not a crash."""

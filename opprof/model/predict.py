@@ -780,7 +780,9 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
     if base.gradients.bytes_source.startswith("meta"):
         notes.append(f"gradient bytes: {base.gradients.bytes_source}")
     if not base.gradients.total_bytes:
-        notes.append("no gradient bytes known: communication is predicted as zero")
+        notes.append("no gradient bytes known: the base's own exposed communication is kept "
+                     "as measured for more than one worker" if base.phases["comm"] > 0 else
+                     "no gradient bytes known: communication is predicted as zero")
     notes.extend(colocation_curve(base, net)[1])
     result = ModelResult(base, mode, servers if collective == Collective.PS else 0, net, note,
                          policy_for(base.framework, collective, base.device), [], None, notes,
@@ -821,7 +823,8 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None,
                 comm_interference=interf.comm_slowdown, colocation=cs.relative,
                 colocation_wait_ns=cs.wait_ns)
     sim = simulate(p)
-    phases = calibrated(base.phases, sim_base, sim)
+    # one worker that talks to no one has no communication, known sizes or not
+    phases = calibrated(base.phases, sim_base, sim, comm_hidden=not p.communicate)
     measured_interf = base.interference.extra_ns if base.interference is not None else 0.0
     interf_ns = min(phases["backward"], max(
         0.0, measured_interf + (sim.interference_ns - sim_base.interference_ns)))
@@ -836,6 +839,8 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None,
     measured_busy = base.terms.extra()["comm_busy_ns"]
     if sim_base.comm_busy_ns > 0 and measured_busy > 0:
         busy = measured_busy * (sim.comm_busy_ns / sim_base.comm_busy_ns)
+    elif p.communicate and phases["comm"] > 0:  # kept as measured (sizes unknown)
+        busy = max(busy, measured_busy)
     return Prediction(workers=workers, mode=mode if workers > 1 else Mode.SINGLE,
                       servers=servers if collective == Collective.PS and workers > 1 else 0,
                       step_ns=step,
