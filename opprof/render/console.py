@@ -283,8 +283,10 @@ def collective_table(rep: Report) -> Table | Text:
                   ms(r["ns_per_step"]), pct(wait), rate(r["algbw_Bps"]),
                   rate(r["busbw_Bps"]), pct(r["hidden"]))
     t.caption = ("dim = the parallel dimension it serves (dp, fsdp, pp, tp, ep); "
-                 "n = ranks in the group; ms/step = time one was in flight, per rank and "
-                 "step (overlapping ones, as asynchronous sends, counted once); wait = share "
+                 "n = ranks in the group; calls and ms/step are per rank and step of the "
+                 "whole job (a group's over every rank, so the rows of a dimension add up to "
+                 "a rank's mean); ms/step = time one was in flight (overlapping ones, as "
+                 "asynchronous sends, counted once); wait = share "
                  "of the calls' time before the last rank entered; algbw = bytes / "
                  "transfer time; busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for "
                  "all_gather, reduce_scatter, all_to_all, 1 otherwise; hidden = time computing "
