@@ -10,22 +10,32 @@ and sends back only its result (a few hundred KiB). The child is started only wh
 surely gains: on Linux, with this process's Python threads all ended, and a core idle
 (:func:`opprof.readahead.core_free`); ``OPPROF_BESIDE=1`` starts it whatever the load,
 ``=0`` never. Anything unexpected — the child fails, is killed, its result does not
-unpickle — and the function runs here instead, as it would without a child: the result, and
-an error the function raises, are the same either way.
+unpickle, it sends nothing for far longer than this process took for its own half (a child
+stuck, say on a lock a native thread held at the fork: :data:`MIN_WAIT_S`, :data:`WAIT_FACTOR`)
+— and the function runs here instead, as it would without a child: the result, and an error
+the function raises, are the same either way.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import select
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
 
 ENV = "OPPROF_BESIDE"
+#: How long :meth:`Pending.result` waits for a child that has sent nothing: at least
+#: ``MIN_WAIT_S`` seconds, and ``WAIT_FACTOR`` times as long as the child had already run when
+#: the result was asked for (its work is about this process's own half); then the child is
+#: ended and the function computed here — a stuck child costs time, never a hang.
+MIN_WAIT_S = 60.0
+WAIT_FACTOR = 4.0
 
 
 class Pending(Generic[T]):
@@ -34,6 +44,7 @@ class Pending(Generic[T]):
 
     def __init__(self, fn: Callable[[], T], pid: int | None = None, fd: int = -1) -> None:
         self._fn, self.pid, self._fd = fn, pid, fd
+        self._started = time.monotonic()
 
     def result(self) -> T:
         """The function's result: the child's (waiting for it), or computed here."""
@@ -49,8 +60,16 @@ class Pending(Generic[T]):
         if self.pid is None:
             return None
         data = bytearray()
+        patience = max(MIN_WAIT_S, WAIT_FACTOR * (time.monotonic() - self._started))
         try:
-            while piece := os.read(self._fd, 1 << 20):
+            while True:
+                ready, _, _ = select.select([self._fd], [], [], patience)
+                if not ready:  # nothing for that long: stuck; computed here instead
+                    data = bytearray()
+                    break
+                piece = os.read(self._fd, 1 << 20)
+                if not piece:
+                    break
                 data += piece
         except OSError:
             data = bytearray()

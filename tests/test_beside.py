@@ -105,6 +105,21 @@ def check_a_result_not_wanted_ends_the_child() -> None:
     _ended(pid)
 
 
+def _stuck_in_the_child() -> str:
+    if os.getpid() != HERE:
+        threading.Event().wait()  # (as a child stuck on a lock would)
+    return "here"
+
+
+def check_a_stuck_child_is_ended_and_computed_here() -> None:
+    beside.MIN_WAIT_S, beside.WAIT_FACTOR = 0.5, 1.0
+    pending = beside.start(_stuck_in_the_child)
+    pid = pending.pid
+    assert pid is not None
+    assert pending.result() == "here"
+    _ended(pid)
+
+
 def check_no_child_while_a_thread_runs() -> None:
     assert beside.wanted()
     stop = threading.Event()
@@ -152,6 +167,7 @@ def check_the_html_reports_analysis_is_the_same_with_and_without_the_child(
                                    "check_a_failing_child_is_replaced_by_computing_here",
                                    "check_an_error_is_the_same_as_computed_here",
                                    "check_a_result_not_wanted_ends_the_child",
+                                   "check_a_stuck_child_is_ended_and_computed_here",
                                    "check_no_child_while_a_thread_runs"])
 def test_work_beside(check: str) -> None:
     fresh(check)
