@@ -319,3 +319,6 @@ def test_model_of_a_dimension_the_trace_did_not_run_is_one_line() -> None:
     res = run_cli("model", str(PARALLEL / "tp"), "--mode", "pp", "--workers", "2")
     assert res.returncode != 0
     assert "ran no pp" in res.stderr and "Traceback" not in res.stderr
+    # a DDP job read from its Kineto files (no mode recorded) names its layout, not "single"
+    res = run_cli("model", str(FIXTURES / "torch-ddp"), "--mode", "tp", "--workers", "2")
+    assert res.returncode == 2 and "ran no tp (its layout: dp)" in res.stderr, res.stderr

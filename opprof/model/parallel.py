@@ -153,7 +153,8 @@ def parallel_base(trace: Trace, label: str = "", report: Report | None = None) -
     meta = trace.meta
     par = meta.get("parallelism") or {}
     degrees = {d: int((par.get(d) or {}).get("degree") or 1) for d in DIMENSIONS}
-    base = ParallelBase(label=label, mode=str(meta.get("mode") or "single"),
+    # a trace opprof did not record names no mode: its layout then (DDP's all-reduce: dp)
+    base = ParallelBase(label=label, mode=str(meta.get("mode") or "+".join(par) or "single"),
                         workers=int(meta.get("workers") or 1), degrees=degrees,
                         step_ns=float(steps["dur_ns"].mean()),
                         update_ns=float(steps["update"].mean()))
