@@ -34,15 +34,18 @@ OWN_BOUND = 1.0
 @pytest.mark.parametrize("fw", ["torch", "mxnet", "tf"])
 def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) -> None:
     out = tmp_path / "net.json"
+    # five calls per size: the fit takes each size's median, which one call descheduled on a
+    # loaded host (a 16 KiB all-reduce of 15.7 ms against 4 MiB's 7.1 ms, median of two)
+    # does not move
     res = run_cli("calibrate", "--fw", fw, "--workers", "2", "--sizes", "16K,256K,4M",
-                  "--repeat", "2", "--threads", "1", "--colocation-rounds", "2", "-o", str(out),
+                  "--repeat", "5", "--threads", "1", "--colocation-rounds", "2", "-o", str(out),
                   "--format", "json", timeout=600)
     assert res.returncode == 0, res.stderr
     net = Network.from_dict(json.loads(out.read_text()))
     assert net.source == "calibrate" and net.framework == fw and net.workers == 2
     assert net.collective == ("ps" if fw == "mxnet" else "allreduce")
     assert [s["bytes"] for s in net.samples] == [16 << 10, 256 << 10, 4 << 20]
-    assert all(s["calls"] == 2 and s["ns"] > 0 for s in net.samples)
+    assert all(s["calls"] == 5 and s["ns"] > 0 for s in net.samples)
     assert net.beta_ns_per_byte > 0 and net.alpha_ns >= 0
     # a 4 MiB message takes longer than a 16 KiB one, and the fit follows the measurement
     assert net.samples[-1]["ns"] > net.samples[0]["ns"]
