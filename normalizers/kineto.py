@@ -427,10 +427,9 @@ def from_docs(docs: list[tuple[Path, Document]], meta: dict) -> Trace:
 
 def declared_rank(doc: Document, index: int) -> int:
     """The rank a document says it is (``distributedInfo.rank``), else its position."""
-    info = doc.distributedInfo if isinstance(doc.distributedInfo, dict) else {}
-    if "rank" not in info:
+    if _rank_undeclared(doc):
         return index
-    return _int(info["rank"], index, 0, _MAX_RANK)
+    return _int(doc.distributedInfo["rank"], index, 0, _MAX_RANK)
 
 
 def _rank_undeclared(doc: Document) -> bool:

@@ -255,8 +255,7 @@ def sqlite_cases(src: Path, out: Path, rng: random.Random, fmt: str,
         return p
 
     yield Case(f"{fmt}: unmutated", [copy("unmutated")], False, key, True)
-    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as con:
-        have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    have = _tables(src)
     # an export from elsewhere may lack a table (no NVTX ranges, no copies): what it lacks
     # is not mutated
     timed = tuple(t for t in timed if t in have)
@@ -303,9 +302,7 @@ def nsys_cases(src: Path, out: Path, rng: random.Random) -> Iterator[Case]:
          ("CUPTI_ACTIVITY_KIND_MEMCPY", True), ("NVTX_EVENTS", True), ("StringIds", False),
          ("TARGET_INFO_GPU", True)),
         ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL"))
-    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as con:
-        nvtx = con.execute("SELECT 1 FROM sqlite_master WHERE name='NVTX_EVENTS'").fetchone()
-    if nvtx:
+    if "NVTX_EVENTS" in _tables(src):
         p = out / "nvtx_backwards.sqlite"
         shutil.copyfile(src, p)
         with sqlite3.connect(p) as con:
@@ -533,6 +530,12 @@ def source_cases(src: Path, out: Path, seed: int, values: int, damage: int) -> I
     else:
         raise ValueError(f"{src}: not a trace the fuzzer mutates "
                          "(.json, .json.gz, .sqlite, .trace)")
+
+
+def _tables(src: Path) -> set[str]:
+    """The tables an SQLite export holds (one from elsewhere may lack some)."""
+    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as con:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
 def _kind(path: Path) -> str:

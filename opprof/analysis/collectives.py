@@ -147,13 +147,14 @@ def _in_flight_ns(df: pd.DataFrame, row: Array, rows: int) -> Array:
     span = pd.DataFrame({"key": row * ranks + df["rank"].to_numpy(np.int64), "ts": ts,
                          "end": ts + df["dur"].to_numpy(np.int64)})
     span = span.sort_values(["key", "ts"], kind="stable")
-    reach = span.groupby("key", sort=False)["end"].cummax()  # the latest end so far
-    before = reach.groupby(span["key"], sort=False).shift(  # ... of the earlier spans
-        fill_value=np.iinfo(np.int64).min).to_numpy(np.int64)
+    key = span["key"].to_numpy(np.int64)
+    reach = span.groupby("key", sort=False)["end"].cummax().to_numpy(np.int64)
+    before = np.empty_like(reach)  # the latest end of the key's earlier spans
+    before[1:] = reach[:-1]
+    before[np.r_[True, key[1:] != key[:-1]]] = np.iinfo(np.int64).min  # a key's first
     start = np.maximum(span["ts"].to_numpy(np.int64), before)
     new = np.clip(span["end"].to_numpy(np.int64) - start, 0, None)
-    return np.bincount(span["key"].to_numpy(np.int64) // ranks,
-                       weights=new.astype(np.float64), minlength=rows)
+    return np.bincount(key // ranks, weights=new.astype(np.float64), minlength=rows)
 
 
 def _world_size(meta: MetaMapping, rank: int) -> int:

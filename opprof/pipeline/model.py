@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from opprof.errors import OpprofError
 from opprof.pipeline.sources import Traces
 
 if TYPE_CHECKING:
@@ -102,8 +103,6 @@ def model(o: ModelOptions) -> ModelResult | ParallelResult | SplitResult:
 
         if o.mode is None and dim not in DIMENSIONS:
             # the layout is the trace's (one rank's file of a larger job), not the user's
-            from opprof.errors import OpprofError
-
             raise OpprofError(
                 f"{o.label}: a {tr.meta.get('mode')} job's layout, but one worker's trace: "
                 f"{dim} is modelled from the trace of all its ranks (give every rank's file), "
