@@ -425,7 +425,8 @@ def fingerprint(rep: object) -> tuple:
             rows(getattr(rep, "device_ops", None), ["op", "count", "total_ns"]))
 
 
-#: Memory past which a read is a blow-up (the process's peak resident set).
+#: Memory past which a read is a blow-up: what the read itself raised this process's
+#: resident set by, at its peak (:func:`read_peak`).
 BLOW_UP_BYTES = 2 << 30
 
 
@@ -443,6 +444,7 @@ def check(case: Case, time_limit_s: int = 60, baselines: dict | None = None) -> 
 
     old = signal.signal(signal.SIGALRM, alarm)
     signal.alarm(time_limit_s)
+    start = read_peak()
     try:
         rep = report([str(p) for p in case.paths], jobs=1)
     except OpprofError as exc:
@@ -461,8 +463,9 @@ def check(case: Case, time_limit_s: int = 60, baselines: dict | None = None) -> 
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
-    if peak_rss_bytes() > BLOW_UP_BYTES:
-        return Result(case, "blow-up", f"peak {peak_rss_bytes() >> 20} MiB")
+    grown = read_peak(start)
+    if grown > BLOW_UP_BYTES:
+        return Result(case, "blow-up", f"the read's peak {grown >> 20} MiB above its start")
     warnings = rep.meta.get("read_warnings") or {}
     if case.must_warn and not warnings:
         return Result(case, "silent", "read with no ⚠ line", warnings)
@@ -482,6 +485,33 @@ FAILURES = ("traceback", "hang", "blow-up", "multi-line", "silent", "changed", "
 def peak_rss_bytes() -> int:
     """This process's peak resident memory."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``/proc/self/status`` figure in KiB (None where there is none: not Linux)."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def read_peak(start: int | None = None) -> int:
+    """Without ``start``: reset this process's peak resident set to its current one (Linux's
+    ``clear_refs`` 5) and return the current one, in bytes. With it: how far the peak rose
+    above ``start`` since. The fuzzer holds its sources and mutations (gigabytes for a large
+    trace), so the process's lifetime peak says nothing about one read; where the reset is
+    not allowed, the lifetime peak is compared instead (``start`` 0)."""
+    if start is None:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            return 0
+        return (_status_kib("VmRSS") or 0) * 1024
+    hwm = _status_kib("VmHWM")
+    peak = hwm * 1024 if hwm is not None and start else peak_rss_bytes()
+    return max(0, peak - start)
 
 
 def make_trace(out: Path) -> Path:
