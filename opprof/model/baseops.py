@@ -11,8 +11,9 @@ time moves when it keeps only a share of its work.
   values, so a pause that recurs every other step (the one-worker transformer's
   ``Optimizer.step`` took 0.7–1.1 ms in two of four steps and 3.0–5.6 ms in the other two,
   on several recordings at load 2.6–3.4; none at load 1.0: the host) entered the typical time
-  by half, and a model that splits the optimizer by parameters split that pause too. The models move the base's *measured* step by
-  differences of typical times, so at the base's own layout the prediction is the measurement.
+  by half, and a model that splits the optimizer by parameters split that pause too. The
+  models move the base's *measured* step by differences of typical times, so at the base's
+  own layout the prediction is the measurement.
 - **Fixed and variable time** (:func:`scaled_ns`): an operator that keeps a share ``φ`` of its
   work (a micro-batch of ``1/m`` of the batch, a ``1/t`` shard of a layer) takes
   ``c + (d − c)·φ``: ``c`` its fixed part — dispatching it and the calls nested in it, the
