@@ -17,8 +17,12 @@ predicts the tensor- and pipeline-parallel runs on 2 workers. Per repeat:
 It prints every run — the worst first — with the host's load sampled during each recording
 (the 1-minute load average's mean and maximum), the predicted and measured step, the error,
 the error without the co-location term, the host's noise in the two runs (their compute over
-their typical operators: 1 on a quiet host) and the check's verdict; then the median and the
-largest error per case.
+their typical operators: 1 on a quiet host), the error at the measured run's noise (the
+predicted compute moved from the base's noise to the measured run's: what is left is the
+model's, the rest the two runs meeting different loads) and the check's verdict; then the
+median and the largest error per case. ``--rescore FOLDER`` prints the table again from a kept
+folder's traces with this worktree's model (no recording: a model change judged on the same
+runs).
 
 **The other direction** (``--direction from-parallel``, the previous benchmark): the
 2-worker TP and PP runs predict the one-worker step (``opprof model TP --mode tp --workers 1
@@ -141,22 +145,61 @@ def users(args: argparse.Namespace, folder: Path) -> None:
                 for key, path, mode in order if rep % 2 == 0 else order[::-1]:
                     with sampled(loads, f"{tag}-{key}"):
                         record(path, args, mode, steps, warmup)
-                doc = check(base, case, run, 2, net)
-                c = doc["check"]
-                results.append({
-                    "case": case, "config": config, "repeat": rep + 1, "steps": steps,
-                    "warmup": warmup, "predicted_ns": c["predicted_ns"],
-                    "measured_ns": c["measured_ns"], "error": c["error"],
-                    "error_without": c["colocation"]["error_without"],
-                    "noise": c.get("noise") or {}, "verdict": c["spread"]["verdict"],
-                    "terms": c["terms"], "load_base": loads.get(f"{tag}-base"),
-                    "load_measured": loads.get(f"{tag}-measured"),
-                    "load_calibrate": loads.get("calibrate"),
-                    "microbatches": c.get("microbatches"), "schedule": c.get("schedule")})
+                results.append(scored(case, config, rep, base, run, net, loads))
                 show(results[-1])
     report(results)
     (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"results in {folder / 'results.json'}")
+
+
+def scored(case: str, config: str, rep: int, base: Path, run: Path, net: Path,
+           loads: dict[str, dict]) -> dict:
+    """One run's ``--check``, with the loads its recordings met."""
+    steps, warmup = CONFIGS[config]
+    tag = f"{case}-{config}-{rep}"
+    c = check(base, case, run, 2, net)["check"]
+    out = {"case": case, "config": config, "repeat": rep + 1, "steps": steps,
+           "warmup": warmup, "predicted_ns": c["predicted_ns"],
+           "measured_ns": c["measured_ns"], "error": c["error"],
+           "error_without": c["colocation"]["error_without"],
+           "noise": c.get("noise") or {}, "verdict": c["spread"]["verdict"],
+           "terms": c["terms"], "load_base": loads.get(f"{tag}-base"),
+           "load_measured": loads.get(f"{tag}-measured"),
+           "load_calibrate": loads.get("calibrate"),
+           "microbatches": c.get("microbatches"), "schedule": c.get("schedule")}
+    out["error_at_noise"] = at_measured_noise(out)
+    return out
+
+
+def rescore(folder: Path, network: Path | None) -> None:
+    """The kept folder's runs checked again with this worktree's model (no recording)."""
+    old = json.loads((folder / "results.json").read_text())
+    results = []
+    for r in old:
+        rep, case, config = r["repeat"] - 1, r["case"], r["config"]
+        tag = f"{case}-{config}-{rep}"
+        loads = {f"{tag}-base": r["load_base"], f"{tag}-measured": r["load_measured"],
+                 "calibrate": r["load_calibrate"]}
+        results.append(scored(case, config, rep, folder / f"single-{tag}.trace",
+                              folder / f"{case}2-{tag}.trace",
+                              network or folder / f"net-{rep}.json", loads))
+        show(results[-1])
+    report(results)
+
+
+def at_measured_noise(r: dict) -> float:
+    """The error had the base met the measured run's host: the predicted compute (``t_f``,
+    ``t_b``, ``t_u`` and ``t_coloc``, all in proportion to the base's noise — its compute over
+    its typical operators) moved to the measured run's noise. What is left is the model's; the
+    rest is the two runs meeting different loads. NaN without both noises."""
+    n = r["noise"]
+    base, measured = n.get("base"), n.get("measured")
+    if not base or not measured or measured != measured:
+        return float("nan")
+    compute = sum(t["predicted_ns"] for t in r["terms"]
+                  if t["term"] in ("t_f", "t_b", "t_u", "t_coloc"))
+    predicted = r["predicted_ns"] - compute * (1 - measured / base)
+    return (predicted - r["measured_ns"]) / r["measured_ns"]
 
 
 def show(r: dict) -> None:
@@ -164,7 +207,8 @@ def show(r: dict) -> None:
     print(f"  {r['case']} {r['config']} #{r['repeat']}: predicted "
           f"{r['predicted_ns'] / 1e6:8.2f} ms, measured {r['measured_ns'] / 1e6:8.2f} ms, "
           f"error {100 * r['error']:+6.1f}% (without co-location "
-          f"{100 * r['error_without']:+6.1f}%); load {fmt_load(r['load_base'])} base, "
+          f"{100 * r['error_without']:+6.1f}%; at the measured run's noise "
+          f"{100 * r['error_at_noise']:+6.1f}%); load {fmt_load(r['load_base'])} base, "
           f"{fmt_load(r['load_measured'])} measured", flush=True)
     for t in r["terms"]:
         e = t["error"]
@@ -177,8 +221,8 @@ def report(results: list[dict]) -> None:
     """Every run as a markdown row, the worst first; the median and largest error per case."""
     print("\n| run | steps | load during base / measured (mean (max) of the 1-min average) "
           "| predicted step | measured step | error | without co-location | host's noise "
-          "base / measured | `--check` verdict |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "base / measured | at the measured noise | `--check` verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(results, key=lambda r: -abs(r["error"])):
         n = r["noise"]
         noise = (f"×{n['base']:.2f} / ×{n['measured']:.2f}" if n.get("base") and
@@ -188,17 +232,19 @@ def report(results: list[dict]) -> None:
               f"{fmt_load(r['load_base'])} / {fmt_load(r['load_measured'])} | "
               f"{r['predicted_ns'] / 1e6:,.1f} ms | {r['measured_ns'] / 1e6:,.1f} ms | "
               f"{100 * r['error']:+.1f}% | {100 * r['error_without']:+.1f}% | {noise} | "
-              f"{verdict} |")
+              f"{100 * r['error_at_noise']:+.1f}% | {verdict} |")
     print("\ncase         runs   median |error|   largest |error|   (without co-location: "
-          "median, largest)")
+          "median, largest; at the measured run's noise: median, largest)")
     for case in sorted({r["case"] for r in results}):
         for config in [None, *sorted({r["config"] for r in results})]:
             rs = [r for r in results if r["case"] == case and config in (None, r["config"])]
             a = [abs(r["error"]) for r in rs]
             w = [abs(r["error_without"]) for r in rs]
+            z = [abs(r["error_at_noise"]) for r in rs if r["error_at_noise"] == r["error_at_noise"]]
+            at = (f"; {100 * statistics.median(z):.1f}%, {100 * max(z):.1f}%" if z else "")
             print(f"{case + (' ' + config if config else ''):<12} {len(rs):4d}   "
                   f"{100 * statistics.median(a):12.1f}%   {100 * max(a):14.1f}%   "
-                  f"({100 * statistics.median(w):.1f}%, {100 * max(w):.1f}%)")
+                  f"({100 * statistics.median(w):.1f}%, {100 * max(w):.1f}%{at})")
 
 
 # --------------------------------------------------------------------------- the other direction
@@ -246,6 +292,9 @@ def main() -> None:
                         help="net.json to use throughout (default: `opprof calibrate --fw "
                              "torch --workers 2` at the start of every repeat)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the traces here")
+    parser.add_argument("--rescore", type=Path, default=None,
+                        help="a folder kept with --keep: check its runs again with this "
+                             "worktree's model, recording nothing")
     args = parser.parse_args()
     args.configs = [c for c in args.configs.split(",") if c]
     args.cases = [c for c in args.cases.split(",") if c]
@@ -253,6 +302,9 @@ def main() -> None:
                                                            if c not in CASES]
     if bad:
         raise SystemExit(f"unknown: {', '.join(bad)}")
+    if args.rescore is not None:
+        rescore(args.rescore, args.network)
+        return
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-parallel-"))
     folder.mkdir(parents=True, exist_ok=True)
     started = time.time()

@@ -165,7 +165,11 @@ def _feed_forward_pairs(model: Any) -> list[tuple[Any, str, str]]:
 
 
 def tensor_parallel(model: nn.Module, mesh: Any) -> None:
-    """``parallelize_module`` on every feed-forward block: column- then row-parallel."""
+    """``parallelize_module`` on every feed-forward block: column- then row-parallel. An
+    in-place ReLU after a column-parallel layer (the fully connected network's) runs out of
+    place: the layer's local output is a view DTensor's autograd function made, which
+    autograd forbids modifying in place."""
+    from torch import nn
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -174,6 +178,9 @@ def tensor_parallel(model: nn.Module, mesh: Any) -> None:
 
     for module, first, second in _feed_forward_pairs(model):
         parallelize_module(module, mesh, {first: ColwiseParallel(), second: RowwiseParallel()})
+        for child in module.modules():
+            if isinstance(child, nn.ReLU):
+                child.inplace = False
 
 
 def stage_module(model: Any, key: str, stage: int, stages: int) -> nn.Module:

@@ -154,6 +154,17 @@ def test_record_built_in_transformer(tmp_path: Path, mode: str) -> None:
         assert len(rep.experts)
 
 
+@pytest.mark.slow
+def test_record_built_in_fully_connected_network_tensor_parallel(tmp_path: Path) -> None:
+    # its in-place ReLUs after the column-parallel layers failed the first step
+    out = tmp_path / "fcn-tp.trace"
+    res = run_cli("record", "--fw", "torch", "--model", "fcn", "--workers", "2", "--mode", "tp",
+                  "--steps", "2", "--warmup", "1", "--timing-steps", "1", "--batch-size", "8",
+                  "-o", str(out), "--format", "json", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    tp_exposed(healthy(out, "tp"))
+
+
 def test_record_refuses_a_model_the_mode_cannot_split(tmp_path: Path) -> None:
     res = run_cli("record", "--fw", "torch", "--model", "lenet5", "--workers", "2", "--mode",
                   "tp", "-o", str(tmp_path / "x.trace"))

@@ -4,10 +4,16 @@
 time moves when it keeps only a share of its work.
 
 - **Typical time**: the median, over the steps that ran the same operators in that phase,
-  of each position's duration. On a host shared with other processes one operator of one step
-  can take ten times its usual time (the thread lost its core); a mean over four steps follows
-  such bursts, a median per position does not. The models move the base's *measured* step by
-  differences of typical times, so at the base's own layout the prediction is the measurement.
+  of each position's duration — of an even number of steps the *lower* of the two middle
+  values. On a host shared with other processes one operator of one step can take ten times
+  its usual time (the thread lost its core); a mean over four steps follows such bursts, a
+  median per position does not — but the usual median of four steps averages its two middle
+  values, so a pause that recurs every other step (the one-worker transformer's
+  ``Optimizer.step`` took 0.7–1.1 ms in two of four steps and 3.0–5.6 ms in the other two,
+  on several recordings at load 2.6–3.4; none at load 1.0: the host) entered the typical time
+  by half, and a model that splits the optimizer by parameters split that pause too. The
+  models move the base's *measured* step by differences of typical times, so at the base's
+  own layout the prediction is the measurement.
 - **Fixed and variable time** (:func:`scaled_ns`): an operator that keeps a share ``φ`` of its
   work (a micro-batch of ``1/m`` of the batch, a ``1/t`` shard of a layer) takes
   ``c + (d − c)·φ``: ``c`` its fixed part — dispatching it and the calls nested in it, the
@@ -198,7 +204,11 @@ def _typical(ops: pd.DataFrame, call_ns: float
         p = p[p["step"].isin(kept)]
         ends.append(p[["step", "phase", "pos", "end"]])
         first = p[p["step"] == kept[0]].set_index("pos")
-        med = p.groupby("pos").agg(dur_ns=("dur", "median"), nested=("nested", "median"))
+        # the lower median: of an even number of steps, the lower of the two middle values
+        # (a burst in half the steps would otherwise enter the typical time by half)
+        g = p.groupby("pos")
+        med = pd.DataFrame({"dur_ns": g["dur"].quantile(0.5, interpolation="lower"),
+                            "nested": g["nested"].median()})
         parts.append(pd.DataFrame({
             "phase": phase, "pos": first.index.to_numpy(), "name": first["name"].to_numpy(),
             "op": first["op"].to_numpy(), "detail": first["detail"].astype(object).to_numpy(),
