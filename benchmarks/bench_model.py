@@ -256,7 +256,64 @@ def run_case(name: str, config: str, kind: str, folder: Path, args: argparse.Nam
             "load_base": loads.get("base"), "load_measured": loads.get("measured"),
             "load_calibrate": loads.get("calibrate"),
             "network": {k: doc["network"][k] for k in ("alpha_ns", "beta_ns_per_byte")},
+            "split": {"base": compute_split(base), "measured": compute_split(measured)},
             "seconds": round(time.time() - t0, 1)}
+
+
+PHASES = ("forward", "backward", "update")
+
+
+def compute_split(path: Path) -> dict:
+    """Where a recording's compute went, per worker rank and phase (mean per step, ns): the
+    phase's wall time (opprof's step breakdown), its operators' time (counted operators of
+    the phase: the kernels and what the profiler times as them) and the rest, the time
+    *between* operators (Python, dispatch, the framework's hooks, the profiler's own per-op
+    work), and the operators per step. The two sides of a phase's growth beside a neighbour:
+    the kernels, which calibrate's co-location loop times, and the gaps."""
+    import numpy as np
+    import pandas as pd
+
+    from opprof.analysis.breakdown import step_breakdown
+    from opprof.loader import load
+
+    trace = load(path)
+    steps = step_breakdown(trace)
+    e = trace.events
+    e = e[e["counted"].astype(bool) & e["step"].notna() & (e["step"] >= 0)
+          & e["phase"].isin(PHASES) & (e["kind"] != "marker")]
+    from opprof.intervals import union_length
+
+    # the union of the phase's operators (threads overlap: torch's autograd thread, DDP's
+    # hooks), one group per rank, step and phase (a few dozen groups)
+    ops = e.assign(end=e["ts"] + e["dur"]).groupby(["rank", "step", "phase"], observed=True)
+    ops = ops.apply(lambda g: pd.Series({"sum": union_length(g["ts"].to_numpy(np.int64),
+                                                              g["end"].to_numpy(np.int64)),
+                                         "count": len(g)}), include_groups=False)
+    out: dict = {}
+    for rank, rs in steps.groupby("rank"):
+        n = max(len(rs), 1)
+        row = {}
+        for ph in PHASES:
+            wall = float(rs[ph].sum()) / n
+            sel = ops.loc[rank] if rank in ops.index.get_level_values(0) else None
+            mine = sel.xs(ph, level="phase") if sel is not None and ph in \
+                sel.index.get_level_values("phase") else None
+            op_ns = float(mine["sum"].sum()) / n if mine is not None else 0.0
+            count = float(mine["count"].sum()) / n if mine is not None else 0.0
+            row[ph] = {"wall_ns": wall, "op_ns": min(op_ns, wall),
+                       "between_ns": max(wall - op_ns, 0.0), "ops": count}
+        out[str(rank)] = row
+    return out
+
+
+def show_split(base: dict, measured: dict) -> None:
+    """The base's and each measured rank's phases: wall = operators + between (ms/step)."""
+    print("  where the compute went (ms/step: wall = operators + between them; ops/step):")
+    for label, split in [("base", base), *((f"rank {k}", v) for k, v in measured.items())]:
+        cells = [f"{ph[:3]} {split[ph]['wall_ns'] / 1e6:5.2f} = {split[ph]['op_ns'] / 1e6:5.2f}"
+                 f" + {split[ph]['between_ns'] / 1e6:5.2f} ({split[ph]['ops']:.0f})"
+                 for ph in PHASES]
+        print(f"    {label:<7} " + " | ".join(cells))
 
 
 def show(r: dict) -> None:
@@ -294,6 +351,8 @@ def show(r: dict) -> None:
               f"({i['source']})")
     if r.get("spread"):
         print(f"  measured run: {r['spread']['verdict']}")
+    if r.get("split"):
+        show_split(r["split"]["base"]["0"], r["split"]["measured"])
 
 
 def verdict(spread: dict | None) -> str:
