@@ -57,15 +57,21 @@ def tp_exposed(rep) -> None:  # type: ignore[no-untyped-def]
 
 
 def bubbles(rep, schedule: str) -> None:  # type: ignore[no-untyped-def]
-    """Every stage shows a bubble, none of its wait is update."""
+    """Every stage shows a bubble, none of its wait is update: each step's bubble lies in its
+    comm phase, and a stage's update holds a small share of its typical step (the lower median
+    over its steps: the issue saw 45–56% in every step; a pause of the host inside the
+    optimizer — 4.8 ms of an 11 ms step once in CI, at load ~1.5; every other step on some
+    recordings, opprof/model/baseops.py — is not a wait)."""
     p = rep.pipeline
     assert set(p["rank"]) == {0, 1} and (p["schedule"] == schedule).all()
     assert (p["bubble_ns"] > 0).all()
     steps = rep.steps.set_index(["rank", "step"])
     for r in p.to_dict("records"):
-        s = steps.loc[(r["rank"], r["step"])]
-        bound = min(0.5, 0.25 * load_factor())  # a busy host stretches the optimizer's share
-        assert r["bubble_ns"] <= s["comm"] and s["update"] < bound * s["dur_ns"]
+        assert r["bubble_ns"] <= steps.loc[(r["rank"], r["step"]), "comm"]
+    bound = min(0.5, 0.25 * load_factor())  # a busy host stretches the optimizer's share
+    share = (rep.steps["update"] / rep.steps["dur_ns"]).groupby(rep.steps["rank"]).quantile(
+        0.5, interpolation="lower")
+    assert (share < bound).all(), share.to_dict()
 
 
 @pytest.mark.slow
