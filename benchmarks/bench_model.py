@@ -274,6 +274,7 @@ def compute_split(path: Path) -> dict:
     import pandas as pd
 
     from opprof.analysis.breakdown import step_breakdown
+    from opprof.intervals import union_length
     from opprof.loader import load
 
     trace = load(path)
@@ -281,27 +282,23 @@ def compute_split(path: Path) -> dict:
     e = trace.events
     e = e[e["counted"].astype(bool) & e["step"].notna() & (e["step"] >= 0)
           & e["phase"].isin(PHASES) & (e["kind"] != "marker")]
-    from opprof.intervals import union_length
-
     # the union of the phase's operators (threads overlap: torch's autograd thread, DDP's
-    # hooks), one group per rank, step and phase (a few dozen groups)
-    ops = e.assign(end=e["ts"] + e["dur"]).groupby(["rank", "step", "phase"], observed=True)
-    ops = ops.apply(lambda g: pd.Series({"sum": union_length(g["ts"].to_numpy(np.int64),
-                                                              g["end"].to_numpy(np.int64)),
-                                         "count": len(g)}), include_groups=False)
+    # hooks), one group per rank, step and phase (a few dozen groups), summed over the steps
+    per_step = e.assign(end=e["ts"] + e["dur"]).groupby(["rank", "step", "phase"], observed=True)
+    per_step = per_step.apply(lambda g: pd.Series({
+        "sum": union_length(g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64)),
+        "count": len(g)}), include_groups=False)
+    ops = per_step.groupby(level=["rank", "phase"]).sum()
     out: dict = {}
     for rank, rs in steps.groupby("rank"):
         n = max(len(rs), 1)
         row = {}
         for ph in PHASES:
             wall = float(rs[ph].sum()) / n
-            sel = ops.loc[rank] if rank in ops.index.get_level_values(0) else None
-            mine = sel.xs(ph, level="phase") if sel is not None and ph in \
-                sel.index.get_level_values("phase") else None
-            op_ns = float(mine["sum"].sum()) / n if mine is not None else 0.0
-            count = float(mine["count"].sum()) / n if mine is not None else 0.0
-            row[ph] = {"wall_ns": wall, "op_ns": min(op_ns, wall),
-                       "between_ns": max(wall - op_ns, 0.0), "ops": count}
+            op_ns, count = (ops.loc[(rank, ph)] / n if (rank, ph) in ops.index
+                            else (0.0, 0.0))
+            row[ph] = {"wall_ns": wall, "op_ns": min(float(op_ns), wall),
+                       "between_ns": max(wall - float(op_ns), 0.0), "ops": float(count)}
         out[str(rank)] = row
     return out
 
