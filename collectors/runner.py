@@ -337,8 +337,11 @@ class Runner:
             else:  # not one profiled step completed: nothing worth keeping
                 for f in files:
                     f.unlink(missing_ok=True)
-        self.adapter.release()
+        # Said before the framework's objects are freed: freeing MXNet's dist kvstore waits
+        # for its queued work and a barrier with the other workers, forever when a peer
+        # stopped first in the middle of a step (ps-sync); the files are already written.
         self.reporter.update(**changes)
+        self.adapter.release()
 
     # -- the protocol
 
