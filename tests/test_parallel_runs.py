@@ -47,12 +47,14 @@ def healthy(path: Path, mode: str) -> object:
 
 
 def tp_exposed(rep) -> None:  # type: ignore[no-untyped-def]
-    """TP's collectives at most 40% hidden (a blocking all-reduce: what overlaps it is the
-    gloo thread finishing after the wait on a loaded machine; the issue saw 94–98%); the comm
-    phase holds at least half of their time."""
+    """TP's collectives at most 20% hidden, the issue's bar (a blocking all-reduce: the
+    operator that waits for it is blocked from its start, so what overlaps it is only the
+    few operators between the call and its consumer; the issue saw 94–98%; before the
+    consumer's dispatch counted as blocked, CI saw 41–44% on a loaded host); the comm phase
+    holds at least half of their time."""
     tp = rep.collectives[rep.collectives["dim"] == "tp"]
     assert len(tp)
-    assert (tp["hidden"] * tp["time_ns"]).sum() / tp["time_ns"].sum() <= 0.40
+    assert (tp["hidden"] * tp["time_ns"]).sum() / tp["time_ns"].sum() <= 0.20
     assert rep.steps["comm"].mean() >= 0.5 * tp["ns_per_step"].sum()
 
 
@@ -162,13 +164,10 @@ def test_record_built_in_transformer(tmp_path: Path, mode: str) -> None:
 
 @pytest.mark.slow
 def test_record_built_in_fully_connected_network_tensor_parallel(tmp_path: Path) -> None:
-    # its in-place ReLUs after the column-parallel layers failed the first step. Four
-    # profiled steps: with one, a rank held up inside an operator before it waits (its first
-    # ReLU spent 8.1 of its all-reduce's 8.2 ms before wait_tensor, on a quiet host) weighs
-    # that much more in the hidden share (41% once in CI; 18% over four steps here).
+    # its in-place ReLUs after the column-parallel layers failed the first step
     out = tmp_path / "fcn-tp.trace"
     res = run_cli("record", "--fw", "torch", "--model", "fcn", "--workers", "2", "--mode", "tp",
-                  "--steps", "4", "--warmup", "1", "--timing-steps", "1", "--batch-size", "8",
+                  "--steps", "2", "--warmup", "1", "--timing-steps", "1", "--batch-size", "8",
                   "-o", str(out), "--format", "json", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     tp_exposed(healthy(out, "tp"))

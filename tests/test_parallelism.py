@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.breakdown import container, step_breakdown
 from opprof.analysis.report import build_report
+from opprof.filters import communication, counted, on_host, workers
 from opprof.loader import load
 from opprof.model.parallel import check_parallel, parallel_base, predict_parallel
 from opprof.parallelism import MESH_NAMES, assign_groups, layout, mesh_dim
 from opprof.taxonomy import COMM_OPS, PHASES
+from opprof.walltime import blocked_spans
 from tests.conftest import FIXTURES, run_cli
 
 PARALLEL = FIXTURES / "torch-parallel"
@@ -146,6 +148,27 @@ def test_a_wait_inside_an_operator_is_not_compute(traces) -> None:
     wait = ev[ev["name"].astype(str) == "_c10d_functional::wait_tensor"]
     assert len(wait) and (wait["op"] == "comm").all() and wait["counted"].all()
     assert (wait["phase"] == "comm").all()
+
+
+@pytest.mark.parametrize("name", ["tp", "tp-funcol"])
+def test_an_operator_waiting_for_a_functional_collective_is_blocked_from_its_start(
+        traces, name: str) -> None:
+    """The operator that runs ``wait_tensor`` consumes the collective's result: it is
+    blocked from its own start to the wait's end (its dispatch before the wait is not work
+    beside the collective); any other call inside an operator blocks it only while it runs."""
+    ev = traces[name].events
+    host = workers(ev) & counted(ev) & on_host(ev)
+    cols = ["rank", "pid", "tid", "ts", "dur"]
+    compute = ev.loc[host & ev["phase"].isin(["forward", "backward", "update"]), cols]
+    comm = ev.loc[host & communication(ev), cols]
+    spans = blocked_spans(comm, compute, ev["name"])
+    owner = compute.iloc[container(comm.loc[spans.index], compute)]
+    end = (comm["ts"] + comm["dur"]).loc[spans.index].to_numpy()
+    wait = ev.loc[spans.index, "name"].astype(str).str.endswith("::wait_tensor").to_numpy()
+    assert wait.sum() >= 4
+    assert (spans["ts"].to_numpy()[wait] == owner["ts"].to_numpy()[wait]).all()
+    assert (spans["ts"].to_numpy()[~wait] == comm.loc[spans.index, "ts"].to_numpy()[~wait]).all()
+    assert (spans["ts"] + spans["dur"]).to_numpy().tolist() == end.tolist()
 
 
 def test_a_synchronous_call_waits_for_its_collective(traces) -> None:

@@ -13,8 +13,9 @@ other": a blocking all-reduce inside a backward marker, with no compute operator
 beside it, is communication, not backward. Likewise a compute operator does not count as
 running while it is blocked in a comm call it issued on its own thread (DDP's all-reduce
 from a backward hook; ``_c10d_functional::wait_tensor`` inside the operator that first uses a
-DTensor collective's result; the reader's ``opprof.wait`` where a synchronous call waited for
-its collective inside an operator: docs/parallelism.md): that time is comm unless other
+DTensor collective's result — from that operator's start: it consumes the result, so what it
+does before the wait is dispatch; the reader's ``opprof.wait`` where a synchronous call waited
+for its collective inside an operator: docs/parallelism.md): that time is comm unless other
 compute runs beside it. ``comm`` is
 thus the communication not hidden behind compute. Busy time per phase is the union of that
 phase's events and markers (phases may overlap there), and ``comm_overlap_ns`` is comm
@@ -74,7 +75,7 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     ops = ev.loc[worker & counted(ev) & phased,
                  ["rank", "pid", "tid", "ts", "dur", "device", "phase"]]
     marks = ev.loc[worker & markers(ev) & phased, ["rank", "ts", "dur", "phase"]]
-    blocked = blocked_in_comm(ops)
+    blocked = blocked_in_comm(ops, ev["name"])
     kernel_rows = ev.loc[worker & kernels(ev),
                          ["rank", "ts", "dur", "op", *(["link"] if "link" in ev else [])]]
     launched = launch_times(ev, kernel_rows)

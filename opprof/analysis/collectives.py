@@ -33,7 +33,8 @@ launch), and its call's bytes where they are more (``gloo:all_gather`` names onl
   schedule keeps open together — counted once, so it never exceeds the step;
 - **hidden**: the share of the collective's time during which the rank computed — compute
   kernels on a rank whose collectives run on its GPU (Holistic Trace Analysis' definition),
-  compute operators not blocked in a call they issued otherwise (:mod:`opprof.analysis.ranks`).
+  compute operators not blocked in a call they issued otherwise (:mod:`opprof.analysis.ranks`;
+  what blocks an operator: :func:`opprof.walltime.blocked_spans`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from opprof.analysis.ranks import collectives
 from opprof.filters import communication, counted, kernels, on_host, workers
 from opprof.intervals import Sweep
 from opprof.trace import Trace
+from opprof.walltime import blocked_spans
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -269,8 +271,7 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:
     dev_compute = ev.loc[worker & kernels(ev) & ~comm, cols]
     host = worker & counted(ev) & on_host(ev)
     host_compute = ev.loc[host & ev["phase"].isin(COMPUTE), cols]
-    host_comm = ev.loc[host & comm, cols]
-    blocked = host_comm[container(host_comm, host_compute) >= 0]
+    blocked = blocked_spans(ev.loc[host & comm, cols], host_compute, ev["name"])
     ranks = timing["rank"].to_numpy()
     on_device = timing["on_device"].to_numpy(bool)
     ts, end = timing["ts"].to_numpy(np.int64), timing["end"].to_numpy(np.int64)

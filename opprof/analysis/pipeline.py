@@ -76,7 +76,7 @@ def pipeline_part(trace: Trace) -> pd.DataFrame:
     ops = ev.loc[worker & counted(ev) & phased, ["rank", "pid", "tid", "ts", "dur", "device",
                                                  "phase", "op", "name", "step"]]
     marks = ev.loc[worker & markers(ev), ["rank", "ts", "dur", "phase", "name", "step"]]
-    blocked = blocked_in_comm(ops)
+    blocked = blocked_in_comm(ops, ops["name"])
     rows = []
     for rank in sorted(ev.loc[p2p, "rank"].unique()):
         b = bounds[bounds["rank"] == rank].sort_values("start")
