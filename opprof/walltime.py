@@ -9,12 +9,13 @@ every step.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from opprof.filters import counted, markers, on_device, on_host, workers
+from opprof.filters import counted, markers, names_where, on_device, on_host, workers
 from opprof.intervals import Sweep, containing, lane_ids
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
@@ -33,40 +34,45 @@ COMM_CODE = PHASES.index("comm")
 #: A functional collective's wait (DTensor's, hand-written ``funcol``'s), run by the first
 #: operator on the collective's result before that operator does anything else (the reader's
 #: ``opprof.wait`` is not one: a synchronous call inside an operator may follow its work).
-WAIT_CALL = r"::wait_tensor\w*$"
+_WAIT_CALL = re.compile(r"::wait_tensor\w*$")
 
 
-def blocked_in_comm(ops: pd.DataFrame, names: pd.Series | None = None) -> pd.DataFrame:
+def functional_waits(ev: pd.DataFrame) -> pd.Series:
+    """Per event: whether it is a functional collective's wait (:data:`_WAIT_CALL`)."""
+    return names_where(ev, lambda name: _WAIT_CALL.search(name) is not None)
+
+
+def blocked_in_comm(ops: pd.DataFrame, waits: pd.Series) -> pd.DataFrame:
     """Host comm calls issued inside a compute operator on the same thread (DDP's all-reduce
     from a backward hook), with ``phase`` set to that operator's phase: while such a call
-    runs, its operator is waiting, not computing (``names``: the events' names, by index, for
-    :func:`blocked_spans`' waits)."""
+    runs, its operator is waiting, not computing (``waits``: :func:`functional_waits` of the
+    events, for :func:`blocked_spans`)."""
     host = ops[on_host(ops)]
     return blocked_spans(host[host["phase"] == "comm"],
-                         host[host["phase"].isin(COMPUTE)], names)
+                         host[host["phase"].isin(COMPUTE)], waits)
 
 
 def blocked_spans(comm: pd.DataFrame, compute: pd.DataFrame,
-                  names: pd.Series | None = None) -> pd.DataFrame:
+                  waits: pd.Series) -> pd.DataFrame:
     """The rows of ``comm`` (host calls) that lie inside a ``compute`` operator of the same
     lane, with that operator's ``phase`` where ``compute`` has one: the spans in which the
-    operator is blocked. A functional collective's wait (:data:`WAIT_CALL`, by ``names``: the
-    events' names, looked up by index) blocks its operator from the operator's start: the
-    operator consumes the collective's result, so what it does before the wait is its
-    dispatch (on a loaded host, also the time its thread was not scheduled: 8 of a TP
-    all-reduce's 8.2 ms in one step), not work beside the collective."""
+    operator is blocked. A functional collective's wait (``waits``: :func:`functional_waits`
+    of the events, by index) blocks its operator from the operator's start: the operator
+    consumes the collective's result, so what it does before the wait is its dispatch (on a
+    loaded host, also the time its thread was not scheduled: 8 of a TP all-reduce's 8.2 ms in
+    one step), not work beside the collective."""
     pos = container(comm, compute)
     keep = pos >= 0
     at = pos[keep]
     out = comm[keep].copy()
     if "phase" in compute:
         out["phase"] = compute["phase"].to_numpy()[at]
-    if names is None or out.empty:
+    if out.empty:
         return out
-    wait = names.reindex(out.index).astype(str).str.contains(WAIT_CALL).to_numpy(bool)
+    wait = waits.reindex(out.index, fill_value=False).to_numpy(bool)
     ts = out["ts"].to_numpy(np.int64)
     end = ts + out["dur"].to_numpy(np.int64)
-    start = np.where(wait, np.minimum(compute["ts"].to_numpy(np.int64)[at], ts), ts)
+    start = np.where(wait, compute["ts"].to_numpy(np.int64)[at], ts)  # the operator holds it
     out["ts"] = start
     out["dur"] = end - start
     return out
@@ -154,7 +160,7 @@ def phase_at(trace: Trace, rank: Array, ts: Array) -> Array:
     ops = ev[worker & counted(ev) & ev["phase"].isin(PRIORITY)]
     marks = ev[worker & markers(ev) & ev["phase"].isin(PRIORITY)]
     worker_ranks = set(ev.loc[worker, "rank"].unique().tolist())
-    blocked = blocked_in_comm(ops, ev["name"])
+    blocked = blocked_in_comm(ops, functional_waits(ev))
     for r in np.unique(rank):
         b = bounds[bounds["rank"] == r].sort_values("start")
         if r not in worker_ranks or b.empty:

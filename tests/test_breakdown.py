@@ -50,11 +50,12 @@ def test_cpu_gloo_trace_is_all_communication() -> None:
 
 def test_allreduce_blocking_a_backward_hook_is_not_compute() -> None:
     from opprof.analysis.breakdown import blocked_in_comm
+    from opprof.walltime import functional_waits
 
     tr = load(shared_trace("nccl-2rank-rank0.json.gz"))
     ev = tr.events
     ops = ev[(ev["role"] == "worker") & ev["counted"] & ev["phase"].isin(PRIORITY)]
-    blocked = blocked_in_comm(ops)
+    blocked = blocked_in_comm(ops, functional_waits(ev))
     assert set(blocked["name"].astype(str)) == {"c10d::allreduce_"}
     assert (blocked["phase"] == "backward").all()
     steps = step_breakdown(tr)

@@ -20,7 +20,7 @@ from opprof.loader import load
 from opprof.model.parallel import check_parallel, parallel_base, predict_parallel
 from opprof.parallelism import MESH_NAMES, assign_groups, layout, mesh_dim
 from opprof.taxonomy import COMM_OPS, PHASES
-from opprof.walltime import blocked_spans
+from opprof.walltime import blocked_spans, functional_waits
 from tests.conftest import FIXTURES, run_cli
 
 PARALLEL = FIXTURES / "torch-parallel"
@@ -161,7 +161,7 @@ def test_an_operator_waiting_for_a_functional_collective_is_blocked_from_its_sta
     cols = ["rank", "pid", "tid", "ts", "dur"]
     compute = ev.loc[host & ev["phase"].isin(["forward", "backward", "update"]), cols]
     comm = ev.loc[host & communication(ev), cols]
-    spans = blocked_spans(comm, compute, ev["name"])
+    spans = blocked_spans(comm, compute, functional_waits(ev))
     owner = compute.iloc[container(comm.loc[spans.index], compute)]
     end = (comm["ts"] + comm["dur"]).loc[spans.index].to_numpy()
     wait = ev.loc[spans.index, "name"].astype(str).str.endswith("::wait_tensor").to_numpy()

@@ -49,7 +49,7 @@ from opprof.filters import communication, counted, kernels, markers, workers
 from opprof.intervals import Sweep
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
-from opprof.walltime import COMM_CODE, COMPUTE_CODES, RankArrays, blocked_in_comm
+from opprof.walltime import COMM_CODE, COMPUTE_CODES, RankArrays, blocked_in_comm, functional_waits
 
 # re-exported: the tiers live in the core (opprof.walltime), where the normalizers use them too
 from opprof.walltime import COMPUTE as COMPUTE
@@ -75,7 +75,7 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     ops = ev.loc[worker & counted(ev) & phased,
                  ["rank", "pid", "tid", "ts", "dur", "device", "phase"]]
     marks = ev.loc[worker & markers(ev) & phased, ["rank", "ts", "dur", "phase"]]
-    blocked = blocked_in_comm(ops, ev["name"])
+    blocked = blocked_in_comm(ops, functional_waits(ev))
     kernel_rows = ev.loc[worker & kernels(ev),
                          ["rank", "ts", "dur", "op", *(["link"] if "link" in ev else [])]]
     launched = launch_times(ev, kernel_rows)

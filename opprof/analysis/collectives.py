@@ -49,7 +49,7 @@ from opprof.analysis.ranks import collectives
 from opprof.filters import communication, counted, kernels, on_host, workers
 from opprof.intervals import Sweep
 from opprof.trace import Trace
-from opprof.walltime import blocked_spans
+from opprof.walltime import blocked_spans, functional_waits
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -271,7 +271,8 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:
     dev_compute = ev.loc[worker & kernels(ev) & ~comm, cols]
     host = worker & counted(ev) & on_host(ev)
     host_compute = ev.loc[host & ev["phase"].isin(COMPUTE), cols]
-    blocked = blocked_spans(ev.loc[host & comm, cols], host_compute, ev["name"])
+    blocked = blocked_spans(ev.loc[host & comm, cols], host_compute,
+                            functional_waits(ev))
     ranks = timing["rank"].to_numpy()
     on_device = timing["on_device"].to_numpy(bool)
     ts, end = timing["ts"].to_numpy(np.int64), timing["end"].to_numpy(np.int64)

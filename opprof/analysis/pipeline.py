@@ -42,7 +42,14 @@ import pandas as pd
 from opprof.filters import counted, markers, on_host, workers
 from opprof.intervals import Sweep
 from opprof.trace import Trace
-from opprof.walltime import COMM_CODE, COMPUTE_CODES, PRIORITY, RankArrays, blocked_in_comm
+from opprof.walltime import (
+    COMM_CODE,
+    COMPUTE_CODES,
+    PRIORITY,
+    RankArrays,
+    blocked_in_comm,
+    functional_waits,
+)
 
 if TYPE_CHECKING:
     from opprof.meta import MetaMapping
@@ -76,7 +83,7 @@ def pipeline_part(trace: Trace) -> pd.DataFrame:
     ops = ev.loc[worker & counted(ev) & phased, ["rank", "pid", "tid", "ts", "dur", "device",
                                                  "phase", "op", "name", "step"]]
     marks = ev.loc[worker & markers(ev), ["rank", "ts", "dur", "phase", "name", "step"]]
-    blocked = blocked_in_comm(ops, ops["name"])
+    blocked = blocked_in_comm(ops, functional_waits(ev))
     rows = []
     for rank in sorted(ev.loc[p2p, "rank"].unique()):
         b = bounds[bounds["rank"] == rank].sort_values("start")

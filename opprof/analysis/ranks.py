@@ -59,7 +59,7 @@ from opprof.intervals import Sweep
 from opprof.kinds import Mode
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
-from opprof.walltime import blocked_spans
+from opprof.walltime import blocked_spans, functional_waits
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -228,7 +228,8 @@ def rank_local(trace: Trace, steps: pd.DataFrame, *,
     done = workers(ev) & counted(ev)
     compute = ev.loc[done & ev["phase"].isin(COMPUTE), cols]
     host_comm = ev.loc[done & communication(ev) & on_host(ev), cols]
-    blocked = blocked_spans(host_comm, compute[on_host(compute)], ev["name"])
+    blocked = blocked_spans(host_comm, compute[on_host(compute)],
+                            functional_waits(ev))
     # on a GPU rank, what hides a collective is a compute kernel beside it (HTA's definition)
     dev_compute = ev.loc[workers(ev) & kernels(ev) & ~communication(ev), cols]
     frames, kinds = [], []
