@@ -20,6 +20,16 @@ KINETO_GPU = SHARED_TRACES / "kineto-gpu"
 NSYS_SQLITE = SHARED_TRACES / "nsys" / "saxpy-mpi-cuda.sqlite"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (the README's test command runs two workers), each worker's torchrun
+    jobs rendezvous on a port of their own: torchrun's ``--master-port`` defaults to 29500
+    unless ``PET_MASTER_PORT`` says otherwise, and two jobs started at once on the default
+    would meet each other. Other jobs pick a free port (``collectors.supervisor.free_port``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and "PET_MASTER_PORT" not in os.environ:
+        os.environ["PET_MASTER_PORT"] = str(29600 + 37 * int(worker[2:]))
+
+
 @pytest.fixture
 def folder(tmp_path: Path):
     """A run's working folder; afterwards, any process the run left there is stopped."""
