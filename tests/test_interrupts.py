@@ -89,8 +89,10 @@ def test_ctrl_c_during_a_torch_run_keeps_its_steps(folder: Path) -> None:
 @pytest.mark.slow
 def test_sigterm_during_torchrun_allreduce_keeps_every_rank(folder: Path) -> None:
     needs("torch")
+    # interrupted once both ranks have a profiled step: a rank one step ahead of the other
+    # (it closed its step first) would leave the other with nothing to keep (CI, stop 43)
     line, out = interrupt_record(folder, signal.SIGTERM, "torch", "resnet18", "--workers", "2",
-                                 "--mode", "allreduce")
+                                 "--mode", "allreduce", each=("rank 0", "rank 1"))
     assert "stopped torchrun in " in line
     assert "rank 0 kept " in line and "rank 1 kept " in line, line
     check_partial(out, line, [0, 1])
@@ -206,14 +208,17 @@ def test_a_sigterm_swallowed_in_a_destructor_is_raised_again_after_the_step() ->
 # ------------------------------------------------------------------ run and bench
 
 
-def _interrupt_opprof_run(folder: Path, sig: int, out: str, *script: str) -> str:
-    """`opprof run` of a 500-step torch script, sent ``sig`` after 2 profiled steps: once
-    every process is gone and opprof exited 128 + sig, its last line."""
+def _interrupt_opprof_run(folder: Path, sig: int, out: str, *script: str,
+                          each: tuple[str | None, ...] = (None,)) -> str:
+    """`opprof run` of a 500-step torch script, sent ``sig`` once a process (each process
+    labelled in ``each``) has 2 profiled steps: once every process is gone and opprof
+    exited 128 + sig, its last line."""
     needs("torch")
     cli = start_cli("run", "--warmup", "1", "--timing-steps", "1", "--steps", "30", "-o",
                     str(folder / out), "--", sys.executable, *script, "--steps", "500",
                     cwd=folder)
-    wait_for(reached(folder, profiled=2), 300, "2 profiled steps", cli)
+    for label in each:
+        wait_for(reached(folder, label=label, profiled=2), 300, "2 profiled steps", cli)
     sent = cli.signal(sig)
     assert_all_gone(str(folder), sent)
     assert cli.wait(60) == 128 + sig
@@ -234,7 +239,7 @@ def test_ctrl_c_during_opprof_run_writes_what_was_profiled(folder: Path) -> None
 def test_sigterm_to_opprof_run_of_torchrun_reaches_every_rank(folder: Path) -> None:
     line = _interrupt_opprof_run(folder, signal.SIGTERM, "ddp.trace", "-m",
                                  "torch.distributed.run", "--nproc-per-node", "2",
-                                 str(SCRIPTS / "torch_ddp.py"))
+                                 str(SCRIPTS / "torch_ddp.py"), each=("rank 0", "rank 1"))
     assert "interrupted by SIGTERM" in line and "rank 0 kept" in line and "rank 1 kept" in line
     assert sorted(load(folder / "ddp.trace").meta["partial"]["kept_steps"]) == ["0", "1"]
 
