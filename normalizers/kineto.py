@@ -1257,6 +1257,9 @@ def _comm_args(names: tuple[np.ndarray, list[str]],
             split = _split_text(text[codes[i]], a)
             if split:
                 group[i] = f"{group[i]} {split}" if group[i] else split
+            if split and text[codes[i]].startswith("gloo:"):  # the list form: every tensor
+                out[i] = float(sum(_gloo_list_bytes(a)))
+                continue
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = max([v for v in chrome.numbers([a.in_nelems, a.out_nelems]).tolist()
                    if v == v] + [-1.0])  # the larger of the two that are numbers, else -1
@@ -1310,8 +1313,13 @@ def _split_text(name: str, a: Args) -> str | None:
     receives from each peer, in group order), from its split sizes (rows of its tensors):
     ``record_param_comms``' ``In split size`` / ``Out split size``; ``c10d::alltoall_base_``'s
     and ``all_to_all_single``'s split arguments (``Concrete Inputs``, with
-    ``record_shapes``). None when the trace has no split sizes (an even split)."""
-    if name == "record_param_comms":
+    ``record_shapes``); gloo's own range of the list form (:func:`_gloo_list_bytes`). None
+    when the trace has no split sizes (an even ``all_to_all_single``)."""
+    if name.startswith("gloo:"):
+        per_peer = _gloo_list_bytes(a)
+        send = recv = per_peer
+        row_bytes = 1.0 if per_peer else None
+    elif name == "record_param_comms":
         send, recv = _int_list(a.in_split), _int_list(a.out_split)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = chrome.numbers([a.in_nelems]).tolist()[0]
@@ -1337,6 +1345,27 @@ def _split_text(name: str, a: Args) -> str | None:
     fmt = ",".join
     return (f"a2a_send_bytes={fmt(str(int(r * row_bytes)) for r in send)} "
             f"a2a_recv_bytes={fmt(str(int(r * row_bytes)) for r in recv)}")
+
+
+def _gloo_list_bytes(a: Args) -> list[int]:
+    """The bytes per peer of gloo's range of a list-form all-to-all (``dist.all_to_all``:
+    its ``Input Dims`` and ``Input type`` hold one input tensor per peer, in group order);
+    ProcessGroupGloo requires every input and output tensor of that form to have the first's
+    shape, so what a rank receives from each peer is what it sends. [] for one tensor (the
+    range of ``all_to_all_single`` lists only its output: its splits are on c10d's call) or
+    a tensor without a shape or a known element type."""
+    dims = a.input_dims if isinstance(a.input_dims, list) else []
+    types = a.input_type if isinstance(a.input_type, list) else []
+    if len(dims) < 2 or len(types) != len(dims):
+        return []
+    out = []
+    for d, t in zip(dims, types, strict=True):
+        size = _DTYPE_BYTES.get(t) if isinstance(t, str) else None
+        if size is None or not isinstance(d, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d):
+            return []
+        out.append(int(np.prod(d, dtype=np.int64)) * size)
+    return out
 
 
 def _int_list(value: Any) -> list[int]:

@@ -116,6 +116,22 @@ def test_mixture_of_experts_script(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_mixture_of_experts_with_the_list_form_all_to_all(tmp_path: Path) -> None:
+    """``dist.all_to_all`` with one tensor per peer (capacity buckets): its bytes per peer come
+    from gloo's own range of the call (c10d's holds no element type for a tensor list)."""
+    rep = healthy(opprof_run(tmp_path, "torch_moe_capacity.py", "--capacity", "40",
+                             "--width", "64"), "ep")
+    bucket = 40 * 64 * 4  # rows × width × float32, to each peer and from each
+    a2a = rep.collectives[rep.collectives["op"] == "all_to_all"]
+    assert (a2a["dim"] == "ep").all() and (a2a["bytes_per_call"] == 2 * bucket).all()
+    # per step: the buckets out and back, and their gradients the same two ways
+    assert len(rep.experts) and (rep.experts["calls"] == 4).all()
+    for col in ["send_bytes_per_peer", "recv_bytes_per_peer"]:
+        assert all(peers == [4 * bucket] * 2 for peers in rep.experts[col])
+    assert (rep.expert_load["imbalance"] == 1.0).all()
+
+
+@pytest.mark.slow
 def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
     path = opprof_run(tmp_path, "torch_fsdp_tp.py", "--blocks", "1", "--width", "32", procs=4)
     rep = healthy(path, "fsdp+tp")

@@ -73,8 +73,14 @@ def pipeline_table(rep: Report) -> Table | Text:
 def expert_tables(rep: Report) -> list[Table | Text]:
     """All-to-all bytes per peer per rank and step, and the experts' load per exchange."""
     if rep.experts.empty:
-        return [Text("no all-to-all with split sizes in this trace's steps (an expert-parallel "
-                     "job records them with record_shapes)")]
+        coll = rep.collectives
+        a2a = coll[coll["op"] == "all_to_all"] if "op" in coll else coll.iloc[:0]
+        if a2a.empty:
+            return [Text("no all-to-all in this trace's steps")]
+        return [Text(f"{a2a['calls_per_step'].sum():.1f} all-to-all call(s) per rank and step, "
+                     "none with bytes per peer in the trace (an all_to_all_single without split "
+                     "sizes sends even shares; torch records split sizes and shapes with "
+                     "record_shapes)")]
     t = Table(title="All-to-all per rank and step (bytes per peer, in group order)",
               title_justify="left")
     for col in ["rank", "step", "calls", "sent", "received", "sent per peer",
