@@ -142,6 +142,20 @@ def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_data_and_pipeline_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
+    path = opprof_run(tmp_path, "torch_dp_pp.py", "--width", "64", procs=4)
+    rep = healthy(path, "dp+pp")
+    par = load(path).meta["parallelism"]
+    assert par["pp"]["groups"] == [[0, 1], [2, 3]]
+    assert par["dp"]["groups"] == [[0, 2], [1, 3]]
+    assert set(rep.collectives["dim"]) == {"dp", "pp"}
+    p = rep.pipeline
+    assert set(p["rank"]) == {0, 1, 2, 3} and (p["schedule"] == "gpipe").all()
+    assert (p["bubble_ns"] > 0).all()
+    assert dict(zip(p["rank"], p["stage"], strict=False)) == {0: 0, 1: 1, 2: 0, 3: 1}
+
+
+@pytest.mark.slow
 def test_megatron_style_tensor_parallel_script(tmp_path: Path) -> None:
     """Hand-written autograd Functions calling ``dist.all_reduce`` in forward and backward:
     every all-reduce is tensor parallel (the backward's was ``dp``: mode ``dp+tp``)."""
