@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import math
 import re
 from collections.abc import Iterator
 from itertools import compress, repeat
@@ -1364,7 +1365,10 @@ def _gloo_list_bytes(a: Args) -> list[int]:
         if size is None or not isinstance(d, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d):
             return []
-        out.append(int(np.prod(d, dtype=np.int64)) * size)
+        nbytes = math.prod(d) * size
+        if nbytes >= 1 << 62:  # no tensor is that large: a damaged shape
+            return []
+        out.append(nbytes)
     return out
 
 
