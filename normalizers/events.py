@@ -245,6 +245,7 @@ def finish(
             top_op[fill] = named[fill].astype(np.int64)
         copy = in_comm & own_comm & ~is_comm_op & (row_op != top_op)
         op[in_comm] = np.where(copy[in_comm], row_op[in_comm], top_op[in_comm])
+        comm_op = op[in_comm]  # (given back after the compiled graphs settle, below)
         counted |= in_comm & ((comm_anc == np.arange(n)) | copy)
         del comm_anc, top_op  # (a column each: the table's memory peaks below)
     costs = _costs(df, nesting, is_op, anc, rank, is_device_ev, dur,
@@ -284,7 +285,8 @@ def finish(
         late = graphs.after_backward(autograd, rank, step, row_phase, is_op & on_host, unmarked)
         graphs.settle(op, phase, row_phase, anc, is_op & on_host & ~container, late)
         op[has_anc] = op[anc[has_anc]]  # the backward twins settle gave outermost operators
-        op[in_comm] = _COMM_OP
+        if own_comm.any():  # communication keeps its collective (all_reduce, …) as above
+            op[in_comm] = comm_op
     phase[has_anc] = phase[anc[has_anc]]
     phase[in_comm] = _COMM_PHASE
 

@@ -262,3 +262,22 @@ def test_keras_on_torch_fit_steps_at_the_optimizer_apply(keras_torch_fit) -> Non
     last_fwd = fwd.groupby("step")["ts"].max()
     for _, a in apply[apply["step"] >= 0].iterrows():
         assert last_fwd[a["step"]] < a["ts"]
+
+
+@pytest.mark.slow
+def test_a_compiled_ddp_model_keeps_its_collectives_named(tmp_path: Path) -> None:
+    """``torch.compile(DistributedDataParallel(model))`` under torchrun: the trace holds
+    compiled graphs and DDP's all-reduces; each all-reduce stays an ``all_reduce`` (a trace
+    with compiled graphs once turned every collective into a nameless ``comm``)."""
+    needs("torch")
+    res, report = _run(tmp_path, sys.executable, "-m", "torch.distributed.run",
+                       "--nproc-per-node", "2", str(SCRIPTS / "torch_compile.py"), "--steps",
+                       "8", "--ddp")
+    assert res.returncode == 0, res.stderr[-3000:]
+    ev = load(tmp_path / "run.trace").events
+    containers = ev["name"].astype(str).str.contains("CompiledFunction|Torch-Compiled Region")
+    assert containers.any()
+    comm = ev[(ev["kind"] == "comm") & ev["counted"] & (ev["step"] >= 0)]
+    assert "all_reduce" in set(comm["op"].astype(str))
+    assert {c["op"] for c in report["collectives"]} == {"all_reduce"}
+    assert all(c["dim"] == "dp" for c in report["collectives"])

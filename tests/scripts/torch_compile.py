@@ -1,5 +1,6 @@
 """A user's torch.compile training loop: a tiny conv/linear/norm/GELU model compiled with
-inductor (the default backend; C++ kernels on the CPU), trained with AdamW."""
+inductor (the default backend; C++ kernels on the CPU), trained with AdamW; ``--ddp`` (under
+torchrun) wraps it in DistributedDataParallel first and compiles that (gloo)."""
 
 import argparse
 
@@ -11,6 +12,7 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--reshape-at", type=int, default=-1,
                     help="change the batch size at this step (a recompilation)")
+parser.add_argument("--ddp", action="store_true", help="DDP over gloo (launch with torchrun)")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -31,7 +33,14 @@ class Net(nn.Module):
 
 
 model = Net()
-compiled = torch.compile(model)
+if args.ddp:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    compiled = torch.compile(DistributedDataParallel(model))
+else:
+    compiled = torch.compile(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loss_fn = nn.CrossEntropyLoss()
 
