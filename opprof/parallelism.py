@@ -19,7 +19,8 @@ The evidence, per collective (first that applies):
    Face ``Trainer``'s token count gathered, a loss averaged for the log — and one inside it
    DDP's or SyncBatchNorm's); the same collectives issued in the backward of an autograd
    Function written in Python (Megatron-style hand-written tensor parallelism: the
-   all-reduce of ``CopyToTensorParallelRegion``'s gradient), on such a rank → ``tp``;
+   all-reduce of ``CopyToTensorParallelRegion``'s gradient; not torch.compile's
+   ``CompiledFunctionBackward``, where DDP's hooks fire), on such a rank → ``tp``;
 5. everything else (DDP's bucketed all-reduce, a loss averaged for logging) → ``dp``.
 
 gloo runs collectives on threads of its own (a span ``gloo:all_reduce`` per execution, on a
@@ -82,9 +83,10 @@ _DTENSOR_CTX = re.compile(
 _DDP_CTX = re.compile(r"DistributedDataParallel\.|torch\.distributed\.ddp\.|"
                       r"torch::distributed::reducer|.*ZeroRedundancyOptimizer")
 #: The backward node of an autograd Function written in Python (``CopyToTPBackward``; the
-#: built-in operators' nodes end in a digit, ``AddmmBackward0``), SyncBatchNorm's aside.
-_CUSTOM_BACKWARD = re.compile(
-    r"autograd::engine::evaluate_function: (?!SyncBatchNorm)\w*[A-Za-z_]Backward$")
+#: built-in operators' nodes end in a digit, ``AddmmBackward0``), SyncBatchNorm's aside, and
+#: torch.compile's graphs' (``CompiledFunctionBackward``: DDP's bucket hooks fire inside it).
+_CUSTOM_BACKWARD = re.compile(r"autograd::engine::evaluate_function: "
+                              r"(?!SyncBatchNorm|CompiledFunction)\w*[A-Za-z_]Backward$")
 _DDP_FORWARD = re.compile(r"DistributedDataParallel\.forward")
 _FUNCOL = re.compile(r"_?c10d_functional(?:_autograd)?::")
 _BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$")

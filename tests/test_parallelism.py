@@ -86,6 +86,20 @@ def test_a_data_parallel_trace_keeps_its_mode() -> None:
         None, {"dp": {"degree": 2, "groups": [[0, 1]], "calls": 3}})
 
 
+def test_ddp_inside_a_compiled_backward_is_data_parallel() -> None:
+    """A torch.compile'd model under DDP (HTA's V100 trace, an excerpt): DDP's all-reduces
+    fire inside ``CompiledFunctionBackward``, the backward of torch.compile's autograd
+    Function, not a hand-written one: they are data parallel, not tensor parallel."""
+    trace = load(FIXTURES / "gpu-public" / "ddp-compiled-backward-v100.json.gz")
+    ev = trace.events
+    names = ev["name"].astype(str)
+    assert names.str.contains("CompiledFunctionBackward").any()
+    assert (names == "c10d::allreduce_").sum() == 7  # the window ends inside the seventh
+    assert set(trace.meta["parallelism"]) == {"dp"}
+    coll = build_report(trace).collectives
+    assert set(coll["op"]) == {"all_reduce"} and set(coll["dim"]) == {"dp"}
+
+
 def test_a_recorded_mode_with_the_same_model_dimensions_stays() -> None:
     facts = [{"dims": {"dp": {"calls": 1, "ranks": [0, 1], "size": 2},
                        "ep": {"calls": 2, "ranks": [0, 1], "size": 2}}}]
