@@ -1007,10 +1007,10 @@ def diff(d: Diff, top: int | None = None) -> str:
             ("whatif_step_ns", "A step at B's speed ms", f_ms),
             ("saving_ns", "saving ms", f_ms), ("saving_share", "saving", f_pct)])))
     if len(d.comm):
-        secs.append(("comm", "Collectives by parallel dimension", table(d.comm, [
+        secs.append(("comm", "Collectives by parallel dimension", table(_with_ab(d.comm), [
             ("dim", "dimension", f_text), ("op", "collective", f_text),
             ("a_ns_per_step", "A ms/step", f_ms), ("b_ns_per_step", "B ms/step", f_ms),
-            ("ratio", "A/B", f_ratio), ("delta_ns", "A−B ms", f_ms)])))
+            ("ab", "A/B", f_text), ("delta_ns", "A−B ms", f_ms)])))
     if len(d.memory):
         secs.append(("memory", "Memory", table(d.memory, [
             ("metric", "metric", f_text), ("a_bytes", "A MiB", f_mib),

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opprof.render.text import render
-from opprof.render.units import size
+from opprof.render.units import ab_ratio, size
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,11 +113,9 @@ def comm_diff_table(comm: pd.DataFrame) -> Table:
               title_justify="left")
     for c in ["dim", "collective", "A", "B", "A/B", "A−B ms"]:
         t.add_column(c, justify="left" if c in ("dim", "collective") else "right")
-    for r in comm.to_dict("records"):
-        ratio = r["ratio"]
+    for r in comm.to_dict("records"):  # A/B as every diff cell: never 0.00x ("only in B")
         t.add_row(str(r["dim"]), str(r["op"]), _ms(r["a_ns_per_step"]), _ms(r["b_ns_per_step"]),
-                  "-" if ratio is None or ratio != ratio else f"{ratio:.2f}x",
-                  _ms(r["delta_ns"]))
+                  ab_ratio(r["a_ns_per_step"], r["b_ns_per_step"]), _ms(r["delta_ns"]))
     return t
 
 
