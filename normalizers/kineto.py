@@ -1252,14 +1252,16 @@ def _comm_args(names: tuple[np.ndarray, list[str]],
         a = args[i]
         collective[i] = a.collective if isinstance(a.collective, str) else None
         group[i] = _group_text(a)
-        if "all_to_all" in text[codes[i]] or "alltoall" in text[codes[i]] or (
+        name = text[codes[i]]
+        if "all_to_all" in name or "alltoall" in name or (
                 a.in_split is not None and a.collective in ("all_to_all", "alltoall",
                                                             "alltoall_base")):
-            split = _split_text(text[codes[i]], a)
+            peers = _gloo_list_bytes(a) if name.startswith("gloo:") else []
+            split = _a2a_text(peers, peers) if peers else _split_text(name, a)
             if split:
                 group[i] = f"{group[i]} {split}" if group[i] else split
-            if split and text[codes[i]].startswith("gloo:"):  # the list form: every tensor
-                out[i] = float(sum(_gloo_list_bytes(a)))
+            if peers:  # gloo's list form: its bytes are every tensor's
+                out[i] = float(sum(peers))
                 continue
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = max([v for v in chrome.numbers([a.in_nelems, a.out_nelems]).tolist()
@@ -1314,13 +1316,9 @@ def _split_text(name: str, a: Args) -> str | None:
     receives from each peer, in group order), from its split sizes (rows of its tensors):
     ``record_param_comms``' ``In split size`` / ``Out split size``; ``c10d::alltoall_base_``'s
     and ``all_to_all_single``'s split arguments (``Concrete Inputs``, with
-    ``record_shapes``); gloo's own range of the list form (:func:`_gloo_list_bytes`). None
-    when the trace has no split sizes (an even ``all_to_all_single``)."""
-    if name.startswith("gloo:"):
-        per_peer = _gloo_list_bytes(a)
-        send = recv = per_peer
-        row_bytes = 1.0 if per_peer else None
-    elif name == "record_param_comms":
+    ``record_shapes``) — gloo's list form is read by :func:`_gloo_list_bytes`. None when the
+    trace has no split sizes (an even ``all_to_all_single``)."""
+    if name == "record_param_comms":
         send, recv = _int_list(a.in_split), _int_list(a.out_split)
         size = _DTYPE_BYTES.get(a.dtype) if isinstance(a.dtype, str) else None
         nel = chrome.numbers([a.in_nelems]).tolist()[0]
@@ -1343,9 +1341,14 @@ def _split_text(name: str, a: Args) -> str | None:
             isinstance(d, int) for d in trailing) else None
     if not send or not recv or row_bytes is None:
         return None
-    fmt = ",".join
-    return (f"a2a_send_bytes={fmt(str(int(r * row_bytes)) for r in send)} "
-            f"a2a_recv_bytes={fmt(str(int(r * row_bytes)) for r in recv)}")
+    return _a2a_text([int(r * row_bytes) for r in send], [int(r * row_bytes) for r in recv])
+
+
+def _a2a_text(send: list[int], recv: list[int]) -> str:
+    """``a2a_send_bytes=… a2a_recv_bytes=…``: the bytes to and from each peer, in group
+    order (:mod:`opprof.analysis.experts` reads them)."""
+    return (f"a2a_send_bytes={','.join(map(str, send))} "
+            f"a2a_recv_bytes={','.join(map(str, recv))}")
 
 
 def _gloo_list_bytes(a: Args) -> list[int]:

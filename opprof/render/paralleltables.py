@@ -73,8 +73,7 @@ def pipeline_table(rep: Report) -> Table | Text:
 def expert_tables(rep: Report) -> list[Table | Text]:
     """All-to-all bytes per peer per rank and step, and the experts' load per exchange."""
     if rep.experts.empty:
-        coll = rep.collectives
-        a2a = coll[coll["op"] == "all_to_all"] if "op" in coll else coll.iloc[:0]
+        a2a = rep.collectives[rep.collectives["op"] == "all_to_all"]
         if a2a.empty:
             return [Text("no all-to-all in this trace's steps")]
         return [Text(f"{a2a['calls_per_step'].sum():.1f} all-to-all call(s) per rank and step, "
