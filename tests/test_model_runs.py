@@ -99,7 +99,12 @@ def test_prediction_from_one_worker_matches_a_measured_two_worker_run(
     assert pred[2]["exposed_comm_ns"] > 0
     check = doc["check"]
     assert check["predicted_step_ns"] == pytest.approx(pred[2]["step_ns"])
-    ratio = check["predicted_step_ns"] / check["measured_step_ns"]
+    measured = check["measured_step_ns"]
+    if check["spread"]["noisy"]:  # the check's own verdict: one host stall sets the mean (in
+        # CI once 82 ms of comm in one rank's step of 11 ms): the typical step, its median
+        bounds = load(tmp_path / "two.trace").meta["step_bounds"]
+        measured = sorted(end - start for _, _, start, end in bounds)[(len(bounds) - 1) // 2]
+    ratio = check["predicted_step_ns"] / measured
     assert 1 / BOUND < ratio < BOUND, check
     terms = {t["term"]: t for t in check["terms"]}
     own = sum(terms[t]["predicted_ns"] - terms[t]["measured_ns"] for t in ("t_comm", "t_u"))
