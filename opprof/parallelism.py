@@ -23,6 +23,12 @@ The evidence, per collective (first that applies):
    ``CompiledFunctionBackward``, where DDP's hooks fire), on such a rank → ``tp``;
 5. everything else (DDP's bucketed all-reduce, a loss averaged for logging) → ``dp``.
 
+A functional collective's wait (``_c10d_functional::wait_tensor``, run when an operator first
+reads the ``AsyncCollectiveTensor``) takes the dimension of the latest functional collective
+issued before it on its thread: the wait of a funcol all-to-all (TorchTitan's MoE dispatch) is
+``ep``, not tensor parallel for being functional or for running inside that tensor subclass's
+dispatch (``PythonSubclass``, which rule 2 reads as DTensor's).
+
 gloo runs collectives on threads of its own (a span ``gloo:all_reduce`` per execution, on a
 thread that serves one process group): the spans of one collective on such a thread take the
 dimension most of their calls have — per span, the latest call of a compatible collective
@@ -91,6 +97,8 @@ _DDP_FORWARD = re.compile(r"DistributedDataParallel\.forward")
 _FUNCOL = re.compile(r"_?c10d_functional(?:_autograd)?::")
 _BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$")
 _CALL = re.compile(r"c10d::|_?c10d_functional")
+#: A functional collective's wait (``_c10d_functional::wait_tensor``).
+_WAIT = re.compile(r".*::wait_tensor\w*$")
 _DESC = re.compile(r"desc=(\S+)")
 _PG = re.compile(r"pg=(\S+)")
 #: The collectives a backend span can serve (gloo runs a reduce-scatter as an all-reduce).
@@ -188,11 +196,34 @@ def collective_dims(ev: pd.DataFrame) -> Array:
     values: list[Any] = [desc, "fsdp", "tp", "ep", "pp", "tp"]
     chosen = np.select(rules, values, default="dp")
     out[comm] = chosen[comm]
+    # a functional collective's wait serves the functional collective it waits on, whatever
+    # that is: an expert all-to-all's wait is not tensor parallel for being functional, nor
+    # for running inside the dispatch of funcol's own tensor subclass (``PythonSubclass``)
+    waits = _per_name(names, _WAIT)
+    free = comm & host & ~fsdp & (desc == None)  # noqa: E711 (element-wise)
+    _follow_calls(out, free & waits, comm & host & funcol & ~waits, lane, ts)
     issuing = np.isin(lane, np.unique(lane[host & _per_name(names, _CALL)]))
     span = comm & host & _per_name(names, _BACKEND_SPAN)
     _thread_votes(out, span & ~issuing, lane, ts, op,
                   comm & host & issuing & ~span & (desc == None))  # noqa: E711
     return out
+
+
+def _follow_calls(out: Array, waits: Array, calls: Array, lane: Array, ts: Array) -> None:
+    """Each of ``waits`` takes the dimension of the latest of ``calls`` issued before it on
+    its thread (kept where none was); in place."""
+    w, c = np.flatnonzero(waits), np.flatnonzero(calls)
+    if not len(w) or not len(c):
+        return
+    for one in np.unique(lane[w]):
+        mine = w[lane[w] == one]
+        theirs = c[lane[c] == one]
+        if not len(theirs):
+            continue
+        theirs = theirs[np.argsort(ts[theirs], kind="stable")]
+        pos = np.searchsorted(ts[theirs], ts[mine], side="right") - 1
+        found = pos >= 0
+        out[mine[found]] = out[theirs[pos[found]]]
 
 
 def _detail_dims(ev: pd.DataFrame, comm: Array) -> Array:

@@ -132,6 +132,26 @@ def test_mixture_of_experts_with_the_list_form_all_to_all(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_mixture_of_experts_with_functional_all_to_all(tmp_path: Path) -> None:
+    """TorchTitan's dispatch: ``all_to_all_single_autograd`` (funcol), waited on through its
+    ``AsyncCollectiveTensor``. Its waits are the all-to-all's (``ep``): they were read as
+    hand-written tensor parallelism (mode ``dp+tp+ep``)."""
+    path = opprof_run(tmp_path, "torch_moe_funcol.py", "--tokens", "128")
+    rep = healthy(path, "dp+ep")
+    assert set(load(path).meta["parallelism"]) == {"dp", "ep"}
+    dims = rep.collectives.groupby("op")["dim"].agg(set).to_dict()
+    assert dims == {"all_reduce": {"dp"}, "all_to_all": {"ep"}}
+    # per step: the counts, the tokens out and back, the way back's gradient
+    assert (rep.collectives.loc[rep.collectives["op"] == "all_to_all", "calls_per_step"]
+            == 4).all()
+    # the tokens each rank's experts received, per exchange, against what was sent to it
+    assert len(rep.expert_load) and (rep.expert_load["imbalance"] >= 1.0).all()
+    sent = rep.experts.groupby("step")["bytes_sent"].sum()
+    received = rep.experts.groupby("step")["bytes_received"].sum()
+    assert (sent == received).all()
+
+
+@pytest.mark.slow
 def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
     path = opprof_run(tmp_path, "torch_fsdp_tp.py", "--blocks", "1", "--width", "32", procs=4)
     rep = healthy(path, "fsdp+tp")
