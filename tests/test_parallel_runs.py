@@ -95,10 +95,18 @@ def test_hand_written_tensor_parallel_script(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved", "zero-bubble",
+                                      "dualpipev"])
 def test_pipeline_script(tmp_path: Path, schedule: str) -> None:
     rep = healthy(opprof_run(tmp_path, "torch_pp.py", "--schedule", schedule), "pp")
     bubbles(rep, {"interleaved": "interleaved-1f1b"}.get(schedule, schedule))
+    if schedule == "dualpipev":
+        # a forward and another stage's backward run in one range (OVERLAP_F_B): both counted,
+        # every micro-batch of both stages (4 each), its compute inside each part
+        p = rep.pipeline
+        assert (p["microbatches"] == 4).all(), p["microbatches"].tolist()
+        assert all(len(f) == len(b) == 4 and min(f) > 0 and min(b) > 0 for f, b in zip(
+            p["microbatch_forward_ns"], p["microbatch_backward_ns"], strict=True))
 
 
 @pytest.mark.slow

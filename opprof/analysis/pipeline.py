@@ -7,9 +7,12 @@ activations going forward, the gradients coming back). Per rank and step:
 - **chunks**: the micro-batch actions the stage ran, in order. ``torch.distributed.pipelining``
   marks them where its schedule does (``Forward 3`` / ``Backward 3`` in ``ScheduleGPipe``,
   ``PP:2F3`` — stage 2, forward, micro-batch 3 — in the interleaved and looped schedules):
-  each such range is a chunk. Elsewhere (``Schedule1F1B``, a pipeline written by hand with
-  ``dist.send`` / ``dist.recv``) a chunk is a run of forward (or backward) operators on the
-  stage's threads that no send or receive and no switch between forward and backward
+  each such range is a chunk. ``ScheduleDualPipeV`` runs a forward and another stage's
+  backward in one range (``PP:(0F3;3B1)OVERLAP_F_B``), one after the other on CPU: the range
+  is cut where the first operator of the second action's phase starts (none: the first
+  action's to its end), each part a chunk. Elsewhere (``Schedule1F1B``, a pipeline written by
+  hand with ``dist.send`` / ``dist.recv``) a chunk is a run of forward (or backward) operators
+  on the stage's threads that no send or receive and no switch between forward and backward
   interrupts and that runs a layer of the model (not only copies or element-wise work, such
   as making the batch or a receive buffer), numbered in order;
 - **forward / backward per micro-batch**: the wall time inside each chunk that the step's
@@ -23,7 +26,8 @@ activations going forward, the gradients coming back). Per rank and step:
 - **schedule** (the job's, from the order of the chunks of every stage): ``gpipe`` when every
   stage runs all its forwards before its backwards, ``1f1b`` when a stage alternates them;
   with several stages per rank (``PP:`` markers), ``interleaved-1f1b`` or ``looped-bfs``; with
-  split backwards (``I`` / ``W`` actions), ``zero-bubble``;
+  split backwards (``I`` / ``W`` actions), ``zero-bubble``; with a forward and a backward run
+  as one action (``OVERLAP_F_B``), ``dualpipev``;
 - **stage**: the rank's place in its pipeline group (``meta.parallelism["pp"]``), or the
   stage the ``PP:`` markers name (several for a looped schedule);
 - **ideal_bubble_share**: the schedule's textbook bubble, ``(p − 1) / (v·m + p − 1)`` for ``p``
@@ -52,6 +56,7 @@ from opprof.walltime import (
 )
 
 if TYPE_CHECKING:
+    from opprof.arrays import Array
     from opprof.meta import MetaMapping
 
 #: One row per (rank, step) of a pipeline stage (what ``--by pipeline`` shows).
@@ -62,6 +67,9 @@ COLUMNS = ["rank", "step", "stage", "stages", "schedule", "microbatches", "bubbl
 P2P = ("send", "recv")
 _GPIPE_MARK = re.compile(r"^(Forward|Backward) (\d+)$")
 _PP_MARK = re.compile(r"^PP:(\d+)(F|B|I|W)(\d+)$")
+#: ``PP:(0F3;3B1)OVERLAP_F_B``: actions run one after the other inside one range.
+_OVERLAP_MARK = re.compile(r"^PP:\(((?:\d+[FBIW]\d+;?)+)\)OVERLAP_F_B$")
+_ACTION = re.compile(r"(\d+)([FBIW])(\d+)")
 _FB = {"Forward": "F", "Backward": "B"}
 #: Operators that run no layer of the model (copies, element-wise work, a loop's own).
 _NOT_LAYER = ["memory", "memory_backward", "elementwise", "elementwise_backward", "other",
@@ -95,7 +103,8 @@ def pipeline_part(trace: Trace) -> pd.DataFrame:
 
 
 _PART = ["rank", "step", "kind", "stage", "mb", "start", "end", "compute_ns", "bubble_ns",
-         "step_ns"]
+         "step_ns", "paired"]
+_CHUNK = ["kind", "stage", "mb", "start", "end", "paired"]
 
 
 def _rank_part(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
@@ -103,7 +112,7 @@ def _rank_part(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
     """One rank's chunks and bubbles (see :func:`pipeline_part`)."""
     phase_marks = m[m["phase"].isin(PRIORITY)]
     a = RankArrays.of(b, o, phase_marks, blk)
-    chunks = _marked_chunks(m)
+    chunks = _marked_chunks(m, o)
     if chunks.empty:
         chunks = _op_chunks(o)
     sweep = Sweep(a.starts, a.ends, a.s_start, a.s_end,
@@ -118,7 +127,8 @@ def _rank_part(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
     steps = b["step"].to_numpy(np.int64)
     out = [pd.DataFrame({"rank": rank, "step": steps, "kind": "-", "stage": -1, "mb": -1,
                          "start": a.s_start, "end": a.s_end, "compute_ns": 0,
-                         "bubble_ns": bubble, "step_ns": a.s_end - a.s_start})]
+                         "bubble_ns": bubble, "step_ns": a.s_end - a.s_start,
+                         "paired": False})]
     if len(chunks):
         chunks = chunks.sort_values("start", kind="stable").reset_index(drop=True)
         # chunks of one rank do not overlap (one thread runs them): bins of the sweep
@@ -138,24 +148,27 @@ def _rank_part(rank: int, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
             "mb": chunks["mb"].to_numpy(np.int64)[inside],
             "start": chunks["start"].to_numpy(np.int64)[inside],
             "end": chunks["end"].to_numpy(np.int64)[inside],
-            "compute_ns": comp[inside], "bubble_ns": 0, "step_ns": 0}))
+            "compute_ns": comp[inside], "bubble_ns": 0, "step_ns": 0,
+            "paired": chunks["paired"].to_numpy(bool)[inside]}))
     return pd.concat(out, ignore_index=True)[_PART]
 
 
-def _marked_chunks(m: pd.DataFrame) -> pd.DataFrame:
+def _marked_chunks(m: pd.DataFrame, o: pd.DataFrame) -> pd.DataFrame:
     """The micro-batch actions ``torch.distributed.pipelining`` marks (``Forward 3``,
-    ``PP:2F3``): kind, stage (-1: not named), micro-batch, start, end."""
+    ``PP:2F3``, ``PP:(0F3;3B1)OVERLAP_F_B`` cut by the operators ``o``): kind, stage (-1: not
+    named), micro-batch, start, end, paired (run in one range with another action)."""
     if m.empty:
-        return pd.DataFrame(columns=["kind", "stage", "mb", "start", "end"])
+        return pd.DataFrame(columns=_CHUNK)
     names = m["name"].astype(str)
     g = names.str.extract(_GPIPE_MARK)
     p = names.str.extract(_PP_MARK)
+    both = names.str.extract(_OVERLAP_MARK)[0]
     is_g, is_p = g[0].notna().to_numpy(), p[0].notna().to_numpy()
-    use_p = is_p.any()
+    is_both = both.notna().to_numpy()
+    use_p = is_p.any() or is_both.any()
     sel = is_p if use_p else is_g
-    if not sel.any():
-        return pd.DataFrame(columns=["kind", "stage", "mb", "start", "end"])
-    ts = m["ts"].to_numpy(np.int64)[sel]
+    ts = m["ts"].to_numpy(np.int64)
+    end = ts + m["dur"].to_numpy(np.int64)
     if use_p:
         kind = p[1].to_numpy(object)[sel]
         stage = p[0].to_numpy(object)[sel].astype(np.int64)
@@ -164,8 +177,36 @@ def _marked_chunks(m: pd.DataFrame) -> pd.DataFrame:
         kind = np.array([_FB[k] for k in g[0].to_numpy(object)[sel]], dtype=object)
         stage = np.full(int(sel.sum()), -1, np.int64)
         mb = g[1].to_numpy(object)[sel].astype(np.int64)
-    return pd.DataFrame({"kind": kind, "stage": stage, "mb": mb, "start": ts,
-                         "end": ts + m["dur"].to_numpy(np.int64)[sel]})
+    single = pd.DataFrame({"kind": kind, "stage": stage, "mb": mb, "start": ts[sel],
+                           "end": end[sel], "paired": False})
+    if not use_p or not is_both.any():
+        return single
+    return pd.concat([single, _paired_chunks(both[is_both].to_numpy(object), ts[is_both],
+                                             end[is_both], o)], ignore_index=True)
+
+
+def _paired_chunks(actions: Array, start: Array, end: Array, o: pd.DataFrame) -> pd.DataFrame:
+    """The actions of ``OVERLAP_F_B`` ranges (``0F3;3B1`` each, run in that order): each
+    range cut where the first host operator of the next action's phase (forward for F,
+    backward for B, I, W) starts after the previous cut, else at the range's end."""
+    host = o[on_host(o)]
+    phase = host["phase"].astype(str).to_numpy()
+    at = {ph: np.sort(host["ts"].to_numpy(np.int64)[phase == ph])
+          for ph in ("forward", "backward")}
+    rows = []
+    for text, s, e in zip(actions, start, end, strict=True):
+        parts = _ACTION.findall(str(text))
+        cut = int(s)
+        for k, (stage, kind, mb) in enumerate(parts):
+            if k + 1 < len(parts):
+                times = at["forward" if parts[k + 1][1] == "F" else "backward"]
+                i = np.searchsorted(times, cut, side="left")
+                nxt = int(times[i]) if i < len(times) and times[i] < e else int(e)
+            else:
+                nxt = int(e)
+            rows.append((kind, int(stage), int(mb), cut, nxt, True))
+            cut = nxt
+    return pd.DataFrame(rows, columns=_CHUNK)
 
 
 def _op_chunks(o: pd.DataFrame) -> pd.DataFrame:
@@ -182,7 +223,7 @@ def _op_chunks(o: pd.DataFrame) -> pd.DataFrame:
     keep = is_p2p | np.isin(phase, ["forward", "backward"])
     host = host[keep].sort_values("ts", kind="stable")
     if host.empty:
-        return pd.DataFrame(columns=["kind", "stage", "mb", "start", "end"])
+        return pd.DataFrame(columns=_CHUNK)
     is_p2p = host["op"].isin(P2P).to_numpy()
     label = np.where(is_p2p, "P", np.where(host["phase"].astype(str).to_numpy() == "forward",
                                            "F", "B"))
@@ -202,7 +243,8 @@ def _op_chunks(o: pd.DataFrame) -> pd.DataFrame:
         c = c[c["layer"]]
     c["mb"] = c.groupby(["step", "kind"]).cumcount()
     c["stage"] = -1
-    return c[["kind", "stage", "mb", "start", "end"]].reset_index(drop=True)
+    c["paired"] = False
+    return c[_CHUNK].reset_index(drop=True)
 
 
 def combine_pipeline(parts: list[pd.DataFrame], meta: MetaMapping) -> pd.DataFrame:
@@ -267,6 +309,8 @@ def infer_schedule(chunks: pd.DataFrame) -> str:
     """The job's schedule from its stages' chunks (module docstring)."""
     if chunks.empty:
         return "unknown"
+    if "paired" in chunks and chunks["paired"].astype(bool).any():
+        return "dualpipev"
     if chunks["kind"].isin(["I", "W"]).any():
         return "zero-bubble"
     looped = bool((chunks[chunks["stage"] >= 0].groupby("rank")["stage"].nunique() > 1).any())

@@ -1,9 +1,11 @@
 """A user's pipeline-parallel script: an MLP stack cut into one stage per rank with
 ``torch.distributed.pipelining`` (``PipelineStage`` on each rank's part of the layers, then
 ``ScheduleGPipe`` or ``Schedule1F1B``: ``--schedule gpipe|1f1b``; or two stages per rank,
-stage r and r + world, with ``ScheduleInterleaved1F1B`` or ``ScheduleLoopedBFS``:
-``--schedule interleaved|looped``), the batch split into ``--microbatches`` micro-batches,
-launched with torchrun (gloo on CPU), SGD on random data."""
+stage r and r + world, with ``ScheduleInterleaved1F1B``, ``ScheduleLoopedBFS`` or
+``ScheduleInterleavedZeroBubble``: ``--schedule interleaved|looped|zero-bubble``; or two stages
+per rank placed in a V, stage r and 2·world − 1 − r, with ``ScheduleZBVZeroBubble`` or
+``ScheduleDualPipeV``: ``--schedule zbv|dualpipev``), the batch split into ``--microbatches``
+micro-batches, launched with torchrun (gloo on CPU), SGD on random data."""
 
 import argparse
 import os
@@ -14,9 +16,12 @@ from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
     ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
 )
 
 parser = argparse.ArgumentParser()
@@ -25,14 +30,17 @@ parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--microbatches", type=int, default=4)
 parser.add_argument("--layers", type=int, default=4, help="layers per stage")
 parser.add_argument("--width", type=int, default=128)
-parser.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved", "looped"],
-                    default="gpipe")
+MULTI = {"interleaved": ScheduleInterleaved1F1B, "looped": ScheduleLoopedBFS,
+         "zero-bubble": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
+         "dualpipev": ScheduleDualPipeV}
+parser.add_argument("--schedule", choices=["gpipe", "1f1b", *MULTI], default="gpipe")
 parser.add_argument("--fail-at", type=int, default=-1)
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-looped = args.schedule in ("interleaved", "looped")
+looped = args.schedule in MULTI
+v_shape = args.schedule in ("zbv", "dualpipev")
 n_stages = 2 * world if looped else world
 
 
@@ -47,14 +55,14 @@ def part_of(index: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-indices = [rank, rank + world] if looped else [rank]
+indices = ([rank, n_stages - 1 - rank] if v_shape else [rank, rank + world] if looped
+           else [rank])
 parts = [part_of(i) for i in indices]
 stages = [PipelineStage(p, i, n_stages, torch.device("cpu"))
           for p, i in zip(parts, indices, strict=True)]
 loss_fn = nn.CrossEntropyLoss()
 if looped:
-    multi = {"interleaved": ScheduleInterleaved1F1B, "looped": ScheduleLoopedBFS}[args.schedule]
-    schedule = multi(stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
+    schedule = MULTI[args.schedule](stages, n_microbatches=args.microbatches, loss_fn=loss_fn)
 else:
     single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[args.schedule]
     schedule = single(stages[0], n_microbatches=args.microbatches, loss_fn=loss_fn)
