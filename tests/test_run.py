@@ -284,6 +284,20 @@ def test_a_failing_script_keeps_and_reports_its_partial_trace(tmp_path: Path, na
 
 
 @pytest.mark.slow
+def test_a_script_one_step_short_is_told_how_many_steps_the_protocol_takes(tmp_path: Path
+                                                                          ) -> None:
+    """A loop of exactly warm-up + timed + profiled steps leaves torch's last profiled step
+    out (its profiler settles for one): the line says how many steps the protocol takes."""
+    needs("torch")
+    res, report = opprof_run(tmp_path, *script("torch_loop.py", "--steps", "5"))
+    assert res.returncode == 0, res.stderr
+    assert ("ended during its profiled steps: 2 of 3 recorded; the protocol takes 6 steps (1 "
+            "warm-up, 1 timed, 1 for torch's profiler to settle, 3 profiled): run more steps "
+            "or lower --steps") in res.stderr
+    check_steps(report, [0], 2)
+
+
+@pytest.mark.slow
 def test_a_script_dying_after_its_profile_keeps_a_whole_trace(tmp_path: Path) -> None:
     """A process killed by a fatal signal once its profile is written (torch's gloo threads
     abort a finalizing interpreter now and then): the exit code is the command's, one line

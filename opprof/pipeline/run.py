@@ -170,8 +170,15 @@ def outcomes(statuses: list[Facts], protocol: Protocol, folder: Path) -> list[st
                              "steps were written; its trace is whole")
             continue
         if s.native:
+            # a job that simply ran out of steps: say how many the protocol takes
+            parts = [f"{protocol.warmup} warm-up", f"{protocol.timing_steps} timed",
+                     *(["1 for torch's profiler to settle"] if settle else []),
+                     f"{s.profiled_target} profiled"]
+            total = protocol.warmup + protocol.timing_steps + bool(settle) + s.profiled_target
+            short = "" if why else (f"; the protocol takes {total} steps ({', '.join(parts)}): "
+                                    "run more steps or lower --steps")
             lines.append(f"{who} ended during its profiled steps: {s.profiled_steps} of "
-                         f"{s.profiled_target} recorded{why}")
+                         f"{s.profiled_target} recorded{why}{short}")
         elif s.ended:
             lines.append(f"{who} ended after {s.steps_seen} training step(s), before its "
                          f"profiled steps ({protocol.warmup} warm-up, {protocol.timing_steps} "
