@@ -39,8 +39,8 @@ Groups: every rank's ``distributedInfo.pg_config`` lists the process groups it b
 one group left that no dimension took (not the default group), else the default group. Its
 degree is that group's size; its groups the rank lists of that group on every rank.
 
-The layout: the dimensions whose collectives run in the steps, in the order
-:data:`DIMS`, joined by ``+`` (``fsdp+tp``, ``dp+pp``). A job whose only dimension is data
+The layout: the dimensions whose collectives run in the steps over more than one rank, in
+the order :data:`DIMS`, joined by ``+`` (``fsdp+tp``, ``dp+pp``). A job whose only dimension is data
 parallel keeps the mode it was recorded or recognized with (``allreduce``, ``fsdp``, ``zero``).
 
 Vectorized over events; the regular expressions run once per distinct name.
@@ -385,13 +385,16 @@ def layout(facts: Iterable[Mapping[str, Any]], workers: int,
         groups = sorted(e["groups"]) or [list(range(workers))]
         degree = max(e["sizes"]) if e["sizes"] else len(groups[0])
         parallelism[d] = {"degree": int(degree), "groups": groups, "calls": int(e["calls"])}
-    model = [d for d in parallelism if d not in DATA_DIMS]
+    # a dimension of degree 1 parallelizes nothing (Lightning's ModelParallelStrategy with
+    # data_parallel_size=1 still broadcasts over its mesh's 1-rank data-parallel groups): it
+    # stays in ``parallelism``, not in the mode
+    names = [d for d in parallelism if parallelism[d]["degree"] > 1]
+    model = [d for d in names if d not in DATA_DIMS]
     if not model:
         return None, parallelism
     asked = str(recorded or "").split("+")
     if set(model) == {d for d in asked if d not in DATA_DIMS} and set(asked) <= set(DIMS):
         return str(recorded), parallelism  # what `record --mode ep` asked for, and ran
-    names = list(parallelism)
     if "dp" in names and recorded == Mode.ZERO:
         names[names.index("dp")] = str(Mode.ZERO)
     return "+".join(names), parallelism

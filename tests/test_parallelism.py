@@ -107,6 +107,16 @@ def test_a_recorded_mode_with_the_same_model_dimensions_stays() -> None:
     assert layout(facts, 2, "allreduce")[0] == "dp+ep"
 
 
+def test_a_dimension_of_one_rank_is_not_in_the_mode() -> None:
+    """Lightning's ModelParallelStrategy with data_parallel_size=1 broadcasts over 1-rank
+    data-parallel groups: the job is tensor parallel (it read ``dp+tp``)."""
+    facts = [{"dims": {"dp": {"calls": 1, "ranks": [r], "size": 1},
+                       "tp": {"calls": 2, "ranks": [0, 1], "size": 2}}} for r in (0, 1)]
+    mode, par = layout(facts, 2)
+    assert mode == "tp"
+    assert par["dp"] == {"degree": 1, "groups": [[0], [1]], "calls": 2}
+
+
 def test_groups_go_to_the_dimension_their_description_names() -> None:
     groups = [{"pg": "0", "desc": "default_pg", "ranks": [0, 1, 2, 3], "size": 4},
               {"pg": "1", "desc": "mesh_dp", "ranks": [0, 2], "size": 2},

@@ -1,8 +1,8 @@
 """`opprof run` on the training loops users run instead of their own: Lightning's `fit` (automatic
 optimization, whose forward and backward run inside the optimizer's closure; manual
-optimization; its own DDP, launched and spawned; both import names), the Hugging Face
-`Trainer` and Accelerate (one process and `accelerate launch`), each a real script of
-tests/scripts/ that does not import opprof.
+optimization; its own DDP, launched and spawned; its ModelParallelStrategy; both import
+names), the Hugging Face `Trainer` and Accelerate (one process and `accelerate launch`), each
+a real script of tests/scripts/ that does not import opprof.
 
 On each: every process is recorded, exits 0, one step per optimizer step (a step spans its
 accumulated micro-batches), the phases sum to each step, forward and backward are found in
@@ -53,6 +53,7 @@ class Loop:
     losses: int = 1
     optimizer_steps: int = 1
     closure: bool = False
+    mode: str | None = None  # the job's, where not data parallel
 
 
 LOOPS = {
@@ -68,6 +69,10 @@ LOOPS = {
                              ("pytorch_lightning",), losses=3, optimizer_steps=2, closure=True),
     "lightning-ddp": Loop(("python", "lightning_fit.py", "--steps", "8", "--devices", "2",
                            "--strategy", "ddp"), ("lightning",), ranks=2, closure=True),
+    # ModelParallelStrategy: DTensor tensor parallel on a mesh whose data-parallel groups
+    # hold one rank each (it broadcasts over them)
+    "lightning-tp": Loop(("python", "lightning_tp.py", "--steps", "8"), ("lightning",),
+                         ranks=2, closure=True, mode="tp"),
     "hf-trainer-gpt2": Loop(("python", "hf_trainer.py", "--steps", "8"), ("transformers",)),
     "hf-trainer-bert-accumulate": Loop(("python", "hf_trainer.py", "--steps", "8", "--model",
                                         "bert", "--accumulate", "2"), ("transformers",),
@@ -122,7 +127,7 @@ def test_every_process_is_recorded_and_each_step_sums_up(run) -> None:
         assert s["phases"]["forward"] > 0, s
     m = r.report["meta"]
     assert m["workers"] == loop.ranks
-    assert m["mode"] == ("allreduce" if loop.ranks > 1 else "single")
+    assert m["mode"] == (loop.mode or ("allreduce" if loop.ranks > 1 else "single"))
 
 
 @pytest.mark.slow
