@@ -35,9 +35,16 @@ dimension most of their calls have — per span, the latest call of a compatible
 issued before it started.
 
 Groups: every rank's ``distributedInfo.pg_config`` lists the process groups it belongs to
-(name, description, ranks). A dimension takes the group whose description names it; else the
-one group left that no dimension took (not the default group), else the default group. Its
-degree is that group's size; its groups the rank lists of that group on every rank.
+(name, description, ranks). A dimension takes the group its collectives name (an NCCL trace's
+``pg=``), else the group whose description names it (a mesh's ``mesh_tp``, Megatron-LM's
+``TENSOR_MODEL_PARALLEL_GROUP``); else the one group left that no dimension took (not the
+default group); several dimensions left with as many unnamed groups (``dist.new_group`` by
+hand, as on gloo, whose trace names no group) take them in the order the groups were made
+(their names count up), by the lowest thread of each dimension's gloo spans (each group starts
+its threads when it is made) — with one dimension more than groups, the default group first;
+else the default group. (A dimension on the default group beside an unused group of the rank's
+is given that group: the trace shows no thread of a group that ran nothing.) Its degree is
+that group's size; its groups the rank lists of that group on every rank.
 
 The layout: the dimensions whose collectives run in the steps over more than one rank, in
 the order :data:`DIMS`, joined by ``+`` (``fsdp+tp``, ``dp+pp``). A job whose only dimension is data
@@ -70,15 +77,21 @@ DATA_DIMS = ("dp", "fsdp")
 #: A mesh dimension's (or a process group description's) name → the dimension it is.
 #: Matched against the name with ``mesh_`` (``init_device_mesh``'s prefix) removed, whole,
 #: case-insensitive; first row wins.
+#: Megatron-LM's ``group_desc`` (``TENSOR_MODEL_PARALLEL_GROUP``, ``DATA_PARALLEL_GROUP_GLOO``,
+#: ``EXPERT_DATA_PARALLEL_GROUP``) are read with ``_group``, ``_gloo`` and ``_with_cp`` removed;
+#: its groups of two dimensions (``TENSOR_AND_DATA_PARALLEL_GROUP``) name none.
 MESH_NAMES: tuple[tuple[str, str], ...] = (
     (r"(?:dp_)?shard(?:_cp)?|fsdp|hsdp_shard|zero\d?", "fsdp"),
-    (r"dp|ddp|data(?:_parallel)?|dp_replicate|replicate|hsdp_replicate|batch", "dp"),
-    (r"tp|tensor(?:_parallel)?|model(?:_parallel)?|mp|sp|sequence(?:_parallel)?", "tp"),
-    (r"pp|pipe(?:line)?(?:_parallel)?|stage", "pp"),
+    (r"dp|ddp|data(?:_parallel)?|dp_replicate|replicate|hsdp_replicate|batch"
+     r"|expert_data_parallel|(?:intra|inter)_partial_data_parallel", "dp"),
+    (r"tp|tensor(?:_model)?(?:_parallel)?|model(?:_parallel)?|mp|sp|sequence(?:_parallel)?"
+     r"|expert_tensor_parallel", "tp"),
+    (r"pp|pipe(?:line)?(?:_model)?(?:_parallel)?|stage", "pp"),
     (r"cp|context(?:_parallel)?|ring", "cp"),
-    (r"ep|expert(?:s|_parallel)?|moe", "ep"),
+    (r"ep|expert(?:s|_parallel|_model_parallel)?|moe", "ep"),
 )
 _MESH = [(re.compile(p, re.IGNORECASE), d) for p, d in MESH_NAMES]
+_MEGATRON_SUFFIX = re.compile(r"(?:_with_cp)?(?:_group)(?:_with_cp)?(?:_gloo)?$", re.IGNORECASE)
 
 #: Ranges whose collectives are FSDP's, DTensor's (tensor parallel) and DDP's.
 _FSDP_CTX = re.compile(FSDP_NAME.pattern
@@ -112,6 +125,7 @@ def mesh_dim(name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return None
     text = name[5:] if name.lower().startswith("mesh_") else name
+    text = _MEGATRON_SUFFIX.sub("", text)
     for pattern, dim in _MESH:
         if pattern.fullmatch(text):
             return dim
@@ -283,7 +297,7 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     calls = pd.Series(dims[sel].astype(str)).value_counts()
     groups = process_groups(distributed)
     seen = [d for d in DIMS if d in calls.index]
-    taken = assign_groups(seen, groups, _detail_groups(ev, dims))
+    taken = assign_groups(seen, groups, _detail_groups(ev, dims), _span_threads(ev, dims))
     out: dict[str, Any] = {"dims": {}}
     for d in seen:
         g = taken.get(d)
@@ -291,6 +305,24 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     if isinstance(distributed, Mapping) and "world_size" in distributed:
         out["world_size"] = distributed.get("world_size")
     return out
+
+
+def _span_threads(ev: pd.DataFrame, dims: Array) -> dict[str, int]:
+    """Dimension → the lowest thread id among the backend spans of its collectives that run
+    on the backend's own threads (gloo's: each process group starts its worker threads when it
+    is made, so thread ids rise in the order the groups were made)."""
+    has = dims != None  # noqa: E711 (element-wise)
+    if not has.any() or "tid" not in ev:
+        return {}
+    names = ev["name"]
+    span = has & _per_name(names, _BACKEND_SPAN) & (ev["device"].astype(str) == "cpu").to_numpy()
+    issuing = np.unique(ev["tid"].to_numpy(np.int64)[_per_name(names, _CALL)])
+    tid = ev["tid"].to_numpy(np.int64)
+    span &= ~np.isin(tid, issuing)
+    if not span.any():
+        return {}
+    low = pd.Series(tid[span]).groupby(dims[span].astype(str)).min()
+    return {str(d): int(t) for d, t in low.items()}
 
 
 def process_groups(distributed: Any) -> list[dict[str, Any]]:
@@ -326,10 +358,14 @@ def _detail_groups(ev: pd.DataFrame, dims: Array) -> dict[str, str]:
 
 
 def assign_groups(dims: Iterable[str], groups: list[dict[str, Any]],
-                  named: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+                  named: Mapping[str, str] | None = None,
+                  threads: Mapping[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """Dimension → the process group it runs in (the module docstring's rules): the group its
-    collectives name (``named``), the group whose description names it, the one group left,
-    else the default group (``default_pg``, or the first listed)."""
+    collectives name (``named``), the group whose description names it, the one group left;
+    several dimensions left with as many groups (the unnamed ones made by ``new_group``, and
+    the default group where one more is needed): in the order the groups were made, by the
+    lowest thread id of each dimension's backend spans (``threads``: gloo's threads start
+    with their group); else the default group (``default_pg``, or the first listed)."""
     dims = list(dims)
     by_name = {g["pg"]: g for g in groups}
     out: dict[str, dict[str, Any]] = {}
@@ -349,6 +385,12 @@ def assign_groups(dims: Iterable[str], groups: list[dict[str, Any]],
     free = [g for g in groups if g["pg"] not in used and g is not default
             and mesh_dim(g["desc"]) is None]
     left = [d for d in dims if d not in out]
+    made = sorted(free + ([default] if default is not None and len(left) == len(free) + 1
+                          and default["pg"] not in used else []), key=_made)
+    if len(left) > 1 and len(made) == len(left) and all(d in (threads or {}) for d in left):
+        for d, g in zip(sorted(left, key=lambda d: (threads or {})[d]), made, strict=True):
+            out[d] = g
+        left = []
     if len(left) == 1 and len(free) >= 1:
         # the group left: with several, the one of the smallest size that is not the world
         out[left[0]] = sorted(free, key=lambda g: g["size"])[0] if len(free) > 1 else free[0]
@@ -358,6 +400,12 @@ def assign_groups(dims: Iterable[str], groups: list[dict[str, Any]],
             out[d] = default
     return {d: {"pg": g["pg"], "desc": g["desc"], "ranks": g["ranks"], "size": g["size"]}
             for d, g in out.items()}
+
+
+def _made(group: Mapping[str, Any]) -> tuple[int, str]:
+    """A group's place in the order groups were made: its name, a counter (``"3"``)."""
+    name = str(group.get("pg", ""))
+    return (int(name), "") if name.isdigit() else (1 << 30, name)
 
 
 def layout(facts: Iterable[Mapping[str, Any]], workers: int,

@@ -160,6 +160,22 @@ def test_mixture_of_experts_with_functional_all_to_all(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how", [("--order", "ep-first"), ("--order", "dp-first"),
+                                 ("--megatron-desc",)])
+def test_expert_and_data_parallel_on_groups_made_by_hand(tmp_path: Path,
+                                                         how: tuple[str, ...]) -> None:
+    """``dist.new_group`` groups (no mesh) on 4 ranks: each dimension takes its own groups —
+    by Megatron-LM's ``group_desc``, or, unnamed, in the order they were made (gloo's threads
+    start with their group). Both read as the default group of 4 before."""
+    path = opprof_run(tmp_path, "torch_ep_dp_groups.py", *how, procs=4)
+    rep = healthy(path, "dp+ep")
+    par = load(path).meta["parallelism"]
+    assert (par["ep"]["degree"], par["ep"]["groups"]) == (2, [[0, 1], [2, 3]])
+    assert (par["dp"]["degree"], par["dp"]["groups"]) == (2, [[0, 2], [1, 3]])
+    assert (rep.collectives["size"] == 2).all()
+
+
+@pytest.mark.slow
 def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
     path = opprof_run(tmp_path, "torch_fsdp_tp.py", "--blocks", "1", "--width", "32", procs=4)
     rep = healthy(path, "fsdp+tp")

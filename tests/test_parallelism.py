@@ -63,6 +63,18 @@ def test_mesh_name_row_names_its_dimension(row: int) -> None:
     assert mesh_dim(name) == dim
 
 
+@pytest.mark.parametrize("desc, dim", [
+    ("TENSOR_MODEL_PARALLEL_GROUP", "tp"), ("PIPELINE_MODEL_PARALLEL_GROUP", "pp"),
+    ("DATA_PARALLEL_GROUP", "dp"), ("DATA_PARALLEL_GROUP_GLOO", "dp"),
+    ("DATA_PARALLEL_GROUP_WITH_CP", "dp"), ("INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", "dp"),
+    ("CONTEXT_PARALLEL_GROUP", "cp"), ("EXPERT_MODEL_PARALLEL_GROUP", "ep"),
+    ("EXPERT_DATA_PARALLEL_GROUP", "dp"), ("EXPERT_TENSOR_PARALLEL_GROUP", "tp"),
+    ("TENSOR_AND_DATA_PARALLEL_GROUP", None), ("EMBEDDING_GROUP", None)])
+def test_megatron_group_descriptions_name_their_dimension(desc: str, dim: str | None) -> None:
+    """Megatron-LM's ``new_group(…, group_desc=…)``: the group a gloo or NCCL trace lists."""
+    assert mesh_dim(desc) == dim
+
+
 def test_unknown_group_descriptions_name_no_dimension() -> None:
     assert mesh_dim("default_pg") is None
     assert mesh_dim("undefined") is None
