@@ -7,7 +7,9 @@ The evidence, per collective (first that applies):
 1. its process group's description where the trace has one (an NCCL trace's
    ``record_param_comms``: ``desc=mesh_tp``; ``init_device_mesh`` names each dimension's
    groups ``mesh_<name>``): the name read by :data:`MESH_NAMES`;
-2. the range it is issued in: FSDP's own ranges (``FSDP::pre_forward`` …) → ``fsdp``; DTensor's
+2. the range it is issued in: FSDP's own ranges (``FSDP::pre_forward`` …) → ``fsdp``, but an
+   all-reduce there → ``dp`` (HSDP's gradients averaged over the replicas; FSDP1's
+   ``NO_SHARD``); DTensor's
    redistributions (``Redistribute``, its backward, the ``PythonSubclass`` dispatch of an
    operator on a DTensor) → ``tp``;
 3. its collective: ``all_to_all`` → ``ep`` (a mixture of experts exchanging tokens), ``send`` /
@@ -65,7 +67,7 @@ import pandas as pd
 from opprof.intervals import Nesting, label_points, lane_ids
 from opprof.kinds import Mode
 from opprof.sharding import FSDP_NAME
-from opprof.taxonomy import COMM_OPS
+from opprof.taxonomy import COMM_OPS, mapping_table
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -200,15 +202,19 @@ def collective_dims(ev: pd.DataFrame) -> Array:
                             ts[marks], end[marks], phase[marks].astype(str), "")
     desc = _detail_dims(ev, comm)
 
-    rules = [
-        desc != None,  # noqa: E711 (element-wise)
-        fsdp, dtensor,
-        op == "all_to_all", np.isin(op, ["send", "recv"]),
-        funcol | (np.isin(op, _MODEL_OPS) & ((in_phase == "forward") | custom_bwd) & ~ddp
-                  & (not wrapped)),
-    ]
-    values: list[Any] = [desc, "fsdp", "tp", "ep", "pp", "tp"]
-    chosen = np.select(rules, values, default="dp")
+    def choose(ops: Array) -> Array:
+        """The rules, in order, for events doing the collectives ``ops``."""
+        rules = [
+            desc != None,  # noqa: E711 (element-wise)
+            fsdp & (ops == "all_reduce"), fsdp, dtensor,
+            ops == "all_to_all", np.isin(ops, ["send", "recv"]),
+            funcol | (np.isin(ops, _MODEL_OPS) & ((in_phase == "forward") | custom_bwd) & ~ddp
+                      & (not wrapped)),
+        ]
+        values: list[Any] = [desc, "dp", "fsdp", "tp", "ep", "pp", "tp"]
+        return np.select(rules, values, default="dp")
+
+    chosen = choose(op)
     out[comm] = chosen[comm]
     # a functional collective's wait serves the functional collective it waits on, whatever
     # that is: an expert all-to-all's wait is not tensor parallel for being functional, nor
@@ -216,10 +222,31 @@ def collective_dims(ev: pd.DataFrame) -> Array:
     waits = _per_name(names, _WAIT)
     free = comm & host & ~fsdp & (desc == None)  # noqa: E711 (element-wise)
     _follow_calls(out, free & waits, comm & host & funcol & ~waits, lane, ts)
-    issuing = np.isin(lane, np.unique(lane[host & _per_name(names, _CALL)]))
+    is_call = host & _per_name(names, _CALL)
+    issuing = np.isin(lane, np.unique(lane[is_call]))
     span = comm & host & _per_name(names, _BACKEND_SPAN)
-    _thread_votes(out, span & ~issuing, lane, ts, op,
-                  comm & host & issuing & ~span & (desc == None))  # noqa: E711
+    # the calls a backend thread's spans serve, each as the collective it is itself: a call
+    # inside another's range counts under that range's collective (HSDP's all-reduce over the
+    # replicas inside FSDP's post_backward_reduce, a reduce-scatter), but its spans run on
+    # the replicas' group's own threads
+    own = np.where(is_call, _own_ops(names), op)
+    voters = is_call & np.isin(own, list(COMM_OPS)) & (own != "barrier") & ~span & (
+        desc == None)  # noqa: E711 (element-wise)
+    voting = np.where(comm, out, choose(own))
+    _thread_votes(out, span & ~issuing, lane, ts, own, voters, voting)
+    return out
+
+
+def _own_ops(names: pd.Series) -> Array:
+    """Per event: the collective its name is by the Kineto mapping table (``c10d::allreduce_``
+    → ``all_reduce``), tested once per distinct name of a call (:data:`_CALL`); '' else."""
+    cat = names.astype("category")
+    cats = cat.cat.categories.astype(str)
+    ops = np.full(len(cats) + 1, "", dtype=object)
+    calls = np.flatnonzero([bool(_CALL.match(c)) for c in cats])
+    if len(calls):
+        ops[calls] = mapping_table("kineto").classify(cats[calls])["op"].to_numpy(object)
+    out: Array = ops[cat.cat.codes.to_numpy()]
     return out
 
 
@@ -253,10 +280,10 @@ def _detail_dims(ev: pd.DataFrame, comm: Array) -> Array:
 
 
 def _thread_votes(out: Array, spans: Array, lane: Array, ts: Array, op: Array,
-                  calls: Array) -> None:
+                  calls: Array, dims: Array) -> None:
     """Backend spans on threads that issue no call (gloo's own threads): the spans of one
-    collective on one thread take the dimension most of their calls have (per span, the
-    latest call of a collective it can serve issued before it started); in place."""
+    collective on one thread take the dimension (``dims``) most of their calls have (per span,
+    the latest call of a collective it can serve issued before it started); in place."""
     own = np.flatnonzero(spans)
     c = np.flatnonzero(calls)
     if not len(own) or not len(c):
@@ -269,7 +296,7 @@ def _thread_votes(out: Array, spans: Array, lane: Array, ts: Array, op: Array,
             continue
         served = served[np.argsort(ts[served], kind="stable")]
         pos = np.searchsorted(ts[served], ts[own[mine]], side="right") - 1
-        got = out[served[np.maximum(pos, 0)]].copy()
+        got = dims[served[np.maximum(pos, 0)]].copy()
         got[pos < 0] = None
         vote[mine] = got
     has = vote != None  # noqa: E711 (element-wise)
@@ -376,8 +403,8 @@ def assign_groups(dims: Iterable[str], groups: list[dict[str, Any]],
     for d in dims:
         if d in out:
             continue
-        match = [g for g in groups if mesh_dim(g["desc"]) == d
-                 or (d in DATA_DIMS and mesh_dim(g["desc"]) in DATA_DIMS)]
+        match = [g for g in groups if mesh_dim(g["desc"]) == d] or [
+            g for g in groups if d in DATA_DIMS and mesh_dim(g["desc"]) in DATA_DIMS]
         if len(match) == 1:
             out[d] = match[0]
     used = {out[d]["pg"] for d in out}

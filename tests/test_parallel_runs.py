@@ -176,6 +176,23 @@ def test_expert_and_data_parallel_on_groups_made_by_hand(tmp_path: Path,
 
 
 @pytest.mark.slow
+def test_hybrid_sharded_data_parallel(tmp_path: Path) -> None:
+    """HSDP (FSDP2 on a ``("replicate", "shard")`` mesh, 4 ranks): the parameters gathered and
+    the gradients reduce-scattered within each shard group, the gradients all-reduced over
+    the replicas inside FSDP's own range — each on its own groups (both read as one fsdp
+    dimension of 4 on the default group before)."""
+    path = opprof_run(tmp_path, "torch_fsdp2.py", "--replicate", "2", "--blocks", "2",
+                      "--width", "32", procs=4)
+    rep = healthy(path, "fsdp")
+    par = load(path).meta["parallelism"]
+    assert (par["fsdp"]["degree"], par["fsdp"]["groups"]) == (2, [[0, 1], [2, 3]])
+    assert (par["dp"]["degree"], par["dp"]["groups"]) == (2, [[0, 2], [1, 3]])
+    dims = rep.collectives.groupby("op")["dim"].agg(set).to_dict()
+    assert dims == {"all_gather": {"fsdp"}, "reduce_scatter": {"fsdp"}, "all_reduce": {"dp"}}
+    assert (rep.collectives["size"] == 2).all()
+
+
+@pytest.mark.slow
 def test_fsdp_and_tensor_parallel_on_a_2d_mesh(tmp_path: Path) -> None:
     path = opprof_run(tmp_path, "torch_fsdp_tp.py", "--blocks", "1", "--width", "32", procs=4)
     rep = healthy(path, "fsdp+tp")

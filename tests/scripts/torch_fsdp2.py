@@ -1,5 +1,8 @@
 """A user's FSDP2 script (``fully_shard`` on every block, then the root), launched with torchrun
-(gloo on CPU): a small transformer-ish MLP stack trained with AdamW on random data."""
+(gloo on CPU): a small transformer-ish MLP stack trained with AdamW on random data.
+``--replicate N``: hybrid sharding (HSDP) on a 2-D mesh, ``("replicate", "shard")``: the
+parameters sharded within each group of world/N ranks, the gradients averaged over the N
+replicas."""
 
 import argparse
 import os
@@ -15,6 +18,7 @@ parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--blocks", type=int, default=4)
 parser.add_argument("--width", type=int, default=64)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--replicate", type=int, default=0, help="HSDP: replicas of the shards")
 args = parser.parse_args()
 
 
@@ -36,9 +40,15 @@ rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, args.width), *[Block(args.width) for _ in range(args.blocks)],
                       nn.Linear(args.width, 10))
+mesh = None
+if args.replicate:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (args.replicate, world // args.replicate),
+                            mesh_dim_names=("replicate", "shard"))
 for block in model[1:-1]:
-    fully_shard(block)
-fully_shard(model)
+    fully_shard(block, mesh=mesh)
+fully_shard(model, mesh=mesh)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 loss_fn = nn.CrossEntropyLoss()
 generator = torch.Generator().manual_seed(rank)
