@@ -460,10 +460,11 @@ def layout(facts: Iterable[Mapping[str, Any]], workers: int,
         groups = sorted(e["groups"]) or [list(range(workers))]
         degree = max(e["sizes"]) if e["sizes"] else len(groups[0])
         parallelism[d] = {"degree": int(degree), "groups": groups, "calls": int(e["calls"])}
-    # a dimension of degree 1 parallelizes nothing (Lightning's ModelParallelStrategy with
-    # data_parallel_size=1 still broadcasts over its mesh's 1-rank data-parallel groups): it
-    # stays in ``parallelism``, not in the mode
-    names = [d for d in parallelism if parallelism[d]["degree"] > 1]
+    # a dimension whose groups hold one rank parallelizes nothing (Lightning's
+    # ModelParallelStrategy with data_parallel_size=1 still broadcasts over its mesh's 1-rank
+    # data-parallel groups): it stays in ``parallelism``, not in the mode. (A degree of 1
+    # because one rank's trace of a larger job is read, its groups unknown, is no such thing.)
+    names = [d for d in parallelism if not (dims[d]["sizes"] and max(dims[d]["sizes"]) == 1)]
     model = [d for d in names if d not in DATA_DIMS]
     if not model:
         return None, parallelism
