@@ -5,6 +5,7 @@ model's knobs keep their identities; the advice section of `report`; bad input."
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,31 @@ def test_input_bound_script_under_run_is_advised_live(folder: Path) -> None:
     doc = advise_json("slow.trace", cwd=folder)
     first = doc["advice"][0]
     assert first["rule"] == "input-bound" and first["saving_ns"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["accumulate", "by-hand"])
+def test_gradient_advice_fits_the_loop(folder: Path, how: str) -> None:
+    """A DDP loop that accumulates 2 micro-batches a step is told to accumulate more of them
+    (it was told "accumulate over 2 batches", which it did already); a loop that all-reduces
+    its gradients by hand, without DDP, is never told DDP's knobs (``no_sync``,
+    ``bucket_cap_mb``, ``broadcast_buffers``)."""
+    args = ["--accumulate", "2"] if how == "accumulate" else ["--by-hand"]
+    res = run_cli("run", "--steps", "3", "--warmup", "1", "--timing-steps", "1", "-o",
+                  f"{how}.trace", "--", sys.executable, "-m", "torch.distributed.run",
+                  "--nproc-per-node", "2", str(REPO / "tests" / "scripts" / "torch_ddp.py"),
+                  "--steps", "9", *args, cwd=folder, timeout=400)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = advise_json(f"{how}.trace", cwd=folder)
+    comm = next(a for a in doc["advice"] if a["rule"] == "exposed-communication")
+    said = " ".join([comm["action"], *comm["evidence"].get("alternatives", [])])
+    if how == "accumulate":
+        assert comm["evidence"]["micro_batches"] == 2
+        assert "micro-batches, not 2" in comm["action"] or "bucket_cap_mb" in comm["action"]
+        assert "accumulate gradients over 2 batches" not in said
+    else:
+        assert comm["evidence"]["micro_batches"] == 1
+        assert not any(k in said for k in ("no_sync", "bucket_cap_mb", "broadcast_buffers"))
 
 
 @pytest.mark.slow

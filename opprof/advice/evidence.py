@@ -116,6 +116,29 @@ class Evidence:
             return 0.0
         return float(kinds.loc[kinds["op"].isin(P2P), "comm_ns"].sum()) / total
 
+    @cached_property
+    def ddp(self) -> bool:
+        """Whether torch's DistributedDataParallel runs the model (its forward's range, its
+        reducer's): its knobs (buckets, ``no_sync``, ``broadcast_buffers``) apply."""
+        return bool(self.named(r"^DistributedDataParallel\.|torch::distributed::reducer|"
+                               r"^torch\.distributed\.ddp\."))
+
+    @cached_property
+    def micro_batches(self) -> int:
+        """The forward passes a step holds where the loop accumulates gradients (its loss
+        computed that many times per optimizer step; Lightning's ``accumulate_grad_batches``,
+        the Hugging Face ``gradient_accumulation_steps``): the median over the worker ranks'
+        steps, 1 where the trace shows no loss."""
+        ev = self.trace.events
+        loss = workers(ev) & (ev["op"] == "loss") & (ev["phase"] == "forward") & (
+            ev["step"] >= 0)
+        if "counted" in ev:
+            loss &= ev["counted"].astype(bool)
+        if not loss.any():
+            return 1
+        per = ev.loc[loss].groupby(["rank", "step"], observed=True).size()
+        return max(1, int(np.median(per.to_numpy())))
+
     @property
     def pipeline_job(self) -> bool:
         """A pipeline-parallel job: its mode names ``pp``, or most of its communication is

@@ -3,10 +3,11 @@
 (which no change to the collectives removes: the straggler rule's), the collectives behind it
 and their shares, the parallel layout, the gradient bytes. Actions by what dominates:
 
-* gradients' all-reduce (DistributedDataParallel) — another bucket size (smaller buckets start
-  all-reducing earlier in backward), gradient accumulation (``no_sync``: one all-reduce and one
-  update per several batches); the buffers' broadcast at every forward — ``broadcast_buffers=
-  False``;
+* gradients' all-reduce — gradient accumulation (one all-reduce and one update per several
+  batches: DDP's ``no_sync``, or a hand-written all-reduce after the last batch only); where
+  DistributedDataParallel runs the model (its ranges in the trace), another bucket size
+  (smaller buckets start all-reducing earlier in backward) and, for the buffers' broadcast at
+  every forward, ``broadcast_buffers=False``;
 * FSDP's all-gathers — keep the parameters gathered after forward (``reshard_after_forward=
   False``: no all-gather again in backward) and prefetch;
 * a parameter server's push/pull — more servers;
@@ -134,7 +135,7 @@ def _gradients(ev: Evidence, finding: str, evidence: JSONObject,
     evidence["gradient_bytes"] = total
     evidence["gradient_share"] = grad
     options: list[tuple[Predicted, str, Knob | None]] = []
-    if total > 0 and ev.framework == "torch" and ctx.base.workers > 1:
+    if total > 0 and ev.ddp and ctx.base.workers > 1:
         cands = [(mb, buckets(ctx, int(mb * MiB), wait)) for mb in BUCKETS_MB
                  if mb * MiB < 2 * total]
         if cands:
@@ -143,14 +144,23 @@ def _gradients(ev: Evidence, finding: str, evidence: JSONObject,
                             f"DistributedDataParallel(..., bucket_cap_mb={mb:g}) so the "
                             "gradients' all-reduce starts earlier in backward (DDP's buckets "
                             "are 1 MiB first, then 25 MiB)", Knob("--bucket-mb", "bucket_mb", mb)))
+    how = ("model.no_sync() on the first {}" if ev.ddp else
+           "the gradients all-reduced after the last only, not after the first {}")
+    micro = ev.micro_batches  # a loop that accumulates already: its step holds these
+    evidence["micro_batches"] = micro
     for k in (2, 4):
         pred = accumulated(ctx, k, ev.phase_ns("comm") - reach)
-        options.append((pred, f"accumulate gradients over {k} batches (model.no_sync() on "
-                              f"the first {k - 1}): one all-reduce and one update per {k} "
-                              "batches; the effective batch grows, so retune the learning "
-                              "rate", None))
+        if micro > 1:
+            what = (f"accumulate gradients over {k * micro} micro-batches, not {micro} ({k}× "
+                    f"the step's; {how.format(k * micro - 1)}): one all-reduce and one update "
+                    f"per {k} of today's steps")
+        else:
+            what = (f"accumulate gradients over {k} batches ({how.format(k - 1)}): one "
+                    f"all-reduce and one update per {k} batches")
+        options.append((pred, what + "; the effective batch grows, so retune the learning rate",
+                        None))
     bcast = shares.get("broadcast", 0.0)
-    if bcast >= 0.1 and ev.framework == "torch":
+    if bcast >= 0.1 and ev.ddp:
         pred = op_scaled(ctx, "broadcast", 0.0)
         options.append((pred, "DistributedDataParallel(..., broadcast_buffers=False): DDP "
                               "broadcasts the model's buffers (batch-norm statistics) from rank "
