@@ -125,18 +125,27 @@ class Evidence:
 
     @cached_property
     def micro_batches(self) -> int:
-        """The forward passes a step holds where the loop accumulates gradients (its loss
-        computed that many times per optimizer step; Lightning's ``accumulate_grad_batches``,
-        the Hugging Face ``gradient_accumulation_steps``): the median over the worker ranks'
-        steps, 1 where the trace shows no loss."""
+        """The forward passes a step holds where the loop accumulates gradients (Lightning's
+        ``accumulate_grad_batches``, the Hugging Face ``gradient_accumulation_steps``, DDP's
+        ``no_sync``): per worker rank and step, DDP's forward ranges where DDP runs the model,
+        else the host's loss computations (overlapping loss events on a thread — a loss
+        module and the operators inside it — one each); the median over them, 1 where the
+        trace shows neither."""
         ev = self.trace.events
-        loss = workers(ev) & (ev["op"] == "loss") & (ev["phase"] == "forward") & (
-            ev["step"] >= 0)
-        if "counted" in ev:
-            loss &= ev["counted"].astype(bool)
-        if not loss.any():
+        sel = workers(ev) & (ev["step"] >= 0) & (ev["device"].astype(str) == "cpu")
+        names = ev["name"].astype(str)
+        ddp = sel & (names == "DistributedDataParallel.forward")
+        sel = ddp if ddp.any() else sel & (ev["op"] == "loss") & (ev["phase"] == "forward")
+        if not sel.any():
             return 1
-        per = ev.loc[loss].groupby(["rank", "step"], observed=True).size()
+        d = ev.loc[sel, ["rank", "pid", "tid", "step", "ts", "dur"]].sort_values(
+            ["rank", "pid", "tid", "ts"], kind="stable")
+        end = (d["ts"] + d["dur"]).to_numpy(np.int64)
+        lane = d.groupby(["rank", "pid", "tid"], sort=False).ngroup().to_numpy()
+        reach = pd.Series(end).groupby(lane).cummax().groupby(lane).shift(1).to_numpy(float)
+        first = ~(d["ts"].to_numpy(np.int64) < np.nan_to_num(reach, nan=-np.inf))
+        per = pd.Series(first.astype(int)).groupby(
+            [d["rank"].to_numpy(), d["step"].to_numpy()]).sum()
         return max(1, int(np.median(per.to_numpy())))
 
     @property
