@@ -88,7 +88,11 @@ def advise(ev: Evidence) -> list[Advice]:
         return [_tensor_parallel(ev, finding, evidence, tp)]
     if ev.phase_ns("backward") <= 0:  # no gradients to accumulate or bucket (inference)
         return [_overlap(ev, finding, evidence)]
-    if sum(shares.get(k, 0.0) for k in GRADIENT) >= 0.5 or not shares:
+    # DDP's own collectives: the gradients' all-reduce and the buffers' broadcast before every
+    # forward (which dominates a small model with batch norm: Lightning's DDP, accumulating)
+    ddp_own = sum(shares.get(k, 0.0) for k in GRADIENT) + (
+        shares.get("broadcast", 0.0) if ev.ddp else 0.0)
+    if ddp_own >= 0.5 or not shares:
         return [_gradients(ev, finding, evidence, shares)]
     return [_overlap(ev, finding, evidence)]
 
