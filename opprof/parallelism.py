@@ -101,14 +101,17 @@ _FSDP_CTX = re.compile(FSDP_NAME.pattern
 _DTENSOR_CTX = re.compile(
     r"(?:autograd::engine::evaluate_function: )?(?:Nested)?Redistribute(?:Backward\d*)?"
     r"|_FromTorchTensor\w*|_ToTorchTensor\w*|PythonSubclass")
-_DDP_CTX = re.compile(r"DistributedDataParallel\.|torch\.distributed\.ddp\.|"
-                      r"torch::distributed::reducer|.*ZeroRedundancyOptimizer")
+#: DistributedDataParallel's own ranges (its forward, its reducer's), matched at a name's
+#: start; :data:`DDP_FORWARD` its forward, once per forward pass.
+DDP_NAME = re.compile(r"DistributedDataParallel\.|torch\.distributed\.ddp\.|"
+                      r"torch::distributed::reducer")
+DDP_FORWARD = re.compile(r"DistributedDataParallel\.forward")
+_DDP_CTX = re.compile(DDP_NAME.pattern + r"|.*ZeroRedundancyOptimizer")
 #: The backward node of an autograd Function written in Python (``CopyToTPBackward``; the
 #: built-in operators' nodes end in a digit, ``AddmmBackward0``), SyncBatchNorm's aside, and
 #: torch.compile's graphs' (``CompiledFunctionBackward``: DDP's bucket hooks fire inside it).
 _CUSTOM_BACKWARD = re.compile(r"autograd::engine::evaluate_function: "
                               r"(?!SyncBatchNorm|CompiledFunction)\w*[A-Za-z_]Backward$")
-_DDP_FORWARD = re.compile(r"DistributedDataParallel\.forward")
 _FUNCOL = re.compile(r"_?c10d_functional(?:_autograd)?::")
 _BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$")
 _CALL = re.compile(r"c10d::|_?c10d_functional")
@@ -177,7 +180,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
     # a rank whose model runs inside DistributedDataParallel's forward: a collective of the
     # forward pass outside it is the loop's bookkeeping (a token count gathered, a loss
     # averaged for the log), not the model's tensor parallelism
-    wrapped = bool((host & _per_name(names, _DDP_FORWARD)).any())
+    wrapped = bool((host & _per_name(names, DDP_FORWARD)).any())
     custom_bwd = inside(_CUSTOM_BACKWARD)
     funcol = _per_name(names, _FUNCOL)
     # a device kernel: the ranges of the host call that launched it

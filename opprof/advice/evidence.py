@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from opprof.filters import device_work, workers
+from opprof.filters import device_work, on_host, workers
+from opprof.intervals import lane_ids, nest
+from opprof.parallelism import DDP_FORWARD, DDP_NAME
 
 #: Point-to-point operators (a pipeline's stages hand activations and gradients on).
 P2P = ("send", "recv")
@@ -120,32 +122,26 @@ class Evidence:
     def ddp(self) -> bool:
         """Whether torch's DistributedDataParallel runs the model (its forward's range, its
         reducer's): its knobs (buckets, ``no_sync``, ``broadcast_buffers``) apply."""
-        return bool(self.named(r"^DistributedDataParallel\.|torch::distributed::reducer|"
-                               r"^torch\.distributed\.ddp\."))
+        return bool(self.named(f"^(?:{DDP_NAME.pattern})"))
 
     @cached_property
     def micro_batches(self) -> int:
         """The forward passes a step holds where the loop accumulates gradients (Lightning's
         ``accumulate_grad_batches``, the Hugging Face ``gradient_accumulation_steps``, DDP's
         ``no_sync``): per worker rank and step, DDP's forward ranges where DDP runs the model,
-        else the host's loss computations (overlapping loss events on a thread — a loss
-        module and the operators inside it — one each); the median over them, 1 where the
-        trace shows neither."""
+        else the host's loss computations (a loss module and the operators inside it: the
+        outermost, once); the median over them, 1 where the trace shows neither."""
         ev = self.trace.events
-        sel = workers(ev) & (ev["step"] >= 0) & (ev["device"].astype(str) == "cpu")
-        names = ev["name"].astype(str)
-        ddp = sel & (names == "DistributedDataParallel.forward")
+        sel = workers(ev) & on_host(ev) & (ev["step"] >= 0)
+        ddp = sel & ev["name"].isin(self.named(f"^(?:{DDP_FORWARD.pattern})"))
         sel = ddp if ddp.any() else sel & (ev["op"] == "loss") & (ev["phase"] == "forward")
         if not sel.any():
             return 1
-        d = ev.loc[sel, ["rank", "pid", "tid", "step", "ts", "dur"]].sort_values(
-            ["rank", "pid", "tid", "ts"], kind="stable")
-        end = (d["ts"] + d["dur"]).to_numpy(np.int64)
-        lane = d.groupby(["rank", "pid", "tid"], sort=False).ngroup().to_numpy()
-        reach = pd.Series(end).groupby(lane).cummax().groupby(lane).shift(1).to_numpy(float)
-        first = ~(d["ts"].to_numpy(np.int64) < np.nan_to_num(reach, nan=-np.inf))
-        per = pd.Series(first.astype(int)).groupby(
-            [d["rank"].to_numpy(), d["step"].to_numpy()]).sum()
+        d = ev.loc[sel, ["rank", "pid", "tid", "step", "ts", "dur"]]
+        rank, ts = d["rank"].to_numpy(np.int64), d["ts"].to_numpy(np.int64)
+        _, outer = nest(lane_ids(rank, d["pid"].to_numpy(np.int64), d["tid"].to_numpy(np.int64)),
+                        ts, ts + d["dur"].to_numpy(np.int64), np.ones(len(d), bool))
+        per = pd.Series(outer == np.arange(len(d))).groupby([rank, d["step"].to_numpy()]).sum()
         return max(1, int(np.median(per.to_numpy())))
 
     @property
