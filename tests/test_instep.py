@@ -204,3 +204,44 @@ def test_jittered_schedule_is_deterministic_and_one_stage_is_untouched() -> None
     solo = [times[0]]
     assert simulate(solo, 2, [], [], "gpipe", jitter=0.3).step_ns == pytest.approx(
         simulate(solo, 2, [], [], "gpipe").step_ns)
+
+
+def test_ddp_buckets_cost_at_least_the_in_step_call() -> None:
+    """A data-parallel torch step's all-reduce follows the backward pass's compute: with a
+    calibrated in-step cost, a DDP bucket costs at least that call (the host's wake-ups
+    included), not only the α–β of calls made back to back; the one-worker prediction, the
+    terms' sum and a network without it are unchanged."""
+    from opprof.model.predict import baseline, plan, predict
+
+    base = baseline(load(FIXTURES / "colocation" / "torch-lenet5-base.trace"))
+    n = float(base.gradients.total_bytes)
+    assert 0 < n < 1 << 20  # lenet5: one bucket, the first (1 MiB)
+    slow = _network(after=3e6)  # far above the α–β of 250 KB (0.3 ms)
+    plain = Network("allreduce", 50_000.0, 1.0, workers=2, source="calibrate")
+    with_call = predict(None, [1, 2], "allreduce", network=slow, base=base,
+                        straggler=False).predictions
+    without = predict(None, [1, 2], "allreduce", network=plain, base=base,
+                      straggler=False).predictions
+    assert with_call[0].step_ns == pytest.approx(base.step_ns)  # one worker: no call
+    assert with_call[0].step_ns == pytest.approx(without[0].step_ns)
+    ar = in_step_of(slow, "all_reduce")
+    assert ar is not None
+    ab = float(np.asarray(plain.cost_ns(n, 2)).reshape(-1)[0])
+    assert ar.after_ns(0.0, 2) > ab
+    # the bucket's call pays the in-step call's latency (its cost of no bytes) instead of
+    # α, at the α–β's rate per byte; the step grows by at most the difference (the call
+    # starts as the last gradients are made, beside the end of the backward pass)
+    alpha = float(np.asarray(plain.cost_ns(0.0, 2)).reshape(-1)[0])
+    costs = [plan(base, 2, "allreduce", 1, net)[0].cost(n) for net in (slow, plain)]
+    assert costs == pytest.approx([ab - alpha + ar.after_ns(0.0, 2), ab])
+    grown = with_call[1].step_ns - without[1].step_ns
+    assert 0.5 * (costs[0] - costs[1]) < grown <= costs[0] - costs[1] + 1.0
+    assert sum(with_call[1].terms().values()) == pytest.approx(with_call[1].step_ns)
+    # an in-step call cheaper than α leaves the α–β
+    cheap = _network(after=1.0)
+    low = predict(None, [2], "allreduce", network=cheap, base=base,
+                  straggler=False).predictions[0]
+    same = predict(None, [2], "allreduce",
+                   network=Network("allreduce", 50_000.0, 1.0, workers=2, source="calibrate"),
+                   base=base, straggler=False).predictions[0]
+    assert low.step_ns == pytest.approx(same.step_ns)

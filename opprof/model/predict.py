@@ -55,6 +55,7 @@ from opprof.model.colocation import (
 )
 from opprof.model.commmodel import Network, assumed, collective_of, fit
 from opprof.model.gradients import FLOAT_BYTES, GradientProfile, profile
+from opprof.model.instep import in_step_of
 from opprof.model.interference import Interference, Measured, from_cores, measure
 from opprof.model.resources import Resources, resource_mismatch, resources
 from opprof.model.sharded import (
@@ -69,7 +70,7 @@ from opprof.model.sharded import (
     unit_shares,
 )
 from opprof.model.sharded import trace_samples as sharded_samples
-from opprof.model.simulate import policy_for, simulate
+from opprof.model.simulate import DDP, policy_for, simulate
 from opprof.model.step import (
     COMPUTE_PHASES,
     Policy,
@@ -393,8 +394,10 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     wait = base.sigma_ns * expected_max_normal(workers) if (straggler and sync) else 0.0
     wait += colocation_wait_ns if sync else 0.0
 
+    latency = _in_step_latency(base, network, collective, policy, workers, max(servers, 1))
+
     def cost(n: float) -> float:
-        return float(network.cost_ns(n, workers, max(servers, 1)))
+        return float(network.cost_ns(n, workers, max(servers, 1))) + latency
 
     pack = float(network.info.get("pack_ns_per_byte") or 0.0) * float(np.sum(nbytes))
     return StepPlan(phases=phases, ready_frac=ready, grad_bytes=nbytes, policy=policy,
@@ -402,6 +405,26 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
                     server_update_ns=server_update, communicate=talk, pack_ns=pack,
                     interference=interference, comm_interference=comm_interference), policy
+
+
+def _in_step_latency(base: Baseline, network: Network, collective: str, policy: Policy,
+                     workers: int, servers: int) -> float:
+    """What each of DDP's all-reduces pays beyond the α–β's latency (ns), on torch with a
+    network file from `opprof calibrate --fw torch`: a call made after a burst of compute on
+    every rank (the in-step calls, :mod:`opprof.model.instep`) starts later than one made
+    back to back — gloo's threads asleep, the host's wake-ups — so its latency is the in-step
+    line's (its cost of no bytes, after the last rank entered) where that is larger than α;
+    the bytes keep the α–β's rate. DDP issues its buckets from the backward pass, and a
+    small model's one bucket is a call the update waits for. 0 elsewhere (other frameworks,
+    a network fitted from a trace or written before calibrate timed such calls)."""
+    if (workers <= 1 or base.framework != Framework.TORCH
+            or collective != Collective.ALLREDUCE or policy.name != DDP.name):
+        return 0.0
+    instep = in_step_of(network, "all_reduce")
+    if instep is None:
+        return 0.0
+    alpha = float(np.asarray(network.cost_ns(0.0, workers, servers)).reshape(-1)[0])
+    return max(0.0, instep.after_ns(0.0, workers) - alpha)
 
 
 def interference_for(base: Baseline, network: Network, workers: int) -> Interference:
@@ -783,6 +806,12 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append("no gradient bytes known: the base's own exposed communication is kept "
                      "as measured for more than one worker" if base.phases["comm"] > 0 else
                      "no gradient bytes known: communication is predicted as zero")
+    extra = _in_step_latency(base, net, collective, policy_for(base.framework, collective),
+                             max(workers), servers)
+    if extra > 0:
+        notes.append(f"each DDP bucket's all-reduce pays the latency of a call after a compute "
+                     f"burst (calibrate's in-step calls, the host's wake-ups included): "
+                     f"+{extra / 1e6:.2f} ms over α at {max(workers)} workers")
     notes.extend(colocation_curve(base, net)[1])
     result = ModelResult(base, mode, servers if collective == Collective.PS else 0, net, note,
                          policy_for(base.framework, collective, base.device), [], None, notes,
