@@ -15,11 +15,13 @@ over message sizes, through the framework's own backend, on processes started on
   ``burst_ns``, ``enter``, ``exit``), under the recorder's profiler settings.
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
-  servers only aggregate: no optimizer runs on them, so the time is communication alone).
+  servers only aggregate: no optimizer runs on them, so the time is communication alone);
+  then the same pushpull after a burst of compute on every worker (:func:`_in_step_dp`).
 - **tf**: ``ReplicaContext.all_reduce`` (TF's CollectiveReduceV2, ring implementation) under
   ``MultiWorkerMirroredStrategy``, one task per worker configured by ``TF_CONFIG``; and the
   packing the strategy does around it in training (the gradients concatenated into one tensor
-  and split back: ``kind: pack`` samples).
+  and split back: ``kind: pack`` samples); and the all-reduce after a burst of compute on
+  every worker (:func:`_in_step_dp`: ``kind: in_step_all_reduce``, as torch's).
 
 Every size is warmed up once, then timed ``repeat`` times, each call after a barrier so the
 workers start it together (FSDP's: after compute, as in training); every worker writes its
@@ -632,13 +634,75 @@ def _compute_for(ns: int) -> Any:
     return compute
 
 
+#: The data-parallel in-step calls of MXNet and TensorFlow (:func:`_in_step_dp`): a step's
+#: gradients are tens of KiB to tens of MiB, the compute before their collective the step's.
+DP_IN_STEP_SIZES = (16 << 10, 256 << 10, 4 << 20)
+
+
+def _in_step_dp(call: Callable[[int], Any], wait: Callable[[Any], Any], job: Job,
+                rank: int, barrier: Callable[[], Any]) -> list[dict]:
+    """MXNet's and TensorFlow's gradient collective (``call(nbytes)``, then ``wait`` on its
+    result) called as a training step calls it: after a burst of compute on every rank
+    (:func:`_numpy_burst`, the same work on each), per size of :data:`DP_IN_STEP_SIZES` and
+    burst of :data:`IN_STEP_BURSTS_NS`, :data:`IN_STEP_CALLS` times after one warm-up —
+    ``kind: in_step_all_reduce`` samples with ``enter`` and ``exit`` on the host's clock, as
+    torch's (:func:`_in_step`; ``job.extra["in_step"]`` as there). No profiler runs: the
+    frameworks' own profilers are not a per-call setting here."""
+    spec = job.extra.get("in_step", True)
+    if spec is False:
+        return []
+    spec = spec if isinstance(spec, dict) else {}
+    sizes = tuple(int(n) for n in spec.get("sizes") or DP_IN_STEP_SIZES)
+    bursts = tuple(int(b) for b in spec.get("bursts_ns") or IN_STEP_BURSTS_NS)
+    calls = int(spec.get("calls") or IN_STEP_CALLS)
+    out: list[dict] = []
+    for burst in bursts:
+        compute = _numpy_burst(burst)
+        barrier()
+        for i in range(calls + 1):
+            for n in sizes:
+                compute()
+                enter = time.monotonic_ns()
+                wait(call(n))
+                done = time.monotonic_ns()
+                if i:
+                    out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
+                                "burst_ns": burst, "ns": done - enter, "enter": enter,
+                                "exit": done, "call": i - 1})
+    return out
+
+
+def _numpy_burst(ns: int) -> Callable[[], None]:
+    """A function that computes for about ``ns`` on this process's threads (a matrix
+    product, repeated; the count fixed once, as :func:`_compute_for`'s) — any framework's."""
+    import numpy as np
+
+    a = np.ones((128, 128), dtype=np.float32)
+    times = []
+    for _ in range(4):
+        t0 = time.perf_counter_ns()
+        for _ in range(8):
+            a @ a
+        times.append((time.perf_counter_ns() - t0) / 8)
+    reps = max(1, round(ns / max(sorted(times)[1], 1)))
+
+    def compute() -> None:
+        for _ in range(reps):
+            a @ a
+
+    return compute
+
+
 def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
     from opprof.collectors.mxnet_lib import import_mxnet
 
     mx = import_mxnet()
     kv = mx.kv.create("dist_sync")
     arrays = {}
-    for key, n in enumerate(job.sizes):
+    spec = job.extra.get("in_step", True)
+    in_step = tuple(int(n) for n in (spec.get("sizes") if isinstance(spec, dict) else None)
+                    or DP_IN_STEP_SIZES) if spec is not False else ()
+    for key, n in enumerate(dict.fromkeys((*job.sizes, *in_step))):
         a = mx.nd.ones((max(1, n // 4),), dtype="float32")
         kv.init(key, a)
         arrays[n] = (key, a, mx.nd.zeros_like(a))
@@ -650,6 +714,7 @@ def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
         return out
 
     samples = _timed(call, kv._barrier, job, kv.rank, lambda out: out.wait_to_read())
+    samples += _in_step_dp(call, lambda out: out.wait_to_read(), job, kv.rank, kv._barrier)
     colocation("mxnet", job, kv.rank)
     _write(workdir, kv.rank, job, samples, {"mxnet": mx.__version__})
 
@@ -676,12 +741,21 @@ def _tf_main(job: Job, rank: int, workdir: Path) -> None:
         return strategy.run(replica, args=(x,))
 
     pieces = int(job.extra.get("pieces", 1))
+    spec = job.extra.get("in_step", True)
+    in_step = tuple(int(n) for n in (spec.get("sizes") if isinstance(spec, dict) else None)
+                    or DP_IN_STEP_SIZES) if spec is not False else ()
     tensors = {n: [tf.ones([max(1, n // 4 // pieces)], tf.float32) for _ in range(pieces)]
-               for n in job.sizes}
+               for n in dict.fromkeys((*job.sizes, *in_step))}
     small = [tf.ones([1], tf.float32)]
-    samples = _timed(lambda n: reduce(tensors[n]), lambda: reduce(small), job, rank,
-                     lambda res: [strategy.experimental_local_results(r)[0].numpy()
-                                  for r in res])
+
+    def done(res: Any) -> list:
+        return [strategy.experimental_local_results(r)[0].numpy() for r in res]
+
+    samples = _timed(lambda n: reduce(tensors[n]), lambda: reduce(small), job, rank, done)
+    for n in in_step:  # each size's function traced before the timed calls
+        done(reduce(tensors[n]))
+    samples += _in_step_dp(lambda n: reduce(tensors[n]), done, job, rank,
+                           lambda: done(reduce(small)))
     # MultiWorkerMirroredStrategy packs the gradients into one tensor before the all-reduce
     # and splits the result (ConcatV2 / SplitV in the update): time that copy alone too.
     parts = [tf.ones([max(1, n // 4 // PACK_PIECES)], tf.float32) for n in job.sizes

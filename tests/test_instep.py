@@ -245,3 +245,29 @@ def test_ddp_buckets_cost_at_least_the_in_step_call() -> None:
                    network=Network("allreduce", 50_000.0, 1.0, workers=2, source="calibrate"),
                    base=base, straggler=False).predictions[0]
     assert low.step_ns == pytest.approx(same.step_ns)
+
+
+def test_a_kvstore_step_pays_the_in_step_latency_once_and_another_framework_none() -> None:
+    """MXNet's keys go one after another after the backward pass: only the first follows the
+    compute, so a parameter-server step pays the in-step latency once (with the wait before
+    the update), not per key; a network another framework calibrated adds nothing."""
+    from opprof.model.predict import baseline, plan
+
+    base = baseline(load(FIXTURES / "colocation" / "mxnet-lenet5-base.trace"))
+    kind = {"after_ns": [{"bytes": 4096, "ns": 3e6, "calls": 4}], "wait_ns": 0.0,
+            "wait_per_burst": 0.0, "waits": [], "calls": 4}
+
+    def net(framework: str, in_step: bool) -> Network:
+        return Network("ps", 50_000.0, 1.0, workers=2, source="calibrate", framework=framework,
+                       info={"in_step": {"workers": 2, "all_reduce": kind}} if in_step else {})
+
+    def planned(n: Network) -> tuple[float, float]:
+        p = plan(base, 2, "ps-sync", 1, n, straggler=False)[0]
+        return p.cost(65536.0), p.straggler_ns  # type: ignore[union-attr]
+
+    cost, wait = planned(net("mxnet", True))
+    plain_cost, plain_wait = planned(net("mxnet", False))
+    alpha = float(np.asarray(net("mxnet", False).cost_ns(0.0, 2)).reshape(-1)[0])
+    assert cost == pytest.approx(plain_cost)  # every key at the back-to-back cost
+    assert wait - plain_wait == pytest.approx(3e6 - alpha)  # the first one's latency, once
+    assert planned(net("torch", True)) == pytest.approx((plain_cost, plain_wait))

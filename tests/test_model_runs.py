@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from opprof.collectors import netbench
 from opprof.loader import load
 from opprof.model.commmodel import Network
 from opprof.model.gradients import profile
@@ -58,6 +59,13 @@ def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) ->
     if fw == "torch":  # and a compute loop beside gloo's all-reduce: the interference
         assert net.info["interference"] >= 0
         assert not any(s["bytes"] == 0 for s in net.samples)  # kept out of the fit
+    # its gradient collective also after a burst of compute on both workers, as a step
+    # calls it (torch: the TP all-reduce and the PP send/recv, of their sizes)
+    ar = net.info["in_step"]["all_reduce"]
+    sizes = netbench.IN_STEP_SIZES if fw == "torch" else netbench.DP_IN_STEP_SIZES
+    assert [r["bytes"] for r in ar["after_ns"]] == list(sizes)
+    assert all(r["ns"] > 0 and r["calls"] > 0 for r in ar["after_ns"])
+    assert ("p2p" in net.info["in_step"]) == (fw == "torch")
     # and the framework's own lenet5 step alone and on both workers at once: co-location
     coloc = net.info["colocation"]
     assert coloc["model"] == "lenet5" and coloc["rounds"] == 2

@@ -70,7 +70,7 @@ from opprof.model.sharded import (
     unit_shares,
 )
 from opprof.model.sharded import trace_samples as sharded_samples
-from opprof.model.simulate import DDP, policy_for, simulate
+from opprof.model.simulate import policy_for, simulate
 from opprof.model.step import (
     COMPUTE_PHASES,
     Policy,
@@ -394,7 +394,13 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     wait = base.sigma_ns * expected_max_normal(workers) if (straggler and sync) else 0.0
     wait += colocation_wait_ns if sync else 0.0
 
+    # the in-step latency: on every message of a step that sends its gradients in a few
+    # (DDP's buckets, one packed or one after backward); once a step where every key goes
+    # on its own one after another (a kvstore: only the first follows the compute)
     latency = _in_step_latency(base, network, collective, policy, workers, max(servers, 1))
+    if policy.per_tensor:
+        wait += latency if talk and sync else 0.0
+        latency = 0.0
 
     def cost(n: float) -> float:
         return float(network.cost_ns(n, workers, max(servers, 1))) + latency
@@ -409,16 +415,17 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
 
 def _in_step_latency(base: Baseline, network: Network, collective: str, policy: Policy,
                      workers: int, servers: int) -> float:
-    """What each of DDP's all-reduces pays beyond the α–β's latency (ns), on torch with a
-    network file from `opprof calibrate --fw torch`: a call made after a burst of compute on
-    every rank (the in-step calls, :mod:`opprof.model.instep`) starts later than one made
-    back to back — gloo's threads asleep, the host's wake-ups — so its latency is the in-step
-    line's (its cost of no bytes, after the last rank entered) where that is larger than α;
-    the bytes keep the α–β's rate. DDP issues its buckets from the backward pass, and a
-    small model's one bucket is a call the update waits for. 0 elsewhere (other frameworks,
-    a network fitted from a trace or written before calibrate timed such calls)."""
-    if (workers <= 1 or base.framework != Framework.TORCH
-            or collective != Collective.ALLREDUCE or policy.name != DDP.name):
+    """What a data-parallel step's gradient collective pays beyond the α–β's latency (ns),
+    with a network file from `opprof calibrate` of the base's framework that timed it after a
+    burst of compute on every rank (the in-step calls, :mod:`opprof.model.instep`): such a
+    call starts later than one made back to back — the collective's threads asleep through
+    the compute, the host's wake-ups — so its latency is the in-step line's (its cost of no
+    bytes, after the last rank entered) where that is larger than the network's; the bytes
+    keep the α–β's rate. 0 elsewhere (a network fitted from a trace, or written before
+    calibrate timed such calls, or another framework's)."""
+    if workers <= 1 or collective not in (Collective.ALLREDUCE, Collective.PS):
+        return 0.0
+    if network.framework and network.framework != base.framework:
         return 0.0
     instep = in_step_of(network, "all_reduce")
     if instep is None:
@@ -806,12 +813,13 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append("no gradient bytes known: the base's own exposed communication is kept "
                      "as measured for more than one worker" if base.phases["comm"] > 0 else
                      "no gradient bytes known: communication is predicted as zero")
-    extra = _in_step_latency(base, net, collective, policy_for(base.framework, collective),
-                             max(workers), servers)
+    pol = policy_for(base.framework, collective)
+    extra = _in_step_latency(base, net, collective, pol, max(workers), servers)
     if extra > 0:
-        notes.append(f"each DDP bucket's all-reduce pays the latency of a call after a compute "
-                     f"burst (calibrate's in-step calls, the host's wake-ups included): "
-                     f"+{extra / 1e6:.2f} ms over α at {max(workers)} workers")
+        notes.append(f"{'the first key' if pol.per_tensor else 'each gradient message'} of a "
+                     f"step pays the latency of a call after a compute burst (calibrate's "
+                     f"in-step calls, the host's wake-ups included): +{extra / 1e6:.2f} ms "
+                     f"over the back-to-back call's at {max(workers)} workers")
     notes.extend(colocation_curve(base, net)[1])
     result = ModelResult(base, mode, servers if collective == Collective.PS else 0, net, note,
                          policy_for(base.framework, collective, base.device), [], None, notes,

@@ -1116,11 +1116,12 @@ def calibration(net: Network) -> str:
 def _in_step_table(doc: dict[str, Any]) -> Table:
     """A calibration's in-step calls (:mod:`opprof.model.instep`): per kind and size the
     mean time after the last rank entered, and the wait's fit over the bursts."""
-    t = Table(title="In-step calls (after a compute burst, as a TP / PP step makes them)",
+    t = Table(title="In-step calls (after a compute burst, as a training step makes them)",
               title_justify="left")
     for col in ["call", "size", "calls", "after the last rank", "wait for it"]:
         t.add_column(col, justify="right")
-    names = {"all_reduce": "all-reduce (TP)", "p2p": "send/recv (PP)"}
+    names = {"all_reduce": "gradients / TP all-reduce" if doc.get("p2p") else
+             "gradients' collective", "p2p": "send/recv (PP)"}
     for kind in ("all_reduce", "p2p"):
         d = doc.get(kind)
         if not isinstance(d, dict):
@@ -1132,7 +1133,8 @@ def _in_step_table(doc: dict[str, Any]) -> Table:
                       _us(r["ns"]), wait if i == 0 else "")
     t.caption = ("the mean over calls, bursts and ranks; the wait: the mean rank's for the last "
                  "to enter, fitted over the bursts (what `opprof model --mode tp|pp` from one "
-                 "worker prices each collective by)")
+                 "worker prices each collective by; a data-parallel step's gradients pay the "
+                 "latency beyond the back-to-back call's)")
     return t
 
 
