@@ -172,7 +172,6 @@ def _check_row(table: str, n: int, row: MappingRow) -> None:
         raise OpprofError(f"mapping table {table} row {n}: unknown phase {row.phase!r}")
     if row.kind and (row.kind not in KINDS or row.kind == MEMORY_KIND):
         raise OpprofError(f"mapping table {table} row {n}: unknown kind {row.kind!r}")
-    re.compile(row.pattern)
 
 
 @cache
@@ -180,6 +179,12 @@ def mapping_table(name: str) -> MappingTable:
     """Load the mapping table shipped as ``opprof/normalizers/maps/<name>.csv``."""
     text = resources.files("opprof.normalizers").joinpath("maps").joinpath(
         f"{name}.csv").read_text()
+    return parse_table(name, text)
+
+
+def parse_table(name: str, text: str) -> MappingTable:
+    """A mapping table from its CSV text (columns pattern, op, phase, kind, example and
+    optionally container; ``# `` lines are comments); a bad row is one error naming it."""
     rows = []
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("# ")]
     for n, rec in enumerate(csv.DictReader(lines), start=2):
@@ -191,6 +196,17 @@ def mapping_table(name: str) -> MappingTable:
         )
         _check_row(name, n, row)
         rows.append(row)
+    try:  # every row's pattern, compiled once as the table's combined one
+        _combined(name, tuple(rows))
+    except re.error as whole:
+        for n, row in enumerate(rows, start=2):  # which row: only when one is bad
+            try:
+                re.compile(row.pattern)
+            except re.error as exc:
+                raise OpprofError(f"mapping table {name} row {n}: bad pattern "
+                                  f"{row.pattern!r} ({exc})") from None
+        raise OpprofError(f"mapping table {name}: its patterns do not combine into one "
+                          f"({whole})") from None
     return MappingTable(name, tuple(rows))
 
 

@@ -57,3 +57,20 @@ def test_docs_list_every_mapping_table_as_shipped() -> None:
 
     doc = (REPO / "docs" / "taxonomy.md").read_text()
     assert doc == tables_markdown(), "regenerate: python docs/make_taxonomy.py"
+
+
+def test_a_bad_pattern_is_one_error_naming_its_row() -> None:
+    """The patterns are compiled once, as the table's combined pattern; a bad one is still
+    named by its row."""
+    from opprof.errors import OpprofError
+    from opprof.taxonomy import parse_table
+
+    head = "pattern,op,phase,kind,example\n"
+    good = parse_table("t", head + "aten::conv2d,convolution,forward,,aten::conv2d\n")
+    assert good.classify(["aten::conv2d", "x"])["op"].tolist() == ["convolution", "other"]
+    with pytest.raises(OpprofError, match=r"mapping table t row 3: bad pattern '\(aten'"):
+        parse_table("t", head + "aten::relu,activation,forward,,aten::relu\n"
+                    "(aten,convolution,forward,,aten::conv2d\n")
+    with pytest.raises(OpprofError, match="mapping table t: its patterns do not combine"):
+        parse_table("t", head + "(?P<a>x),activation,forward,,x\n(?P<a>y),activation,forward,"
+                    ",y\n")
