@@ -252,6 +252,7 @@ def test_a_kvstore_step_pays_the_in_step_latency_once_and_another_framework_none
     compute, so a parameter-server step pays the in-step latency once (with the wait before
     the update), not per key; a network another framework calibrated adds nothing."""
     from opprof.model.predict import baseline, plan
+    from opprof.model.simulate import simulate as simulate_step
 
     base = baseline(load(FIXTURES / "colocation" / "mxnet-lenet5-base.trace"))
     kind = {"after_ns": [{"bytes": 4096, "ns": 3e6, "calls": 4}], "wait_ns": 0.0,
@@ -261,13 +262,13 @@ def test_a_kvstore_step_pays_the_in_step_latency_once_and_another_framework_none
         return Network("ps", 50_000.0, 1.0, workers=2, source="calibrate", framework=framework,
                        info={"in_step": {"workers": 2, "all_reduce": kind}} if in_step else {})
 
-    def planned(n: Network) -> tuple[float, float]:
+    def planned(n: Network) -> list[float]:
         p = plan(base, 2, "ps-sync", 1, n, straggler=False)[0]
-        return p.cost(65536.0), p.straggler_ns  # type: ignore[union-attr]
+        return [m["end_ns"] - m["start_ns"] for m in simulate_step(p).messages]
 
-    cost, wait = planned(net("mxnet", True))
-    plain_cost, plain_wait = planned(net("mxnet", False))
+    keys, plain = planned(net("mxnet", True)), planned(net("mxnet", False))
     alpha = float(np.asarray(net("mxnet", False).cost_ns(0.0, 2)).reshape(-1)[0])
-    assert cost == pytest.approx(plain_cost)  # every key at the back-to-back cost
-    assert wait - plain_wait == pytest.approx(3e6 - alpha)  # the first one's latency, once
-    assert planned(net("torch", True)) == pytest.approx((plain_cost, plain_wait))
+    assert len(keys) == len(plain) > 1  # one message per key
+    assert keys[0] - plain[0] == pytest.approx(3e6 - alpha)  # the first one's latency, once
+    assert keys[1:] == pytest.approx(plain[1:])  # every other key at the back-to-back cost
+    assert planned(net("torch", True)) == pytest.approx(plain)

@@ -396,11 +396,10 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
 
     # the in-step latency: on every message of a step that sends its gradients in a few
     # (DDP's buckets, one packed or one after backward); once a step where every key goes
-    # on its own one after another (a kvstore: only the first follows the compute)
+    # on its own one after another (a kvstore: only the first key follows the compute)
     latency = _in_step_latency(base, network, collective, policy, workers, max(servers, 1))
-    if policy.per_tensor:
-        wait += latency if talk and sync else 0.0
-        latency = 0.0
+    first = latency if policy.per_tensor else 0.0
+    latency -= first
 
     def cost(n: float) -> float:
         return float(network.cost_ns(n, workers, max(servers, 1))) + latency
@@ -410,7 +409,8 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
                     cost=cost, comm_scale=comm_scale, io_busy_ns=0.0 if io_hidden else io_busy,
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
                     server_update_ns=server_update, communicate=talk, pack_ns=pack,
-                    interference=interference, comm_interference=comm_interference), policy
+                    interference=interference, comm_interference=comm_interference,
+                    first_extra_ns=first), policy
 
 
 def _in_step_latency(base: Baseline, network: Network, collective: str, policy: Policy,

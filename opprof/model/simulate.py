@@ -162,12 +162,13 @@ def _send(plan: StepPlan, sends: list[tuple[float, int]], b0: float,
           backward: float) -> list[dict[str, float]]:
     """The collectives on the link (FIFO), for a backward of ``backward`` ns from ``b0``."""
     total = sum(n for _, n in sends) or 1
-    free, sent = 0.0, []
+    free = 0.0
+    sent: list[dict[str, float]] = []
     b1, slow = b0 + backward, 1.0 + max(0.0, plan.comm_interference)
     for frac, n in sends:
         ready = b0 + frac * backward if plan.policy.overlap else b0 + backward
         start = max(ready, free)
-        dur = float(plan.cost(n)) * plan.comm_scale
+        dur = (float(plan.cost(n)) + (0.0 if sent else plan.first_extra_ns)) * plan.comm_scale
         if plan.policy.server_update:  # the servers' optimizer on this key's share
             dur += plan.server_update_ns * n / total  # compute: comm_scale leaves it
         if start < b1 and slow > 1.0:  # beside the backward it runs at 1/slow of its speed

@@ -56,6 +56,9 @@ class StepPlan:
     interference: float = 0.0
     #: a collective beside compute takes (1 + comm_interference) × its cost
     comm_interference: float = 0.0
+    #: more time of the step's first message only (ns; a kvstore's first key, the one call
+    #: that follows the compute: :func:`opprof.model.predict.plan`)
+    first_extra_ns: float = 0.0
 
 
 @dataclass
