@@ -787,11 +787,24 @@ def hook_loss() -> LossLog[torch.Tensor]:
     @functools.wraps(autograd_backward)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(tensors, torch.Tensor) and tensors.requires_grad and tensors.numel() == 1:
-            _outside_dynamo(log.seen, tensors.detach())  # a list is no one loss: skipped
+            value = _loss_value(tensors.detach())
+            if value is not None:  # a list is no one loss: skipped
+                _outside_dynamo(log.seen, value)
         return autograd_backward(tensors, *args, **kwargs)
 
     torch.autograd.backward = _eager_under_dynamo(backward)
     return log
+
+
+def _loss_value(loss: torch.Tensor) -> torch.Tensor | None:
+    """The loss as a plain tensor: a DTensor's local tensor where every rank holds the whole
+    value (replicated, as ``loss_parallel``'s cross-entropy returns it); None for a partial or
+    sharded DTensor, whose value only a collective would give (none is added to the step)."""
+    to_local = getattr(loss, "to_local", None)
+    if to_local is None:
+        return loss
+    placements = getattr(loss, "placements", ())
+    return to_local() if all(p.is_replicate() for p in placements) else None
 
 
 def _eager_under_dynamo(fn: F) -> F:

@@ -15,6 +15,7 @@ import pytest
 from opprof.analysis.report import build_report
 from opprof.loader import load
 from opprof.taxonomy import PHASES
+from opprof.trace import convergence_frame
 from tests.conftest import run_cli
 from tests.procs import load_factor
 
@@ -87,6 +88,18 @@ def test_sequence_parallel_script(tmp_path: Path) -> None:
     rep = healthy(opprof_run(tmp_path, "torch_tp_sp.py"), "tp")
     assert {"all_gather", "reduce_scatter"} <= set(rep.collectives["op"])
     tp_exposed(rep)
+
+
+@pytest.mark.slow
+def test_loss_parallel_keeps_the_loss_of_every_step(tmp_path: Path) -> None:
+    """TorchTitan's loss_parallel: the loss backward() runs on is a DTensor (replicated),
+    which `opprof run` once failed to read ("the loss per step was not kept")."""
+    trace = opprof_run(tmp_path, "torch_tp_sp.py", "--loss-parallel")
+    rep = healthy(trace, "tp")
+    tp_exposed(rep)
+    curve = convergence_frame(load(trace).meta)
+    assert len(curve) >= 7
+    assert curve["loss"].notna().all() and (curve["loss"] > 0).all()
 
 
 @pytest.mark.slow

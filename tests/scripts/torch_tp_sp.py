@@ -2,7 +2,10 @@
 DTensor): each rank holds its share of the sequence; in every block the LayerNorm runs on it
 (``SequenceParallel``), the MLP gathers the whole sequence (``PrepareModuleInput``: all-gather),
 its first linear layer is ``ColwiseParallel`` and its second ``RowwiseParallel`` with its output
-reduce-scattered back to the sequence shards. torchrun (gloo on CPU), AdamW on random data."""
+reduce-scattered back to the sequence shards. torchrun (gloo on CPU), AdamW on random data.
+``--loss-parallel``: the head is split over the classes too (``ColwiseParallel`` kept sharded
+on them) and the loss is computed inside ``loss_parallel()``, as TorchTitan does: the loss is
+then a DTensor."""
 
 import argparse
 
@@ -16,6 +19,7 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
@@ -26,6 +30,7 @@ parser.add_argument("--seq", type=int, default=16)
 parser.add_argument("--blocks", type=int, default=2)
 parser.add_argument("--width", type=int, default=64)
 parser.add_argument("--fail-at", type=int, default=-1)
+parser.add_argument("--loss-parallel", action="store_true")
 args = parser.parse_args()
 
 
@@ -55,6 +60,10 @@ for block in blocks:
         "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
     })
 head = nn.Linear(args.width, 10)
+if args.loss_parallel:
+    parallelize_module(head, mesh, ColwiseParallel(input_layouts=Shard(1),
+                                                   output_layouts=Shard(-1),
+                                                   use_local_output=False))
 optimizer = torch.optim.AdamW([*blocks.parameters(), *head.parameters()], lr=1e-3)
 generator = torch.Generator().manual_seed(0)
 share = args.seq // world
@@ -65,8 +74,13 @@ for step in range(args.steps):
     y = torch.randint(0, 10, (args.batch_size, args.seq), generator=generator)
     mine = slice(rank * share, (rank + 1) * share)  # this rank's part of the sequence
     out = head(blocks(x[:, mine]))
-    loss = nn.functional.cross_entropy(out.flatten(0, 1), y[:, mine].flatten())
-    loss.backward()
+    if args.loss_parallel:  # the logits of the whole sequence, sharded over the classes
+        with loss_parallel():
+            loss = nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())
+            loss.backward()
+    else:
+        loss = nn.functional.cross_entropy(out.flatten(0, 1), y[:, mine].flatten())
+        loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()
