@@ -87,7 +87,7 @@ def memory_rows(trace: Trace, raw: pd.DataFrame) -> pd.DataFrame:
     steps and phases."""
     raw = raw.reset_index(drop=True)
     n = len(raw)
-    unknown = sorted(set(raw["name"].astype(str)) - set(MEMORY_SERIES))
+    unknown = sorted(set(map(str, pd.unique(raw["name"]))) - set(MEMORY_SERIES))
     if unknown:
         raise ValueError(f"unknown memory series {unknown}")
     rank = raw["rank"].to_numpy(np.int64)
@@ -124,7 +124,8 @@ def add_memory(trace: Trace, raw: pd.DataFrame | None) -> Trace:
     rows = memory_rows(trace, raw)
     rows = rows.sort_values(["rank", "name", "device", "ts"], kind="stable")
     meta = dict(trace.meta)
-    sources = set(meta.get("memory_sources", [])) | set(rows["detail"].dropna().astype(str))
+    sources = set(meta.get("memory_sources", [])) | set(
+        map(str, pd.unique(rows["detail"].dropna())))
     meta["memory_sources"] = sorted(sources)
     events = trace.events if len(trace.events) else None
     if events is None:
