@@ -66,6 +66,10 @@ def worker(fw: str, model: str, batch: int, prof: bool, seconds: float, go: Any,
     steps (profiled or not) and put the median step (ms) on ``out``."""
     from opprof.collectors.netbench import Job, train_step
 
+    if fw == "torch":  # one thread, as calibrate's workers (its OMP_NUM_THREADS: main())
+        import torch
+
+        torch.set_num_threads(1)
     job = Job(fw=fw, workers=1, servers=0, sizes=(4,), repeat=1, threads=1, timeout_s=300,
               extra={"colocation": {"model": model, "batch_size": batch}})
     step = train_step(fw, job)
@@ -106,6 +110,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0)
     args = ap.parse_args()
     mp.set_start_method("spawn")
+    # one thread per worker, as calibrate gives them (the children inherit it): without it each
+    # framework took every core, and two workers at once ran ×2 to ×56 slower
+    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                       "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"})
     print(f"uptime at the start: {os.getloadavg()}", flush=True)
     for fw in [f.strip() for f in args.fw.split(",") if f.strip()]:
         ratios: dict[bool, list[float]] = {False: [], True: []}
