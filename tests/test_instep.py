@@ -272,3 +272,8 @@ def test_a_kvstore_step_pays_the_in_step_latency_once_and_another_framework_none
     assert keys[0] - plain[0] == pytest.approx(3e6 - alpha)  # the first one's latency, once
     assert keys[1:] == pytest.approx(plain[1:])  # every other key at the back-to-back cost
     assert planned(net("torch", True)) == pytest.approx(plain)
+    # one worker pushes to its servers after its compute too: a one-worker parameter-server
+    # base is simulated with the same latency, so that its own communication scales alike
+    one = plan(base, 1, "ps-sync", 1, net("mxnet", True), straggler=False)[0]
+    alpha1 = float(np.asarray(net("mxnet", False).cost_ns(0.0, 1)).reshape(-1)[0])
+    assert one.first_extra_ns == pytest.approx(3e6 - alpha1)  # type: ignore[union-attr]

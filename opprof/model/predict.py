@@ -423,7 +423,8 @@ def _in_step_latency(base: Baseline, network: Network, collective: str, policy: 
     bytes, after the last rank entered) where that is larger than the network's; the bytes
     keep the α–β's rate. 0 elsewhere (a network fitted from a trace, or written before
     calibrate timed such calls, or another framework's)."""
-    if workers <= 1 or collective not in (Collective.ALLREDUCE, Collective.PS):
+    ps = collective == Collective.PS  # one worker still pushes to its servers
+    if not (ps or (collective == Collective.ALLREDUCE and workers > 1)):
         return 0.0
     if network.framework and network.framework != base.framework:
         return 0.0
@@ -431,7 +432,9 @@ def _in_step_latency(base: Baseline, network: Network, collective: str, policy: 
     if instep is None:
         return 0.0
     alpha = float(np.asarray(network.cost_ns(0.0, workers, servers)).reshape(-1)[0])
-    return max(0.0, instep.after_ns(0.0, workers) - alpha)
+    # (a call's time after the last rank entered it: one worker's is taken as the calibrated
+    # workers', whose wait for each other it leaves out)
+    return max(0.0, instep.after_ns(0.0, workers if workers > 1 else instep.workers) - alpha)
 
 
 def interference_for(base: Baseline, network: Network, workers: int) -> Interference:
