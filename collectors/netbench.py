@@ -525,6 +525,31 @@ IN_STEP_BURSTS_NS = (1_000_000, 4_000_000, 12_000_000)
 IN_STEP_CALLS = 8
 
 
+def _in_step_spec(job: Job, sizes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                             int] | None:
+    """(sizes, bursts, calls) of the in-step calls: ``job.extra["in_step"]``'s (a dict may
+    name ``sizes``, ``bursts_ns`` and ``calls``) else the defaults, ``sizes`` the kind's;
+    None where it is ``False`` (no in-step calls)."""
+    spec = job.extra.get("in_step", True)
+    if spec is False:
+        return None
+    spec = spec if isinstance(spec, dict) else {}
+    return (tuple(int(n) for n in spec.get("sizes") or sizes),
+            tuple(int(b) for b in spec.get("bursts_ns") or IN_STEP_BURSTS_NS),
+            int(spec.get("calls") or IN_STEP_CALLS))
+
+
+def _timed_call(call: Callable[[int], Any], rank: int, kind: str, nbytes: int, burst: int,
+                index: int) -> dict[str, Any]:
+    """``call(nbytes)`` timed on the host's monotonic clock: one in-step sample (``enter``,
+    ``exit``, ``ns``; ``call`` its index among its size's and burst's)."""
+    enter = time.monotonic_ns()
+    call(nbytes)
+    done = time.monotonic_ns()
+    return {"rank": rank, "kind": kind, "bytes": int(nbytes), "burst_ns": burst,
+            "ns": done - enter, "enter": enter, "exit": done, "call": index}
+
+
 def _in_step(job: Job, rank: int) -> list[dict]:
     """Each collective a model-parallel step blocks in, called as the step calls it: after a
     burst of compute on every rank (:func:`_compute_for`, the same work on each, so the
@@ -547,11 +572,10 @@ def _in_step(job: Job, rank: int) -> list[dict]:
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    spec = job.extra.get("in_step")
-    spec = spec if isinstance(spec, dict) else {}
-    sizes = tuple(int(n) for n in spec.get("sizes") or IN_STEP_SIZES)
-    bursts = tuple(int(b) for b in spec.get("bursts_ns") or IN_STEP_BURSTS_NS)
-    calls = int(spec.get("calls") or IN_STEP_CALLS)
+    spec = _in_step_spec(job, IN_STEP_SIZES)
+    if spec is None:
+        return []
+    sizes, bursts, calls = spec
     group = dist.group.WORLD
     peer = rank ^ 1 if (rank ^ 1) < job.workers else -1
     out: list[dict] = []
@@ -582,27 +606,24 @@ def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ..
     for i in range(calls + 1):
         for n in sizes:
             compute()
-            enter = time.monotonic_ns()
-            fc.wait_tensor(fc.all_reduce(xs[n], "sum", group))
-            done = time.monotonic_ns()
+            got = _timed_call(lambda m: fc.wait_tensor(fc.all_reduce(xs[m], "sum", group)),
+                              rank, "in_step_all_reduce", n, burst, i - 1)
             if i:
-                out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
-                            "burst_ns": burst, "ns": done - enter, "enter": enter,
-                            "exit": done, "call": i - 1})
+                out.append(got)
         if peer < 0:
             continue
         sender = (i % 2) == (rank % 2)  # activations forward, gradients back
-        for n in sizes:
-            compute()
-            enter = time.monotonic_ns()
+
+        def p2p(n: int, sender: bool = sender) -> None:
             work = dist.isend(xs[n], peer) if sender else dist.irecv(bufs[n], peer)
             if work is not None:
                 work.wait()
-            done = time.monotonic_ns()
+
+        for n in sizes:
+            compute()
+            got = _timed_call(p2p, rank, "in_step_p2p", n, burst, i - 1)
             if i:
-                out.append({"rank": rank, "kind": "in_step_p2p", "bytes": int(n),
-                            "burst_ns": burst, "ns": done - enter, "enter": enter,
-                            "exit": done, "call": i - 1, "pair": min(rank, peer),
+                out.append({**got, "pair": min(rank, peer),
                             "role": "send" if sender else "recv"})
     dist.barrier()
     return out
@@ -620,6 +641,12 @@ def _compute_for(ns: int) -> Any:
     def chunk() -> None:
         torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
 
+    return _repeated(chunk, ns)
+
+
+def _repeated(chunk: Callable[[], Any], ns: int) -> Callable[[], None]:
+    """``chunk`` repeated for about ``ns`` (the count taken once from its second-fastest of
+    four runs, so later calls do the same work however busy the host is)."""
     times = []
     for _ in range(4):
         t0 = time.perf_counter_ns()
@@ -648,13 +675,10 @@ def _in_step_dp(call: Callable[[int], Any], wait: Callable[[Any], Any], job: Job
     ``kind: in_step_all_reduce`` samples with ``enter`` and ``exit`` on the host's clock, as
     torch's (:func:`_in_step`; ``job.extra["in_step"]`` as there). No profiler runs: the
     frameworks' own profilers are not a per-call setting here."""
-    spec = job.extra.get("in_step", True)
-    if spec is False:
+    spec = _in_step_spec(job, DP_IN_STEP_SIZES)
+    if spec is None:
         return []
-    spec = spec if isinstance(spec, dict) else {}
-    sizes = tuple(int(n) for n in spec.get("sizes") or DP_IN_STEP_SIZES)
-    bursts = tuple(int(b) for b in spec.get("bursts_ns") or IN_STEP_BURSTS_NS)
-    calls = int(spec.get("calls") or IN_STEP_CALLS)
+    sizes, bursts, calls = spec
     out: list[dict] = []
     for burst in bursts:
         compute = _numpy_burst(burst)
@@ -662,13 +686,10 @@ def _in_step_dp(call: Callable[[int], Any], wait: Callable[[Any], Any], job: Job
         for i in range(calls + 1):
             for n in sizes:
                 compute()
-                enter = time.monotonic_ns()
-                wait(call(n))
-                done = time.monotonic_ns()
+                got = _timed_call(lambda m: wait(call(m)), rank, "in_step_all_reduce", n,
+                                  burst, i - 1)
                 if i:
-                    out.append({"rank": rank, "kind": "in_step_all_reduce", "bytes": int(n),
-                                "burst_ns": burst, "ns": done - enter, "enter": enter,
-                                "exit": done, "call": i - 1})
+                    out.append(got)
     return out
 
 
@@ -678,19 +699,7 @@ def _numpy_burst(ns: int) -> Callable[[], None]:
     import numpy as np
 
     a = np.ones((128, 128), dtype=np.float32)
-    times = []
-    for _ in range(4):
-        t0 = time.perf_counter_ns()
-        for _ in range(8):
-            a @ a
-        times.append((time.perf_counter_ns() - t0) / 8)
-    reps = max(1, round(ns / max(sorted(times)[1], 1)))
-
-    def compute() -> None:
-        for _ in range(reps):
-            a @ a
-
-    return compute
+    return _repeated(lambda: a @ a, ns)
 
 
 def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
@@ -699,9 +708,8 @@ def _mxnet_main(job: Job, rank: int, workdir: Path) -> None:
     mx = import_mxnet()
     kv = mx.kv.create("dist_sync")
     arrays = {}
-    spec = job.extra.get("in_step", True)
-    in_step = tuple(int(n) for n in (spec.get("sizes") if isinstance(spec, dict) else None)
-                    or DP_IN_STEP_SIZES) if spec is not False else ()
+    spec = _in_step_spec(job, DP_IN_STEP_SIZES)
+    in_step = spec[0] if spec is not None else ()
     for key, n in enumerate(dict.fromkeys((*job.sizes, *in_step))):
         a = mx.nd.ones((max(1, n // 4),), dtype="float32")
         kv.init(key, a)
@@ -741,9 +749,8 @@ def _tf_main(job: Job, rank: int, workdir: Path) -> None:
         return strategy.run(replica, args=(x,))
 
     pieces = int(job.extra.get("pieces", 1))
-    spec = job.extra.get("in_step", True)
-    in_step = tuple(int(n) for n in (spec.get("sizes") if isinstance(spec, dict) else None)
-                    or DP_IN_STEP_SIZES) if spec is not False else ()
+    spec = _in_step_spec(job, DP_IN_STEP_SIZES)
+    in_step = spec[0] if spec is not None else ()
     tensors = {n: [tf.ones([max(1, n // 4 // pieces)], tf.float32) for _ in range(pieces)]
                for n in dict.fromkeys((*job.sizes, *in_step))}
     small = [tf.ones([1], tf.float32)]

@@ -398,8 +398,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
     # (DDP's buckets, one packed or one after backward); once a step where every key goes
     # on its own one after another (a kvstore: only the first key follows the compute)
     latency = _in_step_latency(base, network, collective, policy, workers, max(servers, 1))
-    first = latency if policy.per_tensor else 0.0
-    latency -= first
+    first, latency = (latency, 0.0) if policy.per_tensor else (0.0, latency)
 
     def cost(n: float) -> float:
         return float(network.cost_ns(n, workers, max(servers, 1))) + latency
