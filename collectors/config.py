@@ -452,9 +452,8 @@ def job_meta(facts: list[Facts], **job: Any) -> dict[str, Any]:
         meta.update({"framework": lead.framework, "framework_version": lead.framework_version,
                      "warmup_steps": lead.warmup, "timing_steps": lead.timing_steps,
                      "profiled_steps": lead.profiled_target, "threads": lead.threads})
-        shared = ("params", "param_bytes", "unit_param_bytes", "layers", "input_size",
-                  "num_classes", "model",
-                  "dataset", "device", "seed")
+        shared = ("params", "param_bytes", "param_arrays", "unit_param_bytes", "layers",
+                  "input_size", "num_classes", "model", "dataset", "device", "seed")
         meta.update({k: lead.extra[k] for k in shared if k in lead.extra})
     for key in JOB_FACTS:
         value = next((f.extra[key] for f in facts if f.extra.get(key) is not None), None)

@@ -256,13 +256,18 @@ class MXNetAdapter:
         self.kv = self.frame = self.graphs = None
 
 
-def param_facts(params: Any) -> dict[str, int]:
-    """Trainable parameter count and bytes of a Gluon ParameterDict (or list)."""
+def param_facts(params: Any) -> dict[str, Any]:
+    """Trainable parameter count and bytes of a Gluon ParameterDict (or list), and its arrays
+    in the Trainer's key order (``param_arrays``: ``[layer, elements]`` each, the layer the
+    parameter's name without its last ``_`` part: ``conv0_weight`` → ``conv0``) — a kvstore
+    pushes one key per array, and MXNet's trace names neither."""
     values = params.values() if hasattr(params, "values") else params
     trained = [p for p in values if p.grad_req != "null" and p.shape]
     return {"params": int(sum(int(np.prod(p.shape)) for p in trained)),
             "param_bytes": int(sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize
-                                   for p in trained))}
+                                   for p in trained)),
+            "param_arrays": [[str(p.name).rsplit("_", 1)[0], int(np.prod(p.shape))]
+                             for p in trained]}
 
 
 # ------------------------------------------------------------------ the built-in models
@@ -394,7 +399,7 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
     counts = layer_counts(net)
     facts = {"model": key, "dataset": config.dataset, "batch_size": config.batch_size,
              "mode": str(config.mode), "profiled_steps": config.steps, "params": counts["params"],
-             "param_bytes": param_facts(net.collect_params())["param_bytes"],
+             **{k: v for k, v in param_facts(net.collect_params()).items() if k != "params"},
              "layers": {k: v for k, v in counts.items() if k != "params"},
              "input_size": size, "num_classes": classes, "seed": config.seed,
              "loader_workers": config.loader_workers}

@@ -18,8 +18,11 @@ backward operator), ``backward_ns`` is the backward time since the previous grad
 ready (the layer's own backward work), and ``ready_frac`` is ``ready_ns`` over the backward
 span (start to the end of the last backward event), so a simulation can replay the order with
 another backward time. Where
-the trace has no shapes, ``bytes`` is -1 and :func:`profile` spreads the model's gradient bytes
-(``meta["params"]`` × 4) evenly over the layers, saying so in ``bytes_source``.
+the trace has no shapes, ``bytes`` is -1 and :func:`profile` takes the recorder's parameter
+arrays (``meta["param_arrays"]``, MXNet's: a kvstore pushes one key per array, a layer's
+weight and bias apart) — one gradient per array, ready with its layer — where every step has
+one gradient per layer of them; else it spreads the model's gradient bytes (``meta["params"]``
+× 4) evenly over the layers; ``bytes_source`` says which.
 
 Collectives the trace already holds (DDP's buckets, TF's CollectiveReduce, MXNet's kvstore
 windows) are listed beside them with their start relative to the backward start and their bytes.
@@ -77,7 +80,13 @@ def profile(trace: Trace) -> GradientProfile:
     n_params = trace.meta.get("params")
     bytes_source = "parameter shapes in the trace (float32)"
     if len(tensors) and (tensors["bytes"] < 0).any():
-        if n_params:
+        arrays = _by_arrays(tensors, trace.meta.get("param_arrays"))
+        if arrays is not None:
+            tensors = arrays
+            source += ", each holding its layer's parameter arrays"
+            bytes_source = ("the model's parameter arrays (meta param_arrays, float32): one "
+                            "gradient per array, in its layer's place")
+        elif n_params:
             per = tensors.groupby(["rank", "step"])["index"].transform("size")
             tensors["bytes"] = np.floor(int(n_params) * FLOAT_BYTES / per).astype(np.int64)
             bytes_source = (f"meta params ({int(n_params):,}) × 4 B, split evenly over the "
@@ -165,6 +174,38 @@ def _op_layers(ev: pd.DataFrame) -> tuple[pd.DataFrame, str]:
                       .to_numpy(), "ready": (p["ts"] + p["dur"]).to_numpy(np.int64),
                       "bytes": -1})
     return g, "parameter-holding backward operators (one per layer)"
+
+
+def _by_arrays(tensors: pd.DataFrame, arrays: object) -> pd.DataFrame | None:
+    """Layer-level gradients (no shapes in the trace) made one per parameter array from the
+    recorder's ``param_arrays`` (``[layer, elements]`` in definition order: the layers'
+    gradients come in the reverse), when every (rank, step) has one gradient per layer;
+    else None. Each array is ready with its layer; the layer's backward work stays on its
+    first array."""
+    if not isinstance(arrays, list) or not arrays:
+        return None
+    layers: dict[str, list[int]] = {}
+    try:
+        for layer, n in arrays:
+            layers.setdefault(str(layer), []).append(int(n))
+    except (TypeError, ValueError):
+        return None
+    sizes = list(layers.values())[::-1]  # backward order
+    if not (tensors.groupby(["rank", "step"]).size() == len(sizes)).all():
+        return None
+    per = np.array([len(a) for a in sizes])
+    pos = tensors["index"].to_numpy(np.int64)
+    rows = tensors.iloc[np.repeat(np.arange(len(tensors)), per[pos])].reset_index(drop=True)
+    within = np.concatenate([np.arange(k) for k in per[pos]])
+    flat = np.concatenate([np.asarray(a, np.int64) for a in sizes])
+    start = np.concatenate([[0], np.cumsum(per)[:-1]])
+    layer_of = np.repeat(pos, per[pos])
+    rows["bytes"] = flat[start[layer_of] + within] * FLOAT_BYTES
+    names = np.array(list(layers)[::-1], dtype=object)
+    rows["name"] = names[layer_of]
+    rows["backward_ns"] = np.where(within == 0, rows["backward_ns"].to_numpy(np.int64), 0)
+    rows["index"] = rows.groupby(["rank", "step"]).cumcount()
+    return rows[TENSOR_COLUMNS]
 
 
 def _relative(grads: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
