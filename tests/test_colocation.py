@@ -179,12 +179,15 @@ def test_a_colocated_prediction_slows_the_compute_by_the_calibrated_factor(
     assert two.colocation is not None and two.colocation.crowd == 2
 
 
-def test_a_parameter_server_update_is_not_slowed(traces: dict) -> None:
+def test_a_parameter_server_optimizer_is_not_slowed(traces: dict) -> None:
     r = predict(traces["mxnet-lenet5-base"], [2], mode="ps-sync",
                 network=_net(MXNET_NET, 0.2))
     p = r.predictions[0]
-    assert set(p.colocation_parts) == {"forward", "backward"}
+    assert set(p.colocation_parts) == {"forward", "backward", "update"}
     assert p.phases["forward"] == pytest.approx(r.base.phases["forward"] * 1.2)
+    # what stays of the worker's update (all but the optimizer's operators) is slowed
+    assert p.phases["update"] == pytest.approx(
+        (r.base.phases["update"] - r.base.optimizer_ns) * 1.2)
     assert sum(p.terms().values()) == pytest.approx(p.step_ns, rel=1e-12)
 
 

@@ -40,6 +40,8 @@ import pandas as pd
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
 from opprof.errors import OpprofError
+from opprof.filters import on_host, step_work
+from opprof.intervals import union_length
 from opprof.kinds import PS_MODES, Collective, Framework, Mode, Role, default_mode
 from opprof.model.colocation import NONE as NO_COLOCATION
 from opprof.model.colocation import (
@@ -124,6 +126,9 @@ class Baseline:
     interference: Measured | None = None
     #: where its workers (and servers) computed (:mod:`.colocation`)
     placement: Placement = field(default_factory=lambda: spread_over(1, 0, 1, "one worker"))
+    #: the optimizer's own operators per step (ns; :func:`optimizer_ns`): what moves to
+    #: parameter servers that take the update; the rest of the update phase stays
+    optimizer_ns: float = 0.0
 
     @property
     def phases(self) -> dict[str, float]:
@@ -171,7 +176,27 @@ def baseline(trace: Trace, label: str = "", steps: pd.DataFrame | None = None) -
                                   meta.get("device")),
                     units=fsdp_units(trace, gradients, t.steps),
                     interference=measure(trace, t.steps) if workers > 1 else None,
-                    placement=placement(meta, workers))
+                    placement=placement(meta, workers),
+                    optimizer_ns=optimizer_ns(trace, len(steps)))
+
+
+def optimizer_ns(trace: Trace, rank_steps: int) -> float:
+    """The mean time over ``rank_steps`` (the step breakdown's rows) of the update phase's optimizer operators (canonical
+    ``weights_update``, counted, their union over threads). A parameter server that takes
+    the optimizer takes this; the update's other time — the training loop's own Python
+    around the optimizer, its gradient copies — stays on the worker."""
+    ev = trace.events
+    keep = step_work(ev) & ev["counted"].astype(bool) & on_host(ev) \
+        & (ev["phase"].astype(str) == "update") & (ev["op"].astype(str) == "weights_update")
+    e = ev[keep.to_numpy()]
+    if e.empty:
+        return 0.0
+    start = e["ts"].to_numpy(np.int64)
+    groups = e.assign(end=start + e["dur"].to_numpy(np.int64)).groupby(["rank", "step"],
+                                                                      observed=True)
+    per = [union_length(g["ts"].to_numpy(np.int64), g["end"].to_numpy(np.int64))
+           for _, g in groups]  # one per (rank, step): a few dozen
+    return float(np.sum(per)) / max(rank_steps, 1)
 
 
 @dataclass
@@ -371,13 +396,15 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
         if p in phases:
             phases[p] = max(0.0, phases[p] + d)
     moved = policy.server_update and not base.collective == Collective.PS
-    for p in colocated_phases(moved):
-        phases[p] *= 1.0 + colocation
     server_update = 0.0
     if moved:
-        # The optimizer moves from the worker to the servers (keys split over them).
-        server_update = phases["update"] / max(servers, 1)
-        phases["update"] = 0.0
+        # The optimizer's operators move from the worker to the servers (keys split over
+        # them); the rest of the update — the loop's own Python around push and pull — stays
+        optimizer = min(base.optimizer_ns, phases["update"])
+        server_update = optimizer / max(servers, 1)
+        phases["update"] -= optimizer
+    for p in colocated_phases():
+        phases[p] *= 1.0 + colocation
     if network.info.get("includes_server_update"):
         server_update = 0.0
     if io_hidden:
@@ -453,10 +480,10 @@ def interference_for(base: Baseline, network: Network, workers: int) -> Interfer
     return from_cores(base.resources, workers)
 
 
-def colocated_phases(update_moved: bool = False) -> tuple[str, ...]:
-    """The phases co-location slows: the worker's compute (its update unless a parameter
-    server runs the optimizer instead)."""
-    return ("forward", "backward") if update_moved else ("forward", "backward", "update")
+def colocated_phases() -> tuple[str, ...]:
+    """The phases co-location slows: the worker's compute (of its update, what stays on it
+    where a parameter server runs the optimizer)."""
+    return ("forward", "backward", "update")
 
 
 def colocation_curve(base: Baseline, network: Network) -> tuple[Curve, tuple[str, ...]]:
@@ -520,7 +547,7 @@ class ColocationScale:
     colocation: Colocation  # of the predicted workers
     relative: float  # their compute × (1 + relative) of the base's
     wait_ns: float  # the others' wait for the most crowded host's workers
-    update_moved: bool  # the update runs on parameter servers (not slowed)
+    update_moved: bool  # the optimizer runs on parameter servers (the rest of the update stays)
 
 
 def colocation_scale(base: Baseline, network: Network, mode: str, workers: int, servers: int,
@@ -536,7 +563,8 @@ def colocation_scale(base: Baseline, network: Network, mode: str, workers: int, 
     collective = collective_of(mode) if mode != Mode.SINGLE else Collective.ALLREDUCE
     moved = policy_for(base.framework, collective, base.device).server_update and \
         base.collective != Collective.PS and workers > 1
-    alone = sum(base.phases[ph] for ph in colocated_phases(moved)) / (1.0 + s_base.slowdown)
+    alone = (sum(base.phases[ph] for ph in colocated_phases())
+             - (base.optimizer_ns if moved else 0.0)) / (1.0 + s_base.slowdown)
     wait = (coloc.max_slowdown - coloc.slowdown) * alone if workers > 1 else 0.0
     return ColocationScale(coloc, (1.0 + coloc.slowdown) / (1.0 + s_base.slowdown) - 1.0,
                            wait, moved)
@@ -871,7 +899,7 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None,
     coloc = cs.colocation
     lost = coloc.slowdown / (1.0 + coloc.slowdown)
     parts = {ph: lost * max(0.0, phases[ph] - (interf_ns if ph == "backward" else 0.0))
-             for ph in colocated_phases(cs.update_moved)}
+             for ph in colocated_phases()}
     step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
     speedup = workers * single / step if step > 0 else float("nan")
     busy = sim.comm_busy_ns
