@@ -181,10 +181,11 @@ def baseline(trace: Trace, label: str = "", steps: pd.DataFrame | None = None) -
 
 
 def optimizer_ns(trace: Trace, rank_steps: int) -> float:
-    """The mean time over ``rank_steps`` (the step breakdown's rows) of the update phase's optimizer operators (canonical
-    ``weights_update``, counted, their union over threads). A parameter server that takes
-    the optimizer takes this; the update's other time — the training loop's own Python
-    around the optimizer, its gradient copies — stays on the worker."""
+    """The mean time over ``rank_steps`` (the step breakdown's rows) of the update phase's
+    optimizer operators (canonical ``weights_update``, counted, their union over threads). A
+    parameter server that takes the optimizer takes this; the update's other time — the
+    training loop's own Python around the optimizer, its gradient copies — stays on the
+    worker."""
     ev = trace.events
     keep = step_work(ev) & ev["counted"].astype(bool) & on_host(ev) \
         & (ev["phase"].astype(str) == "update") & (ev["op"].astype(str) == "weights_update")
