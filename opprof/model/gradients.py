@@ -181,7 +181,9 @@ def _by_arrays(tensors: pd.DataFrame, arrays: object) -> pd.DataFrame | None:
     recorder's ``param_arrays`` (``[layer, elements]`` in definition order: the layers'
     gradients come in the reverse), when every (rank, step) has one gradient per layer;
     else None. Each array is ready with its layer; the layer's backward work stays on its
-    first array."""
+    first array. (Where a block's branches interleave in backward — a ResNet block's
+    shortcut — its layers' sizes follow the definition's order, not the trace's: the total
+    and the key count hold.)"""
     if not isinstance(arrays, list) or not arrays:
         return None
     layers: dict[str, list[int]] = {}
