@@ -21,7 +21,9 @@ over message sizes, through the framework's own backend, on processes started on
   ``MultiWorkerMirroredStrategy``, one task per worker configured by ``TF_CONFIG``; and the
   packing the strategy does around it in training (the gradients concatenated into one tensor
   and split back: ``kind: pack`` samples); and the all-reduce after a burst of compute on
-  every worker (:func:`_in_step_dp`: ``kind: in_step_all_reduce``, as torch's).
+  every worker (:func:`_in_step_dp`: ``kind: in_step_all_reduce``, as torch's); after the
+  co-location loop, the loop's step fed through the strategy's distributed dataset and by the
+  plain one (:func:`_tf_input`: ``kind: input``).
 
 Every size is warmed up once, then timed ``repeat`` times, each call after a barrier so the
 workers start it together (FSDP's: after compute, as in training); every worker writes its
@@ -75,6 +77,9 @@ UNIT_PIECES = (0.4995, 0.0005, 0.0005, 0.4985, 0.0005, 0.0005)
 #: workers at once), at least :data:`PHASE_STEPS` steps.
 PHASE_S = 0.6
 PHASE_STEPS = 3
+#: TensorFlow's distributed dataset (:func:`_tf_input`): rounds of each way of feeding the
+#: step, each as long as a co-location phase.
+INPUT_ROUNDS = 4
 
 
 @dataclass
@@ -322,17 +327,21 @@ def _beside(collective: Any, nbytes: int, barrier: Any, job: Job, rank: int) -> 
     return out + timed
 
 
-def train_step(fw: str, job: Job) -> Callable[[], object]:
-    """The framework's own training step of the co-location loop's model (``job.extra
-    ["colocation"]``: ``model``, ``batch_size``), as `opprof record` builds it for one worker,
-    on the built-in synthetic data, without the profiler."""
+def _loop_config(fw: str, job: Job) -> Any:
+    """The :class:`RecordConfig` of the co-location loop's model (``job.extra
+    ["colocation"]``: ``model``, ``batch_size``) on this job's threads."""
     from opprof.collectors.config import RecordConfig
     from opprof.kinds import Framework
 
     spec = job.extra["colocation"]
-    config = RecordConfig(fw=Framework(fw), model=str(spec["model"]),
-                          batch_size=int(spec["batch_size"]),
-                          threads=job.threads)
+    return RecordConfig(fw=Framework(fw), model=str(spec["model"]),
+                        batch_size=int(spec["batch_size"]), threads=job.threads)
+
+
+def train_step(fw: str, job: Job) -> Callable[[], object]:
+    """The framework's own training step of the co-location loop's model, as `opprof record`
+    builds it for one worker, on the built-in synthetic data, without the profiler."""
+    config = _loop_config(fw, job)
     if fw == "torch":
         import torch
 
@@ -377,6 +386,37 @@ def colocation(fw: str, job: Job, rank: int) -> None:
                 cpu.append(time.process_time_ns() - c0)
             f.write(json.dumps({"ns": times, "cpu_ns": cpu}) + "\n")
             f.flush()
+
+
+def _tf_input(job: Job, rank: int, strategy: Any, barrier: Callable[[], object]) -> list[dict]:
+    """What TensorFlow's distributed dataset costs a step (nothing without the co-location
+    loop's model): MultiWorkerMirroredStrategy draws every batch through it — each worker's
+    shard, its prefetching iterator — where a one-worker run iterates the dataset itself. The
+    loop's step fed one way and the other (:func:`opprof.collectors.tf.local_step`), on every
+    worker at once as in training, each for :data:`PHASE_S` seconds (at least
+    :data:`PHASE_STEPS` steps), in :data:`INPUT_ROUNDS` rounds whose order alternates
+    (``kind: input``, ``variant``: ``plain`` / ``distributed``, ``round``)."""
+    if not job.extra.get("colocation"):
+        return []
+    from opprof.collectors.tf import local_step
+
+    config = _loop_config("tf", job)
+    steps = {"plain": local_step(config), "distributed": local_step(config, strategy)}
+    for step in steps.values():  # functions traced, the iterators' prefetch started
+        for _ in range(2):
+            step()
+    out: list[dict] = []
+    for r in range(INPUT_ROUNDS):
+        for variant in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            barrier()
+            end, n = time.perf_counter_ns() + int(PHASE_S * 1e9), 0
+            while n < PHASE_STEPS or time.perf_counter_ns() < end:
+                t0 = time.perf_counter_ns()
+                steps[variant]()
+                out.append({"rank": rank, "bytes": 0, "ns": time.perf_counter_ns() - t0,
+                            "kind": "input", "variant": variant, "round": r})
+                n += 1
+    return out
 
 
 def _torch_main(job: Job, rank: int, workdir: Path) -> None:
@@ -783,6 +823,7 @@ def _tf_main(job: Job, rank: int, workdir: Path) -> None:
             samples.append({"rank": rank, "bytes": int(n), "ns": time.perf_counter_ns() - t0,
                             "kind": "pack"})
     colocation("tf", job, rank)
+    samples += _tf_input(job, rank, strategy, lambda: done(reduce(small)))
     _write(workdir, rank, job, samples, {"tensorflow": tf.__version__})
     sys.stdout.flush()
     os._exit(0)  # TF's collective and gRPC threads make a normal exit slow

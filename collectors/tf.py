@@ -59,7 +59,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -441,17 +441,38 @@ def _model_facts(config: RecordConfig, counts: dict[str, int], size: int,
             "input_size": size, "num_classes": classes, "seed": config.seed}
 
 
-def local_step(config: RecordConfig) -> Callable[[], float]:
+def local_step(config: RecordConfig, strategy: Any = None) -> Callable[[], float]:
     """The training step of ``config``'s model on one worker, no profiler and no strategy (its
     input pipeline, model and optimizer as `record` builds them), returning when it is done:
     what `opprof calibrate` times alone and on several workers at once (co-location). The
-    threads are this process's (set before TensorFlow first ran)."""
+    threads are this process's (set before TensorFlow first ran). With ``strategy`` (a
+    MultiWorkerMirroredStrategy) its batches come through the strategy's distributed dataset,
+    as `record --mode allreduce` draws them; the step itself stays local."""
     tf = _tf()
-    ds, classes = _dataset(tf, config, INPUT_SIZE[canonical_name(config.model)])
+    size = INPUT_SIZE[canonical_name(config.model)]
+    ds, classes = _dataset(tf, config, size)
+    batches = iter(ds) if strategy is None else _local(strategy, _distributed(
+        tf, config, size, strategy))
     model, optimizer, _ = _model(config, classes)
     state = _Losses()
-    step = _stepper(tf, model, optimizer, iter(ds), None, config.batch_size, state)
+    step = _stepper(tf, model, optimizer, batches, None, config.batch_size, state)
     return lambda: float(step())
+
+
+def _distributed(tf: ModuleType, config: RecordConfig, size: int, strategy: Any) -> Any:
+    """The iterator of ``strategy``'s distributed dataset: each worker's input pipeline its
+    own shard of the data (``distribute_datasets_from_function``)."""
+
+    def dataset_fn(ctx: Any) -> Any:
+        return _dataset(tf, config, size, (ctx.input_pipeline_id, ctx.num_input_pipelines))[0]
+
+    return iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+
+def _local(strategy: Any, iterator: Any) -> Iterator[Any]:
+    """A distributed iterator's batches as this worker's own tensors (its one replica)."""
+    for batch in iterator:
+        yield strategy.experimental_local_results(batch)[0]
 
 
 def record_worker(config: RecordConfig, folder: Path) -> None:
@@ -473,13 +494,8 @@ def record_worker(config: RecordConfig, folder: Path) -> None:
                 implementation=impl))
         reclaim_sigterm()  # TF's preemption notifier took SIGTERM over
         workers = strategy.num_replicas_in_sync
-
-        def dataset_fn(ctx: Any) -> Any:
-            return _dataset(tf, config, size, (ctx.input_pipeline_id,
-                                               ctx.num_input_pipelines))[0]
-
         classes = _dataset(tf, config, size)[1]
-        iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+        iterator = _distributed(tf, config, size, strategy)
         shards = workers
     else:
         workers = shards = 1

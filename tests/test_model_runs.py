@@ -56,6 +56,12 @@ def test_calibrate_measures_the_framework_collective(fw: str, tmp_path: Path) ->
     assert json.loads(res.stdout)["alpha_ns"] == net.alpha_ns
     if fw == "tf":  # and the copies MultiWorkerMirroredStrategy packs the gradients with
         assert net.info["pack_ns_per_byte"] > 0
+        # and its distributed dataset against the plain one, in every round
+        feed = net.info["distributed_input"]
+        assert len(feed["rounds_ns"]) == netbench.INPUT_ROUNDS and feed["model"] == "lenet5"
+        assert feed["plain_ns"] > 0 and feed["distributed_ns"] > 0 and feed["ns"] >= 0
+    else:
+        assert "distributed_input" not in net.info
     if fw == "torch":  # and a compute loop beside gloo's all-reduce: the interference
         assert net.info["interference"] >= 0
         assert not any(s["bytes"] == 0 for s in net.samples)  # kept out of the fit

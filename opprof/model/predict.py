@@ -437,7 +437,24 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
                     io_prefetch=prefetch and not io_hidden, straggler_ns=wait,
                     server_update_ns=server_update, communicate=talk, pack_ns=pack,
                     interference=interference, comm_interference=comm_interference,
-                    first_extra_ns=first), policy
+                    first_extra_ns=first,
+                    input_ns=0.0 if io_hidden else distributed_input_ns(
+                        base, network, collective, workers)), policy
+
+
+def distributed_input_ns(base: Baseline, network: Network, collective: str,
+                         workers: int) -> float:
+    """What TensorFlow's distributed dataset adds to each step of ``workers`` > 1
+    MultiWorkerMirroredStrategy workers predicted from a base that iterated its dataset
+    itself (one worker, no strategy): every batch comes through the strategy's iterator —
+    each worker's shard, prefetched on a thread of its own — which `opprof calibrate --fw tf`
+    times against the plain dataset (the network file's ``info.distributed_input``); 0
+    elsewhere (another framework, a base that ran the strategy, a network without it)."""
+    if (base.framework != Framework.TF or collective != Collective.ALLREDUCE or workers < 2
+            or base.collective is not None or network.framework not in ("", Framework.TF)):
+        return 0.0
+    info = network.info.get("distributed_input")
+    return float(info.get("ns") or 0.0) if isinstance(info, dict) else 0.0
 
 
 def _in_step_latency(base: Baseline, network: Network, collective: str, policy: Policy,
@@ -844,6 +861,10 @@ def predict(trace: Trace | None, workers: list[int], mode: str | None = None,
         notes.append("no gradient bytes known: the base's own exposed communication is kept "
                      "as measured for more than one worker" if base.phases["comm"] > 0 else
                      "no gradient bytes known: communication is predicted as zero")
+    dist_input = distributed_input_ns(base, net, collective, max(workers))
+    if dist_input > 0:
+        notes.append(f"TensorFlow's distributed dataset (every batch through the strategy's "
+                     f"iterator): +{dist_input / 1e6:.2f} ms of input a step (calibrate)")
     pol = policy_for(base.framework, collective)
     extra = _in_step_latency(base, net, collective, pol, max(workers), servers)
     if extra > 0:

@@ -9,7 +9,8 @@ Events, in order::
                                                             link, each from max(ready, free))
 
 - **I/O**: loading is serial (``t_io``), or — with a prefetching input pipeline — runs in the
-  background during the previous step, exposed only by ``max(0, io_busy − rest of step)``.
+  background during the previous step, exposed only by ``max(0, io_busy − rest of step)``;
+  plus what no prefetch hides (``StepPlan.input_ns``: TensorFlow's distributed dataset).
 - **Gradients** become ready during the backward pass at the fractions of it the trace showed
   (:mod:`opprof.model.gradients`); the policy groups them into messages:
   ``buckets`` (DistributedDataParallel: reverse order, a first bucket of 1 MiB then 25 MiB
@@ -148,7 +149,8 @@ def simulate(plan: StepPlan | ShardedPlan) -> SimResult:
     busy = sum(m["end_ns"] - m["start_ns"] for m in sent)
     hidden = sum(max(0.0, min(m["end_ns"], b1) - m["start_ns"]) for m in sent)
     rest = b1 + exposed + ph["update"] + ph["other"]
-    load = max(0.0, plan.io_busy_ns - rest) if plan.io_prefetch else ph["load"]
+    load = (max(0.0, plan.io_busy_ns - rest) if plan.io_prefetch else ph["load"]) \
+        + plan.input_ns
     phases = {"load": load, "h2d": ph["h2d"], "forward": ph["forward"],
               "backward": ph["backward"], "update": ph["update"], "comm": exposed,
               "other": ph["other"]}

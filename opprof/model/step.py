@@ -59,6 +59,9 @@ class StepPlan:
     #: more time of the step's first message only (ns; a kvstore's first key, the one call
     #: that follows the compute: :func:`opprof.model.predict.plan`)
     first_extra_ns: float = 0.0
+    #: more input time of every step that no prefetch hides (ns; TensorFlow's distributed
+    #: dataset: :func:`opprof.model.predict.distributed_input_ns`)
+    input_ns: float = 0.0
 
 
 @dataclass

@@ -92,6 +92,9 @@ def calibrate(o: CalibrateOptions) -> Network:
     if "kind" in df and (df["kind"] == "coloc").any():
         facts["colocation"] = colocation_info(df[df["kind"] == "coloc"], loop or {})
         df = df[df["kind"] != "coloc"].reset_index(drop=True)
+    if "kind" in df and (df["kind"] == "input").any():
+        facts["distributed_input"] = distributed_input(df[df["kind"] == "input"], loop or {})
+        df = df[df["kind"] != "input"].reset_index(drop=True)
     if "kind" in df:
         instep = df["kind"].astype(str).str.startswith("in_step_").to_numpy()
         if instep.any():  # calls after a compute burst, as a model-parallel step makes them
@@ -143,6 +146,24 @@ def colocation_loop(o: CalibrateOptions) -> dict[str, Any] | None:
 
     return {"model": canonical_name(model), "batch_size": int(batch or DEFAULT_BATCH),
             "rounds": o.colocation_rounds}
+
+
+def distributed_input(samples: pd.DataFrame, loop: dict[str, Any]) -> dict[str, Any]:
+    """The network file's ``info.distributed_input`` (TensorFlow's
+    ``MultiWorkerMirroredStrategy``: :func:`opprof.collectors.netbench._tf_input`): ``ns``,
+    what its distributed dataset adds to a step — per round the median step fed through it
+    less the median step fed by the dataset itself (every worker's steps but each phase's
+    first), the median over the rounds, at least 0 — and those medians, the rounds' own
+    differences and the loop's model and batch."""
+    s = samples.copy()
+    s["index"] = s.groupby(["rank", "round", "variant"]).cumcount()
+    med = s[s["index"] > 0].groupby(["round", "variant"])["ns"].median().unstack()
+    rounds = (med["distributed"] - med["plain"]).dropna()
+    return {"ns": max(0.0, float(rounds.median())) if len(rounds) else 0.0,
+            "plain_ns": float(med["plain"].median()),
+            "distributed_ns": float(med["distributed"].median()),
+            "rounds_ns": [float(x) for x in rounds], "model": loop.get("model"),
+            "batch_size": loop.get("batch_size")}
 
 
 def colocation_info(samples: pd.DataFrame, loop: dict[str, Any]) -> dict[str, Any]:
