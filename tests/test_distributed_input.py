@@ -71,3 +71,12 @@ def test_other_frameworks_and_networks_add_nothing(net: Network) -> None:
     tf = baseline(load(COLOC / "tf-lenet5-base.trace"))
     assert distributed_input_ns(tf, _without(net), "allreduce", 2) == 0
     assert distributed_input_ns(tf, replace(net, framework="torch"), "allreduce", 2) == 0
+
+
+def test_calibrate_prints_it(net: Network) -> None:
+    from opprof.render.console import calibration
+
+    text = " ".join(calibration(net).split())
+    ns = net.info["distributed_input"]["ns"]
+    assert "Distributed dataset: the step fed through the strategy's" in text
+    assert f"+{ns / 1e3:,.1f} µs a step" in text

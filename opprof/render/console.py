@@ -1107,6 +1107,15 @@ def calibration(net: Network) -> str:
     coloc = net.info.get("colocation")
     if isinstance(coloc, dict) and coloc.get("slowdown"):
         items.append(_colocation_table(coloc))
+    feed = net.info.get("distributed_input")
+    if isinstance(feed, dict) and feed.get("rounds_ns"):
+        rounds = feed["rounds_ns"]
+        items.append(Text(
+            f"Distributed dataset: the step fed through the strategy's "
+            f"{_us(feed['distributed_ns'])} against {_us(feed['plain_ns'])} fed by the dataset "
+            f"itself (both workers at once): +{_us(feed['ns'])} a step (rounds "
+            f"{min(rounds) / 1e3:,.1f} … {max(rounds) / 1e3:,.1f} µs), what `model` adds to "
+            "each worker's load from a one-worker base"))
     instep = net.info.get("in_step")
     if isinstance(instep, dict) and any(k in instep for k in ("all_reduce", "p2p")):
         items.append(_in_step_table(instep))
