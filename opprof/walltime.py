@@ -26,7 +26,12 @@ if TYPE_CHECKING:
 #: The phases that win an instant, highest first (then ``other``).
 PRIORITY = ("forward", "backward", "update", "comm", "h2d", "load")
 COMPUTE = ("forward", "backward", "update")
-_TIERS = [(p, "op") for p in PRIORITY] + [(p, "marker") for p in PRIORITY]
+#: Highest first: operators, then markers — but a load operator on a thread that holds no
+#: forward, backward or update marker (a ``tf.data`` thread prefetching the next batch) only
+#: below the markers: the thread that runs the step is past its load then, the input hidden
+#: behind it (:mod:`opprof.analysis.breakdown`).
+_TIERS = ([(p, "op") for p in PRIORITY] + [(p, "marker") for p in PRIORITY[:-1]]
+          + [("load", "background"), ("load", "marker")])
 COMPUTE_CODES = [PHASES.index(p) for p in COMPUTE]
 COMM_CODE = PHASES.index("comm")
 
@@ -92,6 +97,8 @@ class RankArrays(NamedTuple):
     k_start: Array
     k_end: Array
     k_phase: Array
+    #: load operators on a thread without phase markers (``_TIERS``' ``background``)
+    background: Array
 
     @classmethod
     def of(cls, b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame,
@@ -100,10 +107,11 @@ class RankArrays(NamedTuple):
         durs = np.concatenate([o["dur"].to_numpy(np.int64), m["dur"].to_numpy(np.int64)])
         k_start = blk["ts"].to_numpy(np.int64)
         device = np.concatenate([on_device(o).to_numpy(bool), np.zeros(len(m), bool)])
+        phase = np.concatenate([phase_codes(o), phase_codes(m)])
         return cls(b["start"].to_numpy(np.int64), b["end"].to_numpy(np.int64), starts,
-                   starts + durs, np.concatenate([phase_codes(o), phase_codes(m)]),
-                   np.repeat([True, False], [len(o), len(m)]), device, k_start,
-                   k_start + blk["dur"].to_numpy(np.int64), phase_codes(blk))
+                   starts + durs, phase, np.repeat([True, False], [len(o), len(m)]), device,
+                   k_start, k_start + blk["dur"].to_numpy(np.int64), phase_codes(blk),
+                   np.concatenate([_background_load(o, m), np.zeros(len(m), bool)]))
 
     def cover(self, sweep: Sweep, mask: Array,
               minus: Array | None = None) -> Array:
@@ -121,8 +129,10 @@ class RankArrays(NamedTuple):
         for tier in reversed(range(len(_TIERS))):
             p, src = _TIERS[tier]
             code = PHASES.index(p)
-            mine = (self.phase == code) & (self.is_op if src == "op" else ~self.is_op)
-            cov = self.cover(sweep, mine, (self.k_phase == code) if src == "op" else None)
+            kind = {"op": self.is_op & ~self.background, "background": self.background,
+                    "marker": ~self.is_op}[src]
+            mine = (self.phase == code) & kind
+            cov = self.cover(sweep, mine, (self.k_phase == code) if src != "marker" else None)
             winner[cov] = code
         exposed = self.device_comm_exposed(sweep)
         if exposed is not None:
@@ -185,6 +195,21 @@ def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.Da
     good = good[in_step[seg[good]] < len(a.s_start)]
     out[good] = winner[seg[good]]
     return out
+
+
+def _background_load(o: pd.DataFrame, m: pd.DataFrame) -> Array:
+    """Per operator of ``o``: a load operator on a host thread (pid, tid) that holds no
+    forward, backward or update marker of ``m`` — not the thread that runs the step's
+    phases (all False where ``m`` does not say its threads)."""
+    load = (phase_codes(o) == PHASES.index("load")) & ~on_device(o).to_numpy(bool)
+    if not load.any() or not {"pid", "tid"} <= set(m.columns) or not len(m):
+        return np.zeros(len(o), bool)
+    m = m[np.isin(phase_codes(m), COMPUTE_CODES)]
+    marked = pd.MultiIndex.from_arrays([m["pid"].to_numpy(np.int64),
+                                        m["tid"].to_numpy(np.int64)]).unique()
+    lanes = pd.MultiIndex.from_arrays([o["pid"].to_numpy(np.int64),
+                                       o["tid"].to_numpy(np.int64)])
+    return load & ~lanes.isin(marked)
 
 
 def phase_codes(df: pd.DataFrame) -> Array:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from opprof import load
 from opprof.analysis.breakdown import PRIORITY, comm_overlap_ratio, phase_summary, step_breakdown
 from opprof.taxonomy import PHASES
-from tests.conftest import shared_trace
+from tests.conftest import FIXTURES, shared_trace
 from tests.test_kineto import SHARED
 
 
@@ -60,3 +61,41 @@ def test_allreduce_blocking_a_backward_hook_is_not_compute() -> None:
     assert (blocked["phase"] == "backward").all()
     steps = step_breakdown(tr)
     assert (steps[list(PHASES)].sum(axis=1) == steps["dur_ns"]).all()
+
+
+@pytest.mark.parametrize("name", ["tf-lenet5-base.trace", "tf-lenet5-mwms2.trace"])
+def test_input_prefetched_beside_the_step_is_not_load(name: str) -> None:
+    """tf.data prefetches the next batch on threads of its own while the step's thread
+    computes (a MultiWorkerMirroredStrategy worker's ``Iterator::Generator`` for most of
+    its step): those instants are the compute marker's, and ``load`` is the step's own
+    wait for its batch — the main thread's load operators — plus instants no marker holds."""
+    from opprof.filters import markers
+    from opprof.walltime import COMPUTE, phase_at
+
+    trace = load(FIXTURES / "colocation" / name)
+    ev = trace.events
+    steps = step_breakdown(trace)
+    assert (steps[list(PHASES)].sum(axis=1) == steps["dur_ns"]).all()
+    marks = ev[markers(ev) & ev["phase"].isin(COMPUTE) & (ev["step"] >= 0)]
+    main = set(zip(marks["pid"], marks["tid"], strict=True))
+    loads = ev[ev["counted"] & (ev["phase"] == "load") & (ev["step"] >= 0)]
+    on_main = [(p, t) in main for p, t in zip(loads["pid"], loads["tid"], strict=True)]
+    fore, back = loads[on_main], loads[[not x for x in on_main]]
+    assert len(fore) and len(back)
+    # every 50 µs of every compute marker: no instant is load unless the marker's own
+    # thread runs a load operator then — yet the background threads load at many of them
+    hits = 0
+    for _, m in marks.iterrows():
+        ts = np.arange(m["ts"], m["ts"] + m["dur"], 50_000)
+        waits = ((fore["ts"].to_numpy()[None, :] <= ts[:, None])
+                 & (ts[:, None] < (fore["ts"] + fore["dur"]).to_numpy()[None, :])).any(axis=1)
+        busy = ((back["ts"].to_numpy()[None, :] <= ts[:, None])
+                & (ts[:, None] < (back["ts"] + back["dur"]).to_numpy()[None, :])).any(axis=1)
+        at = phase_at(trace, np.full(len(ts), m["rank"]), ts)
+        assert not ((at == PHASES.index("load")) & ~waits).any(), m["name"]
+        hits += int((busy & ~waits).sum())
+    assert hits > 0
+    # the load phase is then about the main thread's own wait (its `opprof.load`; where an
+    # operator of a higher phase runs beside it, less), not the background threads' busy time
+    own = ev[ev["name"] == "opprof.load"]["dur"].sum()
+    assert steps["load"].sum() < 1.5 * own < steps["busy_load"].sum()

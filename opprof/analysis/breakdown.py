@@ -5,7 +5,11 @@ Who wins an instant, highest first:
 
 1. operator events (counted events: host operators and device kernels/copies) of
    forward, backward, update; then comm; then h2d; then load;
-2. phase markers (``opprof.forward``, ``## backward ##``, …) in the same order;
+2. phase markers (``opprof.forward``, ``## backward ##``, …) in the same order — but a load
+   operator on a host thread that holds no forward, backward or update marker (``tf.data``'s
+   threads prefetching the next batch while the step's thread computes) comes after the
+   compute, comm and h2d markers, just before the load markers: the step is past its load
+   then, the input hidden behind it;
 3. ``other`` for time nothing covers.
 
 Tier 1 before tier 2 refines DESIGN.md's "forward/backward/update > comm > h2d > load >
@@ -74,7 +78,7 @@ def step_breakdown(trace: Trace) -> pd.DataFrame:
     # only the columns read below are copied (a filter copies every column it takes)
     ops = ev.loc[worker & counted(ev) & phased,
                  ["rank", "pid", "tid", "ts", "dur", "device", "phase"]]
-    marks = ev.loc[worker & markers(ev) & phased, ["rank", "ts", "dur", "phase"]]
+    marks = ev.loc[worker & markers(ev) & phased, ["rank", "pid", "tid", "ts", "dur", "phase"]]
     blocked = blocked_in_comm(ops, functional_waits(ev))
     kernel_rows = ev.loc[worker & kernels(ev),
                          ["rank", "ts", "dur", "op", *(["link"] if "link" in ev else [])]]

@@ -90,7 +90,8 @@ def pipeline_part(trace: Trace) -> pd.DataFrame:
     phased = ev["phase"].isin(PRIORITY)
     ops = ev.loc[worker & counted(ev) & phased, ["rank", "pid", "tid", "ts", "dur", "device",
                                                  "phase", "op", "name", "step"]]
-    marks = ev.loc[worker & markers(ev), ["rank", "ts", "dur", "phase", "name", "step"]]
+    marks = ev.loc[worker & markers(ev), ["rank", "pid", "tid", "ts", "dur", "phase", "name",
+                                          "step"]]
     blocked = blocked_in_comm(ops, functional_waits(ev))
     rows = []
     for rank in sorted(ev.loc[p2p, "rank"].unique()):
