@@ -209,7 +209,8 @@ def _background_load(o: pd.DataFrame, m: pd.DataFrame) -> Array:
                                         m["tid"].to_numpy(np.int64)]).unique()
     lanes = pd.MultiIndex.from_arrays([o["pid"].to_numpy(np.int64),
                                        o["tid"].to_numpy(np.int64)])
-    return load & ~lanes.isin(marked)
+    background: Array = load & ~np.asarray(lanes.isin(marked), bool)
+    return background
 
 
 def phase_codes(df: pd.DataFrame) -> Array:
