@@ -111,7 +111,7 @@ class RankArrays(NamedTuple):
         return cls(b["start"].to_numpy(np.int64), b["end"].to_numpy(np.int64), starts,
                    starts + durs, phase, np.repeat([True, False], [len(o), len(m)]), device,
                    k_start, k_start + blk["dur"].to_numpy(np.int64), phase_codes(blk),
-                   np.concatenate([_background_load(o, m), np.zeros(len(m), bool)]))
+                   np.concatenate([background_load(o, m), np.zeros(len(m), bool)]))
 
     def cover(self, sweep: Sweep, mask: Array,
               minus: Array | None = None) -> Array:
@@ -197,7 +197,7 @@ def _rank_phase_at(b: pd.DataFrame, o: pd.DataFrame, m: pd.DataFrame, blk: pd.Da
     return out
 
 
-def _background_load(o: pd.DataFrame, m: pd.DataFrame) -> Array:
+def background_load(o: pd.DataFrame, m: pd.DataFrame) -> Array:
     """Per operator of ``o``: a load operator on a host thread (pid, tid) that holds no
     forward, backward or update marker of ``m`` — not the thread that runs the step's
     phases (all False where ``m`` does not say its threads)."""

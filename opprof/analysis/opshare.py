@@ -5,7 +5,9 @@ concurrent operators split evenly among them.
 Definition, per rank and step. The wall-time breakdown gives every instant to one phase; an
 instant that *operator events* win (tier 1 of the breakdown: forward/backward/update > comm >
 h2d > load among counted operator events and device kernels/copies) is split evenly among the
-counted events of the winning phase that cover it; instants only markers cover (Python
+counted events of the winning phase that cover it (a load operator of a thread without
+compute markers, as in the breakdown, only where no compute, comm or h2d marker is open);
+instants only markers cover (Python
 between operators, waits) stay ``unattributed`` in their phase. A compute operator blocked in
 a communication call it issued (DDP's hook) holds nothing while it waits, as in the breakdown.
 So for each (rank, step, phase)::
@@ -23,9 +25,10 @@ import numpy as np
 import pandas as pd
 
 from opprof.analysis.breakdown import COMPUTE, PRIORITY, container, step_breakdown
-from opprof.filters import counted, on_host, workers
+from opprof.filters import counted, markers, on_host, workers
 from opprof.taxonomy import PHASES
 from opprof.trace import Trace
+from opprof.walltime import background_load
 
 COLUMNS = ["rank", "step", "op", "phase", "wall_ns"]
 
@@ -41,11 +44,13 @@ def op_wall(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     compute = host[host["phase"].isin(COMPUTE)]
     pos = container(comm, compute)
     blocked = comm[pos >= 0].assign(owner=compute.index.to_numpy()[pos[pos >= 0]])
+    marks = ev.loc[workers(ev) & markers(ev) & ev["phase"].isin(PRIORITY),
+                   ["rank", "pid", "tid", "ts", "dur", "phase"]]
     frames = []
     for rank, b in steps.groupby("rank", sort=True):
         o = ops[ops["rank"] == rank]
         frames.append(_rank_wall(int(rank), b.sort_values("start"), o,
-                                 blocked[blocked["rank"] == rank]))
+                                 blocked[blocked["rank"] == rank], marks[marks["rank"] == rank]))
     out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     attributed = out.groupby(["rank", "step", "phase"])["wall_ns"].sum()
     rest = []
@@ -66,7 +71,8 @@ def op_wall(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
     return out[out["wall_ns"] != 0].reset_index(drop=True)[COLUMNS]
 
 
-def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame) -> pd.DataFrame:
+def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame,
+               m: pd.DataFrame) -> pd.DataFrame:
     s_start = b["start"].to_numpy(np.int64)
     s_end = b["end"].to_numpy(np.int64)
     if o.empty:
@@ -74,10 +80,17 @@ def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame) -
     start = o["ts"].to_numpy(np.int64)
     end = start + o["dur"].to_numpy(np.int64)
     phase = o["phase"].astype(str).to_numpy()
+    # a load operator of a thread without compute markers (the breakdown's ``background``)
+    # holds only what no compute, comm or h2d marker does
+    background = background_load(o, m)
+    held = m[m["phase"].astype(str) != "load"]
+    h_start = held["ts"].to_numpy(np.int64)
+    h_end = h_start + held["dur"].to_numpy(np.int64)
     k_start = blk["ts"].to_numpy(np.int64)
     k_end = k_start + blk["dur"].to_numpy(np.int64)
     owner = o.index.get_indexer(blk["owner"].to_numpy()) if len(blk) else np.zeros(0, np.int64)
-    pts = np.unique(np.concatenate([start, end, s_start, s_end, k_start, k_end]))
+    pts = np.unique(np.concatenate([start, end, s_start, s_end, k_start, k_end, h_start,
+                                    h_end]))
     seg = np.diff(pts).astype(np.float64)
     idx = np.searchsorted(s_start, pts[:-1], side="right") - 1
     in_step = (idx >= 0) & (pts[:-1] < s_end[np.maximum(idx, 0)])
@@ -90,14 +103,19 @@ def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame) -
 
     counts = {}
     taken = np.zeros(len(seg), bool)
+    marked = np.cumsum(np.bincount(np.searchsorted(pts, h_start), minlength=len(pts))
+                       - np.bincount(np.searchsorted(pts, h_end), minlength=len(pts)))[:-1] > 0
     for p in PRIORITY:
-        m = phase == p
+        m = (phase == p) & ~background
         delta = (np.bincount(a[m], minlength=len(pts)) - np.bincount(z[m], minlength=len(pts)))
         if p in COMPUTE and len(ka):
             mk = (k_phase == p) & (owner >= 0)
             delta = delta - np.bincount(ka[mk], minlength=len(pts)) \
                 + np.bincount(kz[mk], minlength=len(pts))
         counts[p] = np.cumsum(delta)[:-1]
+    bg = np.cumsum(np.bincount(a[background], minlength=len(pts))
+                   - np.bincount(z[background], minlength=len(pts)))[:-1]
+    counts["load"] = counts["load"] + np.where(marked, 0, bg)
     # An event may run across a step boundary: cut it into one piece per step it covers.
     sa = np.searchsorted(pts, s_start)
     sz = np.searchsorted(pts, s_end)
@@ -138,8 +156,12 @@ def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame) -
         taken |= win
         per = np.where(win, seg / np.maximum(counts[p], 1), 0.0)
         cum = np.concatenate([[0.0], np.cumsum(per)])
-        m = piece_phase == p
+        m = (piece_phase == p) & ~background[ev_i]
         share[m] = cum[pz[m]] - cum[pa[m]]
+        if p == "load":
+            cum = np.concatenate([[0.0], np.cumsum(np.where(marked, 0.0, per))])
+            m = background[ev_i]
+            share[m] = cum[pz[m]] - cum[pa[m]]
         if p in COMPUTE and len(ka):
             mk = (k_phase[kk] == p) & (k_piece >= 0)
             np.subtract.at(share, k_piece[mk], cum[kpz[mk]] - cum[kpa[mk]])
