@@ -97,7 +97,7 @@ class RankArrays(NamedTuple):
     k_start: Array
     k_end: Array
     k_phase: Array
-    #: load operators on a thread without phase markers (``_TIERS``' ``background``)
+    #: load operators on a thread without compute markers (``_TIERS``' ``background``)
     background: Array
 
     @classmethod
@@ -126,12 +126,12 @@ class RankArrays(NamedTuple):
         """Per segment of ``sweep``: the phase code that wins it (the tiers of the module
         docstring, highest first; ``other`` where nothing covers it)."""
         winner = np.full(len(sweep.length), len(PHASES) - 1)  # "other"
+        kinds = {"op": self.is_op & ~self.background, "background": self.background,
+                 "marker": ~self.is_op}
         for tier in reversed(range(len(_TIERS))):
             p, src = _TIERS[tier]
             code = PHASES.index(p)
-            kind = {"op": self.is_op & ~self.background, "background": self.background,
-                    "marker": ~self.is_op}[src]
-            mine = (self.phase == code) & kind
+            mine = (self.phase == code) & kinds[src]
             cov = self.cover(sweep, mine, (self.k_phase == code) if src != "marker" else None)
             winner[cov] = code
         exposed = self.device_comm_exposed(sweep)
@@ -205,11 +205,10 @@ def background_load(o: pd.DataFrame, m: pd.DataFrame) -> Array:
     if not load.any() or not {"pid", "tid"} <= set(m.columns) or not len(m):
         return np.zeros(len(o), bool)
     m = m[np.isin(phase_codes(m), COMPUTE_CODES)]
-    marked = pd.MultiIndex.from_arrays([m["pid"].to_numpy(np.int64),
-                                        m["tid"].to_numpy(np.int64)]).unique()
-    lanes = pd.MultiIndex.from_arrays([o["pid"].to_numpy(np.int64),
-                                       o["tid"].to_numpy(np.int64)])
-    background: Array = load & ~np.asarray(lanes.isin(marked), bool)
+    both = [np.concatenate([o[c].to_numpy(np.int64), m[c].to_numpy(np.int64)])
+            for c in ("rank", "pid", "tid")]
+    lane = lane_ids(*both)
+    background: Array = load & ~np.isin(lane[:len(o)], lane[len(o):])
     return background
 
 

@@ -72,7 +72,7 @@ def op_wall(trace: Trace, steps: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame,
-               m: pd.DataFrame) -> pd.DataFrame:
+               marks: pd.DataFrame) -> pd.DataFrame:
     s_start = b["start"].to_numpy(np.int64)
     s_end = b["end"].to_numpy(np.int64)
     if o.empty:
@@ -82,8 +82,8 @@ def _rank_wall(rank: int, b: pd.DataFrame, o: pd.DataFrame, blk: pd.DataFrame,
     phase = o["phase"].astype(str).to_numpy()
     # a load operator of a thread without compute markers (the breakdown's ``background``)
     # holds only what no compute, comm or h2d marker does
-    background = background_load(o, m)
-    held = m[m["phase"].astype(str) != "load"]
+    background = background_load(o, marks)
+    held = marks[marks["phase"].astype(str) != "load"]
     h_start = held["ts"].to_numpy(np.int64)
     h_end = h_start + held["dur"].to_numpy(np.int64)
     k_start = blk["ts"].to_numpy(np.int64)

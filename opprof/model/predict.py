@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from opprof.analysis.breakdown import step_breakdown
+from opprof.analysis.breakdown import COMPUTE, step_breakdown
 from opprof.analysis.ranks import ASYNC_MODES, collectives, match
 from opprof.errors import OpprofError
 from opprof.filters import on_host, step_work
@@ -91,6 +91,11 @@ if TYPE_CHECKING:
     from opprof.jsontypes import JSONObject
 
 _NOT_GRADIENT = r"(?i)broadcast|barrier|gather|scatter|send|recv|alltoall"
+
+
+#: The phases co-location slows: the worker's compute (of its update, what stays on it where
+#: a parameter server runs the optimizer).
+COLOCATED = COMPUTE
 
 
 @dataclass
@@ -404,7 +409,7 @@ def plan(base: Baseline, workers: int, mode: str, servers: int, network: Network
         optimizer = min(base.optimizer_ns, phases["update"])
         server_update = optimizer / max(servers, 1)
         phases["update"] -= optimizer
-    for p in colocated_phases():
+    for p in COLOCATED:
         phases[p] *= 1.0 + colocation
     if network.info.get("includes_server_update"):
         server_update = 0.0
@@ -498,12 +503,6 @@ def interference_for(base: Baseline, network: Network, workers: int) -> Interfer
     return from_cores(base.resources, workers)
 
 
-def colocated_phases() -> tuple[str, ...]:
-    """The phases co-location slows: the worker's compute (of its update, what stays on it
-    where a parameter server runs the optimizer)."""
-    return ("forward", "backward", "update")
-
-
 def colocation_curve(base: Baseline, network: Network) -> tuple[Curve, tuple[str, ...]]:
     """The co-location curve to predict with (:mod:`.colocation`): `opprof calibrate`'s loop
     (the network file), else the cores; and what to say about it (a loop of another model or
@@ -565,7 +564,6 @@ class ColocationScale:
     colocation: Colocation  # of the predicted workers
     relative: float  # their compute × (1 + relative) of the base's
     wait_ns: float  # the others' wait for the most crowded host's workers
-    update_moved: bool  # the optimizer runs on parameter servers (the rest of the update stays)
 
 
 def colocation_scale(base: Baseline, network: Network, mode: str, workers: int, servers: int,
@@ -581,11 +579,11 @@ def colocation_scale(base: Baseline, network: Network, mode: str, workers: int, 
     collective = collective_of(mode) if mode != Mode.SINGLE else Collective.ALLREDUCE
     moved = policy_for(base.framework, collective, base.device).server_update and \
         base.collective != Collective.PS and workers > 1
-    alone = (sum(base.phases[ph] for ph in colocated_phases())
+    alone = (sum(base.phases[ph] for ph in COLOCATED)
              - (base.optimizer_ns if moved else 0.0)) / (1.0 + s_base.slowdown)
     wait = (coloc.max_slowdown - coloc.slowdown) * alone if workers > 1 else 0.0
     return ColocationScale(coloc, (1.0 + coloc.slowdown) / (1.0 + s_base.slowdown) - 1.0,
-                           wait, moved)
+                           wait)
 
 
 def _sharded_plan(base: Baseline, workers: int, network: Network,
@@ -608,7 +606,7 @@ def _sharded_plan(base: Baseline, workers: int, network: Network,
         # (calibrate's ``sharded_op_ns``), which sharding does not divide
         phases["update"] += units.optimizer_calls * float(
             network.info.get("sharded_op_ns") or 0.0)
-    for p in colocated_phases():
+    for p in COLOCATED:
         phases[p] *= 1.0 + colocation
     if io_hidden:
         phases["load"] = 0.0
@@ -921,7 +919,7 @@ def predict_one(result: ModelResult, workers: int, servers: int | None = None,
     coloc = cs.colocation
     lost = coloc.slowdown / (1.0 + coloc.slowdown)
     parts = {ph: lost * max(0.0, phases[ph] - (interf_ns if ph == "backward" else 0.0))
-             for ph in colocated_phases()}
+             for ph in COLOCATED}
     step = base.step_ns + sum(phases[k] - base.phases[k] for k in PHASES)
     speedup = workers * single / step if step > 0 else float("nan")
     busy = sim.comm_busy_ns
