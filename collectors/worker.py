@@ -75,11 +75,21 @@ def main(argv: list[str]) -> int:
     return 0  # a normal exit: MXNet's kvstore tells the scheduler this worker is done
 
 
+_STOPPING: list[int] = []  # pids that have begun to stop on a SIGTERM
+
+
 def _on_sigterm(sig: int, frame: Any) -> None:
+    """Stop on the first SIGTERM only: a second one (torchrun stops the remaining ranks as
+    soon as one has ended, and the supervisor signals them too) must not cut short the
+    writing of the profiled steps that the first began (CI, stop 46: rank 0 came out of its
+    collective on the first, was keeping its steps when torchrun's arrived, and wrote none)."""
+    if os.getpid() in _STOPPING:
+        return
     stop = Interrupted(sig, "terminated by SIGTERM")
     pend(stop)  # raised again after the step if Python swallows it here
     if writing():
         return  # the trace being written is finished first
+    _STOPPING.append(os.getpid())
     raise stop
 
 

@@ -99,6 +99,29 @@ def test_sigterm_during_torchrun_allreduce_keeps_every_rank(folder: Path) -> Non
     assert run_cli("report", str(out), "--by", "rank").returncode == 0
 
 
+def test_a_second_sigterm_does_not_cut_short_the_keeping_of_steps() -> None:
+    # torchrun stops the other ranks as soon as one has ended: its SIGTERM reaches a rank that
+    # is already keeping its steps on the supervisor's (CI, stop 46: rank 0 wrote none). The
+    # worker's real handler, real signals, in a process of its own.
+    code = """
+import os, signal, time
+from opprof.collectors.worker import _on_sigterm
+from opprof.errors import Interrupted
+signal.signal(signal.SIGTERM, _on_sigterm)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except Interrupted:
+    os.kill(os.getpid(), signal.SIGTERM)  # torchrun's, while the steps are being kept
+    time.sleep(0.2)
+    print("kept", flush=True)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "kept"
+
+
 @pytest.mark.slow
 def test_sigterm_during_mxnet_single(folder: Path) -> None:
     needs("mxnet")
