@@ -244,14 +244,17 @@ def _handle_sigterm() -> None:
     """Keep the profile of a process ended by SIGTERM (torchrun stops the other ranks so
     when one fails): only if the script left SIGTERM's default action, and from the main
     thread; the process then still ends by SIGTERM. A SIGTERM that arrives while the trace is
-    being written (at exit, or after an earlier one) lets the write finish."""
+    being written (at exit, or after an earlier one) lets the write finish, as does one that
+    arrives while an earlier one's handler runs (torchrun's own, after the supervisor's)."""
     try:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
+        handling: list[int] = []
 
         def on_sigterm(sig: int, frame: FrameType | None) -> None:
-            if writing():
+            if writing() or handling:
                 return
+            handling.append(sig)
             _state.error = "terminated by SIGTERM"
             _at_exit()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
