@@ -19,7 +19,9 @@ The evidence, per collective (first that applies):
    forward pass on a rank that runs no DistributedDataParallel forward → ``tp`` (where the
    model runs inside DDP's forward, one outside it is the loop's bookkeeping — the Hugging
    Face ``Trainer``'s token count gathered, a loss averaged for the log — and one inside it
-   DDP's or SyncBatchNorm's); the same collectives issued in the backward of an autograd
+   DDP's or SyncBatchNorm's; one of a single element — a mixture of experts' capacity agreed
+   with ``op=MAX``, a count, a norm — is bookkeeping too: tensor parallelism exchanges
+   activations); the same collectives issued in the backward of an autograd
    Function written in Python (Megatron-style hand-written tensor parallelism: the
    all-reduce of ``CopyToTensorParallelRegion``'s gradient; not torch.compile's
    ``CompiledFunctionBackward``, where DDP's hooks fire), on such a rank → ``tp``;
@@ -49,7 +51,9 @@ is given that group: the trace shows no thread of a group that ran nothing.) Its
 that group's size; its groups the rank lists of that group on every rank.
 
 The layout: the dimensions whose collectives run in the steps over more than one rank, in
-the order :data:`DIMS`, joined by ``+`` (``fsdp+tp``, ``dp+pp``). A job whose only dimension is data
+the order :data:`DIMS`, joined by ``+`` (``fsdp+tp``, ``dp+pp``) — but not a data-parallel
+dimension whose every collective is of one element (bookkeeping, rule 4: an expert-parallel
+job that agrees its capacity is ``ep``, not ``dp+ep``). A job whose only dimension is data
 parallel keeps the mode it was recorded or recognized with (``allreduce``, ``fsdp``, ``zero``).
 
 Vectorized over events; the regular expressions run once per distinct name.
@@ -118,6 +122,9 @@ _CALL = re.compile(r"c10d::|_?c10d_functional")
 #: A functional collective's wait (``_c10d_functional::wait_tensor``).
 _WAIT = re.compile(r".*::wait_tensor\w*$")
 _DESC = re.compile(r"desc=(\S+)")
+#: A detail whose first input is one element: a 0-dim tensor or ``[1]``, alone (``[[]]``) or
+#: in a tensor list (``[[[]], [], …]``, c10d's calls).
+_ONE_ELEMENT = re.compile(r"(?:^|\s)\[\[?\[1?\][\],]")
 _PG = re.compile(r"pg=(\S+)")
 #: The collectives a backend span can serve (gloo runs a reduce-scatter as an all-reduce).
 _SERVES = {"all_reduce": ("all_reduce", "reduce_scatter")}
@@ -204,6 +211,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
     in_phase = label_points(np.zeros(n, np.int64), ts, np.zeros(len(marks), np.int64),
                             ts[marks], end[marks], phase[marks].astype(str), "")
     desc = _detail_dims(ev, comm)
+    one = _one_element(ev, comm)
 
     def choose(ops: Array) -> Array:
         """The rules, in order, for events doing the collectives ``ops``."""
@@ -212,7 +220,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
             fsdp & (ops == "all_reduce"), fsdp, dtensor,
             ops == "all_to_all", np.isin(ops, ["send", "recv"]),
             funcol | (np.isin(ops, _MODEL_OPS) & ((in_phase == "forward") | custom_bwd) & ~ddp
-                      & (not wrapped)),
+                      & ~one & (not wrapped)),
         ]
         values: list[Any] = [desc, "dp", "fsdp", "tp", "ep", "pp", "tp"]
         return np.select(rules, values, default="dp")
@@ -282,6 +290,19 @@ def _detail_dims(ev: pd.DataFrame, comm: Array) -> Array:
     return out
 
 
+def _one_element(ev: pd.DataFrame, comm: Array) -> Array:
+    """Per event: whether it is a collective of one element (its detail's first input
+    shape, :data:`_ONE_ELEMENT`; tested once per distinct detail)."""
+    out = np.zeros(len(ev), bool)
+    if "detail" not in ev or not comm.any():
+        return out
+    text = pd.Series(ev["detail"].astype(object).to_numpy()[comm], dtype=object)
+    cat = text.fillna("").astype(str).astype("category")
+    hit = np.array([bool(_ONE_ELEMENT.search(c)) for c in cat.cat.categories] + [False], bool)
+    out[comm] = hit[cat.cat.codes.to_numpy()]
+    return out
+
+
 def _thread_votes(out: Array, spans: Array, lane: Array, ts: Array, op: Array,
                   calls: Array, dims: Array) -> None:
     """Backend spans on threads that issue no call (gloo's own threads): the spans of one
@@ -325,13 +346,15 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     counted = ev["counted"].to_numpy(bool) if "counted" in ev else np.ones(len(ev), bool)
     sel = (dims != None) & (step >= 0) & counted  # noqa: E711 (element-wise)
     calls = pd.Series(dims[sel].astype(str)).value_counts()
+    bulk = pd.Series(dims[sel & ~_one_element(ev, sel)].astype(str)).value_counts()
     groups = process_groups(distributed)
     seen = [d for d in DIMS if d in calls.index]
     taken = assign_groups(seen, groups, _detail_groups(ev, dims), _span_threads(ev, dims))
     out: dict[str, Any] = {"dims": {}}
     for d in seen:
         g = taken.get(d)
-        out["dims"][d] = {"calls": int(calls[d]), **(g or {})}
+        out["dims"][d] = {"calls": int(calls[d]), "bulk_calls": int(bulk.get(d, 0)),
+                          **(g or {})}
     if isinstance(distributed, Mapping) and "world_size" in distributed:
         out["world_size"] = distributed.get("world_size")
     return out
@@ -448,8 +471,9 @@ def layout(facts: Iterable[Mapping[str, Any]], workers: int,
     dims: dict[str, dict[str, Any]] = {}
     for f in facts:
         for d, info in (f.get("dims") or {}).items():
-            entry = dims.setdefault(d, {"calls": 0, "groups": [], "sizes": []})
+            entry = dims.setdefault(d, {"calls": 0, "bulk": 0, "groups": [], "sizes": []})
             entry["calls"] += int(info.get("calls", 0))
+            entry["bulk"] += int(info.get("bulk_calls", info.get("calls", 0)))
             ranks = sorted(info.get("ranks") or [])
             if ranks and ranks not in entry["groups"]:
                 entry["groups"].append(ranks)
@@ -468,6 +492,9 @@ def layout(facts: Iterable[Mapping[str, Any]], workers: int,
     # data-parallel groups): it stays in ``parallelism``, not in the mode. (A degree of 1
     # because one rank's trace of a larger job is read, its groups unknown, is no such thing.)
     names = [d for d in parallelism if not (dims[d]["sizes"] and max(dims[d]["sizes"]) == 1)]
+    # data parallelism seen only in collectives of one element (a loss averaged for the log,
+    # a mixture of experts' capacity agreed) is the loop's bookkeeping: not in the mode
+    names = [d for d in names if d not in DATA_DIMS or dims[d]["bulk"]]
     model = [d for d in names if d not in DATA_DIMS]
     if not model:
         return None, parallelism

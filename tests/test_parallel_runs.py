@@ -153,6 +153,19 @@ def test_mixture_of_experts_with_the_list_form_all_to_all(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_an_expert_capacity_agreed_in_the_forward_is_not_tensor_parallel(tmp_path: Path) -> None:
+    """A capacity agreed each step by an all-reduce (``op=MAX``) of one element in the forward
+    pass, on a rank without DDP: bookkeeping, not tensor parallelism (it was read as tp:
+    mode ``dp+tp+ep``), and no data parallelism either (mode ``ep``)."""
+    path = opprof_run(tmp_path, "torch_moe_capacity.py", "--agree-capacity", "--width", "64")
+    rep = healthy(path, "ep")
+    dims = rep.collectives.groupby("op")["dim"].agg(set).to_dict()
+    assert dims == {"all_reduce": {"dp"}, "all_to_all": {"ep"}}
+    parallelism = load(path).meta["parallelism"]
+    assert "tp" not in parallelism and parallelism["ep"]["degree"] == 2
+
+
+@pytest.mark.slow
 def test_mixture_of_experts_with_functional_all_to_all(tmp_path: Path) -> None:
     """TorchTitan's dispatch: ``all_to_all_single_autograd`` (funcol), waited on through its
     ``AsyncCollectiveTensor``. Its waits are the all-to-all's (``ep``): they were read as

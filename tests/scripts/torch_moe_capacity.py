@@ -2,7 +2,9 @@
 each expert taking at most ``--capacity`` tokens from each rank (the rest dropped, a short
 bucket padded with zeros), the buckets exchanged with the list form ``dist.all_to_all`` (one
 tensor per peer: gloo needs them all of one shape). No data parallel: the router and the head
-stay on each rank's own batch. Launched with torchrun (gloo on CPU), Adam on random data."""
+stay on each rank's own batch. With ``--agree-capacity`` the capacity is each step's largest
+bucket on any rank, agreed by an all-reduce (``op=MAX``) of one element in the forward pass.
+Launched with torchrun (gloo on CPU), Adam on random data."""
 
 import argparse
 
@@ -15,6 +17,7 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--width", type=int, default=64)
 parser.add_argument("--capacity", type=int, default=40)
+parser.add_argument("--agree-capacity", action="store_true")
 args = parser.parse_args()
 
 
@@ -50,6 +53,10 @@ for _ in range(args.steps):
     y = torch.randint(0, 10, (args.batch_size,))
     scores = router(x).softmax(-1)
     choice = scores.argmax(-1)
+    if args.agree_capacity:
+        need = torch.bincount(choice, minlength=world).max()
+        dist.all_reduce(need, op=dist.ReduceOp.MAX)
+        cap = int(need)
     kept, buckets = [], []
     for e in range(world):
         idx = (choice == e).nonzero().flatten()[:cap]
