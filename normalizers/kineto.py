@@ -35,6 +35,7 @@ import numpy as np
 from opprof import drops, gunzip
 from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC
+from opprof.kinds import ASYNC_TID
 from opprof.normalizers import chrome
 from opprof.preread import NOT_STREAMED
 from opprof.sharding import refine_mode, sharded_mode
@@ -1074,8 +1075,6 @@ def served_collectives(raw: pd.DataFrame,
     return out, nbytes
 
 
-#: The lanes (tids) of a rank's asynchronous backend spans: ``ASYNC_TID``, ``ASYNC_TID - 1`` …
-ASYNC_TID = -1000
 #: Rounds of lane assignment before the spans left each get a lane of their own.
 _ASYNC_ROUNDS = 64
 

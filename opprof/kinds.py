@@ -96,6 +96,10 @@ PS_MODES = (Mode.PS_SYNC, Mode.PS_ASYNC)
 #: The model-parallel modes `record` runs (torch): the model itself split across the workers.
 MODEL_PARALLEL_MODES = (Mode.TP, Mode.PP, Mode.EP, Mode.FSDP_TP)
 
+#: The lanes (tids) of a rank's asynchronous backend spans, the point-to-point calls in flight
+#: (``ASYNC_TID``, ``ASYNC_TID - 1`` …: :func:`opprof.normalizers.kineto.async_lanes`).
+ASYNC_TID = -1000
+
 
 def collective_of(mode: str) -> Collective | None:
     """The model's collective of a distributed mode; None for ``single`` (or no mode)."""

@@ -45,6 +45,7 @@ from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ranks import collectives, match, synchronous
 from opprof.filters import workers
 from opprof.intervals import Nesting, containing, lane_ids, lane_keys
+from opprof.kinds import ASYNC_TID
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace, rank_slices
 
@@ -62,6 +63,9 @@ EDGE_NAMES = ("own", "thread", "launch", "order", "sync", "collective")
 SYNC_CALL = re.compile(r"(?i).*synchroni[sz]e.*|(cuda|hip)Memcpy(2D|3D)?(_v\d+)?$"
                        r"|MXNDArrayWait(All|ToRead|ToWrite)")
 _DEVICE_KINDS = ("kernel", "memcpy", "memset", "comm")
+#: A communication backend's own span (``gloo:send``): on a lane of :data:`ASYNC_TID` or
+#: below, a point-to-point call in flight (a profiler's own negative thread ids are not).
+_BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*")
 
 
 @dataclass
@@ -86,6 +90,9 @@ class Graph:
     #: built one rank at a time (``cross=False``): the rank's synchronous collective calls,
     #: whose cross-rank edges are left out (rank, step, name, seq, first node, last node)
     calls: pd.DataFrame | None = None
+    #: per node: on the main thread after a gap in which a transfer in flight completed (the
+    #: gap is comm: the thread waited for it); None: no such gap
+    waits: Array | None = None
     #: :func:`replay` of the unedited graph, kept once made (the report's critical path and
     #: each what-if compare against it)
     replayed: pd.DataFrame | None = field(default=None, init=False, repr=False)
@@ -159,8 +166,13 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     category[is_comm] = COMM
     category[is_sync] = SYNC
 
+    # a point-to-point call in flight (gloo's isend / irecv on a lane of its own, from its
+    # posting to its completion: normalizers.kineto.async_lanes) waits for its peer: its lane
+    # is no rank's main thread, and it is no step's last work
+    in_flight = np.zeros(n, bool)
+    in_flight[:n_host] = (tid[p_row] <= ASYNC_TID) & _named(name_cat, _BACKEND_SPAN)[p_row]
     # the main thread of each rank: the host lane busiest inside its steps
-    main = _main_lanes(rank, lane, start, end, on_dev)
+    main = _main_lanes(rank, lane, start, end, on_dev | in_flight)
     is_main = np.isin(lane, main)
 
     t = np.empty(2 * n, np.int64)
@@ -183,6 +195,17 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     add(2 * a + 1, 2 * b, gap, ORDER)
     first_after_gap = np.ones(n, bool)
     first_after_gap[b] = start[b] > end[a]
+    # a main-thread gap in which one of the rank's transfers in flight completed: the thread
+    # waited for it (a pipeline stage's ``wait()`` on its receive), which is comm, not Python
+    waits = np.zeros(n, bool)
+    fl = idx[in_flight]
+    after = is_main[b] & ~on_dev[b] & (start[b] > end[a])
+    if len(fl) and after.any():
+        kf, klo, khi = lane_keys([rank[fl], rank[b[after]], rank[b[after]]],
+                                 [end[fl], end[a[after]], start[b[after]]])
+        kf.sort()
+        waits[b[after]] = (np.searchsorted(kf, khi, side="right")
+                           > np.searchsorted(kf, klo, side="right"))
     # launch → kernel
     if n_dev and (link[dev_rows] >= 0).any():
         hl = host_rows[link[host_rows] >= 0]
@@ -248,9 +271,18 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     binding = np.full(2 * n, -1, np.int64)
     binding[dst_a[bind_edges]] = bind_edges
     g = Graph(rank, start, end, op, category, src_a, dst_a, lag, type_a, binding,
-              pd.DataFrame(), is_main, on_dev, entry, None if cross else calls)
-    g.steps = _anchors(g, steps, is_main)
+              pd.DataFrame(), is_main, on_dev, entry, None if cross else calls, waits)
+    g.steps = _anchors(g, steps, is_main, in_flight)
     return g
+
+
+def _named(names: pd.Series, pattern: re.Pattern[str]) -> Array:
+    """Per event of the categorical ``names``: whether its name matches ``pattern`` whole
+    (tested once per distinct name)."""
+    cats = pd.Series(names.cat.categories.astype(str))
+    hit = np.append(cats.str.fullmatch(pattern.pattern).to_numpy(bool), False)
+    out: Array = hit[names.cat.codes.to_numpy()]
+    return out
 
 
 def _strings(col: pd.Series) -> Array:
@@ -325,10 +357,10 @@ def _latest_elsewhere(pool: Array, query: Array, at: Array, rank: Array,
 
 
 def _main_lanes(rank: Array, lane: Array, start: Array, end: Array,
-                on_dev: Array) -> Array:
-    """The busiest host lane of each rank."""
-    df = pd.DataFrame({"rank": rank[~on_dev], "lane": lane[~on_dev],
-                       "busy": (end - start)[~on_dev]})
+                skip: Array) -> Array:
+    """The busiest host lane of each rank (of the nodes not ``skip``ped)."""
+    df = pd.DataFrame({"rank": rank[~skip], "lane": lane[~skip],
+                       "busy": (end - start)[~skip]})
     if df.empty:
         return np.zeros(0, np.int64)
     busy = df.groupby(["rank", "lane"])["busy"].sum().reset_index()
@@ -385,9 +417,10 @@ def _pairs(c: pd.DataFrame) -> tuple[Array, Array]:
     return f, la
 
 
-def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
+def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array, in_flight: Array) -> pd.DataFrame:
     """Per (rank, step): the vertex that ended it (of the nodes started before its end, the
-    one that ended last in it — the first, in start order, of the longest reaching) and the
+    one that ended last in it — the first, in start order, of the longest reaching — not a
+    point-to-point call in flight, which waits for its peer, not for this rank's work) and the
     vertex its start hangs on (the last main-thread vertex at or before it)."""
     out = steps[["rank", "step", "start", "end"]].copy().reset_index(drop=True)
     endv = np.full(len(out), -1, np.int64)
@@ -395,6 +428,8 @@ def _anchors(g: Graph, steps: pd.DataFrame, is_main: Array) -> pd.DataFrame:
     t = g.times
     for r, rows in out.groupby("rank").groups.items():
         nodes = np.flatnonzero(g.rank == r)
+        if (~in_flight[nodes]).any():
+            nodes = nodes[~in_flight[nodes]]
         if not len(nodes):
             continue
         rows = np.asarray(rows)
@@ -487,9 +522,9 @@ def rank_walk(trace: Trace, steps: pd.DataFrame | None = None) -> RankWalk:
     chains = _Chains(g, np.array(sorted(stop_at), np.int64)) if replay_ok else None
     # walked vertex by vertex without the chains: Python lists, quicker to index; with
     # them only a few vertices per walk are looked at
-    arrays = (g.times, g.binding, g.src, g.kind, g.lag, g.category, g.main, g.on_device)
-    t, binding, src, kind, lag, cat, main, dev = (
-        arrays if chains is not None else tuple(a.tolist() for a in arrays))
+    arrays = (g.times, g.binding, g.src, _move_categories(g))
+    t, binding, src, cat = (arrays if chains is not None
+                            else tuple(a.tolist() for a in arrays))
 
     def walk(v: int, start: int, end: int, parts: list[int]) -> int:
         """From vertex ``v`` (the cursor at its time, clamped to the step) back along
@@ -508,19 +543,9 @@ def rank_walk(trace: Trace, steps: pd.DataFrame | None = None) -> RankWalk:
             e = binding[v]
             if e < 0:
                 break
-            u, ek, node = src[e], kind[e], v >> 1
+            u = src[e]
             new = max(min(t[u], cursor), start)
-            if ek == OWN:
-                c = cat[node]
-            elif ek == ORDER:
-                c = LAUNCH if (main[node] and not dev[node] and lag[e] > 0) else IDLE
-            elif ek == LAUNCH_EDGE:
-                c = LAUNCH
-            elif ek == SYNC_EDGE:
-                c = SYNC
-            else:
-                c = IDLE
-            parts[c] += cursor - new
+            parts[cat[v]] += cursor - new
             cursor = new
             v = u
         segs.append([*parts, -1, cursor])
@@ -548,7 +573,7 @@ def rank_walk(trace: Trace, steps: pd.DataFrame | None = None) -> RankWalk:
         cursor = max(min(t[ve], end), start)
         parts = [0] * len(BOUND_BY)
         new = max(min(t[2 * la], cursor), start)  # the call's own last piece
-        parts[cat[la]] += cursor - new
+        parts[int(g.category[la])] += cursor - new
         own.append(walk(2 * la, start, end, parts) if new > start
                    else _ended(segs, parts, new))
         coll.append(walk(2 * f, start, end, [0] * len(BOUND_BY)))
@@ -584,17 +609,7 @@ class _Chains:
         has = b >= 0
         pred = np.full(nv, -1, np.int64)
         pred[has] = g.src[b[has]]
-        node = np.arange(nv) >> 1
-        ek = np.full(nv, -1, np.int64)
-        ek[has] = g.kind[b[has]]
-        lag = np.zeros(nv, np.int64)
-        lag[has] = g.lag[b[has]]
-        cat = np.full(nv, IDLE, np.int64)
-        cat[ek == OWN] = g.category[node[ek == OWN]]
-        order = ek == ORDER
-        cat[order & g.main[node] & ~g.on_device[node] & (lag > 0)] = LAUNCH
-        cat[ek == LAUNCH_EDGE] = LAUNCH
-        cat[ek == SYNC_EDGE] = SYNC
+        cat = _move_categories(g)
         self.cat = cat
         move = np.where(has, t - np.where(has, t[np.maximum(pred, 0)], 0), 0)
         sums = np.zeros((len(BOUND_BY), nv + 1), np.int64)  # one row per category
@@ -834,6 +849,30 @@ def _walk(nxt: list[int], reach: list[int], v: int, start: int) -> Array:
     return out
 
 
+def _move_categories(g: Graph) -> Array:
+    """Per vertex: the category (:data:`BOUND_BY`'s index) of the walk's move from it to its
+    binding predecessor — a node's own time its category; a main-thread gap (the framework's
+    own work) launch, or comm where a transfer in flight completed in it (``Graph.waits``);
+    a launch edge launch; a synchronizing call's wait sync; anything else idle."""
+    nv = len(g.times)
+    b = g.binding
+    has = b >= 0
+    ek = np.full(nv, -1, np.int64)
+    ek[has] = g.kind[b[has]]
+    lag = np.zeros(nv, np.int64)
+    lag[has] = g.lag[b[has]]
+    node = np.arange(nv) >> 1
+    cat = np.full(nv, IDLE, np.int64)
+    own = ek == OWN
+    cat[own] = g.category[node[own]]
+    gap = (ek == ORDER) & g.main[node] & ~g.on_device[node] & (lag > 0)
+    cat[gap | (ek == LAUNCH_EDGE)] = LAUNCH
+    if g.waits is not None:
+        cat[gap & g.waits[node]] = COMM
+    cat[ek == SYNC_EDGE] = SYNC
+    return cat
+
+
 @dataclass
 class _Moves:
     """Per vertex: where the walk moves from it (``nxt``: its binding predecessor, or a
@@ -858,12 +897,7 @@ class _Moves:
         pred = np.where(has, g.src[b], -1)
         ek = np.where(has, g.kind[b], -1)
         node = np.arange(nv) >> 1
-        cat = np.full(nv, IDLE, np.int64)
-        own = ek == OWN
-        cat[own] = g.category[node[own]]
-        launched = (ek == ORDER) & g.main[node] & ~g.on_device[node] & (g.lag[b] > 0)
-        cat[launched | (ek == LAUNCH_EDGE)] = LAUNCH
-        cat[ek == SYNC_EDGE] = SYNC
+        cat = _move_categories(g)
         cross = has & (ek == COLLECTIVE) & (g.rank[np.maximum(pred, 0) >> 1] != g.rank[node])
         cat[cross] = -1
         to = t[np.maximum(pred, 0)]
