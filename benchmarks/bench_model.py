@@ -248,6 +248,7 @@ def run_case(name: str, config: str, kind: str, folder: Path, args: argparse.Nam
     info = json.loads(net.read_text()).get("info", {}).get("colocation") or {}
     return {"case": name, "config": config, "baseline": kind, "rep": rep, "threads": threads,
             "steps": steps, "warmup": warmup, "terms": terms,
+            "base_step_ns": doc["base"]["step_ns"],
             "step_error": doc["check"]["error"], "comm_error": comm_error,
             "error_without_colocation": coloc.get("error_without"),
             "colocation": coloc, "calibrated_colocation": info.get("slowdown"),
@@ -425,6 +426,57 @@ def summary(results: list[dict]) -> None:
             print(f"  {name:<16} {', '.join(errs) or 'failed'}")
 
 
+def noise_floor(results: list[dict]) -> None:
+    """What the host's own spread leaves to any model: per case (and configuration, baseline),
+    each run's measured step over its base's, and the errors of a prediction that knew the
+    median of those ratios (an oracle fitted to these very runs: base × median ratio) — a
+    model from the base cannot do better than the ratio's run-to-run spread allows."""
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for r in results:
+        if "step_error" in r and r.get("base_step_ns"):
+            key = (r["case"], r["config"], r["baseline"])
+            groups.setdefault(key, []).append(r["terms"]["step"]["measured_ns"]
+                                              / r["base_step_ns"])
+    if not groups:
+        return
+    print("\nthe host's noise floor: measured step ÷ base step per run, and the |error| of a "
+          "prediction of base × the case's median ratio")
+    every: list[float] = []
+    for (case, config, kind), ratios in sorted(groups.items()):
+        mid = statistics.median(ratios)
+        errs = [abs(mid / x - 1) for x in ratios]
+        every += errs
+        print(f"  {case:<16} {config}/{kind}: ratios "
+              f"{', '.join(f'{x:.2f}' for x in ratios)}; oracle |error| median "
+              f"{statistics.median(errs):.1%}, max {max(errs):.1%}")
+    print(f"  over every run ({len(every)}): oracle |error| median "
+          f"{statistics.median(every):.1%}, max {max(every):.1%} (the goal: median ≤ 5%, "
+          "max ≤ 10%)")
+
+
+def floor_of(files: list[Path]) -> None:
+    """``--floor``: :func:`noise_floor` over the results of earlier runs (their JSON files),
+    the base's step read from each run's folder where the file predates ``base_step_ns``."""
+    results = []
+    for f in files:
+        for r in json.loads(f.read_text()):
+            if "step_error" in r and not r.get("base_step_ns"):
+                folder = f.parent / f"{r['case']}-{r['config']}-{r['baseline']}-{r['rep']}"
+                base = folder / f"{CASES[r['case']][0]}-base.trace"
+                r["base_step_ns"] = mean_step_ns(base) if base.exists() else None
+            results.append(r)
+    noise_floor(results)
+
+
+def mean_step_ns(path: Path) -> float:
+    """A recording's mean profiled step (its ranks' steps together), what the model's base
+    is."""
+    from opprof.loader import load
+
+    bounds = load(path).meta["step_bounds"]
+    return statistics.mean(b[-1] - b[-2] for b in bounds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--users", action="store_true",
@@ -459,7 +511,13 @@ def main() -> None:
                          "run left in --output with this opprof's model")
     ap.add_argument("-o", "--output", type=Path, default=None,
                     help="default bench-model (--users: bench-model-users)")
+    ap.add_argument("--floor", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="record nothing: the host's noise floor over earlier runs' "
+                         "bench_model.json / bench_model-recheck.json files")
     args = ap.parse_args()
+    if args.floor:
+        floor_of(args.floor)
+        return
     args.model = args.model or ("lenet5" if args.users else "resnet18")
     args.repeat = args.repeat or (2 if args.users else 3)
     args.threads = args.threads or (1 if args.users else None)
@@ -496,6 +554,7 @@ def main() -> None:
         table(rs)
     print()
     summary(results)
+    noise_floor(results)
     out = "bench_model-recheck.json" if args.recheck else "bench_model.json"
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / out).write_text(json.dumps(results, indent=2) + "\n")
