@@ -519,10 +519,11 @@ def rank_walk(trace: Trace, steps: pd.DataFrame | None = None) -> RankWalk:
     stop_at = {2 * int(v) + 1: i for i, v in enumerate(last.tolist())}
 
     replay_ok = _replays_exactly(g)
-    chains = _Chains(g, np.array(sorted(stop_at), np.int64)) if replay_ok else None
+    cats = _move_categories(g)
+    chains = _Chains(g, np.array(sorted(stop_at), np.int64), cats) if replay_ok else None
     # walked vertex by vertex without the chains: Python lists, quicker to index; with
     # them only a few vertices per walk are looked at
-    arrays = (g.times, g.binding, g.src, _move_categories(g))
+    arrays = (g.times, g.binding, g.src, cats)
     t, binding, src, cat = (arrays if chains is not None
                             else tuple(a.tolist() for a in arrays))
 
@@ -601,7 +602,7 @@ class _Chains:
     are kept one category per row, so each gather reads one contiguous column (a forest of
     470k vertices: 0.1 s where masked row gathers took 0.6 s)."""
 
-    def __init__(self, g: Graph, stops: Array) -> None:
+    def __init__(self, g: Graph, stops: Array, cat: Array) -> None:
         t = g.times
         nv = len(t)
         self.t, self.n = t, nv
@@ -609,8 +610,7 @@ class _Chains:
         has = b >= 0
         pred = np.full(nv, -1, np.int64)
         pred[has] = g.src[b[has]]
-        cat = _move_categories(g)
-        self.cat = cat
+        self.cat = cat  # per vertex: its move's category (_move_categories)
         move = np.where(has, t - np.where(has, t[np.maximum(pred, 0)], 0), 0)
         sums = np.zeros((len(BOUND_BY), nv + 1), np.int64)  # one row per category
         sums[cat[has], np.flatnonzero(has)] = move[has]
