@@ -345,10 +345,25 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     step = ev["step"].to_numpy() if "step" in ev else np.zeros(len(ev), np.int64)
     counted = ev["counted"].to_numpy(bool) if "counted" in ev else np.ones(len(ev), bool)
     sel = (dims != None) & (step >= 0) & counted  # noqa: E711 (element-wise)
-    calls = pd.Series(dims[sel].astype(str)).value_counts()
-    bulk = pd.Series(dims[sel & ~_one_element(ev, sel)].astype(str)).value_counts()
+    # a collective is its call on the host (c10d's, a functional one's, a range named for it
+    # that holds it), counted once: not its wait, nor the backend's span or kernel that runs
+    # it, which would count it twice — where a dimension has such calls
+    names = ev["name"]
+    host = (ev["device"].astype(str) == "cpu").to_numpy() if "device" in ev else np.ones(
+        len(ev), bool)
+    issued = sel & host & ~_per_name(names, _BACKEND_SPAN) & ~_per_name(names, _WAIT)
+    labels = dims.astype(str)
+    one = _one_element(ev, sel)
+
+    def count(mask: Array) -> dict[str, int]:
+        return {str(k): int(v) for k, v in pd.Series(labels[mask]).value_counts().items()}
+
+    called = set(count(issued))
+    calls = {d: c for d, c in count(sel).items() if d not in called} | count(issued)
+    bulk = {d: c for d, c in count(sel & ~one).items() if d not in called} | count(
+        issued & ~one)
     groups = process_groups(distributed)
-    seen = [d for d in DIMS if d in calls.index]
+    seen = [d for d in DIMS if d in calls]
     taken = assign_groups(seen, groups, _detail_groups(ev, dims), _span_threads(ev, dims))
     out: dict[str, Any] = {"dims": {}}
     for d in seen:
