@@ -403,3 +403,18 @@ def test_a_pipeline_stage_waiting_for_its_neighbour_is_bound_by_comm() -> None:
         assert abs(row["comm"] - phases.loc[key, "comm"]) <= 0.1 * row["step_ns"], key
         assert row["launch"] < row["comm"], key
         assert row["idle"] <= 0.01 * row["step_ns"], key
+
+
+def test_a_walk_that_meets_the_step_befores_collective_ends_at_its_own_start() -> None:
+    """A 2-stage × 2-replica pipeline with DDP on each stage (4 ranks, a reviewer's script):
+    a step's walk reaches the previous step's asynchronous all-reduce, still running when the
+    step began. Walked rank by rank it went on into that step (rank 1: a path of 34.5 ms in a
+    21.6 ms step, idle −12.9 ms); it ends at its own start, as the whole job's graph does."""
+    from opprof.analysis.critpath import COLUMNS, critical_path
+
+    trace = load([FIXTURES / "torch-parallel" / "dp-pp-ddp.trace"])
+    by_rank = critical_path(trace)
+    whole = critical_path(trace, graph=build_graph(trace)).sort_values(["rank", "step"])
+    assert len(by_rank) == 20
+    assert (by_rank["idle"] >= 0).all() and (by_rank["path_ns"] <= by_rank["step_ns"]).all()
+    assert by_rank[COLUMNS].reset_index(drop=True).equals(whole[COLUMNS].reset_index(drop=True))

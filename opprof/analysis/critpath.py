@@ -725,6 +725,7 @@ def combine_walks(walks: list[RankWalk], synchronous: bool) -> pd.DataFrame:
     last_entry = _last_entries(calls, steps, synchronous)
     s_first, s_last = calls["s_first"].tolist(), calls["s_last"].tolist()
     e_last, own, coll = calls["e_last"].tolist(), calls["own"].tolist(), calls["coll"].tolist()
+    call_step = calls["step"].tolist()
     seg_parts = segs[:, :len(BOUND_BY)].tolist()
     seg_stop, seg_cursor = stop.tolist(), segs[:, _SEG_CURSOR].tolist()
     rows = []
@@ -744,6 +745,17 @@ def combine_walks(walks: list[RankWalk], synchronous: bool) -> pd.DataFrame:
             seen.add(c)
             cursor = max(min(e_last[c], end), start)
             t_star = last_entry[c]
+            if call_step[c] != st:
+                # a call of another step still running when this one began (an asynchronous
+                # all-reduce of the step before): its walks go on in that step, this one ends
+                # here — its transfer and wait, or its own piece, up to this step's start
+                bound = t_star is not None and t_star >= s_last[c] and coll[c] >= 0
+                new = max(min(t_star if bound else s_last[c], cursor), start)
+                parts[COMM] += cursor - new
+                new2 = max(min(s_first[c], new), start) if bound else new
+                parts[SYNC] += new - new2
+                parts[IDLE] += new2 - start
+                break
             if t_star is not None and t_star >= s_last[c] and coll[c] >= 0:
                 new = max(min(t_star, cursor), start)
                 parts[COMM] += cursor - new
