@@ -345,23 +345,25 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     step = ev["step"].to_numpy() if "step" in ev else np.zeros(len(ev), np.int64)
     counted = ev["counted"].to_numpy(bool) if "counted" in ev else np.ones(len(ev), bool)
     sel = (dims != None) & (step >= 0) & counted  # noqa: E711 (element-wise)
-    # a collective is its call on the host (c10d's, a functional one's, a range named for it
-    # that holds it), counted once: not its wait, nor the backend's span or kernel that runs
-    # it, which would count it twice — where a dimension has such calls
+    # a collective counted once, by what times it (as `--by comm` does: its device kernels if
+    # the rank has any, else gloo's spans that ran it, else its calls — not their waits)
     names = ev["name"]
     host = (ev["device"].astype(str) == "cpu").to_numpy() if "device" in ev else np.ones(
         len(ev), bool)
-    issued = sel & host & ~_per_name(names, _BACKEND_SPAN) & ~_per_name(names, _WAIT)
+    span = host & _per_name(names, _BACKEND_SPAN)
     labels = dims.astype(str)
     one = _one_element(ev, sel)
+    kinds = (sel & ~host, sel & span, sel & host & ~span & ~_per_name(names, _WAIT))
 
-    def count(mask: Array) -> dict[str, int]:
-        return {str(k): int(v) for k, v in pd.Series(labels[mask]).value_counts().items()}
+    def count(extra: Array) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for mask in kinds:  # the first kind a dimension has
+            for k, v in pd.Series(labels[mask & extra]).value_counts().items():
+                out.setdefault(str(k), int(v))
+        return out
 
-    called = set(count(issued))
-    calls = {d: c for d, c in count(sel).items() if d not in called} | count(issued)
-    bulk = {d: c for d, c in count(sel & ~one).items() if d not in called} | count(
-        issued & ~one)
+    calls = count(np.ones(len(ev), bool))
+    bulk = count(~one)
     groups = process_groups(distributed)
     seen = [d for d in DIMS if d in calls]
     taken = assign_groups(seen, groups, _detail_groups(ev, dims), _span_threads(ev, dims))

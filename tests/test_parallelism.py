@@ -385,9 +385,10 @@ def test_model_of_a_dimension_the_trace_did_not_run_is_one_line() -> None:
 
 @pytest.mark.parametrize("name", ["fsdp-tp", "moe", "pp-interleaved", "tp", "tp-funcol"])
 def test_each_dimensions_calls_are_its_collectives_counted_once(name: str) -> None:
-    """`meta.parallelism`'s calls are the collectives `--by comm` counts: each call once, not
-    again as its wait (``wait_tensor``) or as gloo's span that ran it (they were: a TP job's 60
-    all-reduces read as 180 calls; found by a script we had not written)."""
+    """`meta.parallelism`'s calls are the collectives `--by comm` counts: each once, by what
+    times it, not again as its wait (``wait_tensor``) or its call beside gloo's span that ran
+    it (a TP job's 60 all-reduces read as 180 calls; FSDP's pre-backward range of the root,
+    which gathers nothing, as one more; found by scripts we had not written)."""
     trace = load([FIXTURES / "torch-parallel" / name])
     table = build_report(trace).collectives.groupby("dim")["calls"].sum().to_dict()
     assert {d: v["calls"] for d, v in trace.meta["parallelism"].items()} == table
