@@ -456,25 +456,25 @@ def noise_floor(results: list[dict]) -> None:
 
 def floor_of(files: list[Path]) -> None:
     """``--floor``: :func:`noise_floor` over the results of earlier runs (their JSON files),
-    the base's step read from each run's folder where the file predates ``base_step_ns``."""
+    the base's step taken from each run's folder where the file predates ``base_step_ns``."""
     results = []
     for f in files:
         for r in json.loads(f.read_text()):
             if "step_error" in r and not r.get("base_step_ns"):
                 folder = f.parent / f"{r['case']}-{r['config']}-{r['baseline']}-{r['rep']}"
                 base = folder / f"{CASES[r['case']][0]}-base.trace"
-                r["base_step_ns"] = mean_step_ns(base) if base.exists() else None
+                r["base_step_ns"] = base_step_ns(base) if base.exists() else None
             results.append(r)
     noise_floor(results)
 
 
-def mean_step_ns(path: Path) -> float:
-    """A recording's mean profiled step (its ranks' steps together), what the model's base
-    is."""
+def base_step_ns(path: Path) -> float:
+    """The base's step as `opprof model` takes it (its baseline's mean step: the
+    ``base.step_ns`` a run's results keep)."""
     from opprof.loader import load
+    from opprof.model.predict import baseline
 
-    bounds = load(path).meta["step_bounds"]
-    return statistics.mean(b[-1] - b[-2] for b in bounds)
+    return baseline(load(path)).step_ns
 
 
 def main() -> None:

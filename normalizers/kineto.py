@@ -35,7 +35,7 @@ import numpy as np
 from opprof import drops, gunzip
 from opprof.errors import ErrorKind, OpprofError
 from opprof.gunzip import GZIP_MAGIC
-from opprof.kinds import ASYNC_TID
+from opprof.kinds import ASYNC_TID, BACKEND_SPAN
 from opprof.normalizers import chrome
 from opprof.preread import NOT_STREAMED
 from opprof.sharding import refine_mode, sharded_mode
@@ -1098,7 +1098,7 @@ def async_lanes(raw: pd.DataFrame) -> np.ndarray:
     names = raw["name"].astype("category")
     cats = pd.Index(names.cat.categories.astype(str))
     codes = names.cat.codes.to_numpy()
-    span = np.append(cats.str.match(_BACKEND_SPAN_NAME), False)[codes]
+    span = np.append(cats.str.match(BACKEND_SPAN), False)[codes]
     call = np.append(cats.str.startswith("c10d::"), False)[codes]
     if not span.any() or not call.any():
         return tid
@@ -1156,7 +1156,7 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     cats = pd.Index(names.cat.categories.astype(str))
     codes = names.cat.codes.to_numpy()
     call = np.append(cats.str.startswith("c10d::"), False)[codes]
-    span = np.append(cats.str.match(_BACKEND_SPAN_NAME), False)[codes]
+    span = np.append(cats.str.match(BACKEND_SPAN), False)[codes]
     if not call.any() or not span.any():
         return raw
     table = mapping_table(NAME).classify(cats)["op"].reindex(cats).to_numpy(object)
@@ -1227,7 +1227,6 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-_BACKEND_SPAN_NAME = r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$"
 
 
 def _comm_args(names: tuple[np.ndarray, list[str]],

@@ -99,6 +99,9 @@ MODEL_PARALLEL_MODES = (Mode.TP, Mode.PP, Mode.EP, Mode.FSDP_TP)
 #: The lanes (tids) of a rank's asynchronous backend spans, the point-to-point calls in flight
 #: (``ASYNC_TID``, ``ASYNC_TID - 1`` …: :func:`opprof.normalizers.kineto.async_lanes`).
 ASYNC_TID = -1000
+#: A communication backend's own span of a collective or a point-to-point call
+#: (``gloo:all_reduce``, ``nccl:send``), as the profiler names it.
+BACKEND_SPAN = r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$"
 
 
 def collective_of(mode: str) -> Collective | None:

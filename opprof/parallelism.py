@@ -69,7 +69,7 @@ import numpy as np
 import pandas as pd
 
 from opprof.intervals import Nesting, label_points, lane_ids
-from opprof.kinds import Mode
+from opprof.kinds import BACKEND_SPAN, Mode
 from opprof.sharding import FSDP_NAME
 from opprof.taxonomy import COMM_OPS, mapping_table
 
@@ -117,7 +117,7 @@ _DDP_CTX = re.compile(DDP_NAME.pattern + r"|.*ZeroRedundancyOptimizer")
 _CUSTOM_BACKWARD = re.compile(r"autograd::engine::evaluate_function: "
                               r"(?!SyncBatchNorm|CompiledFunction)\w*[A-Za-z_]Backward$")
 _FUNCOL = re.compile(r"_?c10d_functional(?:_autograd)?::")
-_BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*$")
+_BACKEND_SPAN = re.compile(BACKEND_SPAN)
 _CALL = re.compile(r"c10d::|_?c10d_functional")
 #: A functional collective's wait (``_c10d_functional::wait_tensor``).
 _WAIT = re.compile(r".*::wait_tensor\w*$")

@@ -43,9 +43,9 @@ import pandas as pd
 
 from opprof.analysis.breakdown import step_breakdown
 from opprof.analysis.ranks import collectives, match, synchronous
-from opprof.filters import workers
+from opprof.filters import names_where, workers
 from opprof.intervals import Nesting, containing, lane_ids, lane_keys
-from opprof.kinds import ASYNC_TID
+from opprof.kinds import ASYNC_TID, BACKEND_SPAN
 from opprof.taxonomy import COMM_OPS
 from opprof.trace import Trace, rank_slices
 
@@ -63,9 +63,6 @@ EDGE_NAMES = ("own", "thread", "launch", "order", "sync", "collective")
 SYNC_CALL = re.compile(r"(?i).*synchroni[sz]e.*|(cuda|hip)Memcpy(2D|3D)?(_v\d+)?$"
                        r"|MXNDArrayWait(All|ToRead|ToWrite)")
 _DEVICE_KINDS = ("kernel", "memcpy", "memset", "comm")
-#: A communication backend's own span (``gloo:send``): on a lane of :data:`ASYNC_TID` or
-#: below, a point-to-point call in flight (a profiler's own negative thread ids are not).
-_BACKEND_SPAN = re.compile(r"(?:nccl|gloo|mpi|ucc|xccl):[A-Za-z_]\w*")
 
 
 @dataclass
@@ -122,12 +119,8 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     rank_all = ev["rank"].to_numpy(np.int64)
     pid, tid = ev["pid"].to_numpy(np.int64), ev["tid"].to_numpy(np.int64)
     op_all = _strings(ev["op"])
-    name_cat = ev["name"].astype("category")
-    sync_name = pd.Series(name_cat.cat.categories.astype(str)).str.fullmatch(
-        SYNC_CALL.pattern).to_numpy(bool)
-    codes = name_cat.cat.codes.to_numpy()
-    is_sync_ev = (codes >= 0) & sync_name[np.maximum(codes, 0)] if len(sync_name) else \
-        np.zeros(len(ev), bool)
+    is_sync_ev = names_where(ev, lambda name: SYNC_CALL.fullmatch(name) is not None
+                             ).to_numpy(bool)
     counted = ev["counted"].to_numpy(bool)
     link = ev["link"].to_numpy(np.int64) if "link" in ev else np.full(len(ev), -1, np.int64)
 
@@ -170,7 +163,10 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
     # posting to its completion: normalizers.kineto.async_lanes) waits for its peer: its lane
     # is no rank's main thread, and it is no step's last work
     in_flight = np.zeros(n, bool)
-    in_flight[:n_host] = (tid[p_row] <= ASYNC_TID) & _named(name_cat, _BACKEND_SPAN)[p_row]
+    # (a profiler's own negative thread ids are no such lane: only a backend's span is)
+    span = re.compile(BACKEND_SPAN)
+    in_flight[:n_host] = (tid[p_row] <= ASYNC_TID) & names_where(
+        ev, lambda name: span.match(name) is not None).to_numpy(bool)[p_row]
     # the main thread of each rank: the host lane busiest inside its steps
     main = _main_lanes(rank, lane, start, end, on_dev | in_flight)
     is_main = np.isin(lane, main)
@@ -274,15 +270,6 @@ def build_graph(trace: Trace, steps: pd.DataFrame | None = None, cross: bool = T
               pd.DataFrame(), is_main, on_dev, entry, None if cross else calls, waits)
     g.steps = _anchors(g, steps, is_main, in_flight)
     return g
-
-
-def _named(names: pd.Series, pattern: re.Pattern[str]) -> Array:
-    """Per event of the categorical ``names``: whether its name matches ``pattern`` whole
-    (tested once per distinct name)."""
-    cats = pd.Series(names.cat.categories.astype(str))
-    hit = np.append(cats.str.fullmatch(pattern.pattern).to_numpy(bool), False)
-    out: Array = hit[names.cat.codes.to_numpy()]
-    return out
 
 
 def _strings(col: pd.Series) -> Array:
@@ -745,22 +732,23 @@ def combine_walks(walks: list[RankWalk], synchronous: bool) -> pd.DataFrame:
             seen.add(c)
             cursor = max(min(e_last[c], end), start)
             t_star = last_entry[c]
+            bound = t_star is not None and t_star >= s_last[c] and coll[c] >= 0
+            if bound:  # the transfer after the last entrant, the wait for it from the entry
+                new = max(min(t_star, cursor), start)
+                parts[COMM] += cursor - new
+                cursor = max(min(s_first[c], new), start)
+                parts[SYNC] += new - cursor
             if call_step[c] != st:
                 # a call of another step still running when this one began (an asynchronous
                 # all-reduce of the step before): its walks go on in that step, this one ends
-                # here — its transfer and wait, or its own piece, up to this step's start
-                bound = t_star is not None and t_star >= s_last[c] and coll[c] >= 0
-                new = max(min(t_star if bound else s_last[c], cursor), start)
-                parts[COMM] += cursor - new
-                new2 = max(min(s_first[c], new), start) if bound else new
-                parts[SYNC] += new - new2
-                parts[IDLE] += new2 - start
+                # at its start — after the call's own piece where no other rank bound it
+                if not bound:
+                    new = max(min(s_last[c], cursor), start)
+                    parts[COMM] += cursor - new
+                    cursor = new
+                parts[IDLE] += cursor - start
                 break
-            if t_star is not None and t_star >= s_last[c] and coll[c] >= 0:
-                new = max(min(t_star, cursor), start)
-                parts[COMM] += cursor - new
-                new2 = max(min(s_first[c], new), start)
-                parts[SYNC] += new - new2
+            if bound:
                 sg = coll[c]
             elif own[c] >= 0:
                 sg = own[c]
