@@ -157,9 +157,11 @@ def scored(case: str, config: str, rep: int, base: Path, run: Path, net: Path,
     """One run's ``--check``, with the loads its recordings met."""
     steps, warmup = CONFIGS[config]
     tag = f"{case}-{config}-{rep}"
-    c = check(base, case, run, 2, net)["check"]
+    doc = check(base, case, run, 2, net)
+    c = doc["check"]
     out = {"case": case, "config": config, "repeat": rep + 1, "steps": steps,
-           "warmup": warmup, "predicted_ns": c["predicted_ns"],
+           "warmup": warmup, "base_step_ns": doc["base"]["step_ns"],
+           "predicted_ns": c["predicted_ns"],
            "measured_ns": c["measured_ns"], "error": c["error"],
            "error_without": c["colocation"]["error_without"],
            "noise": c.get("noise") or {}, "verdict": c["spread"]["verdict"],
@@ -245,6 +247,33 @@ def report(results: list[dict]) -> None:
             print(f"{case + (' ' + config if config else ''):<12} {len(rs):4d}   "
                   f"{100 * statistics.median(a):12.1f}%   {100 * max(a):14.1f}%   "
                   f"({100 * statistics.median(w):.1f}%, {100 * max(w):.1f}%{at})")
+    noise_floor(results)
+
+
+def noise_floor(results: list[dict]) -> None:
+    """What the host's own spread leaves to any model: per case and configuration, each
+    run's measured step over its base's, and the errors of a prediction that knew the median of
+    those ratios (an oracle fitted to these very runs: base × median ratio) — a model from the
+    base cannot do better than the ratio's run-to-run spread allows."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        if r.get("base_step_ns"):
+            groups.setdefault((r["case"], r["config"]), []).append(
+                r["measured_ns"] / r["base_step_ns"])
+    if not groups:
+        return
+    print("\nthe host's noise floor: measured step ÷ base step per run, and the |error| of a "
+          "prediction of base × the case's median ratio")
+    every: dict[str, list[float]] = {}
+    for (case, config), ratios in sorted(groups.items()):
+        mid = statistics.median(ratios)
+        errs = [abs(mid / x - 1) for x in ratios]
+        every.setdefault(case, []).extend(errs)
+        print(f"  {case} {config:<6} ratios {', '.join(f'{x:.2f}' for x in ratios)}; oracle "
+              f"|error| median {statistics.median(errs):.1%}, max {max(errs):.1%}")
+    for case, errs in every.items():
+        print(f"  {case} over every run ({len(errs)}): oracle |error| median "
+              f"{statistics.median(errs):.1%}, max {max(errs):.1%} (the goal: median ≤ 10%)")
 
 
 # --------------------------------------------------------------------------- the other direction

@@ -12,7 +12,9 @@ over message sizes, through the framework's own backend, on processes started on
   Then the **in-step calls** (:func:`_in_step`): tensor parallel's functional all-reduce and
   a pipeline's send/recv, each after a burst of compute on every rank, as a model-parallel
   step calls them (``kind``: ``in_step_all_reduce``, ``in_step_p2p``; ``bytes``,
-  ``burst_ns``, ``enter``, ``exit``), under the recorder's profiler settings.
+  ``burst_ns``, ``enter``, ``exit``), and a synthetic two-stage pipeline whose transfers
+  happen while both ranks compute (``in_step_pipeline``: :func:`_in_step_pipeline`), under
+  the recorder's profiler settings.
 - **mxnet**: ``kvstore.pushpull`` of one key per size on a ``dist_sync`` kvstore, with a
   scheduler, S servers and N workers started with MXNet's DMLC environment on loopback (the
   servers only aggregate: no optimizer runs on them, so the time is communication alone);
@@ -603,7 +605,8 @@ def _in_step(job: Job, rank: int) -> list[dict]:
       gloo's thread) and its ``wait_tensor``;
     - ``in_step_p2p``: a pipeline's — rank 0 ``isend``s, rank 1 ``irecv``s and waits (the
       direction alternates with each call: activations forward, gradients back); the other
-      ranks (more than 2 workers) pair up the same way.
+      ranks (more than 2 workers) pair up the same way;
+    - ``in_step_pipeline``: then a pipeline's steps themselves (:func:`_in_step_pipeline`).
 
     Every sample holds ``bytes``, ``burst_ns``, ``enter`` and ``exit`` on the host's monotonic
     clock (all ranks are on this host): :func:`opprof.model.instep.fit_in_step` tells the
@@ -628,6 +631,12 @@ def _in_step(job: Job, rank: int) -> list[dict]:
             else contextlib.nullcontext()
         with prof:
             out += _in_step_calls(compute, burst, sizes, calls, rank, peer, group)
+    if peer >= 0 and (rounds := _pipeline_rounds(job)):
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                       profile_memory=True) if job.extra.get("in_step_profiled", True) \
+            else contextlib.nullcontext()
+        with prof:
+            out += _in_step_pipeline(rank, peer, rounds)
     return out
 
 
@@ -667,6 +676,109 @@ def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ..
                             "role": "send" if sender else "recv"})
     dist.barrier()
     return out
+
+
+#: The synthetic pipeline of the in-step calls (:func:`_in_step_pipeline`): micro-batches per
+#: step; each stage's forward and backward per micro-batch, one pair per setting (a small
+#: model's micro-batch computes for a fraction of a millisecond to a few); the activation's
+#: bytes; and the steps timed per setting after one warm-up.
+PIPELINE_MICROBATCHES = 4
+PIPELINE_BURSTS_NS = ((250_000, 500_000), (1_000_000, 2_000_000), (3_000_000, 6_000_000))
+PIPELINE_BYTES = 64 << 10
+PIPELINE_ROUNDS = 24
+
+
+def _pipeline_rounds(job: Job) -> int:
+    """The synthetic pipeline's timed steps: ``job.extra["in_step"]["pipeline_rounds"]`` (0:
+    none) else :data:`PIPELINE_ROUNDS`."""
+    spec = job.extra.get("in_step", True)
+    if spec is False:
+        return 0
+    rounds = spec.get("pipeline_rounds") if isinstance(spec, dict) else None
+    return PIPELINE_ROUNDS if rounds is None else int(rounds)
+
+
+def _in_step_pipeline(rank: int, peer: int, rounds: int) -> list[dict]:
+    """A pipeline's hand-offs as a pipeline makes them: per setting of
+    :data:`PIPELINE_BURSTS_NS` the pair runs a GPipe step of two stages back to back,
+    ``rounds`` times after a warm-up — the lower rank (stage 0) computes
+    each micro-batch's forward and ``isend``s its activation *and goes on computing*, the
+    other ``irecv``s it, waits and computes; then the backwards the other way — so a transfer
+    happens while both ranks compute, as in a pipeline (not after a barrier, as the p2p calls
+    above). One sample per rank, setting and step (``kind: in_step_pipeline``): ``exit``
+    (the step's end on the host's monotonic clock), the stage, the setting's forward
+    ``burst_ns``, the micro-batches, and the mean
+    ``forward_ns`` / ``backward_ns`` its bursts took: :func:`opprof.model.instep.fit_in_step`
+    finds the hand-off cost that makes the schedule of those bursts last as long."""
+    import torch
+
+    m = PIPELINE_MICROBATCHES
+    acts = [torch.ones(PIPELINE_BYTES // 4) for _ in range(m)]
+    bufs = [torch.empty_like(a) for a in acts]
+    first = rank < peer
+    out: list[dict] = []
+    for f_burst, b_burst in PIPELINE_BURSTS_NS:
+        forward, backward = _layers_for(f_burst), _layers_for(b_burst)
+        for k, row in enumerate(_pipeline_steps(forward, backward, acts, bufs, first, peer,
+                                                rounds)):
+            out.append({"rank": rank, "kind": "in_step_pipeline", "pair": min(rank, peer),
+                        "stage": 0 if first else 1, "burst_ns": f_burst, "round": k,
+                        "microbatches": m, "bytes": PIPELINE_BYTES, **row})
+    return out
+
+
+def _pipeline_steps(forward: Callable[[], None], backward: Callable[[], None], acts: list,
+                    bufs: list, first: bool, peer: int, rounds: int) -> list[dict]:
+    """``rounds`` GPipe steps of one stage after a warm-up (:func:`_in_step_pipeline`): per
+    step its end (``exit``) and its bursts' mean ``forward_ns`` / ``backward_ns``."""
+    import torch.distributed as dist
+
+    m = len(acts)
+
+    def timed(fn: Callable[[], None]) -> int:
+        t0 = time.monotonic_ns()
+        fn()
+        return time.monotonic_ns() - t0
+
+    out: list[dict] = []
+    dist.barrier()
+    for k in range(rounds + 1):
+        f_ns, b_ns, sends = [], [], []
+        for i in range(m):
+            if not first:
+                dist.irecv(bufs[i], peer).wait()
+            f_ns.append(timed(forward))
+            if first:
+                sends.append(dist.isend(acts[i], peer))
+        for i in range(m):
+            if first:
+                dist.irecv(bufs[i], peer).wait()
+            b_ns.append(timed(backward))
+            if not first:
+                sends.append(dist.isend(acts[i], peer))
+        for work in sends:
+            work.wait()
+        if k:
+            out.append({"exit": time.monotonic_ns(), "forward_ns": sum(f_ns) / m,
+                        "backward_ns": sum(b_ns) / m})
+    dist.barrier()
+    return out
+
+
+def _layers_for(ns: int) -> Callable[[], None]:
+    """A function that computes for about ``ns`` in small operators, as a micro-batch of a
+    small model does (a 2-layer perceptron's forward and backward on a few rows, repeated):
+    the profiler's cost per operator included as in a recorded step."""
+    import torch
+
+    x = torch.ones(64, 128)
+    w1 = torch.ones(128, 128, requires_grad=True)
+    w2 = torch.ones(128, 128, requires_grad=True)
+
+    def chunk() -> None:
+        torch.relu(x @ w1).matmul(w2).sum().backward()
+
+    return _repeated(chunk, ns)
 
 
 def _compute_for(ns: int) -> Any:

@@ -18,7 +18,7 @@ from opprof.collectors import netbench
 from opprof.loader import load
 from opprof.model.commmodel import Network
 from opprof.model.fromsingle import predict_from_single
-from opprof.model.instep import fit_in_step, in_step_of
+from opprof.model.instep import fit_in_step, in_step_of, pipeline_handoff
 from opprof.model.ppsplit import StageTimes, simulate
 from opprof.model.step import expected_max_normal
 from opprof.pipeline.calibrate import read_network
@@ -29,6 +29,7 @@ MODEL = FIXTURES / "parallel-model"
 SIZES = (4096, 65536)
 BURSTS = (200_000, 1_000_000)
 CALLS = 2
+ROUNDS = 3  # the synthetic pipeline's steps per setting
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     job = netbench.Job(fw="torch", workers=2, sizes=(4096,), repeat=1, threads=1,
                        timeout_s=600.0,
                        extra={"in_step": {"sizes": list(SIZES), "bursts_ns": list(BURSTS),
-                                          "calls": CALLS}})
+                                          "calls": CALLS, "pipeline_rounds": ROUNDS}})
     df = pd.DataFrame(netbench.run(job, tmp_path_factory.mktemp("instep")))
     return df[df["kind"].astype(str).str.startswith("in_step_")].reset_index(drop=True)
 
@@ -49,8 +50,9 @@ def single() -> Trace:
 
 def test_every_rank_times_every_in_step_call_with_its_enter_and_exit(
         samples: pd.DataFrame) -> None:
-    assert set(samples["kind"]) == {"in_step_all_reduce", "in_step_p2p"}
-    for kind, d in samples.groupby("kind"):
+    assert set(samples["kind"]) == {"in_step_all_reduce", "in_step_p2p", "in_step_pipeline"}
+    calls = samples[samples["kind"] != "in_step_pipeline"]
+    for kind, d in calls.groupby("kind"):
         # per kind: each size × burst × call once on each of the 2 ranks
         assert len(d) == len(SIZES) * len(BURSTS) * CALLS * 2, kind
         assert set(d["bytes"]) == set(SIZES) and set(d["burst_ns"]) == set(BURSTS)
@@ -62,10 +64,56 @@ def test_every_rank_times_every_in_step_call_with_its_enter_and_exit(
     assert all(r == ["recv", "send"] for r in roles)
 
 
+def test_the_synthetic_pipeline_times_every_step_of_both_stages(samples: pd.DataFrame) -> None:
+    pipe = samples[samples["kind"] == "in_step_pipeline"]
+    settings = [f for f, _ in netbench.PIPELINE_BURSTS_NS]
+    assert sorted(set(pipe["burst_ns"])) == settings
+    for (_, stage), d in pipe.groupby(["burst_ns", "stage"]):
+        # the lower rank is stage 0; each timed step once, in order, after the warm-up
+        assert list(d["rank"].unique()) == [stage] and list(d["round"]) == list(range(ROUNDS))
+        assert (np.diff(d["exit"].to_numpy()) > 0).all()
+        assert (d["forward_ns"] > 0).all() and (d["backward_ns"] > 0).all()
+        assert (d["microbatches"] == netbench.PIPELINE_MICROBATCHES).all()
+    # a step of m micro-batches lasts at least its own stage's compute
+    m = netbench.PIPELINE_MICROBATCHES
+    for _, d in pipe[pipe["stage"] == 0].groupby("burst_ns"):
+        period = np.diff(d["exit"].to_numpy(np.float64))
+        compute = m * (d["forward_ns"] + d["backward_ns"]).to_numpy()[1:]
+        assert (period >= compute).all()
+
+
+def test_the_hand_off_makes_the_schedule_of_the_bursts_last_the_measured_period(
+        samples: pd.DataFrame) -> None:
+    doc = fit_in_step(samples, 2)["pipeline"]
+    assert doc["microbatches"] == netbench.PIPELINE_MICROBATCHES and doc["pairs"] == 1
+    assert doc["bytes"] == netbench.PIPELINE_BYTES
+    rows = doc["settings"]
+    assert len(rows) == len(netbench.PIPELINE_BURSTS_NS)
+    assert [r["compute_ns"] for r in rows] == sorted(r["compute_ns"] for r in rows)
+    pipe = samples[samples["kind"] == "in_step_pipeline"]
+    for r in rows:
+        d = pipe[pipe["burst_ns"] == r["burst_ns"]]
+        per = d.groupby("stage")[["forward_ns", "backward_ns"]].mean()
+        times = [StageTimes(float(f), float(b), 0.0, 0.0)
+                 for f, b in zip(per["forward_ns"], per["backward_ns"], strict=True)]
+        first = d[d["stage"] == 0]["exit"].to_numpy(np.float64)
+        assert r["period_ns"] == pytest.approx(float(np.mean(np.diff(first))))
+        m = doc["microbatches"]
+        assert r["ideal_ns"] == pytest.approx(simulate(times, m, [0.0], [0.0]).step_ns)
+        x = r["handoff_ns"]
+        assert x >= 0
+        if x > 0:  # the schedule with that cost per hand-off lasts the measured period
+            assert simulate(times, m, [x], [x]).step_ns == pytest.approx(r["period_ns"],
+                                                                         rel=1e-6)
+        else:  # the host handed off for free: the period is no longer than the schedule's
+            assert r["period_ns"] <= r["ideal_ns"] * (1 + 1e-9)
+    assert doc["handoff_ns"] == pytest.approx(np.median([r["handoff_ns"] for r in rows]))
+
+
 def test_the_network_file_keeps_the_cost_after_the_last_rank_and_the_wait(
         samples: pd.DataFrame) -> None:
     doc = fit_in_step(samples, 2)
-    assert doc["workers"] == 2 and set(doc) == {"workers", "all_reduce", "p2p"}
+    assert doc["workers"] == 2 and set(doc) == {"workers", "all_reduce", "p2p", "pipeline"}
     for kind in ("all_reduce", "p2p"):
         d = doc[kind]
         assert [r["bytes"] for r in d["after_ns"]] == list(SIZES)
@@ -116,7 +164,9 @@ def test_calibrate_writes_the_in_step_calls_into_the_network_file(tmp_path: Path
     net = read_network(out)
     assert net is not None
     doc = net.info["in_step"]
-    assert doc["workers"] == 2 and {"all_reduce", "p2p"} <= set(doc)
+    assert doc["workers"] == 2 and {"all_reduce", "p2p", "pipeline"} <= set(doc)
+    assert len(doc["pipeline"]["settings"]) == len(netbench.PIPELINE_BURSTS_NS)
+    assert pipeline_handoff(net) is not None
     assert [r["bytes"] for r in doc["all_reduce"]["after_ns"]] == list(netbench.IN_STEP_SIZES)
     # the in-step calls are not message sizes of the α–β fit
     assert [s["bytes"] for s in net.samples] == [16 << 10]
@@ -191,6 +241,46 @@ def test_pipeline_transfers_and_jitter_come_from_the_in_step_send_recv(single: T
                                 network=_network(wait=0.0, per=0.0)).predictions[0]
     assert quiet.parts["jitter"] == 0.0
     assert two.step_ns >= quiet.step_ns  # stages drifting apart wait for each other
+
+
+def _with_handoff(net: Network, settings: list[tuple[float, float]]) -> Network:
+    """``net`` with a pipeline hand-off: (compute per micro-batch, hand-off) per setting."""
+    info = json.loads(json.dumps(net.info))
+    info["in_step"]["pipeline"] = {
+        "microbatches": 4, "bytes": 65536, "pairs": 1,
+        "handoff_ns": float(np.mean([h for _, h in settings])),
+        "settings": [{"burst_ns": int(c), "compute_ns": c, "period_ns": 0.0, "ideal_ns": 0.0,
+                      "handoff_ns": h, "steps": 1} for c, h in settings]}
+    return Network("allreduce", net.alpha_ns, net.beta_ns_per_byte, workers=2,
+                   source="calibrate", info=info)
+
+
+def test_a_calibrated_hand_off_prices_each_transfer(
+        single: Trace) -> None:
+    """With calibrate's pipeline hand-off, each activation and gradient costs the hand-off
+    (the median over its settings; no jitter: it was fitted to a real pipeline's period);
+    the bubble is what the schedule waits with free hand-offs, the transfers what they add;
+    the terms still sum to the step."""
+    net = _with_handoff(_network(), [(1e6, 1e6), (4e6, 2e6), (6e6, 9e6)])
+    res = predict_from_single(single, "pp", [2], microbatches=4, network=net)
+    two = res.predictions[0]
+    assert two.parts["jitter"] == 0.0
+    assert sum(two.terms.values()) == pytest.approx(two.step_ns)
+    assert any("pipeline hand-off" in a for a in res.assumptions)
+    hand = pipeline_handoff(net)
+    assert hand is not None
+    assert hand.ns == 2e6 and hand.bytes == 65536  # one slow setting does not move it
+    stages = two.stages
+    assert stages is not None
+    assert two.terms["t_comm"] == pytest.approx(two.parts["bubble_ns"] + two.parts["transfer_ns"])
+    assert float(stages["transfer_ns"].max()) <= float(stages["comm_ns"].max())
+    # free hand-offs add nothing to the wait; dearer ones make the step longer
+    free = predict_from_single(single, "pp", [2], microbatches=4,
+                               network=_with_handoff(_network(), [(1e6, 0.0)])).predictions[0]
+    assert free.parts["transfer_ns"] == 0.0 and free.parts["bubble_ns"] > 0
+    dear = predict_from_single(single, "pp", [2], microbatches=4,
+                               network=_with_handoff(_network(), [(1e6, 8e6)])).predictions[0]
+    assert free.step_ns < two.step_ns < dear.step_ns
 
 
 def test_jittered_schedule_is_deterministic_and_one_stage_is_untouched() -> None:

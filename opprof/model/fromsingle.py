@@ -27,10 +27,13 @@ shards and what DTensor costs):
 **Pipeline parallel with p stages and m micro-batches** (:mod:`opprof.model.ppsplit`):
 each stage's per-micro-batch forward and backward are its operators keeping ``1/m`` of their
 work plus its share of the time between operators (by its operators), its optimizer its share
-of the base's; the activations cross by the network's α + n·β; the schedule (GPipe or 1F1B) is
-simulated over several steps and the step is its period — the bubble is what a stage spends
-waiting. Co-location slows a stage's compute by s × the share of it that another stage
-computes beside it (from a first simulation), then the schedule is simulated again.
+of the base's; each activation and gradient costs calibrate's pipeline hand-off (a
+two-stage pipeline's transfers timed while both ranks compute: :mod:`opprof.model.instep`),
+else its send/recv after a burst, else the network's α + n·β; the schedule (GPipe or 1F1B) is
+simulated over several steps and the step is its period — what a stage spends waiting is its
+comm: the bubble (the wait were hand-offs free) and what the transfers add to it.
+Co-location slows a stage's compute by s × the share of it that another stage computes beside
+it (from a first simulation), then the schedule is simulated again.
 
 The result's terms are the wall-time phases (``t_io`` … ``other``, as the measured breakdown
 has them) with ``t_coloc`` taken out of ``t_f``, ``t_b``, ``t_u``; ``parts`` name the model's
@@ -53,7 +56,7 @@ from opprof.kinds import Collective, Mode
 from opprof.model.baseops import BaseOps, base_ops, scaled_ns
 from opprof.model.colocation import Colocation, Placement, per_host, placement, spread_over
 from opprof.model.commmodel import Network, assumed
-from opprof.model.instep import in_step_of
+from opprof.model.instep import in_step_of, pipeline_handoff
 from opprof.model.ppsplit import (
     SCHEDULES,
     Stages,
@@ -387,6 +390,29 @@ def _p2p_ns(net: Network, nbytes: float) -> float:
     return float(np.asarray(net.cost_ns(2.0 * float(nbytes), 2)).reshape(-1)[0]) / 2.0
 
 
+def _transfers(m: _Model, stages: Stages, times: list[StageTimes], micro: int
+               ) -> tuple[list[float], float]:
+    """Each cut's cost of one micro-batch's activation or gradient, and the actions' jitter
+    (:func:`simulate`): calibrate's pipeline hand-off where the network has one (its bytes
+    moved by the p2p calls' cost per byte; no jitter: the hand-off was fitted to a real
+    pipeline's period, its stages' drift in it); else its in-step send/recv — what one costs
+    after both ranks are in it, and how far two ranks doing the same work drift apart (their
+    mean wait at the call, E[max of 2 normals] × σ: σ over one action's mean compute); else
+    half a 2-rank all-reduce of twice the bytes (:func:`_p2p_ns`)."""
+    instep = in_step_of(m.network, "p2p")
+    hand = pipeline_handoff(m.network)
+    burst = float(np.mean([(t.forward + t.backward) / 2.0 for t in times]))
+    if hand is not None and stages.p > 1:
+        per_byte = instep.line[1] if instep is not None and instep.line is not None else 0.0
+        return [max(hand.ns + per_byte * (n / micro - hand.bytes), 0.0)
+                for n in stages.boundary_bytes], 0.0
+    x = [instep.after_ns(n / micro, 2) if instep is not None else
+         _p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
+    jitter = (instep.wait(burst, 2) / expected_max_normal(2) / burst
+              if instep is not None and stages.p > 1 and burst > 0 else 0.0)
+    return x, jitter
+
+
 def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = None,
         on: bool = True) -> tuple[float, dict[str, float], dict[str, float], Colocation,
                                   pd.DataFrame]:
@@ -394,15 +420,7 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     co-location, the stage table)."""
     stages = pp_stages(m.base, m.meta, p)
     times = _stage_times(m, stages, micro)
-    instep = in_step_of(m.network, "p2p")
-    # calibrate's in-step send/recv: what one costs after both ranks are in it; and how far
-    # two ranks doing the same work drift apart (their mean wait at the call, E[max of 2
-    # normals] × σ): the actions' jitter, σ over one action's mean compute
-    burst = float(np.mean([(t.forward + t.backward) / 2.0 for t in times]))
-    x = [instep.after_ns(n / micro, 2) if instep is not None else
-         _p2p_ns(m.network, n / micro) for n in stages.boundary_bytes]
-    jitter = (instep.wait(burst, 2) / expected_max_normal(2) / burst
-              if instep is not None and p > 1 and burst > 0 else 0.0)
+    x, jitter = _transfers(m, stages, times, micro)
     sim = simulate(times, micro, x, x, schedule, jitter=jitter)
     rel, cwait, coloc = _coloc(m, p, place, on)
     slow = max(rel, 0.0)
@@ -419,14 +437,18 @@ def _pp(m: _Model, p: int, micro: int, schedule: str, place: Placement | None = 
     alone = {"forward": float(np.mean([micro * t.forward for t in times])),
              "backward": float(np.mean([micro * t.backward for t in times])),
              "update": float(np.mean([t.update for t in times]))}
-    parts = {"bubble_ns": float(np.mean(sim2.comm - sim2.transfers)),
-             "transfer_ns": float(np.mean(sim2.transfers)),
+    # the bubble: what the schedule waits with free hand-offs; the transfers: what the
+    # hand-offs add to that wait (a transfer made while the stage still computes adds none)
+    free = simulate(scaled, micro, [0.0] * len(x), [0.0] * len(x), schedule, jitter=jitter)
+    added = np.clip(sim2.comm - free.comm, 0.0, sim2.comm)
+    parts = {"bubble_ns": float(np.mean(sim2.comm - added)),
+             "transfer_ns": float(np.mean(added)),
              "ideal_bubble_share": ideal_bubble_share(p, micro),
              "colocation_wait_ns": 0.0, "jitter": jitter,
              **{f"alone_{k}_ns": v for k, v in alone.items()}}
     del cwait  # the stages' compute is slowed where they overlap, in the simulation
     table = stage_table(stages, scaled).assign(
-        comm_ns=sim2.comm, transfer_ns=sim2.transfers, overlap=sim2.overlap)
+        comm_ns=sim2.comm, transfer_ns=added, overlap=sim2.overlap)
     return sim2.step_ns, comp, parts, coloc, table
 
 
@@ -532,9 +554,16 @@ def _assumptions(m: _Model, dimension: str, micro: int, schedule: str) -> list[s
                    f"parameter ({m.tp.activation_ndim}-D activations; measured on "
                    f"{cost.source})")
     else:
+        hand = pipeline_handoff(m.network)
+        how = (f"calibrate's pipeline hand-off, {hand.ns / 1e6:.2f} ms at {hand.bytes:,} B "
+               "(a two-stage pipeline's transfers made while both ranks compute)"
+               if hand is not None else
+               "calibrate's send/recv after a compute burst, and the ranks' drift"
+               if in_step_of(m.network, "p2p") is not None else
+               "half a 2-rank all-reduce of twice its bytes (α + n·β, the measured curve "
+               "where the network has one)")
         out.append(f"{schedule}, {micro} micro-batch(es); each activation or gradient "
-                   "between stages as half a 2-rank all-reduce of twice its bytes (α + n·β, "
-                   "the measured curve where the network has one)")
+                   f"between stages costs {how}")
     return out
 
 

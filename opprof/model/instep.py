@@ -21,6 +21,18 @@ each call's enter and exit on the host's clock) and :func:`fit_in_step` keeps, p
   (latest enter − its enter), fitted as ``wait_ns + wait_per_burst × burst`` over the bursts
   (least squares, both at least 0): ranks doing the same work drift apart in proportion to it.
 
+and, from the synthetic pipeline (``in_step_pipeline``: a GPipe step of two stages, the
+transfers made while both ranks compute), ``pipeline``: its period, its bursts, and
+``handoff_ns``, the cost of one activation or gradient that makes the schedule of those
+bursts (:func:`opprof.model.ppsplit.simulate`) last the measured period (:func:`handoff_for`).
+On a host whose cores the stages' main threads fill, that is far more than a send and
+receive after a barrier: the receiver's wake-up and gloo's own threads queue behind the
+computing ones (on this 2-core host 2–3.3 ms a hand-off, against 0.5–1 ms for the p2p
+calls). It is measured at three settings of a micro-batch's compute (0.6–5.8 ms on this host)
+and kept as their median: it did not follow the compute in that range, and a setting that met
+a passing load (6–10 ms) does not move the median. The pipeline model
+(:mod:`opprof.model.fromsingle`) takes it as each transfer's cost (:func:`pipeline_handoff`).
+
 The model's cost of one call (:meth:`InStep.call_ns`) is ``after(n) + wait(burst)``: ``after``
 on the line (a file without it: linear between the measured sizes, flat below the smallest,
 the last two sizes' slope beyond the largest), moved to another number of ranks by the ring
@@ -73,9 +85,68 @@ def fit_in_step(samples: pd.DataFrame, workers: int) -> dict[str, Any]:
                      "waits": [{"burst_ns": float(b), "ns": float(w)}
                                for b, w in bursts.items()],
                      "calls": int(len(d))}
+    pipe = _fit_pipeline(samples[samples["kind"] == "in_step_pipeline"])
+    if pipe:
+        out["pipeline"] = pipe
     if out:
         out["workers"] = int(workers)
     return out
+
+
+def _fit_pipeline(d: pd.DataFrame) -> dict[str, Any]:
+    """``in_step["pipeline"]`` from the synthetic pipeline's steps (module docstring): per
+    pair and setting, the period (stage 0's steps end to end), each stage's mean forward and
+    backward burst, the schedule's period with no hand-off cost and the hand-off cost that
+    gives the measured period (:func:`handoff_for`); per setting the mean over pairs
+    (``settings``, ordered by the bursts' mean), and their median (``handoff_ns``: a setting
+    that met a passing load does not move it). Empty without samples."""
+    from opprof.model.ppsplit import StageTimes, simulate
+
+    if d.empty:
+        return {}
+    fits = []
+    for (_, burst), g in d.groupby(["pair", "burst_ns"]):
+        first = g[g["stage"] == 0].sort_values("round")
+        if len(first) < 2 or g["stage"].nunique() != 2:
+            continue
+        period = float(np.mean(np.diff(first["exit"].to_numpy(np.float64))))
+        per = g.groupby("stage")[["forward_ns", "backward_ns"]].mean().sort_index()
+        m = int(g["microbatches"].iloc[0])
+        times = [StageTimes(float(r["forward_ns"]), float(r["backward_ns"]), 0.0, 0.0)
+                 for _, r in per.iterrows()]
+        fits.append({"burst_ns": float(burst),
+                     "compute_ns": float((per["forward_ns"] + per["backward_ns"]).mean() / 2),
+                     "period_ns": period, "ideal_ns": simulate(times, m, [0.0], [0.0]).step_ns,
+                     "handoff_ns": handoff_for(times, m, period), "steps": int(len(first))})
+    if not fits:
+        return {}
+    f = pd.DataFrame(fits).groupby("burst_ns").mean().sort_values("compute_ns")
+    return {"microbatches": int(d["microbatches"].iloc[0]), "bytes": int(d["bytes"].iloc[0]),
+            "pairs": int(d["pair"].nunique()),
+            "handoff_ns": float(f["handoff_ns"].median()),
+            "settings": [{"burst_ns": int(b), "compute_ns": float(r["compute_ns"]),
+                          "period_ns": float(r["period_ns"]), "ideal_ns": float(r["ideal_ns"]),
+                          "handoff_ns": float(r["handoff_ns"]), "steps": int(r["steps"])}
+                         for b, r in f.iterrows()]}
+
+
+def handoff_for(times: list[Any], m: int, period_ns: float) -> float:
+    """The hand-off cost ``x`` (ns, ≥ 0) with which a GPipe schedule of ``times``' stages
+    and ``m`` micro-batches (:func:`opprof.model.ppsplit.simulate`, every activation and
+    gradient costing ``x``) lasts ``period_ns``: bisection (the period grows with ``x``)."""
+    from opprof.model.ppsplit import simulate
+
+    def period(x: float) -> float:
+        xs = [x] * (len(times) - 1)
+        return simulate(times, m, xs, xs).step_ns
+
+    if period(0.0) >= period_ns:
+        return 0.0
+    lo, hi = 0.0, max(period_ns, 1.0)
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if period(mid) < period_ns else (lo, mid)
+    return (lo + hi) / 2.0
 
 
 def _line(x: Array, y: Array) -> tuple[float, float]:
@@ -155,3 +226,24 @@ def in_step_of(network: Network, kind: str) -> InStep | None:
     return InStep(kind, np.array([p[0] for p in pts]), np.array([p[1] for p in pts]),
                   float(d.get("wait_ns") or 0.0), float(d.get("wait_per_burst") or 0.0),
                   int(doc.get("workers") or network.workers or 2), network, line)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """The synthetic pipeline's hand-off (module docstring): its cost (the median over the
+    settings) at ``bytes``."""
+
+    ns: float
+    bytes: int
+
+
+def pipeline_handoff(network: Network) -> Handoff | None:
+    """The network's pipeline hand-off (None: a file without one — written before calibrate
+    measured it, fewer than 2 workers, or a network fitted from a trace)."""
+    doc = network.info.get("in_step") if isinstance(network.info, dict) else None
+    d = doc.get("pipeline") if isinstance(doc, dict) else None
+    rows = d.get("settings") if isinstance(d, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    return Handoff(max(float(np.median([float(r["handoff_ns"]) for r in rows])), 0.0),
+                   int(d.get("bytes") or 0))

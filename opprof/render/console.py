@@ -1119,6 +1119,16 @@ def calibration(net: Network) -> str:
     instep = net.info.get("in_step")
     if isinstance(instep, dict) and any(k in instep for k in ("all_reduce", "p2p")):
         items.append(_in_step_table(instep))
+    pipe = instep.get("pipeline") if isinstance(instep, dict) else None
+    if isinstance(pipe, dict) and pipe.get("settings"):
+        items.append(Text(
+            f"Pipeline hand-off (two stages, {pipe['microbatches']} micro-batches, the "
+            "transfers made while both ranks compute): " + "; ".join(
+                f"{_us(r['handoff_ns'])} a hand-off at {_us(r['compute_ns'])} of compute "
+                f"per micro-batch (step {_us(r['period_ns'])}, {_us(r['ideal_ns'])} were "
+                "hand-offs free)" for r in pipe["settings"])
+            + f" — their median, {_us(pipe['handoff_ns'])}, is what `opprof model --mode pp` "
+              "from one worker prices each activation and gradient by"))
     return render(*items, *([Text(warning, style="bold yellow")] if warning else []))
 
 

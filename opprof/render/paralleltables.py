@@ -289,8 +289,9 @@ def split_model_text(result: SplitResult, fmt: str) -> str:
     pt.caption = ("DTensor: its own dispatch and redistributions inside forward, backward and "
                   "update; all-reduce: the activations' (2 per sharded pair); wait: for the "
                   "slowest rank at them" if dim == "tp" else
-                  "bubble: a stage waiting for its neighbours; transfers: activations and "
-                  "gradients in flight; ideal bubble: (p − 1)/(m + p − 1)")
+                  "bubble: a stage waiting for its neighbours (were hand-offs free); "
+                  "transfers: what handing activations and gradients over adds to the wait; "
+                  "ideal bubble: (p − 1)/(m + p − 1)")
     t.caption = ("comm: exposed (tp: the blocking all-reduces and the wait for the slowest "
                  "rank; pp: the bubble and the transfers); co-location: compute lost to the "
                  "other ranks on the host (t_coloc), outside forward/backward/update")
@@ -330,7 +331,8 @@ def _stages_table(stages: pd.DataFrame, p: int, m: int) -> Table:
                   _ms(r["forward_ns_per_microbatch"]), _ms(r["backward_ns_per_microbatch"]),
                   _ms(r["update_ns"]), _ms(r["comm_ns"]), _ms(r["transfer_ns"]),
                   _pct(r["overlap"]))
-    t.caption = ("comm: the stage's wait for its neighbours (bubble) and transfers per step; "
+    t.caption = ("comm: the stage's wait for its neighbours per step; transfers: what the "
+                 "hand-offs add to it; "
                  "overlap: the share of its compute another stage computes beside")
     return t
 
