@@ -26,7 +26,7 @@ from opprof.collectors.torch import CLOSURE
 from opprof.loader import load
 from opprof.normalizers import closures
 from opprof.taxonomy import mapping_table
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 from tests.procs import needs
 from tests.test_run import check_steps, opprof_run
 
@@ -54,6 +54,7 @@ class Loop:
     optimizer_steps: int = 1
     closure: bool = False
     mode: str | None = None  # the job's, where not data parallel
+    replicas: bool = False  # several processes that run no collective
 
 
 LOOPS = {
@@ -81,6 +82,10 @@ LOOPS = {
                                    "--accumulate", "2"), ("accelerate",), losses=2),
     "accelerate-launch": Loop((*ACCELERATE_LAUNCH, "accelerate_loop.py", "--steps", "8"),
                               ("accelerate",), ranks=2),
+    # a plain Accelerator() on a host without a GPU stays non-distributed: two replicas
+    # that never communicate, launched as a data-parallel job
+    "accelerate-launch-plain": Loop((*ACCELERATE_LAUNCH, "accelerate_loop.py", "--steps", "8",
+                                     "--plain"), ("accelerate",), ranks=2, replicas=True),
 }
 
 
@@ -128,6 +133,21 @@ def test_every_process_is_recorded_and_each_step_sums_up(run) -> None:
     m = r.report["meta"]
     assert m["workers"] == loop.ranks
     assert m["mode"] == (loop.mode or ("allreduce" if loop.ranks > 1 else "single"))
+
+
+@pytest.mark.slow
+def test_workers_that_never_communicate_are_told_apart_from_data_parallel(run) -> None:
+    """Several processes launched as a data-parallel job that run no collective (Accelerate's
+    plain ``Accelerator()`` on a CPU) keep the launcher's mode, and the report says in one
+    line that each trained a replica of its own; a job that communicates is not warned."""
+    loop, r = run
+    res = run_cli("report", str(r.tmp / "run.trace"))
+    assert res.returncode == 0, res.stderr
+    warned = [line for line in res.stdout.splitlines() if "no collective" in line]
+    assert bool(warned) == loop.replicas, res.stdout[:2000]
+    if loop.replicas:
+        assert warned[0].startswith("⚠ no collective: the 2 workers ran no communication")
+        assert not r.events["kind"].astype(str).eq("comm").any()
 
 
 @pytest.mark.slow

@@ -142,6 +142,20 @@ def partial_lines(meta: MetaMapping) -> list[str]:
             "here" + (f" ({each})" if each else "")]
 
 
+def replica_lines(rep: Report) -> list[str]:
+    """A warning line for a job of several data-parallel workers that ran no collective in
+    its profiled steps: each trained a replica of its own (e.g. Accelerate's plain
+    ``Accelerator()`` on a CPU under torchrun stays non-distributed)."""
+    workers = rep.meta.get("workers")
+    if (not isinstance(workers, int) or workers < 2 or rep.meta.get("mode") != "allreduce"
+            or not rep.collectives.empty or rep.phases.loc["comm", "ns_per_step"] > 0):
+        return []
+    return [f"⚠ no collective: the {workers} workers ran no communication in their profiled "
+            "steps — each trained its own replica, not data parallel (mode allreduce is how "
+            "the job was launched); check that the training loop wraps the model for "
+            "distributed training"]
+
+
 def compile_lines(rep: Report) -> list[str]:
     """One warning line naming the steps that compiled a graph (torch.compile's first
     compilation or a recompilation): their time is compile time, not training."""
@@ -531,7 +545,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     layout = layout_line(rep.meta)
     if layout is not None:
         items.append(layout)
-    items += [Text(line, style="bold yellow") for line in compile_lines(rep)]
+    items += [Text(line, style="bold yellow") for line in replica_lines(rep)
+              + compile_lines(rep)]
     items += [Text(line) for line in efficiency_headline(rep)]
     if advice is not None:
         items.extend(advice_items(advice, top=ADVICE_IN_REPORT, brief=True))

@@ -12,7 +12,7 @@ from opprof.model.commmodel import Network
 from opprof.model.predict import ModelResult
 from opprof.model.whatif import WhatIf
 from opprof.render import verdicts
-from opprof.render.console import compile_lines, partial_lines, quality_lines
+from opprof.render.console import compile_lines, partial_lines, quality_lines, replica_lines
 from opprof.render.efficiency import headline as efficiency_headline
 from opprof.render.tables import diff_memory_table, diff_table, report_table
 from opprof.render.units import ab_ratio, mib, ms, rate, ratio
@@ -96,7 +96,8 @@ def report(rep: Report, by: str = "phase", top: int | None = None,
     """The chosen view as markdown (``advice``: its table first)."""
     title = " ".join(str(rep.meta.get(k, "")) for k in ("framework", "model")).strip()
     notes = "".join(f"> {line.strip()}\n\n" for line in quality_lines(rep.noise)
-                    + partial_lines(rep.meta) + compile_lines(rep) + efficiency_headline(rep))
+                    + partial_lines(rep.meta) + replica_lines(rep) + compile_lines(rep)
+                    + efficiency_headline(rep))
     if by == "device" and rep.devices.empty and rep.device_ops.empty:
         body = "No device activity in this trace (no GPU kernels, copies or memsets)."
     else:

@@ -4,6 +4,7 @@ AdamW with a linear-warmup scheduler, gradients clipped by `accelerator.clip_gra
 
     python accelerate_loop.py --steps 20
     python accelerate_loop.py --accumulate 2          # accelerator.accumulate(model)
+    accelerate launch --multi_gpu … accelerate_loop.py --plain   # two independent replicas
     accelerate launch --cpu --num_processes 2 --num_machines 1 --mixed_precision no \\
         --dynamo_backend no accelerate_loop.py        # two processes (gloo)
 
@@ -22,9 +23,12 @@ parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--fail-at", type=int, default=-1)
 parser.add_argument("--accumulate", type=int, default=1, help="gradient_accumulation_steps")
+parser.add_argument("--plain", action="store_true",
+                    help="Accelerator() without cpu=True: on a host without a GPU each "
+                         "process then trains alone (DistributedType.NO)")
 args = parser.parse_args()
 
-accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, cpu=True)
+accelerator = Accelerator(gradient_accumulation_steps=args.accumulate, cpu=not args.plain)
 torch.manual_seed(0)
 n = args.batch_size * args.accumulate * 8 * accelerator.num_processes
 data = TensorDataset(torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,)))
