@@ -124,7 +124,14 @@ def test_the_network_file_keeps_the_cost_after_the_last_rank_and_the_wait(
         assert [w["burst_ns"] for w in d["waits"]] == list(BURSTS)
         # the wait and what follows it make up each call: their means add up to the calls'
         k = samples[samples["kind"] == f"in_step_{kind}"]
-        mean_after = np.mean([r["ns"] for r in d["after_ns"]])
+        mean_after = np.mean([r["mean_ns"] for r in d["after_ns"]])
+        # each size's cost is the median of its calls' time after the last rank entered
+        last = k.groupby(["bytes", "burst_ns", "call"] + (["pair"] if kind == "p2p" else []))[
+            "enter"].transform("max")
+        after = (k["exit"] - last).astype(float)
+        for r in d["after_ns"]:
+            assert r["ns"] == pytest.approx(max(float(after[k["bytes"] == r["bytes"]].median()),
+                                                0.0))
         mean_wait = np.mean([w["ns"] for w in d["waits"]])
         assert mean_after + mean_wait == pytest.approx(float(k["ns"].mean()), rel=1e-9)
 

@@ -11,12 +11,16 @@ woken, the buffers are cold. `opprof calibrate --fw torch` times such calls
 each call's enter and exit on the host's clock) and :func:`fit_in_step` keeps, per kind
 (``all_reduce``, ``p2p``):
 
-- ``after_ns``: per message size, the mean time a call took after the last rank entered it
-  (exit − the latest enter; the mean over calls, bursts and ranks: the rare long wake-up is
-  part of what a step pays), and ``after_fit``, the least-squares line ``ns + per_byte × n``
-  over those sizes (both at least 0): the sizes a step sends cost nearly the same (waking
-  gloo's thread dominates), and 48 calls of a heavy-tailed time per size are noisy, so the
-  model reads the line over all the sizes' calls;
+- ``after_ns``: per message size, the median time a call took after the last rank entered
+  it (exit − the latest enter, over calls, bursts and ranks; ``mean_ns`` beside it), and
+  ``after_fit``, the least-squares line ``ns + per_byte × n`` over those sizes (both at least
+  0): the sizes a step sends cost nearly the same (waking gloo's thread dominates), so the
+  model reads the line over all the sizes' calls. The median, not the mean: the time is
+  heavy-tailed (a wake-up that waits for the scheduler's tick, 4 ms), and the tail is
+  calibrate's more than a step's — on this 2-core host a tensor-parallel job's own 64 KiB
+  all-reduces took 1.25 ms each after the last rank (the mean over its steps), calibrate's the
+  same calls 1.3 ms in the median and 2.0–6.6 ms in the mean, from one calibration to the
+  next;
 - ``wait_ns`` and ``wait_per_burst``: the mean wait of a rank for the last one to enter
   (latest enter − its enter), fitted as ``wait_ns + wait_per_burst × burst`` over the bursts
   (least squares, both at least 0): ranks doing the same work drift apart in proportion to it.
@@ -73,13 +77,14 @@ def fit_in_step(samples: pd.DataFrame, workers: int) -> dict[str, Any]:
         last = d.groupby(keys)["enter"].transform("max")
         d = d.assign(after=(d["exit"] - last).astype(float),
                      wait=(last - d["enter"]).astype(float))
-        per_size = d.groupby("bytes")["after"].agg(["mean", "size"])
+        per_size = d.groupby("bytes")["after"].agg(["median", "mean", "size"])
         bursts = d.groupby("burst_ns")["wait"].mean()
         w0, w1 = _line(bursts.index.to_numpy(np.float64), bursts.to_numpy(np.float64))
         a0, a1 = _line(per_size.index.to_numpy(np.float64),
-                       per_size["mean"].to_numpy(np.float64))
-        out[kind] = {"after_ns": [{"bytes": int(b), "ns": max(float(r["mean"]), 0.0),
-                                   "calls": int(r["size"])} for b, r in per_size.iterrows()],
+                       per_size["median"].to_numpy(np.float64))
+        out[kind] = {"after_ns": [{"bytes": int(b), "ns": max(float(r["median"]), 0.0),
+                                   "mean_ns": float(r["mean"]), "calls": int(r["size"])}
+                                  for b, r in per_size.iterrows()],
                      "after_fit": {"ns": a0, "per_byte": a1},
                      "wait_ns": w0, "wait_per_burst": w1,
                      "waits": [{"burst_ns": float(b), "ns": float(w)}
