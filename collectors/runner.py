@@ -18,7 +18,8 @@ decided here, the same way for every framework:
    the unprofiled step time is measured on both sides of the profile, so a machine whose load
    changed during the run is seen (:mod:`opprof.analysis.noise`), not taken for the
    profiler's overhead; the adapter's ``settle_after`` first steps (MXNet: a CachedOp built
-   again as the user had it) are not timed.
+   again as the user had it; torch: the first, which pays the profiler's teardown) are not
+   timed.
 
 Every timed step's duration is kept (``timing_ns``, ``timing_after_ns``); the unprofiled step
 time is their median. At every step boundary the process's :class:`~.config.Facts` go to its
