@@ -743,26 +743,34 @@ def _pipeline_steps(forward: Callable[[], None], backward: Callable[[], None], a
     out: list[dict] = []
     dist.barrier()
     for k in range(rounds + 1):
-        f_ns, b_ns, sends = [], [], []
+        f_ns: list[int] = []
+        b_ns: list[int] = []
+        sends: list[Any] = []
         for i in range(m):
             if not first:
-                dist.irecv(bufs[i], peer).wait()
+                _done(dist.irecv(bufs[i], peer))
             f_ns.append(timed(forward))
             if first:
                 sends.append(dist.isend(acts[i], peer))
         for i in range(m):
             if first:
-                dist.irecv(bufs[i], peer).wait()
+                _done(dist.irecv(bufs[i], peer))
             b_ns.append(timed(backward))
             if not first:
                 sends.append(dist.isend(acts[i], peer))
         for work in sends:
-            work.wait()
+            _done(work)
         if k:
             out.append({"exit": time.monotonic_ns(), "forward_ns": sum(f_ns) / m,
                         "backward_ns": sum(b_ns) / m})
     dist.barrier()
     return out
+
+
+def _done(work: Any) -> None:
+    """Wait for a point-to-point call's work (None: nothing to wait for)."""
+    if work is not None:
+        work.wait()
 
 
 def _layers_for(ns: int) -> Callable[[], None]:

@@ -247,7 +247,9 @@ def pipeline_handoff(network: Network) -> Handoff | None:
     measured it, fewer than 2 workers, or a network fitted from a trace)."""
     doc = network.info.get("in_step") if isinstance(network.info, dict) else None
     d = doc.get("pipeline") if isinstance(doc, dict) else None
-    rows = d.get("settings") if isinstance(d, dict) else None
+    if not isinstance(d, dict):
+        return None
+    rows = d.get("settings")
     if not isinstance(rows, list) or not rows:
         return None
     return Handoff(max(float(np.median([float(r["handoff_ns"]) for r in rows])), 0.0),
