@@ -170,11 +170,12 @@ def test_gate_live_fails_a_clearly_slower_run(folder: Path) -> None:
     depends on the machine's load between them, not on opprof: benchmarks/bench_gate.py
     measures it (the fixtures' pair is the deterministic test above)."""
     script = str(REPO / "tests" / "scripts" / "torch_loop.py")
-    # the gate tests 2 + 2 unprofiled steps a run (before and after the profile): 6 of 7
+    # the gate tests 2 + 2 unprofiled steps a run (before and after the profile; torch's
+    # first step after it untimed): 7 of 8
     short = ["--steps", "1", "--warmup", "1", "--timing-steps", "2"]
     for name, extra in (("a", []), ("slow", ["--sleep-ms", "3000"])):
         res = run_cli("run", *short, "-o", f"{name}.trace", "--", "python", script, "--steps",
-                      "7", *extra, cwd=folder)
+                      "8", *extra, cwd=folder)
         assert res.returncode == 0, res.stderr
     slow = run_cli("diff", "a.trace", "slow.trace", "--fail-above", "5%", cwd=folder)
     assert slow.returncode == 1, slow.stdout

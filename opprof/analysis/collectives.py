@@ -49,7 +49,7 @@ from opprof.analysis.ranks import collectives
 from opprof.filters import communication, counted, kernels, on_host, workers
 from opprof.intervals import Sweep
 from opprof.trace import Trace
-from opprof.walltime import blocked_spans, functional_waits
+from opprof.walltime import blocked_spans, functional_issues, functional_waits
 
 if TYPE_CHECKING:
     from opprof.arrays import Array
@@ -272,7 +272,7 @@ def _hidden(ev: pd.DataFrame, timing: pd.DataFrame) -> Array:
     host = worker & counted(ev) & on_host(ev)
     host_compute = ev.loc[host & ev["phase"].isin(COMPUTE), cols]
     blocked = blocked_spans(ev.loc[host & comm, cols], host_compute,
-                            functional_waits(ev))
+                            functional_waits(ev), functional_issues(ev))
     ranks = timing["rank"].to_numpy()
     on_device = timing["on_device"].to_numpy(bool)
     ts, end = timing["ts"].to_numpy(np.int64), timing["end"].to_numpy(np.int64)
