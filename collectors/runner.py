@@ -219,6 +219,17 @@ def pend(stop: BaseException) -> None:
     _PENDING[os.getpid()] = stop
 
 
+def pending() -> BaseException | None:
+    """The interrupt :func:`pend` kept and no one has handled yet, if any."""
+    return _PENDING.get(os.getpid())
+
+
+def handled() -> None:
+    """The interrupt reached a handler (:func:`drive` keeps the profiled steps): it is no
+    longer pending."""
+    _PENDING.pop(os.getpid(), None)
+
+
 def raise_pending() -> None:
     """Raise the interrupt :func:`pend` kept, if any (once)."""
     stop = _PENDING.pop(os.getpid(), None)
@@ -578,6 +589,7 @@ def drive(runner: Runner, step: Callable[[], Out],
             raise_pending()
         runner.reporter.update(convergence=curve.finish())
     except BaseException as exc:
+        handled()
         why = str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else (
             f"{type(exc).__name__}: {first_line(exc)}")
         try:

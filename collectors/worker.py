@@ -24,7 +24,7 @@ from typing import Any
 
 from opprof.collectors.channel import Reporter, report_error, status_dir, watch_faults
 from opprof.collectors.config import Facts, Framework, RecordConfig
-from opprof.collectors.runner import env_identity, fault_point, pend, writing
+from opprof.collectors.runner import env_identity, fault_point, pend, pending, writing
 from opprof.collectors.supervisor import STACKS_SIGNAL, die_with_parent, log_name
 from opprof.errors import Interrupted, OpprofError, first_line
 
@@ -82,8 +82,16 @@ def _on_sigterm(sig: int, frame: Any) -> None:
     """Stop on the first SIGTERM only: a second one (torchrun stops the remaining ranks as
     soon as one has ended, and the supervisor signals them too) must not cut short the
     writing of the profiled steps that the first began (CI, stop 46: rank 0 came out of its
-    collective on the first, was keeping its steps when torchrun's arrived, and wrote none)."""
+    collective on the first, was keeping its steps when torchrun's arrived, and wrote none).
+    Unless the first never took effect: raised inside an object's ``__del__`` (MXNet freeing
+    an NDArray) Python only printed it, and a parameter-server worker whose peer has stopped
+    may never reach the next step, where it would be raised again (local CI: worker 1 of an
+    interrupted ps-sync run waited in the kvstore until it was killed, its trace unkept) — a
+    later SIGTERM raises it again."""
     if os.getpid() in _STOPPING:
+        again = pending()
+        if again is not None and not writing():
+            raise again
         return
     stop = Interrupted(sig, "terminated by SIGTERM")
     pend(stop)  # raised again after the step if Python swallows it here
