@@ -613,7 +613,6 @@ def _in_step(job: Job, rank: int) -> list[dict]:
     wait for the last rank from what the call costs after it. The calls run under the
     profiler with the recorder's settings, as the recorded steps the model predicts do."""
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
 
     spec = _in_step_spec(job, IN_STEP_SIZES)
     if spec is None:
@@ -624,20 +623,22 @@ def _in_step(job: Job, rank: int) -> list[dict]:
     out: list[dict] = []
     for burst in bursts:
         compute = _compute_for(burst)
-        # under the profiler with the recorder's settings, as the recorded steps that the
-        # model predicts run (each burst's calls in one session, so its events stay few)
-        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                       profile_memory=True) if job.extra.get("in_step_profiled", True) \
-            else contextlib.nullcontext()
-        with prof:
+        with _profiled(job):  # each burst's calls in one session: its events stay few
             out += _in_step_calls(compute, burst, sizes, calls, rank, peer, group)
     if peer >= 0 and (rounds := _pipeline_rounds(job)):
-        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                       profile_memory=True) if job.extra.get("in_step_profiled", True) \
-            else contextlib.nullcontext()
-        with prof:
+        with _profiled(job):
             out += _in_step_pipeline(rank, peer, rounds)
     return out
+
+
+def _profiled(job: Job) -> Any:
+    """The profiler with the recorder's settings, as the recorded steps that the model
+    predicts run (``job.extra["in_step_profiled"]`` False: none)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not job.extra.get("in_step_profiled", True):
+        return contextlib.nullcontext()
+    return profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True)
 
 
 def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ...],
@@ -664,9 +665,7 @@ def _in_step_calls(compute: Callable[[], None], burst: int, sizes: tuple[int, ..
         sender = (i % 2) == (rank % 2)  # activations forward, gradients back
 
         def p2p(n: int, sender: bool = sender) -> None:
-            work = dist.isend(xs[n], peer) if sender else dist.irecv(bufs[n], peer)
-            if work is not None:
-                work.wait()
+            _done(dist.isend(xs[n], peer) if sender else dist.irecv(bufs[n], peer))
 
         for n in sizes:
             compute()
