@@ -59,7 +59,7 @@ def split_closures(raw: pd.DataFrame, table: MappingTable) -> pd.DataFrame:
     names = raw["name"]
     cats = pd.Index(names.cat.categories.astype(str))
     codes = names.cat.codes.to_numpy()
-    host = (raw["device"].astype(str) == "cpu").to_numpy()
+    host = (raw["device"] == "cpu").to_numpy()
     is_step = np.append(cats.str.fullmatch(STEP), False)[codes] & host
     if not is_step.any():
         return raw

@@ -172,7 +172,7 @@ class Graphs:
             "pid": src["pid"].to_numpy(), "tid": src["tid"].to_numpy(),
             "device": src["device"].astype(object).to_numpy(),
             "ts": starts - base[gpos], "dur": ends - starts,
-            "name": src["name"].astype(str).str.replace(_FX_CALL, r"CompiledFxGraph \1…",
+            "name": src["name"].astype(object).str.replace(_FX_CALL, r"CompiledFxGraph \1…",
                                                         regex=True).to_numpy(object)
             + np.where(waits, WAITING, OWN_TIME),
             "kind": np.where(waits, "marker", "cpu_op"), "op": own_op,

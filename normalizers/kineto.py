@@ -489,22 +489,33 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     ``detail``, only collectives have their ``detail`` text (what a report reads)."""
     import pandas as pd
 
+    # Plain object strings, the whole normalization through: pandas 3's Arrow strings cost
+    # more than they save here — every name made, compared or mapped is a conversion to or
+    # from Arrow (a third of a report of a trace with thousands of ``python_function`` names),
+    # and the finished table keeps its text as categories and the ``detail`` column as its
+    # schema says either way. (A categorical column's ``astype(str)`` is a fixed-width numpy
+    # array in this scope, as wide as its longest name: ``astype(object)`` on names.)
+    with pd.option_context("future.infer_string", False):
+        return _rank_trace(path, doc, rank, meta, detail)
+
+
+def _rank_trace(path: Path, doc: Document, rank: int, meta: dict,
+                detail: bool) -> tuple[Trace, dict]:
+    """:func:`rank_trace`, inside its scope of plain strings."""
     from opprof.normalizers.closures import split_closures
     from opprof.normalizers.events import finish
     from opprof.normalizers.memory_rows import add_memory
     from opprof.taxonomy import KINDS, mapping_table
 
     base_ns = _int(doc.baseTimeNanoseconds or 0)
-    # Plain object strings: pandas 3's Arrow strings cost more than they save here.
     warnings: dict = {}
     if _rank_unusable(doc):
         drops.note(warnings, "rank in distributedInfo unusable (file order used)", 1)
-    with pd.option_context("future.infer_string", False):
-        raw, mem = _raw_events(doc, rank, path, warnings, detail)
-        raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
-        raw = split_closures(raw, mapping_table(NAME))
-        raw["tid"] = async_lanes(raw)
-        raw = with_waits(raw)
+    raw, mem = _raw_events(doc, rank, path, warnings, detail)
+    raw["collective"], raw["bytes"] = served_collectives(raw, _one_group_size(doc))
+    raw = split_closures(raw, mapping_table(NAME))
+    raw["tid"] = async_lanes(raw)
+    raw = with_waits(raw)
     memory = _memory_samples(mem, rank, base_ns)
     # Clock alignment (opprof.collectors.torch): rank r's clock + offset = rank 0's.
     clock = doc.opprofClock if isinstance(doc.opprofClock, dict) else {}
@@ -1190,7 +1201,7 @@ def with_waits(raw: pd.DataFrame) -> pd.DataFrame:
     # (an operator around it at all: the outermost one, still open)
     from opprof.intervals import Nesting
 
-    ops = (raw["kind"].astype(str) == "cpu_op").to_numpy() if "kind" in raw else np.ones(
+    ops = (raw["kind"] == "cpu_op").to_numpy() if "kind" in raw else np.ones(
         len(raw), bool)
     _, anc = Nesting(lane, ts, end).nest(ops & ~call)
     around = anc[calls]

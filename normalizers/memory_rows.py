@@ -95,7 +95,7 @@ def memory_rows(trace: Trace, raw: pd.DataFrame) -> pd.DataFrame:
     b = trace.step_bounds()
     step = cover_label(rank, ts, b["rank"].to_numpy(np.int64), b["start"].to_numpy(np.int64),
                        b["end"].to_numpy(np.int64), b["step"].to_numpy(np.int64), default=-1)
-    workers = raw["role"].astype(str).to_numpy() == "worker"
+    workers = (raw["role"] == "worker").to_numpy(bool)
     step = np.where(workers, step, -1)
     phase = np.full(n, -1, np.int64)
     inside = np.flatnonzero(step >= 0)

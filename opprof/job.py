@@ -200,7 +200,7 @@ def analyze_task(args: tuple[Task, str, bool], ahead: Ahead | None = None) -> Ou
 
     task, device_span, critical = args
     traces, out = _read_or_skip(task, detail=False, ahead=ahead)
-    with plain_strings():  # (the read keeps Arrow's compact strings: its peak is there)
+    with plain_strings():  # (a Kineto trace was read so too: normalizers.kineto.rank_trace)
         out.parts = [analyze(t, device_span, critical=critical) for t in traces]
     return out
 

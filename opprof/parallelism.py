@@ -168,7 +168,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
     if not comm.any():
         return out
     names = ev["name"]
-    host = (ev["device"].astype(str) == "cpu").to_numpy()
+    host = (ev["device"] == "cpu").to_numpy()
     ts = ev["ts"].to_numpy(np.int64)
     end = ts + ev["dur"].to_numpy(np.int64)
     lane = lane_ids(ev["rank"].to_numpy(np.int64), ev["pid"].to_numpy(np.int64),
@@ -348,7 +348,7 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     # a collective counted once, by what times it (as `--by comm` does: its device kernels if
     # the rank has any, else gloo's spans that ran it, else its calls — not their waits)
     names = ev["name"]
-    host = (ev["device"].astype(str) == "cpu").to_numpy() if "device" in ev else np.ones(
+    host = (ev["device"] == "cpu").to_numpy() if "device" in ev else np.ones(
         len(ev), bool)
     span = host & _per_name(names, _BACKEND_SPAN)
     labels = dims.astype(str)
@@ -385,7 +385,7 @@ def _span_threads(ev: pd.DataFrame, dims: Array) -> dict[str, int]:
     if not has.any() or "tid" not in ev:
         return {}
     names = ev["name"]
-    span = has & _per_name(names, _BACKEND_SPAN) & (ev["device"].astype(str) == "cpu").to_numpy()
+    span = has & _per_name(names, _BACKEND_SPAN) & (ev["device"] == "cpu").to_numpy()
     issuing = np.unique(ev["tid"].to_numpy(np.int64)[_per_name(names, _CALL)])
     tid = ev["tid"].to_numpy(np.int64)
     span &= ~np.isin(tid, issuing)

@@ -155,10 +155,12 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
                 cols[col] = (_kept(c) if _same_categories(c.dtype, dtype.categories)
                              else pd.Categorical.from_codes(c.cat.codes.to_numpy(),
                                                             dtype=dtype))
+            elif isinstance(c.dtype, pd.CategoricalDtype):  # recoded per category, not row
+                at = dtype.categories.get_indexer(c.cat.categories)
+                cols[col] = pd.Categorical.from_codes(
+                    np.append(at, -1)[c.cat.codes.to_numpy()], dtype=dtype)
             else:
-                cols[col] = pd.Categorical(np.asarray(c, dtype=object) if isinstance(
-                    c.dtype, pd.CategoricalDtype) else c.astype(object),
-                    categories=dtype.categories)
+                cols[col] = pd.Categorical(c.astype(object), categories=dtype.categories)
         elif dtype == "category":
             cat = c.array if isinstance(c.dtype, pd.CategoricalDtype) else pd.Categorical(
                 c.astype(object))
