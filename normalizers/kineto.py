@@ -494,9 +494,15 @@ def rank_trace(path: Path, doc: Document, rank: int, meta: dict,
     # from Arrow (a third of a report of a trace with thousands of ``python_function`` names),
     # and the finished table keeps its text as categories and the ``detail`` column as its
     # schema says either way. (A categorical column's ``astype(str)`` is a fixed-width numpy
-    # array in this scope, as wide as its longest name: ``astype(object)`` on names.)
+    # array in this scope, as wide as its longest name: ``astype(object)`` on names.) Conformed
+    # again outside it: its column labels and text categories in pandas' default string
+    # dtype, as a table made outside the scope has them (only the categories are remade).
+    from opprof.trace import conform
+
     with pd.option_context("future.infer_string", False):
-        return _rank_trace(path, doc, rank, meta, detail)
+        trace, info = _rank_trace(path, doc, rank, meta, detail)
+    trace.events = conform(trace.events)
+    return trace, info
 
 
 def _rank_trace(path: Path, doc: Document, rank: int, meta: dict,
