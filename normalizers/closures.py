@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from opprof.filters import on_host
 from opprof.intervals import containing, lane_ids, lane_keys
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def split_closures(raw: pd.DataFrame, table: MappingTable) -> pd.DataFrame:
     names = raw["name"]
     cats = pd.Index(names.cat.categories.astype(str))
     codes = names.cat.codes.to_numpy()
-    host = (raw["device"] == "cpu").to_numpy()
+    host = on_host(raw).to_numpy(bool)
     is_step = np.append(cats.str.fullmatch(STEP), False)[codes] & host
     if not is_step.any():
         return raw

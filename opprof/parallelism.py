@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from opprof.filters import on_host
 from opprof.intervals import Nesting, label_points, lane_ids
 from opprof.kinds import BACKEND_SPAN, Mode
 from opprof.sharding import FSDP_NAME
@@ -168,7 +169,7 @@ def collective_dims(ev: pd.DataFrame) -> Array:
     if not comm.any():
         return out
     names = ev["name"]
-    host = (ev["device"] == "cpu").to_numpy()
+    host = on_host(ev).to_numpy(bool)
     ts = ev["ts"].to_numpy(np.int64)
     end = ts + ev["dur"].to_numpy(np.int64)
     lane = lane_ids(ev["rank"].to_numpy(np.int64), ev["pid"].to_numpy(np.int64),
@@ -348,7 +349,7 @@ def rank_facts(ev: pd.DataFrame, dims: Array, distributed: Any) -> dict[str, Any
     # a collective counted once, by what times it (as `--by comm` does: its device kernels if
     # the rank has any, else gloo's spans that ran it, else its calls — not their waits)
     names = ev["name"]
-    host = (ev["device"] == "cpu").to_numpy() if "device" in ev else np.ones(
+    host = on_host(ev).to_numpy(bool) if "device" in ev else np.ones(
         len(ev), bool)
     span = host & _per_name(names, _BACKEND_SPAN)
     labels = dims.astype(str)
@@ -385,7 +386,7 @@ def _span_threads(ev: pd.DataFrame, dims: Array) -> dict[str, int]:
     if not has.any() or "tid" not in ev:
         return {}
     names = ev["name"]
-    span = has & _per_name(names, _BACKEND_SPAN) & (ev["device"] == "cpu").to_numpy()
+    span = has & _per_name(names, _BACKEND_SPAN) & on_host(ev).to_numpy(bool)
     issuing = np.unique(ev["tid"].to_numpy(np.int64)[_per_name(names, _CALL)])
     tid = ev["tid"].to_numpy(np.int64)
     span &= ~np.isin(tid, issuing)
